@@ -1,0 +1,1 @@
+//! Loading, attaching and pinning the eBPF programs.

@@ -1,0 +1,15 @@
+//! Types shared by the flatnet eBPF programs (`flatnet-ebpf`) and user space.
+//!
+//! Everything here is `#![no_std]` and `#[repr(C)]` without implicit padding,
+//! so the kernel and user space agree on every byte. The `user` feature adds
+//! `aya::Pod` impls; the `k8s` feature (std) holds the API types and IPAM
+//! engine shared by the operator and the agent.
+#![no_std]
+
+#[cfg(feature = "k8s")]
+extern crate std;
+
+pub mod frame_counter;
+pub mod pin;
+
+pub use frame_counter::{FrameCounter, FrameKind};
