@@ -1,1 +1,32 @@
-fn main() {}
+//! flatnet's developer commands: `cargo xtask <command>`.
+
+mod ebpf;
+mod tasks;
+mod workspace;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "flatnet developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the eBPF object (release, with BTF) that the agent embeds.
+    BuildEbpf,
+    /// Run clippy with `-D warnings` on user space and on the eBPF crate.
+    Clippy,
+    /// Everything CI checks: formatting, eBPF build, clippy, all tests.
+    Test(tasks::TestArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::BuildEbpf => ebpf::build(),
+        Command::Clippy => tasks::clippy(),
+        Command::Test(args) => tasks::test(&args),
+    }
+}

@@ -1,1 +1,137 @@
-//! Loading, attaching and pinning the eBPF programs.
+//! Loading, attaching and pinning flatnet's eBPF programs.
+//!
+//! The kernel object is built by `cargo xtask build-ebpf` and embedded at
+//! compile time (see `build.rs`). Maps are pinned under a root directory on
+//! the BPF filesystem (default [`flatnet_common::pin::PIN_ROOT`]) and
+//! adopted when they already exist, so a restarted agent keeps the state of
+//! the previous one. Programs are attached through netlink (clsact), which
+//! works on every supported kernel (6.1+) and keeps the filter in place when
+//! the agent exits.
+
+mod bpffs;
+mod counters;
+mod uplink;
+
+use std::path::{Path, PathBuf};
+
+use aya::{Ebpf, EbpfLoader};
+use flatnet_common::pin::{MAP_FRAME_COUNTERS, PIN_ROOT};
+
+pub use counters::FrameCounters;
+pub use uplink::detach_uplink;
+
+/// The eBPF object, embedded so the agent never runs against a stale build.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("FLATNET_EBPF_OBJECT"));
+
+/// Errors of the data plane.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// The BPF filesystem is not usable at the pin root.
+    #[error(
+        "BPF filesystem not usable at {path}: {reason}; mount it with `mount -t bpf bpf /sys/fs/bpf`"
+    )]
+    Bpffs {
+        /// The directory that should live on bpffs.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Loading the object or creating its maps failed.
+    #[error("loading the flatnet eBPF object failed (is the agent running as root?): {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program failed to load into or attach in the kernel.
+    #[error("program {program} on {interface}: {source}")]
+    Program {
+        /// Program name.
+        program: &'static str,
+        /// Interface the program was being attached to or detached from.
+        interface: String,
+        /// The error from aya.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A TC (qdisc/filter) operation failed.
+    #[error("tc on {interface}: {source}; does the interface exist in this network namespace?")]
+    Tc {
+        /// Interface name.
+        interface: String,
+        /// The error from aya.
+        #[source]
+        source: aya::programs::tc::TcError,
+    },
+    /// A map named in `flatnet-common` is absent from the object.
+    #[error("map {0} missing from the eBPF object; rebuild with `cargo xtask build-ebpf`")]
+    MissingMap(&'static str),
+    /// Reading or writing a map failed.
+    #[error("map {map}: {source}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// The error from aya.
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+/// Where pinned objects live.
+#[derive(Clone, Debug)]
+pub struct DatapathConfig {
+    /// Directory on bpffs holding the pinned maps. Created root-only (0700).
+    pub pin_root: PathBuf,
+}
+
+impl Default for DatapathConfig {
+    fn default() -> Self {
+        Self {
+            pin_root: PathBuf::from(PIN_ROOT),
+        }
+    }
+}
+
+/// The loaded flatnet eBPF object with its maps pinned.
+pub struct Datapath {
+    ebpf: Ebpf,
+    pin_root: PathBuf,
+}
+
+impl Datapath {
+    /// Loads the embedded object, adopting maps already pinned under
+    /// `config.pin_root` and pinning the ones it creates.
+    pub fn load(config: &DatapathConfig) -> Result<Self, DatapathError> {
+        bpffs::ensure_pin_root(&config.pin_root)?;
+        let counters_pin = map_pin_path(&config.pin_root, MAP_FRAME_COUNTERS);
+        let ebpf = EbpfLoader::new()
+            .map_pin_path(MAP_FRAME_COUNTERS, counters_pin.as_path())
+            .load(EBPF_OBJECT)?;
+        Ok(Self {
+            ebpf,
+            pin_root: config.pin_root.clone(),
+        })
+    }
+
+    /// The pin root this datapath uses.
+    pub fn pin_root(&self) -> &Path {
+        &self.pin_root
+    }
+
+    /// Attaches the uplink ingress program to `interface` in the calling
+    /// thread's network namespace, replacing an earlier flatnet attachment.
+    /// The attachment outlives this process.
+    pub fn attach_uplink(&mut self, interface: &str) -> Result<(), DatapathError> {
+        uplink::attach(&mut self.ebpf, interface)
+    }
+
+    /// Current uplink frame counters, summed over CPUs.
+    pub fn frame_counters(&self) -> Result<FrameCounters, DatapathError> {
+        let map = self
+            .ebpf
+            .map(MAP_FRAME_COUNTERS)
+            .ok_or(DatapathError::MissingMap(MAP_FRAME_COUNTERS))?;
+        FrameCounters::read(map)
+    }
+}
+
+/// Path of a pinned map under `pin_root`.
+pub fn map_pin_path(pin_root: &Path, map: &str) -> PathBuf {
+    pin_root.join(map)
+}

@@ -1,0 +1,119 @@
+//! `flatnet-agent datapath ...`: manual control of the eBPF programs.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use flatnet_agent::{
+    datapath::{Datapath, DatapathConfig, FrameCounters, detach_uplink},
+    netns::run_in_netns,
+};
+use flatnet_common::pin::PIN_ROOT;
+
+#[derive(Args, Debug)]
+pub struct PinArgs {
+    /// Directory on the BPF filesystem for pinned maps.
+    #[arg(long, env = "FLATNET_BPF_PIN_ROOT", default_value = PIN_ROOT)]
+    pin_root: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct TargetArgs {
+    /// Uplink (master or VLAN) interface.
+    #[arg(long, short)]
+    interface: String,
+    /// Network namespace file the interface lives in (default: the agent's own).
+    #[arg(long)]
+    netns: Option<PathBuf>,
+}
+
+impl TargetArgs {
+    /// Runs `work` with the interface name, inside `--netns` when given.
+    fn run<T: Send>(&self, work: impl FnOnce(&str) -> T + Send) -> anyhow::Result<T> {
+        match &self.netns {
+            Some(netns) => Ok(run_in_netns(netns, || work(&self.interface))?),
+            None => Ok(work(&self.interface)),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DatapathCommand {
+    /// Load the programs, pin their maps and attach the uplink program to an interface.
+    Attach {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        pin: PinArgs,
+    },
+    /// Detach the uplink program from an interface (pinned maps are kept).
+    Detach {
+        #[command(flatten)]
+        target: TargetArgs,
+    },
+    /// Show the uplink ARP/NDP frame counters from the pinned map.
+    Counters {
+        #[command(flatten)]
+        pin: PinArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+impl DatapathCommand {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self {
+            DatapathCommand::Attach { target, pin } => {
+                let mut datapath = Datapath::load(&DatapathConfig {
+                    pin_root: pin.pin_root,
+                })?;
+                let interface = &target.interface;
+                target
+                    .run(|ifname| datapath.attach_uplink(ifname))?
+                    .with_context(|| format!("attach uplink program to {interface}"))?;
+                println!(
+                    "uplink program attached to {interface}; maps pinned under {}",
+                    datapath.pin_root().display()
+                );
+            }
+            DatapathCommand::Detach { target } => {
+                let interface = &target.interface;
+                if target.run(detach_uplink)?? {
+                    println!("uplink program detached from {interface}");
+                } else {
+                    println!("no flatnet uplink program was attached to {interface}");
+                }
+            }
+            DatapathCommand::Counters { pin, output } => {
+                let counters = FrameCounters::read_pinned(&pin.pin_root).with_context(|| {
+                    format!(
+                        "read counters pinned under {} (has `datapath attach` run?)",
+                        pin.pin_root.display()
+                    )
+                })?;
+                print_counters(&counters, output)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn print_counters(counters: &FrameCounters, output: Output) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(counters)?),
+        Output::Table => {
+            println!("{:<28} {:>12} {:>14}", "KIND", "PACKETS", "BYTES");
+            for (kind, c) in counters.iter() {
+                println!("{:<28} {:>12} {:>14}", kind.name(), c.packets, c.bytes);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! Log set-up shared by every subcommand.
+
+use clap::{Args, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct LoggingArgs {
+    /// Log filter (`info`, `debug`, `flatnet_agent=trace`, ...).
+    #[arg(long, env = "FLATNET_LOG", default_value = "info", global = true)]
+    log_level: String,
+    /// Log line format.
+    #[arg(
+        long,
+        env = "FLATNET_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
+}
+
+impl LoggingArgs {
+    /// Installs the global subscriber; logs go to stderr so command output
+    /// on stdout stays machine-readable.
+    pub fn init(&self) {
+        let filter = EnvFilter::try_new(&self.log_level).unwrap_or_else(|e| {
+            eprintln!(
+                "invalid --log-level {:?} ({e}); using \"info\"",
+                self.log_level
+            );
+            EnvFilter::new("info")
+        });
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        match self.log_format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+    }
+}

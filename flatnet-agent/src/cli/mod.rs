@@ -1,0 +1,32 @@
+//! Command-line interface of `flatnet-agent`.
+
+mod datapath;
+mod logging;
+
+use clap::{Parser, Subcommand};
+
+/// flatnet node agent: pod interfaces on flat L2 networks, CNI service and
+/// eBPF data plane.
+#[derive(Parser, Debug)]
+#[command(name = "flatnet-agent", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub logging: logging::LoggingArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Load, attach, detach and inspect the eBPF programs by hand.
+    #[command(subcommand)]
+    Datapath(datapath::DatapathCommand),
+}
+
+impl Command {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self {
+            Command::Datapath(cmd) => cmd.run(),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Building and sending raw L2 frames: ARP and IPv6 neighbour discovery.
+//!
+//! Used to announce pod addresses (gratuitous ARP, unsolicited neighbour
+//! advertisements) without any external binary, and by tests to inject
+//! exact frames.
+
+mod frames;
+mod raw_socket;
+
+pub use frames::{
+    BROADCAST, FrameError, MacAddr, NdpMessage, arp_frame, ipv6_multicast_mac, ndp_frame,
+    solicited_node,
+};
+pub use raw_socket::{RawSocket, RawSocketError};

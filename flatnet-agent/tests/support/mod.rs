@@ -1,0 +1,127 @@
+//! Helpers for privileged tests: fresh network namespaces, veth pairs and
+//! private pin directories, all removed again on drop.
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+/// Environment variable that turns "not root" from a skip into a failure
+/// (set by CI, where these tests must run).
+pub const REQUIRE_PRIVILEGED: &str = "FLATNET_REQUIRE_PRIVILEGED";
+
+/// Whether a privileged test can run. Prints why it skips; panics instead of
+/// skipping when [`REQUIRE_PRIVILEGED`] is set.
+pub fn privileged(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    let reason = "needs root (network namespaces, netlink, BPF)";
+    if std::env::var_os(REQUIRE_PRIVILEGED).is_some() {
+        panic!("{test}: {reason}, and {REQUIRE_PRIVILEGED} is set");
+    }
+    eprintln!("skipped: {test}: {reason}");
+    false
+}
+
+/// A name unique to this process and call, short enough for an interface (<= 15 bytes).
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = format!("{prefix}{}{n}", std::process::id() % 100_000);
+    assert!(name.len() <= 15, "name {name} too long");
+    name
+}
+
+/// Runs a command, panicking with its output when it fails; returns stdout.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+pub struct TestNetns {
+    pub name: String,
+}
+
+impl TestNetns {
+    pub fn new(prefix: &str) -> Self {
+        let name = unique_name(prefix);
+        run("ip", &["netns", "add", &name]);
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        Self { name }
+    }
+
+    /// The namespace file, for `setns`.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// Runs `ip -n <ns> <args>`.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Runs a program inside the namespace (`ip netns exec`).
+    pub fn exec(&self, program: &str, args: &[&str]) -> String {
+        let mut full = vec!["netns", "exec", self.name.as_str(), program];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Sets a sysctl inside the namespace.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        self.exec("sysctl", &["-qw", &format!("{key}={value}")]);
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Creates a veth pair with one end in each namespace, both down.
+pub fn veth_pair(a: &TestNetns, a_name: &str, b: &TestNetns, b_name: &str) {
+    run(
+        "ip",
+        &[
+            "link", "add", a_name, "netns", &a.name, "type", "veth", "peer", "name", b_name,
+            "netns", &b.name,
+        ],
+    );
+}
+
+/// A private directory under the flatnet pin root, removed on drop.
+pub struct TestPinRoot {
+    pub path: PathBuf,
+}
+
+impl TestPinRoot {
+    pub fn new() -> Self {
+        let path = Path::new(flatnet_common::pin::PIN_ROOT).join(unique_name("test-"));
+        Self { path }
+    }
+}
+
+impl Drop for TestPinRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

@@ -1,0 +1,38 @@
+//! Composite developer tasks: lint and test.
+
+use clap::Args;
+
+use crate::{ebpf, workspace};
+
+/// Options of `cargo xtask test`.
+#[derive(Args)]
+pub struct TestArgs {
+    /// Fail, instead of skipping, tests that need root (CI sets this).
+    #[arg(long, env = "CI", value_parser = clap::builder::BoolishValueParser::new(), default_value = "false")]
+    require_privileged: bool,
+}
+
+/// Clippy with `-D warnings`: user-space crates, then the eBPF crate.
+pub fn clippy() -> anyhow::Result<()> {
+    let mut cargo = workspace::cargo(None);
+    cargo.args(["clippy", "--all-targets", "--", "-D", "warnings"]);
+    workspace::run("clippy (user space)", &mut cargo)?;
+    ebpf::clippy()
+}
+
+/// Everything CI checks, in order of increasing cost.
+pub fn test(args: &TestArgs) -> anyhow::Result<()> {
+    let mut fmt = workspace::cargo(None);
+    fmt.args(["fmt", "--all", "--check"]);
+    workspace::run("rustfmt", &mut fmt)?;
+
+    ebpf::build()?;
+    clippy()?;
+
+    let mut tests = workspace::cargo(None);
+    tests.args(["test", "--all-targets"]);
+    if args.require_privileged {
+        tests.env("FLATNET_REQUIRE_PRIVILEGED", "1");
+    }
+    workspace::run("tests (unit, controller, privileged netns)", &mut tests)
+}
