@@ -1,6 +1,7 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
 mod ebpf;
+mod lab;
 mod tasks;
 mod workspace;
 
@@ -19,6 +20,8 @@ enum Command {
     BuildEbpf,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
+    /// Run the lab: a simulated LAN in network namespaces with the real agent.
+    Lab,
     /// Everything CI checks: formatting, eBPF build, clippy, all tests.
     Test(tasks::TestArgs),
 }
@@ -27,6 +30,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::BuildEbpf => ebpf::build(),
         Command::Clippy => tasks::clippy(),
+        Command::Lab => lab::run(),
         Command::Test(args) => tasks::test(&args),
     }
 }

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use crate::{ebpf, workspace};
+use crate::{ebpf, lab, workspace};
 
 /// Options of `cargo xtask test`.
 #[derive(Args)]
@@ -34,5 +34,8 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     if args.require_privileged {
         tests.env("FLATNET_REQUIRE_PRIVILEGED", "1");
     }
-    workspace::run("tests (unit, controller, privileged netns)", &mut tests)
+    workspace::run("tests (unit, controller, privileged netns)", &mut tests)?;
+
+    // The lab is the smoke test of the whole data plane.
+    lab::run()
 }
