@@ -7,9 +7,17 @@ use crate::{ebpf, lab, workspace};
 /// Options of `cargo xtask test`.
 #[derive(Args)]
 pub struct TestArgs {
-    /// Fail, instead of skipping, tests that need root (CI sets this).
-    #[arg(long, env = "CI", value_parser = clap::builder::BoolishValueParser::new(), default_value = "false")]
+    /// Fail, instead of skipping, tests that need root. Implied when the
+    /// `CI` environment variable is true.
+    #[arg(long)]
     require_privileged: bool,
+}
+
+impl TestArgs {
+    fn require_privileged(&self) -> bool {
+        let ci = std::env::var("CI").is_ok_and(|v| matches!(v.as_str(), "true" | "1" | "yes"));
+        self.require_privileged || ci
+    }
 }
 
 /// Clippy with `-D warnings`: user-space crates, then the eBPF crate.
@@ -31,7 +39,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
 
     let mut tests = workspace::cargo(None);
     tests.args(["test", "--all-targets"]);
-    if args.require_privileged {
+    if args.require_privileged() {
         tests.env("FLATNET_REQUIRE_PRIVILEGED", "1");
     }
     workspace::run("tests (unit, controller, privileged netns)", &mut tests)?;
