@@ -3,6 +3,7 @@
 mod ebpf;
 mod lab;
 mod tasks;
+mod test_report;
 mod workspace;
 
 use clap::{Parser, Subcommand};

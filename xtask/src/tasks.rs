@@ -2,7 +2,11 @@
 
 use clap::Args;
 
-use crate::{ebpf, lab, workspace};
+use crate::{
+    ebpf, lab,
+    test_report::{Totals, run_tests},
+    workspace,
+};
 
 /// Options of `cargo xtask test`.
 #[derive(Args)]
@@ -42,8 +46,22 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     if args.require_privileged() {
         tests.env("FLATNET_REQUIRE_PRIVILEGED", "1");
     }
-    workspace::run("tests (unit, controller, privileged netns)", &mut tests)?;
-
+    let mut totals = Totals::default();
+    let outcome = run_tests(
+        "tests (unit, controller, privileged netns)",
+        &mut tests,
+        &mut totals,
+    )
     // The lab is the smoke test of the whole data plane.
-    lab::run()
+    .and_then(|()| {
+        let lab = lab::run();
+        match &lab {
+            Ok(()) => totals.passed += 1,
+            Err(_) => totals.failed += 1,
+        }
+        lab
+    });
+    // One closing line over every suite, printed last whatever happened.
+    println!("{}", totals.summary());
+    outcome
 }
