@@ -11,5 +11,6 @@ extern crate std;
 
 pub mod frame_counter;
 pub mod pin;
+pub mod responder;
 
 pub use frame_counter::{FrameCounter, FrameKind};

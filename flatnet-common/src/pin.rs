@@ -10,8 +10,25 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
 /// ARP and NDP frames seen on uplink ingress.
 pub const MAP_FRAME_COUNTERS: &str = "FRAME_COUNTERS";
 
+/// Hash map [`crate::responder::ArpResponderKey`] → [`crate::responder::ResponderEntry`]:
+/// IPv4 addresses the uplink program answers ARP requests for.
+pub const MAP_ARP_RESPONDER: &str = "ARP_RESPONDER";
+
+/// Hash map [`crate::responder::NdpResponderKey`] → [`crate::responder::ResponderEntry`]:
+/// IPv6 addresses the uplink program answers neighbour solicitations for.
+pub const MAP_NDP_RESPONDER: &str = "NDP_RESPONDER";
+
+/// Per-CPU array of `u64` indexed by [`crate::responder::ResponderStat`].
+pub const MAP_RESPONDER_STATS: &str = "RESPONDER_STATS";
+
+/// Capacity of each responder map.
+pub const RESPONDER_MAX_ENTRIES: u32 = 16_384;
+
 /// The TC ingress classifier attached to uplink (master / VLAN) interfaces.
 pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
 
 const _: () = assert!(MAP_FRAME_COUNTERS.len() <= 15);
 const _: () = assert!(PROG_UPLINK_INGRESS.len() <= 15);
+const _: () = assert!(MAP_ARP_RESPONDER.len() <= 15);
+const _: () = assert!(MAP_NDP_RESPONDER.len() <= 15);
+const _: () = assert!(MAP_RESPONDER_STATS.len() <= 15);
