@@ -1,3 +1,5 @@
 //! flatnet's node agent: interfaces, CNI service and the eBPF data plane.
 
+pub mod cni;
 pub mod datapath;
+pub mod rpc;

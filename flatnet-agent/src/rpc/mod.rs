@@ -1,0 +1,1 @@
+//! The agent's unix socket protocol.
