@@ -167,8 +167,9 @@ impl NetworkConfig {
         };
         let version = select_version(&object)?;
         object.insert("cniVersion".into(), version.as_str().into());
-        let config: NetworkConfig = serde_json::from_value(Value::Object(object.clone()))
-            .map_err(|e| field_error(&object, version, e))?;
+        let object = Value::Object(object);
+        let config =
+            NetworkConfig::deserialize(&object).map_err(|e| field_error(&object, version, e))?;
         config.validate()?;
         Ok(config)
     }
@@ -313,23 +314,23 @@ fn select_version(object: &Map<String, Value>) -> Result<CniVersion, CniError> {
 /// serde reports the type mismatch but not where it is, so each top-level
 /// field is decoded alone (with the required fields filled in) until one
 /// fails. This runs only on the error path.
-fn field_error(
-    object: &Map<String, Value>,
-    version: CniVersion,
-    error: serde_json::Error,
-) -> CniError {
+fn field_error(object: &Value, version: CniVersion, error: serde_json::Error) -> CniError {
     let name = object
         .get("name")
         .and_then(Value::as_str)
         .unwrap_or("<unnamed>");
-    let failing = object.iter().find(|(key, value)| {
-        let mut probe = Map::new();
-        probe.insert("cniVersion".into(), version.as_str().into());
-        probe.insert("name".into(), "probe".into());
-        probe.insert("type".into(), "probe".into());
-        probe.insert((*key).clone(), (*value).clone());
-        serde_json::from_value::<NetworkConfig>(Value::Object(probe)).is_err()
-    });
+    let failing = object
+        .as_object()
+        .into_iter()
+        .flatten()
+        .find(|(key, value)| {
+            let mut probe = Map::new();
+            probe.insert("cniVersion".into(), version.as_str().into());
+            probe.insert("name".into(), "probe".into());
+            probe.insert("type".into(), "probe".into());
+            probe.insert((*key).clone(), (*value).clone());
+            serde_json::from_value::<NetworkConfig>(Value::Object(probe)).is_err()
+        });
     let msg = match failing {
         Some((key, _)) => format!("network {name:?}: field {key:?} is invalid: {error}"),
         None => format!("network {name:?} is invalid: {error}"),

@@ -143,8 +143,9 @@ pub enum Invocation {
         /// The version the runtime asked the answer to be written in.
         requested: Option<String>,
     },
-    /// Anything else, forwarded to the agent.
-    Request(CniRequest),
+    /// Anything else, forwarded to the agent (boxed: it is large and
+    /// VERSION is not).
+    Request(Box<CniRequest>),
 }
 
 impl Invocation {
@@ -234,7 +235,7 @@ impl Invocation {
                 })
             }
         };
-        Ok(Invocation::Request(request))
+        Ok(Invocation::Request(Box::new(request)))
     }
 }
 
@@ -278,7 +279,7 @@ mod tests {
 
     fn request(command: &str, config: serde_json::Value) -> CniRequest {
         match parse(command, config).unwrap() {
-            Invocation::Request(request) => request,
+            Invocation::Request(request) => *request,
             other => panic!("expected a request, got {other:?}"),
         }
     }
