@@ -1,5 +1,7 @@
 //! flatnet's node agent: interfaces, CNI service and the eBPF data plane.
 
+pub mod cni;
 pub mod datapath;
 pub mod netns;
 pub mod packet;
+pub mod rpc;

@@ -1,0 +1,510 @@
+//! The network configuration flatnet-cni reads on stdin: the standard CNI
+//! fields, what runtimes and Multus add (`runtimeConfig`, `args`,
+//! `prevResult`, `cni.dev/valid-attachments`), and flatnet's own fields.
+//!
+//! Unknown fields are accepted and kept in [`NetworkConfig::extra`] so the
+//! agent sees them (an upstream `ipam` or `flatNetwork` block, for example),
+//! but flatnet-cni itself gives them no meaning.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::error::{CniError, ErrorCode};
+use super::result::{CniResult, IpWithPrefix};
+use super::version::CniVersion;
+
+/// Smallest MTU Linux accepts on an IPv4 interface.
+const MIN_MTU: u32 = 68;
+/// Largest MTU a netlink link can carry.
+const MAX_MTU: u32 = 65535;
+/// Levels accepted in `logLevel`.
+pub const LOG_LEVELS: [&str; 5] = ["trace", "debug", "info", "warn", "error"];
+
+/// DNS settings (network configuration `dns` and result `dns`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dns {
+    /// Name servers, in priority order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<String>,
+    /// Local domain for short names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Search domains, in priority order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub search: Vec<String>,
+    /// Resolver options.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+impl Dns {
+    /// True when no field is set (the `dns` key is then omitted).
+    pub fn is_empty(&self) -> bool {
+        self.nameservers.is_empty()
+            && self.domain.is_none()
+            && self.search.is_empty()
+            && self.options.is_empty()
+    }
+}
+
+/// `runtimeConfig`: capability arguments from the runtime or Multus.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeConfig {
+    /// Requested MAC (`mac` capability, e.g. the Multus networks annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Requested addresses (`ips` capability).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<IpWithPrefix>,
+    /// Other capabilities (`portMappings`, `bandwidth`, ...), passed through.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// One entry of `cni.dev/valid-attachments` (GC): an attachment that is
+/// still in use and whose resources must be kept.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ValidAttachment {
+    /// Container ID of the attachment.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// Interface name of the attachment.
+    pub ifname: String,
+}
+
+/// A plugin network configuration, as received on stdin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    /// The specification version this configuration (and our output) uses.
+    pub cni_version: CniVersion,
+    /// Every version the configuration is valid for (1.1.0 conflists).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cni_versions: Vec<String>,
+    /// Network name (the NetworkAttachmentDefinition name under Multus).
+    pub name: String,
+    /// Plugin type, i.e. the executable name (`flatnet-cni`).
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    /// Capabilities the configuration enables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capabilities: BTreeMap<String, bool>,
+    /// Capability arguments filled in by the runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_config: Option<RuntimeConfig>,
+    /// Free-form arguments (`args.cni.*` by convention); never rejected.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub args: Map<String, Value>,
+    /// Result of the previous ADD (CHECK and DEL) or previous plugin (chains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_result: Option<CniResult>,
+    /// DNS settings to report in the result.
+    #[serde(default, skip_serializing_if = "Dns::is_empty")]
+    pub dns: Dns,
+    /// GC: attachments still in use. Read it through [`NetworkConfig::valid_attachments`].
+    #[serde(
+        default,
+        rename = "cni.dev/valid-attachments",
+        skip_serializing_if = "Option::is_none"
+    )]
+    valid_attachments: Option<Vec<ValidAttachment>>,
+    /// GC: the same list under the key early 1.1.0 runtimes send (libcni
+    /// sends both keys, so both must be accepted).
+    #[serde(
+        default,
+        rename = "cni.dev/attachments",
+        skip_serializing_if = "Option::is_none"
+    )]
+    attachments_alias: Option<Vec<ValidAttachment>>,
+
+    /// Agent socket path; the `FLATNET_AGENT_SOCKET` variable overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_socket: Option<PathBuf>,
+    /// How long flatnet-cni waits for the agent, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_timeout_seconds: Option<u64>,
+    /// FlatNetworkSubnet to allocate from, overriding the pod annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
+    /// MTU of the pod interface; the subnet's or the parent's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Log level of flatnet-cni's log file (one of [`LOG_LEVELS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+    /// File flatnet-cni appends its log to; no log is written without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_file: Option<PathBuf>,
+
+    /// Every other field, kept for the agent and otherwise ignored.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl NetworkConfig {
+    /// Decodes and validates a configuration read on stdin.
+    ///
+    /// Errors: 6 when it is not a JSON object, 1 when no supported version
+    /// can be chosen, 7 when a field has the wrong type or the name is
+    /// invalid, 2 when a flatnet field has an unsupported value.
+    pub fn decode(stdin: &[u8]) -> Result<NetworkConfig, CniError> {
+        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+            CniError::new(
+                ErrorCode::Decode,
+                "network config on stdin is not valid JSON; the runtime or Multus must pass the NetworkAttachmentDefinition config",
+            )
+            .with_details(e)
+        })?;
+        let Value::Object(mut object) = value else {
+            return Err(CniError::new(
+                ErrorCode::Decode,
+                "network config on stdin must be a JSON object",
+            ));
+        };
+        let version = select_version(&object)?;
+        object.insert("cniVersion".into(), version.as_str().into());
+        let object = Value::Object(object);
+        let config =
+            NetworkConfig::deserialize(&object).map_err(|e| field_error(&object, version, e))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The attachments GC must keep, from either key.
+    pub fn valid_attachments(&self) -> Vec<ValidAttachment> {
+        let mut all: Vec<ValidAttachment> = self
+            .valid_attachments
+            .iter()
+            .chain(&self.attachments_alias)
+            .flatten()
+            .cloned()
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// True when the runtime sent a valid-attachments list (under either key).
+    pub fn has_valid_attachments(&self) -> bool {
+        self.valid_attachments.is_some() || self.attachments_alias.is_some()
+    }
+
+    fn validate(&self) -> Result<(), CniError> {
+        if !is_valid_network_name(&self.name) {
+            return Err(CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!(
+                    "network name {:?} is invalid: it must start with a letter or digit and contain only letters, digits, '_', '.' and '-'",
+                    self.name
+                ),
+            ));
+        }
+        if self.plugin_type.is_empty() {
+            return Err(CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!(
+                    "network {:?}: field \"type\" must name the plugin executable",
+                    self.name
+                ),
+            ));
+        }
+        if let Some(mtu) = self.mtu
+            && !(MIN_MTU..=MAX_MTU).contains(&mtu)
+        {
+            return Err(unsupported(
+                &self.name,
+                "mtu",
+                mtu,
+                &format!("{MIN_MTU}..={MAX_MTU}"),
+            ));
+        }
+        if self.agent_timeout_seconds == Some(0) {
+            return Err(unsupported(
+                &self.name,
+                "agentTimeoutSeconds",
+                0,
+                "at least 1",
+            ));
+        }
+        if let Some(level) = &self.log_level
+            && !LOG_LEVELS.contains(&level.as_str())
+        {
+            return Err(unsupported(
+                &self.name,
+                "logLevel",
+                level,
+                &LOG_LEVELS.join(", "),
+            ));
+        }
+        if let Some(subnet) = &self.subnet
+            && subnet.is_empty()
+        {
+            return Err(unsupported(
+                &self.name,
+                "subnet",
+                "\"\"",
+                "a FlatNetworkSubnet name",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Code 2 for a flatnet field whose value is well typed but not supported.
+/// The specification asks for the key and the value in the message.
+fn unsupported(
+    network: &str,
+    key: &str,
+    value: impl std::fmt::Display,
+    expected: &str,
+) -> CniError {
+    CniError::new(
+        ErrorCode::UnsupportedField,
+        format!(
+            "network {network:?}: field {key:?} has unsupported value {value}; expected {expected}"
+        ),
+    )
+}
+
+/// Chooses the version: `cniVersion` when present (the runtime already
+/// negotiated it), else the highest supported entry of `cniVersions`.
+/// A configuration with neither is a 0.1.0 configuration, which is not supported.
+fn select_version(object: &Map<String, Value>) -> Result<CniVersion, CniError> {
+    let supported = CniVersion::supported_strings().join(", ");
+    match object.get("cniVersion") {
+        Some(Value::String(declared)) => declared.parse().map_err(|_| {
+            CniError::new(
+                ErrorCode::IncompatibleVersion,
+                format!("cniVersion {declared:?} is not supported by flatnet-cni; use one of {supported}"),
+            )
+        }),
+        Some(other) => Err(CniError::new(
+            ErrorCode::InvalidNetworkConfig,
+            format!("field \"cniVersion\" must be a string such as \"1.0.0\", not {other}"),
+        )),
+        None => {
+            let listed = match object.get("cniVersions") {
+                None => Vec::new(),
+                Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).collect(),
+                Some(other) => {
+                    return Err(CniError::new(
+                        ErrorCode::InvalidNetworkConfig,
+                        format!("field \"cniVersions\" must be a list of version strings, not {other}"),
+                    ));
+                }
+            };
+            CniVersion::negotiate(listed).ok_or_else(|| {
+                CniError::new(
+                    ErrorCode::IncompatibleVersion,
+                    format!(
+                        "network config sets no supported cniVersion (without one it means 0.1.0); set cniVersion to one of {supported}"
+                    ),
+                )
+            })
+        }
+    }
+}
+
+/// Code 7 naming the first field that does not decode.
+///
+/// serde reports the type mismatch but not where it is, so each top-level
+/// field is decoded alone (with the required fields filled in) until one
+/// fails. This runs only on the error path.
+fn field_error(object: &Value, version: CniVersion, error: serde_json::Error) -> CniError {
+    let name = object
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("<unnamed>");
+    let failing = object
+        .as_object()
+        .into_iter()
+        .flatten()
+        .find(|(key, value)| {
+            let mut probe = Map::new();
+            probe.insert("cniVersion".into(), version.as_str().into());
+            probe.insert("name".into(), "probe".into());
+            probe.insert("type".into(), "probe".into());
+            probe.insert((*key).clone(), (*value).clone());
+            serde_json::from_value::<NetworkConfig>(Value::Object(probe)).is_err()
+        });
+    let msg = match failing {
+        Some((key, _)) => format!("network {name:?}: field {key:?} is invalid: {error}"),
+        None => format!("network {name:?} is invalid: {error}"),
+    };
+    CniError::new(ErrorCode::InvalidNetworkConfig, msg)
+}
+
+/// CNI network names: a letter or digit, then letters, digits, `_`, `.`, `-`.
+pub fn is_valid_network_name(name: &str) -> bool {
+    is_cni_identifier(name)
+}
+
+/// The identifier rule the specification uses for network names and container IDs.
+pub(crate) fn is_cni_identifier(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn decode(value: Value) -> Result<NetworkConfig, CniError> {
+        NetworkConfig::decode(value.to_string().as_bytes())
+    }
+
+    #[test]
+    fn decodes_a_multus_config_with_runtime_fields() {
+        let config = decode(json!({
+            "cniVersion": "1.0.0",
+            "name": "flat-net",
+            "type": "flatnet-cni",
+            "capabilities": {"ips": true, "mac": true},
+            "runtimeConfig": {"ips": ["10.1.2.9/24"], "mac": "0a:00:00:00:00:09", "bandwidth": {"ingressRate": 1}},
+            "args": {"cni": {"labels": {"a": "b"}}},
+            "agentSocket": "/run/flatnet/agent.sock",
+            "agentTimeoutSeconds": 30,
+            "subnet": "vlan10",
+            "mtu": 1450,
+            "logLevel": "debug",
+            "logFile": "/var/log/flatnet/cni.log",
+            "ipam": {"type": "static-ipam"},
+            "flatNetwork": {"mtu": 1500}
+        }))
+        .unwrap();
+        assert_eq!(config.cni_version, CniVersion::V1_0_0);
+        assert_eq!(config.name, "flat-net");
+        let runtime = config.runtime_config.as_ref().unwrap();
+        assert_eq!(runtime.ips[0].to_string(), "10.1.2.9/24");
+        assert!(runtime.other.contains_key("bandwidth"));
+        assert_eq!(config.mtu, Some(1450));
+        assert_eq!(config.subnet.as_deref(), Some("vlan10"));
+        // Unknown fields are kept for the agent, not rejected.
+        assert!(config.extra.contains_key("ipam"));
+        assert!(config.extra.contains_key("flatNetwork"));
+    }
+
+    #[test]
+    fn wire_round_trip_keeps_every_field() {
+        let config = decode(json!({
+            "cniVersion": "1.1.0", "name": "n", "type": "flatnet-cni",
+            "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth1"}],
+            "somethingNew": [1, 2]
+        }))
+        .unwrap();
+        let again: NetworkConfig =
+            serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
+        assert_eq!(again, config);
+    }
+
+    #[test]
+    fn not_json_or_not_an_object_is_a_decode_error() {
+        for stdin in [&b"{"[..], b"", b"[1,2]", b"\"x\"", b"\xff\xfe"] {
+            assert_eq!(
+                NetworkConfig::decode(stdin).unwrap_err().code,
+                ErrorCode::Decode
+            );
+        }
+    }
+
+    #[test]
+    fn unsupported_or_missing_versions_are_code_1() {
+        for config in [
+            json!({"cniVersion": "0.2.0", "name": "n", "type": "t"}),
+            json!({"cniVersion": "2.0.0", "name": "n", "type": "t"}),
+            json!({"name": "n", "type": "t"}),
+            json!({"cniVersions": ["0.1.0", "3.0.0"], "name": "n", "type": "t"}),
+        ] {
+            let error = decode(config.clone()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::IncompatibleVersion, "{config}");
+        }
+    }
+
+    #[test]
+    fn cni_versions_picks_the_highest_supported_when_cni_version_is_absent() {
+        let config =
+            decode(json!({"cniVersions": ["0.4.0", "1.1.0", "9.0.0"], "name": "n", "type": "t"}))
+                .unwrap();
+        assert_eq!(config.cni_version, CniVersion::V1_1_0);
+        // An explicit cniVersion is what the runtime negotiated: it wins.
+        let config = decode(json!({"cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"], "name": "n", "type": "t"})).unwrap();
+        assert_eq!(config.cni_version, CniVersion::V1_0_0);
+    }
+
+    #[test]
+    fn wrong_types_and_bad_names_are_code_7_and_name_the_field() {
+        let error = decode(json!({"cniVersion": "1.0.0", "name": "n", "type": "t", "mtu": "big"}))
+            .unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidNetworkConfig);
+        assert!(error.msg.contains("\"mtu\""), "{}", error.msg);
+
+        let error = decode(json!({"cniVersion": "1.0.0", "type": "t"})).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidNetworkConfig);
+        assert!(error.msg.contains("name"), "{}", error.msg);
+
+        for name in ["", "-lead", "has space", "slash/x"] {
+            let error =
+                decode(json!({"cniVersion": "1.0.0", "name": name, "type": "t"})).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidNetworkConfig, "{name:?}");
+        }
+        let error = decode(json!({"cniVersion": 1, "name": "n", "type": "t"})).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidNetworkConfig);
+        let error = decode(json!({"cniVersion": "1.0.0", "name": "n", "type": ""})).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidNetworkConfig);
+        let error = decode(json!({"cniVersion": "1.0.0", "name": "n", "type": "t",
+            "runtimeConfig": {"ips": ["not-an-ip"]}}))
+        .unwrap_err();
+        assert!(error.msg.contains("runtimeConfig"), "{}", error.msg);
+    }
+
+    #[test]
+    fn unsupported_flatnet_values_are_code_2_with_key_and_value() {
+        for (key, value) in [
+            ("mtu", json!(20)),
+            ("mtu", json!(70000)),
+            ("agentTimeoutSeconds", json!(0)),
+            ("logLevel", json!("chatty")),
+            ("subnet", json!("")),
+        ] {
+            let mut config = json!({"cniVersion": "1.0.0", "name": "n", "type": "t"});
+            config[key] = value.clone();
+            let error = decode(config).unwrap_err();
+            assert_eq!(error.code, ErrorCode::UnsupportedField, "{key}={value}");
+            assert!(error.msg.contains(key), "{}", error.msg);
+        }
+    }
+
+    #[test]
+    fn valid_attachments_merge_both_keys() {
+        let config = decode(json!({
+            "cniVersion": "1.1.0", "name": "n", "type": "t",
+            "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth1"}],
+            "cni.dev/attachments": [{"containerID": "a", "ifname": "eth1"}, {"containerID": "b", "ifname": "net1"}]
+        }))
+        .unwrap();
+        assert!(config.has_valid_attachments());
+        let ids: Vec<_> = config
+            .valid_attachments()
+            .into_iter()
+            .map(|a| a.container_id)
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+    }
+
+    #[test]
+    fn identifier_rule() {
+        assert!(is_cni_identifier("a"));
+        assert!(is_cni_identifier("9abc_d.e-f"));
+        assert!(!is_cni_identifier(""));
+        assert!(!is_cni_identifier("_a"));
+        assert!(!is_cni_identifier("a b"));
+        assert!(!is_cni_identifier("é"));
+    }
+}
