@@ -21,6 +21,14 @@ pub const MAP_NDP_RESPONDER: &str = "NDP_RESPONDER";
 /// Per-CPU array of `u64` indexed by [`crate::responder::ResponderStat`].
 pub const MAP_RESPONDER_STATS: &str = "RESPONDER_STATS";
 
+/// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
+pub const PINNED_MAPS: [&str; 4] = [
+    MAP_FRAME_COUNTERS,
+    MAP_ARP_RESPONDER,
+    MAP_NDP_RESPONDER,
+    MAP_RESPONDER_STATS,
+];
+
 /// Capacity of each responder map.
 pub const RESPONDER_MAX_ENTRIES: u32 = 16_384;
 

@@ -1,16 +1,27 @@
 //! TC ingress program for uplink (master / VLAN) interfaces.
 //!
 //! Counts the ARP and IPv6 neighbour-discovery frames arriving from the LAN,
-//! per kind, so operators can see the L2 control traffic flatnet acts on.
-//! Traffic is never modified or dropped here.
+//! per kind, and answers ARP requests and neighbour solicitations for the
+//! exact addresses listed in the responder maps with the listed MAC (for
+//! addresses that live behind the node, such as ipvlan L3 pods). Answers are
+//! rewritten in place and sent back out of the same interface; every other
+//! frame continues up the stack untouched.
 
 use aya_ebpf::{
-    bindings::TC_ACT_PIPE,
-    btf_maps::PerCpuArray,
+    bindings::{TC_ACT_PIPE, TC_ACT_REDIRECT},
+    btf_maps::{HashMap, PerCpuArray},
+    helpers::{bpf_redirect, bpf_skb_change_tail},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
-use flatnet_common::{FrameCounter, FrameKind};
+use flatnet_common::{
+    FrameCounter, FrameKind,
+    pin::RESPONDER_MAX_ENTRIES,
+    responder::{
+        ARP_LEN, ArpResponderKey, IPV6_LEN, NA_LEN, NS_LEN, NdpResponderKey, ResponderEntry,
+        ResponderStat, arp_question, arp_reply, ipv6_dst_mac, ndp_question, neighbor_advertisement,
+    },
+};
 
 use crate::headers::{
     ETH_P_ARP, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_HDR_LEN, ParseError, l3_protocol, read_be16,
@@ -21,34 +32,51 @@ use crate::headers::{
 static FRAME_COUNTERS: PerCpuArray<FrameCounter, { FrameKind::COUNT as usize }> =
     PerCpuArray::new();
 
+#[btf_map]
+static ARP_RESPONDER: HashMap<ArpResponderKey, ResponderEntry, { RESPONDER_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+static NDP_RESPONDER: HashMap<NdpResponderKey, ResponderEntry, { RESPONDER_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+static RESPONDER_STATS: PerCpuArray<u64, { ResponderStat::COUNT as usize }> = PerCpuArray::new();
+
 /// Offset of the opcode inside the ARP header.
 const ARP_OPCODE_OFFSET: usize = 6;
 /// Offset of the next-header field inside the IPv6 header.
 const IPV6_NEXT_HEADER_OFFSET: usize = 6;
+/// Offset of the Ethernet source address.
+const ETH_SRC_OFFSET: usize = 6;
 
 #[classifier]
 pub fn uplink_ingress(ctx: TcContext) -> i32 {
-    // Counting is best effort: an unparseable frame is still passed on.
-    let _ = try_uplink_ingress(&ctx);
-    TC_ACT_PIPE
+    // A frame we cannot parse or answer is passed on, never dropped.
+    try_uplink_ingress(&ctx).unwrap_or(TC_ACT_PIPE)
 }
 
 #[inline(always)]
-fn try_uplink_ingress(ctx: &TcContext) -> Result<(), ParseError> {
-    if let Some(kind) = classify(ctx)? {
-        count(kind, ctx.len());
+fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, ParseError> {
+    let Some((kind, l3)) = classify(ctx)? else {
+        return Ok(TC_ACT_PIPE);
+    };
+    count(kind, ctx.len());
+    match kind {
+        FrameKind::ArpRequest => answer_arp(ctx, l3),
+        FrameKind::NeighborSolicitation => answer_neighbor_solicitation(ctx, l3),
+        _ => Ok(TC_ACT_PIPE),
     }
-    Ok(())
 }
 
-/// Decides which [`FrameKind`] a frame is, if any.
+/// Decides which [`FrameKind`] a frame is, if any, and where its L3 header starts.
 #[inline(always)]
-fn classify(ctx: &TcContext) -> Result<Option<FrameKind>, ParseError> {
+fn classify(ctx: &TcContext) -> Result<Option<(FrameKind, usize)>, ParseError> {
     let (ether_type, l3) = l3_protocol(ctx)?;
     match ether_type {
         ETH_P_ARP => {
             let opcode = read_be16(ctx, l3 + ARP_OPCODE_OFFSET)?;
-            Ok(Some(FrameKind::from_arp_opcode(opcode)))
+            Ok(Some((FrameKind::from_arp_opcode(opcode), l3)))
         }
         ETH_P_IPV6 => {
             // NDP messages carry no extension headers in practice (RFC 4861
@@ -58,9 +86,103 @@ fn classify(ctx: &TcContext) -> Result<Option<FrameKind>, ParseError> {
                 return Ok(None);
             }
             let icmp_type = read_u8(ctx, l3 + IPV6_HDR_LEN)?;
-            Ok(FrameKind::from_icmpv6_type(icmp_type))
+            Ok(FrameKind::from_icmpv6_type(icmp_type).map(|kind| (kind, l3)))
         }
         _ => Ok(None),
+    }
+}
+
+#[inline(always)]
+fn ingress_ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: the context pointer is valid for the whole program run.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Answers an ARP request for a listed address with an ARP reply.
+#[inline(always)]
+fn answer_arp(ctx: &TcContext, l3: usize) -> Result<i32, ParseError> {
+    let request: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
+    let Some(question) = arp_question(&request) else {
+        return Ok(TC_ACT_PIPE);
+    };
+    let ifindex = ingress_ifindex(ctx);
+    let key = ArpResponderKey {
+        ifindex,
+        addr: question.target,
+    };
+    // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
+    let Some(entry) = (unsafe { ARP_RESPONDER.get(key) }).copied() else {
+        return Ok(TC_ACT_PIPE);
+    };
+    let reply = arp_reply(&request, entry.mac);
+    let eth = ethernet_addresses(question.requester_mac, entry.mac);
+    if ctx.store(0, &eth, 0).is_err() || ctx.store(l3, &reply, 0).is_err() {
+        return Ok(TC_ACT_PIPE);
+    }
+    bump(ResponderStat::ArpReplies);
+    Ok(send_back(ifindex))
+}
+
+/// Answers a neighbour solicitation for a listed address with a neighbour advertisement.
+#[inline(always)]
+fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> Result<i32, ParseError> {
+    let ip6: [u8; IPV6_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
+    let ns: [u8; NS_LEN] = ctx.load(l3 + IPV6_LEN).map_err(|_| ParseError::Truncated)?;
+    let Some(question) = ndp_question(&ip6, &ns) else {
+        return Ok(TC_ACT_PIPE);
+    };
+    let ifindex = ingress_ifindex(ctx);
+    let key = NdpResponderKey {
+        ifindex,
+        addr: question.target,
+    };
+    // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
+    let Some(entry) = (unsafe { NDP_RESPONDER.get(key) }).copied() else {
+        return Ok(TC_ACT_PIPE);
+    };
+    let requester_mac: [u8; 6] = ctx
+        .load(ETH_SRC_OFFSET)
+        .map_err(|_| ParseError::Truncated)?;
+    let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
+    let mut reply_dst = [0u8; 16];
+    reply_dst.copy_from_slice(&reply_ip6[24..40]);
+    let eth = ethernet_addresses(ipv6_dst_mac(&reply_dst, requester_mac), entry.mac);
+
+    // The advertisement replaces the solicitation and its options exactly.
+    let new_len = (l3 + IPV6_LEN + NA_LEN) as u32;
+    // SAFETY: the context pointer is valid; the helper checks the length.
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
+        return Ok(TC_ACT_PIPE);
+    }
+    if ctx.store(0, &eth, 0).is_err()
+        || ctx.store(l3, &reply_ip6, 0).is_err()
+        || ctx.store(l3 + IPV6_LEN, &advertisement, 0).is_err()
+    {
+        // The frame was already resized: it is no longer a valid solicitation.
+        return Err(ParseError::Truncated);
+    }
+    bump(ResponderStat::NeighborAdvertisements);
+    Ok(send_back(ifindex))
+}
+
+/// Destination then source MAC, as they sit at the start of the frame.
+#[inline(always)]
+fn ethernet_addresses(dst: [u8; 6], src: [u8; 6]) -> [u8; 12] {
+    let mut eth = [0u8; 12];
+    eth[..6].copy_from_slice(&dst);
+    eth[6..].copy_from_slice(&src);
+    eth
+}
+
+/// Sends the rewritten frame out of the interface it came in on.
+#[inline(always)]
+fn send_back(ifindex: u32) -> i32 {
+    // SAFETY: plain helper call; flags 0 means egress.
+    let verdict = unsafe { bpf_redirect(ifindex, 0) };
+    if verdict == i64::from(TC_ACT_REDIRECT) {
+        TC_ACT_REDIRECT
+    } else {
+        TC_ACT_PIPE
     }
 }
 
@@ -72,5 +194,13 @@ fn count(kind: FrameKind, len: u32) {
             (*counter).packets += 1;
             (*counter).bytes += u64::from(len);
         }
+    }
+}
+
+#[inline(always)]
+fn bump(stat: ResponderStat) {
+    if let Some(value) = RESPONDER_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+        unsafe { *value += 1 };
     }
 }

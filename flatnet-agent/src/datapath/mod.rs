@@ -10,14 +10,21 @@
 
 mod bpffs;
 mod counters;
+mod responder;
+mod test_run;
 mod uplink;
 
-use std::path::{Path, PathBuf};
+use std::{
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
 
 use aya::{Ebpf, EbpfLoader};
-use flatnet_common::pin::{MAP_FRAME_COUNTERS, PIN_ROOT};
+use flatnet_common::pin::{MAP_FRAME_COUNTERS, PIN_ROOT, PINNED_MAPS};
 
 pub use counters::FrameCounters;
+pub use responder::{ResponderStats, Responders};
+pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
 
 /// The eBPF object, embedded so the agent never runs against a stale build.
@@ -59,6 +66,9 @@ pub enum DatapathError {
         #[source]
         source: aya::programs::tc::TcError,
     },
+    /// `BPF_PROG_TEST_RUN` failed.
+    #[error("BPF_PROG_TEST_RUN: {0}")]
+    TestRun(#[source] std::io::Error),
     /// A map named in `flatnet-common` is absent from the object.
     #[error("map {0} missing from the eBPF object; rebuild with `cargo xtask build-ebpf`")]
     MissingMap(&'static str),
@@ -99,10 +109,15 @@ impl Datapath {
     /// `config.pin_root` and pinning the ones it creates.
     pub fn load(config: &DatapathConfig) -> Result<Self, DatapathError> {
         bpffs::ensure_pin_root(&config.pin_root)?;
-        let counters_pin = map_pin_path(&config.pin_root, MAP_FRAME_COUNTERS);
-        let ebpf = EbpfLoader::new()
-            .map_pin_path(MAP_FRAME_COUNTERS, counters_pin.as_path())
-            .load(EBPF_OBJECT)?;
+        let pins: Vec<_> = PINNED_MAPS
+            .iter()
+            .map(|&name| (name, map_pin_path(&config.pin_root, name)))
+            .collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(EBPF_OBJECT)?;
         Ok(Self {
             ebpf,
             pin_root: config.pin_root.clone(),
@@ -119,6 +134,33 @@ impl Datapath {
     /// The attachment outlives this process.
     pub fn attach_uplink(&mut self, interface: &str) -> Result<(), DatapathError> {
         uplink::attach(&mut self.ebpf, interface)
+    }
+
+    /// The ARP/NDP responder tables.
+    pub fn responders(&mut self) -> Result<Responders<'_>, DatapathError> {
+        Responders::new(&mut self.ebpf)
+    }
+
+    /// Runs the uplink program once per `repeat` on `frame` with
+    /// `BPF_PROG_TEST_RUN`, as if it arrived on the loopback interface
+    /// (ifindex 1) of the calling thread's network namespace.
+    pub fn test_run_uplink(
+        &mut self,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<TestRunOutput, DatapathError> {
+        let program = uplink::loaded_program(&mut self.ebpf)?;
+        let fd = program.fd().map_err(|source| DatapathError::Program {
+            program: flatnet_common::pin::PROG_UPLINK_INGRESS,
+            interface: "(test run)".into(),
+            source,
+        })?;
+        test_run::run(fd.as_fd(), frame, repeat).map_err(DatapathError::TestRun)
+    }
+
+    /// Answers the uplink program has sent, summed over CPUs.
+    pub fn responder_stats(&self) -> Result<ResponderStats, DatapathError> {
+        ResponderStats::read(&self.ebpf)
     }
 
     /// Current uplink frame counters, summed over CPUs.

@@ -24,14 +24,7 @@ pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathErr
     ensure_clsact(interface)?;
     detach_uplink(interface)?;
 
-    let program: &mut SchedClassifier = ebpf
-        .program_mut(PROG_UPLINK_INGRESS)
-        .ok_or_else(|| program_error(aya::programs::ProgramError::NotLoaded))?
-        .try_into()
-        .map_err(program_error)?;
-    if program.fd().is_err() {
-        program.load().map_err(program_error)?;
-    }
+    let program = loaded_program(ebpf)?;
     // Netlink rather than TCX: it exists on 6.1 and the filter stays when
     // the agent exits, so traffic is never left without the program.
     let link_id = program
@@ -45,6 +38,24 @@ pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathErr
     // Dropping the link would detach the filter; it must outlive the agent.
     std::mem::forget(link);
     Ok(())
+}
+
+/// The uplink program, loaded into the kernel on first use.
+pub(super) fn loaded_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DatapathError> {
+    let program_error = |source| DatapathError::Program {
+        program: PROG_UPLINK_INGRESS,
+        interface: String::new(),
+        source,
+    };
+    let program: &mut SchedClassifier = ebpf
+        .program_mut(PROG_UPLINK_INGRESS)
+        .ok_or_else(|| program_error(aya::programs::ProgramError::NotLoaded))?
+        .try_into()
+        .map_err(program_error)?;
+    if program.fd().is_err() {
+        program.load().map_err(program_error)?;
+    }
+    Ok(program)
 }
 
 /// Removes flatnet's uplink program from `interface` ingress. Returns whether

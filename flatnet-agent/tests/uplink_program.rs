@@ -1,11 +1,14 @@
 //! The uplink program on a real kernel: frames sent from a LAN namespace
-//! over a veth pair are counted per kind in the pinned map.
+//! over a veth pair are counted per kind in the pinned map, and ARP requests
+//! and neighbour solicitations for listed addresses are answered, checked
+//! both with `BPF_PROG_TEST_RUN` on crafted frames and with real tools.
 
 mod support;
 
 use std::{net::Ipv4Addr, net::Ipv6Addr, os::unix::fs::PermissionsExt, thread, time::Duration};
 
 use etherparse::ArpOperation;
+use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, FrameCounters, detach_uplink},
     netns::run_in_netns,
@@ -353,5 +356,307 @@ fn reloading_adopts_pinned_counters() {
             .get(FrameKind::ArpRequest)
             .packets,
         3
+    );
+}
+
+// ---------------------------------------------------------------------------
+// ARP / NDP answering
+// ---------------------------------------------------------------------------
+
+/// TC verdicts (include/uapi/linux/pkt_cls.h).
+const TC_ACT_PIPE: u32 = 3;
+const TC_ACT_REDIRECT: u32 = 7;
+/// `BPF_PROG_TEST_RUN` runs TC programs as if on loopback.
+const LOOPBACK_IFINDEX: u32 = 1;
+const NODE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xbb];
+const OWNED_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 50);
+
+fn owned_v6() -> Ipv6Addr {
+    "2001:db8::50".parse().unwrap()
+}
+
+/// A datapath with a private pin root whose responder lists the owned
+/// addresses on `ifindex`.
+fn responder_datapath(pin: &TestPinRoot, ifindex: u32) -> Datapath {
+    let mut datapath = Datapath::load(&DatapathConfig {
+        pin_root: pin.path.clone(),
+    })
+    .expect("load eBPF object");
+    let mut responders = datapath.responders().expect("responder maps");
+    responders
+        .insert(ifindex, OWNED_V4.into(), NODE_MAC)
+        .unwrap();
+    responders
+        .insert(ifindex, owned_v6().into(), NODE_MAC)
+        .unwrap();
+    datapath
+}
+
+fn arp_request_for(target: Ipv4Addr) -> Vec<u8> {
+    arp(ArpOperation::REQUEST, target)
+}
+
+fn solicitation(source: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let eth_dst = ipv6_multicast_mac(solicited_node(target));
+    ndp_frame(
+        LAN_MAC,
+        eth_dst,
+        source,
+        solicited_node(target),
+        NdpMessage::NeighborSolicitation { target },
+    )
+    .unwrap()
+}
+
+/// Checks `frame` is a neighbour advertisement for `target` from NODE_MAC
+/// to `dst`, with a correct checksum; returns (solicited, override).
+fn assert_advertisement(
+    frame: &[u8],
+    target: Ipv6Addr,
+    dst: Ipv6Addr,
+    eth_dst: [u8; 6],
+) -> (bool, bool) {
+    assert_eq!(&frame[..6], &eth_dst, "Ethernet destination");
+    assert_eq!(&frame[6..12], &NODE_MAC, "Ethernet source");
+    let packet = SlicedPacket::from_ethernet(frame).expect("parseable frame");
+    let Some(NetSlice::Ipv6(ip)) = packet.net else {
+        panic!("not IPv6")
+    };
+    let header = ip.header();
+    assert_eq!(header.hop_limit(), 255);
+    assert_eq!(header.source_addr(), target);
+    assert_eq!(header.destination_addr(), dst);
+    assert_eq!(header.payload_length(), 32);
+    let Some(TransportSlice::Icmpv6(icmp)) = packet.transport else {
+        panic!("not ICMPv6")
+    };
+    let expected = icmp
+        .icmp_type()
+        .calc_checksum(header.source(), header.destination(), icmp.payload())
+        .unwrap();
+    assert_eq!(icmp.checksum(), expected, "ICMPv6 checksum");
+    assert_eq!(&icmp.payload()[..16], &target.octets());
+    assert_eq!(
+        &icmp.payload()[16..],
+        &[2, 1, 0x02, 0x00, 0x5e, 0x00, 0x00, 0xbb],
+        "target link-layer option"
+    );
+    match icmp.icmp_type() {
+        Icmpv6Type::NeighborAdvertisement(flags) => (flags.solicited, flags.r#override),
+        other => panic!("not an advertisement: {other:?}"),
+    }
+}
+
+#[test]
+fn test_run_answers_arp_only_for_listed_addresses() {
+    if !privileged("test_run_answers_arp_only_for_listed_addresses") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = responder_datapath(&pin, LOOPBACK_IFINDEX);
+
+    let request = arp_request_for(OWNED_V4);
+    let out = datapath.test_run_uplink(&request, 1).unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT, "answered and sent back");
+    let reply = &out.frame;
+    assert_eq!(reply.len(), request.len());
+    assert_eq!(&reply[..6], &LAN_MAC, "to the requester");
+    assert_eq!(&reply[6..12], &NODE_MAC, "from the node");
+    assert_eq!(&reply[12..14], &[0x08, 0x06]);
+    assert_eq!(&reply[20..22], &[0, 2], "ARP reply");
+    assert_eq!(&reply[22..28], &NODE_MAC, "sender MAC");
+    assert_eq!(&reply[28..32], &OWNED_V4.octets(), "sender IP");
+    assert_eq!(&reply[32..38], &LAN_MAC, "target MAC");
+    assert_eq!(&reply[38..42], &[192, 0, 2, 200], "target IP");
+
+    // In-frame 802.1Q tag: answered, tag kept.
+    let tagged = vlan_tagged(&request, 0x8100, 100);
+    let out = datapath.test_run_uplink(&tagged, 1).unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(&out.frame[12..16], &[0x81, 0x00, 0x00, 100], "tag kept");
+    assert_eq!(&out.frame[24..26], &[0, 2], "ARP reply after the tag");
+
+    // Not answered, passed on unchanged: an unlisted address, a
+    // gratuitous announcement of the listed one, a reply, truncated frames.
+    let gratuitous = arp_frame(
+        LAN_MAC,
+        BROADCAST,
+        ArpOperation::REQUEST,
+        (LAN_MAC, OWNED_V4),
+        ([0; 6], OWNED_V4),
+    )
+    .unwrap();
+    let not_answered = [
+        arp_request_for(Ipv4Addr::new(192, 0, 2, 51)),
+        gratuitous,
+        arp(ArpOperation::REPLY, OWNED_V4),
+        request[..40].to_vec(),
+        // The shortest frame the kernel accepts: an Ethernet header alone.
+        request[..14].to_vec(),
+    ];
+    for frame in not_answered {
+        let out = datapath.test_run_uplink(&frame, 1).unwrap();
+        assert_eq!(out.verdict, TC_ACT_PIPE, "frame {frame:02x?}");
+        assert_eq!(out.frame, frame, "frame modified");
+    }
+
+    // Removing the entry stops the answers.
+    assert!(
+        datapath
+            .responders()
+            .unwrap()
+            .remove(LOOPBACK_IFINDEX, OWNED_V4.into())
+            .unwrap()
+    );
+    assert_eq!(
+        datapath.test_run_uplink(&request, 1).unwrap().verdict,
+        TC_ACT_PIPE
+    );
+    assert_eq!(datapath.responder_stats().unwrap().arp_replies, 2);
+}
+
+#[test]
+fn test_run_answers_neighbor_solicitations() {
+    if !privileged("test_run_answers_neighbor_solicitations") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = responder_datapath(&pin, LOOPBACK_IFINDEX);
+    let target = owned_v6();
+    let requester: Ipv6Addr = "fe80::5eff:fe00:1".parse().unwrap();
+
+    // Solicited: unicast back to the requester, Solicited and Override set.
+    let out = datapath
+        .test_run_uplink(&solicitation(requester, target), 1)
+        .unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.frame.len(), 14 + 40 + 32);
+    assert_eq!(
+        assert_advertisement(&out.frame, target, requester, LAN_MAC),
+        (true, true)
+    );
+
+    // A solicitation without options grows to carry the target link-layer option.
+    let mut bare = solicitation(requester, target);
+    bare.truncate(14 + 40 + 24);
+    bare[14 + 5] = 24; // IPv6 payload length
+    let out = datapath.test_run_uplink(&bare, 1).unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_advertisement(&out.frame, target, requester, LAN_MAC);
+
+    // Duplicate address detection: unsolicited, to all nodes.
+    let out = datapath
+        .test_run_uplink(&solicitation(Ipv6Addr::UNSPECIFIED, target), 1)
+        .unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+    assert_eq!(
+        assert_advertisement(&out.frame, target, all_nodes, [0x33, 0x33, 0, 0, 0, 1]),
+        (false, true)
+    );
+
+    // Not answered: unlisted target, hop limit below 255, truncated.
+    let mut low_hop_limit = solicitation(requester, target);
+    low_hop_limit[14 + 7] = 64;
+    let not_answered = [
+        solicitation(requester, "2001:db8::51".parse().unwrap()),
+        low_hop_limit,
+        solicitation(requester, target)[..14 + 40 + 10].to_vec(),
+    ];
+    for frame in not_answered {
+        let out = datapath.test_run_uplink(&frame, 1).unwrap();
+        assert_eq!(out.verdict, TC_ACT_PIPE, "frame {frame:02x?}");
+        assert_eq!(out.frame, frame, "frame modified");
+    }
+    assert_eq!(
+        datapath.responder_stats().unwrap().neighbor_advertisements,
+        3
+    );
+}
+
+#[test]
+fn lan_host_resolves_listed_addresses_through_the_program() {
+    if !privileged("lan_host_resolves_listed_addresses_through_the_program") {
+        return;
+    }
+    let mut topo = Topology::new(true);
+    topo.lan
+        .ip(&["addr", "add", "192.0.2.10/24", "dev", &topo.lan_if]);
+    topo.lan.ip(&[
+        "addr",
+        "add",
+        "2001:db8::10/64",
+        "dev",
+        &topo.lan_if,
+        "nodad",
+    ]);
+    let ifindex: u32 = topo
+        .node
+        .exec(
+            "cat",
+            &[&format!("/sys/class/net/{}/ifindex", topo.node_if)],
+        )
+        .trim()
+        .parse()
+        .unwrap();
+
+    // Nothing is listed yet: the node's kernel has no such address, nobody answers.
+    let silent = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.lan.name,
+            "arping",
+            "-c",
+            "1",
+            "-w",
+            "1",
+            "-I",
+            &topo.lan_if,
+            "192.0.2.50",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !silent.status.success(),
+        "an unlisted address must not be answered"
+    );
+
+    let mut responders = topo.datapath.responders().unwrap();
+    responders
+        .insert(ifindex, OWNED_V4.into(), NODE_MAC)
+        .unwrap();
+    responders
+        .insert(ifindex, owned_v6().into(), NODE_MAC)
+        .unwrap();
+
+    let arping = topo.lan.exec(
+        "arping",
+        &["-c", "2", "-w", "5", "-I", &topo.lan_if, "192.0.2.50"],
+    );
+    assert!(
+        arping.to_lowercase().contains("02:00:5e:00:00:bb"),
+        "arping output: {arping}"
+    );
+    let ndisc = topo
+        .lan
+        .exec("ndisc6", &["-n", "-r", "3", "2001:db8::50", &topo.lan_if]);
+    assert!(
+        ndisc.to_uppercase().contains("02:00:5E:00:00:BB"),
+        "ndisc6 output: {ndisc}"
+    );
+    // The LAN host's kernel accepts the answer: its neighbour table points at the node.
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "exec", &topo.lan.name, "ping", "-c", "1", "-W", "1", "192.0.2.50"])
+        .output();
+    let neigh = topo.lan.ip(&["neigh", "show", "192.0.2.50"]);
+    assert!(
+        neigh.contains("02:00:5e:00:00:bb"),
+        "neighbour entry: {neigh}"
+    );
+    let stats = topo.datapath.responder_stats().unwrap();
+    assert!(
+        stats.arp_replies >= 2 && stats.neighbor_advertisements >= 1,
+        "{stats:?}"
     );
 }
