@@ -50,12 +50,15 @@ pub fn fetch_busybox(cache: &Path) -> Result<PathBuf> {
         return Ok(busybox);
     }
     let deb = apt::with_fresh_lists(|| apt::download("busybox-static", &cache.join("debs")))?;
-    let unpacked = cache.join(".busybox-unpacked");
-    let _ = std::fs::remove_dir_all(&unpacked);
+    // Scratch names carry the process id so concurrent runs do not collide.
+    let pid = std::process::id();
+    let unpacked = cache.join(format!(".busybox-unpacked-{pid}"));
+    let partial = cache.join(format!("busybox.partial-{pid}"));
     apt::unpack(&deb, &unpacked)?;
-    std::fs::copy(unpacked.join("bin/busybox"), &busybox)
+    std::fs::copy(unpacked.join("bin/busybox"), &partial)
         .with_context(|| format!("{} holds no bin/busybox", deb.display()))?;
     std::fs::remove_dir_all(&unpacked)?;
+    std::fs::rename(&partial, &busybox)?;
     Ok(busybox)
 }
 
@@ -68,7 +71,7 @@ pub fn build(cache: &Path, kernel: &Kernel, busybox: &Path) -> Result<PathBuf> {
     if archive.exists() && std::fs::read_to_string(&inputs_file).ok() == Some(inputs.clone()) {
         return Ok(archive);
     }
-    let partial = archive.with_extension("partial");
+    let partial = archive.with_extension(format!("partial-{}", std::process::id()));
     write_archive(&entries, &partial)?;
     std::fs::rename(&partial, &archive)?;
     std::fs::write(&inputs_file, inputs)?;

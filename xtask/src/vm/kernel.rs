@@ -166,13 +166,15 @@ fn wanted_stamp() -> String {
 /// Unpacks a kernel package and keeps only what booting needs: the bzImage,
 /// the extracted vmlinux and the wanted modules.
 fn prepare(kernels: &Path, deb: &Path) -> Result<Kernel> {
-    let unpacked = kernels.join(".unpacked");
+    // Scratch names carry the process id so concurrent runs do not collide.
+    let pid = std::process::id();
+    let unpacked = kernels.join(format!(".unpacked-{pid}"));
     remove_if_present(&unpacked)?;
     std::fs::create_dir_all(kernels)?;
     apt::unpack(deb, &unpacked)?;
     let version = release_in(&unpacked.join("boot"))
         .with_context(|| format!("{} holds no boot/vmlinuz-*", deb.display()))?;
-    let partial = kernels.join(format!("{version}.partial"));
+    let partial = kernels.join(format!("{version}.partial-{pid}"));
     remove_if_present(&partial)?;
     std::fs::create_dir_all(partial.join(MODULES_DIR))?;
 
@@ -208,10 +210,15 @@ fn prepare(kernels: &Path, deb: &Path) -> Result<Kernel> {
     std::fs::write(partial.join(LOAD_ORDER), names.join("\n") + "\n")?;
     std::fs::write(partial.join(WANTED_STAMP), wanted_stamp())?;
 
+    remove_if_present(&unpacked)?;
     let dir = kernels.join(&version);
     remove_if_present(&dir)?;
-    std::fs::rename(&partial, &dir)?;
-    remove_if_present(&unpacked)?;
+    if let Err(error) = std::fs::rename(&partial, &dir) {
+        // A concurrent run may have put the same kernel there first.
+        remove_if_present(&partial)?;
+        return load(&dir)?
+            .with_context(|| format!("cannot move the kernel into {}: {error}", dir.display()));
+    }
     load(&dir)?.context("the kernel directory just written is incomplete")
 }
 

@@ -60,8 +60,9 @@ pub struct VmTestArgs {
     #[arg(long, default_value_t = 512, value_name = "MiB")]
     memory: u32,
 
-    /// Virtual CPUs of the VM.
-    #[arg(long, default_value_t = 2)]
+    /// Virtual CPUs of the VM. One boots fastest under TCG; more help only
+    /// programs that keep several threads busy.
+    #[arg(long, default_value_t = 1)]
     cpus: u32,
 
     /// Seconds the whole VM run may take before it is stopped and counted as failed.

@@ -55,7 +55,7 @@ impl Accel {
         match self {
             Self::Kvm => &["-accel", "kvm", "-cpu", "host"],
             // qemu's default CPU model: with `-cpu max` the kernel boots about
-            // a third slower under TCG, emulating features nothing here needs.
+            // 40% slower under TCG, emulating features nothing here needs.
             Self::Tcg => &["-accel", "tcg"],
         }
     }
