@@ -114,17 +114,22 @@ pub fn run(args: VmTestArgs) -> Result<()> {
         }
     }
 
+    // Check the command line before the slow steps.
     let env = plan::parse_env(&args.env)?;
-    let mut programs = timed("build the --cargo-test programs", || {
-        plan::build_cargo_tests(&args.cargo_test, args.test_args.as_deref(), &workspace)
-    })?;
-    programs.extend(plan::parse_programs(&args.programs, &workspace)?);
-    if programs.is_empty() {
+    let listed = plan::parse_programs(&args.programs, &workspace)?;
+    if args.cargo_test.is_empty() && listed.is_empty() {
         bail!(
             "nothing to run: give --cargo-test PACKAGE:TEST or `-- PROGRAM [ARGS...]` \
              (see `cargo xtask vm-test --help`)"
         );
     }
+    let mut programs = Vec::new();
+    if !args.cargo_test.is_empty() {
+        programs = timed("build the --cargo-test programs", || {
+            plan::build_cargo_tests(&args.cargo_test, args.test_args.as_deref(), &workspace)
+        })?;
+    }
+    programs.extend(listed);
 
     let kernel = timed("fetch the kernel", || kernel::fetch(&cache, &args.kernel))?;
     let busybox = timed("fetch busybox", || initramfs::fetch_busybox(&cache))?;
@@ -155,22 +160,7 @@ pub fn run(args: VmTestArgs) -> Result<()> {
     );
     let outcome = vm.run()?;
     let statuses = plan::read_statuses(&run_dir, programs.len())?;
-
-    let mut failed = 0;
-    for (program, status) in programs.iter().zip(&statuses) {
-        let verdict = match status {
-            Some(0) => "PASS".to_string(),
-            Some(code) => {
-                failed += 1;
-                format!("FAIL (exit status {code})")
-            }
-            None => {
-                failed += 1;
-                "FAIL (did not finish)".to_string()
-            }
-        };
-        eprintln!("vm-test: {verdict} {}", program.label);
-    }
+    let failed = report(&programs, &statuses);
     eprintln!(
         "vm-test: timings: boot to /init {}, to programs {}, VM total {}, overall {}",
         outcome.init_started.map_or("-".into(), secs),
@@ -178,11 +168,6 @@ pub fn run(args: VmTestArgs) -> Result<()> {
         secs(outcome.total),
         secs(started.elapsed()),
     );
-    // Keep a failed run's share for inspection; a passed one is only clutter.
-    if failed == 0 && outcome.problem.is_none() {
-        std::fs::remove_dir_all(&run_dir)
-            .with_context(|| format!("cannot remove {}", run_dir.display()))?;
-    }
 
     if let Some(problem) = outcome.problem {
         bail!("{problem}; the run's files are in {}", run_dir.display());
@@ -194,7 +179,26 @@ pub fn run(args: VmTestArgs) -> Result<()> {
             run_dir.display()
         );
     }
-    Ok(())
+    // Only a failed run's share is worth keeping, for inspection.
+    std::fs::remove_dir_all(&run_dir)
+        .with_context(|| format!("cannot remove {}", run_dir.display()))
+}
+
+/// Prints a PASS/FAIL line per program and returns how many failed.
+fn report(programs: &[plan::Program], statuses: &[Option<i32>]) -> usize {
+    let mut failed = 0;
+    for (program, status) in programs.iter().zip(statuses) {
+        let verdict = match status {
+            Some(0) => "PASS".to_string(),
+            Some(code) => format!("FAIL (exit status {code})"),
+            None => "FAIL (did not finish)".to_string(),
+        };
+        if *status != Some(0) {
+            failed += 1;
+        }
+        eprintln!("vm-test: {verdict} {}", program.label);
+    }
+    failed
 }
 
 /// Runs one step, printing what it does and how long it took.

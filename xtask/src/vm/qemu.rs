@@ -116,12 +116,14 @@ fn kvm_boots(kernel: &Kernel) -> Result<bool> {
         .args(["-append", "console=ttyS0 panic=-1 loglevel=1"])
         .args(CONSOLE_ARGS)
         .stderr(Stdio::null());
-    let mut panicked = false;
-    supervise(&mut command, KVM_PROBE_TIMEOUT, |line| {
-        panicked = line.contains(PANIC_MARKER);
-        if panicked { Flow::Stop } else { Flow::Continue }
+    let ended = supervise(&mut command, KVM_PROBE_TIMEOUT, |line| {
+        if line.contains(PANIC_MARKER) {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
     })?;
-    Ok(panicked)
+    Ok(matches!(ended, Ended::Stopped))
 }
 
 /// Machine options every boot uses: no default devices, no reboot (a panic or
