@@ -647,7 +647,17 @@ fn lan_host_resolves_listed_addresses_through_the_program() {
     );
     // The LAN host's kernel accepts the answer: its neighbour table points at the node.
     let _ = std::process::Command::new("ip")
-        .args(["netns", "exec", &topo.lan.name, "ping", "-c", "1", "-W", "1", "192.0.2.50"])
+        .args([
+            "netns",
+            "exec",
+            &topo.lan.name,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "1",
+            "192.0.2.50",
+        ])
         .output();
     let neigh = topo.lan.ip(&["neigh", "show", "192.0.2.50"]);
     assert!(

@@ -4,6 +4,7 @@ mod ebpf;
 mod lab;
 mod tasks;
 mod test_report;
+mod vm;
 mod workspace;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,8 @@ enum Command {
     Lab,
     /// Everything CI checks: formatting, eBPF build, clippy, all tests.
     Test(tasks::TestArgs),
+    /// Run privileged test binaries inside a VM booted from Debian's 6.1 kernel.
+    VmTest(vm::VmTestArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         Command::Clippy => tasks::clippy(),
         Command::Lab => lab::run(),
         Command::Test(args) => tasks::test(&args),
+        Command::VmTest(args) => vm::run(args),
     }
 }

@@ -32,6 +32,32 @@ pub fn clippy() -> anyhow::Result<()> {
     ebpf::clippy()
 }
 
+/// Privileged tests that need kernel features this host may lack (ipvlan,
+/// 802.1Q) or must prove the programs load on Linux 6.1: run inside the VM.
+/// Each entry is a `--cargo-test` target and its libtest filters.
+const VM_TESTS: &[(&str, &str)] = &[
+    ("flatnet-agent:vm_kernel_features", ""),
+    // The tools-free uplink tests (raw sockets and BPF_PROG_TEST_RUN).
+    (
+        "flatnet-agent:uplink_program",
+        "test_run counts_injected reloading",
+    ),
+];
+
+fn vm_tests(totals: &mut Totals) -> anyhow::Result<()> {
+    for (target, filters) in VM_TESTS {
+        let mut vm = workspace::cargo(None);
+        vm.args(["xtask", "vm-test", "--cargo-test", target])
+            .args(["--env", "FLATNET_REQUIRE_PRIVILEGED=1"])
+            .args(["--env", "FLATNET_REQUIRE_KERNEL_FEATURES=1"]);
+        if !filters.is_empty() {
+            vm.args(["--test-args", filters]);
+        }
+        run_tests(&format!("VM tests (Linux 6.1): {target}"), &mut vm, totals)?;
+    }
+    Ok(())
+}
+
 /// Everything CI checks, in order of increasing cost.
 pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     let mut fmt = workspace::cargo(None);
@@ -52,6 +78,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         &mut tests,
         &mut totals,
     )
+    .and_then(|()| vm_tests(&mut totals))
     // The lab is the smoke test of the whole data plane.
     .and_then(|()| {
         let lab = lab::run();
