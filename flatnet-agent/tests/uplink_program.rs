@@ -670,3 +670,177 @@ fn lan_host_resolves_listed_addresses_through_the_program() {
         "{stats:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// IP-conflict detection
+// ---------------------------------------------------------------------------
+
+const OWNER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x02];
+const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xee];
+const MANAGED_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 60);
+
+fn managed_v6() -> Ipv6Addr {
+    "2001:db8::60".parse().unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
+    arp_frame(
+        mac,
+        BROADCAST,
+        ArpOperation::REQUEST,
+        (mac, ip),
+        ([0; 6], ip),
+    )
+    .unwrap()
+}
+
+#[test]
+fn test_run_reports_foreign_claims_on_managed_addresses() {
+    if !privileged("test_run_reports_foreign_claims_on_managed_addresses") {
+        return;
+    }
+    let rt = runtime();
+    let _entered = rt.enter();
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig {
+        pin_root: pin.path.clone(),
+    })
+    .unwrap();
+    let mut managed = datapath.managed_addrs().unwrap();
+    managed
+        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+        .unwrap();
+    managed
+        .insert(LOOPBACK_IFINDEX, managed_v6().into(), OWNER_MAC)
+        .unwrap();
+    let mut monitor = datapath.conflict_monitor().unwrap();
+
+    // Claims that are not conflicts: the owner's own announcement, an
+    // unmanaged address, a plain request for the managed address.
+    for frame in [
+        gratuitous_arp(OWNER_MAC, MANAGED_V4),
+        gratuitous_arp(ROGUE_MAC, Ipv4Addr::new(192, 0, 2, 61)),
+        arp_frame(
+            ROGUE_MAC,
+            BROADCAST,
+            ArpOperation::REQUEST,
+            (ROGUE_MAC, Ipv4Addr::new(192, 0, 2, 9)),
+            ([0; 6], MANAGED_V4),
+        )
+        .unwrap(),
+    ] {
+        assert_eq!(
+            datapath.test_run_uplink(&frame, 1).unwrap().verdict,
+            TC_ACT_PIPE
+        );
+    }
+    assert_eq!(monitor.try_next(), None, "no conflict yet");
+
+    // A rogue gratuitous ARP is reported once; the repeat inside the
+    // report interval is not.
+    datapath
+        .test_run_uplink(&gratuitous_arp(ROGUE_MAC, MANAGED_V4), 1)
+        .unwrap();
+    datapath
+        .test_run_uplink(&gratuitous_arp(ROGUE_MAC, MANAGED_V4), 1)
+        .unwrap();
+    let conflict = monitor.try_next().expect("conflict reported");
+    assert_eq!(conflict.addr, std::net::IpAddr::V4(MANAGED_V4));
+    assert_eq!(
+        conflict.kind,
+        flatnet_common::conflict::ClaimKind::GratuitousArp
+    );
+    assert_eq!(conflict.foreign_mac, ROGUE_MAC);
+    assert_eq!(conflict.owner_mac, OWNER_MAC);
+    assert_eq!(conflict.ifindex, LOOPBACK_IFINDEX);
+    assert_eq!(monitor.try_next(), None, "rate limited per address");
+
+    // A rogue neighbour advertisement for the IPv6 address.
+    let target = managed_v6();
+    let na = ndp_frame(
+        ROGUE_MAC,
+        ipv6_multicast_mac("ff02::1".parse().unwrap()),
+        target,
+        "ff02::1".parse().unwrap(),
+        NdpMessage::NeighborAdvertisement {
+            target,
+            solicited: false,
+            override_flag: true,
+        },
+    )
+    .unwrap();
+    datapath.test_run_uplink(&na, 1).unwrap();
+    let conflict = monitor.try_next().expect("NA conflict reported");
+    assert_eq!(conflict.addr, std::net::IpAddr::V6(target));
+    assert_eq!(
+        conflict.kind,
+        flatnet_common::conflict::ClaimKind::NeighborAdvertisement
+    );
+    assert_eq!(conflict.foreign_mac, ROGUE_MAC);
+    let text = conflict.to_string();
+    assert!(
+        text.contains("2001:db8::60") && text.contains("02:00:5e:00:00:ee"),
+        "{text}"
+    );
+}
+
+#[test]
+fn rogue_lan_host_triggers_conflict_report() {
+    if !privileged("rogue_lan_host_triggers_conflict_report") {
+        return;
+    }
+    let rt = runtime();
+    let mut topo = Topology::new(false);
+    topo.lan
+        .ip(&["addr", "add", "192.0.2.60/24", "dev", &topo.lan_if]);
+    let ifindex: u32 = topo
+        .node
+        .exec(
+            "cat",
+            &[&format!("/sys/class/net/{}/ifindex", topo.node_if)],
+        )
+        .trim()
+        .parse()
+        .unwrap();
+    topo.datapath
+        .managed_addrs()
+        .unwrap()
+        .insert(ifindex, MANAGED_V4.into(), OWNER_MAC)
+        .unwrap();
+    let mut monitor = {
+        let _entered = rt.enter();
+        topo.datapath.conflict_monitor().unwrap()
+    };
+
+    // The rogue host announces the managed address as its own.
+    // (No reply is expected, so arping's exit status says nothing.)
+    let _ = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.lan.name,
+            "arping",
+            "-U",
+            "-c",
+            "1",
+            "-I",
+            &topo.lan_if,
+            "192.0.2.60",
+        ])
+        .output()
+        .expect("run arping");
+    let conflict = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), monitor.next()).await })
+        .expect("conflict within 10 s")
+        .expect("ring buffer read");
+    assert_eq!(conflict.addr, std::net::IpAddr::V4(MANAGED_V4));
+    assert_eq!(conflict.foreign_mac, LAN_MAC, "the rogue host's MAC");
+    assert_eq!(conflict.owner_mac, OWNER_MAC);
+}

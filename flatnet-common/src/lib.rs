@@ -9,6 +9,7 @@
 #[cfg(feature = "k8s")]
 extern crate std;
 
+pub mod conflict;
 pub mod frame_counter;
 pub mod pin;
 pub mod responder;

@@ -21,12 +21,21 @@ pub const MAP_NDP_RESPONDER: &str = "NDP_RESPONDER";
 /// Per-CPU array of `u64` indexed by [`crate::responder::ResponderStat`].
 pub const MAP_RESPONDER_STATS: &str = "RESPONDER_STATS";
 
+/// Hash map [`crate::conflict::AddrKey`] → [`crate::conflict::ManagedAddr`]:
+/// addresses whose foreign claims are reported.
+pub const MAP_MANAGED_ADDRS: &str = "MANAGED_ADDRS";
+
+/// Ring buffer of [`crate::conflict::ConflictEvent`].
+pub const MAP_CONFLICT_EVENTS: &str = "CONFLICT_EVENTS";
+
 /// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
-pub const PINNED_MAPS: [&str; 4] = [
+pub const PINNED_MAPS: [&str; 6] = [
     MAP_FRAME_COUNTERS,
     MAP_ARP_RESPONDER,
     MAP_NDP_RESPONDER,
     MAP_RESPONDER_STATS,
+    MAP_MANAGED_ADDRS,
+    MAP_CONFLICT_EVENTS,
 ];
 
 /// Capacity of each responder map.
@@ -40,3 +49,5 @@ const _: () = assert!(PROG_UPLINK_INGRESS.len() <= 15);
 const _: () = assert!(MAP_ARP_RESPONDER.len() <= 15);
 const _: () = assert!(MAP_NDP_RESPONDER.len() <= 15);
 const _: () = assert!(MAP_RESPONDER_STATS.len() <= 15);
+const _: () = assert!(MAP_MANAGED_ADDRS.len() <= 15);
+const _: () = assert!(MAP_CONFLICT_EVENTS.len() <= 15);

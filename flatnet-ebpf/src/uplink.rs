@@ -5,17 +5,22 @@
 //! exact addresses listed in the responder maps with the listed MAC (for
 //! addresses that live behind the node, such as ipvlan L3 pods). Answers are
 //! rewritten in place and sent back out of the same interface; every other
-//! frame continues up the stack untouched.
+//! frame continues up the stack untouched. ARP and NDP frames in which a
+//! foreign MAC claims a managed address are reported through a ring buffer.
 
 use aya_ebpf::{
     bindings::{TC_ACT_PIPE, TC_ACT_REDIRECT},
-    btf_maps::{HashMap, PerCpuArray},
-    helpers::{bpf_redirect, bpf_skb_change_tail},
+    btf_maps::{HashMap, PerCpuArray, RingBuf},
+    helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
 use flatnet_common::{
     FrameCounter, FrameKind,
+    conflict::{
+        AddrKey, CONFLICT_RING_BYTES, Claim, ConflictEvent, MANAGED_MAX_ENTRIES, ManagedAddr,
+        arp_claim, ndp_claim, should_report,
+    },
     pin::RESPONDER_MAX_ENTRIES,
     responder::{
         ARP_LEN, ArpResponderKey, IPV6_LEN, NA_LEN, NS_LEN, NdpResponderKey, ResponderEntry,
@@ -43,6 +48,13 @@ static NDP_RESPONDER: HashMap<NdpResponderKey, ResponderEntry, { RESPONDER_MAX_E
 #[btf_map]
 static RESPONDER_STATS: PerCpuArray<u64, { ResponderStat::COUNT as usize }> = PerCpuArray::new();
 
+#[btf_map]
+static MANAGED_ADDRS: HashMap<AddrKey, ManagedAddr, { MANAGED_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+static CONFLICT_EVENTS: RingBuf<ConflictEvent, { CONFLICT_RING_BYTES as usize }> = RingBuf::new();
+
 /// Offset of the opcode inside the ARP header.
 const ARP_OPCODE_OFFSET: usize = 6;
 /// Offset of the next-header field inside the IPv6 header.
@@ -62,11 +74,71 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, ParseError> {
         return Ok(TC_ACT_PIPE);
     };
     count(kind, ctx.len());
+    let ifindex = ingress_ifindex(ctx);
     match kind {
-        FrameKind::ArpRequest => answer_arp(ctx, l3),
-        FrameKind::NeighborSolicitation => answer_neighbor_solicitation(ctx, l3),
+        FrameKind::ArpRequest | FrameKind::ArpReply => {
+            let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
+            if let Some(claim) = arp_claim(&arp) {
+                report_conflict(ifindex, &claim);
+            }
+            if kind == FrameKind::ArpRequest {
+                return answer_arp(ctx, l3, ifindex, &arp);
+            }
+            Ok(TC_ACT_PIPE)
+        }
+        FrameKind::NeighborSolicitation | FrameKind::NeighborAdvertisement => {
+            let ip6: [u8; IPV6_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
+            let icmp: [u8; NS_LEN] = ctx.load(l3 + IPV6_LEN).map_err(|_| ParseError::Truncated)?;
+            let eth_src: [u8; 6] = ctx
+                .load(ETH_SRC_OFFSET)
+                .map_err(|_| ParseError::Truncated)?;
+            // The first option, when there is one.
+            let option: [u8; 8] = ctx.load(l3 + IPV6_LEN + NS_LEN).unwrap_or([0; 8]);
+            if let Some(claim) = ndp_claim(&ip6, &icmp, &option, eth_src) {
+                report_conflict(ifindex, &claim);
+            }
+            if kind == FrameKind::NeighborSolicitation {
+                return answer_neighbor_solicitation(ctx, l3, ifindex, &ip6, &icmp, eth_src);
+            }
+            Ok(TC_ACT_PIPE)
+        }
         _ => Ok(TC_ACT_PIPE),
     }
+}
+
+/// Reports `claim` when it is made on a managed address with a foreign MAC,
+/// at most once per [`flatnet_common::conflict::REPORT_INTERVAL_NS`] per address.
+#[inline(always)]
+fn report_conflict(ifindex: u32, claim: &Claim) {
+    let key = AddrKey {
+        ifindex,
+        addr: claim.addr,
+    };
+    let Some(owner) = MANAGED_ADDRS.get_ptr_mut(key) else {
+        return;
+    };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the pointer from the lookup is valid for this program run;
+    // a racing update of `last_report_ns` at worst reports twice.
+    let owner_mac = unsafe {
+        if !should_report(&*owner, claim.mac, now) {
+            return;
+        }
+        (*owner).last_report_ns = now;
+        (*owner).owner_mac
+    };
+    let event = ConflictEvent {
+        timestamp_ns: now,
+        ifindex,
+        kind: claim.kind as u32,
+        addr: claim.addr,
+        foreign_mac: claim.mac,
+        owner_mac,
+        reserved: [0; 4],
+    };
+    // A full ring buffer drops the event; the next claim after the interval reports again.
+    let _ = CONFLICT_EVENTS.output(event, 0);
 }
 
 /// Decides which [`FrameKind`] a frame is, if any, and where its L3 header starts.
@@ -100,12 +172,15 @@ fn ingress_ifindex(ctx: &TcContext) -> u32 {
 
 /// Answers an ARP request for a listed address with an ARP reply.
 #[inline(always)]
-fn answer_arp(ctx: &TcContext, l3: usize) -> Result<i32, ParseError> {
-    let request: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
-    let Some(question) = arp_question(&request) else {
+fn answer_arp(
+    ctx: &TcContext,
+    l3: usize,
+    ifindex: u32,
+    request: &[u8; ARP_LEN],
+) -> Result<i32, ParseError> {
+    let Some(question) = arp_question(request) else {
         return Ok(TC_ACT_PIPE);
     };
-    let ifindex = ingress_ifindex(ctx);
     let key = ArpResponderKey {
         ifindex,
         addr: question.target,
@@ -114,7 +189,7 @@ fn answer_arp(ctx: &TcContext, l3: usize) -> Result<i32, ParseError> {
     let Some(entry) = (unsafe { ARP_RESPONDER.get(key) }).copied() else {
         return Ok(TC_ACT_PIPE);
     };
-    let reply = arp_reply(&request, entry.mac);
+    let reply = arp_reply(request, entry.mac);
     let eth = ethernet_addresses(question.requester_mac, entry.mac);
     if ctx.store(0, &eth, 0).is_err() || ctx.store(l3, &reply, 0).is_err() {
         return Ok(TC_ACT_PIPE);
@@ -125,13 +200,17 @@ fn answer_arp(ctx: &TcContext, l3: usize) -> Result<i32, ParseError> {
 
 /// Answers a neighbour solicitation for a listed address with a neighbour advertisement.
 #[inline(always)]
-fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> Result<i32, ParseError> {
-    let ip6: [u8; IPV6_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
-    let ns: [u8; NS_LEN] = ctx.load(l3 + IPV6_LEN).map_err(|_| ParseError::Truncated)?;
-    let Some(question) = ndp_question(&ip6, &ns) else {
+fn answer_neighbor_solicitation(
+    ctx: &TcContext,
+    l3: usize,
+    ifindex: u32,
+    ip6: &[u8; IPV6_LEN],
+    ns: &[u8; NS_LEN],
+    requester_mac: [u8; 6],
+) -> Result<i32, ParseError> {
+    let Some(question) = ndp_question(ip6, ns) else {
         return Ok(TC_ACT_PIPE);
     };
-    let ifindex = ingress_ifindex(ctx);
     let key = NdpResponderKey {
         ifindex,
         addr: question.target,
@@ -140,9 +219,6 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> Result<i32, Parse
     let Some(entry) = (unsafe { NDP_RESPONDER.get(key) }).copied() else {
         return Ok(TC_ACT_PIPE);
     };
-    let requester_mac: [u8; 6] = ctx
-        .load(ETH_SRC_OFFSET)
-        .map_err(|_| ParseError::Truncated)?;
     let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
     let mut reply_dst = [0u8; 16];
     reply_dst.copy_from_slice(&reply_ip6[24..40]);

@@ -9,6 +9,7 @@
 //! the agent exits.
 
 mod bpffs;
+mod conflicts;
 mod counters;
 mod responder;
 mod test_run;
@@ -20,8 +21,11 @@ use std::{
 };
 
 use aya::{Ebpf, EbpfLoader};
-use flatnet_common::pin::{MAP_FRAME_COUNTERS, PIN_ROOT, PINNED_MAPS};
+use flatnet_common::pin::{
+    MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, PIN_ROOT, PINNED_MAPS,
+};
 
+pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs};
 pub use counters::FrameCounters;
 pub use responder::{ResponderStats, Responders};
 pub use test_run::TestRunOutput;
@@ -66,6 +70,12 @@ pub enum DatapathError {
         #[source]
         source: aya::programs::tc::TcError,
     },
+    /// An I/O error outside the BPF system calls (e.g. registering a ring buffer).
+    #[error("I/O: {0}")]
+    Io(#[source] std::io::Error),
+    /// The conflict ring buffer was already handed out.
+    #[error("the conflict monitor was already taken from this datapath")]
+    MonitorTaken,
     /// `BPF_PROG_TEST_RUN` failed.
     #[error("BPF_PROG_TEST_RUN: {0}")]
     TestRun(#[source] std::io::Error),
@@ -158,6 +168,25 @@ impl Datapath {
         test_run::run(fd.as_fd(), frame, repeat).map_err(DatapathError::TestRun)
     }
 
+    /// The addresses whose foreign claims are reported.
+    pub fn managed_addrs(&mut self) -> Result<ManagedAddrs<'_>, DatapathError> {
+        let map = self
+            .ebpf
+            .map_mut(MAP_MANAGED_ADDRS)
+            .ok_or(DatapathError::MissingMap(MAP_MANAGED_ADDRS))?;
+        ManagedAddrs::new(map)
+    }
+
+    /// The stream of conflicts; can be taken once per loaded datapath.
+    /// Must be called inside a tokio runtime.
+    pub fn conflict_monitor(&mut self) -> Result<ConflictMonitor, DatapathError> {
+        let map = self
+            .ebpf
+            .take_map(MAP_CONFLICT_EVENTS)
+            .ok_or(DatapathError::MonitorTaken)?;
+        ConflictMonitor::new(map)
+    }
+
     /// Answers the uplink program has sent, summed over CPUs.
     pub fn responder_stats(&self) -> Result<ResponderStats, DatapathError> {
         ResponderStats::read(&self.ebpf)
@@ -171,6 +200,15 @@ impl Datapath {
             .ok_or(DatapathError::MissingMap(MAP_FRAME_COUNTERS))?;
         FrameCounters::read(map)
     }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: [u8; 6]) -> String {
+    mac.map(|b| format!("{b:02x}")).join(":")
+}
+
+fn map_error(map: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
+    move |source| DatapathError::Map { map, source }
 }
 
 /// Path of a pinned map under `pin_root`.

@@ -13,7 +13,7 @@ use flatnet_common::{
 };
 use serde::Serialize;
 
-use super::DatapathError;
+use super::{DatapathError, map_error};
 
 /// Read/write access to the responder maps of a loaded datapath.
 pub struct Responders<'a> {
@@ -133,8 +133,4 @@ fn ndp_key(ifindex: u32, addr: Ipv6Addr) -> NdpResponderKey {
         ifindex,
         addr: addr.octets(),
     }
-}
-
-fn map_error(map: &'static str) -> impl Fn(MapError) -> DatapathError {
-    move |source| DatapathError::Map { map, source }
 }

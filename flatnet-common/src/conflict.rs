@@ -1,0 +1,333 @@
+//! IP-conflict detection: recognising frames in which a host on the LAN
+//! claims (or is about to claim) an address flatnet manages.
+//!
+//! The uplink program checks every ARP and neighbour-discovery frame from
+//! the LAN against the `MANAGED_ADDRS` map and reports a claim made with a
+//! MAC other than the owner's through the `CONFLICT_EVENTS` ring buffer.
+
+use crate::responder::{ARP_LEN, IPV6_LEN, NS_LEN};
+
+/// Kernel-side minimum interval between two reports for one address, so a
+/// flood of gratuitous ARP cannot flood the agent.
+pub const REPORT_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Size of the conflict ring buffer in bytes (a power of two, page multiple).
+pub const CONFLICT_RING_BYTES: u32 = 64 * 1024;
+
+/// Capacity of the managed-address map.
+pub const MANAGED_MAX_ENTRIES: u32 = 65_536;
+
+/// An address on one uplink. IPv4 addresses are stored IPv4-mapped
+/// (`::ffff:a.b.c.d`) so one map serves both families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddrKey {
+    /// Interface index of the uplink.
+    pub ifindex: u32,
+    /// The address, network byte order.
+    pub addr: [u8; 16],
+}
+
+impl AddrKey {
+    /// The key of an IPv4 address.
+    #[inline(always)]
+    pub const fn v4(ifindex: u32, v4: [u8; 4]) -> Self {
+        Self {
+            ifindex,
+            addr: [
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3],
+            ],
+        }
+    }
+
+    /// The key of an IPv6 address.
+    #[inline(always)]
+    pub const fn v6(ifindex: u32, addr: [u8; 16]) -> Self {
+        Self { ifindex, addr }
+    }
+}
+
+/// Who owns a managed address, and when a conflict was last reported.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ManagedAddr {
+    /// The MAC the address legitimately answers with.
+    pub owner_mac: [u8; 6],
+    /// Reserved, zero.
+    pub reserved: u16,
+    /// `bpf_ktime_get_ns` of the last report (written by the kernel).
+    pub last_report_ns: u64,
+}
+
+/// What the foreign host did.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClaimKind {
+    /// An ARP reply giving its MAC for the address.
+    ArpReply = 1,
+    /// A gratuitous ARP (sender address == target address) announcing it.
+    GratuitousArp = 2,
+    /// An ARP probe (RFC 5227, sender 0.0.0.0) for it: about to take it.
+    ArpProbe = 3,
+    /// A neighbour advertisement for it.
+    NeighborAdvertisement = 4,
+    /// Duplicate address detection (NS from `::`) for it: about to take it.
+    DuplicateAddressDetection = 5,
+}
+
+impl ClaimKind {
+    /// From the raw value in an event; `None` for unknown values.
+    pub const fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::ArpReply),
+            2 => Some(Self::GratuitousArp),
+            3 => Some(Self::ArpProbe),
+            4 => Some(Self::NeighborAdvertisement),
+            5 => Some(Self::DuplicateAddressDetection),
+            _ => None,
+        }
+    }
+
+    /// A stable lower-case name for logs, metrics and Events.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::ArpReply => "arp_reply",
+            Self::GratuitousArp => "gratuitous_arp",
+            Self::ArpProbe => "arp_probe",
+            Self::NeighborAdvertisement => "neighbor_advertisement",
+            Self::DuplicateAddressDetection => "duplicate_address_detection",
+        }
+    }
+}
+
+/// A claim on an address seen in one frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The address claimed (IPv4-mapped for IPv4).
+    pub addr: [u8; 16],
+    /// The MAC it was claimed with.
+    pub mac: [u8; 6],
+    /// How.
+    pub kind: ClaimKind,
+}
+
+/// The record sent to user space for each conflict.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConflictEvent {
+    /// `bpf_ktime_get_ns` when the frame was seen.
+    pub timestamp_ns: u64,
+    /// Uplink the frame arrived on.
+    pub ifindex: u32,
+    /// A [`ClaimKind`] value.
+    pub kind: u32,
+    /// The address (IPv4-mapped for IPv4).
+    pub addr: [u8; 16],
+    /// The MAC of the foreign claim.
+    pub foreign_mac: [u8; 6],
+    /// The owner's MAC from the managed-address map.
+    pub owner_mac: [u8; 6],
+    /// Reserved, zero.
+    pub reserved: [u8; 4],
+}
+
+/// The claim an ARP frame makes, if any: replies, gratuitous announcements
+/// and probes. Ordinary requests only ask.
+#[inline(always)]
+pub fn arp_claim(arp: &[u8; ARP_LEN]) -> Option<Claim> {
+    // Ethernet / IPv4 / 6 / 4 only.
+    if arp[0] != 0 || arp[1] != 1 || arp[2] != 8 || arp[3] != 0 || arp[4] != 6 || arp[5] != 4 {
+        return None;
+    }
+    let opcode = u16::from_be_bytes([arp[6], arp[7]]);
+    let sender_ip = [arp[14], arp[15], arp[16], arp[17]];
+    let target_ip = [arp[24], arp[25], arp[26], arp[27]];
+    let mac = [arp[8], arp[9], arp[10], arp[11], arp[12], arp[13]];
+    let (kind, ip) = match opcode {
+        2 => (ClaimKind::ArpReply, sender_ip),
+        1 if sender_ip == target_ip => (ClaimKind::GratuitousArp, sender_ip),
+        1 if sender_ip == [0; 4] => (ClaimKind::ArpProbe, target_ip),
+        _ => return None,
+    };
+    if ip == [0; 4] {
+        return None;
+    }
+    Some(Claim {
+        addr: AddrKey::v4(0, ip).addr,
+        mac,
+        kind,
+    })
+}
+
+/// The claim an ICMPv6 frame makes, if any: neighbour advertisements (the
+/// MAC from the target link-layer option when present, else `eth_src`) and
+/// duplicate address detection solicitations. `icmp` holds the first 24
+/// bytes of the message, `option` the 8 after them (zero when absent).
+#[inline(always)]
+pub fn ndp_claim(
+    ip6: &[u8; IPV6_LEN],
+    icmp: &[u8; NS_LEN],
+    option: &[u8; 8],
+    eth_src: [u8; 6],
+) -> Option<Claim> {
+    // Valid NDP only: hop limit 255, code 0 (RFC 4861 §7.1).
+    if ip6[6] != 58 || ip6[7] != 255 || icmp[1] != 0 {
+        return None;
+    }
+    let mut addr = [0u8; 16];
+    addr.copy_from_slice(&icmp[8..24]);
+    let source_unspecified = ip6[8..24] == [0u8; 16];
+    let kind = match icmp[0] {
+        136 => ClaimKind::NeighborAdvertisement,
+        135 if source_unspecified => ClaimKind::DuplicateAddressDetection,
+        _ => return None,
+    };
+    // Target link-layer address option: type 2, length 1.
+    let mac = if kind == ClaimKind::NeighborAdvertisement && option[0] == 2 && option[1] == 1 {
+        [
+            option[2], option[3], option[4], option[5], option[6], option[7],
+        ]
+    } else {
+        eth_src
+    };
+    Some(Claim { addr, mac, kind })
+}
+
+/// Whether a claim by `claimed_mac` on an address owned by `owner_mac`
+/// should be reported now, given the last report time.
+#[inline(always)]
+pub fn should_report(owner: &ManagedAddr, claimed_mac: [u8; 6], now_ns: u64) -> bool {
+    claimed_mac != owner.owner_mac
+        && (owner.last_report_ns == 0
+            || now_ns.saturating_sub(owner.last_report_ns) >= REPORT_INTERVAL_NS)
+}
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), no padding (4 + 16), every bit pattern valid.
+unsafe impl aya::Pod for AddrKey {}
+#[cfg(feature = "user")]
+// SAFETY: repr(C), no padding (6 + 2 + 8), every bit pattern valid.
+unsafe impl aya::Pod for ManagedAddr {}
+#[cfg(feature = "user")]
+// SAFETY: repr(C), no padding (8 + 4 + 4 + 16 + 6 + 6 + 4), every bit pattern valid.
+unsafe impl aya::Pod for ConflictEvent {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FOREIGN: [u8; 6] = [0x02, 0, 0, 0, 0, 0xee];
+    const OWNER: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+
+    fn arp(opcode: u8, sender_ip: [u8; 4], target_ip: [u8; 4]) -> [u8; ARP_LEN] {
+        let mut a = [0u8; ARP_LEN];
+        a[..8].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, opcode]);
+        a[8..14].copy_from_slice(&FOREIGN);
+        a[14..18].copy_from_slice(&sender_ip);
+        a[24..28].copy_from_slice(&target_ip);
+        a
+    }
+
+    #[test]
+    fn arp_claims() {
+        let ip = [192, 0, 2, 5];
+        let mapped = AddrKey::v4(0, ip).addr;
+        assert_eq!(
+            arp_claim(&arp(2, ip, [192, 0, 2, 1])),
+            Some(Claim {
+                addr: mapped,
+                mac: FOREIGN,
+                kind: ClaimKind::ArpReply
+            })
+        );
+        assert_eq!(
+            arp_claim(&arp(1, ip, ip)).unwrap().kind,
+            ClaimKind::GratuitousArp
+        );
+        let probe = arp_claim(&arp(1, [0; 4], ip)).unwrap();
+        assert_eq!((probe.kind, probe.addr), (ClaimKind::ArpProbe, mapped));
+        assert_eq!(
+            arp_claim(&arp(1, [192, 0, 2, 9], ip)),
+            None,
+            "a plain request claims nothing"
+        );
+        assert_eq!(
+            arp_claim(&arp(2, [0; 4], ip)),
+            None,
+            "0.0.0.0 is never claimed"
+        );
+    }
+
+    fn ndp(icmp_type: u8, source: [u8; 16], hop_limit: u8) -> ([u8; IPV6_LEN], [u8; NS_LEN]) {
+        let mut ip6 = [0u8; IPV6_LEN];
+        ip6[0] = 0x60;
+        ip6[6] = 58;
+        ip6[7] = hop_limit;
+        ip6[8..24].copy_from_slice(&source);
+        let mut icmp = [0u8; NS_LEN];
+        icmp[0] = icmp_type;
+        icmp[8] = 0x20;
+        icmp[9] = 0x01;
+        icmp[23] = 5;
+        (ip6, icmp)
+    }
+
+    #[test]
+    fn ndp_claims() {
+        let link_local = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+        let tlla = [2, 1, 0x02, 0, 0, 0, 0, 0x77];
+        let (ip6, icmp) = ndp(136, link_local, 255);
+        let claim = ndp_claim(&ip6, &icmp, &tlla, FOREIGN).unwrap();
+        assert_eq!(claim.kind, ClaimKind::NeighborAdvertisement);
+        assert_eq!(claim.mac, [0x02, 0, 0, 0, 0, 0x77], "MAC from the option");
+        assert_eq!(
+            ndp_claim(&ip6, &icmp, &[0; 8], FOREIGN).unwrap().mac,
+            FOREIGN
+        );
+        let (ip6, icmp) = ndp(135, [0; 16], 255);
+        assert_eq!(
+            ndp_claim(&ip6, &icmp, &[0; 8], FOREIGN).unwrap().kind,
+            ClaimKind::DuplicateAddressDetection
+        );
+        let (ip6, icmp) = ndp(135, link_local, 255);
+        assert_eq!(
+            ndp_claim(&ip6, &icmp, &[0; 8], FOREIGN),
+            None,
+            "an ordinary solicitation"
+        );
+        let (ip6, icmp) = ndp(136, link_local, 64);
+        assert_eq!(
+            ndp_claim(&ip6, &icmp, &tlla, FOREIGN),
+            None,
+            "hop limit must be 255"
+        );
+    }
+
+    #[test]
+    fn reports_foreign_claims_at_most_once_per_interval() {
+        let mut owner = ManagedAddr {
+            owner_mac: OWNER,
+            reserved: 0,
+            last_report_ns: 0,
+        };
+        assert!(!should_report(&owner, OWNER, 5), "the owner itself");
+        assert!(should_report(&owner, FOREIGN, 5));
+        owner.last_report_ns = 10;
+        assert!(!should_report(&owner, FOREIGN, 10 + REPORT_INTERVAL_NS - 1));
+        assert!(should_report(&owner, FOREIGN, 10 + REPORT_INTERVAL_NS));
+    }
+
+    #[test]
+    fn layouts() {
+        use core::mem::{align_of, size_of};
+        assert_eq!((size_of::<AddrKey>(), align_of::<AddrKey>()), (20, 4));
+        assert_eq!(
+            (size_of::<ManagedAddr>(), align_of::<ManagedAddr>()),
+            (16, 8)
+        );
+        assert_eq!(
+            (size_of::<ConflictEvent>(), align_of::<ConflictEvent>()),
+            (48, 8)
+        );
+    }
+}
