@@ -119,7 +119,7 @@ impl Setup<'_> {
         if let Some(host_route) = &spec.host_route {
             self.add_host_routes(&host_route.link, &parent).await?;
         }
-        if spec.arp_policy == ArpPolicy::Arping {
+        if spec.arp_policy == ArpPolicy::Arping && spec.kind.announces() {
             let mac = link.mac.unwrap_or_default();
             announce(
                 &spec.netns,

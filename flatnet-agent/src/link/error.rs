@@ -94,9 +94,9 @@ pub enum LinkError {
         netns: String,
         /// The errno, when the kernel returned one.
         errno: Option<i32>,
-        /// The netlink error.
+        /// The netlink error (boxed: it can hold a whole netlink message).
         #[source]
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
     /// A netlink socket could not be opened.
     #[error("cannot open a netlink socket in network namespace {netns}: {source}")]
@@ -186,7 +186,7 @@ impl LinkError {
             object: object.into(),
             netns: netns.into(),
             errno: errno_of(&source),
-            source,
+            source: Box::new(source),
         }
     }
 

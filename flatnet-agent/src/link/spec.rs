@@ -82,6 +82,19 @@ impl LinkKind {
             Self::Ipvlan { .. } => "ipvlan",
         }
     }
+
+    /// Whether the pod interface speaks ARP/NDP itself. ipvlan L3 and L3S
+    /// children do not (the kernel drops such frames); their addresses are
+    /// answered for on the uplink instead.
+    pub fn announces(&self) -> bool {
+        !matches!(
+            self,
+            Self::Ipvlan {
+                mode: IpvlanMode::L3 | IpvlanMode::L3s,
+                ..
+            }
+        )
+    }
 }
 
 /// How the pod's neighbours learn its addresses once the interface is up.
@@ -633,6 +646,18 @@ mod tests {
         assert_eq!(field_of(s.validate().unwrap_err()), "mtu");
         s.mtu = Some(1280);
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn only_layer_2_children_announce() {
+        let ipvlan = |mode| LinkKind::Ipvlan {
+            mode,
+            flag: IpvlanFlag::Bridge,
+        };
+        assert!(spec().kind.announces());
+        assert!(ipvlan(IpvlanMode::L2).announces());
+        assert!(!ipvlan(IpvlanMode::L3).announces());
+        assert!(!ipvlan(IpvlanMode::L3s).announces());
     }
 
     #[test]
