@@ -2,6 +2,7 @@
 
 pub mod cni;
 pub mod datapath;
+pub mod link;
 pub mod netns;
 pub mod packet;
 pub mod rpc;

@@ -37,6 +37,7 @@ pub fn clippy() -> anyhow::Result<()> {
 /// Each entry is a `--cargo-test` target and its libtest filters.
 const VM_TESTS: &[(&str, &str)] = &[
     ("flatnet-agent:vm_kernel_features", ""),
+    ("flatnet-agent:link_ipvlan_vlan", ""),
     // The tools-free uplink tests (raw sockets and BPF_PROG_TEST_RUN).
     (
         "flatnet-agent:uplink_program",

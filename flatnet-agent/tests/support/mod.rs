@@ -22,8 +22,15 @@ pub fn privileged(test: &str) -> bool {
     if std::env::var_os(REQUIRE_PRIVILEGED).is_some() {
         panic!("{test}: {reason}, and {REQUIRE_PRIVILEGED} is set");
     }
-    eprintln!("skipped: {test}: {reason}");
+    report_skip(&format!("{test}: {reason}"));
     false
+}
+
+/// Prints `skipped: <why>` where it stays visible: libtest captures
+/// `eprintln!` of passing tests, but not direct writes to the stderr handle.
+pub fn report_skip(why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
 }
 
 /// A name unique to this process and call, short enough for an interface (<= 15 bytes).
@@ -124,4 +131,17 @@ impl Drop for TestPinRoot {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// Environment variable that turns "the kernel lacks a feature" from a skip
+/// into a failure (set by the VM stage, whose kernel has every feature).
+pub const REQUIRE_KERNEL_FEATURES: &str = "FLATNET_REQUIRE_KERNEL_FEATURES";
+
+/// Reports that `test` cannot run because the kernel lacks `feature`:
+/// prints the skip, or panics when [`REQUIRE_KERNEL_FEATURES`] is set.
+pub fn skip_for_missing_kernel_feature(test: &str, feature: &str) {
+    if std::env::var_os(REQUIRE_KERNEL_FEATURES).is_some() {
+        panic!("{test}: kernel lacks {feature}, and {REQUIRE_KERNEL_FEATURES} is set");
+    }
+    report_skip(&format!("{test}: kernel lacks {feature}"));
 }

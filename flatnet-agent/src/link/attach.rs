@@ -1,0 +1,416 @@
+//! Creating a pod interface, all or nothing.
+//!
+//! Every side effect pushes its undo step as soon as it has happened; when a
+//! later step fails, the steps are undone in reverse order, so no
+//! half-made interface, stray host route or lost default route survives a
+//! failed attach.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use netlink_packet_route::{
+    link::{IpVlanFlags, IpVlanMode, MacVlanMode},
+    route::RouteProtocol,
+};
+use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkUnspec};
+
+use super::{
+    Attachment, Attachments, LinkError,
+    announce::{announce, enable_kernel_notify},
+    netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route, open_netns_file},
+    spec::{ArpPolicy, IpvlanFlag, IpvlanMode, LinkKind, MacvlanMode, ValidSpec},
+    vlan::{self, VlanLock},
+};
+
+/// One step to undo on failure.
+#[derive(Debug)]
+enum Undo {
+    /// Drop this attachment's VLAN lease and the VLAN if now unused.
+    ReleaseVlan { name: String },
+    /// Delete the pod interface (its addresses and routes go with it).
+    DeletePodLink { name: String },
+    /// Delete a route added in the pod outside the pod interface.
+    DeletePodRoute(Route),
+    /// Put back a pod route that was replaced.
+    RestorePodRoute(Route),
+    /// Delete a node route to the pod.
+    DeleteHostRoute(Route),
+}
+
+/// The state of one attach in progress.
+struct Setup<'a> {
+    config: &'a Attachments,
+    valid: &'a ValidSpec,
+    host: Netlink,
+    pod: Option<Netlink>,
+    vlan_lock: Option<VlanLock>,
+    undo: Vec<Undo>,
+}
+
+pub(super) async fn attach(
+    config: &Attachments,
+    valid: &ValidSpec,
+) -> Result<Attachment, LinkError> {
+    let mut setup = Setup {
+        config,
+        valid,
+        host: Netlink::open(config.host_netns.as_deref())?,
+        pod: None,
+        vlan_lock: None,
+        undo: Vec::new(),
+    };
+    match setup.run().await {
+        Ok(attachment) => Ok(attachment),
+        Err(error) => {
+            tracing::warn!(ifname = %valid.spec().ifname, %error, "attach failed, rolling back");
+            setup.roll_back().await;
+            Err(error)
+        }
+    }
+}
+
+impl Setup<'_> {
+    async fn run(&mut self) -> Result<Attachment, LinkError> {
+        let spec = self.valid.spec();
+        let master = self.host.link_by_name(&spec.master).await?.ok_or_else(|| {
+            LinkError::MasterNotFound {
+                master: spec.master.clone(),
+                subnet: spec.subnet.clone(),
+            }
+        })?;
+        let parent = self.parent(master).await?;
+        let parent_mtu = parent.mtu.unwrap_or(u32::MAX);
+        if let Some(mtu) = spec.mtu.filter(|mtu| *mtu > parent_mtu) {
+            return Err(LinkError::MtuTooLarge {
+                subnet: spec.subnet.clone(),
+                mtu,
+                parent: parent.name.clone(),
+                parent_mtu,
+            });
+        }
+
+        self.create_child(&parent).await?;
+        let pod = Netlink::open(Some(&spec.netns))?;
+        let pod_netns = pod.netns().to_owned();
+        let link = pod
+            .link_by_name(&spec.ifname)
+            .await?
+            .ok_or_else(|| LinkError::NotFound {
+                ifname: spec.ifname.clone(),
+                netns: pod_netns.clone(),
+            })?;
+        let pod = self.pod.insert(pod);
+
+        if spec.arp_policy == ArpPolicy::ArpNotify {
+            let has = |v4: bool| spec.addresses.iter().any(|a| a.addr().is_ipv4() == v4);
+            enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?;
+        }
+        for address in &spec.addresses {
+            pod.add_address(link.index, &spec.ifname, *address).await?;
+        }
+        pod.set_link(
+            "set up",
+            &spec.ifname,
+            LinkUnspec::new_with_index(link.index).up().build(),
+        )
+        .await?;
+
+        self.add_pod_routes(link.index).await?;
+        if let Some(host_route) = &spec.host_route {
+            self.add_host_routes(&host_route.link, &parent).await?;
+        }
+        if spec.arp_policy == ArpPolicy::Arping && spec.kind.announces() {
+            let mac = link.mac.unwrap_or_default();
+            announce(
+                &spec.netns,
+                &spec.ifname,
+                mac,
+                &spec.addresses,
+                self.config.announce,
+            )
+            .await?;
+        }
+
+        // Read back what the kernel made (the MAC it picked, the MTU it inherited).
+        let pod = self.pod.as_ref().expect("opened above");
+        let link = pod
+            .link_by_name(&spec.ifname)
+            .await?
+            .ok_or_else(|| LinkError::NotFound {
+                ifname: spec.ifname.clone(),
+                netns: pod_netns,
+            })?;
+        tracing::info!(ifname = %spec.ifname, netns = %spec.netns.display(), parent = %parent.name, "attached");
+        Ok(Attachment {
+            ifname: spec.ifname.clone(),
+            index: link.index,
+            mac: link.mac.unwrap_or_default(),
+            mtu: link.mtu.unwrap_or(parent_mtu),
+            sandbox: spec.netns.clone(),
+            parent: parent.name,
+        })
+    }
+
+    /// The interface the child hangs off: the master, or the VLAN interface
+    /// on it (created when missing, under the VLAN lock held until the end).
+    async fn parent(&mut self, master: Link) -> Result<Link, LinkError> {
+        let spec = self.valid.spec();
+        if spec.vlan == 0 {
+            return Ok(master);
+        }
+        let name = self.valid.parent().to_owned();
+        let lock = VlanLock::acquire(&self.config.lease_dir, &name).await?;
+        lock.add_lease(&spec.netns, &spec.ifname)?;
+        self.vlan_lock = Some(lock);
+        self.undo.push(Undo::ReleaseVlan { name: name.clone() });
+        let (link, created) =
+            vlan::ensure(&self.host, &master, &name, spec.vlan, &spec.subnet).await?;
+        if created {
+            tracing::info!(vlan = %name, "created VLAN interface");
+        }
+        Ok(link)
+    }
+
+    /// Creates the macvlan/ipvlan child directly inside the pod namespace
+    /// under its final name (no rename, so no window with a stray name).
+    async fn create_child(&mut self, parent: &Link) -> Result<(), LinkError> {
+        let spec = self.valid.spec();
+        let netns = open_netns_file(&spec.netns)?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
+        let mut message = match spec.kind {
+            LinkKind::Macvlan { mode } => {
+                let builder = LinkMacVlan::new(&spec.ifname, parent.index, macvlan_mode(mode));
+                match spec.mac {
+                    Some(mac) => builder.address(mac.to_vec()).setns_by_fd(fd).build(),
+                    None => builder.setns_by_fd(fd).build(),
+                }
+            }
+            LinkKind::Ipvlan { mode, flag } => {
+                LinkIpVlan::new(&spec.ifname, parent.index, ipvlan_mode(mode))
+                    .flag(ipvlan_flag(flag))
+                    .setns_by_fd(fd)
+                    .build()
+            }
+        };
+        if let Some(mtu) = spec.mtu {
+            message
+                .attributes
+                .push(netlink_packet_route::link::LinkAttribute::Mtu(mtu));
+        }
+        let kind = spec.kind.kernel_name();
+        let op = match spec.kind {
+            LinkKind::Macvlan { .. } => "create macvlan",
+            LinkKind::Ipvlan { .. } => "create ipvlan",
+        };
+        let result = self.host.create_link(op, &spec.ifname, message).await;
+        drop(netns);
+        match result {
+            Ok(()) => {
+                self.undo.push(Undo::DeletePodLink {
+                    name: spec.ifname.clone(),
+                });
+                Ok(())
+            }
+            // The name is taken in the pod: that interface is not ours to undo.
+            Err(e) if e.errno() == Some(libc::EEXIST) => Err(LinkError::AlreadyExists {
+                ifname: spec.ifname.clone(),
+                netns: spec.netns.display().to_string(),
+            }),
+            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => Err(LinkError::Unsupported {
+                kind,
+                module: kind,
+                subnet: spec.subnet.clone(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Routes inside the pod: primary-interface destinations first (they need
+    /// the primary's default gateway, read before the default route moves),
+    /// then custom routes, then the default route.
+    async fn add_pod_routes(&mut self, index: u32) -> Result<(), LinkError> {
+        let spec = self.valid.spec();
+        let pod = self.pod.as_ref().expect("pod connection open");
+        let mut undo = Vec::new();
+        let result = async {
+            if let Some(primary) = &spec.primary_routes {
+                let link = pod.link_by_name(&primary.ifname).await?.ok_or_else(|| {
+                    LinkError::NotFound {
+                        ifname: primary.ifname.clone(),
+                        netns: pod.netns().to_owned(),
+                    }
+                })?;
+                for destination in &primary.destinations {
+                    let ipv4 = destination.addr().is_ipv4();
+                    let gateway = pod
+                        .routes(ipv4)
+                        .await?
+                        .into_iter()
+                        .find(|r| r.is_default() && r.oif == Some(link.index) && r.via.is_some())
+                        .and_then(|r| r.via)
+                        .ok_or_else(|| LinkError::NoPrimaryGateway {
+                            ifname: primary.ifname.clone(),
+                            netns: pod.netns().to_owned(),
+                            family: family_name(ipv4),
+                            destination: destination.to_string(),
+                        })?;
+                    let route = Route::new(*destination, Some(gateway), link.index);
+                    match pod.add_route(&route, false).await {
+                        Ok(()) => undo.push(Undo::DeletePodRoute(route)),
+                        // Already there (added by the primary network): keep it, not ours.
+                        Err(e) if e.errno() == Some(libc::EEXIST) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            for custom in &spec.routes {
+                let mut route = Route::new(custom.destination, custom.via, index);
+                route.source = custom.source;
+                route.metric = custom.metric;
+                pod.add_route(&route, false).await?;
+            }
+            if spec.default_route {
+                for gateway in &spec.gateways {
+                    let ipv4 = gateway.is_ipv4();
+                    for old in pod
+                        .routes(ipv4)
+                        .await?
+                        .into_iter()
+                        .filter(Route::is_default)
+                    {
+                        if pod.delete_route(&old).await? {
+                            undo.push(Undo::RestorePodRoute(old));
+                        }
+                    }
+                    let mut route = Route::new(default_net(ipv4), Some(*gateway), index);
+                    route.source = first_address(&spec.addresses, ipv4);
+                    pod.add_route(&route, false).await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        self.undo.extend(undo);
+        result
+    }
+
+    /// Node routes to each pod address through `link`, tagged with
+    /// flatnet's route protocol. They replace a stale route to the same
+    /// address, so a leftover from a crashed pod cannot fail the attach.
+    async fn add_host_routes(&mut self, link: &str, parent: &Link) -> Result<(), LinkError> {
+        let spec = self.valid.spec();
+        let host_link = self
+            .host
+            .link_by_name(link)
+            .await?
+            .ok_or_else(|| LinkError::NotFound {
+                ifname: link.to_owned(),
+                netns: self.host.netns().to_owned(),
+            })?;
+        let parent_addresses = self.host.addresses(parent.index).await?;
+        for address in &spec.addresses {
+            let route = host_route(address.addr(), host_link.index, &parent_addresses);
+            self.host.add_route(&route, true).await?;
+            self.undo.push(Undo::DeleteHostRoute(route));
+        }
+        Ok(())
+    }
+
+    async fn roll_back(&mut self) {
+        let spec = self.valid.spec();
+        while let Some(step) = self.undo.pop() {
+            let result = match &step {
+                Undo::ReleaseVlan { name } => match &self.vlan_lock {
+                    Some(lock) => match lock.remove_lease(&spec.netns, &spec.ifname) {
+                        Ok(()) => vlan::release_if_unused(&self.host, lock, name)
+                            .await
+                            .map(drop),
+                        Err(e) => Err(e),
+                    },
+                    None => Ok(()),
+                },
+                Undo::DeletePodLink { name } => delete_pod_link(self, name).await,
+                Undo::DeletePodRoute(route) => match &self.pod {
+                    Some(pod) => pod.delete_route(route).await.map(drop),
+                    None => Ok(()),
+                },
+                Undo::RestorePodRoute(route) => match &self.pod {
+                    Some(pod) => pod.add_route(route, true).await,
+                    None => Ok(()),
+                },
+                Undo::DeleteHostRoute(route) => self.host.delete_route(route).await.map(drop),
+            };
+            if let Err(error) = result {
+                tracing::error!(?step, %error, "rollback step failed");
+            }
+        }
+    }
+}
+
+async fn delete_pod_link(setup: &Setup<'_>, name: &str) -> Result<(), LinkError> {
+    let opened;
+    let pod = match &setup.pod {
+        Some(pod) => pod,
+        None => {
+            opened = Netlink::open(Some(&setup.valid.spec().netns))?;
+            &opened
+        }
+    };
+    if let Some(link) = pod.link_by_name(name).await? {
+        pod.delete_link(link.index, name).await?;
+    }
+    Ok(())
+}
+
+/// The node route to one pod address: on-link through the host link, with
+/// the parent's first address of the family as source when it has one.
+pub(super) fn host_route(address: IpAddr, link_index: u32, parent_addresses: &[IpNet]) -> Route {
+    let mut route = Route::new(IpNet::from(address), None, link_index);
+    route.protocol = RouteProtocol::Other(FLATNET_ROUTE_PROTOCOL);
+    route.source = first_address(parent_addresses, address.is_ipv4());
+    route
+}
+
+fn first_address(addresses: &[IpNet], ipv4: bool) -> Option<IpAddr> {
+    addresses
+        .iter()
+        .map(IpNet::addr)
+        .find(|a| a.is_ipv4() == ipv4)
+}
+
+pub(super) fn default_net(ipv4: bool) -> IpNet {
+    if ipv4 {
+        IpNet::V4(Default::default())
+    } else {
+        IpNet::V6(Default::default())
+    }
+}
+
+pub(super) fn family_name(ipv4: bool) -> &'static str {
+    if ipv4 { "IPv4" } else { "IPv6" }
+}
+
+pub(super) fn macvlan_mode(mode: MacvlanMode) -> MacVlanMode {
+    match mode {
+        MacvlanMode::Bridge => MacVlanMode::Bridge,
+        MacvlanMode::Vepa => MacVlanMode::Vepa,
+        MacvlanMode::Private => MacVlanMode::Private,
+        MacvlanMode::Passthru => MacVlanMode::Passthrough,
+    }
+}
+
+pub(super) fn ipvlan_mode(mode: IpvlanMode) -> IpVlanMode {
+    match mode {
+        IpvlanMode::L2 => IpVlanMode::L2,
+        IpvlanMode::L3 => IpVlanMode::L3,
+        IpvlanMode::L3s => IpVlanMode::L3S,
+    }
+}
+
+pub(super) fn ipvlan_flag(flag: IpvlanFlag) -> IpVlanFlags {
+    match flag {
+        IpvlanFlag::Bridge => IpVlanFlags::empty(),
+        IpvlanFlag::Private => IpVlanFlags::Private,
+        IpvlanFlag::Vepa => IpVlanFlags::Vepa,
+    }
+}

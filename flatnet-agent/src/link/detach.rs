@@ -1,0 +1,138 @@
+//! Removing a pod interface (CNI DEL): idempotent, and carrying on past
+//! errors so one failed step does not leave the others undone.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use super::{
+    AttachmentSpec, Attachments, HostRoute, LinkError,
+    attach::host_route,
+    netlink::Netlink,
+    spec::{check_ifname, vlan_ifname},
+    vlan::{self, VlanLock},
+};
+
+/// What [`Attachments::detach`] removes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DetachSpec {
+    /// The pod's namespace; `None` when the runtime no longer has one
+    /// (only node-side state is cleaned then).
+    pub netns: Option<PathBuf>,
+    /// The pod interface.
+    pub ifname: String,
+    /// The master and VLAN id when the interface sat on a VLAN (`vlan` 0:
+    /// no VLAN to release).
+    pub master: String,
+    /// 802.1Q VLAN id, 0 for none.
+    pub vlan: u16,
+    /// The node route to remove, if one was added.
+    pub host_route: Option<HostRoute>,
+    /// Pod addresses known to the caller. Node routes are removed for these
+    /// and for the addresses still found on the interface, so they go even
+    /// when the namespace is already gone.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl From<&AttachmentSpec> for DetachSpec {
+    fn from(spec: &AttachmentSpec) -> Self {
+        Self {
+            netns: Some(spec.netns.clone()),
+            ifname: spec.ifname.clone(),
+            master: spec.master.clone(),
+            vlan: spec.vlan,
+            host_route: spec.host_route.clone(),
+            addresses: spec.addresses.iter().map(|a| a.addr()).collect(),
+        }
+    }
+}
+
+pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<(), LinkError> {
+    check_ifname(&spec.ifname).map_err(|reason| LinkError::InvalidSpec {
+        subnet: String::new(),
+        field: "ifname",
+        reason,
+    })?;
+    let host = Netlink::open(config.host_netns.as_deref())?;
+    let mut errors = Vec::new();
+    let mut addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
+
+    if let Some(netns) = &spec.netns {
+        match delete_pod_link(netns, &spec.ifname).await {
+            Ok(found) => addresses.extend(found),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(route) = &spec.host_route
+        && let Err(e) = delete_host_routes(&host, &route.link, &addresses).await
+    {
+        errors.push(e);
+    }
+    if spec.vlan != 0 {
+        let name = vlan_ifname(&spec.master, spec.vlan);
+        let released = async {
+            let lock = VlanLock::acquire(&config.lease_dir, &name).await?;
+            if let Some(netns) = &spec.netns {
+                lock.remove_lease(netns, &spec.ifname)?;
+            }
+            vlan::release_if_unused(&host, &lock, &name).await
+        };
+        if let Err(e) = released.await {
+            errors.push(e);
+        }
+    }
+    LinkError::collect(errors)
+}
+
+/// Deletes the pod interface and returns the addresses it had. A missing
+/// namespace or interface is not an error: there is nothing to remove.
+async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, LinkError> {
+    if !netns.exists() {
+        tracing::debug!(netns = %netns.display(), "pod namespace already gone");
+        return Ok(Vec::new());
+    }
+    let pod = match Netlink::open(Some(netns)) {
+        Ok(pod) => pod,
+        // Removed between the check and the open.
+        Err(LinkError::Netns(crate::netns::NetnsError::Open { source, .. }))
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(link) = pod.link_by_name(ifname).await? else {
+        return Ok(Vec::new());
+    };
+    let addresses = pod
+        .addresses(link.index)
+        .await?
+        .into_iter()
+        .map(|a| a.addr())
+        .collect();
+    pod.delete_link(link.index, ifname).await?;
+    tracing::info!(%ifname, netns = %netns.display(), "detached");
+    Ok(addresses)
+}
+
+/// Deletes flatnet's node routes to `addresses` through `link`. Routes of
+/// another pod that reuses an address go through another link and stay;
+/// when the link itself is gone the kernel already removed its routes.
+async fn delete_host_routes(
+    host: &Netlink,
+    link: &str,
+    addresses: &BTreeSet<IpAddr>,
+) -> Result<(), LinkError> {
+    let Some(host_link) = host.link_by_name(link).await? else {
+        return Ok(());
+    };
+    for address in addresses {
+        let mut route = host_route(*address, host_link.index, &[]);
+        // Match any source: only destination, link and protocol identify it.
+        route.source = None;
+        host.delete_route(&route).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Pod interfaces on the flat network: macvlan or ipvlan children of the
+//! node's master interface (or of `<master>.<vlan>`), created directly in
+//! the pod's network namespace over rtnetlink.
+//!
+//! The flow is validate → set up → tear down:
+//! [`AttachmentSpec::validate`] checks everything that needs no system
+//! call, [`Attachments::attach`] creates the interface all or nothing,
+//! [`Attachments::check`] reports every way it differs from its spec, and
+//! [`Attachments::detach`] removes it idempotently. See
+//! `docs/datapath-attachment.md` for what is created and when it is removed.
+
+mod announce;
+mod attach;
+mod check;
+mod detach;
+mod error;
+mod netlink;
+mod spec;
+mod vlan;
+
+use std::path::PathBuf;
+
+pub use announce::AnnounceSettings;
+pub use detach::DetachSpec;
+pub use error::LinkError;
+pub use netlink::FLATNET_ROUTE_PROTOCOL;
+pub use spec::{
+    ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkKind, MAX_IFNAME_LEN,
+    MAX_VLAN_ID, MacvlanMode, PrimaryRoutes, RouteSpec, UnknownName, ValidSpec, check_ifname,
+    format_mac, parse_mac, vlan_ifname,
+};
+pub use vlan::{DEFAULT_LEASE_DIR, VLAN_ALIAS};
+
+use crate::packet::MacAddr;
+
+/// A pod interface as created, for the CNI result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    /// The interface name in the pod.
+    pub ifname: String,
+    /// Its index in the pod's namespace.
+    pub index: u32,
+    /// Its MAC address (the kernel's choice when none was asked for).
+    pub mac: MacAddr,
+    /// Its MTU.
+    pub mtu: u32,
+    /// The pod's namespace path (the CNI `sandbox`).
+    pub sandbox: PathBuf,
+    /// The node interface it hangs off (`master` or `<master>.<vlan>`).
+    pub parent: String,
+}
+
+/// The attachment layer of one node.
+#[derive(Clone, Debug)]
+pub struct Attachments {
+    /// The node's namespace; `None` is the agent's own (production).
+    pub host_netns: Option<PathBuf>,
+    /// Where VLAN leases are kept (see [`DEFAULT_LEASE_DIR`]).
+    pub lease_dir: PathBuf,
+    /// Repetition of gratuitous ARP / unsolicited NA.
+    pub announce: AnnounceSettings,
+}
+
+impl Default for Attachments {
+    fn default() -> Self {
+        Self {
+            host_netns: None,
+            lease_dir: PathBuf::from(DEFAULT_LEASE_DIR),
+            announce: AnnounceSettings::default(),
+        }
+    }
+}
+
+impl Attachments {
+    /// Creates the pod interface described by `spec`: VLAN interface when
+    /// needed, the child in the pod namespace, MAC, MTU, addresses, link up,
+    /// routes, node routes, announcements. On failure everything created is
+    /// removed again before the error is returned.
+    pub async fn attach(&self, spec: &AttachmentSpec) -> Result<Attachment, LinkError> {
+        let valid = spec.validate()?;
+        attach::attach(self, &valid).await
+    }
+
+    /// Verifies that the pod interface matches `spec`; the error lists
+    /// every difference.
+    pub async fn check(&self, spec: &AttachmentSpec) -> Result<(), LinkError> {
+        let valid = spec.validate()?;
+        check::check(self, &valid).await
+    }
+
+    /// Removes the pod interface, flatnet's node routes to it and, when no
+    /// longer used, the VLAN interface flatnet created. Anything already
+    /// gone is not an error.
+    pub async fn detach(&self, spec: &DetachSpec) -> Result<(), LinkError> {
+        detach::detach(self, spec).await
+    }
+}

@@ -1,0 +1,714 @@
+//! What a pod attachment is, and the rules it must satisfy before any
+//! side effect (validate → set up → tear down).
+
+use std::{
+    fmt,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    str::FromStr,
+};
+
+use ipnet::IpNet;
+
+use super::LinkError;
+use crate::packet::MacAddr;
+
+/// Linux interface names are at most 15 bytes (`IFNAMSIZ` - 1).
+pub const MAX_IFNAME_LEN: usize = 15;
+/// Highest usable 802.1Q VLAN id (4095 is reserved).
+pub const MAX_VLAN_ID: u16 = 4094;
+/// Smallest MTU the kernel accepts for IPv4 (RFC 791).
+const MIN_MTU_IPV4: u32 = 68;
+/// Smallest MTU IPv6 allows (RFC 8200 §5).
+const MIN_MTU_IPV6: u32 = 1280;
+
+/// macvlan modes (`ip link add ... type macvlan mode <mode>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MacvlanMode {
+    /// Children of one parent talk to each other directly.
+    Bridge,
+    /// Traffic between children goes through the external switch.
+    Vepa,
+    /// Children never talk to each other.
+    Private,
+    /// The single child takes over the parent.
+    Passthru,
+}
+
+/// ipvlan modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IpvlanMode {
+    /// Layer 2: the parent switches frames; children share its MAC.
+    L2,
+    /// Layer 3: the parent routes; no broadcast or multicast.
+    L3,
+    /// Layer 3 through netfilter (iptables/conntrack apply).
+    L3s,
+}
+
+/// ipvlan flags: how children of one parent reach each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IpvlanFlag {
+    /// Children talk to each other directly.
+    Bridge,
+    /// Children never talk to each other.
+    Private,
+    /// Traffic between children goes through the external switch.
+    Vepa,
+}
+
+/// The kind of pod interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinkKind {
+    /// A macvlan child (own MAC address).
+    Macvlan {
+        /// The macvlan mode.
+        mode: MacvlanMode,
+    },
+    /// An ipvlan child (shares the parent's MAC address).
+    Ipvlan {
+        /// The ipvlan mode.
+        mode: IpvlanMode,
+        /// The ipvlan flag.
+        flag: IpvlanFlag,
+    },
+}
+
+impl LinkKind {
+    /// The kernel's name of the link kind (`macvlan`, `ipvlan`).
+    pub fn kernel_name(&self) -> &'static str {
+        match self {
+            Self::Macvlan { .. } => "macvlan",
+            Self::Ipvlan { .. } => "ipvlan",
+        }
+    }
+
+    /// Whether the pod interface speaks ARP/NDP itself. ipvlan L3 and L3S
+    /// children do not (the kernel drops such frames); their addresses are
+    /// answered for on the uplink instead.
+    pub fn announces(&self) -> bool {
+        !matches!(
+            self,
+            Self::Ipvlan {
+                mode: IpvlanMode::L3 | IpvlanMode::L3s,
+                ..
+            }
+        )
+    }
+}
+
+/// How the pod's neighbours learn its addresses once the interface is up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ArpPolicy {
+    /// The kernel announces (`arp_notify` and `ndisc_notify` sysctls of the
+    /// interface set to 1 before it comes up).
+    ArpNotify,
+    /// flatnet sends gratuitous ARP (IPv4) and unsolicited neighbour
+    /// advertisements with Override set (IPv6), a few times.
+    #[default]
+    Arping,
+}
+
+/// A route on the pod interface.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RouteSpec {
+    /// Destination; `0.0.0.0/0` or `::/0` is a default route.
+    pub destination: IpNet,
+    /// Next hop; `None` makes the route on-link (scope link).
+    pub via: Option<IpAddr>,
+    /// Preferred source address; must be one of the pod's addresses.
+    pub source: Option<IpAddr>,
+    /// Route metric (priority); the kernel default when `None`.
+    pub metric: Option<u32>,
+}
+
+/// Destinations (cluster and service CIDRs) that stay reachable through the
+/// pod's primary interface, via that interface's default gateway, when the
+/// flat interface takes over the default route.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PrimaryRoutes {
+    /// The primary interface in the pod (normally `eth0`).
+    pub ifname: String,
+    /// The destinations.
+    pub destinations: Vec<IpNet>,
+}
+
+/// A route on the node to each pod address, through a host link (the pod's
+/// primary veth, for instance). macvlan children cannot talk to their
+/// parent, so this is how the node reaches the pod.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostRoute {
+    /// The node-side link the routes go through.
+    pub link: String,
+}
+
+/// The description of one pod interface on the flat network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachmentSpec {
+    /// Name of the FlatNetworkSubnet, used in messages that tell what to fix.
+    pub subnet: String,
+    /// The node's physical interface.
+    pub master: String,
+    /// 802.1Q VLAN id; 0 means untagged (the child sits on `master`).
+    pub vlan: u16,
+    /// macvlan or ipvlan, with mode and flag.
+    pub kind: LinkKind,
+    /// The pod's network namespace file.
+    pub netns: PathBuf,
+    /// The interface name in the pod (`CNI_IFNAME`).
+    pub ifname: String,
+    /// Fixed MAC address (macvlan only); the kernel picks one when `None`.
+    pub mac: Option<MacAddr>,
+    /// MTU; the parent's when `None`.
+    pub mtu: Option<u32>,
+    /// Addresses with the subnet's prefix length (IPv4, IPv6 or both).
+    pub addresses: Vec<IpNet>,
+    /// Gateways, at most one per family.
+    pub gateways: Vec<IpAddr>,
+    /// Whether the flat interface carries the pod's default route for each
+    /// family that has a gateway. Existing default routes of those families
+    /// (through the primary interface) are replaced; other families are
+    /// left alone.
+    pub default_route: bool,
+    /// Extra routes on the flat interface.
+    pub routes: Vec<RouteSpec>,
+    /// Destinations kept on the primary interface.
+    pub primary_routes: Option<PrimaryRoutes>,
+    /// Optional node-side routes to the pod addresses.
+    pub host_route: Option<HostRoute>,
+    /// How the addresses are announced.
+    pub arp_policy: ArpPolicy,
+}
+
+/// An [`AttachmentSpec`] that passed [`AttachmentSpec::validate`].
+#[derive(Clone, Debug)]
+pub struct ValidSpec {
+    spec: AttachmentSpec,
+    parent: String,
+}
+
+impl ValidSpec {
+    /// The validated spec.
+    pub fn spec(&self) -> &AttachmentSpec {
+        &self.spec
+    }
+
+    /// The node interface the child is created on: `master` or
+    /// `<master>.<vlan>`.
+    pub fn parent(&self) -> &str {
+        &self.parent
+    }
+
+    /// The gateway of the family of `addr`, if any.
+    pub fn gateway_for(&self, addr: IpAddr) -> Option<IpAddr> {
+        self.spec
+            .gateways
+            .iter()
+            .copied()
+            .find(|gw| gw.is_ipv4() == addr.is_ipv4())
+    }
+}
+
+/// The name of the VLAN interface flatnet uses for `vlan` on `master`.
+pub fn vlan_ifname(master: &str, vlan: u16) -> String {
+    format!("{master}.{vlan}")
+}
+
+/// Checks a Linux interface name: 1 to 15 bytes, no `/`, `:`, whitespace,
+/// and not `.` or `..`.
+pub fn check_ifname(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".into());
+    }
+    if name.len() > MAX_IFNAME_LEN {
+        return Err(format!(
+            "{name:?} is {} bytes, longer than the {MAX_IFNAME_LEN} Linux allows",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| *c == '/' || *c == ':' || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("{name:?} contains {c:?}"));
+    }
+    Ok(())
+}
+
+impl AttachmentSpec {
+    /// Checks everything that can be checked without touching the system.
+    pub fn validate(&self) -> Result<ValidSpec, LinkError> {
+        let invalid = |field: &'static str, reason: String| LinkError::InvalidSpec {
+            subnet: self.subnet.clone(),
+            field,
+            reason,
+        };
+        check_ifname(&self.ifname).map_err(|r| invalid("ifname", r))?;
+        check_ifname(&self.master).map_err(|r| invalid("master", r))?;
+        if self.vlan > MAX_VLAN_ID {
+            return Err(invalid(
+                "vlan",
+                format!("{} is out of range 0..={MAX_VLAN_ID}", self.vlan),
+            ));
+        }
+        let parent = if self.vlan == 0 {
+            self.master.clone()
+        } else {
+            let name = vlan_ifname(&self.master, self.vlan);
+            check_ifname(&name).map_err(|r| {
+                invalid(
+                    "master",
+                    format!("VLAN interface name {r}; use a shorter master name"),
+                )
+            })?;
+            name
+        };
+        check_path(&self.netns).map_err(|r| invalid("netns", r))?;
+        self.validate_mac().map_err(|r| invalid("mac", r))?;
+        self.validate_addresses()
+            .map_err(|r| invalid("addresses", r))?;
+        self.validate_gateways()
+            .map_err(|r| invalid("gateways", r))?;
+        self.validate_mtu().map_err(|r| invalid("mtu", r))?;
+        self.validate_routes().map_err(|r| invalid("routes", r))?;
+        if let Some(primary) = &self.primary_routes {
+            check_ifname(&primary.ifname).map_err(|r| invalid("primary_routes.ifname", r))?;
+            if primary.ifname == self.ifname {
+                return Err(invalid(
+                    "primary_routes.ifname",
+                    format!("{} is the flat interface itself", primary.ifname),
+                ));
+            }
+            if let Some(bad) = primary.destinations.iter().find(|d| d.trunc() != **d) {
+                return Err(invalid(
+                    "primary_routes.destinations",
+                    format!("{bad} has host bits set; use {}", bad.trunc()),
+                ));
+            }
+        }
+        if let Some(host) = &self.host_route {
+            check_ifname(&host.link).map_err(|r| invalid("host_route.link", r))?;
+        }
+        Ok(ValidSpec {
+            spec: self.clone(),
+            parent,
+        })
+    }
+
+    fn validate_mac(&self) -> Result<(), String> {
+        let Some(mac) = self.mac else { return Ok(()) };
+        if let LinkKind::Ipvlan { .. } = self.kind {
+            return Err(format!(
+                "{} is set, but ipvlan children share the MAC of their parent; \
+                 remove the MAC or use macvlan",
+                format_mac(mac)
+            ));
+        }
+        if mac[0] & 1 != 0 {
+            return Err(format!(
+                "{} is a multicast address; a unicast address is needed",
+                format_mac(mac)
+            ));
+        }
+        if mac == [0; 6] {
+            return Err("00:00:00:00:00:00 is not a usable address".into());
+        }
+        Ok(())
+    }
+
+    fn validate_addresses(&self) -> Result<(), String> {
+        if self.addresses.is_empty() {
+            return Err("at least one address is needed".into());
+        }
+        for (i, net) in self.addresses.iter().enumerate() {
+            let addr = net.addr();
+            if addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() {
+                return Err(format!("{net} is not a unicast host address"));
+            }
+            if self.addresses[..i].iter().any(|n| n.addr() == addr) {
+                return Err(format!("{addr} is listed twice"));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_gateways(&self) -> Result<(), String> {
+        for (i, gw) in self.gateways.iter().enumerate() {
+            if self.gateways[..i]
+                .iter()
+                .any(|g| g.is_ipv4() == gw.is_ipv4())
+            {
+                return Err(format!("more than one gateway for the family of {gw}"));
+            }
+            if self.addresses.iter().any(|n| n.addr() == *gw) {
+                return Err(format!("{gw} is also one of the pod's addresses"));
+            }
+            let link_local_v6 = matches!(gw, IpAddr::V6(v6) if v6.is_unicast_link_local());
+            if !link_local_v6 && !self.addresses.iter().any(|n| n.contains(gw)) {
+                return Err(format!(
+                    "{gw} is outside every pod address's network ({}); it could not be reached",
+                    join(&self.addresses)
+                ));
+            }
+        }
+        if self.default_route && self.gateways.is_empty() {
+            return Err("a default route through the flat interface needs a gateway".into());
+        }
+        Ok(())
+    }
+
+    fn validate_mtu(&self) -> Result<(), String> {
+        let Some(mtu) = self.mtu else { return Ok(()) };
+        let min = if self.addresses.iter().any(|n| n.addr().is_ipv6()) {
+            MIN_MTU_IPV6
+        } else {
+            MIN_MTU_IPV4
+        };
+        if !(min..=65535).contains(&mtu) {
+            return Err(format!("{mtu} is out of range {min}..=65535"));
+        }
+        Ok(())
+    }
+
+    fn validate_routes(&self) -> Result<(), String> {
+        for route in &self.routes {
+            let dst = route.destination;
+            if dst.trunc() != dst {
+                return Err(format!("{dst} has host bits set; use {}", dst.trunc()));
+            }
+            let v4 = dst.addr().is_ipv4();
+            if !self.addresses.iter().any(|n| n.addr().is_ipv4() == v4) {
+                return Err(format!(
+                    "{dst}: the pod has no address of that family to send from"
+                ));
+            }
+            if let Some(via) = route.via
+                && via.is_ipv4() != v4
+            {
+                return Err(format!("{dst} via {via}: families differ"));
+            }
+            if let Some(src) = route.source
+                && !self.addresses.iter().any(|n| n.addr() == src)
+            {
+                return Err(format!("{dst}: source {src} is not a pod address"));
+            }
+            if dst.prefix_len() == 0
+                && self.default_route
+                && self.gateways.iter().any(|g| g.is_ipv4() == v4)
+            {
+                return Err(format!(
+                    "{dst} conflicts with the default route through the gateway"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_path(path: &Path) -> Result<(), String> {
+    if path.as_os_str().is_empty() {
+        return Err("is empty".into());
+    }
+    if !path.is_absolute() {
+        return Err(format!("{} is not an absolute path", path.display()));
+    }
+    Ok(())
+}
+
+fn join<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: MacAddr) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (case-insensitive).
+pub fn parse_mac(text: &str) -> Option<MacAddr> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        let part = parts.next()?;
+        if part.len() != 2 {
+            return None;
+        }
+        *byte = u8::from_str_radix(part, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// A mode, flag or policy name that is not one of the accepted values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}; expected one of {expected}")]
+pub struct UnknownName {
+    /// What was parsed (`macvlan mode`, ...).
+    pub what: &'static str,
+    /// The rejected text.
+    pub value: String,
+    /// The accepted values.
+    pub expected: &'static str,
+}
+
+/// Implements `Display` and `FromStr` with the names the API uses.
+macro_rules! named {
+    ($ty:ident, $what:literal, $($variant:ident = $name:literal),+) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self { $(Self::$variant => $name),+ })
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($name => Ok(Self::$variant),)+
+                    _ => Err(UnknownName {
+                        what: $what,
+                        value: s.to_owned(),
+                        expected: concat!($($name, " "),+).trim_ascii_end(),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+named!(
+    MacvlanMode,
+    "macvlan mode",
+    Bridge = "bridge",
+    Vepa = "vepa",
+    Private = "private",
+    Passthru = "passthru"
+);
+named!(IpvlanMode, "ipvlan mode", L2 = "l2", L3 = "l3", L3s = "l3s");
+named!(
+    IpvlanFlag,
+    "ipvlan flag",
+    Bridge = "bridge",
+    Private = "private",
+    Vepa = "vepa"
+);
+named!(
+    ArpPolicy,
+    "ARP policy",
+    ArpNotify = "arp_notify",
+    Arping = "arping"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec() -> AttachmentSpec {
+        AttachmentSpec {
+            subnet: "lan".into(),
+            master: "eth0".into(),
+            vlan: 0,
+            kind: LinkKind::Macvlan {
+                mode: MacvlanMode::Bridge,
+            },
+            netns: "/run/netns/pod".into(),
+            ifname: "eth1".into(),
+            mac: None,
+            mtu: None,
+            addresses: vec!["192.0.2.10/24".parse().unwrap()],
+            gateways: vec!["192.0.2.1".parse().unwrap()],
+            default_route: true,
+            routes: vec![],
+            primary_routes: None,
+            host_route: None,
+            arp_policy: ArpPolicy::Arping,
+        }
+    }
+
+    fn field_of(err: LinkError) -> &'static str {
+        match err {
+            LinkError::InvalidSpec { field, .. } => field,
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn accepts_a_plain_spec_and_names_the_parent() {
+        let valid = spec().validate().unwrap();
+        assert_eq!(valid.parent(), "eth0");
+        let mut vlan = spec();
+        vlan.vlan = 100;
+        assert_eq!(vlan.validate().unwrap().parent(), "eth0.100");
+    }
+
+    #[test]
+    fn vlan_name_over_15_bytes_is_rejected_with_the_fix() {
+        let mut s = spec();
+        s.master = "enp0s31f6abcde".into();
+        s.vlan = 4094;
+        let err = s.validate().unwrap_err();
+        assert!(err.to_string().contains("shorter master name"), "{err}");
+        s.vlan = 4095;
+        assert_eq!(field_of(s.validate().unwrap_err()), "vlan");
+    }
+
+    #[test]
+    fn ipvlan_with_mac_is_rejected() {
+        let mut s = spec();
+        s.kind = LinkKind::Ipvlan {
+            mode: IpvlanMode::L2,
+            flag: IpvlanFlag::Bridge,
+        };
+        s.mac = Some([2, 0, 0, 0, 0, 1]);
+        let err = s.validate().unwrap_err();
+        assert!(err.to_string().contains("ipvlan"), "{err}");
+        assert!(err.to_string().contains("subnet lan"), "{err}");
+    }
+
+    #[test]
+    fn multicast_mac_is_rejected() {
+        let mut s = spec();
+        s.mac = Some([1, 0, 0x5e, 0, 0, 1]);
+        assert_eq!(field_of(s.validate().unwrap_err()), "mac");
+    }
+
+    #[test]
+    fn gateway_must_be_on_link_and_one_per_family() {
+        let mut s = spec();
+        s.gateways = vec!["198.51.100.1".parse().unwrap()];
+        assert_eq!(field_of(s.validate().unwrap_err()), "gateways");
+        s.gateways = vec!["192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap()];
+        assert_eq!(field_of(s.validate().unwrap_err()), "gateways");
+        // An IPv6 link-local gateway is always on-link.
+        s.addresses.push("2001:db8::10/64".parse().unwrap());
+        s.gateways = vec!["fe80::1".parse().unwrap()];
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn default_route_needs_a_gateway() {
+        let mut s = spec();
+        s.gateways.clear();
+        assert_eq!(field_of(s.validate().unwrap_err()), "gateways");
+        s.default_route = false;
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn route_checks() {
+        let route = |dst: &str, via: Option<&str>| RouteSpec {
+            destination: dst.parse().unwrap(),
+            via: via.map(|v| v.parse().unwrap()),
+            source: None,
+            metric: None,
+        };
+        let mut s = spec();
+        s.routes = vec![route("10.0.0.1/8", None)];
+        assert!(s.validate().unwrap_err().to_string().contains("10.0.0.0/8"));
+        s.routes = vec![route("2001:db8::/32", None)];
+        assert_eq!(field_of(s.validate().unwrap_err()), "routes");
+        s.routes = vec![route("10.0.0.0/8", Some("2001:db8::1"))];
+        assert_eq!(field_of(s.validate().unwrap_err()), "routes");
+        s.routes = vec![route("0.0.0.0/0", Some("192.0.2.254"))];
+        assert_eq!(field_of(s.validate().unwrap_err()), "routes");
+        s.routes = vec![route("10.0.0.0/8", Some("192.0.2.254"))];
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn duplicate_or_special_addresses_are_rejected() {
+        let mut s = spec();
+        s.addresses.push("192.0.2.10/25".parse().unwrap());
+        assert_eq!(field_of(s.validate().unwrap_err()), "addresses");
+        s.addresses = vec!["224.0.0.1/24".parse().unwrap()];
+        assert_eq!(field_of(s.validate().unwrap_err()), "addresses");
+        s.addresses.clear();
+        assert_eq!(field_of(s.validate().unwrap_err()), "addresses");
+    }
+
+    #[test]
+    fn ipv6_needs_mtu_1280() {
+        let mut s = spec();
+        s.addresses = vec!["2001:db8::10/64".parse().unwrap()];
+        s.gateways = vec!["2001:db8::1".parse().unwrap()];
+        s.mtu = Some(1279);
+        assert_eq!(field_of(s.validate().unwrap_err()), "mtu");
+        s.mtu = Some(1280);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn only_layer_2_children_announce() {
+        let ipvlan = |mode| LinkKind::Ipvlan {
+            mode,
+            flag: IpvlanFlag::Bridge,
+        };
+        assert!(spec().kind.announces());
+        assert!(ipvlan(IpvlanMode::L2).announces());
+        assert!(!ipvlan(IpvlanMode::L3).announces());
+        assert!(!ipvlan(IpvlanMode::L3s).announces());
+    }
+
+    #[test]
+    fn names_parse_and_print_alike() {
+        for mode in ["bridge", "vepa", "private", "passthru"] {
+            assert_eq!(mode.parse::<MacvlanMode>().unwrap().to_string(), mode);
+        }
+        for mode in ["l2", "l3", "l3s"] {
+            assert_eq!(mode.parse::<IpvlanMode>().unwrap().to_string(), mode);
+        }
+        for policy in ["arp_notify", "arping"] {
+            assert_eq!(policy.parse::<ArpPolicy>().unwrap().to_string(), policy);
+        }
+        let err = "source".parse::<MacvlanMode>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown macvlan mode \"source\"; expected one of bridge vepa private passthru"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn ifname_rule_matches_the_kernel(name in "[a-zA-Z0-9._@-]{0,20}") {
+            let ok = !name.is_empty() && name.len() <= 15 && name != "." && name != "..";
+            prop_assert_eq!(check_ifname(&name).is_ok(), ok);
+        }
+
+        #[test]
+        fn ifname_with_separator_is_rejected(a in "[a-z]{1,6}", sep in "[/: \t]", b in "[a-z]{0,6}") {
+            let name = format!("{a}{sep}{b}");
+            prop_assert!(check_ifname(&name).is_err());
+        }
+
+        #[test]
+        fn mac_text_round_trips(mac in any::<[u8; 6]>()) {
+            prop_assert_eq!(parse_mac(&format_mac(mac)), Some(mac));
+        }
+
+        #[test]
+        fn any_host_in_the_subnet_with_its_gateway_is_valid(
+            host in 2u32..254, prefix in 8u8..=24, gw in 1u32..254
+        ) {
+            prop_assume!(host != gw);
+            let base = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 0));
+            let mut s = spec();
+            s.addresses = vec![IpNet::new(std::net::Ipv4Addr::from(base + host).into(), prefix).unwrap()];
+            s.gateways = vec![std::net::Ipv4Addr::from(base + gw).into()];
+            prop_assert!(s.validate().is_ok());
+            // The same gateway in another /8 is never on-link.
+            s.gateways = vec![std::net::Ipv4Addr::from(base + (1 << 24) + gw).into()];
+            prop_assert!(s.validate().is_err());
+        }
+    }
+}

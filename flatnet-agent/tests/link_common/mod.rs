@@ -1,0 +1,210 @@
+//! A small simulated LAN for attachment tests: a "node" namespace whose
+//! master interface is a veth to a "LAN host" namespace, plus pod
+//! namespaces. Everything is removed on drop.
+#![allow(dead_code)]
+
+use std::{
+    io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use flatnet_agent::{
+    link::{AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkKind, MacvlanMode},
+    netns::run_in_netns,
+};
+
+use crate::support::{TestNetns, run, unique_name, veth_pair};
+
+/// LAN host addresses; they are the pods' gateways.
+pub const LAN_V4: &str = "192.0.2.1";
+pub const LAN_V6: &str = "2001:db8::1";
+
+/// Node and LAN host joined by a veth: `master` in the node, `lan0` in the LAN.
+pub struct Lan {
+    pub node: TestNetns,
+    pub lan: TestNetns,
+    pub master: String,
+    pub lease_dir: PathBuf,
+}
+
+impl Lan {
+    pub fn new() -> Self {
+        let node = TestNetns::new("fln-");
+        let lan = TestNetns::new("fll-");
+        let master = unique_name("up");
+        veth_pair(&node, &master, &lan, "lan0");
+        node.ip(&["link", "set", &master, "up"]);
+        lan.ip(&["link", "set", "lan0", "up"]);
+        lan.ip(&["addr", "add", &format!("{LAN_V4}/24"), "dev", "lan0"]);
+        lan.ip(&[
+            "addr",
+            "add",
+            &format!("{LAN_V6}/64"),
+            "dev",
+            "lan0",
+            "nodad",
+        ]);
+        let lease_dir = std::env::temp_dir().join(unique_name("flv-"));
+        Self {
+            node,
+            lan,
+            master,
+            lease_dir,
+        }
+    }
+
+    /// The attachment layer working on this LAN's node namespace, with
+    /// short announcement repeats.
+    pub fn attachments(&self) -> Attachments {
+        Attachments {
+            host_netns: Some(self.node.path()),
+            lease_dir: self.lease_dir.clone(),
+            announce: AnnounceSettings {
+                count: 2,
+                interval: Duration::from_millis(100),
+            },
+        }
+    }
+
+    /// A macvlan bridge spec for `pod` with `addresses` and the LAN host
+    /// as gateway of each family present.
+    pub fn spec(&self, pod: &TestNetns, addresses: &[&str]) -> AttachmentSpec {
+        let addresses: Vec<ipnet::IpNet> = addresses.iter().map(|a| a.parse().unwrap()).collect();
+        let mut gateways = Vec::new();
+        if addresses.iter().any(|a| a.addr().is_ipv4()) {
+            gateways.push(LAN_V4.parse().unwrap());
+        }
+        if addresses.iter().any(|a| a.addr().is_ipv6()) {
+            gateways.push(LAN_V6.parse().unwrap());
+        }
+        AttachmentSpec {
+            subnet: "lan".into(),
+            master: self.master.clone(),
+            vlan: 0,
+            kind: LinkKind::Macvlan {
+                mode: MacvlanMode::Bridge,
+            },
+            netns: pod.path(),
+            ifname: "eth1".into(),
+            mac: None,
+            mtu: None,
+            addresses,
+            gateways,
+            default_route: true,
+            routes: Vec::new(),
+            primary_routes: None,
+            host_route: None,
+            arp_policy: ArpPolicy::Arping,
+        }
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.lease_dir);
+    }
+}
+
+/// Whether the namespace has a link of that name.
+pub fn has_link(ns: &TestNetns, name: &str) -> bool {
+    std::process::Command::new("ip")
+        .args(["-n", &ns.name, "link", "show", "dev", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Pings `target` once from `ns` (`ping -6` for IPv6).
+pub fn ping(ns: &TestNetns, target: &str) {
+    let family = if target.contains(':') { "-6" } else { "-4" };
+    run(
+        "ip",
+        &[
+            "netns", "exec", &ns.name, "ping", family, "-c", "1", "-W", "5", target,
+        ],
+    );
+}
+
+/// An `AF_PACKET` socket receiving every frame of one interface, opened
+/// inside a namespace.
+pub struct Capture {
+    fd: OwnedFd,
+}
+
+impl Capture {
+    pub fn open(ns: &TestNetns, ifname: &str) -> Self {
+        let ifname = ifname.to_owned();
+        run_in_netns(&ns.path(), move || {
+            let index = nix::net::if_::if_nametoindex(ifname.as_str()).expect("capture interface");
+            let protocol = (libc::ETH_P_ALL as u16).to_be();
+            // SAFETY: plain socket(2); checked below.
+            let raw = unsafe {
+                libc::socket(
+                    libc::AF_PACKET,
+                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                    i32::from(protocol),
+                )
+            };
+            assert!(raw >= 0, "socket: {}", io::Error::last_os_error());
+            // SAFETY: freshly created descriptor we own.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            // SAFETY: sockaddr_ll is plain data.
+            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_protocol = protocol;
+            addr.sll_ifindex = index as i32;
+            // SAFETY: valid address of the given length.
+            let rc = unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&raw const addr).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                )
+            };
+            assert_eq!(rc, 0, "bind: {}", io::Error::last_os_error());
+            // Short receive timeout so the collecting loop can check its deadline.
+            let timeout = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 200_000,
+            };
+            // SAFETY: valid option value.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&raw const timeout).cast(),
+                    std::mem::size_of::<libc::timeval>() as u32,
+                )
+            };
+            Self { fd }
+        })
+        .expect("enter namespace")
+    }
+
+    /// Collects frames until `done` says the collection is complete, or a
+    /// generous deadline passes (then the caller's assertions report what
+    /// is missing).
+    pub fn collect_until(&self, done: impl Fn(&[Vec<u8>]) -> bool) -> Vec<Vec<u8>> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut frames = Vec::new();
+        let mut buffer = [0u8; 2048];
+        while !done(&frames) && Instant::now() < deadline {
+            // SAFETY: buffer valid for its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                    0,
+                )
+            };
+            if n > 0 {
+                frames.push(buffer[..n as usize].to_vec());
+            }
+        }
+        frames
+    }
+}
