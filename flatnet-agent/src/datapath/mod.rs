@@ -11,6 +11,7 @@
 mod bpffs;
 mod conflicts;
 mod counters;
+mod pinned;
 mod responder;
 mod test_run;
 mod uplink;
@@ -22,11 +23,13 @@ use std::{
 
 use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
-    MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, PIN_ROOT, PINNED_MAPS,
+    MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
+    MAP_NDP_RESPONDER, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
 };
 
 pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs};
 pub use counters::FrameCounters;
+pub use pinned::PinnedMaps;
 pub use responder::{ResponderStats, Responders};
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
@@ -148,7 +151,19 @@ impl Datapath {
 
     /// The ARP/NDP responder tables.
     pub fn responders(&mut self) -> Result<Responders<'_>, DatapathError> {
-        Responders::new(&mut self.ebpf)
+        let mut arp = None;
+        let mut ndp = None;
+        for (name, map) in self.ebpf.maps_mut() {
+            match name {
+                MAP_ARP_RESPONDER => arp = Some(map),
+                MAP_NDP_RESPONDER => ndp = Some(map),
+                _ => {}
+            }
+        }
+        Responders::new(
+            arp.ok_or(DatapathError::MissingMap(MAP_ARP_RESPONDER))?,
+            ndp.ok_or(DatapathError::MissingMap(MAP_NDP_RESPONDER))?,
+        )
     }
 
     /// Runs the uplink program once per `repeat` on `frame` with
@@ -189,16 +204,16 @@ impl Datapath {
 
     /// Answers the uplink program has sent, summed over CPUs.
     pub fn responder_stats(&self) -> Result<ResponderStats, DatapathError> {
-        ResponderStats::read(&self.ebpf)
+        ResponderStats::read(self.map(MAP_RESPONDER_STATS)?)
     }
 
     /// Current uplink frame counters, summed over CPUs.
     pub fn frame_counters(&self) -> Result<FrameCounters, DatapathError> {
-        let map = self
-            .ebpf
-            .map(MAP_FRAME_COUNTERS)
-            .ok_or(DatapathError::MissingMap(MAP_FRAME_COUNTERS))?;
-        FrameCounters::read(map)
+        FrameCounters::read(self.map(MAP_FRAME_COUNTERS)?)
+    }
+
+    fn map(&self, name: &'static str) -> Result<&aya::maps::Map, DatapathError> {
+        self.ebpf.map(name).ok_or(DatapathError::MissingMap(name))
     }
 }
 

@@ -3,10 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::{
-    Ebpf,
-    maps::{HashMap, MapData, MapError, PerCpuArray},
-};
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use flatnet_common::{
     pin::{MAP_ARP_RESPONDER, MAP_NDP_RESPONDER, MAP_RESPONDER_STATS},
     responder::{ArpResponderKey, NdpResponderKey, ResponderEntry, ResponderStat},
@@ -31,18 +28,7 @@ pub struct ResponderStats {
 }
 
 impl<'a> Responders<'a> {
-    pub(super) fn new(ebpf: &'a mut Ebpf) -> Result<Self, DatapathError> {
-        let mut arp = None;
-        let mut ndp = None;
-        for (name, map) in ebpf.maps_mut() {
-            match name {
-                MAP_ARP_RESPONDER => arp = Some(map),
-                MAP_NDP_RESPONDER => ndp = Some(map),
-                _ => {}
-            }
-        }
-        let arp = arp.ok_or(DatapathError::MissingMap(MAP_ARP_RESPONDER))?;
-        let ndp = ndp.ok_or(DatapathError::MissingMap(MAP_NDP_RESPONDER))?;
+    pub(super) fn new(arp: &'a mut Map, ndp: &'a mut Map) -> Result<Self, DatapathError> {
         Ok(Self {
             arp: HashMap::try_from(arp).map_err(map_error(MAP_ARP_RESPONDER))?,
             ndp: HashMap::try_from(ndp).map_err(map_error(MAP_NDP_RESPONDER))?,
@@ -102,11 +88,8 @@ impl<'a> Responders<'a> {
 }
 
 impl ResponderStats {
-    /// Reads the answer counters of a loaded datapath.
-    pub fn read(ebpf: &Ebpf) -> Result<Self, DatapathError> {
-        let map = ebpf
-            .map(MAP_RESPONDER_STATS)
-            .ok_or(DatapathError::MissingMap(MAP_RESPONDER_STATS))?;
+    /// Reads the answer counters from the `RESPONDER_STATS` map.
+    pub fn read(map: &Map) -> Result<Self, DatapathError> {
         let stats = PerCpuArray::<_, u64>::try_from(map).map_err(map_error(MAP_RESPONDER_STATS))?;
         let sum = |stat: ResponderStat| -> Result<u64, DatapathError> {
             let values = stats

@@ -1,0 +1,72 @@
+//! Access to the pinned maps without loading any program, for inspection
+//! by a process other than the agent (`flatnet-agent inspect`).
+
+use std::{collections::HashMap, path::Path};
+
+use aya::maps::{Map, MapData};
+use flatnet_common::pin::{
+    MAP_ARP_RESPONDER, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, MAP_NDP_RESPONDER,
+    MAP_RESPONDER_STATS,
+};
+
+use super::{
+    DatapathError, FrameCounters, ManagedAddrs, ResponderStats, Responders, map_error, map_pin_path,
+};
+
+/// The maps pinned under one pin root.
+pub struct PinnedMaps {
+    maps: HashMap<&'static str, Map>,
+}
+
+impl PinnedMaps {
+    /// Opens the table maps pinned under `pin_root` (the ring buffer stays
+    /// with the agent that reads it).
+    pub fn open(pin_root: &Path) -> Result<Self, DatapathError> {
+        let mut maps = HashMap::new();
+        for name in [
+            MAP_FRAME_COUNTERS,
+            MAP_ARP_RESPONDER,
+            MAP_NDP_RESPONDER,
+            MAP_RESPONDER_STATS,
+            MAP_MANAGED_ADDRS,
+        ] {
+            let data = MapData::from_pin(map_pin_path(pin_root, name)).map_err(map_error(name))?;
+            maps.insert(name, Map::from_map_data(data).map_err(map_error(name))?);
+        }
+        Ok(Self { maps })
+    }
+
+    fn map(&self, name: &'static str) -> Result<&Map, DatapathError> {
+        self.maps.get(name).ok_or(DatapathError::MissingMap(name))
+    }
+
+    /// Uplink frame counters.
+    pub fn frame_counters(&self) -> Result<FrameCounters, DatapathError> {
+        FrameCounters::read(self.map(MAP_FRAME_COUNTERS)?)
+    }
+
+    /// Answers sent by the uplink program.
+    pub fn responder_stats(&self) -> Result<ResponderStats, DatapathError> {
+        ResponderStats::read(self.map(MAP_RESPONDER_STATS)?)
+    }
+
+    /// The ARP/NDP responder tables.
+    pub fn responders(&mut self) -> Result<Responders<'_>, DatapathError> {
+        let [Some(arp), Some(ndp)] = self
+            .maps
+            .get_disjoint_mut([MAP_ARP_RESPONDER, MAP_NDP_RESPONDER])
+        else {
+            return Err(DatapathError::MissingMap(MAP_ARP_RESPONDER));
+        };
+        Responders::new(arp, ndp)
+    }
+
+    /// The addresses watched for conflicts.
+    pub fn managed_addrs(&mut self) -> Result<ManagedAddrs<'_>, DatapathError> {
+        let map = self
+            .maps
+            .get_mut(MAP_MANAGED_ADDRS)
+            .ok_or(DatapathError::MissingMap(MAP_MANAGED_ADDRS))?;
+        ManagedAddrs::new(map)
+    }
+}
