@@ -3,9 +3,9 @@
 //! Flag and environment names follow the original rancher-flat-network
 //! operator, so its Helm values and manifests keep working.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{ffi::OsStr, net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::cidr::{Cidr, CidrError};
 
@@ -226,6 +226,16 @@ pub enum ConfigError {
 }
 
 impl Cli {
+    /// Parses the process arguments and environment, exiting with clap's
+    /// message on a usage error. An empty environment variable counts as
+    /// unset: Helm charts pass `""` for values left blank.
+    #[must_use]
+    pub fn parse_args() -> Self {
+        let empty = |var: &OsStr| std::env::var_os(var).is_some_and(|v| v.is_empty());
+        let matches = without_env(<Self as CommandFactory>::command(), empty).get_matches();
+        <Self as FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
     /// Checks every setting and builds the [`Config`].
     ///
     /// # Errors
@@ -279,6 +289,19 @@ impl Cli {
     pub fn rejected_worker(&self) -> Option<u16> {
         (!WORKER_RANGE.contains(&self.worker)).then_some(self.worker)
     }
+}
+
+/// Stops the arguments whose variable `drop` selects from reading it.
+fn without_env(mut cmd: Command, drop: impl Fn(&OsStr) -> bool) -> Command {
+    let ids: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.get_env().is_some_and(&drop))
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for id in ids {
+        cmd = cmd.mut_arg(id, |a| a.env(None));
+    }
+    cmd
 }
 
 fn election_timing(lease: &str, renew: &str, retry: &str) -> Result<ElectionTiming, ConfigError> {
@@ -337,30 +360,35 @@ mod tests {
     /// Parses with an explicit environment: the process environment is
     /// ignored, and each `(VAR, value)` is fed to the argument reading `VAR`.
     fn parse(args: &[&str], env: &[(&str, &'static str)]) -> Result<Config, ConfigError> {
-        let mut cmd = <Cli as clap::CommandFactory>::command();
-        let ids: Vec<(String, Option<String>)> = cmd
-            .get_arguments()
-            .map(|a| {
-                let var = a.get_env().map(|e| e.to_string_lossy().into_owned());
-                (a.get_id().to_string(), var)
-            })
-            .collect();
-        for (id, var) in ids {
-            let given = var.and_then(|var| env.iter().find(|(k, _)| *k == var).map(|(_, v)| *v));
-            cmd = cmd.mut_arg(id, |a| {
-                let a = a.env(None);
-                match given {
-                    Some(value) => a.default_value(value),
-                    None => a,
-                }
-            });
+        let mut cmd = <Cli as CommandFactory>::command();
+        for (var, value) in env {
+            let id = cmd
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == *var))
+                .map(|a| a.get_id().to_string())
+                .unwrap_or_else(|| panic!("no argument reads {var}"));
+            cmd = cmd.mut_arg(id, |a| a.default_value(*value));
         }
-        let matches = cmd
+        let matches = without_env(cmd, |_| true)
             .try_get_matches_from(std::iter::once("flatnet-operator").chain(args.iter().copied()))
             .expect("arguments parse");
-        let cli =
-            <Cli as clap::FromArgMatches>::from_arg_matches(&matches).expect("matches map to Cli");
+        let cli = <Cli as FromArgMatches>::from_arg_matches(&matches).expect("matches map to Cli");
         cli.into_config()
+    }
+
+    #[test]
+    fn empty_variables_are_dropped_and_others_kept() {
+        let cmd = without_env(<Cli as CommandFactory>::command(), |var| {
+            var == "CATTLE_RESYNC_DEFAULT"
+        });
+        let env_of = |id: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_env())
+                .is_some()
+        };
+        assert!(!env_of("resync_minutes"));
+        assert!(env_of("dev_mode"));
     }
 
     #[test]

@@ -3,12 +3,11 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::Parser;
 use flatnet_operator::{config::Cli, leader::Outcome, runtime, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let rejected_worker = cli.rejected_worker();
     let config = cli.into_config().context("invalid configuration")?;
     telemetry::init(config.log_format, config.debug);

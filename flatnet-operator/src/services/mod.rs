@@ -10,7 +10,7 @@ pub mod flat_service;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::{core::v1::Pod, core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -44,6 +44,9 @@ pub const CONTROLLER: &str = "service";
 /// Field manager of every server-side apply this controller makes.
 pub const FIELD_MANAGER: &str = "flatnet-operator";
 
+/// Longest wait for in-flight reconciles at shutdown (under the pod's
+/// default 30 s termination grace period).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 /// Retry delay after an API error.
 const RETRY_TRANSIENT: Duration = Duration::from_secs(10);
 /// Retry delay when a user must act (name taken).
@@ -339,7 +342,9 @@ pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: Can
             health.set_ready(true);
         }
     });
-    controller
+    let sync_check = store.clone();
+    let graceful_stop = stop.clone();
+    let drained = controller
         .owns(
             Api::<Service>::all(client.clone()),
             watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_FLATNET}")),
@@ -357,14 +362,30 @@ pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: Can
             |slice| parent_of_slice(&slice),
         )
         .with_config(controller::Config::default().concurrency(workers))
-        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .graceful_shutdown_on(async move { graceful_stop.cancelled().await })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
                 debug!(%error, "service controller event");
             }
-        })
-        .await;
+        });
+    tokio::pin!(drained);
+    tokio::select! {
+        () = &mut drained => {}
+        () = stop.cancelled() => {
+            // Before the first sync nothing is in flight, and kube-runtime
+            // would wait for that sync forever; after it, let in-flight
+            // reconciles finish, within a bound.
+            if sync_check.wait_until_ready().now_or_never().is_some() {
+                tokio::select! {
+                    () = &mut drained => {}
+                    () = tokio::time::sleep(SHUTDOWN_GRACE) => {
+                        warn!("reconciles still running after {SHUTDOWN_GRACE:?}; stopping anyway");
+                    }
+                }
+            }
+        }
+    }
     info!("service controller stopped");
 }
 
