@@ -1,14 +1,34 @@
-//! flatnet-operator: IPAM, services and admission for flat-network pods.
+//! flatnet-operator binary: parse the configuration and run until stopped.
 
-use clap::Parser;
+use std::process::ExitCode;
 
-/// Command-line interface of the operator.
-#[derive(Parser, Debug)]
-#[command(name = "flatnet-operator", version, about)]
-struct Cli {}
+use anyhow::Context as _;
+use flatnet_operator::{config::Cli, leader::Outcome, runtime, telemetry};
 
-fn main() {
-    let _cli = Cli::parse();
-    eprintln!("flatnet-operator: controllers are not part of this build yet");
-    std::process::exit(2);
+#[tokio::main]
+async fn main() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse_args();
+    let rejected_worker = cli.rejected_worker();
+    let config = cli.into_config().context("invalid configuration")?;
+    telemetry::init(config.log_format, config.debug);
+    if let Some(worker) = rejected_worker {
+        tracing::warn!(worker, "--worker must be within 1..=50, using 5");
+    }
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        cluster_cidrs = ?config.cluster_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        service_cidrs = ?config.service_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "starting flatnet-operator"
+    );
+    match runtime::run(config).await? {
+        Outcome::Shutdown => Ok(ExitCode::SUCCESS),
+        Outcome::LeaseLost => {
+            tracing::error!("exiting after losing the leader lease so the pod restarts fresh");
+            Ok(ExitCode::FAILURE)
+        }
+        Outcome::ControllersEnded => {
+            tracing::error!("controllers stopped unexpectedly");
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }

@@ -1,0 +1,280 @@
+//! Test builders for Services and pods, and a mocked API server.
+//!
+//! The mock follows kube's controller examples: a `tower_test` pair gives a
+//! [`kube::Client`] and a handle; the test scripts the exact requests the
+//! reconciler must make and the responses it gets, and fails on any other.
+
+use std::collections::BTreeMap;
+
+use http::{Request, Response, StatusCode};
+use k8s_openapi::{
+    api::core::v1::{
+        Container, ContainerPort, Pod, PodCondition, PodSpec, PodStatus, Service, ServicePort,
+        ServiceSpec,
+    },
+    apimachinery::pkg::{
+        apis::meta::v1::ObjectMeta, apis::meta::v1::Time, util::intstr::IntOrString,
+    },
+};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use crate::annotations::{FLAT_NETWORK_SERVICE, MULTUS_NETWORK_STATUS, POD_IP, POD_SUBNET};
+
+/// Namespace of every fixture.
+pub const NS: &str = "shop";
+
+/// Service `name` in [`NS`] selecting `app=web`, with port `http` 80 → `web`
+/// (a named container port) and `metrics` 9100 → 9100.
+pub fn service(name: &str) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some("1".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("10.43.0.10".into()),
+            type_: Some("ClusterIP".into()),
+            selector: Some(BTreeMap::from([("app".into(), "web".into())])),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some("http".into()),
+                    port: 80,
+                    protocol: Some("TCP".into()),
+                    target_port: Some(IntOrString::String("web".into())),
+                    ..ServicePort::default()
+                },
+                ServicePort {
+                    name: Some("metrics".into()),
+                    port: 9100,
+                    protocol: Some("TCP".into()),
+                    target_port: Some(IntOrString::Int(9100)),
+                    ..ServicePort::default()
+                },
+            ]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A ready pod `name` labelled `app=web`, on `node-1`, without flat annotations.
+pub fn pod(name: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            uid: Some(format!("uid-{name}")),
+            labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+            annotations: Some(BTreeMap::new()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some("node-1".into()),
+            containers: vec![Container {
+                name: "web".into(),
+                ports: Some(vec![ContainerPort {
+                    name: Some("web".into()),
+                    container_port: 8080,
+                    protocol: Some("TCP".into()),
+                    ..ContainerPort::default()
+                }]),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+/// Builder-style changes to a fixture pod.
+pub trait PodExt {
+    /// Adds the flat `ip: auto` and `subnet` annotations.
+    fn flat(self) -> Self;
+    /// Sets the Multus network-status with `ips` on `rancher-flat-network`
+    /// (plus the primary CNI entry).
+    fn with_flat_ips(self, ips: &[&str]) -> Self;
+    /// Sets a raw annotation.
+    fn annotated(self, key: &str, value: &str) -> Self;
+    /// Marks the pod not ready.
+    fn not_ready(self) -> Self;
+    /// Marks the pod terminating.
+    fn terminating(self) -> Self;
+    /// Opts out of the flat Service.
+    fn opted_out(self) -> Self;
+}
+
+impl PodExt for Pod {
+    fn flat(self) -> Self {
+        self.annotated(POD_IP, "auto").annotated(POD_SUBNET, "net1")
+    }
+
+    fn with_flat_ips(self, ips: &[&str]) -> Self {
+        let status = json!([
+            {"name": "cbr0", "interface": "eth0", "ips": ["10.42.0.7"], "default": true},
+            {"name": "shop/rancher-flat-network", "interface": "eth1", "ips": ips},
+        ]);
+        self.annotated(MULTUS_NETWORK_STATUS, &status.to_string())
+    }
+
+    fn annotated(mut self, key: &str, value: &str) -> Self {
+        self.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    fn not_ready(mut self) -> Self {
+        if let Some(conds) = self.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            conds[0].status = "False".into();
+        }
+        self
+    }
+
+    fn terminating(mut self) -> Self {
+        self.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        self
+    }
+
+    fn opted_out(self) -> Self {
+        self.annotated(FLAT_NETWORK_SERVICE, "disabled")
+    }
+}
+
+/// Handle on the mocked API server.
+pub type ApiServerHandle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// A client talking to a mocked API server, and the handle that scripts it.
+pub fn mock_client() -> (kube::Client, ApiServerVerifier) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (kube::Client::new(service, NS), ApiServerVerifier(handle))
+}
+
+/// One request as the mock saw it.
+#[derive(Debug)]
+pub struct SeenRequest {
+    /// HTTP method.
+    pub method: http::Method,
+    /// Path and query.
+    pub uri: String,
+    /// JSON body (`Null` when empty).
+    pub body: Value,
+}
+
+/// Scripts the mocked API server one request at a time.
+pub struct ApiServerVerifier(ApiServerHandle);
+
+impl ApiServerVerifier {
+    /// Waits for the next request and checks its method and path+query
+    /// (`uri` ending in `*` matches by prefix); replies with what `respond`
+    /// makes of the request body, and returns the request for closer checks.
+    ///
+    /// # Panics
+    /// When no request comes or it is not the expected one.
+    pub async fn expect(
+        &mut self,
+        method: &str,
+        uri: &str,
+        respond: impl FnOnce(&Value) -> (StatusCode, Value),
+    ) -> SeenRequest {
+        let (request, send) = self.0.next_request().await.unwrap_or_else(|| {
+            panic!("expected {method} {uri}, but the client sent nothing more");
+        });
+        let seen = SeenRequest {
+            method: request.method().clone(),
+            uri: request.uri().to_string(),
+            body: {
+                let bytes = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .expect("request body");
+                if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes).expect("request body is JSON")
+                }
+            },
+        };
+        let uri_matches = match uri.strip_suffix('*') {
+            Some(prefix) => seen.uri.starts_with(prefix),
+            None => seen.uri == uri,
+        };
+        assert!(
+            seen.method.as_str() == method && uri_matches,
+            "expected {method} {uri}, got {} {} with body {}",
+            seen.method,
+            seen.uri,
+            seen.body
+        );
+        let (status, response) = respond(&seen.body);
+        let reply = Response::builder()
+            .status(status)
+            .body(Body::from(
+                serde_json::to_vec(&response).expect("response serialises"),
+            ))
+            .expect("response builds");
+        send.send_response(reply);
+        seen
+    }
+
+    /// Checks the client sent nothing else before it was dropped.
+    ///
+    /// # Panics
+    /// On any further request.
+    pub async fn expect_no_more(mut self) {
+        if let Some((request, _)) = self.0.next_request().await {
+            panic!("unexpected request {} {}", request.method(), request.uri());
+        }
+    }
+}
+
+/// Replies 200 with `body`.
+pub fn ok(body: Value) -> impl FnOnce(&Value) -> (StatusCode, Value) {
+    move |_| (StatusCode::OK, body)
+}
+
+/// Replies 404.
+pub fn not_found() -> impl FnOnce(&Value) -> (StatusCode, Value) {
+    |_| (StatusCode::NOT_FOUND, status_error(404, "NotFound"))
+}
+
+/// Replies 200 with the applied object as the server stores it (with a uid).
+pub fn applied(uid: &'static str) -> impl FnOnce(&Value) -> (StatusCode, Value) {
+    move |body| {
+        let mut stored = body.clone();
+        stored["metadata"]["uid"] = json!(uid);
+        stored["metadata"]["resourceVersion"] = json!("7");
+        (StatusCode::OK, stored)
+    }
+}
+
+/// A `Status` body for error replies.
+pub fn status_error(code: u16, reason: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": reason, "reason": reason, "code": code,
+    })
+}
+
+/// A list response of `kind` holding `items`.
+pub fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Value {
+    json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": "5"}, "items": items})
+}
+
+/// Serialises an object as the API server would return it.
+pub fn to_json<T: serde::Serialize>(obj: &T) -> Value {
+    serde_json::to_value(obj).expect("object serialises")
+}

@@ -1,0 +1,18 @@
+//! flatnet-operator: the cluster side of flatnet.
+//!
+//! This crate holds the operator runtime (configuration, leader election,
+//! health and metrics) and the flat-network Service controller. The binary
+//! in `main.rs` only parses the command line and calls [`runtime::run`].
+
+pub mod admin;
+pub mod annotations;
+pub mod cidr;
+pub mod config;
+pub mod leader;
+pub mod metrics;
+pub mod runtime;
+pub mod services;
+pub mod telemetry;
+
+#[cfg(test)]
+mod fixtures;

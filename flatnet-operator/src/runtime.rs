@@ -1,0 +1,195 @@
+//! Wiring of the operator process: client, admin server, election, controllers.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    admin::{self, AdminState, Health},
+    config::{Config, Election},
+    leader::{self, Outcome},
+    metrics::Metrics,
+    services,
+};
+
+/// Failure to start the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No usable kubeconfig or in-cluster environment.
+    #[error(
+        "cannot configure the Kubernetes client ({0}); set KUBECONFIG or --kubeconfig, or run in a pod"
+    )]
+    Kubeconfig(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// `--master` is not a URL.
+    #[error("--master {0:?} is not a URL such as https://10.0.0.1:6443")]
+    Master(String),
+    /// The client could not be built.
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// The admin address is taken or not allowed.
+    #[error("cannot listen on {addr} for /healthz and /metrics (--admin-address): {source}")]
+    Listen {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Lease could not be set up.
+    #[error(
+        "cannot use Lease {namespace}/{name} for leader election ({source}); check the namespace exists and the operator may get, create and patch leases there"
+    )]
+    Lease {
+        /// Lease namespace.
+        namespace: String,
+        /// Lease name.
+        name: String,
+        /// Error.
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
+    },
+}
+
+/// Builds the client from `--kubeconfig`/`KUBECONFIG`, else in-cluster or
+/// `~/.kube/config`, with `--master` applied.
+///
+/// # Errors
+/// [`StartError`] naming what is missing.
+pub async fn client(config: &Config) -> Result<kube::Client, StartError> {
+    let mut kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| StartError::Kubeconfig(Box::new(e)))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| StartError::Kubeconfig(Box::new(e)))?
+        }
+        // In cluster, else ~/.kube/config.
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| StartError::Kubeconfig(Box::new(e)))?,
+    };
+    if let Some(master) = &config.master {
+        kube_config.cluster_url = master
+            .parse()
+            .map_err(|_| StartError::Master(master.clone()))?;
+    }
+    kube::Client::try_from(kube_config).map_err(StartError::Client)
+}
+
+/// Runs the operator until a signal or the loss of the lease.
+///
+/// # Errors
+/// [`StartError`] when the process cannot start.
+pub async fn run(config: Config) -> Result<Outcome, StartError> {
+    let client = client(&config).await?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+    let listener = TcpListener::bind(config.admin_address)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: config.admin_address,
+            source,
+        })?;
+    let admin_state = AdminState {
+        health: Arc::clone(&health),
+        metrics: Arc::clone(&metrics),
+    };
+    let admin_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(error) =
+            admin::serve(listener, admin_state, admin_shutdown.cancelled_owned()).await
+        {
+            warn!(%error, "admin server stopped");
+        }
+    });
+    info!(address = %config.admin_address, "serving /healthz, /readyz and /metrics");
+
+    let ctx = Arc::new(services::Context {
+        client: client.clone(),
+        metrics: Arc::clone(&metrics),
+        attachment: config.network_attachment.clone(),
+        resync: config.resync,
+    });
+    let controllers = {
+        let health = Arc::clone(&health);
+        move |stop: CancellationToken| {
+            // Until its caches sync, a new leader is not ready.
+            health.set_ready(false);
+            services::run(ctx, config.workers, health, stop)
+        }
+    };
+
+    match &config.election {
+        Election::Disabled => {
+            warn!("CATTLE_DEV_MODE is set: leader election is off, run a single replica");
+            metrics.set_leader(true);
+            controllers(shutdown.child_token()).await;
+            Ok(if shutdown.is_cancelled() {
+                Outcome::Shutdown
+            } else {
+                Outcome::ControllersEnded
+            })
+        }
+        Election::Lease {
+            name,
+            namespace,
+            identity,
+            timing,
+        } => {
+            // A replica that does not lead is ready as soon as it serves.
+            health.set_ready(true);
+            let (claims, task) = leader::campaign(client, name, namespace, identity, timing)
+                .await
+                .map_err(|source| StartError::Lease {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    source,
+                })?;
+            info!(lease = %format!("{namespace}/{name}"), %identity, "campaigning for leadership");
+            let outcome = leader::run_while_leader(
+                claims,
+                shutdown,
+                |lead| metrics.set_leader(lead),
+                controllers,
+            )
+            .await;
+            if outcome == Outcome::Shutdown {
+                // The receiver is gone: the election task releases the lease
+                // so another replica takes over without waiting for expiry.
+                match task.await {
+                    Ok(Ok(())) => info!("leader lease released"),
+                    Ok(Err(error)) => warn!(%error, "could not release the leader lease"),
+                    Err(error) => warn!(%error, "leader election task failed"),
+                }
+            }
+            Ok(outcome)
+        }
+    }
+}
+
+/// Cancels `token` on the first SIGTERM or SIGINT.
+async fn cancel_on_signal(token: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the operator");
+            let _ = tokio::signal::ctrl_c().await;
+            token.cancel();
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received, shutting down"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT received, shutting down"),
+    }
+    token.cancel();
+}
