@@ -132,15 +132,33 @@ mod tests {
         assert_eq!(FrameKind::from_arp_opcode(1), FrameKind::ArpRequest);
         assert_eq!(FrameKind::from_arp_opcode(2), FrameKind::ArpReply);
         assert_eq!(FrameKind::from_arp_opcode(3), FrameKind::ArpOther);
-        assert_eq!(FrameKind::from_icmpv6_type(135), Some(FrameKind::NeighborSolicitation));
-        assert_eq!(FrameKind::from_icmpv6_type(136), Some(FrameKind::NeighborAdvertisement));
+        assert_eq!(
+            FrameKind::from_icmpv6_type(135),
+            Some(FrameKind::NeighborSolicitation)
+        );
+        assert_eq!(
+            FrameKind::from_icmpv6_type(136),
+            Some(FrameKind::NeighborAdvertisement)
+        );
         assert_eq!(FrameKind::from_icmpv6_type(128), None);
     }
 
     #[test]
     fn merge_sums_fields() {
-        let a = FrameCounter { packets: 2, bytes: 84 };
-        let b = FrameCounter { packets: 1, bytes: 42 };
-        assert_eq!(a.merged(b), FrameCounter { packets: 3, bytes: 126 });
+        let a = FrameCounter {
+            packets: 2,
+            bytes: 84,
+        };
+        let b = FrameCounter {
+            packets: 1,
+            bytes: 42,
+        };
+        assert_eq!(
+            a.merged(b),
+            FrameCounter {
+                packets: 3,
+                bytes: 126
+            }
+        );
     }
 }
