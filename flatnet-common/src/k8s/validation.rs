@@ -665,3 +665,431 @@ fn conflict_with(subnet: &ValidSubnet, sibling: &ValidSubnet) -> Option<SubnetCo
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::api::IpRange;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn spec(flat_mode: &str, cidr: &str) -> FlatNetworkSubnetSpec {
+        FlatNetworkSubnetSpec {
+            flat_mode: flat_mode.into(),
+            master: "eth0".into(),
+            cidr: cidr.into(),
+            ..Default::default()
+        }
+    }
+
+    fn errors(spec: &FlatNetworkSubnetSpec) -> Vec<SubnetError> {
+        validate_subnet("s", spec).unwrap_err().errors
+    }
+
+    #[test]
+    fn valid_macvlan_defaults_and_canonical_cidr() {
+        let mut s = spec("macvlan", "10.2.3.7/24");
+        s.vlan = 100;
+        s.gateway = Some(ip("10.2.3.1"));
+        let valid = validate_subnet("s", &s).unwrap();
+        assert_eq!(valid.link_mode, LinkMode::Macvlan(MacvlanMode::Bridge));
+        assert_eq!(valid.cidr.to_string(), "10.2.3.0/24");
+        assert_eq!(valid.parent.to_string(), "eth0.100");
+        assert_eq!(
+            valid.pool_intervals(),
+            [(valid.cidr.first(), valid.cidr.last())]
+        );
+    }
+
+    #[test]
+    fn mode_and_flag_combinations() {
+        let mut s = spec("ipvlan", "10.0.0.0/24");
+        assert_eq!(
+            validate_subnet("s", &s).unwrap().link_mode,
+            LinkMode::Ipvlan(IpvlanMode::L2, IpvlanFlag::Bridge)
+        );
+        s.mode = "l3s".into();
+        s.ipvlan_flag = "private".into();
+        assert_eq!(
+            validate_subnet("s", &s).unwrap().link_mode,
+            LinkMode::Ipvlan(IpvlanMode::L3s, IpvlanFlag::Private)
+        );
+        s.mode = "bridge".into();
+        s.ipvlan_flag = "l2".into();
+        assert_eq!(
+            errors(&s),
+            [
+                SubnetError::Mode {
+                    flat_mode: FlatMode::Ipvlan,
+                    mode: "bridge".into(),
+                    allowed: "l2, l3, l3s"
+                },
+                SubnetError::IpvlanFlag("l2".into()),
+            ]
+        );
+        let mut m = spec("macvlan", "10.0.0.0/24");
+        m.mode = "passthru".into();
+        assert_eq!(
+            validate_subnet("s", &m).unwrap().link_mode,
+            LinkMode::Macvlan(MacvlanMode::Passthru)
+        );
+        m.mode = "l2".into();
+        m.ipvlan_flag = "bridge".into();
+        let errs = errors(&m);
+        assert!(matches!(
+            errs[0],
+            SubnetError::Mode {
+                flat_mode: FlatMode::Macvlan,
+                ..
+            }
+        ));
+        assert_eq!(errs[1], SubnetError::FlagOnMacvlan("bridge".into()));
+        assert_eq!(
+            errors(&spec("bridge", "10.0.0.0/24")),
+            [SubnetError::FlatMode("bridge".into())]
+        );
+    }
+
+    #[test]
+    fn master_and_vlan() {
+        let mut s = spec("macvlan", "10.0.0.0/24");
+        for bad in ["", "eth/0", "eth 0", "a-very-long-ifname", "eth0:1"] {
+            s.master = bad.into();
+            assert_eq!(errors(&s), [SubnetError::Master(bad.into())], "{bad:?}");
+        }
+        s.master = "eth0".into();
+        for bad in [-1, 4095, 70000] {
+            s.vlan = bad;
+            assert_eq!(errors(&s), [SubnetError::Vlan(bad)]);
+        }
+        s.vlan = 4094;
+        assert!(validate_subnet("s", &s).is_ok());
+        s.master = "enp0s31f6abc".into();
+        assert_eq!(
+            errors(&s),
+            [SubnetError::VlanLinkName {
+                master: "enp0s31f6abc".into(),
+                vlan: 4094
+            }]
+        );
+    }
+
+    #[test]
+    fn cidr_and_gateway() {
+        assert!(matches!(
+            errors(&spec("macvlan", "10.0.0.0"))[..],
+            [SubnetError::Cidr(_)]
+        ));
+        let mut s = spec("macvlan", "10.0.0.0/24");
+        s.gateway = Some(ip("10.0.1.1"));
+        assert!(matches!(
+            errors(&s)[..],
+            [SubnetError::GatewayOutside { .. }]
+        ));
+        s.gateway = Some(ip("fd00::1"));
+        assert!(matches!(
+            errors(&s)[..],
+            [SubnetError::GatewayOutside { .. }]
+        ));
+        s.gateway = Some(ip("10.0.0.0"));
+        assert!(matches!(
+            errors(&s)[..],
+            [SubnetError::GatewayReserved {
+                what: "network",
+                ..
+            }]
+        ));
+        s.gateway = Some(ip("10.0.0.255"));
+        assert!(matches!(
+            errors(&s)[..],
+            [SubnetError::GatewayReserved {
+                what: "broadcast",
+                ..
+            }]
+        ));
+        let mut v6 = spec("macvlan", "fd00::/64");
+        v6.gateway = Some(ip("fd00::ffff:ffff:ffff:ffff"));
+        assert!(validate_subnet("s", &v6).is_ok(), "IPv6 has no broadcast");
+        let text = SubnetError::GatewayOutside {
+            gateway: ip("10.0.1.1"),
+            cidr: Cidr::parse("10.0.0.0/24").unwrap(),
+        }
+        .to_string();
+        assert!(
+            text.starts_with("spec.gateway") && text.contains("leave it empty"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn ranges() {
+        let mut s = spec("macvlan", "10.0.0.0/24");
+        s.ranges = vec![
+            IpRange::new(ip("10.0.0.10"), ip("10.0.0.20")),
+            IpRange {
+                from: Some(ip("10.0.0.30")),
+                to: None,
+            },
+            IpRange::new(ip("10.0.0.50"), ip("10.0.1.5")),
+            IpRange::new(ip("10.0.0.90"), ip("10.0.0.80")),
+            IpRange::new(ip("10.0.0.20"), ip("10.0.0.25")),
+            IpRange::new(ip("10.0.0.100"), ip("10.0.0.100")),
+        ];
+        assert_eq!(
+            errors(&s),
+            [
+                SubnetError::RangeIncomplete { index: 1 },
+                SubnetError::RangeOutside {
+                    index: 2,
+                    end: "to",
+                    ip: ip("10.0.1.5"),
+                    cidr: Cidr::parse("10.0.0.0/24").unwrap()
+                },
+                SubnetError::RangeReversed {
+                    index: 3,
+                    from: ip("10.0.0.90"),
+                    to: ip("10.0.0.80")
+                },
+                SubnetError::RangesOverlap { index: 4, other: 0 },
+            ]
+        );
+        s.ranges.drain(1..5);
+        let valid = validate_subnet("s", &s).unwrap();
+        assert_eq!(
+            valid.ranges,
+            [
+                (ip("10.0.0.10"), ip("10.0.0.20")),
+                (ip("10.0.0.100"), ip("10.0.0.100"))
+            ]
+        );
+    }
+
+    #[test]
+    fn routes() {
+        let mut s = spec("macvlan", "10.0.0.0/24");
+        s.routes = vec![
+            Route {
+                dev: "eth1".into(),
+                dst: "192.168.0.0/16".into(),
+                via: Some(ip("10.0.0.1")),
+                ..Default::default()
+            },
+            Route {
+                dev: "".into(),
+                dst: "192.168.0.0".into(),
+                ..Default::default()
+            },
+            Route {
+                dev: "eth1".into(),
+                dst: "fd00::/8".into(),
+                via: Some(ip("10.0.0.1")),
+                priority: -1,
+                ..Default::default()
+            },
+        ];
+        let errs = errors(&s);
+        assert_eq!(errs.len(), 4, "{errs:?}");
+        assert_eq!(errs[0], SubnetError::RouteDev { index: 1 });
+        assert!(matches!(errs[1], SubnetError::RouteDst { index: 1, .. }));
+        assert!(matches!(
+            errs[2],
+            SubnetError::RouteFamily {
+                index: 2,
+                field: "via",
+                ..
+            }
+        ));
+        assert_eq!(
+            errs[3],
+            SubnetError::RoutePriority {
+                index: 2,
+                priority: -1
+            }
+        );
+    }
+
+    #[test]
+    fn all_errors_in_one_message() {
+        let mut s = spec("macvlan", "nope");
+        s.vlan = 5000;
+        let err = validate_subnet("web", &s).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("FlatNetworkSubnet web is invalid: "),
+            "{text}"
+        );
+        assert!(
+            text.contains("spec.vlan 5000") && text.contains("spec.cidr"),
+            "{text}"
+        );
+    }
+
+    fn subnet(
+        name: &str,
+        flat_mode: &str,
+        vlan: i64,
+        cidr: &str,
+        ranges: &[(&str, &str)],
+    ) -> ValidSubnet {
+        let mut s = spec(flat_mode, cidr);
+        s.vlan = vlan;
+        s.ranges = ranges
+            .iter()
+            .map(|(f, t)| IpRange::new(ip(f), ip(t)))
+            .collect();
+        validate_subnet(name, &s).unwrap()
+    }
+
+    fn conflicts(new: &ValidSubnet, siblings: &[ValidSubnet]) -> Vec<SubnetConflict> {
+        check_siblings(new, siblings)
+            .err()
+            .map(|e| e.conflicts)
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn flat_mode_cannot_mix_on_one_link() {
+        let existing = [subnet("a", "macvlan", 10, "10.0.0.0/24", &[])];
+        let new = subnet("b", "ipvlan", 10, "10.1.0.0/24", &[]);
+        assert!(matches!(
+            conflicts(&new, &existing)[..],
+            [SubnetConflict::FlatMode {
+                sibling_mode: FlatMode::Macvlan,
+                ..
+            }]
+        ));
+        let other_vlan = subnet("b", "ipvlan", 11, "10.1.0.0/24", &[]);
+        assert!(check_siblings(&other_vlan, &existing).is_ok());
+        let same_mode = subnet("b", "macvlan", 10, "10.1.0.0/24", &[]);
+        assert!(check_siblings(&same_mode, &existing).is_ok());
+    }
+
+    #[test]
+    fn cidr_overlap_needs_ranges_on_both_sides() {
+        let whole = subnet("a", "macvlan", 0, "10.0.0.0/24", &[]);
+        let ranged = subnet(
+            "b",
+            "macvlan",
+            0,
+            "10.0.0.0/24",
+            &[("10.0.0.100", "10.0.0.200")],
+        );
+        let contained = subnet("c", "macvlan", 0, "10.0.0.128/25", &[]);
+        assert!(matches!(
+            conflicts(&ranged, std::slice::from_ref(&whole))[..],
+            [SubnetConflict::Cidr { .. }]
+        ));
+        assert!(matches!(
+            conflicts(&whole, std::slice::from_ref(&ranged))[..],
+            [SubnetConflict::Cidr { .. }]
+        ));
+        assert!(matches!(
+            conflicts(&contained, std::slice::from_ref(&whole))[..],
+            [SubnetConflict::Cidr { .. }]
+        ));
+        assert!(matches!(
+            conflicts(&whole, &[contained])[..],
+            [SubnetConflict::Cidr { .. }]
+        ));
+        let other_net = subnet("d", "macvlan", 0, "10.0.1.0/24", &[]);
+        assert!(check_siblings(&other_net, &[whole]).is_ok());
+    }
+
+    #[test]
+    fn range_overlap_is_symmetric_and_edges_touch() {
+        let base = subnet(
+            "a",
+            "macvlan",
+            0,
+            "10.0.0.0/24",
+            &[("10.0.0.10", "10.0.0.20")],
+        );
+        for (from, to) in [
+            ("10.0.0.10", "10.0.0.20"), // equal
+            ("10.0.0.12", "10.0.0.15"), // subset
+            ("10.0.0.13", "10.0.0.16"), // strictly inside
+            ("10.0.0.5", "10.0.0.10"),  // touches the lower edge
+            ("10.0.0.20", "10.0.0.30"), // touches the upper edge
+            ("10.0.0.5", "10.0.0.12"),  // partial low
+            ("10.0.0.18", "10.0.0.40"), // partial high
+            ("10.0.0.1", "10.0.0.250"), // containing
+        ] {
+            let new = subnet("b", "macvlan", 0, "10.0.0.0/24", &[(from, to)]);
+            assert!(
+                matches!(
+                    conflicts(&new, std::slice::from_ref(&base))[..],
+                    [SubnetConflict::Range { .. }]
+                ),
+                "{from}-{to}"
+            );
+            assert!(
+                matches!(conflicts(&base, &[new])[..], [SubnetConflict::Range { .. }]),
+                "symmetric {from}-{to}"
+            );
+        }
+        for (from, to) in [("10.0.0.1", "10.0.0.9"), ("10.0.0.21", "10.0.0.30")] {
+            let new = subnet("b", "macvlan", 0, "10.0.0.0/24", &[(from, to)]);
+            assert!(
+                check_siblings(&new, std::slice::from_ref(&base)).is_ok(),
+                "{from}-{to}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_compatible_sibling_does_not_end_the_search() {
+        let siblings = [
+            subnet(
+                "a",
+                "macvlan",
+                0,
+                "10.0.0.0/24",
+                &[("10.0.0.100", "10.0.0.200")],
+            ),
+            subnet(
+                "b",
+                "macvlan",
+                0,
+                "10.0.0.0/24",
+                &[("10.0.0.5", "10.0.0.9")],
+            ),
+            subnet("c", "macvlan", 0, "10.0.0.0/24", &[]),
+        ];
+        let new = subnet(
+            "n",
+            "macvlan",
+            0,
+            "10.0.0.0/24",
+            &[("10.0.0.0", "10.0.0.50")],
+        );
+        let found = conflicts(&new, &siblings);
+        let names: Vec<&str> = found
+            .iter()
+            .map(|c| match c {
+                SubnetConflict::Range { sibling, .. } | SubnetConflict::Cidr { sibling, .. } => {
+                    sibling.as_str()
+                }
+                SubnetConflict::FlatMode { sibling, .. } => sibling.as_str(),
+            })
+            .collect();
+        assert_eq!(names, ["b", "c"]);
+    }
+
+    #[test]
+    fn own_previous_version_and_other_links_are_ignored() {
+        let old = subnet("a", "macvlan", 0, "10.0.0.0/24", &[]);
+        let updated = subnet(
+            "a",
+            "macvlan",
+            0,
+            "10.0.0.0/24",
+            &[("10.0.0.5", "10.0.0.9")],
+        );
+        assert!(check_siblings(&updated, &[old]).is_ok());
+        let mut other_master = subnet("b", "macvlan", 0, "10.0.0.0/24", &[]);
+        other_master.parent.master = "eth1".into();
+        assert!(check_siblings(&updated, &[other_master]).is_ok());
+    }
+}

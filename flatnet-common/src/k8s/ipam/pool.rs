@@ -318,3 +318,202 @@ pub struct Usage {
 fn saturating_i64(value: u128) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::{
+        api::{FlatNetworkSubnetSpec, IpRange},
+        validation::validate_subnet,
+    };
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn subnet(cidr: &str, gateway: Option<&str>, ranges: &[(&str, &str)]) -> ValidSubnet {
+        let spec = FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth0".into(),
+            cidr: cidr.into(),
+            gateway: gateway.map(ip),
+            ranges: ranges
+                .iter()
+                .map(|(f, t)| IpRange::new(ip(f), ip(t)))
+                .collect(),
+            ..Default::default()
+        };
+        validate_subnet("net", &spec).unwrap()
+    }
+
+    #[test]
+    fn auto_skips_network_gateway_and_used() {
+        let mut pool = Pool::with_used(
+            &subnet("10.0.0.0/24", Some("10.0.0.1"), &[]),
+            [ip("10.0.0.3")],
+        )
+        .unwrap();
+        assert_eq!(
+            pool.total(),
+            253,
+            "256 minus network, broadcast and gateway"
+        );
+        assert_eq!(pool.allocate_auto(), Ok(ip("10.0.0.2")));
+        assert_eq!(pool.allocate_auto(), Ok(ip("10.0.0.4")));
+        assert_eq!(pool.used(), 3);
+        assert!(pool.release(ip("10.0.0.2")));
+        assert_eq!(
+            pool.allocate_auto(),
+            Ok(ip("10.0.0.2")),
+            "freed addresses are reused, lowest first"
+        );
+    }
+
+    #[test]
+    fn ranges_limit_the_pool_and_exhaust() {
+        let mut pool = Pool::new(&subnet(
+            "10.128.1.0/24",
+            None,
+            &[("10.128.1.101", "10.128.1.102")],
+        ));
+        assert_eq!(pool.total(), 2);
+        assert_eq!(pool.allocate_auto(), Ok(ip("10.128.1.101")));
+        assert_eq!(pool.allocate_auto(), Ok(ip("10.128.1.102")));
+        let err = pool.allocate_auto().unwrap_err();
+        assert_eq!(
+            err,
+            PoolError::Exhausted {
+                subnet: "net".into()
+            }
+        );
+        assert!(err.to_string().contains("widen spec.ranges"));
+    }
+
+    #[test]
+    fn broadcast_and_ipv6_edges() {
+        let mut v4 = Pool::new(&subnet("10.0.0.0/30", None, &[]));
+        assert_eq!(
+            (v4.allocate_auto(), v4.allocate_auto()),
+            (Ok(ip("10.0.0.1")), Ok(ip("10.0.0.2")))
+        );
+        assert!(v4.allocate_auto().is_err(), ".3 is the broadcast");
+        let p2p = Pool::new(&subnet("10.0.0.0/31", None, &[]));
+        assert_eq!(p2p.total(), 2, "point-to-point networks use both addresses");
+        let mut v6 = Pool::new(&subnet("fd00::/126", None, &[]));
+        assert_eq!(
+            v6.total(),
+            3,
+            "only the subnet-router anycast address is excluded"
+        );
+        for expected in ["fd00::1", "fd00::2", "fd00::3"] {
+            assert_eq!(v6.allocate_auto(), Ok(ip(expected)));
+        }
+        let big = Pool::new(&subnet("fd00::/64", None, &[]));
+        assert_eq!(big.total(), (1u128 << 64) - 1);
+        assert_eq!(big.usage().total_ip_count, i64::MAX, "saturates");
+    }
+
+    #[test]
+    fn requested_takes_first_free_candidate() {
+        let mut pool = Pool::new(&subnet("10.0.0.0/24", Some("10.0.0.1"), &[]));
+        let candidates = [ip("10.0.0.5"), ip("10.0.0.6")];
+        assert_eq!(pool.allocate_requested(&candidates), Ok(ip("10.0.0.5")));
+        assert_eq!(pool.allocate_requested(&candidates), Ok(ip("10.0.0.6")));
+        assert_eq!(
+            pool.allocate_requested(&candidates),
+            Err(PoolError::CandidatesTaken {
+                subnet: "net".into(),
+                candidates: candidates.to_vec()
+            })
+        );
+        assert_eq!(pool.allocate_auto(), Ok(ip("10.0.0.2")));
+    }
+
+    #[test]
+    fn requested_outside_pool_is_a_distinct_error() {
+        let mut pool = Pool::new(&subnet(
+            "10.0.0.0/24",
+            Some("10.0.0.1"),
+            &[("10.0.0.100", "10.0.0.200")],
+        ));
+        let outside = pool.allocate_requested(&[ip("10.0.1.5")]).unwrap_err();
+        assert!(
+            matches!(outside, PoolError::OutsideSubnet { .. }),
+            "{outside}"
+        );
+        let v6 = pool.allocate_requested(&[ip("fd00::5")]).unwrap_err();
+        assert!(matches!(v6, PoolError::OutsideSubnet { .. }));
+        for (candidate, reason) in [
+            ("10.0.0.50", "outside spec.ranges"),
+            ("10.0.0.1", "the gateway"),
+            ("10.0.0.0", "the network address"),
+            ("10.0.0.255", "the broadcast address"),
+        ] {
+            let err = pool
+                .allocate_requested(&[ip("10.0.0.150"), ip(candidate)])
+                .unwrap_err();
+            assert!(
+                matches!(err, PoolError::NotAllocatable { reason: r, .. } if r == reason),
+                "{candidate}: {err}"
+            );
+        }
+        assert_eq!(pool.used(), 0, "a rejected request takes nothing");
+        assert_eq!(
+            pool.allocate_requested(&[ip("10.0.0.150")]),
+            Ok(ip("10.0.0.150"))
+        );
+    }
+
+    #[test]
+    fn mark_used_detects_double_claims_and_accepts_stale_records() {
+        let mut pool = Pool::new(&subnet(
+            "10.0.0.0/24",
+            None,
+            &[("10.0.0.100", "10.0.0.200")],
+        ));
+        pool.mark_used(ip("10.0.0.100")).unwrap();
+        assert_eq!(
+            pool.mark_used(ip("10.0.0.100")),
+            Err(PoolError::AlreadyUsed {
+                subnet: "net".into(),
+                ip: ip("10.0.0.100")
+            })
+        );
+        // A record from before spec.ranges changed is held, but never freed into the pool.
+        pool.mark_used(ip("10.0.0.7")).unwrap();
+        assert!(pool.is_used(ip("10.0.0.7")) && !pool.is_allocatable(ip("10.0.0.7")));
+        assert_eq!(pool.used(), 2);
+        assert!(pool.release(ip("10.0.0.7")));
+        assert!(!pool.is_free(ip("10.0.0.7")));
+        assert!(!pool.release(ip("10.0.0.7")), "second release is a no-op");
+        assert!(!pool.release(ip("192.168.0.1")));
+        assert!(matches!(
+            pool.mark_used(ip("192.168.0.1")),
+            Err(PoolError::OutsideSubnet { .. })
+        ));
+    }
+
+    #[test]
+    fn usage_lists_allocations_and_gateway() {
+        let used = ["10.2.3.100", "10.2.3.101", "10.2.3.102"].map(ip);
+        let pool = Pool::with_used(
+            &subnet(
+                "10.2.3.0/24",
+                Some("10.2.3.1"),
+                &[("10.2.3.100", "10.2.3.200")],
+            ),
+            used,
+        )
+        .unwrap();
+        let usage = pool.usage();
+        assert_eq!(
+            usage.used_ip,
+            [
+                IpRange::new(ip("10.2.3.1"), ip("10.2.3.1")),
+                IpRange::new(ip("10.2.3.100"), ip("10.2.3.102"))
+            ]
+        );
+        assert_eq!((usage.used_ip_count, usage.total_ip_count), (4, 101));
+        assert_eq!(pool.used_addresses().collect::<Vec<_>>(), used);
+    }
+}

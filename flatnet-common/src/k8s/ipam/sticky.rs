@@ -117,3 +117,111 @@ pub fn reuse_recorded(recorded: Recorded<'_>, request: Request<'_>, pool: &Pool)
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::{
+        api::{FlatNetworkSubnetSpec, IpRange},
+        validation::validate_subnet,
+    };
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn pool() -> Pool {
+        let spec = FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth0".into(),
+            cidr: "10.0.0.0/24".into(),
+            gateway: Some(ip("10.0.0.1")),
+            ranges: vec![IpRange::new(ip("10.0.0.10"), ip("10.0.0.20"))],
+            ..Default::default()
+        };
+        Pool::with_used(&validate_subnet("net", &spec).unwrap(), [ip("10.0.0.10")]).unwrap()
+    }
+
+    #[test]
+    fn only_statefulset_records_survive_their_pod_by_default() {
+        use PodController::*;
+        use StatefulSetAddressPolicy::*;
+        assert_eq!(fate_on_pod_deletion(StatefulSet, Sticky), RecordFate::Keep);
+        assert_eq!(
+            fate_on_pod_deletion(StatefulSet, Release),
+            RecordFate::Delete
+        );
+        assert_eq!(fate_on_pod_deletion(Other, Sticky), RecordFate::Delete);
+        assert_eq!(StatefulSetAddressPolicy::default(), Sticky);
+    }
+
+    #[test]
+    fn recreated_pod_keeps_a_still_valid_address() {
+        let recorded = Recorded {
+            subnet: "net",
+            addr: Some(ip("10.0.0.10")),
+        };
+        let auto = Request {
+            subnet: "net",
+            candidates: &[],
+        };
+        assert_eq!(
+            reuse_recorded(recorded, auto, &pool()),
+            Reuse::Keep(ip("10.0.0.10"))
+        );
+        let listed = [ip("10.0.0.11"), ip("10.0.0.10")];
+        let specific = Request {
+            subnet: "net",
+            candidates: &listed,
+        };
+        assert_eq!(
+            reuse_recorded(recorded, specific, &pool()),
+            Reuse::Keep(ip("10.0.0.10"))
+        );
+    }
+
+    #[test]
+    fn changed_requests_release_the_old_address() {
+        let recorded = Recorded {
+            subnet: "net",
+            addr: Some(ip("10.0.0.10")),
+        };
+        let release = Reuse::Reallocate {
+            release: Some(ip("10.0.0.10")),
+        };
+        let other_subnet = Request {
+            subnet: "other",
+            candidates: &[],
+        };
+        assert_eq!(reuse_recorded(recorded, other_subnet, &pool()), release);
+        let listed = [ip("10.0.0.11")];
+        let not_listed = Request {
+            subnet: "net",
+            candidates: &listed,
+        };
+        assert_eq!(reuse_recorded(recorded, not_listed, &pool()), release);
+        // The subnet's ranges changed under the record.
+        let outside = Recorded {
+            subnet: "net",
+            addr: Some(ip("10.0.0.30")),
+        };
+        let auto = Request {
+            subnet: "net",
+            candidates: &[],
+        };
+        assert_eq!(
+            reuse_recorded(outside, auto, &pool()),
+            Reuse::Reallocate {
+                release: Some(ip("10.0.0.30"))
+            }
+        );
+        let never_allocated = Recorded {
+            subnet: "net",
+            addr: None,
+        };
+        assert_eq!(
+            reuse_recorded(never_allocated, auto, &pool()),
+            Reuse::Reallocate { release: None }
+        );
+    }
+}

@@ -65,3 +65,65 @@ pub(super) fn from_intervals(family: Family, set: &IntervalSet) -> Vec<IpRange> 
         .map(|r| IpRange::new(from_u128(family, *r.start()), from_u128(family, *r.end())))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn range(from: &str, to: &str) -> IpRange {
+        IpRange::new(ip(from), ip(to))
+    }
+
+    #[test]
+    fn compress_merges_sorts_and_puts_ipv4_first() {
+        let ranges = compress(
+            [
+                "fd00::2",
+                "10.10.1.2",
+                "10.1.2.4",
+                "fd00::1",
+                "10.1.2.3",
+                "10.10.1.1",
+                "10.1.2.3",
+            ]
+            .map(ip),
+        );
+        assert_eq!(
+            ranges,
+            [
+                range("10.1.2.3", "10.1.2.4"),
+                range("10.10.1.1", "10.10.1.2"),
+                range("fd00::1", "fd00::2")
+            ]
+        );
+        assert!(compress([]).is_empty());
+    }
+
+    #[test]
+    fn merges_across_octet_boundaries() {
+        let ranges = compress(["10.0.0.255", "10.0.1.0", "10.0.0.254"].map(ip));
+        assert_eq!(ranges, [range("10.0.0.254", "10.0.1.0")]);
+    }
+
+    #[test]
+    fn contains_and_intervals_skip_malformed_ranges() {
+        let ranges = [
+            range("10.0.0.5", "10.0.0.9"),
+            IpRange {
+                from: Some(ip("10.0.0.20")),
+                to: None,
+            },
+            range("10.0.0.40", "10.0.0.30"),
+            range("10.0.0.50", "fd00::1"),
+        ];
+        assert!(contains(&ranges, ip("10.0.0.5")) && contains(&ranges, ip("10.0.0.9")));
+        assert!(!contains(&ranges, ip("10.0.0.20")) && !contains(&ranges, ip("10.0.0.35")));
+        assert!(!contains(&ranges, ip("10.0.0.60")));
+        let (v4, v6) = to_intervals(&ranges);
+        assert_eq!((v4.len(), v6.len()), (5, 0));
+    }
+}
