@@ -4,14 +4,16 @@
 //! so the kernel and user space agree on every byte. The `user` feature adds
 //! `aya::Pod` impls; the `k8s` feature (std) holds the API types and IPAM
 //! engine shared by the operator and the agent.
-#![no_std]
-
-#[cfg(feature = "k8s")]
-extern crate std;
+// `k8s` is user-space only and needs std throughout; every other build stays
+// `no_std` so the kernel programs can depend on this crate.
+#![cfg_attr(not(feature = "k8s"), no_std)]
 
 pub mod conflict;
 pub mod frame_counter;
 pub mod pin;
 pub mod responder;
+
+#[cfg(feature = "k8s")]
+pub mod k8s;
 
 pub use frame_counter::{FrameCounter, FrameKind};

@@ -1,5 +1,6 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
+mod crds;
 mod ebpf;
 mod lab;
 mod tasks;
@@ -18,6 +19,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Render the CRDs into charts/flatnet-crd/templates/crds.yaml.
+    Crds {
+        /// Fail if the committed file differs instead of writing it.
+        #[arg(long)]
+        check: bool,
+    },
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
@@ -32,6 +39,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Crds { check } => crds::run(check),
         Command::BuildEbpf => ebpf::build(),
         Command::Clippy => tasks::clippy(),
         Command::Lab => lab::run(),

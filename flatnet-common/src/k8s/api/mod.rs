@@ -1,0 +1,39 @@
+//! The `flatnetwork.pandaria.io/v1` custom resources.
+//!
+//! Field names and value formats match the original rancher-flat-network
+//! API, so existing objects and manifests keep working. Enumerated fields
+//! (`flatMode`, `mode`, `ipvlanFlag`) stay strings in Rust and are
+//! constrained in the CRD schema instead: an object stored before validation
+//! existed then still deserializes, and the controller can report what is
+//! wrong with it rather than fail to read every subnet in the list.
+//!
+//! The CRDs only use stable Kubernetes APIs, so they install on clusters from
+//! 1.28 on (the generated types come from k8s-openapi's `v1_33` level, the
+//! oldest that version offers).
+
+mod conditions;
+mod ip;
+mod subnet;
+mod wire;
+
+pub use conditions::{CONDITION_READY, set_condition};
+pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
+pub use subnet::{
+    FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange, Route,
+    RouteSettings,
+};
+
+/// API group of both kinds.
+pub const GROUP: &str = "flatnetwork.pandaria.io";
+/// API version of both kinds.
+pub const VERSION: &str = "v1";
+
+/// Values of `status.phase` of both kinds. An empty phase means "new".
+pub mod phase {
+    /// Subnet: validated and allocating. IP: the pod's interface is set up.
+    pub const ACTIVE: &str = "Active";
+    /// IP: an address is allocated and the node has not set the pod up yet.
+    pub const PENDING: &str = "Pending";
+    /// The last reconcile failed; `status.failureMessage` says why.
+    pub const FAILED: &str = "Failed";
+}

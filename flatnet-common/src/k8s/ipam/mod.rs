@@ -1,0 +1,24 @@
+//! The IPAM engine: pure allocation logic, no Kubernetes I/O.
+//!
+//! - [`cidr`]: address families, CIDRs, the `u128` view of addresses.
+//! - [`intervals`]: the interval set every pool is built on.
+//! - [`pool`]: one subnet's addresses (allocate, mark, release, status view).
+//! - [`used_ranges`]: the `status.usedIP` wire format.
+//! - [`mac`]: fixed MACs and their uniqueness per parent link.
+//! - [`sticky`]: the StatefulSet address policy.
+
+pub mod cidr;
+pub mod intervals;
+pub mod mac;
+pub mod pool;
+pub mod sticky;
+pub mod used_ranges;
+
+pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
+pub use intervals::IntervalSet;
+pub use mac::{Mac, MacError, MacsTaken, choose_mac, macs_in_use};
+pub use pool::{Pool, PoolError, Usage};
+pub use sticky::{
+    PodController, RecordFate, Recorded, Request, Reuse, StatefulSetAddressPolicy,
+    fate_on_pod_deletion, reuse_recorded,
+};
