@@ -79,6 +79,16 @@ impl Topology {
         .expect("enter LAN netns");
     }
 
+    /// Interface index of the node's uplink (in the node namespace).
+    fn node_ifindex(&self) -> u32 {
+        let path = format!("/sys/class/net/{}/ifindex", self.node_if);
+        self.node
+            .exec("cat", &[&path])
+            .trim()
+            .parse()
+            .expect("ifindex")
+    }
+
     fn counters(&self) -> FrameCounters {
         self.datapath.frame_counters().expect("read counters")
     }
@@ -590,15 +600,7 @@ fn lan_host_resolves_listed_addresses_through_the_program() {
         &topo.lan_if,
         "nodad",
     ]);
-    let ifindex: u32 = topo
-        .node
-        .exec(
-            "cat",
-            &[&format!("/sys/class/net/{}/ifindex", topo.node_if)],
-        )
-        .trim()
-        .parse()
-        .unwrap();
+    let ifindex = topo.node_ifindex();
 
     // Nothing is listed yet: the node's kernel has no such address, nobody answers.
     let silent = std::process::Command::new("ip")
@@ -800,15 +802,7 @@ fn rogue_lan_host_triggers_conflict_report() {
     let mut topo = Topology::new(false);
     topo.lan
         .ip(&["addr", "add", "192.0.2.60/24", "dev", &topo.lan_if]);
-    let ifindex: u32 = topo
-        .node
-        .exec(
-            "cat",
-            &[&format!("/sys/class/net/{}/ifindex", topo.node_if)],
-        )
-        .trim()
-        .parse()
-        .unwrap();
+    let ifindex = topo.node_ifindex();
     topo.datapath
         .managed_addrs()
         .unwrap()

@@ -94,12 +94,12 @@ fn exercise(agent: &Path) -> anyhow::Result<()> {
     sh_in(LAN_HOST, "ndisc6", &["-r", "3", NODE_V6, "eth0"])?;
 
     progress("node1: uplink counters from the pinned map");
-    let table = sh(agent, &["datapath", "counters", "--pin-root", PIN_ROOT])?;
+    let table = sh(agent, &["inspect", "counters", "--pin-root", PIN_ROOT])?;
     print!("{table}");
     let json = sh(
         agent,
         &[
-            "datapath",
+            "inspect",
             "counters",
             "--pin-root",
             PIN_ROOT,
@@ -108,7 +108,7 @@ fn exercise(agent: &Path) -> anyhow::Result<()> {
         ],
     )?;
     let counters: Value = serde_json::from_str(&json).context("parse counters JSON")?;
-    let packets = |kind: &str| counters[kind]["packets"].as_u64().unwrap_or(0);
+    let packets = |kind: &str| counters["frames"][kind]["packets"].as_u64().unwrap_or(0);
     let arp = packets("arp_request");
     let ns = packets("ndp_neighbor_solicitation");
 

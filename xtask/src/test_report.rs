@@ -4,10 +4,11 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
-    time::Instant,
 };
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+
+use crate::workspace;
 
 /// Totals over `test result:` lines.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,29 +56,16 @@ impl Totals {
 /// Runs a libtest-driven command, echoing its stdout and adding its result
 /// lines to `totals`; fails when the command fails.
 pub fn run_tests(step: &str, command: &mut Command, totals: &mut Totals) -> anyhow::Result<()> {
-    let line = format!("{command:?}");
-    println!("==> {step}: {line}");
-    let started = Instant::now();
-    let mut child = command
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start {line}"))?;
-    let stdout = child.stdout.take().expect("stdout is piped");
-    for output in BufReader::new(stdout).lines() {
-        let output = output.context("read test output")?;
-        totals.add_line(&output);
-        println!("{output}");
-    }
-    let status = child.wait().context("wait for tests")?;
-    println!(
-        "<== {step}: {} in {:.1}s",
-        if status.success() { "ok" } else { "FAILED" },
-        started.elapsed().as_secs_f64()
-    );
-    if !status.success() {
-        bail!("{step} failed ({status}): {line}");
-    }
-    Ok(())
+    workspace::run_step(step, command, |command| {
+        let mut child = command.stdout(Stdio::piped()).spawn()?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        for output in BufReader::new(stdout).lines() {
+            let output = output.context("read test output")?;
+            totals.add_line(&output);
+            println!("{output}");
+        }
+        Ok(child.wait()?)
+    })
 }
 
 #[cfg(test)]

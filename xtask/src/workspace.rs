@@ -2,7 +2,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, ExitStatus},
     time::Instant,
 };
 
@@ -19,12 +19,20 @@ pub fn root() -> PathBuf {
 /// Runs `command` to completion, printing it first and its duration after;
 /// fails with the command line when it exits non-zero.
 pub fn run(step: &str, command: &mut Command) -> anyhow::Result<()> {
+    run_step(step, command, |command| Ok(command.status()?))
+}
+
+/// Prints the step and the command, runs `execute`, then prints the outcome
+/// and duration; fails naming the command when it exits non-zero.
+pub fn run_step(
+    step: &str,
+    command: &mut Command,
+    execute: impl FnOnce(&mut Command) -> anyhow::Result<ExitStatus>,
+) -> anyhow::Result<()> {
     let line = format!("{command:?}");
     println!("==> {step}: {line}");
     let started = Instant::now();
-    let status = command
-        .status()
-        .with_context(|| format!("cannot start {line}"))?;
+    let status = execute(command).with_context(|| format!("cannot run {line}"))?;
     println!(
         "<== {step}: {} in {:.1}s",
         if status.success() { "ok" } else { "FAILED" },

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use flatnet_agent::{
-    datapath::{Datapath, DatapathConfig, FrameCounters, detach_uplink},
+    datapath::{Datapath, DatapathConfig, detach_uplink},
     netns::run_in_netns,
 };
 use flatnet_common::pin::PIN_ROOT;
@@ -14,7 +14,7 @@ use flatnet_common::pin::PIN_ROOT;
 pub struct PinArgs {
     /// Directory on the BPF filesystem for pinned maps.
     #[arg(long, env = "FLATNET_BPF_PIN_ROOT", default_value = PIN_ROOT)]
-    pin_root: PathBuf,
+    pub pin_root: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -37,12 +37,6 @@ impl TargetArgs {
     }
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-}
-
 #[derive(Subcommand, Debug)]
 pub enum DatapathCommand {
     /// Load the programs, pin their maps and attach the uplink program to an interface.
@@ -56,14 +50,6 @@ pub enum DatapathCommand {
     Detach {
         #[command(flatten)]
         target: TargetArgs,
-    },
-    /// Show the uplink ARP/NDP frame counters from the pinned map.
-    Counters {
-        #[command(flatten)]
-        pin: PinArgs,
-        /// Output format.
-        #[arg(long, short, value_enum, default_value = "table")]
-        output: Output,
     },
 }
 
@@ -91,29 +77,7 @@ impl DatapathCommand {
                     println!("no flatnet uplink program was attached to {interface}");
                 }
             }
-            DatapathCommand::Counters { pin, output } => {
-                let counters = FrameCounters::read_pinned(&pin.pin_root).with_context(|| {
-                    format!(
-                        "read counters pinned under {} (has `datapath attach` run?)",
-                        pin.pin_root.display()
-                    )
-                })?;
-                print_counters(&counters, output)?;
-            }
         }
         Ok(())
     }
-}
-
-fn print_counters(counters: &FrameCounters, output: Output) -> anyhow::Result<()> {
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(counters)?),
-        Output::Table => {
-            println!("{:<28} {:>12} {:>14}", "KIND", "PACKETS", "BYTES");
-            for (kind, c) in counters.iter() {
-                println!("{:<28} {:>12} {:>14}", kind.name(), c.packets, c.bytes);
-            }
-        }
-    }
-    Ok(())
 }

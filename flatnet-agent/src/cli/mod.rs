@@ -1,6 +1,7 @@
 //! Command-line interface of `flatnet-agent`.
 
 mod datapath;
+mod inspect;
 mod logging;
 
 use clap::{Parser, Subcommand};
@@ -21,12 +22,16 @@ pub enum Command {
     /// Load, attach, detach and inspect the eBPF programs by hand.
     #[command(subcommand)]
     Datapath(datapath::DatapathCommand),
+    /// Show the pinned data-plane state: counters, answered and watched addresses.
+    #[command(subcommand)]
+    Inspect(inspect::InspectCommand),
 }
 
 impl Command {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
             Command::Datapath(cmd) => cmd.run(),
+            Command::Inspect(cmd) => cmd.run(),
         }
     }
 }
