@@ -838,3 +838,90 @@ fn rogue_lan_host_triggers_conflict_report() {
     assert_eq!(conflict.foreign_mac, LAN_MAC, "the rogue host's MAC");
     assert_eq!(conflict.owner_mac, OWNER_MAC);
 }
+
+#[test]
+fn inspect_reads_the_pinned_tables() {
+    if !privileged("inspect_reads_the_pinned_tables") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = responder_datapath(&pin, LOOPBACK_IFINDEX);
+    datapath
+        .managed_addrs()
+        .unwrap()
+        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+        .unwrap();
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "addresses", "--output", "json", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows: Vec<(String, String, String, String)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().unwrap().to_owned();
+            (
+                field("table"),
+                field("interface"),
+                field("address"),
+                field("mac"),
+            )
+        })
+        .collect();
+    let lo = || "lo".to_owned();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "responder".into(),
+                lo(),
+                "192.0.2.50".into(),
+                "02:00:5e:00:00:bb".into()
+            ),
+            (
+                "responder".into(),
+                lo(),
+                "2001:db8::50".into(),
+                "02:00:5e:00:00:bb".into()
+            ),
+            (
+                "conflict-watch".into(),
+                lo(),
+                "192.0.2.60".into(),
+                "02:00:5e:00:00:02".into()
+            ),
+        ]
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "counters", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("arp_request") && table.contains("ANSWERS SENT"),
+        "{table}"
+    );
+
+    // A pin root without flatnet maps gives an error that says what to do.
+    let empty = TestPinRoot::new();
+    std::fs::create_dir_all(&empty.path).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "addresses", "--pin-root"])
+        .arg(&empty.path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is the agent running"));
+}
