@@ -925,3 +925,71 @@ fn inspect_reads_the_pinned_tables() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is the agent running"));
 }
+
+#[test]
+fn reattaching_under_traffic_answers_every_request() {
+    if !privileged("reattaching_under_traffic_answers_every_request") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const REATTACHES: usize = 20;
+    let mut topo = Topology::new(false);
+    let ifindex = topo.node_ifindex();
+    topo.datapath
+        .responders()
+        .unwrap()
+        .insert(ifindex, OWNED_V4.into(), NODE_MAC)
+        .unwrap();
+    let request = arp_request_for(OWNED_V4);
+    let reattaching = AtomicBool::new(true);
+    let sent = AtomicU64::new(0);
+
+    // One thread keeps asking from the LAN for as long as another reloads
+    // the datapath and re-attaches, as a restarting or upgraded agent does.
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            run_in_netns(&topo.lan.path(), || {
+                let socket = RawSocket::open(&topo.lan_if).unwrap();
+                while reattaching.load(Ordering::SeqCst) {
+                    for _ in 0..20 {
+                        socket.send(&request).unwrap();
+                        sent.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Paced so the veth backlog never overflows.
+                    thread::sleep(Duration::from_micros(500));
+                }
+            })
+            .unwrap();
+        });
+        scope.spawn(|| {
+            for _ in 0..REATTACHES {
+                let mut restarted = Datapath::load(&DatapathConfig {
+                    pin_root: topo.pin.path.clone(),
+                })
+                .unwrap();
+                run_in_netns(&topo.node.path(), || restarted.attach_uplink(&topo.node_if))
+                    .unwrap()
+                    .unwrap();
+            }
+            reattaching.store(false, Ordering::SeqCst);
+        });
+    });
+
+    let sent = sent.load(Ordering::SeqCst);
+    let counters = topo.settled_counters();
+    let answered = topo.datapath.responder_stats().unwrap().arp_replies;
+    assert_eq!(
+        counters.get(FrameKind::ArpRequest).packets,
+        sent,
+        "every request met a program"
+    );
+    assert_eq!(answered, sent, "every request was answered");
+    let filters = topo
+        .node
+        .exec("tc", &["filter", "show", "dev", &topo.node_if, "ingress"]);
+    assert_eq!(
+        filters.matches("uplink_ingress").count(),
+        2,
+        "one filter: {filters}"
+    );
+}

@@ -41,6 +41,12 @@ pub const PINNED_MAPS: [&str; 6] = [
 /// Capacity of each responder map.
 pub const RESPONDER_MAX_ENTRIES: u32 = 16_384;
 
+/// TC filter priority of the uplink program (lower runs first).
+pub const UPLINK_TC_PRIORITY: u16 = 0x1f00;
+
+/// TC filter handle (minor) of the uplink program.
+pub const UPLINK_TC_HANDLE: u16 = 1;
+
 /// The TC ingress classifier attached to uplink (master / VLAN) interfaces.
 pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
 

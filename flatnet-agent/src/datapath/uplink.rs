@@ -5,11 +5,11 @@ use std::io;
 use aya::{
     Ebpf,
     programs::{
-        SchedClassifier, TcAttachType,
-        tc::{self, NlOptions, TcAttachOptions, TcError},
+        ProgramError, SchedClassifier, TcAttachType,
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
     },
 };
-use flatnet_common::pin::PROG_UPLINK_INGRESS;
+use flatnet_common::pin::{PROG_UPLINK_INGRESS, UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY};
 
 use super::DatapathError;
 
@@ -22,18 +22,35 @@ pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathErr
         source,
     };
     ensure_clsact(interface)?;
-    detach_uplink(interface)?;
-
     let program = loaded_program(ebpf)?;
     // Netlink rather than TCX: it exists on 6.1 and the filter stays when
-    // the agent exits, so traffic is never left without the program.
-    let link_id = program
-        .attach_with_options(
-            interface,
-            TcAttachType::Ingress,
-            TcAttachOptions::Netlink(NlOptions::default()),
-        )
-        .map_err(program_error)?;
+    // the agent exits, so traffic is never left without the program. The
+    // filter always sits at flatnet's priority and handle, so a restarted
+    // or upgraded agent swaps the program in place (no window without it).
+    let options = || {
+        TcAttachOptions::Netlink(NlOptions {
+            priority: UPLINK_TC_PRIORITY,
+            handle: TcHandle::new(0, UPLINK_TC_HANDLE),
+            classid: None,
+        })
+    };
+    let link_id = match program.attach_with_options(interface, TcAttachType::Ingress, options()) {
+        Ok(id) => id,
+        Err(ProgramError::TcError(TcError::NetlinkError(e)))
+            if e.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            let existing = SchedClassifierLink::attached(
+                interface,
+                TcAttachType::Ingress,
+                UPLINK_TC_PRIORITY,
+                TcHandle::new(0, UPLINK_TC_HANDLE),
+                None,
+            )
+            .map_err(|e| tc_error(interface, TcError::IoError(e)))?;
+            program.attach_to_link(existing).map_err(program_error)?
+        }
+        Err(e) => return Err(program_error(e)),
+    };
     let link = program.take_link(link_id).map_err(program_error)?;
     // Dropping the link would detach the filter; it must outlive the agent.
     std::mem::forget(link);
