@@ -12,6 +12,7 @@ extern crate std;
 pub mod conflict;
 pub mod frame_counter;
 pub mod pin;
+pub mod policy;
 pub mod responder;
 
 pub use frame_counter::{FrameCounter, FrameKind};
