@@ -42,13 +42,21 @@ pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathErr
 
 /// The uplink program, loaded into the kernel on first use.
 pub(super) fn loaded_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DatapathError> {
+    loaded_classifier(ebpf, PROG_UPLINK_INGRESS)
+}
+
+/// The TC classifier `name` of the object, loaded into the kernel on first use.
+pub(super) fn loaded_classifier<'e>(
+    ebpf: &'e mut Ebpf,
+    name: &'static str,
+) -> Result<&'e mut SchedClassifier, DatapathError> {
     let program_error = |source| DatapathError::Program {
-        program: PROG_UPLINK_INGRESS,
+        program: name,
         interface: String::new(),
         source,
     };
     let program: &mut SchedClassifier = ebpf
-        .program_mut(PROG_UPLINK_INGRESS)
+        .program_mut(name)
         .ok_or_else(|| program_error(aya::programs::ProgramError::NotLoaded))?
         .try_into()
         .map_err(program_error)?;
@@ -77,7 +85,7 @@ pub fn detach_uplink(interface: &str) -> Result<bool, DatapathError> {
     }
 }
 
-fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
+pub(super) fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
     match tc::qdisc_add_clsact(interface) {
         Ok(()) => Ok(()),
         Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
@@ -86,7 +94,7 @@ fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
     }
 }
 
-fn tc_error(interface: &str, source: TcError) -> DatapathError {
+pub(super) fn tc_error(interface: &str, source: TcError) -> DatapathError {
     DatapathError::Tc {
         interface: interface.to_owned(),
         source,
