@@ -14,14 +14,14 @@ use flatnet_common::pin::PIN_ROOT;
 pub struct PinArgs {
     /// Directory on the BPF filesystem for pinned maps.
     #[arg(long, env = "FLATNET_BPF_PIN_ROOT", default_value = PIN_ROOT)]
-    pin_root: PathBuf,
+    pub(super) pin_root: PathBuf,
 }
 
 #[derive(Args, Debug)]
 pub struct TargetArgs {
     /// Uplink (master or VLAN) interface.
     #[arg(long, short)]
-    interface: String,
+    pub(super) interface: String,
     /// Network namespace file the interface lives in (default: the agent's own).
     #[arg(long)]
     netns: Option<PathBuf>,
@@ -29,7 +29,7 @@ pub struct TargetArgs {
 
 impl TargetArgs {
     /// Runs `work` with the interface name, inside `--netns` when given.
-    fn run<T: Send>(&self, work: impl FnOnce(&str) -> T + Send) -> anyhow::Result<T> {
+    pub(super) fn run<T: Send>(&self, work: impl FnOnce(&str) -> T + Send) -> anyhow::Result<T> {
         match &self.netns {
             Some(netns) => Ok(run_in_netns(netns, || work(&self.interface))?),
             None => Ok(work(&self.interface)),
@@ -57,6 +57,9 @@ pub enum DatapathCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
+    /// Network policy on pod interfaces: attach, apply, show.
+    #[command(subcommand)]
+    Policy(super::policy::PolicyCommand),
     /// Show the uplink ARP/NDP frame counters from the pinned map.
     Counters {
         #[command(flatten)]
@@ -91,6 +94,7 @@ impl DatapathCommand {
                     println!("no flatnet uplink program was attached to {interface}");
                 }
             }
+            DatapathCommand::Policy(command) => command.run()?,
             DatapathCommand::Counters { pin, output } => {
                 let counters = FrameCounters::read_pinned(&pin.pin_root).with_context(|| {
                     format!(

@@ -2,6 +2,7 @@
 
 mod datapath;
 mod logging;
+mod policy;
 
 use clap::{Parser, Subcommand};
 

@@ -26,17 +26,19 @@ use super::{
 };
 
 /// A pod on the flat network, anywhere in the cluster.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct FlatPod {
     /// Namespace.
     pub namespace: String,
     /// Name.
     pub name: String,
     /// Labels.
+    #[serde(default)]
     pub labels: Labels,
     /// Its flat-network addresses.
     pub ips: Vec<IpAddr>,
     /// Whether it runs on this node (and so gets tables).
+    #[serde(default)]
     pub local: bool,
 }
 
