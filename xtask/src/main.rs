@@ -1,5 +1,6 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
+mod bench_policy;
 mod ebpf;
 mod lab;
 mod tasks;
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
+    /// Measure the per-packet cost of the policy programs (root); updates docs/benchmarks.md.
+    BenchPolicy,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
@@ -33,6 +36,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::BuildEbpf => ebpf::build(),
+        Command::BenchPolicy => bench_policy::run(),
         Command::Clippy => tasks::clippy(),
         Command::Lab => lab::run(),
         Command::Test(args) => tasks::test(&args),
