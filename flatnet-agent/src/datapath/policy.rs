@@ -290,7 +290,8 @@ impl PolicyMaps {
                 }
             }
         }
-        ids.ids.retain(|rule, _| compiled.rules.contains(rule));
+        let live: BTreeSet<&RuleRef> = compiled.rules.iter().collect();
+        ids.ids.retain(|rule, _| live.contains(rule));
         report.subjects = desired_subjects.len();
         Ok(report)
     }

@@ -171,25 +171,7 @@ fn compile_rules(
     inputs: &PolicyInputs<'_>,
     out: &mut CompiledPolicy,
 ) -> Vec<CompiledRule> {
-    let rules: Vec<(
-        Option<&Vec<NetworkPolicyPeer>>,
-        Option<&Vec<NetworkPolicyPort>>,
-    )> = match direction {
-        Direction::Ingress => policy
-            .spec
-            .ingress
-            .iter()
-            .flatten()
-            .map(|r| (r.from.as_ref(), r.ports.as_ref()))
-            .collect(),
-        Direction::Egress => policy
-            .spec
-            .egress
-            .iter()
-            .flatten()
-            .map(|r| (r.to.as_ref(), r.ports.as_ref()))
-            .collect(),
-    };
+    let rules = rule_parts(policy, direction);
     let namespace = policy.metadata.namespace.as_deref().unwrap_or("default");
     let mut compiled = Vec::with_capacity(rules.len());
     for (index, (peers, ports)) in rules.into_iter().enumerate() {
@@ -215,6 +197,32 @@ fn compile_rules(
         compiled.push(CompiledRule { peers, ports });
     }
     compiled
+}
+
+/// Peers and ports of one rule, as written.
+type RuleParts<'a> = (
+    Option<&'a Vec<NetworkPolicyPeer>>,
+    Option<&'a Vec<NetworkPolicyPort>>,
+);
+
+/// The rules of `direction`, in order.
+fn rule_parts(policy: &MultiNetworkPolicy, direction: Direction) -> Vec<RuleParts<'_>> {
+    match direction {
+        Direction::Ingress => policy
+            .spec
+            .ingress
+            .iter()
+            .flatten()
+            .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+            .collect(),
+        Direction::Egress => policy
+            .spec
+            .egress
+            .iter()
+            .flatten()
+            .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+            .collect(),
+    }
 }
 
 fn compile_ports(

@@ -15,6 +15,12 @@ use super::{
     selector::{Labels, matches},
 };
 
+/// Peers and ports of one rule.
+type Rule = (
+    Option<Vec<NetworkPolicyPeer>>,
+    Option<Vec<NetworkPolicyPort>>,
+);
+
 /// Whether a packet of `protocol` to port `port` between the local pod
 /// address `subject` and `remote` is allowed in `direction`.
 pub fn allowed(
@@ -55,10 +61,7 @@ pub fn allowed(
             continue;
         }
         isolated = true;
-        let rules: Vec<(
-            Option<Vec<NetworkPolicyPeer>>,
-            Option<Vec<NetworkPolicyPort>>,
-        )> = match direction {
+        let rules: Vec<Rule> = match direction {
             Direction::Ingress => policy
                 .spec
                 .ingress
