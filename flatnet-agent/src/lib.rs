@@ -5,4 +5,5 @@ pub mod datapath;
 pub mod link;
 pub mod netns;
 pub mod packet;
+pub mod policy;
 pub mod rpc;

@@ -11,6 +11,7 @@
 pub mod conflict;
 pub mod frame_counter;
 pub mod pin;
+pub mod policy;
 pub mod responder;
 
 #[cfg(feature = "k8s")]

@@ -28,14 +28,49 @@ pub const MAP_MANAGED_ADDRS: &str = "MANAGED_ADDRS";
 /// Ring buffer of [`crate::conflict::ConflictEvent`].
 pub const MAP_CONFLICT_EVENTS: &str = "CONFLICT_EVENTS";
 
+/// LPM trie [`crate::policy::PolicyLpmData`] → [`crate::policy::PolicyAllow`]:
+/// what each pod address may exchange with each remote prefix, per direction.
+pub const MAP_POLICY_CIDRS: &str = "POLICY_CIDRS";
+
+/// Hash map [`crate::policy::PolicySubjectKey`] → [`crate::policy::PolicySubject`]:
+/// which directions are isolated for each pod address.
+pub const MAP_POLICY_SUBJECTS: &str = "POLICY_SUBJECTS";
+
+/// Per-CPU array of [`crate::FrameCounter`] indexed by policy rule id.
+pub const MAP_POLICY_RULE_STATS: &str = "POLICY_RULES";
+
+/// Per-CPU array of `u64` indexed by [`crate::policy::PolicyStat`].
+pub const MAP_POLICY_STATS: &str = "POLICY_STATS";
+
+/// LRU hash [`crate::policy::CtKey`] → [`crate::policy::CtEntry`]: replies of allowed flows.
+pub const MAP_POLICY_CT: &str = "POLICY_CT";
+
+/// LRU hash [`crate::policy::FragKey`] → [`crate::policy::CtEntry`]: datagrams
+/// whose first fragment was allowed.
+pub const MAP_POLICY_FRAGS: &str = "POLICY_FRAGS";
+
+/// Ring buffer of [`crate::policy::PolicyDropEvent`].
+pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
+
+/// Per-CPU array (1 entry) of [`crate::policy::EventBudget`]: drop-event rate limit.
+pub const MAP_POLICY_EVENT_BUDGET: &str = "POLICY_EVBUDGET";
+
 /// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
-pub const PINNED_MAPS: [&str; 6] = [
+pub const PINNED_MAPS: [&str; 14] = [
     MAP_FRAME_COUNTERS,
     MAP_ARP_RESPONDER,
     MAP_NDP_RESPONDER,
     MAP_RESPONDER_STATS,
     MAP_MANAGED_ADDRS,
     MAP_CONFLICT_EVENTS,
+    MAP_POLICY_CIDRS,
+    MAP_POLICY_SUBJECTS,
+    MAP_POLICY_RULE_STATS,
+    MAP_POLICY_STATS,
+    MAP_POLICY_CT,
+    MAP_POLICY_FRAGS,
+    MAP_POLICY_EVENTS,
+    MAP_POLICY_EVENT_BUDGET,
 ];
 
 /// Capacity of each responder map.
@@ -44,11 +79,18 @@ pub const RESPONDER_MAX_ENTRIES: u32 = 16_384;
 /// TC filter priority of the uplink program (lower runs first).
 pub const UPLINK_TC_PRIORITY: u16 = 0x1f00;
 
-/// TC filter handle (minor) of the uplink program.
-pub const UPLINK_TC_HANDLE: u16 = 1;
+/// TC filter priority of the policy programs on pod interfaces (ingress
+/// and egress are separate hooks, so they share it).
+pub const POLICY_TC_PRIORITY: u16 = 0x1f10;
 
 /// The TC ingress classifier attached to uplink (master / VLAN) interfaces.
 pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
+
+/// The TC ingress classifier on pod interfaces: ingress policy.
+pub const PROG_POLICY_INGRESS: &str = "policy_ingress";
+
+/// The TC egress classifier on pod interfaces: egress policy.
+pub const PROG_POLICY_EGRESS: &str = "policy_egress";
 
 const _: () = assert!(MAP_FRAME_COUNTERS.len() <= 15);
 const _: () = assert!(PROG_UPLINK_INGRESS.len() <= 15);
@@ -57,3 +99,13 @@ const _: () = assert!(MAP_NDP_RESPONDER.len() <= 15);
 const _: () = assert!(MAP_RESPONDER_STATS.len() <= 15);
 const _: () = assert!(MAP_MANAGED_ADDRS.len() <= 15);
 const _: () = assert!(MAP_CONFLICT_EVENTS.len() <= 15);
+const _: () = assert!(MAP_POLICY_CIDRS.len() <= 15);
+const _: () = assert!(MAP_POLICY_SUBJECTS.len() <= 15);
+const _: () = assert!(MAP_POLICY_RULE_STATS.len() <= 15);
+const _: () = assert!(MAP_POLICY_STATS.len() <= 15);
+const _: () = assert!(MAP_POLICY_CT.len() <= 15);
+const _: () = assert!(MAP_POLICY_FRAGS.len() <= 15);
+const _: () = assert!(MAP_POLICY_EVENTS.len() <= 15);
+const _: () = assert!(MAP_POLICY_EVENT_BUDGET.len() <= 15);
+const _: () = assert!(PROG_POLICY_INGRESS.len() <= 15);
+const _: () = assert!(PROG_POLICY_EGRESS.len() <= 15);

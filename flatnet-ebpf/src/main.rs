@@ -7,6 +7,7 @@
 #![no_main]
 
 mod headers;
+mod policy;
 mod uplink;
 
 #[cfg(not(test))]

@@ -1,5 +1,6 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
+mod bench_policy;
 mod crds;
 mod ebpf;
 mod lab;
@@ -27,6 +28,8 @@ enum Command {
     },
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
+    /// Measure the per-packet cost of the policy programs (root); updates docs/benchmarks.md.
+    BenchPolicy,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
@@ -41,6 +44,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { check } => crds::run(check),
         Command::BuildEbpf => ebpf::build(),
+        Command::BenchPolicy => bench_policy::run(),
         Command::Clippy => tasks::clippy(),
         Command::Lab => lab::run(),
         Command::Test(args) => tasks::test(&args),

@@ -43,6 +43,8 @@ const VM_TESTS: &[(&str, &str)] = &[
         "flatnet-agent:uplink_program",
         "test_run counts_injected reloading",
     ),
+    // The policy programs on crafted frames (BPF_PROG_TEST_RUN).
+    ("flatnet-agent:policy_program", ""),
 ];
 
 fn vm_tests(totals: &mut Totals) -> anyhow::Result<()> {

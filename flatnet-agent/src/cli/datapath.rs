@@ -21,7 +21,7 @@ pub struct PinArgs {
 pub struct TargetArgs {
     /// Uplink (master or VLAN) interface.
     #[arg(long, short)]
-    interface: String,
+    pub(super) interface: String,
     /// Network namespace file the interface lives in (default: the agent's own).
     #[arg(long)]
     netns: Option<PathBuf>,
@@ -29,7 +29,7 @@ pub struct TargetArgs {
 
 impl TargetArgs {
     /// Runs `work` with the interface name, inside `--netns` when given.
-    fn run<T: Send>(&self, work: impl FnOnce(&str) -> T + Send) -> anyhow::Result<T> {
+    pub(super) fn run<T: Send>(&self, work: impl FnOnce(&str) -> T + Send) -> anyhow::Result<T> {
         match &self.netns {
             Some(netns) => Ok(run_in_netns(netns, || work(&self.interface))?),
             None => Ok(work(&self.interface)),
@@ -51,6 +51,9 @@ pub enum DatapathCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
+    /// Network policy on pod interfaces: attach, apply, show.
+    #[command(subcommand)]
+    Policy(super::policy::PolicyCommand),
 }
 
 impl DatapathCommand {
@@ -77,6 +80,7 @@ impl DatapathCommand {
                     println!("no flatnet uplink program was attached to {interface}");
                 }
             }
+            DatapathCommand::Policy(command) => command.run()?,
         }
         Ok(())
     }

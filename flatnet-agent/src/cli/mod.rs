@@ -3,6 +3,7 @@
 mod datapath;
 mod inspect;
 mod logging;
+mod policy;
 
 use clap::{Parser, Subcommand};
 

@@ -12,7 +12,9 @@ mod bpffs;
 mod conflicts;
 mod counters;
 mod pinned;
+mod policy;
 mod responder;
+mod tc;
 mod test_run;
 mod uplink;
 
@@ -30,6 +32,10 @@ use flatnet_common::pin::{
 pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs};
 pub use counters::FrameCounters;
 pub use pinned::PinnedMaps;
+pub use policy::{
+    ApplyReport, InstalledPolicy, PolicyDrop, PolicyDrops, PolicyMaps, PolicyRuleIds, PolicyStats,
+    detach_policy,
+};
 pub use responder::{ResponderStats, Responders};
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
@@ -85,6 +91,9 @@ pub enum DatapathError {
     /// A map named in `flatnet-common` is absent from the object.
     #[error("map {0} missing from the eBPF object; rebuild with `cargo xtask build-ebpf`")]
     MissingMap(&'static str),
+    /// The compiled policy does not fit the kernel maps.
+    #[error("network policy too large: {0}")]
+    PolicyTooLarge(String),
     /// Reading or writing a map failed.
     #[error("map {map}: {source}")]
     Map {
@@ -147,6 +156,37 @@ impl Datapath {
     /// The attachment outlives this process.
     pub fn attach_uplink(&mut self, interface: &str) -> Result<(), DatapathError> {
         uplink::attach(&mut self.ebpf, interface)
+    }
+
+    /// Attaches the policy programs (ingress and egress) to the pod
+    /// interface `interface` in the calling thread's network namespace,
+    /// replacing earlier flatnet policy attachments. Policy updates only
+    /// change maps ([`PolicyMaps`]); the attachment stays.
+    pub fn attach_policy(&mut self, interface: &str) -> Result<(), DatapathError> {
+        policy::attach(&mut self.ebpf, interface)
+    }
+
+    /// The policy maps of this datapath (opened through their pins).
+    pub fn policy_maps(&self) -> Result<PolicyMaps, DatapathError> {
+        PolicyMaps::open(&self.pin_root)
+    }
+
+    /// Runs the policy program of `direction` once per `repeat` on `frame`
+    /// with `BPF_PROG_TEST_RUN`.
+    pub fn test_run_policy(
+        &mut self,
+        direction: flatnet_common::policy::Direction,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<TestRunOutput, DatapathError> {
+        let name = policy::program_name(direction);
+        let program = tc::loaded_classifier(&mut self.ebpf, name)?;
+        let fd = program.fd().map_err(|source| DatapathError::Program {
+            program: name,
+            interface: "(test run)".into(),
+            source,
+        })?;
+        test_run::run(fd.as_fd(), frame, repeat).map_err(DatapathError::TestRun)
     }
 
     /// The ARP/NDP responder tables.

@@ -1,111 +1,35 @@
 //! Attaching the uplink ingress program to master / VLAN interfaces.
 
-use std::io;
-
 use aya::{
     Ebpf,
-    programs::{
-        ProgramError, SchedClassifier, TcAttachType,
-        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
-    },
+    programs::{SchedClassifier, TcAttachType},
 };
-use flatnet_common::pin::{PROG_UPLINK_INGRESS, UPLINK_TC_HANDLE, UPLINK_TC_PRIORITY};
+use flatnet_common::pin::{PROG_UPLINK_INGRESS, UPLINK_TC_PRIORITY};
 
-use super::DatapathError;
+use super::{
+    DatapathError,
+    tc::{self, Slot},
+};
 
-/// Attaches the uplink program on `interface` ingress via netlink, first
-/// removing any earlier flatnet attachment so there is exactly one.
+const SLOT: Slot = Slot {
+    program: PROG_UPLINK_INGRESS,
+    attach_type: TcAttachType::Ingress,
+    priority: UPLINK_TC_PRIORITY,
+};
+
+/// Attaches the uplink program on `interface` ingress, replacing an earlier
+/// flatnet uplink program in place.
 pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: PROG_UPLINK_INGRESS,
-        interface: interface.to_owned(),
-        source,
-    };
-    ensure_clsact(interface)?;
-    let program = loaded_program(ebpf)?;
-    // Netlink rather than TCX: it exists on 6.1 and the filter stays when
-    // the agent exits, so traffic is never left without the program. The
-    // filter always sits at flatnet's priority and handle, so a restarted
-    // or upgraded agent swaps the program in place (no window without it).
-    let options = || {
-        TcAttachOptions::Netlink(NlOptions {
-            priority: UPLINK_TC_PRIORITY,
-            handle: TcHandle::new(0, UPLINK_TC_HANDLE),
-            classid: None,
-        })
-    };
-    let link_id = match program.attach_with_options(interface, TcAttachType::Ingress, options()) {
-        Ok(id) => id,
-        Err(ProgramError::TcError(TcError::NetlinkError(e)))
-            if e.raw_os_error() == Some(libc::EEXIST) =>
-        {
-            let existing = SchedClassifierLink::attached(
-                interface,
-                TcAttachType::Ingress,
-                UPLINK_TC_PRIORITY,
-                TcHandle::new(0, UPLINK_TC_HANDLE),
-                None,
-            )
-            .map_err(|e| tc_error(interface, TcError::IoError(e)))?;
-            program.attach_to_link(existing).map_err(program_error)?
-        }
-        Err(e) => return Err(program_error(e)),
-    };
-    let link = program.take_link(link_id).map_err(program_error)?;
-    // Dropping the link would detach the filter; it must outlive the agent.
-    std::mem::forget(link);
-    Ok(())
+    tc::attach_or_replace(ebpf, interface, SLOT)
 }
 
 /// The uplink program, loaded into the kernel on first use.
 pub(super) fn loaded_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: PROG_UPLINK_INGRESS,
-        interface: String::new(),
-        source,
-    };
-    let program: &mut SchedClassifier = ebpf
-        .program_mut(PROG_UPLINK_INGRESS)
-        .ok_or_else(|| program_error(aya::programs::ProgramError::NotLoaded))?
-        .try_into()
-        .map_err(program_error)?;
-    if program.fd().is_err() {
-        program.load().map_err(program_error)?;
-    }
-    Ok(program)
+    tc::loaded_classifier(ebpf, PROG_UPLINK_INGRESS)
 }
 
 /// Removes flatnet's uplink program from `interface` ingress. Returns whether
 /// anything was attached.
 pub fn detach_uplink(interface: &str) -> Result<bool, DatapathError> {
-    match tc::qdisc_detach_program(interface, TcAttachType::Ingress, PROG_UPLINK_INGRESS) {
-        Ok(()) => Ok(true),
-        Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {
-            // NotFound means either "no such filter" or "no such interface".
-            if nix::net::if_::if_nametoindex(interface).is_ok() {
-                Ok(false)
-            } else {
-                Err(tc_error(interface, TcError::IoError(e)))
-            }
-        }
-        // Without a clsact qdisc there can be no filter.
-        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-        Err(e) => Err(tc_error(interface, e)),
-    }
-}
-
-fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
-    match tc::qdisc_add_clsact(interface) {
-        Ok(()) => Ok(()),
-        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        Err(TcError::AlreadyAttached) => Ok(()),
-        Err(e) => Err(tc_error(interface, e)),
-    }
-}
-
-fn tc_error(interface: &str, source: TcError) -> DatapathError {
-    DatapathError::Tc {
-        interface: interface.to_owned(),
-        source,
-    }
+    tc::detach(interface, SLOT)
 }

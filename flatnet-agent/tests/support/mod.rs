@@ -2,6 +2,8 @@
 //! private pin directories, all removed again on drop.
 #![allow(dead_code)]
 
+pub mod frames;
+
 use std::{
     path::{Path, PathBuf},
     process::Command,

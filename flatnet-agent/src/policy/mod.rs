@@ -1,0 +1,17 @@
+//! Network policy for flat-network pods: the MultiNetworkPolicy API and the
+//! compiler that turns policies into the tables the pod-interface programs
+//! enforce (see `docs/policy.md`).
+
+pub mod api;
+pub mod compile;
+pub mod selector;
+pub mod tables;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod reference;
+
+pub use api::{MultiNetworkPolicy, MultiNetworkPolicySpec, NetworkNames};
+pub use compile::{FlatPod, PolicyInputs, compile};
+pub use tables::{CompiledPolicy, Diagnostic, DirectionTable, PortSpec, RuleRef, SubjectTables};

@@ -1,0 +1,443 @@
+//! TC programs on pod interfaces: MultiNetworkPolicy enforcement.
+//!
+//! `policy_ingress` runs at TC ingress of a pod's flat interface (traffic
+//! into the pod), `policy_egress` at its TC egress (traffic out of the pod).
+//! Both judge a packet by the pod address it concerns (the *subject*: the
+//! destination on ingress, the source on egress):
+//!
+//! 1. ARP, neighbour discovery and MLD always pass; other non-IP frames too.
+//! 2. Replies of flows allowed earlier pass (connection tracking).
+//! 3. A direction that is not isolated for the subject passes.
+//! 4. Otherwise the longest remote prefix in `POLICY_CIDRS` for
+//!    (direction, subject) must hold a port match for the packet.
+//!
+//! Later fragments follow their first fragment. Malformed or truncated IP
+//! packets are dropped (the kernel would drop them anyway). Everything the
+//! programs need to decide lives in maps, so a policy update never touches
+//! the attachment.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_PIPE, TC_ACT_SHOT},
+    btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_map, classifier},
+    programs::TcContext,
+};
+use flatnet_common::{
+    FrameCounter,
+    policy::{
+        CtEntry, CtKey, Direction, DropReason, EventBudget, FRAG_TIMEOUT_NS, Flow, FragKey,
+        Fragment, IPV4_MIN_LEN, Ipv6Ext, LPM_FIXED_BITS, MAX_IPV6_EXTENSIONS,
+        POLICY_CIDRS_MAX_ENTRIES, POLICY_CT_MAX_ENTRIES, POLICY_EVENT_RING_BYTES,
+        POLICY_FRAG_MAX_ENTRIES, POLICY_RULES_MAX, POLICY_SUBJECTS_MAX_ENTRIES, PolicyAllow,
+        PolicyDropEvent, PolicyLpmData, PolicyStat, PolicySubject, PolicySubjectKey, has_ports,
+        icmp_ports, ipv6_ext, is_ipv6_control, is_ipv6_extension, parse_ipv4, parse_ipv6, proto,
+    },
+};
+
+use crate::headers::{ETH_P_ARP, ETH_P_IPV6, l3_protocol};
+
+const ETH_P_IP: u16 = 0x0800;
+
+#[btf_map]
+static POLICY_CIDRS: LpmTrie<PolicyLpmData, PolicyAllow, { POLICY_CIDRS_MAX_ENTRIES as usize }> =
+    LpmTrie::new();
+
+#[btf_map]
+static POLICY_SUBJECTS: HashMap<
+    PolicySubjectKey,
+    PolicySubject,
+    { POLICY_SUBJECTS_MAX_ENTRIES as usize },
+> = HashMap::new();
+
+#[btf_map]
+static POLICY_RULES: PerCpuArray<FrameCounter, { POLICY_RULES_MAX as usize }> = PerCpuArray::new();
+
+#[btf_map]
+static POLICY_STATS: PerCpuArray<u64, { PolicyStat::COUNT as usize }> = PerCpuArray::new();
+
+#[btf_map]
+static POLICY_CT: LruHashMap<CtKey, CtEntry, { POLICY_CT_MAX_ENTRIES as usize }> =
+    LruHashMap::new();
+
+#[btf_map]
+static POLICY_FRAGS: LruHashMap<FragKey, CtEntry, { POLICY_FRAG_MAX_ENTRIES as usize }> =
+    LruHashMap::new();
+
+#[btf_map]
+static POLICY_EVENTS: RingBuf<PolicyDropEvent, { POLICY_EVENT_RING_BYTES as usize }> =
+    RingBuf::new();
+
+#[btf_map]
+static POLICY_EVBUDGET: PerCpuArray<EventBudget, 1> = PerCpuArray::new();
+
+#[classifier]
+pub fn policy_ingress(ctx: TcContext) -> i32 {
+    enforce(&ctx, Direction::Ingress)
+}
+
+#[classifier]
+pub fn policy_egress(ctx: TcContext) -> i32 {
+    enforce(&ctx, Direction::Egress)
+}
+
+/// What parsing found in a frame.
+enum Parsed {
+    /// Not subject to policy (ARP, NDP/MLD, non-IP); the stat to count.
+    Pass(PolicyStat),
+    /// An IP packet.
+    Ip(Packet),
+    /// An IP packet the program cannot judge; the addresses when readable.
+    Malformed([u8; 16], [u8; 16]),
+}
+
+/// An IP packet as the policy sees it.
+struct Packet {
+    flow: Flow,
+    fragment: Fragment,
+    /// Whether the L4 header the protocol needs could be read. Always true
+    /// for later fragments (they have none) and port-less protocols.
+    l4_complete: bool,
+}
+
+impl Packet {
+    /// The destination port a rule matches against, if the protocol has ports.
+    #[inline(always)]
+    fn policy_port(&self) -> Option<u16> {
+        if has_ports(self.flow.protocol) && self.l4_complete {
+            Some(self.flow.dst_port)
+        } else {
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn enforce(ctx: &TcContext, direction: Direction) -> i32 {
+    match parse(ctx) {
+        Parsed::Pass(stat) => {
+            bump(stat);
+            TC_ACT_PIPE
+        }
+        Parsed::Malformed(src, dst) => {
+            let flow = Flow {
+                src,
+                dst,
+                src_port: 0,
+                dst_port: 0,
+                protocol: 0,
+            };
+            drop_packet(ctx, direction, DropReason::Malformed, &flow)
+        }
+        Parsed::Ip(packet) => decide(ctx, direction, &packet),
+    }
+}
+
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Parsed {
+    // A frame too short for an Ethernet header cannot carry IP.
+    let Ok((ether_type, l3)) = l3_protocol(ctx) else {
+        return Parsed::Pass(PolicyStat::PassedNonIp);
+    };
+    match ether_type {
+        ETH_P_IP => parse_v4(ctx, l3),
+        ETH_P_IPV6 => parse_v6(ctx, l3),
+        ETH_P_ARP => Parsed::Pass(PolicyStat::AllowedNeighbor),
+        _ => Parsed::Pass(PolicyStat::PassedNonIp),
+    }
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &TcContext, l3: usize) -> Parsed {
+    let Ok(header) = ctx.load::<[u8; IPV4_MIN_LEN]>(l3) else {
+        return Parsed::Malformed([0; 16], [0; 16]);
+    };
+    let Some(info) = parse_ipv4(&header) else {
+        return Parsed::Malformed([0; 16], [0; 16]);
+    };
+    transport(
+        ctx,
+        info.src,
+        info.dst,
+        info.protocol,
+        info.fragment,
+        l3 + info.header_len,
+    )
+}
+
+#[inline(always)]
+fn parse_v6(ctx: &TcContext, l3: usize) -> Parsed {
+    let Ok(header) = ctx.load::<[u8; 40]>(l3) else {
+        return Parsed::Malformed([0; 16], [0; 16]);
+    };
+    let Some(info) = parse_ipv6(&header) else {
+        return Parsed::Malformed([0; 16], [0; 16]);
+    };
+    let mut next = info.next_header;
+    let mut offset = l3 + 40;
+    let mut fragment = Fragment::None;
+    for _ in 0..MAX_IPV6_EXTENSIONS {
+        if !is_ipv6_extension(next) {
+            break;
+        }
+        let Ok(bytes) = ctx.load::<[u8; 8]>(offset) else {
+            return Parsed::Malformed(info.src, info.dst);
+        };
+        match ipv6_ext(next, &bytes) {
+            Ipv6Ext::Skip { next: n, len } => {
+                next = n;
+                offset += len;
+            }
+            Ipv6Ext::Fragment {
+                next: n,
+                later,
+                more,
+                id,
+            } => {
+                next = n;
+                offset += 8;
+                if later {
+                    // No upper-layer header follows in this fragment.
+                    return transport(ctx, info.src, info.dst, n, Fragment::Later { id }, offset);
+                }
+                if more {
+                    fragment = Fragment::First { id };
+                }
+            }
+            Ipv6Ext::Upper => break,
+        }
+    }
+    if is_ipv6_extension(next) {
+        // More extension headers than the program walks: it cannot find the
+        // upper-layer protocol, so it cannot judge the packet.
+        return Parsed::Malformed(info.src, info.dst);
+    }
+    transport(ctx, info.src, info.dst, next, fragment, offset)
+}
+
+/// Reads the transport ports (or ICMP identifier) at `l4`.
+#[inline(always)]
+fn transport(
+    ctx: &TcContext,
+    src: [u8; 16],
+    dst: [u8; 16],
+    protocol: u8,
+    fragment: Fragment,
+    l4: usize,
+) -> Parsed {
+    let mut packet = Packet {
+        flow: Flow {
+            src,
+            dst,
+            src_port: 0,
+            dst_port: 0,
+            protocol,
+        },
+        fragment,
+        l4_complete: true,
+    };
+    if let Fragment::Later { .. } = fragment {
+        return Parsed::Ip(packet);
+    }
+    if has_ports(protocol) {
+        match ctx.load::<[u8; 4]>(l4) {
+            Ok(p) => {
+                packet.flow.src_port = u16::from_be_bytes([p[0], p[1]]);
+                packet.flow.dst_port = u16::from_be_bytes([p[2], p[3]]);
+            }
+            Err(_) => packet.l4_complete = false,
+        }
+    } else if protocol == proto::ICMP || protocol == proto::ICMPV6 {
+        match ctx.load::<[u8; 8]>(l4) {
+            Ok(h) => {
+                if protocol == proto::ICMPV6 && is_ipv6_control(h[0]) {
+                    return Parsed::Pass(PolicyStat::AllowedNeighbor);
+                }
+                if let Some((s, d)) = icmp_ports(protocol, &h) {
+                    packet.flow.src_port = s;
+                    packet.flow.dst_port = d;
+                }
+            }
+            Err(_) => packet.l4_complete = false,
+        }
+    }
+    Parsed::Ip(packet)
+}
+
+#[inline(always)]
+fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
+    let flow = &packet.flow;
+    let (subject, remote) = match direction {
+        Direction::Ingress => (flow.dst, flow.src),
+        Direction::Egress => (flow.src, flow.dst),
+    };
+    // SAFETY: the value is copied out at once.
+    let isolated = unsafe { POLICY_SUBJECTS.get(PolicySubjectKey { addr: subject }) }
+        .is_some_and(|s| s.is_isolated(direction));
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+
+    if let Fragment::Later { id } = packet.fragment {
+        if !isolated {
+            bump(PolicyStat::AllowedNotIsolated);
+            return TC_ACT_PIPE;
+        }
+        let key = frag_key(flow, id, direction);
+        // SAFETY: the value is copied out at once.
+        let alive = unsafe { POLICY_FRAGS.get(key) }
+            .is_some_and(|e| now.saturating_sub(e.last_seen_ns) < FRAG_TIMEOUT_NS);
+        if alive {
+            bump(PolicyStat::AllowedFragment);
+            return TC_ACT_PIPE;
+        }
+        return drop_packet(ctx, direction, DropReason::Fragment, flow);
+    }
+
+    if packet.l4_complete && is_reply(flow, direction, now) {
+        remember_fragment(packet, direction, now);
+        bump(PolicyStat::AllowedReply);
+        return TC_ACT_PIPE;
+    }
+    if !isolated {
+        if packet.l4_complete {
+            remember(packet, direction, now);
+        }
+        bump(PolicyStat::AllowedNotIsolated);
+        return TC_ACT_PIPE;
+    }
+    if !packet.l4_complete {
+        return drop_packet(ctx, direction, DropReason::Malformed, flow);
+    }
+    let key = Key::new(
+        LPM_FIXED_BITS + 128,
+        PolicyLpmData {
+            direction: direction as u32,
+            subject,
+            remote,
+        },
+    );
+    let rule = POLICY_CIDRS
+        .get(&key)
+        .and_then(|allow| allow.first_match(flow.protocol, packet.policy_port()));
+    match rule {
+        Some(rule) => {
+            count_rule(rule, ctx.len());
+            remember(packet, direction, now);
+            bump(PolicyStat::AllowedByRule);
+            TC_ACT_PIPE
+        }
+        None => drop_packet(ctx, direction, DropReason::NoRule, flow),
+    }
+}
+
+/// Whether the packet is a reply of a flow allowed earlier; refreshes the entry.
+#[inline(always)]
+fn is_reply(flow: &Flow, direction: Direction, now: u64) -> bool {
+    let key = flow.ct_key(direction);
+    let Some(entry) = POLICY_CT.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: the pointer from the lookup is valid for this run; a racing
+    // refresh writes the same kind of timestamp.
+    unsafe {
+        if !(*entry).alive(flow.protocol, now) {
+            return false;
+        }
+        if (*entry).needs_refresh(now) {
+            (*entry).last_seen_ns = now;
+        }
+    }
+    true
+}
+
+/// Lets the replies of an allowed packet's flow through, and its later
+/// fragments when it is a first fragment.
+#[inline(always)]
+fn remember(packet: &Packet, direction: Direction, now: u64) {
+    let key = packet.flow.reply_ct_key(direction);
+    // SAFETY: the value is copied out at once.
+    let fresh = unsafe { POLICY_CT.get(key) }.is_some_and(|e| !e.needs_refresh(now));
+    if !fresh {
+        // A full LRU map evicts its oldest entry; an error only means this
+        // flow's replies are judged by the policy like any other packet.
+        let _ = POLICY_CT.insert(key, CtEntry { last_seen_ns: now }, 0);
+    }
+    remember_fragment(packet, direction, now);
+}
+
+#[inline(always)]
+fn remember_fragment(packet: &Packet, direction: Direction, now: u64) {
+    if let Fragment::First { id } = packet.fragment {
+        let key = frag_key(&packet.flow, id, direction);
+        let _ = POLICY_FRAGS.insert(key, CtEntry { last_seen_ns: now }, 0);
+    }
+}
+
+#[inline(always)]
+fn frag_key(flow: &Flow, id: u32, direction: Direction) -> FragKey {
+    FragKey {
+        src: flow.src,
+        dst: flow.dst,
+        id,
+        protocol: flow.protocol,
+        direction: direction as u8,
+        reserved: [0; 2],
+    }
+}
+
+/// Drops the packet: counts it and reports it within the rate limit.
+#[inline(always)]
+fn drop_packet(ctx: &TcContext, direction: Direction, reason: DropReason, flow: &Flow) -> i32 {
+    bump(match reason {
+        DropReason::NoRule => PolicyStat::DeniedNoRule,
+        DropReason::Fragment => PolicyStat::DeniedFragment,
+        DropReason::Malformed => PolicyStat::DeniedMalformed,
+    });
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let allowed = match POLICY_EVBUDGET.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+        Some(budget) => unsafe { (*budget).take(now) },
+        None => false,
+    };
+    if !allowed {
+        bump(PolicyStat::EventsSuppressed);
+        return TC_ACT_SHOT;
+    }
+    let event = PolicyDropEvent {
+        timestamp_ns: now,
+        src: flow.src,
+        dst: flow.dst,
+        src_port: flow.src_port,
+        dst_port: flow.dst_port,
+        protocol: flow.protocol,
+        direction: direction as u8,
+        reason: reason as u8,
+        reserved: 0,
+        len: ctx.len(),
+        reserved2: 0,
+    };
+    if POLICY_EVENTS.output(event, 0).is_err() {
+        bump(PolicyStat::EventsSuppressed);
+    }
+    TC_ACT_SHOT
+}
+
+#[inline(always)]
+fn count_rule(rule: u32, len: u32) {
+    if let Some(counter) = POLICY_RULES.get_ptr_mut(rule) {
+        // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+        unsafe {
+            (*counter).packets += 1;
+            (*counter).bytes += u64::from(len);
+        }
+    }
+}
+
+#[inline(always)]
+fn bump(stat: PolicyStat) {
+    if let Some(value) = POLICY_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+        unsafe { *value += 1 };
+    }
+}
