@@ -3,7 +3,12 @@
 //! Flag and environment names follow the original rancher-flat-network
 //! operator, so its Helm values and manifests keep working.
 
-use std::{ffi::OsStr, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    ffi::OsStr,
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
@@ -104,6 +109,63 @@ pub struct Cli {
         default_value = "10.43.0.0/16"
     )]
     pub service_cidr: String,
+
+    /// How the CNI announces a new address: `arp_notify` or `arping`.
+    #[arg(
+        long,
+        env = "FLAT_NETWORK_CNI_ARP_POLICY",
+        default_value = "arp_notify"
+    )]
+    pub arp_policy: String,
+
+    /// Proxy ARP on the pod interface (Go boolean: `true`, `false`, `1`, `0`, ...).
+    #[arg(long, env = "FLAT_NETWORK_CNI_PROXY_ARP", default_value = "false")]
+    pub proxy_arp: String,
+
+    /// MTU of the pod interfaces written into the attachment; 0 leaves it to the parent link.
+    #[arg(long, env = "FLATNET_CNI_MTU", default_value_t = 1500)]
+    pub cni_mtu: u32,
+
+    /// Serve the admission webhook (`--webhook-server=false` turns it off).
+    #[arg(long, env = "FLATNET_WEBHOOK_SERVER", default_value_t = true, action = ArgAction::Set)]
+    pub webhook_server: bool,
+
+    /// Address the webhook listens on.
+    #[arg(long, env = "FLATNET_WEBHOOK_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+
+    /// Port the webhook listens on.
+    #[arg(long, env = "FLATNET_WEBHOOK_PORT", default_value_t = 443)]
+    pub port: u16,
+
+    /// Service in front of the webhook (in the operator's namespace).
+    #[arg(
+        long,
+        env = "FLATNET_WEBHOOK_SERVICE",
+        default_value = "rancher-flat-network-webhook-svc"
+    )]
+    pub webhook_service: String,
+
+    /// Secret holding the webhook's CA and serving certificate (created or adopted).
+    #[arg(
+        long,
+        env = "FLATNET_WEBHOOK_SECRET",
+        default_value = "rancher-flat-network-webhook-certs"
+    )]
+    pub webhook_secret: String,
+
+    /// ValidatingWebhookConfiguration the operator registers and keeps the caBundle of.
+    #[arg(
+        long,
+        env = "FLATNET_WEBHOOK_CONFIG",
+        default_value = "rancher-flat-network-subnets-validating-config"
+    )]
+    pub webhook_config: String,
+
+    /// Development out of cluster: register the webhook with this URL
+    /// (`https://127.0.0.1:8443/validate`) instead of the Service.
+    #[arg(long, env = "FLATNET_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
 }
 
 /// Output format of the logs.
@@ -169,6 +231,69 @@ pub struct Config {
     pub cluster_cidrs: Vec<Cidr>,
     /// Service CIDRs of the cluster.
     pub service_cidrs: Vec<Cidr>,
+    /// Settings copied into the NetworkAttachmentDefinitions.
+    pub cni: CniSettings,
+    /// The admission webhook.
+    pub webhook: WebhookSettings,
+}
+
+/// How the CNI announces a pod's new address on the LAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArpPolicy {
+    /// The kernel sends gratuitous ARP / unsolicited NA (`arp_notify`).
+    ArpNotify,
+    /// The CNI sends gratuitous ARP itself (`arping`).
+    Arping,
+}
+
+impl ArpPolicy {
+    /// The value as written in the environment and the attachment.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ArpNotify => "arp_notify",
+            Self::Arping => "arping",
+        }
+    }
+}
+
+/// Settings the operator writes into every NetworkAttachmentDefinition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniSettings {
+    /// Address announcement.
+    pub arp_policy: ArpPolicy,
+    /// Proxy ARP on the pod interface.
+    pub proxy_arp: bool,
+    /// Pod interface MTU; `None` leaves it to the parent link.
+    pub mtu: Option<u16>,
+}
+
+/// Where and how the admission webhook is served and registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// Serve it at all.
+    pub enabled: bool,
+    /// Listening address.
+    pub listen: SocketAddr,
+    /// Namespace of the Service and the Secret (the operator's).
+    pub namespace: String,
+    /// Service in front of the replicas.
+    pub service: String,
+    /// Secret with the CA and serving certificate.
+    pub secret: String,
+    /// ValidatingWebhookConfiguration name.
+    pub configuration: String,
+    /// Out-of-cluster URL registered instead of the Service.
+    pub url: Option<WebhookUrl>,
+}
+
+/// A development URL of the webhook: `https://host:port/path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookUrl {
+    /// The URL as given.
+    pub url: String,
+    /// Its host, put in the serving certificate.
+    pub host: String,
 }
 
 /// A setting that cannot be used; the message names the flag, its variable and the fix.
@@ -223,6 +348,26 @@ pub enum ConfigError {
     /// Empty attachment name.
     #[error("FLATNET_NETWORK_ATTACHMENT (--network-attachment) must not be empty")]
     EmptyAttachment,
+    /// Unknown ARP policy.
+    #[error(
+        "FLAT_NETWORK_CNI_ARP_POLICY (--arp-policy) {0:?} is not supported: use \"arp_notify\" or \"arping\""
+    )]
+    ArpPolicy(String),
+    /// Not a Go boolean.
+    #[error(
+        "FLAT_NETWORK_CNI_PROXY_ARP (--proxy-arp) {0:?} is not a boolean: use \"true\" or \"false\""
+    )]
+    ProxyArp(String),
+    /// MTU out of range.
+    #[error(
+        "FLATNET_CNI_MTU (--cni-mtu) {0} is out of range: use 68..65535, or 0 to inherit the parent link's MTU"
+    )]
+    Mtu(u32),
+    /// The webhook URL is not `https://host[:port]/path`.
+    #[error(
+        "FLATNET_WEBHOOK_URL (--webhook-url) {0:?} is not an https URL: write it like https://127.0.0.1:8443/validate"
+    )]
+    WebhookUrl(String),
 }
 
 impl Cli {
@@ -242,6 +387,8 @@ impl Cli {
     /// A [`ConfigError`] naming the first unusable setting.
     pub fn into_config(self) -> Result<Config, ConfigError> {
         let dev_mode = self.dev_mode.as_deref().is_some_and(|v| !v.is_empty());
+        // The Lease lives in the operator's namespace, and so do the webhook's objects.
+        let operator_namespace = self.lease_namespace.clone();
         let election = if dev_mode {
             Election::Disabled
         } else {
@@ -281,6 +428,33 @@ impl Cli {
             election,
             cluster_cidrs: cidr_list("FLAT_NETWORK_CLUSTER_CIDR", &self.cluster_cidr)?,
             service_cidrs: cidr_list("FLAT_NETWORK_SERVICE_CIDR", &self.service_cidr)?,
+            cni: CniSettings {
+                arp_policy: match self.arp_policy.trim() {
+                    "arp_notify" => ArpPolicy::ArpNotify,
+                    "arping" => ArpPolicy::Arping,
+                    other => return Err(ConfigError::ArpPolicy(other.to_owned())),
+                },
+                proxy_arp: go_bool(&self.proxy_arp)
+                    .ok_or_else(|| ConfigError::ProxyArp(self.proxy_arp.clone()))?,
+                mtu: match self.cni_mtu {
+                    0 => None,
+                    mtu @ 68..=65535 => Some(u16::try_from(mtu).unwrap_or(u16::MAX)),
+                    other => return Err(ConfigError::Mtu(other)),
+                },
+            },
+            webhook: WebhookSettings {
+                enabled: self.webhook_server,
+                listen: SocketAddr::new(self.bind_address, self.port),
+                namespace: operator_namespace,
+                service: self.webhook_service,
+                secret: self.webhook_secret,
+                configuration: self.webhook_config,
+                url: self
+                    .webhook_url
+                    .filter(|u| !u.is_empty())
+                    .map(|u| webhook_url(&u))
+                    .transpose()?,
+            },
         })
     }
 
@@ -343,6 +517,35 @@ pub fn go_duration(setting: &'static str, value: &str) -> Result<Duration, Confi
             value: value.to_owned(),
         })?;
     Ok(Duration::from_nanos(nanos))
+}
+
+/// Go's `strconv.ParseBool`.
+fn go_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Checks a development webhook URL and takes its host for the certificate.
+fn webhook_url(url: &str) -> Result<WebhookUrl, ConfigError> {
+    let bad = || ConfigError::WebhookUrl(url.to_owned());
+    let rest = url.strip_prefix("https://").ok_or_else(bad)?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    // `[::1]:8443`, `127.0.0.1:8443`, `localhost`
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        authority.split(':').next().unwrap_or_default()
+    };
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok(WebhookUrl {
+        url: url.to_owned(),
+        host: host.to_owned(),
+    })
 }
 
 fn cidr_list(setting: &'static str, value: &str) -> Result<Vec<Cidr>, ConfigError> {
@@ -545,6 +748,100 @@ mod tests {
             parse(&[], &[("HOSTNAME", "")]).unwrap_err(),
             ConfigError::NoIdentity
         );
+    }
+
+    #[test]
+    fn cni_settings_follow_the_original_variables() {
+        let config = parse(&["--identity", "x"], &[]).unwrap();
+        assert_eq!(
+            config.cni,
+            CniSettings {
+                arp_policy: ArpPolicy::ArpNotify,
+                proxy_arp: false,
+                mtu: Some(1500),
+            }
+        );
+        let config = parse(
+            &["--identity", "x", "--cni-mtu", "0"],
+            &[
+                ("FLAT_NETWORK_CNI_ARP_POLICY", "arping"),
+                ("FLAT_NETWORK_CNI_PROXY_ARP", "1"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.cni.arp_policy, ArpPolicy::Arping);
+        assert!(config.cni.proxy_arp);
+        assert_eq!(config.cni.mtu, None);
+    }
+
+    #[test]
+    fn bad_cni_settings_name_the_variable() {
+        let err = parse(
+            &["--identity", "x"],
+            &[("FLAT_NETWORK_CNI_ARP_POLICY", "garp")],
+        )
+        .unwrap_err();
+        assert_eq!(err, ConfigError::ArpPolicy("garp".into()));
+        assert!(err.to_string().starts_with("FLAT_NETWORK_CNI_ARP_POLICY"));
+        let err = parse(
+            &["--identity", "x"],
+            &[("FLAT_NETWORK_CNI_PROXY_ARP", "yes")],
+        )
+        .unwrap_err();
+        assert_eq!(err, ConfigError::ProxyArp("yes".into()));
+        let err = parse(&["--identity", "x", "--cni-mtu", "67"], &[]).unwrap_err();
+        assert_eq!(err, ConfigError::Mtu(67));
+    }
+
+    #[test]
+    fn webhook_defaults_and_dev_url() {
+        let config = parse(&["--identity", "x"], &[("POD_NAMESPACE", "flat")]).unwrap();
+        let webhook = config.webhook;
+        assert!(webhook.enabled);
+        assert_eq!(webhook.listen, "0.0.0.0:443".parse().unwrap());
+        assert_eq!(webhook.namespace, "flat");
+        assert_eq!(webhook.service, "rancher-flat-network-webhook-svc");
+        assert_eq!(webhook.secret, "rancher-flat-network-webhook-certs");
+        assert_eq!(
+            webhook.configuration,
+            "rancher-flat-network-subnets-validating-config"
+        );
+        assert_eq!(webhook.url, None);
+
+        let config = parse(
+            &[
+                "--identity",
+                "x",
+                "--webhook-server=false",
+                "--port",
+                "8443",
+                "--webhook-url",
+                "https://[::1]:8443/validate",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert!(!config.webhook.enabled);
+        assert_eq!(config.webhook.listen.port(), 8443);
+        assert_eq!(config.webhook.url.unwrap().host, "::1");
+        for bad in ["http://127.0.0.1/validate", "https:///validate"] {
+            let err = parse(&["--identity", "x", "--webhook-url", bad], &[]).unwrap_err();
+            assert_eq!(err, ConfigError::WebhookUrl(bad.into()));
+        }
+        let url = parse(
+            &[
+                "--identity",
+                "x",
+                "--webhook-url",
+                "https://dev.example:9443/v",
+            ],
+            &[],
+        )
+        .unwrap()
+        .webhook
+        .url
+        .unwrap();
+        assert_eq!(url.host, "dev.example");
     }
 
     #[test]

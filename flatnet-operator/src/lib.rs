@@ -1,8 +1,10 @@
 //! flatnet-operator: the cluster side of flatnet.
 //!
 //! This crate holds the operator runtime (configuration, leader election,
-//! health and metrics) and the flat-network Service controller. The binary
-//! in `main.rs` only parses the command line and calls [`runtime::run`].
+//! health and metrics), the flat-network Service controller, the
+//! NetworkAttachmentDefinition controller and the admission webhook with its
+//! managed TLS. The binary in `main.rs` only parses the command line and
+//! calls [`runtime::run`].
 
 pub mod admin;
 pub mod annotations;
@@ -10,9 +12,12 @@ pub mod cidr;
 pub mod config;
 pub mod leader;
 pub mod metrics;
+pub mod nad;
 pub mod runtime;
 pub mod services;
 pub mod telemetry;
+pub mod tls;
+pub mod webhook;
 
 #[cfg(test)]
 mod fixtures;

@@ -29,6 +29,24 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// Labels of the webhook request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// Kind of the reviewed object, e.g. `Deployment`.
+    pub kind: String,
+    /// `CREATE`, `UPDATE` or `DELETE`.
+    pub operation: String,
+}
+
+/// Labels of the webhook denial counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DenialLabels {
+    /// Kind of the reviewed object.
+    pub kind: String,
+    /// Short reason, e.g. `address_in_use`.
+    pub reason: String,
+}
+
 type DurationFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
 
 /// Every metric of the operator and the registry that serves them.
@@ -39,6 +57,9 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     duration: DurationFamily,
     leader: Gauge,
+    admission_requests: Family<AdmissionLabels, Counter>,
+    admission_denials: Family<DenialLabels, Counter>,
+    webhook_cert_expiry: Gauge,
 }
 
 impl Default for Metrics {
@@ -78,12 +99,33 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let admission_requests = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "webhook_requests",
+            "Admission reviews answered, by kind and operation",
+            admission_requests.clone(),
+        );
+        let admission_denials = Family::<DenialLabels, Counter>::default();
+        registry.register(
+            "webhook_denials",
+            "Admission reviews denied, by kind and reason",
+            admission_denials.clone(),
+        );
+        let webhook_cert_expiry = Gauge::default();
+        registry.register(
+            "webhook_certificate_expiry_timestamp_seconds",
+            "Unix time at which the serving certificate this replica uses expires",
+            webhook_cert_expiry.clone(),
+        );
         Self {
             registry,
             reconciliations,
             errors,
             duration,
             leader,
+            admission_requests,
+            admission_denials,
+            webhook_cert_expiry,
         }
     }
 
@@ -115,6 +157,31 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
+    /// Counts one admission review of `kind` for `operation`.
+    pub fn admission_reviewed(&self, kind: &str, operation: &str) {
+        self.admission_requests
+            .get_or_create(&AdmissionLabels {
+                kind: kind.to_owned(),
+                operation: operation.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one denied admission review of `kind` for `reason`.
+    pub fn admission_denied(&self, kind: &str, reason: &str) {
+        self.admission_denials
+            .get_or_create(&DenialLabels {
+                kind: kind.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records when the serving certificate in use expires (Unix seconds).
+    pub fn set_webhook_cert_expiry(&self, unix_seconds: i64) {
+        self.webhook_cert_expiry.set(unix_seconds);
+    }
+
     /// The metrics in the Prometheus text format.
     #[must_use]
     pub fn render(&self) -> String {
@@ -141,6 +208,26 @@ impl Drop for ReconcileTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_webhook_reviews_denials_and_cert_expiry() {
+        let metrics = Metrics::new();
+        metrics.admission_reviewed("Pod", "CREATE");
+        metrics.admission_reviewed("Pod", "CREATE");
+        metrics.admission_denied("Pod", "address_in_use");
+        metrics.set_webhook_cert_expiry(1_900_000_000);
+        let text = metrics.render();
+        for line in [
+            r#"flatnet_operator_webhook_requests_total{kind="Pod",operation="CREATE"} 2"#,
+            r#"flatnet_operator_webhook_denials_total{kind="Pod",reason="address_in_use"} 1"#,
+            "flatnet_operator_webhook_certificate_expiry_timestamp_seconds 1900000000",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
 
     #[test]
     fn counts_reconciles_errors_durations_and_leadership() {

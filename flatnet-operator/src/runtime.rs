@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -11,7 +11,9 @@ use crate::{
     config::{Config, Election},
     leader::{self, Outcome},
     metrics::Metrics,
-    services,
+    nad, services,
+    tls::{self, resolver::ReloadingResolver},
+    webhook,
 };
 
 /// Failure to start the operator.
@@ -31,6 +33,17 @@ pub enum StartError {
     /// The admin address is taken or not allowed.
     #[error("cannot listen on {addr} for /healthz and /metrics (--admin-address): {source}")]
     Listen {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The webhook address is taken or not allowed.
+    #[error(
+        "cannot listen on {addr} for the admission webhook (--bind-address, --port): {source}; choose a free port, or allow binding below 1024 (NET_BIND_SERVICE)"
+    )]
+    WebhookListen {
         /// Address.
         addr: std::net::SocketAddr,
         /// I/O error.
@@ -113,6 +126,59 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
     });
     info!(address = %config.admin_address, "serving /healthz, /readyz and /metrics");
 
+    // Every replica serves the webhook and follows the certificate Secret;
+    // the leader alone keeps the certificates and the registration up to date.
+    let cert_changed = Arc::new(Notify::new());
+    if config.webhook.enabled {
+        let resolver = Arc::new(ReloadingResolver::default());
+        let listener = TcpListener::bind(config.webhook.listen)
+            .await
+            .map_err(|source| StartError::WebhookListen {
+                addr: config.webhook.listen,
+                source,
+            })?;
+        let validator = Arc::new(webhook::Validator::new(
+            client.clone(),
+            Arc::clone(&metrics),
+        ));
+        tokio::spawn(webhook::server::serve(
+            listener,
+            tls::resolver::server_config(Arc::clone(&resolver)),
+            webhook::router(validator),
+            shutdown.clone(),
+        ));
+        tokio::spawn(tls::follow(
+            client.clone(),
+            config.webhook.clone(),
+            resolver,
+            Arc::clone(&metrics),
+            Arc::clone(&cert_changed),
+            shutdown.clone(),
+        ));
+        info!(address = %config.webhook.listen, "serving the admission webhook");
+    }
+    let upkeep = config.webhook.enabled.then(|| {
+        let settings = config.webhook.clone();
+        let hosts = tls::cert::hosts(
+            &settings.service,
+            &settings.namespace,
+            settings.url.as_ref().map(|u| u.host.as_str()),
+        );
+        (client.clone(), settings, hosts, cert_changed)
+    });
+    let nad_ctx = Arc::new(nad::Context {
+        client: client.clone(),
+        metrics: Arc::clone(&metrics),
+        name: config.network_attachment.clone(),
+        config: nad::cni_config(
+            &config.network_attachment,
+            &config.cni,
+            &config.cluster_cidrs,
+            &config.service_cidrs,
+        ),
+        resync: config.resync,
+    });
+
     let ctx = Arc::new(services::Context {
         client: client.clone(),
         metrics: Arc::clone(&metrics),
@@ -124,7 +190,30 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         move |stop: CancellationToken| {
             // Until its caches sync, a new leader is not ready.
             health.set_ready(false);
-            services::run(ctx, config.workers, health, stop)
+            let workers = config.workers;
+            // When one controller ends, the others are stopped too.
+            let services = cancel_when_done(
+                services::run(ctx, workers, health, stop.clone()),
+                stop.clone(),
+            );
+            let nads = cancel_when_done(nad::run(nad_ctx, workers, stop.clone()), stop.clone());
+            let certificates = cancel_when_done(
+                {
+                    let stop = stop.clone();
+                    async move {
+                        match upkeep {
+                            Some((client, settings, hosts, changed)) => {
+                                tls::manage(client, settings, hosts, changed, stop).await;
+                            }
+                            None => stop.cancelled().await,
+                        }
+                    }
+                },
+                stop,
+            );
+            async move {
+                tokio::join!(services, nads, certificates);
+            }
         }
     };
 
@@ -174,6 +263,12 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             Ok(outcome)
         }
     }
+}
+
+/// Runs `task`, then cancels `stop` so the tasks sharing it end as well.
+async fn cancel_when_done(task: impl std::future::Future<Output = ()>, stop: CancellationToken) {
+    task.await;
+    stop.cancel();
 }
 
 /// Cancels `token` on the first SIGTERM or SIGINT.

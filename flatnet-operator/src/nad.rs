@@ -1,0 +1,343 @@
+//! The NetworkAttachmentDefinition controller.
+//!
+//! Multus finds the flat network through a `k8s.cni.cncf.io/v1`
+//! NetworkAttachmentDefinition named `rancher-flat-network` (the
+//! `--network-attachment` name) in the pod's namespace. The leader keeps one
+//! in every namespace, pointing at `flatnet-cni` with the operator's settings,
+//! and restores it when it is deleted or edited.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{api::core::v1::Namespace, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use kube::{
+    Api, Client, CustomResource, Resource, ResourceExt,
+    api::{ObjectMeta, Patch, PatchParams},
+    runtime::{
+        Controller,
+        controller::{self, Action},
+        reflector::ObjectRef,
+        watcher,
+    },
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, instrument, warn};
+
+use crate::{cidr::Cidr, config::CniSettings, metrics::Metrics, services::FIELD_MANAGER};
+
+/// Name of this controller in logs and metrics.
+pub const CONTROLLER: &str = "nad";
+
+/// The CNI plugin the attachments run.
+pub const CNI_TYPE: &str = "flatnet-cni";
+
+/// CNI specification version of the attachment config (as the original's).
+pub const CNI_VERSION: &str = "1.0.0";
+
+/// Retry delay after an API error.
+const RETRY_TRANSIENT: Duration = Duration::from_secs(10);
+
+/// Spec of a Multus NetworkAttachmentDefinition: the CNI config as a JSON string.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "k8s.cni.cncf.io",
+    version = "v1",
+    kind = "NetworkAttachmentDefinition",
+    plural = "network-attachment-definitions",
+    namespaced,
+    schema = "disabled"
+)]
+pub struct NetworkAttachmentDefinitionSpec {
+    /// CNI network configuration (JSON text).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config: String,
+}
+
+/// What the reconciler needs.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Attachment name (`--network-attachment`).
+    pub name: String,
+    /// The CNI config every attachment carries, rendered once.
+    pub config: String,
+    /// Period of the full re-reconcile.
+    pub resync: Duration,
+}
+
+/// A reconcile failure.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "apply NetworkAttachmentDefinition {namespace}/{name}: {source}; check the k8s.cni.cncf.io CRD is installed (Multus) and the operator may patch network-attachment-definitions"
+)]
+pub struct Error {
+    /// Namespace.
+    namespace: String,
+    /// Attachment name.
+    name: String,
+    /// The API error.
+    #[source]
+    source: Box<kube::Error>,
+}
+
+/// The CNI config of the flat network, as `flatnet-cni` reads it.
+///
+/// `mtu` is a field of flatnet-cni's own config. The `flatNetwork` object is
+/// the original's block, kept so its readers keep working; flatnet-cni
+/// forwards it to the agent unchanged.
+#[must_use]
+pub fn cni_config(
+    name: &str,
+    settings: &CniSettings,
+    cluster_cidrs: &[Cidr],
+    service_cidrs: &[Cidr],
+) -> String {
+    let join = |cidrs: &[Cidr]| {
+        cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut flat_network = json!({
+        "clusterCIDR": join(cluster_cidrs),
+        "serviceCIDR": join(service_cidrs),
+        "arpPolicy": settings.arp_policy.as_str(),
+        "proxyARP": settings.proxy_arp,
+    });
+    let mut config = json!({
+        "cniVersion": CNI_VERSION,
+        "name": name,
+        "type": CNI_TYPE,
+    });
+    if let Some(mtu) = settings.mtu {
+        config["mtu"] = json!(mtu);
+        flat_network["mtu"] = json!(mtu);
+    }
+    config["flatNetwork"] = flat_network;
+    config.to_string()
+}
+
+/// The attachment wanted in `namespace`, owned by the Namespace (so it goes
+/// with it). `None` until the Namespace has a uid.
+#[must_use]
+pub fn desired(
+    namespace: &Namespace,
+    name: &str,
+    config: &str,
+) -> Option<NetworkAttachmentDefinition> {
+    let owner = OwnerReference {
+        controller: Some(true),
+        ..namespace.controller_owner_ref(&())?
+    };
+    Some(NetworkAttachmentDefinition {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.name_any()),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: NetworkAttachmentDefinitionSpec {
+            config: config.to_owned(),
+        },
+    })
+}
+
+/// Applies the attachment of one namespace.
+///
+/// # Errors
+/// The apply failed.
+#[instrument(skip_all, fields(namespace = %namespace.name_any()))]
+pub async fn reconcile(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let terminating = namespace.meta().deletion_timestamp.is_some()
+        || namespace.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
+    let Some(nad) = desired(&namespace, &ctx.name, &ctx.config).filter(|_| !terminating) else {
+        return Ok(Action::await_change());
+    };
+    let ns = namespace.name_any();
+    let api: Api<NetworkAttachmentDefinition> = Api::namespaced(ctx.client.clone(), &ns);
+    // Forced apply: fields another manager changed (the config) come back.
+    api.patch(
+        &ctx.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&nad),
+    )
+    .await
+    .map_err(|source| Error {
+        namespace: ns,
+        name: ctx.name.clone(),
+        source: Box::new(source),
+    })?;
+    debug!("network attachment applied");
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// Logs the failure, counts it, and retries later.
+pub fn error_policy(namespace: Arc<Namespace>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(namespace = %namespace.name_any(), %error, "reconcile failed");
+    ctx.metrics.reconcile_failed(CONTROLLER, "kube_api");
+    Action::requeue(RETRY_TRANSIENT)
+}
+
+/// Runs the controller until `stop` is cancelled.
+pub async fn run(ctx: Arc<Context>, workers: u16, stop: CancellationToken) {
+    let client = ctx.client.clone();
+    let attachments = watcher::Config::default().fields(&format!("metadata.name={}", ctx.name));
+    Controller::new(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    // A deleted or edited attachment maps back to its namespace.
+    .watches(
+        Api::<NetworkAttachmentDefinition>::all(client),
+        attachments,
+        |nad| nad.namespace().map(|ns| ObjectRef::<Namespace>::new(&ns)),
+    )
+    .with_config(controller::Config::default().concurrency(workers))
+    .graceful_shutdown_on(async move { stop.cancelled().await })
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            debug!(%error, "network attachment controller event");
+        }
+    })
+    .await;
+    info!("network attachment controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::{
+        config::ArpPolicy,
+        fixtures::{applied, mock_client},
+    };
+
+    fn settings(mtu: Option<u16>) -> CniSettings {
+        CniSettings {
+            arp_policy: ArpPolicy::Arping,
+            proxy_arp: true,
+            mtu,
+        }
+    }
+
+    fn cidrs(list: &[&str]) -> Vec<Cidr> {
+        list.iter().map(|c| c.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn config_carries_the_operator_settings() {
+        let text = cni_config(
+            "rancher-flat-network",
+            &settings(Some(9000)),
+            &cidrs(&["10.42.0.0/16", "fd42::/56"]),
+            &cidrs(&["10.43.0.0/16"]),
+        );
+        let config: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            config,
+            json!({
+                "cniVersion": "1.0.0",
+                "name": "rancher-flat-network",
+                "type": "flatnet-cni",
+                "mtu": 9000,
+                "flatNetwork": {
+                    "mtu": 9000,
+                    "clusterCIDR": "10.42.0.0/16,fd42::/56",
+                    "serviceCIDR": "10.43.0.0/16",
+                    "arpPolicy": "arping",
+                    "proxyARP": true,
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn config_without_mtu_leaves_it_to_the_parent() {
+        let config: Value = serde_json::from_str(&cni_config(
+            "n",
+            &settings(None),
+            &cidrs(&["10.42.0.0/16"]),
+            &cidrs(&["10.43.0.0/16"]),
+        ))
+        .unwrap();
+        assert!(config.get("mtu").is_none());
+        assert!(config["flatNetwork"].get("mtu").is_none());
+    }
+
+    fn namespace(name: &str) -> Namespace {
+        Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn applies_the_attachment_owned_by_the_namespace() {
+        let (client, mut server) = mock_client();
+        let ctx = Arc::new(Context {
+            client,
+            metrics: Arc::new(Metrics::new()),
+            name: "rancher-flat-network".into(),
+            config: "{\"type\":\"flatnet-cni\"}".into(),
+            resync: Duration::from_secs(600),
+        });
+        let task = tokio::spawn(reconcile(Arc::new(namespace("shop")), Arc::clone(&ctx)));
+        let seen = server
+            .expect(
+                "PATCH",
+                "/apis/k8s.cni.cncf.io/v1/namespaces/shop/network-attachment-definitions/rancher-flat-network?&force=true&fieldManager=flatnet-operator",
+                applied("nad-uid"),
+            )
+            .await;
+        assert_eq!(seen.body["spec"]["config"], "{\"type\":\"flatnet-cni\"}");
+        assert_eq!(
+            seen.body["metadata"]["ownerReferences"][0]["kind"],
+            "Namespace"
+        );
+        assert_eq!(
+            seen.body["metadata"]["ownerReferences"][0]["uid"],
+            "uid-shop"
+        );
+        assert_eq!(
+            seen.body["metadata"]["ownerReferences"][0]["controller"],
+            true
+        );
+        let action = task.await.unwrap().unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(600)));
+        drop(ctx);
+        server.expect_no_more().await;
+    }
+
+    #[tokio::test]
+    async fn leaves_terminating_namespaces_alone() {
+        let (client, server) = mock_client();
+        let ctx = Arc::new(Context {
+            client,
+            metrics: Arc::new(Metrics::new()),
+            name: "rancher-flat-network".into(),
+            config: "{}".into(),
+            resync: Duration::from_secs(600),
+        });
+        let mut ns = namespace("old");
+        ns.status = Some(k8s_openapi::api::core::v1::NamespaceStatus {
+            phase: Some("Terminating".into()),
+            ..Default::default()
+        });
+        let action = reconcile(Arc::new(ns), Arc::clone(&ctx)).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        drop(ctx);
+        server.expect_no_more().await;
+    }
+}

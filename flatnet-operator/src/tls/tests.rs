@@ -1,0 +1,300 @@
+//! Certificate upkeep against a mocked API server, and hot reload seen by a
+//! real TLS client.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+use k8s_openapi::api::core::v1::Secret;
+use rustls::{
+    ClientConfig, RootCertStore,
+    pki_types::{CertificateDer, ServerName, pem::PemObject},
+};
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use tokio::{net::TcpListener, sync::Notify};
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::{
+    config::WebhookSettings,
+    fixtures::{applied, list, mock_client, not_found, ok, to_json},
+};
+
+const SECRET_PATH: &str = "/api/v1/namespaces/cattle-flat-network/secrets";
+const VWC_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/flatnet-test";
+
+fn settings() -> WebhookSettings {
+    WebhookSettings {
+        enabled: true,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        namespace: "cattle-flat-network".into(),
+        service: "webhook-svc".into(),
+        secret: "webhook-certs".into(),
+        configuration: "flatnet-test".into(),
+        url: None,
+    }
+}
+
+fn hosts() -> Vec<String> {
+    cert::hosts("webhook-svc", "cattle-flat-network", Some("127.0.0.1"))
+}
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+fn fresh() -> Material {
+    cert::renew(None, &Renewal::Ca("test"), &hosts(), now()).unwrap()
+}
+
+fn stored(material: &Material) -> Secret {
+    let mut secret = secret_with(None, &settings(), material);
+    secret.metadata.resource_version = Some("3".into());
+    secret
+}
+
+/// `data` of a Secret body, decoded.
+fn decoded(body: &Value, key: &str) -> String {
+    let secret: Secret = serde_json::from_value(body.clone()).unwrap();
+    String::from_utf8(secret.data.unwrap()[key].0.clone()).unwrap()
+}
+
+fn ca_bundle_of(vwc: &Value) -> Vec<String> {
+    vwc["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["clientConfig"]["caBundle"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn first_run_registers_the_new_ca_then_creates_the_secret() {
+    let (client, mut server) = mock_client();
+    let task = tokio::spawn(async move { ensure(&client, &settings(), &hosts(), now()).await });
+    server
+        .expect("GET", &format!("{SECRET_PATH}/webhook-certs"), not_found())
+        .await;
+    server.expect("GET", VWC_PATH, not_found()).await;
+    let patch = server
+        .expect(
+            "PATCH",
+            &format!("{VWC_PATH}?&force=true&fieldManager=flatnet-operator"),
+            applied("vwc-uid"),
+        )
+        .await;
+    let create = server
+        .expect("POST", &format!("{SECRET_PATH}?"), applied("secret-uid"))
+        .await;
+    let renew_at = task.await.unwrap().unwrap();
+    assert!(renew_at > now() + time::Duration::days(200));
+
+    // Both webhooks trust exactly the bundle stored in the Secret.
+    let bundle = create.body["data"][CA_CRT].as_str().unwrap().to_owned();
+    assert_eq!(ca_bundle_of(&patch.body), [bundle.clone(), bundle]);
+    assert_eq!(create.body["type"], "kubernetes.io/tls");
+    assert_eq!(
+        create.body["metadata"]["labels"][MANAGED_BY],
+        MANAGED_BY_FLATNET
+    );
+    let material = material_of(&serde_json::from_value(create.body.clone()).unwrap()).unwrap();
+    assert!(matches!(
+        cert::renewal(Some(&material), &hosts(), now()),
+        Renewal::UpToDate { .. }
+    ));
+    server.expect_no_more().await;
+}
+
+#[tokio::test]
+async fn an_up_to_date_secret_is_only_registered() {
+    let material = fresh();
+    let secret = stored(&material);
+    let (client, mut server) = mock_client();
+    let task = tokio::spawn(async move { ensure(&client, &settings(), &hosts(), now()).await });
+    server
+        .expect(
+            "GET",
+            &format!("{SECRET_PATH}/webhook-certs"),
+            ok(to_json(&secret)),
+        )
+        .await;
+    // The original's configuration (not labelled as flatnet's) is replaced.
+    server
+        .expect(
+            "GET",
+            VWC_PATH,
+            ok(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                      "metadata": {"name": "flatnet-test"}, "webhooks": []})),
+        )
+        .await;
+    server
+        .expect(
+            "DELETE",
+            &format!("{VWC_PATH}?"),
+            ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+        )
+        .await;
+    let patch = server
+        .expect("PATCH", &format!("{VWC_PATH}?*"), applied("vwc-uid"))
+        .await;
+    task.await.unwrap().unwrap();
+    let expected = to_json(&secret)["data"][CA_CRT]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(ca_bundle_of(&patch.body).iter().all(|b| *b == expected));
+    server.expect_no_more().await;
+}
+
+#[tokio::test]
+async fn a_foreign_secret_is_adopted_with_a_new_ca() {
+    // As written by the original's deploy job: a certificate without a CA key.
+    let foreign = fresh();
+    let mut secret = stored(&Material {
+        ca_key: String::new(),
+        ..foreign.clone()
+    });
+    secret.metadata.labels = None;
+    let (client, mut server) = mock_client();
+    let task = tokio::spawn(async move { ensure(&client, &settings(), &hosts(), now()).await });
+    server
+        .expect(
+            "GET",
+            &format!("{SECRET_PATH}/webhook-certs"),
+            ok(to_json(&secret)),
+        )
+        .await;
+    server.expect("GET", VWC_PATH, not_found()).await;
+    let patch = server
+        .expect("PATCH", &format!("{VWC_PATH}?*"), applied("vwc-uid"))
+        .await;
+    let replace = server
+        .expect("PUT", &format!("{SECRET_PATH}/webhook-certs?"), |body| {
+            (StatusCode::OK, body.clone())
+        })
+        .await;
+    task.await.unwrap().unwrap();
+    assert_eq!(replace.body["metadata"]["resourceVersion"], "3");
+    let bundle = decoded(&replace.body, CA_CRT);
+    assert_ne!(
+        cert::certificate_blocks(&bundle)[0],
+        cert::certificate_blocks(&foreign.ca_bundle)[0]
+    );
+    // The adopted CA is still valid, so it stays trusted during the switch.
+    assert_eq!(cert::certificate_blocks(&bundle).len(), 2);
+    assert!(
+        ca_bundle_of(&patch.body)
+            .iter()
+            .all(|b| *b == replace.body["data"][CA_CRT])
+    );
+    server.expect_no_more().await;
+}
+
+/// The leaf certificate a TLS client trusting `ca_bundle` is served at `addr`.
+async fn served_certificate(addr: std::net::SocketAddr, ca_bundle: &str) -> Vec<u8> {
+    let mut roots = RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(ca_bundle.as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let config =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(
+            ServerName::try_from("webhook-svc.cattle-flat-network.svc").unwrap(),
+            tcp,
+        )
+        .await
+        .expect("the handshake succeeds with the CA of the Secret");
+    let (_, session) = tls.get_ref();
+    session.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test]
+async fn a_changed_secret_is_served_without_restart() {
+    let first = fresh();
+    let second = fresh();
+    let resolver = Arc::new(resolver::ReloadingResolver::default());
+    let metrics = Arc::new(Metrics::new());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(crate::webhook::server::serve(
+        listener,
+        resolver::server_config(Arc::clone(&resolver)),
+        axum::Router::new(),
+        stop.clone(),
+    ));
+
+    // The replica follows the Secret through a watch.
+    let (client, mut server) = mock_client();
+    let changed = Arc::new(Notify::new());
+    let follower = tokio::spawn(follow(
+        client,
+        settings(),
+        Arc::clone(&resolver),
+        Arc::clone(&metrics),
+        Arc::clone(&changed),
+        stop.clone(),
+    ));
+    server
+        .expect(
+            "GET",
+            &format!("{SECRET_PATH}?*"),
+            ok(list("SecretList", "v1", vec![to_json(&stored(&first))])),
+        )
+        .await;
+    changed.notified().await;
+    assert!(resolver.is_loaded());
+    let leaf = |m: &Material| cert::pem_certificates(&m.cert).remove(0);
+    assert_eq!(
+        served_certificate(addr, &first.ca_bundle).await,
+        leaf(&first)
+    );
+
+    let mut updated = stored(&second);
+    updated.metadata.resource_version = Some("4".into());
+    let watch = server
+        .expect(
+            "GET",
+            &format!("{SECRET_PATH}?*"),
+            ok(json!({"type": "MODIFIED", "object": to_json(&updated)})),
+        )
+        .await;
+    assert!(watch.uri.contains("watch=true"), "{}", watch.uri);
+    assert!(
+        watch
+            .uri
+            .contains("fieldSelector=metadata.name%3Dwebhook-certs"),
+        "{}",
+        watch.uri
+    );
+    changed.notified().await;
+    assert_eq!(
+        served_certificate(addr, &second.ca_bundle).await,
+        leaf(&second)
+    );
+    let expiry = cert::inspect(&leaf(&second), "tls.crt")
+        .unwrap()
+        .not_after
+        .unix_timestamp();
+    assert!(metrics.render().contains(&format!(
+        "flatnet_operator_webhook_certificate_expiry_timestamp_seconds {expiry}"
+    )));
+
+    stop.cancel();
+    follower.await.unwrap();
+}
+
+#[test]
+fn a_secret_without_certificates_holds_no_material() {
+    assert_eq!(material_of(&Secret::default()), None);
+    let material = fresh();
+    assert_eq!(material_of(&stored(&material)), Some(material));
+}

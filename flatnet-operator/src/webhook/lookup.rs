@@ -1,0 +1,154 @@
+//! What the webhook reads from the API server.
+//!
+//! Every replica answers reviews, and only the leader runs informers, so
+//! every lookup is a direct API call (the API server's watch cache serves
+//! the lists).
+
+use flatnet_common::k8s::{
+    api::{FlatNetworkIP, FlatNetworkSubnet},
+    keys::SUBNET_NAMESPACE,
+};
+use k8s_openapi::{
+    api::{apps::v1::ReplicaSet, batch::v1::Job, core::v1::Pod},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
+use kube::{Api, Client, Resource, ResourceExt, api::ListParams};
+
+use super::workload::{WorkloadRef, controller};
+
+/// A failed lookup.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {what} ({source}); retry, and check the operator may read them")]
+pub struct LookupError {
+    /// What was being read.
+    what: String,
+    /// The API error.
+    #[source]
+    source: Box<kube::Error>,
+}
+
+fn failed(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LookupError {
+    let what = what.into();
+    move |source| LookupError {
+        what,
+        source: Box::new(source),
+    }
+}
+
+/// Reads subnets, allocation records and owners through `client`.
+#[derive(Clone)]
+pub struct Lookup {
+    client: Client,
+}
+
+impl Lookup {
+    /// A lookup through `client`.
+    #[must_use]
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+
+    /// Every FlatNetworkSubnet (they all live in `cattle-flat-network`).
+    ///
+    /// # Errors
+    /// The list failed.
+    pub async fn subnets(&self) -> Result<Vec<FlatNetworkSubnet>, LookupError> {
+        let api: Api<FlatNetworkSubnet> = Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
+        Ok(api
+            .list(&ListParams::default().match_any())
+            .await
+            .map_err(failed("list FlatNetworkSubnets"))?
+            .items)
+    }
+
+    /// Every FlatNetworkIP of the cluster.
+    ///
+    /// # Errors
+    /// The list failed.
+    pub async fn ips(&self) -> Result<Vec<FlatNetworkIP>, LookupError> {
+        let api: Api<FlatNetworkIP> = Api::all(self.client.clone());
+        Ok(api
+            .list(&ListParams::default().match_any())
+            .await
+            .map_err(failed("list FlatNetworkIPs"))?
+            .items)
+    }
+
+    /// The workload an object of `kind` named `name` belongs to, following
+    /// its controller: a ReplicaSet up to its Deployment, a Job up to its
+    /// CronJob. An object without a controller is its own workload.
+    ///
+    /// # Errors
+    /// Reading a ReplicaSet or Job failed (not found is fine).
+    pub async fn workload_of(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        owners: &[OwnerReference],
+    ) -> Result<WorkloadRef, LookupError> {
+        let Some(owner) = controller(owners) else {
+            return Ok(WorkloadRef::new(kind, namespace, name));
+        };
+        let parent_owner = match owner.kind.as_str() {
+            "ReplicaSet" => self.owners_of::<ReplicaSet>(namespace, &owner.name).await?,
+            "Job" => self.owners_of::<Job>(namespace, &owner.name).await?,
+            _ => None,
+        };
+        let top = parent_owner
+            .as_ref()
+            .and_then(|owners| controller(owners))
+            .filter(|o| matches!(o.kind.as_str(), "Deployment" | "CronJob"))
+            .unwrap_or(owner);
+        Ok(WorkloadRef::new(&top.kind, namespace, &top.name))
+    }
+
+    /// The workload whose pod holds the allocation `record`.
+    ///
+    /// A record kept for a StatefulSet names it as owner; otherwise the pod
+    /// of the same name is read. A record whose pod is gone is held by that
+    /// pod until the operator releases it.
+    ///
+    /// # Errors
+    /// Reading the pod or its owners failed.
+    pub async fn holder(&self, record: &FlatNetworkIP) -> Result<WorkloadRef, LookupError> {
+        let namespace = record.namespace().unwrap_or_default();
+        let name = record.name_any();
+        if let Some(owner) =
+            controller(record.owner_references()).filter(|o| o.kind == "StatefulSet")
+        {
+            return Ok(WorkloadRef::new("StatefulSet", &namespace, &owner.name));
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        match pods
+            .get_opt(&name)
+            .await
+            .map_err(failed(format!("read Pod {namespace}/{name}")))?
+        {
+            Some(pod) => {
+                self.workload_of("Pod", &namespace, &name, pod.owner_references())
+                    .await
+            }
+            None => Ok(WorkloadRef::new("Pod", &namespace, &name)),
+        }
+    }
+
+    async fn owners_of<K>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Vec<OwnerReference>>, LookupError>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), namespace);
+        let object = api
+            .get_opt(name)
+            .await
+            .map_err(failed(format!("read {} {namespace}/{name}", K::kind(&()))))?;
+        Ok(object.map(|o| o.owner_references().to_vec()))
+    }
+}

@@ -1,0 +1,194 @@
+//! Where the flat-network request of each reviewed kind lives, and which
+//! workload an object or a pod belongs to.
+
+use std::{collections::BTreeMap, fmt};
+
+use flatnet_common::k8s::keys::annotation;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::core::DynamicObject;
+
+/// The kinds the workload webhook reviews.
+pub const KINDS: [&str; 7] = [
+    "Pod",
+    "Deployment",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+    "Job",
+    "CronJob",
+];
+
+/// The three annotations that make up a flat-network request, as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlatAnnotations {
+    /// `flatnetwork.pandaria.io/subnet`.
+    pub subnet: Option<String>,
+    /// `flatnetwork.pandaria.io/ip`.
+    pub ip: Option<String>,
+    /// `flatnetwork.pandaria.io/mac`.
+    pub mac: Option<String>,
+}
+
+impl FlatAnnotations {
+    /// Reads the request from an annotation map.
+    #[must_use]
+    pub fn from_map(annotations: &BTreeMap<String, String>) -> Self {
+        let get = |key: &str| annotations.get(key).cloned();
+        Self {
+            subnet: get(annotation::SUBNET),
+            ip: get(annotation::IP),
+            mac: get(annotation::MAC),
+        }
+    }
+
+    /// Whether any of the three is present: the object asks for the flat network.
+    #[must_use]
+    pub fn is_requested(&self) -> bool {
+        self.subnet.is_some() || self.ip.is_some() || self.mac.is_some()
+    }
+}
+
+/// JSON path of the pod template's annotations for `kind`; `None` for kinds
+/// that are not reviewed.
+///
+/// A CronJob's pods come from `spec.jobTemplate.spec.template` (the original
+/// read the CronJob's own metadata there and never saw the request).
+#[must_use]
+pub fn annotations_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Pod" => Some("/metadata/annotations"),
+        "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet" | "Job" => {
+            Some("/spec/template/metadata/annotations")
+        }
+        "CronJob" => Some("/spec/jobTemplate/spec/template/metadata/annotations"),
+        _ => None,
+    }
+}
+
+/// The flat-network annotations of the pods `object` (of `kind`) makes.
+#[must_use]
+pub fn flat_annotations(kind: &str, object: &DynamicObject) -> FlatAnnotations {
+    let Some(pointer) = annotations_pointer(kind) else {
+        return FlatAnnotations::default();
+    };
+    let map: BTreeMap<String, String> = if kind == "Pod" {
+        object.metadata.annotations.clone().unwrap_or_default()
+    } else {
+        // `data` holds everything but apiVersion, kind and metadata.
+        let path = pointer.trim_start_matches("/spec");
+        object
+            .data
+            .get("spec")
+            .and_then(|spec| spec.pointer(path))
+            .and_then(|value| serde_json::from_value(value.clone()).ok())
+            .unwrap_or_default()
+    };
+    FlatAnnotations::from_map(&map)
+}
+
+/// A workload (or a bare pod) identified by kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkloadRef {
+    /// Kind, e.g. `Deployment`; `Pod` for a pod without a controller.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl WorkloadRef {
+    /// A reference from its parts.
+    #[must_use]
+    pub fn new(kind: &str, namespace: &str, name: &str) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for WorkloadRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// The controller among `owners`, if any.
+#[must_use]
+pub fn controller(owners: &[OwnerReference]) -> Option<&OwnerReference> {
+    owners.iter().find(|o| o.controller == Some(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(value: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn flat(subnet: &str) -> serde_json::Value {
+        json!({"flatnetwork.pandaria.io/subnet": subnet, "flatnetwork.pandaria.io/ip": "auto"})
+    }
+
+    #[test]
+    fn finds_the_pod_template_of_every_kind() {
+        let template =
+            json!({"metadata": {"annotations": flat("net1")}, "spec": {"containers": []}});
+        let pod = object(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "annotations": flat("net1")}, "spec": {"containers": []},
+        }));
+        assert_eq!(
+            flat_annotations("Pod", &pod).subnet.as_deref(),
+            Some("net1")
+        );
+        for kind in [
+            "Deployment",
+            "ReplicaSet",
+            "StatefulSet",
+            "DaemonSet",
+            "Job",
+        ] {
+            let obj = object(json!({
+                "apiVersion": "apps/v1", "kind": kind,
+                "metadata": {"name": "w"}, "spec": {"template": template},
+            }));
+            let found = flat_annotations(kind, &obj);
+            assert_eq!(found.subnet.as_deref(), Some("net1"), "{kind}");
+            assert_eq!(found.ip.as_deref(), Some("auto"), "{kind}");
+        }
+        let cron = object(json!({
+            "apiVersion": "batch/v1", "kind": "CronJob",
+            // Annotations on the CronJob itself are not the pods'.
+            "metadata": {"name": "c", "annotations": flat("wrong")},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}},
+        }));
+        assert_eq!(
+            flat_annotations("CronJob", &cron).subnet.as_deref(),
+            Some("net1")
+        );
+    }
+
+    #[test]
+    fn objects_without_the_annotations_request_nothing() {
+        let deployment = object(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "w", "annotations": flat("net1")},
+            "spec": {"template": {"metadata": {}}},
+        }));
+        assert!(!flat_annotations("Deployment", &deployment).is_requested());
+        assert!(!flat_annotations("Service", &deployment).is_requested());
+        assert_eq!(
+            KINDS
+                .iter()
+                .filter(|k| annotations_pointer(k).is_some())
+                .count(),
+            7
+        );
+    }
+}
