@@ -2,6 +2,7 @@
 
 mod datapath;
 mod logging;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -21,12 +22,16 @@ pub enum Command {
     /// Load, attach, detach and inspect the eBPF programs by hand.
     #[command(subcommand)]
     Datapath(datapath::DatapathCommand),
+    /// Run the node daemon: install flatnet-cni, load the data plane and
+    /// serve CNI requests until SIGTERM/SIGINT.
+    Run(Box<run::RunArgs>),
 }
 
 impl Command {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
             Command::Datapath(cmd) => cmd.run(),
+            Command::Run(args) => args.run(),
         }
     }
 }
