@@ -131,6 +131,13 @@ networks:
             .args(["--host-netns", &self.node.path().display().to_string()])
             .args(["--arp-policy", "arping", "--conflict-probe-ms", "500"])
             .stdin(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(d.join("agent.log"))
+                    .unwrap(),
+            )
             .spawn()
             .expect("start flatnet-agent");
         self.agent = Some(child);
@@ -255,6 +262,11 @@ networks:
 
 impl Drop for Node {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+            eprintln!("flatnet-agent log:\n{log}");
+        }
         if let Some(mut child) = self.agent.take() {
             let _ = child.kill();
             let _ = child.wait();

@@ -622,7 +622,7 @@ networks:
         assert_eq!(error.to_cni().code, crate::cni::ErrorCode::SubnetNotFound);
         assert!(error.to_string().contains("\"nope\""), "{error}");
         let mut by_field = request("nope", "y");
-        by_field.subnet = Some("lan4".into());
+        by_field.subnet = Some("lan6".into());
         assert!(store.claim(&by_field).await.is_ok());
     }
 

@@ -458,11 +458,13 @@ impl<S: DesiredState> Inner<S> {
         };
         let mut tables = self.datapath.lock().expect("datapath lock poisoned");
         for addr in record.ips() {
-            tables
-                .datapath
-                .responders()
-                .and_then(|mut r| r.remove(uplink.ifindex, addr))
-                .map_err(internal)?;
+            if uplink.responder {
+                tables
+                    .datapath
+                    .responders()
+                    .and_then(|mut r| r.remove(uplink.ifindex, addr))
+                    .map_err(internal)?;
+            }
             tables
                 .datapath
                 .managed_addrs()
