@@ -295,7 +295,7 @@ impl ProbeSocket {
                 source: error,
             });
         }
-        if from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+        if from.sll_pkttype == libc::PACKET_OUTGOING {
             return Ok(None);
         }
         Ok(Some(len as usize))

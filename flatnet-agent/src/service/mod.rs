@@ -510,10 +510,11 @@ impl<S: DesiredState> Inner<S> {
                 errors.push(error.to_string());
             }
         }
-        if errors.is_empty() {
-            if let Err(error) = self.desired.release(&record.network, &record.key).await {
-                errors.push(error.to_string());
-            }
+        // The address stays allocated while the interface may still use it.
+        if errors.is_empty()
+            && let Err(error) = self.desired.release(&record.network, &record.key).await
+        {
+            errors.push(error.to_string());
         }
         if !errors.is_empty() {
             return Err(CniError::new(
