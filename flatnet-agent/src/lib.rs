@@ -1,9 +1,15 @@
 //! flatnet's node agent: interfaces, CNI service and the eBPF data plane.
 
+pub mod atomic_file;
 pub mod cni;
 pub mod datapath;
+pub mod desired;
+pub mod install;
 pub mod link;
 pub mod netns;
 pub mod packet;
 pub mod policy;
+pub mod probe;
+pub mod records;
 pub mod rpc;
+pub mod service;

@@ -4,6 +4,7 @@ mod datapath;
 mod inspect;
 mod logging;
 mod policy;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,9 @@ pub enum Command {
     /// Show the pinned data-plane state: counters, answered and watched addresses.
     #[command(subcommand)]
     Inspect(inspect::InspectCommand),
+    /// Run the node daemon: install flatnet-cni, load the data plane and
+    /// serve CNI requests until SIGTERM/SIGINT.
+    Run(Box<run::RunArgs>),
 }
 
 impl Command {
@@ -33,6 +37,7 @@ impl Command {
         match self {
             Command::Datapath(cmd) => cmd.run(),
             Command::Inspect(cmd) => cmd.run(),
+            Command::Run(args) => args.run(),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::{
     os::fd::AsRawFd,
 };
 
-use aya::maps::{HashMap, MapData, MapError, RingBuf};
+use aya::maps::{HashMap, MapData, RingBuf};
 use flatnet_common::{
     conflict::{AddrKey, ClaimKind, ConflictEvent, ManagedAddr},
     pin::{MAP_CONFLICT_EVENTS, MAP_MANAGED_ADDRS},
@@ -15,7 +15,7 @@ use flatnet_common::{
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 
-use super::{DatapathError, format_mac, map_error};
+use super::{DatapathError, format_mac, is_missing_key, map_error};
 
 /// Read/write access to the addresses whose foreign claims are reported.
 pub struct ManagedAddrs<'a> {
@@ -50,7 +50,7 @@ impl<'a> ManagedAddrs<'a> {
     pub fn remove(&mut self, ifindex: u32, addr: IpAddr) -> Result<bool, DatapathError> {
         match self.map.remove(&key(ifindex, addr)) {
             Ok(()) => Ok(true),
-            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) if is_missing_key(&e) => Ok(false),
             Err(e) => Err(map_error(MAP_MANAGED_ADDRS)(e)),
         }
     }

@@ -262,6 +262,17 @@ pub fn format_mac(mac: [u8; 6]) -> String {
     mac.map(|b| format!("{b:02x}")).join(":")
 }
 
+/// Whether a map operation failed because the key is absent. aya reports
+/// a delete of a missing key as the syscall's `ENOENT`, not as
+/// `KeyNotFound`.
+fn is_missing_key(error: &aya::maps::MapError) -> bool {
+    match error {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(e) => e.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
 fn map_error(map: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
     move |source| DatapathError::Map { map, source }
 }

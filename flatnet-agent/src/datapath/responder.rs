@@ -3,14 +3,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray};
 use flatnet_common::{
     pin::{MAP_ARP_RESPONDER, MAP_NDP_RESPONDER, MAP_RESPONDER_STATS},
     responder::{ArpResponderKey, NdpResponderKey, ResponderEntry, ResponderStat},
 };
 use serde::Serialize;
 
-use super::{DatapathError, map_error};
+use super::{DatapathError, is_missing_key, map_error};
 
 /// Read/write access to the responder maps of a loaded datapath.
 pub struct Responders<'a> {
@@ -63,7 +63,7 @@ impl<'a> Responders<'a> {
         };
         match result {
             Ok(()) => Ok(true),
-            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) if is_missing_key(&e) => Ok(false),
             Err(e) => Err(map_error(match addr {
                 IpAddr::V4(_) => MAP_ARP_RESPONDER,
                 IpAddr::V6(_) => MAP_NDP_RESPONDER,

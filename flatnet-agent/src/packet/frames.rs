@@ -169,6 +169,27 @@ pub fn solicited_node(addr: Ipv6Addr) -> Ipv6Addr {
     )
 }
 
+/// A duplicate-address-detection neighbour solicitation for `target`
+/// (RFC 4862 §5.4.2): source `::`, destination the target's solicited-node
+/// group, and no source link-layer option, which receivers would reject
+/// with an unspecified source.
+pub fn dad_probe_frame(eth_src: MacAddr, target: Ipv6Addr) -> Result<Vec<u8>, FrameError> {
+    let group = solicited_node(target);
+    let builder = PacketBuilder::ethernet2(eth_src, ipv6_multicast_mac(group))
+        .ipv6(
+            Ipv6Addr::UNSPECIFIED.octets(),
+            group.octets(),
+            NDP_HOP_LIMIT,
+        )
+        .icmpv6(Icmpv6Type::NeighborSolicitation);
+    let payload = target.octets();
+    let mut frame = Vec::with_capacity(builder.size(payload.len()));
+    builder
+        .write(&mut frame, &payload)
+        .map_err(|e| FrameError::Build(e.to_string()))?;
+    Ok(frame)
+}
+
 fn link_addr_option(kind: u8, mac: MacAddr) -> [u8; 8] {
     // Type, length in units of 8 octets, then the address.
     [kind, 1, mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]]

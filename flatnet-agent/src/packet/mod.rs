@@ -8,7 +8,7 @@ mod frames;
 mod raw_socket;
 
 pub use frames::{
-    BROADCAST, FrameError, MacAddr, NdpMessage, arp_frame, ipv6_multicast_mac, ndp_frame,
-    solicited_node,
+    BROADCAST, FrameError, MacAddr, NdpMessage, arp_frame, dad_probe_frame, ipv6_multicast_mac,
+    ndp_frame, solicited_node,
 };
 pub use raw_socket::{RawSocket, RawSocketError};

@@ -1,0 +1,286 @@
+//! `flatnet-agent run`: the node daemon serving CNI requests.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use flatnet_agent::{
+    cni::plugin::DEFAULT_AGENT_SOCKET,
+    datapath::{Datapath, DatapathConfig},
+    desired::{
+        DesiredState,
+        kubernetes::Kubernetes,
+        standalone::{Standalone, StateFile},
+    },
+    install,
+    link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
+    records::{DEFAULT_RECORD_DIR, Records},
+    rpc::{AgentServer, ServerConfig},
+    service::{AgentService, Metrics, ServiceConfig, SpecSettings},
+};
+use flatnet_common::{k8s::env, pin::PIN_ROOT};
+use ipnet::IpNet;
+
+/// Address announcement policy (`FLAT_NETWORK_CNI_ARP_POLICY`).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ArpPolicyArg {
+    /// The kernel announces (`arp_notify`/`ndisc_notify`).
+    #[value(name = "arp_notify")]
+    ArpNotify,
+    /// The agent sends gratuitous ARP / unsolicited neighbour advertisements.
+    Arping,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// This node's name (Kubernetes `spec.nodeName`); the hostname when unset.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Unix socket flatnet-cni talks to.
+    #[arg(long, env = "FLATNET_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
+    socket: PathBuf,
+    /// Directory on the BPF filesystem for pinned maps.
+    #[arg(long, env = "FLATNET_BPF_PIN_ROOT", default_value = PIN_ROOT)]
+    pin_root: PathBuf,
+    /// Directory of the attachment records.
+    #[arg(long, env = "FLATNET_RECORD_DIR", default_value = DEFAULT_RECORD_DIR)]
+    record_dir: PathBuf,
+    /// Directory of the VLAN interface leases.
+    #[arg(long, env = "FLATNET_VLAN_LEASE_DIR", default_value = DEFAULT_LEASE_DIR)]
+    lease_dir: PathBuf,
+    /// Where `flatnet-cni` is installed.
+    #[arg(long, env = "FLATNET_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    cni_bin_dir: PathBuf,
+    /// The `flatnet-cni` to install; the one next to this executable when unset.
+    #[arg(long, env = "FLATNET_CNI_BINARY")]
+    cni_binary: Option<PathBuf>,
+    /// Do not install `flatnet-cni` (it is installed by other means).
+    #[arg(long, env = "FLATNET_SKIP_CNI_INSTALL")]
+    skip_cni_install: bool,
+    /// Also write a network configuration list into this directory.
+    #[arg(long, env = "FLATNET_CNI_CONF_DIR")]
+    cni_conf_dir: Option<PathBuf>,
+    /// Network name of that configuration list.
+    #[arg(long, env = "FLATNET_CNI_NETWORK_NAME", default_value = "flatnet")]
+    cni_network_name: String,
+    /// File name of that configuration list.
+    #[arg(
+        long,
+        env = "FLATNET_CNI_CONF_FILE",
+        default_value = "10-flatnet.conflist"
+    )]
+    cni_conf_file: String,
+    /// How pod addresses are announced after set-up.
+    #[arg(long, env = env::FLAT_NETWORK_CNI_ARP_POLICY, value_enum, default_value = "arp_notify")]
+    arp_policy: ArpPolicyArg,
+    /// Accepted for compatibility: proxy ARP is never enabled; ipvlan L3
+    /// addresses are answered for by the uplink program instead.
+    #[arg(long, env = env::FLAT_NETWORK_CNI_PROXY_ARP, default_value_t = false, action = clap::ArgAction::Set)]
+    proxy_arp: bool,
+    /// Cluster pod CIDRs kept on the primary interface (comma-separated).
+    #[arg(long, env = env::FLAT_NETWORK_CLUSTER_CIDR, default_value = env::DEFAULT_CLUSTER_CIDR, value_delimiter = ',')]
+    cluster_cidr: Vec<IpNet>,
+    /// Service CIDRs kept on the primary interface (comma-separated).
+    #[arg(long, env = env::FLAT_NETWORK_SERVICE_CIDR, default_value = env::DEFAULT_SERVICE_CIDR, value_delimiter = ',')]
+    service_cidr: Vec<IpNet>,
+    /// How long ADD listens for another host answering for a new address
+    /// (milliseconds, 0 turns the probe off).
+    #[arg(long, env = "FLATNET_CONFLICT_PROBE_MS", default_value_t = 500)]
+    conflict_probe_ms: u64,
+    /// Kubernetes: how long ADD waits for the operator's allocation.
+    #[arg(long, env = "FLATNET_ALLOCATION_WAIT_SECONDS", default_value_t = 30)]
+    allocation_wait_seconds: u64,
+    /// Serve Prometheus metrics on this address (`/metrics`).
+    #[arg(long, env = "FLATNET_METRICS_ADDRESS")]
+    metrics_address: Option<SocketAddr>,
+    /// Run without Kubernetes, from `--state-file`.
+    #[arg(long, env = "FLATNET_STANDALONE", requires = "state_file")]
+    standalone: bool,
+    /// Standalone: the YAML file of subnets and networks.
+    #[arg(long, env = "FLATNET_STATE_FILE")]
+    state_file: Option<PathBuf>,
+    /// Standalone: directory of the allocation file.
+    #[arg(long, env = "FLATNET_STATE_DIR", default_value = "/var/lib/flatnet")]
+    state_dir: PathBuf,
+    /// The node's network namespace file, when the agent runs outside it
+    /// (the lab and tests); the agent's own namespace when unset.
+    #[arg(long, env = "FLATNET_HOST_NETNS")]
+    host_netns: Option<PathBuf>,
+}
+
+impl RunArgs {
+    pub fn run(self) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("start the async runtime")?;
+        runtime.block_on(self.run_async())
+    }
+
+    async fn run_async(self) -> anyhow::Result<()> {
+        let node_name = match &self.node_name {
+            Some(name) => name.clone(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .context("read the hostname (set NODE_NAME)")?
+                .trim()
+                .to_owned(),
+        };
+        tracing::info!(node = %node_name, standalone = self.standalone, "flatnet-agent starting");
+        if self.proxy_arp {
+            tracing::info!(
+                "proxy ARP is requested but never enabled: the uplink program answers for ipvlan L3 addresses"
+            );
+        }
+        self.install_cni()?;
+        if self.standalone {
+            let state_file = self.state_file.as_deref().expect("clap requires it");
+            let state = StateFile::load(state_file)?;
+            let desired = Standalone::open(state, &self.state_dir)?;
+            self.serve(node_name, desired, |_| async {}).await
+        } else {
+            let client = kube::Client::try_default()
+                .await
+                .context("connect to the Kubernetes API (in-cluster, or KUBECONFIG); use --standalone without Kubernetes")?;
+            let wait = Duration::from_secs(self.allocation_wait_seconds);
+            let desired = Kubernetes::new(client, &node_name, wait);
+            self.serve(node_name, desired, |service| async move {
+                sync_until_reachable(service.desired()).await;
+            })
+            .await
+        }
+    }
+
+    fn install_cni(&self) -> anyhow::Result<()> {
+        if !self.skip_cni_install {
+            let source = self
+                .cni_binary
+                .clone()
+                .or_else(install::default_cni_binary)
+                .context("cannot locate flatnet-cni; pass --cni-binary")?;
+            let installed = install::install_binary(&source, &self.cni_bin_dir)?;
+            tracing::info!(path = %installed.display(), "flatnet-cni installed");
+        }
+        if let Some(dir) = &self.cni_conf_dir {
+            let path = install::install_conflist(
+                dir,
+                &self.cni_conf_file,
+                &self.cni_network_name,
+                &self.socket,
+            )?;
+            tracing::info!(path = %path.display(), "CNI network configuration written");
+        }
+        Ok(())
+    }
+
+    async fn serve<S, F, Fut>(
+        self,
+        node_name: String,
+        desired: S,
+        after_start: F,
+    ) -> anyhow::Result<()>
+    where
+        S: DesiredState,
+        F: FnOnce(AgentService<S>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut datapath = Datapath::load(&DatapathConfig {
+            pin_root: self.pin_root.clone(),
+        })
+        .context("load the flatnet eBPF programs")?;
+        let monitor = datapath
+            .conflict_monitor()
+            .context("open the conflict monitor")?;
+        let records = Records::open(&self.record_dir)?;
+        let metrics = Arc::new(Metrics::default());
+        let config = ServiceConfig {
+            node_name,
+            attachments: Attachments {
+                host_netns: self.host_netns.clone(),
+                lease_dir: self.lease_dir.clone(),
+                announce: AnnounceSettings::default(),
+            },
+            probe_wait: Duration::from_millis(self.conflict_probe_ms),
+            spec: SpecSettings {
+                arp_policy: match self.arp_policy {
+                    ArpPolicyArg::ArpNotify => ArpPolicy::ArpNotify,
+                    ArpPolicyArg::Arping => ArpPolicy::Arping,
+                },
+                cluster_cidrs: self.cluster_cidr.clone(),
+                service_cidrs: self.service_cidr.clone(),
+            },
+        };
+        let service = AgentService::new(config, desired, records, datapath, Arc::clone(&metrics));
+        service
+            .recover()
+            .await
+            .map_err(|e| anyhow::anyhow!("recovering the attachments: {e}"))?;
+        tokio::spawn({
+            let service = service.clone();
+            async move { service.watch_conflicts(monitor).await }
+        });
+        tokio::spawn(after_start(service.clone()));
+        if let Some(address) = self.metrics_address {
+            serve_metrics(address, metrics).await?;
+        }
+        let server = AgentServer::bind(
+            ServerConfig {
+                socket_path: self.socket.clone(),
+                ..ServerConfig::default()
+            },
+            service,
+        )?;
+        server.serve(shutdown_signal()).await;
+        tracing::info!("flatnet-agent stopped; pinned maps and uplink programs stay in place");
+        Ok(())
+    }
+}
+
+/// Retries the first API call with backoff; STATUS reports not ready
+/// until it succeeds.
+async fn sync_until_reachable(desired: &Kubernetes) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match desired.sync().await {
+            Ok(()) => {
+                tracing::info!("Kubernetes API reachable; ready to serve ADD");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?delay, "Kubernetes API not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Serves `/metrics` on `address` in the background.
+async fn serve_metrics(address: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("listen for metrics on {address}"))?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = Arc::clone(&metrics);
+            async move { metrics.encode() }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "the metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    }
+}

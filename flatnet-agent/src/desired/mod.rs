@@ -1,0 +1,204 @@
+//! Where the agent learns what a pod's flat interface should look like:
+//! which subnet, which address, which MAC. One trait, [`DesiredState`], with
+//! two sources: the Kubernetes API ([`kubernetes`], production) and a local
+//! YAML state file with local IPAM ([`standalone`], hosts without
+//! Kubernetes, the lab and the data-plane tests).
+
+pub mod kubernetes;
+pub mod standalone;
+
+use std::{fmt, future::Future, net::IpAddr};
+
+use flatnet_common::k8s::{
+    api::FlatNetworkSubnetSpec,
+    validation::{InvalidSubnet, ValidSubnet, validate_subnet},
+};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    cni::{CniError, ErrorCode},
+    datapath::Conflict,
+    packet::MacAddr,
+};
+
+/// One attachment: a container's interface on a network.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentKey {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+}
+
+impl fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "container {} interface {}",
+            self.container_id, self.ifname
+        )
+    }
+}
+
+/// The pod behind an attachment, from `CNI_ARGS`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    /// `K8S_POD_NAMESPACE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `K8S_POD_NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `K8S_POD_UID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(name)) => write!(f, "pod {ns}/{name}"),
+            _ => f.write_str("a pod without Kubernetes arguments"),
+        }
+    }
+}
+
+/// A subnet by name with the spec it had when the attachment was made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NamedSubnet {
+    /// The subnet's name.
+    pub name: String,
+    /// Its spec (the FlatNetworkSubnet spec format).
+    pub spec: FlatNetworkSubnetSpec,
+}
+
+impl NamedSubnet {
+    /// The validated subnet.
+    pub fn validate(&self) -> Result<ValidSubnet, InvalidSubnet> {
+        validate_subnet(&self.name, &self.spec)
+    }
+}
+
+/// What ADD asks the desired state for.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The CNI network name (`name` of the network configuration).
+    pub network: String,
+    /// `subnet` of the network configuration, when set.
+    pub subnet: Option<String>,
+    /// The attachment.
+    pub key: AttachmentKey,
+    /// The pod.
+    pub pod: PodRef,
+    /// Addresses the runtime asks for (`runtimeConfig.ips`).
+    pub requested_ips: Vec<IpAddr>,
+    /// MAC the runtime asks for (`runtimeConfig.mac`).
+    pub requested_mac: Option<MacAddr>,
+}
+
+/// The desired flat interface of one attachment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claim {
+    /// One subnet per address family, all on the same parent link and mode.
+    pub subnets: Vec<NamedSubnet>,
+    /// One address per subnet, with the subnet's prefix length.
+    pub addresses: Vec<IpNet>,
+    /// Fixed MAC, when one was chosen.
+    pub mac: Option<MacAddr>,
+}
+
+/// The desired state could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum DesiredStateError {
+    /// No subnet is known for the network.
+    #[error("{0}")]
+    SubnetNotFound(String),
+    /// The operator has not allocated an address (yet).
+    #[error("{0}")]
+    NotAllocated(String),
+    /// No address could be allocated locally.
+    #[error("{0}")]
+    Allocation(String),
+    /// The request lacks what this source needs (for example the pod name).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A subnet or network definition is unusable.
+    #[error("{0}")]
+    InvalidDefinition(String),
+    /// A transient failure (API server unreachable, ...).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Local state could not be read or written.
+    #[error("{0}")]
+    Storage(String),
+}
+
+impl DesiredStateError {
+    /// The CNI error returned to the runtime.
+    pub fn to_cni(&self) -> CniError {
+        let code = match self {
+            DesiredStateError::SubnetNotFound(_) => ErrorCode::SubnetNotFound,
+            DesiredStateError::NotAllocated(_) | DesiredStateError::Unavailable(_) => {
+                ErrorCode::TryAgainLater
+            }
+            DesiredStateError::Allocation(_) => ErrorCode::AddressNotAllocated,
+            DesiredStateError::InvalidRequest(_) => ErrorCode::InvalidEnvironment,
+            DesiredStateError::InvalidDefinition(_) => ErrorCode::InvalidNetworkConfig,
+            DesiredStateError::Storage(_) => ErrorCode::AgentInternal,
+        };
+        CniError::new(code, self.to_string())
+    }
+}
+
+/// The agent's source of desired state.
+///
+/// `claim` may allocate (standalone); every allocation it makes is keyed by
+/// the attachment, so `release` with the same key undoes it even after an
+/// agent restart, and releasing something never claimed is success.
+pub trait DesiredState: Send + Sync + 'static {
+    /// Short name for logs (`kubernetes`, `standalone`).
+    fn kind(&self) -> &'static str;
+
+    /// The subnet(s), address(es) and MAC of an attachment; the same answer
+    /// when asked again for the same key.
+    fn claim(
+        &self,
+        request: &ClaimRequest,
+    ) -> impl Future<Output = Result<Claim, DesiredStateError>> + Send;
+
+    /// The interface is up with `mac`: record it (Kubernetes: status
+    /// `Active`, MAC and node).
+    fn activate(
+        &self,
+        pod: &PodRef,
+        claim: &Claim,
+        mac: MacAddr,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// Gives back what `claim` allocated for `key` on `network`; idempotent.
+    fn release(
+        &self,
+        network: &str,
+        key: &AttachmentKey,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// Gives back every allocation of `network` whose key is not in `keep`.
+    fn release_except(
+        &self,
+        network: &str,
+        keep: &[AttachmentKey],
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// `Ok` when ADD can be served, else why not.
+    fn readiness(&self) -> Result<(), String>;
+
+    /// Makes a conflict on an address of `pod` visible to users.
+    fn report_conflict(
+        &self,
+        pod: &PodRef,
+        conflict: &Conflict,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+}

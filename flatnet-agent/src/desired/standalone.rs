@@ -1,0 +1,671 @@
+//! Standalone desired state: subnets and network mappings from a YAML state
+//! file, addresses from a local pool persisted in an allocation file.
+//!
+//! The allocation file is replaced atomically on every change and guarded
+//! by an exclusive `flock` held for the agent's lifetime, so two agents can
+//! never hand out addresses from the same file.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use flatnet_common::k8s::{
+    ipam::{Family, Pool},
+    validation::{ValidSubnet, check_siblings},
+};
+use ipnet::IpNet;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use super::{
+    AttachmentKey, Claim, ClaimRequest, DesiredState, DesiredStateError, NamedSubnet, PodRef,
+};
+use crate::{atomic_file::write_atomic, datapath::Conflict, packet::MacAddr};
+
+/// The state file: subnets, and which CNI networks use them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    /// Subnets, in the FlatNetworkSubnet spec format.
+    #[serde(default)]
+    pub subnets: Vec<NamedSubnet>,
+    /// CNI network names mapped to one subnet, or two (IPv4 and IPv6) for
+    /// dual stack.
+    #[serde(default)]
+    pub networks: Vec<NetworkMapping>,
+}
+
+/// A CNI network (the `name` of a network configuration) and its subnets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkMapping {
+    /// The network configuration's `name`.
+    pub name: String,
+    /// Subnet names: one, or one IPv4 and one IPv6 on the same parent link.
+    pub subnets: Vec<String>,
+}
+
+/// The state file is unusable; the message names the entry and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// The file cannot be read.
+    #[error("cannot read the state file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML of the expected shape.
+    #[error("state file {path} is not valid: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: serde_yaml::Error,
+    },
+    /// Entries break the rules.
+    #[error("state file {path}: {}", problems.join("; "))]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Every problem found.
+        problems: Vec<String>,
+    },
+}
+
+/// A state file that passed validation.
+#[derive(Clone, Debug)]
+pub struct ValidState {
+    subnets: BTreeMap<String, (NamedSubnet, ValidSubnet)>,
+    networks: BTreeMap<String, Vec<String>>,
+}
+
+impl StateFile {
+    /// Reads and validates a state file.
+    pub fn load(path: &Path) -> Result<ValidState, StateFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| StateFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let file: StateFile =
+            serde_yaml::from_str(&text).map_err(|source| StateFileError::Parse {
+                path: path.to_owned(),
+                source,
+            })?;
+        file.validate().map_err(|problems| StateFileError::Invalid {
+            path: path.to_owned(),
+            problems,
+        })
+    }
+
+    /// Checks every subnet with `validate_subnet`, subnets sharing a parent
+    /// link against each other, and every network mapping.
+    pub fn validate(&self) -> Result<ValidState, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut subnets = BTreeMap::new();
+        for subnet in &self.subnets {
+            match subnet.validate() {
+                Ok(valid) => {
+                    if subnets
+                        .insert(subnet.name.clone(), (subnet.clone(), valid))
+                        .is_some()
+                    {
+                        problems.push(format!(
+                            "subnet {} is defined twice; give each subnet a unique name",
+                            subnet.name
+                        ));
+                    }
+                }
+                Err(invalid) => problems.push(invalid.to_string()),
+            }
+        }
+        let valid: Vec<&ValidSubnet> = subnets.values().map(|(_, v)| v).collect();
+        for subnet in &valid {
+            if let Err(conflicts) = check_siblings(subnet, valid.iter().copied()) {
+                problems.push(conflicts.to_string());
+            }
+        }
+        let mut networks = BTreeMap::new();
+        for network in &self.networks {
+            match check_network(network, &subnets) {
+                Ok(()) => {
+                    if networks
+                        .insert(network.name.clone(), network.subnets.clone())
+                        .is_some()
+                    {
+                        problems.push(format!(
+                            "network {} is mapped twice; keep one entry",
+                            network.name
+                        ));
+                    }
+                }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        if problems.is_empty() {
+            Ok(ValidState { subnets, networks })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// Checks that a network names one subnet, or an IPv4 and an IPv6 subnet
+/// that can share one interface (same parent link and link mode).
+fn check_network(
+    network: &NetworkMapping,
+    subnets: &BTreeMap<String, (NamedSubnet, ValidSubnet)>,
+) -> Result<(), String> {
+    let name = &network.name;
+    let found = network
+        .subnets
+        .iter()
+        .map(|s| {
+            subnets.get(s).map(|(_, v)| v).ok_or_else(|| {
+                format!(
+                    "network {name} uses subnet {s}, which is not defined; add it under `subnets`"
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    combine_subnets(name, &found)
+}
+
+/// Checks that `subnets` can share one pod interface: one or two of them,
+/// of different families, on the same parent link with the same mode.
+pub fn combine_subnets(network: &str, subnets: &[&ValidSubnet]) -> Result<(), String> {
+    match subnets {
+        [_] => Ok(()),
+        [a, b] if a.cidr.family() == b.cidr.family() => Err(format!(
+            "network {network}: subnets {} and {} are both {}; dual stack needs one IPv4 and one IPv6 subnet",
+            a.name,
+            b.name,
+            a.cidr.family()
+        )),
+        [a, b] if a.parent != b.parent || a.link_mode != b.link_mode => Err(format!(
+            "network {network}: subnets {} and {} must use the same master, VLAN, flatMode and mode to share one interface",
+            a.name, b.name
+        )),
+        [_, _] => Ok(()),
+        _ => Err(format!(
+            "network {network} must name one subnet, or one IPv4 and one IPv6 subnet"
+        )),
+    }
+}
+
+impl ValidState {
+    /// The subnet names of a request: the configuration's `subnet` field
+    /// (comma-separated for dual stack) or the network's mapping.
+    fn subnets_for(
+        &self,
+        network: &str,
+        subnet: Option<&str>,
+    ) -> Result<Vec<&(NamedSubnet, ValidSubnet)>, DesiredStateError> {
+        let names: Vec<String> = match subnet {
+            Some(list) => list.split(',').map(|s| s.trim().to_owned()).collect(),
+            None => self.networks.get(network).cloned().ok_or_else(|| {
+                DesiredStateError::SubnetNotFound(format!(
+                    "network {network:?} is not mapped to a subnet in the flatnet state file; add it under `networks` or set `subnet` in the network configuration"
+                ))
+            })?,
+        };
+        let found = names
+            .iter()
+            .map(|name| {
+                self.subnets.get(name).ok_or_else(|| {
+                    DesiredStateError::SubnetNotFound(format!(
+                        "subnet {name:?} of network {network:?} is not defined in the flatnet state file; add it under `subnets`"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let valid: Vec<&ValidSubnet> = found.iter().map(|(_, v)| v).collect();
+        combine_subnets(network, &valid).map_err(DesiredStateError::InvalidDefinition)?;
+        Ok(found)
+    }
+}
+
+/// One address handed out, as stored in the allocation file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Allocation {
+    /// The CNI network.
+    pub network: String,
+    /// The attachment.
+    #[serde(flatten)]
+    pub key: AttachmentKey,
+    /// The subnet the address comes from.
+    pub subnet: String,
+    /// The address.
+    pub address: IpAddr,
+    /// The pod, for people reading the file.
+    #[serde(default)]
+    pub pod: PodRef,
+}
+
+/// The allocation file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationFile {
+    /// Every address handed out.
+    #[serde(default)]
+    pub allocations: Vec<Allocation>,
+}
+
+/// Name of the allocation file inside the state directory.
+pub const ALLOCATION_FILE: &str = "allocations.json";
+/// Name of the lock file inside the state directory.
+pub const LOCK_FILE: &str = "allocations.lock";
+
+/// The allocation file could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocationStoreError {
+    /// Another agent holds the lock.
+    #[error(
+        "{path} is locked by another process; only one flatnet-agent may use a state directory"
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The file is unreadable or not valid JSON.
+    #[error("cannot read {path}: {reason}; fix or move the file (it lists the addresses in use)")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+}
+
+struct Store {
+    file: AllocationFile,
+    pools: BTreeMap<String, Pool>,
+}
+
+/// Standalone desired state.
+pub struct Standalone {
+    state: ValidState,
+    path: PathBuf,
+    store: Mutex<Store>,
+    _lock: Flock<File>,
+}
+
+impl Standalone {
+    /// Opens (or creates) the allocation file in `state_dir`, taking its
+    /// lock, and rebuilds the pools from it.
+    pub fn open(state: ValidState, state_dir: &Path) -> Result<Self, AllocationStoreError> {
+        let read_error = |path: &Path, reason: String| AllocationStoreError::Read {
+            path: path.to_owned(),
+            reason,
+        };
+        crate::atomic_file::create_private_dir(state_dir)
+            .map_err(|e| read_error(state_dir, e.to_string()))?;
+        let lock_path = state_dir.join(LOCK_FILE);
+        let lock_file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| read_error(&lock_path, e.to_string()))?;
+        let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+            AllocationStoreError::Locked {
+                path: lock_path.clone(),
+            }
+        })?;
+        let path = state_dir.join(ALLOCATION_FILE);
+        let file = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice::<AllocationFile>(&bytes)
+                .map_err(|e| read_error(&path, e.to_string()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => AllocationFile::default(),
+            Err(e) => return Err(read_error(&path, e.to_string())),
+        };
+        let pools = build_pools(&state, &file);
+        Ok(Self {
+            state,
+            path,
+            store: Mutex::new(Store { file, pools }),
+            _lock: lock,
+        })
+    }
+
+    /// A copy of the allocations.
+    pub async fn allocations(&self) -> Vec<Allocation> {
+        self.store.lock().await.file.allocations.clone()
+    }
+
+    fn save(&self, file: &AllocationFile) -> Result<(), DesiredStateError> {
+        let bytes = serde_json::to_vec_pretty(file).expect("allocations serialize");
+        write_atomic(&self.path, &bytes).map_err(|e| {
+            DesiredStateError::Storage(format!(
+                "cannot write the allocation file {}: {e}",
+                self.path.display()
+            ))
+        })
+    }
+
+    async fn release_where(
+        &self,
+        mut doomed: impl FnMut(&Allocation) -> bool,
+    ) -> Result<(), DesiredStateError> {
+        let mut store = self.store.lock().await;
+        let (gone, kept): (Vec<_>, Vec<_>) = store
+            .file
+            .allocations
+            .iter()
+            .cloned()
+            .partition(|a| doomed(a));
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let file = AllocationFile { allocations: kept };
+        self.save(&file)?;
+        for allocation in &gone {
+            if let Some(pool) = store.pools.get_mut(&allocation.subnet) {
+                pool.release(allocation.address);
+            }
+            tracing::info!(address = %allocation.address, subnet = %allocation.subnet, key = %allocation.key, "released");
+        }
+        store.file = file;
+        Ok(())
+    }
+}
+
+/// Pools of every subnet with the recorded addresses marked used. Records
+/// of unknown subnets or duplicates are kept in the file but reported.
+fn build_pools(state: &ValidState, file: &AllocationFile) -> BTreeMap<String, Pool> {
+    let mut pools: BTreeMap<String, Pool> = state
+        .subnets
+        .iter()
+        .map(|(name, (_, valid))| (name.clone(), Pool::new(valid)))
+        .collect();
+    for allocation in &file.allocations {
+        match pools.get_mut(&allocation.subnet) {
+            Some(pool) => {
+                if let Err(error) = pool.mark_used(allocation.address) {
+                    tracing::warn!(%error, key = %allocation.key, "allocation file lists an address twice");
+                }
+            }
+            None => tracing::warn!(
+                subnet = %allocation.subnet,
+                address = %allocation.address,
+                "allocation of a subnet no longer in the state file; kept until DEL or GC"
+            ),
+        }
+    }
+    pools
+}
+
+impl DesiredState for Standalone {
+    fn kind(&self) -> &'static str {
+        "standalone"
+    }
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
+        let subnets = self
+            .state
+            .subnets_for(&request.network, request.subnet.as_deref())?;
+        let mut store = self.store.lock().await;
+        let mut file = store.file.clone();
+        let mut addresses = Vec::new();
+        let mut taken = Vec::new();
+        for (named, valid) in &subnets {
+            let existing = file.allocations.iter().find(|a| {
+                a.key == request.key && a.network == request.network && a.subnet == named.name
+            });
+            let address = match existing {
+                Some(allocation) => allocation.address,
+                None => {
+                    let pool = store
+                        .pools
+                        .get_mut(&named.name)
+                        .expect("a pool per subnet of the state");
+                    let family = valid.cidr.family();
+                    let wanted: Vec<IpAddr> = request
+                        .requested_ips
+                        .iter()
+                        .copied()
+                        .filter(|ip| Family::of(*ip) == family)
+                        .collect();
+                    let result = if wanted.is_empty() {
+                        pool.allocate_auto()
+                    } else {
+                        pool.allocate_requested(&wanted)
+                    };
+                    let address = match result {
+                        Ok(address) => address,
+                        Err(error) => {
+                            // Undo this call's allocations in other subnets.
+                            for (subnet, ip) in taken {
+                                if let Some(pool) = store.pools.get_mut(&subnet) {
+                                    pool.release(ip);
+                                }
+                            }
+                            return Err(DesiredStateError::Allocation(error.to_string()));
+                        }
+                    };
+                    taken.push((named.name.clone(), address));
+                    file.allocations.push(Allocation {
+                        network: request.network.clone(),
+                        key: request.key.clone(),
+                        subnet: named.name.clone(),
+                        address,
+                        pod: request.pod.clone(),
+                    });
+                    address
+                }
+            };
+            let prefix = valid.cidr.prefix_len();
+            addresses.push(IpNet::new(address, prefix).expect("prefix of the subnet's family"));
+        }
+        if !taken.is_empty() {
+            if let Err(error) = self.save(&file) {
+                for (subnet, ip) in taken {
+                    if let Some(pool) = store.pools.get_mut(&subnet) {
+                        pool.release(ip);
+                    }
+                }
+                return Err(error);
+            }
+            store.file = file;
+        }
+        Ok(Claim {
+            subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),
+            addresses,
+            mac: request.requested_mac,
+        })
+    }
+
+    async fn activate(
+        &self,
+        _pod: &PodRef,
+        _claim: &Claim,
+        _mac: MacAddr,
+    ) -> Result<(), DesiredStateError> {
+        Ok(())
+    }
+
+    async fn release(&self, network: &str, key: &AttachmentKey) -> Result<(), DesiredStateError> {
+        self.release_where(|a| a.network == network && &a.key == key)
+            .await
+    }
+
+    async fn release_except(
+        &self,
+        network: &str,
+        keep: &[AttachmentKey],
+    ) -> Result<(), DesiredStateError> {
+        let keep: BTreeSet<&AttachmentKey> = keep.iter().collect();
+        self.release_where(|a| a.network == network && !keep.contains(&a.key))
+            .await
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn report_conflict(
+        &self,
+        _pod: &PodRef,
+        _conflict: &Conflict,
+    ) -> Result<(), DesiredStateError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATE: &str = r#"
+subnets:
+  - name: lan4
+    spec: {flatMode: macvlan, master: eth9, cidr: 192.0.2.0/29, gateway: 192.0.2.1}
+  - name: lan6
+    spec: {flatMode: macvlan, master: eth9, cidr: "2001:db8::/64", gateway: "2001:db8::1"}
+networks:
+  - {name: flat, subnets: [lan4]}
+  - {name: dual, subnets: [lan4, lan6]}
+"#;
+
+    fn state() -> ValidState {
+        serde_yaml::from_str::<StateFile>(STATE)
+            .unwrap()
+            .validate()
+            .unwrap()
+    }
+
+    fn request(network: &str, container: &str) -> ClaimRequest {
+        ClaimRequest {
+            network: network.into(),
+            subnet: None,
+            key: AttachmentKey {
+                container_id: container.into(),
+                ifname: "eth1".into(),
+            },
+            pod: PodRef::default(),
+            requested_ips: Vec::new(),
+            requested_mac: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn allocations_are_stable_released_and_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        let a = store.claim(&request("flat", "a")).await.unwrap();
+        assert_eq!(a.addresses, ["192.0.2.2/29".parse::<IpNet>().unwrap()]);
+        assert_eq!(store.claim(&request("flat", "a")).await.unwrap(), a);
+        let dual = store.claim(&request("dual", "b")).await.unwrap();
+        assert_eq!(
+            dual.addresses,
+            [
+                "192.0.2.3/29".parse::<IpNet>().unwrap(),
+                "2001:db8::2/64".parse().unwrap()
+            ]
+        );
+        drop(store);
+
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        assert_eq!(store.allocations().await.len(), 3);
+        let c = store.claim(&request("flat", "c")).await.unwrap();
+        assert_eq!(c.addresses, ["192.0.2.4/29".parse::<IpNet>().unwrap()]);
+        store
+            .release("flat", &request("flat", "a").key)
+            .await
+            .unwrap();
+        store
+            .release("flat", &request("flat", "a").key)
+            .await
+            .unwrap();
+        let d = store.claim(&request("flat", "d")).await.unwrap();
+        assert_eq!(d.addresses, a.addresses, "the released address is reused");
+        store.release_except("dual", &[]).await.unwrap();
+        let left: Vec<_> = store
+            .allocations()
+            .await
+            .into_iter()
+            .map(|a| a.key.container_id)
+            .collect();
+        assert_eq!(left, ["c", "d"]);
+    }
+
+    #[tokio::test]
+    async fn a_second_agent_cannot_open_the_same_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = Standalone::open(state(), dir.path()).unwrap();
+        let second = Standalone::open(state(), dir.path());
+        assert!(matches!(second, Err(AllocationStoreError::Locked { .. })));
+    }
+
+    #[tokio::test]
+    async fn exhaustion_and_unknown_networks_are_cni_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        // 192.0.2.0/29: .2 to .6 are allocatable (.1 is the gateway).
+        for n in 0..5 {
+            store
+                .claim(&request("flat", &format!("p{n}")))
+                .await
+                .unwrap();
+        }
+        let error = store.claim(&request("flat", "p5")).await.unwrap_err();
+        assert_eq!(
+            error.to_cni().code,
+            crate::cni::ErrorCode::AddressNotAllocated
+        );
+        let error = store.claim(&request("nope", "x")).await.unwrap_err();
+        assert_eq!(error.to_cni().code, crate::cni::ErrorCode::SubnetNotFound);
+        assert!(error.to_string().contains("\"nope\""), "{error}");
+        let mut by_field = request("nope", "y");
+        by_field.subnet = Some("lan6".into());
+        assert!(store.claim(&by_field).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_failing_dual_stack_claim_keeps_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        let mut wanted = request("dual", "a");
+        wanted.requested_ips = vec!["192.0.2.5".parse().unwrap(), "2001:db9::5".parse().unwrap()];
+        assert!(store.claim(&wanted).await.is_err());
+        assert!(store.allocations().await.is_empty());
+        let next = store.claim(&request("flat", "b")).await.unwrap();
+        assert_eq!(next.addresses, ["192.0.2.2/29".parse::<IpNet>().unwrap()]);
+        wanted.requested_ips.pop();
+        let got = store.claim(&wanted).await.unwrap();
+        assert_eq!(got.addresses[0], "192.0.2.5/29".parse::<IpNet>().unwrap());
+    }
+
+    #[test]
+    fn invalid_state_files_name_every_problem() {
+        let file: StateFile = serde_yaml::from_str(
+            r#"
+subnets:
+  - name: a
+    spec: {flatMode: macvlan, master: eth9, cidr: 10.0.0.0/24}
+  - name: b
+    spec: {flatMode: ipvlan, master: eth9, cidr: 10.1.0.0/24}
+  - name: c
+    spec: {flatMode: bogus, master: eth9, cidr: 10.2.0.0/24}
+networks:
+  - {name: n1, subnets: [missing]}
+  - {name: n2, subnets: [a, b]}
+"#,
+        )
+        .unwrap();
+        let problems = file.validate().unwrap_err().join("\n");
+        for needle in [
+            "missing",
+            "both IPv4",
+            "FlatNetworkSubnet c",
+            "macvlan and ipvlan",
+        ] {
+            assert!(problems.contains(needle), "{needle:?} not in {problems}");
+        }
+    }
+}

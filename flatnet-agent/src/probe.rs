@@ -1,0 +1,388 @@
+//! The ADD-time conflict probe: before a pod gets an address, the node asks
+//! the LAN whether anyone already uses it (an ARP probe, RFC 5227, for IPv4;
+//! a duplicate-address-detection neighbour solicitation, RFC 4862, for
+//! IPv6) and listens briefly for an answer from another MAC.
+
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+use etherparse::{ArpOperation, Icmpv6Type, LinkSlice, NetSlice, SlicedPacket, TransportSlice};
+
+use crate::packet::{BROADCAST, FrameError, MacAddr, arp_frame, dad_probe_frame};
+
+/// Another host answered for an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForeignClaim {
+    /// The address.
+    pub addr: IpAddr,
+    /// The MAC that answered.
+    pub mac: MacAddr,
+}
+
+/// The probe could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The interface does not exist in this network namespace.
+    #[error("interface {interface} not found: {source}")]
+    NoInterface {
+        /// Interface name.
+        interface: String,
+        /// The errno.
+        source: nix::Error,
+    },
+    /// A socket operation failed.
+    #[error("{op} on the probe socket of {interface}: {source}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// Interface name.
+        interface: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A probe frame could not be built.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+/// The index and MAC of `interface` in the calling thread's namespace.
+pub fn interface_info(interface: &str) -> Result<(u32, MacAddr), ProbeError> {
+    let no_interface = |source| ProbeError::NoInterface {
+        interface: interface.to_owned(),
+        source,
+    };
+    let index = nix::net::if_::if_nametoindex(interface).map_err(no_interface)?;
+    let mac = nix::ifaddrs::getifaddrs()
+        .map_err(no_interface)?
+        .filter(|ifa| ifa.interface_name == interface)
+        .find_map(|ifa| ifa.address?.as_link_addr()?.addr())
+        .unwrap_or_default();
+    Ok((index, mac))
+}
+
+/// Sends a probe for each of `addrs` out of `interface` (in the calling
+/// thread's namespace), repeats it halfway through `wait`, and returns the
+/// first answer from a MAC other than the interface's own, if any arrives
+/// within `wait`.
+pub fn probe(
+    interface: &str,
+    addrs: &[IpAddr],
+    wait: Duration,
+) -> Result<Option<ForeignClaim>, ProbeError> {
+    let (ifindex, own_mac) = interface_info(interface)?;
+    let socket = ProbeSocket::open(interface, ifindex)?;
+    let frames = addrs
+        .iter()
+        .map(|addr| probe_frame(own_mac, *addr))
+        .collect::<Result<Vec<_>, _>>()?;
+    let started = Instant::now();
+    let mut resent = false;
+    for frame in &frames {
+        socket.send(frame)?;
+    }
+    let mut buffer = [0u8; 2048];
+    loop {
+        let elapsed = started.elapsed();
+        if elapsed >= wait {
+            return Ok(None);
+        }
+        if !resent && elapsed >= wait / 2 {
+            resent = true;
+            for frame in &frames {
+                socket.send(frame)?;
+            }
+        }
+        let slice = if resent { wait } else { wait / 2 };
+        let Some(len) = socket.receive(&mut buffer, slice.saturating_sub(elapsed))? else {
+            continue;
+        };
+        if let Some(claim) = parse_answer(&buffer[..len], addrs, own_mac) {
+            return Ok(Some(claim));
+        }
+    }
+}
+
+/// The probe frame for `addr`.
+fn probe_frame(own_mac: MacAddr, addr: IpAddr) -> Result<Vec<u8>, FrameError> {
+    match addr {
+        IpAddr::V4(v4) => arp_frame(
+            own_mac,
+            BROADCAST,
+            ArpOperation::REQUEST,
+            (own_mac, Ipv4Addr::UNSPECIFIED),
+            ([0; 6], v4),
+        ),
+        IpAddr::V6(v6) => dad_probe_frame(own_mac, v6),
+    }
+}
+
+/// An answer claiming one of `addrs` from a MAC other than `own_mac`: an
+/// ARP packet whose sender address is one of them, or a neighbour
+/// advertisement for one of them.
+pub fn parse_answer(frame: &[u8], addrs: &[IpAddr], own_mac: MacAddr) -> Option<ForeignClaim> {
+    let packet = SlicedPacket::from_ethernet(frame).ok()?;
+    let Some(LinkSlice::Ethernet2(eth)) = &packet.link else {
+        return None;
+    };
+    let source = eth.source();
+    if source == own_mac {
+        return None;
+    }
+    let claimed: IpAddr = match (&packet.net, &packet.transport) {
+        (Some(NetSlice::Arp(arp)), _) => {
+            let sender: [u8; 4] = arp.sender_protocol_addr().try_into().ok()?;
+            IpAddr::V4(Ipv4Addr::from(sender))
+        }
+        (Some(NetSlice::Ipv6(_)), Some(TransportSlice::Icmpv6(icmp)))
+            if matches!(icmp.icmp_type(), Icmpv6Type::NeighborAdvertisement(_)) =>
+        {
+            let target: [u8; 16] = icmp.payload().get(..16)?.try_into().ok()?;
+            IpAddr::V6(target.into())
+        }
+        _ => return None,
+    };
+    addrs.contains(&claimed).then_some(ForeignClaim {
+        addr: claimed,
+        mac: source,
+    })
+}
+
+/// An `AF_PACKET` socket on one interface that sends frames and receives
+/// every ARP and IPv6 frame arriving on it.
+struct ProbeSocket {
+    fd: OwnedFd,
+    ifindex: i32,
+    interface: String,
+}
+
+impl ProbeSocket {
+    fn open(interface: &str, ifindex: u32) -> Result<Self, ProbeError> {
+        let io_error = |op| ProbeError::Io {
+            op,
+            interface: interface.to_owned(),
+            source: io::Error::last_os_error(),
+        };
+        let protocol = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                i32::from(protocol),
+            )
+        };
+        if raw < 0 {
+            return Err(io_error("socket"));
+        }
+        // SAFETY: `raw` is a freshly created descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = protocol;
+        addr.sll_ifindex = ifindex as i32;
+        // SAFETY: `addr` is a valid sockaddr_ll of the given length.
+        let bound = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if bound < 0 {
+            return Err(io_error("bind"));
+        }
+        // Neighbour advertisements answering DAD go to the all-nodes group.
+        // SAFETY: packet_mreq is plain old data; zeroed is a valid value.
+        let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
+        mreq.mr_ifindex = ifindex as i32;
+        mreq.mr_type = libc::PACKET_MR_ALLMULTI as u16;
+        // SAFETY: `mreq` is valid for its size.
+        let joined = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_ADD_MEMBERSHIP,
+                (&raw const mreq).cast(),
+                std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
+            )
+        };
+        if joined < 0 {
+            return Err(io_error("PACKET_ADD_MEMBERSHIP"));
+        }
+        Ok(Self {
+            fd,
+            ifindex: ifindex as i32,
+            interface: interface.to_owned(),
+        })
+    }
+
+    fn send(&self, frame: &[u8]) -> Result<(), ProbeError> {
+        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = self.ifindex;
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].copy_from_slice(&frame[..6]);
+        // SAFETY: `frame` and `addr` are valid for the lengths given.
+        let sent = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if sent < 0 {
+            return Err(self.io_error("sendto"));
+        }
+        Ok(())
+    }
+
+    /// One incoming frame (outgoing copies are skipped), or `None` when
+    /// nothing arrived within `wait`.
+    fn receive(&self, buffer: &mut [u8], wait: Duration) -> Result<Option<usize>, ProbeError> {
+        let timeout = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        let mut fds = [libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is a valid array of one pollfd.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout) };
+        if ready == 0 {
+            return Ok(None);
+        }
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                return Ok(None);
+            }
+            return Err(ProbeError::Io {
+                op: "poll",
+                interface: self.interface.clone(),
+                source: error,
+            });
+        }
+        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
+        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: `buffer` and `from` are valid for the lengths given.
+        let len = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                libc::MSG_DONTWAIT,
+                (&raw mut from).cast(),
+                &raw mut from_len,
+            )
+        };
+        if len < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(ProbeError::Io {
+                op: "recvfrom",
+                interface: self.interface.clone(),
+                source: error,
+            });
+        }
+        if from.sll_pkttype == libc::PACKET_OUTGOING {
+            return Ok(None);
+        }
+        Ok(Some(len as usize))
+    }
+
+    fn io_error(&self, op: &'static str) -> ProbeError {
+        ProbeError::Io {
+            op,
+            interface: self.interface.clone(),
+            source: io::Error::last_os_error(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv6Addr;
+
+    use super::*;
+    use crate::packet::{NdpMessage, ndp_frame};
+
+    const OWN: MacAddr = [2, 0, 0, 0, 0, 1];
+    const OTHER: MacAddr = [2, 0, 0, 0, 0, 9];
+
+    #[test]
+    fn arp_replies_from_other_macs_are_claims() {
+        let addr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 5));
+        let IpAddr::V4(v4) = addr else { unreachable!() };
+        let reply = arp_frame(
+            OTHER,
+            OWN,
+            ArpOperation::REPLY,
+            (OTHER, v4),
+            (OWN, Ipv4Addr::UNSPECIFIED),
+        )
+        .unwrap();
+        assert_eq!(
+            parse_answer(&reply, &[addr], OWN),
+            Some(ForeignClaim { addr, mac: OTHER })
+        );
+        assert_eq!(parse_answer(&reply, &[], OWN), None, "other addresses");
+        // Our own probe (sender 0.0.0.0) and frames from our MAC are not claims.
+        let own_probe = probe_frame(OWN, addr).unwrap();
+        assert_eq!(parse_answer(&own_probe, &[addr], OWN), None);
+        assert_eq!(parse_answer(&reply, &[addr], OTHER), None);
+    }
+
+    #[test]
+    fn neighbour_advertisements_are_claims_and_solicitations_are_not() {
+        let target: Ipv6Addr = "2001:db8::5".parse().unwrap();
+        let addr = IpAddr::V6(target);
+        let advert = ndp_frame(
+            OTHER,
+            [0x33, 0x33, 0, 0, 0, 1],
+            "fe80::9".parse().unwrap(),
+            "ff02::1".parse().unwrap(),
+            NdpMessage::NeighborAdvertisement {
+                target,
+                solicited: false,
+                override_flag: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            parse_answer(&advert, &[addr], OWN),
+            Some(ForeignClaim { addr, mac: OTHER })
+        );
+        let dad = dad_probe_frame(OTHER, target).unwrap();
+        assert_eq!(parse_answer(&dad, &[addr], OWN), None);
+    }
+
+    #[test]
+    fn dad_probe_has_unspecified_source_and_no_option() {
+        let target: Ipv6Addr = "2001:db8::5".parse().unwrap();
+        let frame = dad_probe_frame(OWN, target).unwrap();
+        let packet = SlicedPacket::from_ethernet(&frame).unwrap();
+        let Some(NetSlice::Ipv6(ip)) = &packet.net else {
+            panic!("not IPv6");
+        };
+        assert_eq!(ip.header().source_addr(), Ipv6Addr::UNSPECIFIED);
+        assert_eq!(
+            ip.header().destination_addr(),
+            "ff02::1:ff00:5".parse::<Ipv6Addr>().unwrap()
+        );
+        let Some(TransportSlice::Icmpv6(icmp)) = &packet.transport else {
+            panic!("not ICMPv6");
+        };
+        assert_eq!(icmp.payload(), target.octets());
+    }
+}

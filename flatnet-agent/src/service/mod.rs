@@ -1,0 +1,696 @@
+//! The agent's CNI service: [`AgentService`] implements
+//! [`CniHandler`] on top of a [`DesiredState`] source, the link layer, the
+//! eBPF tables and the attachment records.
+//!
+//! ADD: claim (subnet, address, MAC) → pending record → conflict probe →
+//! attach → data-plane tables → activate → ready record → result. Any
+//! failure undoes every step in reverse, including the allocation. The
+//! work runs in its own task holding the attachment's lock, so a request
+//! dropped at its deadline still finishes or rolls back, and the runtime's
+//! DEL that follows waits for it.
+
+mod conflicts;
+mod locks;
+pub mod metrics;
+pub mod spec;
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use crate::{
+    cni::{
+        AttachRequest, CniError, CniResult, DetachRequest, ErrorCode, GcRequest, NetworkConfig,
+        StatusRequest,
+    },
+    datapath::{ConflictMonitor, Datapath},
+    desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
+    link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkKind, format_mac, parse_mac},
+    netns::run_in_netns,
+    probe,
+    records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
+    rpc::CniHandler,
+};
+
+pub use metrics::Metrics;
+pub use spec::SpecSettings;
+
+/// Settings of the CNI service.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// This node's name (Kubernetes status, logs).
+    pub node_name: String,
+    /// The link layer (node namespace, VLAN leases, announcements).
+    pub attachments: Attachments,
+    /// How long the conflict probe listens; zero turns it off.
+    pub probe_wait: Duration,
+    /// Settings shaping every attachment.
+    pub spec: SpecSettings,
+}
+
+/// The CNI handler of the agent. Clones share one service.
+pub struct AgentService<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for AgentService<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner<S> {
+    config: ServiceConfig,
+    desired: S,
+    records: Records,
+    datapath: Mutex<DatapathTables>,
+    locks: locks::KeyLocks,
+    metrics: Arc<Metrics>,
+    limiter: conflicts::RateLimiter,
+}
+
+/// The loaded data plane and the uplinks its program is attached to.
+struct DatapathTables {
+    datapath: Datapath,
+    uplinks: BTreeSet<String>,
+}
+
+impl<S: DesiredState> AgentService<S> {
+    /// The service over `desired`, `records` and a loaded `datapath`.
+    pub fn new(
+        config: ServiceConfig,
+        desired: S,
+        records: Records,
+        datapath: Datapath,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                desired,
+                records,
+                datapath: Mutex::new(DatapathTables {
+                    datapath,
+                    uplinks: BTreeSet::new(),
+                }),
+                locks: locks::KeyLocks::default(),
+                metrics,
+                limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
+            }),
+        }
+    }
+
+    /// The desired-state source.
+    pub fn desired(&self) -> &S {
+        &self.inner.desired
+    }
+
+    /// Brings the node in line with the records after a (re)start: ADDs
+    /// interrupted by a crash are undone, completed ones get their uplink
+    /// program and table entries back.
+    pub async fn recover(&self) -> Result<(), CniError> {
+        let inner = Arc::clone(&self.inner);
+        spawn(async move {
+            let records = inner.records.all().map_err(internal)?;
+            for record in records {
+                let _guard = inner.locks.lock(&record.key).await;
+                match record.phase {
+                    RecordPhase::Pending => {
+                        tracing::warn!(key = %record.key, "undoing an ADD interrupted by an agent restart");
+                        if let Err(error) = inner.teardown(&record, true).await {
+                            tracing::error!(key = %record.key, %error, "cannot undo an interrupted ADD; DEL or GC will retry");
+                        }
+                    }
+                    RecordPhase::Ready => {
+                        if let Some(uplink) = &record.uplink
+                            && let Err(error) = inner.program_tables(&record, uplink).await
+                        {
+                            tracing::error!(key = %record.key, %error, "cannot restore data-plane entries");
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Follows the conflict monitor until it fails: every conflict is
+    /// logged, counted and reported (rate limited per address).
+    pub async fn watch_conflicts(&self, mut monitor: ConflictMonitor) {
+        loop {
+            match monitor.next().await {
+                Ok(conflict) => self.inner.on_conflict(conflict).await,
+                Err(error) => {
+                    tracing::error!(%error, "the conflict monitor failed; conflicts are no longer reported");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs `work` in its own task: dropping the caller (deadline) does not
+/// cancel it, and a panic becomes error 100.
+async fn spawn<T: Send + 'static>(
+    work: impl Future<Output = Result<T, CniError>> + Send + 'static,
+) -> Result<T, CniError> {
+    tokio::spawn(work).await.unwrap_or_else(|error| {
+        Err(CniError::new(
+            ErrorCode::AgentInternal,
+            format!("flatnet-agent failed internally: {error}; see the flatnet-agent log"),
+        ))
+    })
+}
+
+fn internal(error: impl std::fmt::Display) -> CniError {
+    CniError::new(ErrorCode::AgentInternal, format!("flatnet-agent: {error}"))
+}
+
+fn key_of(attachment: &crate::cni::Attachment) -> AttachmentKey {
+    AttachmentKey {
+        container_id: attachment.container_id.clone(),
+        ifname: attachment.ifname.clone(),
+    }
+}
+
+fn pod_of(attachment: &crate::cni::Attachment) -> PodRef {
+    PodRef {
+        namespace: attachment.args.pod_namespace.clone(),
+        name: attachment.args.pod_name.clone(),
+        uid: attachment.args.pod_uid.clone(),
+    }
+}
+
+fn link_error(error: &LinkError) -> CniError {
+    CniError::new(ErrorCode::InterfaceSetup, error.to_string())
+}
+
+impl<S: DesiredState> CniHandler for AgentService<S> {
+    async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
+        let inner = Arc::clone(&self.inner);
+        spawn(async move { inner.add(request).await }).await
+    }
+
+    async fn check(&self, request: AttachRequest) -> Result<(), CniError> {
+        self.inner.check(request).await
+    }
+
+    async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
+        let inner = Arc::clone(&self.inner);
+        spawn(async move { inner.del(request).await }).await
+    }
+
+    async fn status(&self, _request: StatusRequest) -> Result<(), CniError> {
+        self.inner.desired.readiness().map_err(|reason| {
+            CniError::new(
+                ErrorCode::PluginNotAvailable,
+                format!(
+                    "flatnet-agent cannot serve ADD yet: {reason} ({} desired state)",
+                    self.inner.desired.kind()
+                ),
+            )
+        })
+    }
+
+    async fn gc(&self, request: GcRequest) -> Result<(), CniError> {
+        let inner = Arc::clone(&self.inner);
+        spawn(async move { inner.gc(request).await }).await
+    }
+}
+
+impl<S: DesiredState> Inner<S> {
+    async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
+        let key = key_of(&request.attachment);
+        let _guard = self.locks.lock(&key).await;
+        let config = &request.config;
+        if let Some(record) = self.records.load(&key).map_err(internal)? {
+            if record.phase == RecordPhase::Ready
+                && record.netns == request.netns
+                && record.network == config.name
+            {
+                // A repeated ADD: the same answer.
+                let subnets = spec::valid_subnets(&record)?;
+                let attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
+                return Ok(spec::cni_result(
+                    &attachment,
+                    record.mac.as_deref(),
+                    &config.dns,
+                ));
+            }
+            tracing::info!(key = %key, "replacing an earlier, unfinished or different attachment");
+            self.teardown(&record, true).await?;
+        }
+
+        let claim_request = claim_request(&request, key.clone());
+        let claim = self
+            .desired
+            .claim(&claim_request)
+            .await
+            .map_err(|e| e.to_cni())?;
+        let mut record = AttachmentRecord {
+            key: key.clone(),
+            network: config.name.clone(),
+            netns: request.netns.clone(),
+            pod: claim_request.pod.clone(),
+            phase: RecordPhase::Pending,
+            subnets: claim.subnets.clone(),
+            addresses: claim.addresses.clone(),
+            requested_mac: claim.mac.map(format_mac),
+            mac: None,
+            mtu: config.mtu,
+            uplink: None,
+        };
+        if let Err(error) = self.records.save(&record) {
+            self.release_quietly(&record).await;
+            return Err(internal(error));
+        }
+        match self.set_up(&mut record, &claim, &config.dns).await {
+            Ok(result) => Ok(result),
+            Err((error, created_interface)) => {
+                if let Err(undo) = self.teardown(&record, created_interface).await {
+                    tracing::error!(key = %key, error = %undo, "cannot undo a failed ADD; DEL or GC will retry");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The steps after the claim. On error, also says whether the pod
+    /// interface may be flatnet's (so teardown may delete it).
+    async fn set_up(
+        &self,
+        record: &mut AttachmentRecord,
+        claim: &Claim,
+        dns: &crate::cni::Dns,
+    ) -> Result<CniResult, (CniError, bool)> {
+        let subnets = spec::valid_subnets(record).map_err(|e| (e, false))?;
+        let attachment =
+            spec::attachment_spec(record, &subnets, &self.config.spec).map_err(|e| (e, false))?;
+        attachment.validate().map_err(|e| {
+            (
+                CniError::new(ErrorCode::InvalidNetworkConfig, e.to_string()),
+                false,
+            )
+        })?;
+        self.probe(&attachment, record)
+            .await
+            .map_err(|e| (e, false))?;
+
+        let made = match self.config.attachments.attach(&attachment).await {
+            Ok(made) => made,
+            // The pod's existing interface is not ours: leave it alone.
+            Err(error @ LinkError::AlreadyExists { .. }) => {
+                return Err((link_error(&error), false));
+            }
+            Err(error) => return Err((link_error(&error), true)),
+        };
+        let mac = made.mac;
+        let owner_mac = match attachment.kind {
+            LinkKind::Macvlan { .. } => Some(mac),
+            // ipvlan children share the parent's MAC; the parent's is read below.
+            LinkKind::Ipvlan { .. } => None,
+        };
+        let uplink = self
+            .uplink_record(&made.parent, owner_mac, !attachment.kind.announces())
+            .await
+            .map_err(|e| (e, true))?;
+        record.mac = Some(format_mac(mac));
+        record.uplink = Some(uplink.clone());
+        self.records.save(record).map_err(|e| (internal(e), true))?;
+        self.program_tables(record, &uplink)
+            .await
+            .map_err(|e| (e, true))?;
+        self.desired
+            .activate(&record.pod, claim, mac)
+            .await
+            .map_err(|e| (e.to_cni(), true))?;
+        record.phase = RecordPhase::Ready;
+        self.records.save(record).map_err(|e| (internal(e), true))?;
+        tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
+        Ok(spec::cni_result(&attachment, record.mac.as_deref(), dns))
+    }
+
+    /// Asks the LAN whether the addresses are in use, from the parent
+    /// interface (skipped while a VLAN interface does not exist yet, or when
+    /// the master is missing: attach reports that).
+    async fn probe(
+        &self,
+        attachment: &AttachmentSpec,
+        record: &AttachmentRecord,
+    ) -> Result<(), CniError> {
+        let wait = self.config.probe_wait;
+        if wait.is_zero() {
+            return Ok(());
+        }
+        let parent = match attachment.vlan {
+            0 => attachment.master.clone(),
+            vlan => crate::link::vlan_ifname(&attachment.master, vlan),
+        };
+        let addrs = record.ips();
+        let host = self.config.attachments.host_netns.clone();
+        let probed = {
+            let parent = parent.clone();
+            tokio::task::spawn_blocking(move || {
+                in_netns(host, || {
+                    if probe::interface_info(&parent).is_err() {
+                        return Ok(None);
+                    }
+                    probe::probe(&parent, &addrs, wait)
+                })
+            })
+            .await
+            .map_err(internal)?
+        };
+        match probed {
+            Ok(Ok(None)) => Ok(()),
+            Ok(Ok(Some(claim))) => Err(CniError::new(
+                ErrorCode::AddressConflict,
+                format!(
+                    "address {} of {} is already in use on the LAN by MAC {} (answered on {parent}); \
+                     free it on that host or give the pod another address",
+                    claim.addr,
+                    record.pod,
+                    format_mac(claim.mac)
+                ),
+            )),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, %parent, "conflict probe failed; continuing without it");
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(%error, %parent, "conflict probe failed; continuing without it");
+                Ok(())
+            }
+        }
+    }
+
+    /// Index and MAC of the uplink in the node namespace.
+    async fn uplink_record(
+        &self,
+        parent: &str,
+        owner_mac: Option<[u8; 6]>,
+        responder: bool,
+    ) -> Result<UplinkRecord, CniError> {
+        let host = self.config.attachments.host_netns.clone();
+        let name = parent.to_owned();
+        let (ifindex, parent_mac) =
+            tokio::task::spawn_blocking(move || in_netns(host, || probe::interface_info(&name)))
+                .await
+                .map_err(internal)?
+                .map_err(internal)?
+                .map_err(internal)?;
+        Ok(UplinkRecord {
+            ifname: parent.to_owned(),
+            ifindex,
+            owner_mac: format_mac(owner_mac.unwrap_or(parent_mac)),
+            responder,
+        })
+    }
+
+    /// Attaches the uplink program (once per uplink) and lists the pod's
+    /// addresses in the managed-address table, and in the responder table
+    /// for ipvlan L3/L3S.
+    async fn program_tables(
+        &self,
+        record: &AttachmentRecord,
+        uplink: &UplinkRecord,
+    ) -> Result<(), CniError> {
+        let owner =
+            parse_mac(&uplink.owner_mac).ok_or_else(|| internal("bad owner MAC in record"))?;
+        let host = self.config.attachments.host_netns.clone();
+        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        if !tables.uplinks.contains(&uplink.ifname) {
+            let name = uplink.ifname.clone();
+            let datapath = &mut tables.datapath;
+            in_netns(host, || datapath.attach_uplink(&name))
+                .map_err(internal)?
+                .map_err(internal)?;
+            tables.uplinks.insert(uplink.ifname.clone());
+            tracing::info!(uplink = %uplink.ifname, "uplink program attached");
+        }
+        for addr in record.ips() {
+            if uplink.responder {
+                tables
+                    .datapath
+                    .responders()
+                    .and_then(|mut r| r.insert(uplink.ifindex, addr, owner))
+                    .map_err(internal)?;
+            }
+            tables
+                .datapath
+                .managed_addrs()
+                .and_then(|mut m| m.insert(uplink.ifindex, addr, owner))
+                .map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    fn remove_tables(&self, record: &AttachmentRecord) -> Result<(), CniError> {
+        let Some(uplink) = &record.uplink else {
+            return Ok(());
+        };
+        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        for addr in record.ips() {
+            if uplink.responder {
+                tables
+                    .datapath
+                    .responders()
+                    .and_then(|mut r| r.remove(uplink.ifindex, addr))
+                    .map_err(internal)?;
+            }
+            tables
+                .datapath
+                .managed_addrs()
+                .and_then(|mut m| m.remove(uplink.ifindex, addr))
+                .map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    /// Removes everything of an attachment: table entries, the interface
+    /// (when `delete_interface`), the allocation and the record. The record
+    /// stays when something could not be removed, so a later DEL retries.
+    async fn teardown(
+        &self,
+        record: &AttachmentRecord,
+        delete_interface: bool,
+    ) -> Result<(), CniError> {
+        let mut errors = Vec::new();
+        if let Err(error) = self.remove_tables(record) {
+            errors.push(error.msg);
+        }
+        if delete_interface {
+            let (master, vlan) = record
+                .subnets
+                .first()
+                .map(|s| {
+                    (
+                        s.spec.master.clone(),
+                        u16::try_from(s.spec.vlan).unwrap_or(0),
+                    )
+                })
+                .unwrap_or_default();
+            let netns = Some(record.netns.clone()).filter(|p: &PathBuf| p.exists());
+            let detach = DetachSpec {
+                netns,
+                ifname: record.key.ifname.clone(),
+                master,
+                vlan,
+                host_route: None,
+                addresses: record.ips(),
+            };
+            if let Err(error) = self.config.attachments.detach(&detach).await {
+                errors.push(error.to_string());
+            }
+        }
+        // The address stays allocated while the interface may still use it.
+        if errors.is_empty()
+            && let Err(error) = self.desired.release(&record.network, &record.key).await
+        {
+            errors.push(error.to_string());
+        }
+        if !errors.is_empty() {
+            return Err(CniError::new(
+                ErrorCode::AgentInternal,
+                format!(
+                    "cannot remove {} of {}: {}",
+                    record.key,
+                    record.pod,
+                    errors.join("; ")
+                ),
+            ));
+        }
+        self.records.remove(&record.key).map_err(internal)?;
+        tracing::info!(key = %record.key, pod = %record.pod, "attachment removed");
+        Ok(())
+    }
+
+    async fn release_quietly(&self, record: &AttachmentRecord) {
+        if let Err(error) = self.desired.release(&record.network, &record.key).await {
+            tracing::error!(key = %record.key, %error, "cannot release an allocation; GC will retry");
+        }
+    }
+
+    async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
+        let key = key_of(&request.attachment);
+        let _guard = self.locks.lock(&key).await;
+        match self.records.load(&key).map_err(internal)? {
+            Some(record) => self.teardown(&record, true).await,
+            // Nothing was created; an allocation may exist if the agent
+            // stopped between claim and record.
+            None => self
+                .desired
+                .release(&request.config.name, &key)
+                .await
+                .map_err(|e| e.to_cni()),
+        }
+    }
+
+    async fn gc(&self, request: GcRequest) -> Result<(), CniError> {
+        let network = &request.config.name;
+        let keep: Vec<AttachmentKey> = request
+            .valid_attachments
+            .iter()
+            .map(|v| AttachmentKey {
+                container_id: v.container_id.clone(),
+                ifname: v.ifname.clone(),
+            })
+            .collect();
+        let mut errors = Vec::new();
+        let records = self.records.all().map_err(internal)?;
+        for record in records
+            .iter()
+            .filter(|r| &r.network == network && !keep.contains(&r.key))
+        {
+            let _guard = self.locks.lock(&record.key).await;
+            // Re-read under the lock: a concurrent DEL may have finished it.
+            match self.records.load(&record.key) {
+                Ok(Some(current)) => {
+                    tracing::info!(key = %current.key, "GC: removing a stale attachment");
+                    if let Err(error) = self.teardown(&current, true).await {
+                        errors.push(error.msg);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => errors.push(error.to_string()),
+            }
+        }
+        // Allocations whose record is gone (or never written).
+        let mut still_recorded: Vec<AttachmentKey> = keep;
+        if let Ok(records) = self.records.all() {
+            still_recorded.extend(
+                records
+                    .into_iter()
+                    .filter(|r| &r.network == network)
+                    .map(|r| r.key),
+            );
+        }
+        if let Err(error) = self.desired.release_except(network, &still_recorded).await {
+            errors.push(error.to_string());
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(CniError::new(
+                ErrorCode::AgentInternal,
+                format!(
+                    "GC of network {network:?} left work undone: {}",
+                    errors.join("; ")
+                ),
+            ))
+        }
+    }
+
+    async fn check(&self, request: AttachRequest) -> Result<(), CniError> {
+        let key = key_of(&request.attachment);
+        let record = self
+            .records
+            .load(&key)
+            .map_err(internal)?
+            .filter(|r| r.phase == RecordPhase::Ready && r.network == request.config.name)
+            .ok_or_else(|| {
+                CniError::new(
+                    ErrorCode::UnknownContainer,
+                    format!(
+                        "flatnet-agent has no attachment of {key} on network {:?}; run ADD first",
+                        request.config.name
+                    ),
+                )
+            })?;
+        if let Some(prev) = &request.config.prev_result {
+            let listed: Vec<IpAddr> = prev.ips.iter().map(|ip| ip.address.addr).collect();
+            if let Some(missing) = record.ips().into_iter().find(|ip| !listed.contains(ip)) {
+                return Err(CniError::new(
+                    ErrorCode::InterfaceSetup,
+                    format!(
+                        "prevResult of {key} lacks the pod address {missing}; the runtime's cached result is stale"
+                    ),
+                ));
+            }
+        }
+        let subnets = spec::valid_subnets(&record)?;
+        let mut attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
+        attachment.netns = request.netns.clone();
+        self.config
+            .attachments
+            .check(&attachment)
+            .await
+            .map_err(|e| link_error(&e))
+    }
+
+    async fn on_conflict(&self, conflict: crate::datapath::Conflict) {
+        self.metrics.conflict();
+        if !self.limiter.allow(conflict.addr) {
+            return;
+        }
+        let owner = self.records.all().ok().and_then(|records| {
+            records.into_iter().find(|r| {
+                r.uplink
+                    .as_ref()
+                    .is_some_and(|u| u.ifindex == conflict.ifindex)
+                    && r.ips().contains(&conflict.addr)
+            })
+        });
+        let pod = owner.as_ref().map(|r| r.pod.clone()).unwrap_or_default();
+        tracing::warn!(%conflict, %pod, "IP conflict: another host claims a pod address");
+        if owner.is_some()
+            && let Err(error) = self.desired.report_conflict(&pod, &conflict).await
+        {
+            tracing::warn!(%error, %pod, "cannot report the IP conflict");
+        }
+    }
+}
+
+/// What ADD asks the desired state for.
+fn claim_request(request: &AttachRequest, key: AttachmentKey) -> ClaimRequest {
+    let config: &NetworkConfig = &request.config;
+    let runtime = config.runtime_config.as_ref();
+    ClaimRequest {
+        network: config.name.clone(),
+        subnet: config.subnet.clone(),
+        key,
+        pod: pod_of(&request.attachment),
+        requested_ips: runtime
+            .map(|r| r.ips.iter().map(|ip| ip.addr).collect())
+            .unwrap_or_default(),
+        requested_mac: runtime.and_then(|r| r.mac.as_deref()).and_then(parse_mac),
+    }
+}
+
+/// Runs `work` in the node namespace `host` (the calling thread's when `None`).
+fn in_netns<T: Send>(
+    host: Option<PathBuf>,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T, crate::netns::NetnsError> {
+    match host {
+        Some(path) => run_in_netns(&path, work),
+        None => Ok(work()),
+    }
+}

@@ -1,0 +1,359 @@
+//! From an attachment record (subnets, addresses, MAC) and the agent's
+//! settings to the [`AttachmentSpec`] the link layer creates, and to the CNI
+//! result.
+
+use std::net::IpAddr;
+
+use flatnet_common::k8s::validation::{self, LinkMode, ValidSubnet};
+use ipnet::IpNet;
+
+use crate::{
+    cni::{CniError, CniResult, Dns, ErrorCode, Interface, IpConfig, IpWithPrefix, Route},
+    link::{
+        ArpPolicy, AttachmentSpec, IpvlanFlag, IpvlanMode, LinkKind, MacvlanMode, PrimaryRoutes,
+        RouteSpec, parse_mac,
+    },
+    records::AttachmentRecord,
+};
+
+/// The pod's primary interface (the cluster network's), by convention.
+pub const PRIMARY_IFNAME: &str = "eth0";
+
+/// Agent-wide settings that shape every attachment.
+#[derive(Clone, Debug, Default)]
+pub struct SpecSettings {
+    /// How addresses are announced.
+    pub arp_policy: ArpPolicy,
+    /// Cluster pod CIDRs kept on the primary interface.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Service CIDRs kept on the primary interface.
+    pub service_cidrs: Vec<IpNet>,
+}
+
+/// The validated subnets of a record.
+pub fn valid_subnets(record: &AttachmentRecord) -> Result<Vec<ValidSubnet>, CniError> {
+    record
+        .subnets
+        .iter()
+        .map(|s| {
+            s.validate().map_err(|invalid| {
+                CniError::new(ErrorCode::InvalidNetworkConfig, invalid.to_string())
+            })
+        })
+        .collect()
+}
+
+/// The link kind of a subnet.
+pub fn link_kind(mode: LinkMode) -> LinkKind {
+    match mode {
+        LinkMode::Macvlan(mode) => LinkKind::Macvlan {
+            mode: match mode {
+                validation::MacvlanMode::Bridge => MacvlanMode::Bridge,
+                validation::MacvlanMode::Vepa => MacvlanMode::Vepa,
+                validation::MacvlanMode::Private => MacvlanMode::Private,
+                validation::MacvlanMode::Passthru => MacvlanMode::Passthru,
+            },
+        },
+        LinkMode::Ipvlan(mode, flag) => LinkKind::Ipvlan {
+            mode: match mode {
+                validation::IpvlanMode::L2 => IpvlanMode::L2,
+                validation::IpvlanMode::L3 => IpvlanMode::L3,
+                validation::IpvlanMode::L3s => IpvlanMode::L3s,
+            },
+            flag: match flag {
+                validation::IpvlanFlag::Bridge => IpvlanFlag::Bridge,
+                validation::IpvlanFlag::Private => IpvlanFlag::Private,
+                validation::IpvlanFlag::Vepa => IpvlanFlag::Vepa,
+            },
+        },
+    }
+}
+
+/// The attachment spec of a record.
+///
+/// - Gateways: each subnet's gateway.
+/// - Default route through the flat interface when a subnet sets
+///   `routeSettings.flatNetworkDefaultGateway` and the flat interface is not
+///   the primary one; cluster and service CIDRs (`addClusterCIDR`,
+///   `addServiceCIDR`) then stay on the primary interface, for the families
+///   whose default route moves.
+/// - Custom routes: the subnet routes whose `dev` is the pod interface.
+pub fn attachment_spec(
+    record: &AttachmentRecord,
+    subnets: &[ValidSubnet],
+    settings: &SpecSettings,
+) -> Result<AttachmentSpec, CniError> {
+    let first = subnets.first().ok_or_else(|| {
+        CniError::new(
+            ErrorCode::AgentInternal,
+            format!("attachment record of {} has no subnet", record.key),
+        )
+    })?;
+    let names: Vec<&str> = subnets.iter().map(|s| s.name.as_str()).collect();
+    let ifname = &record.key.ifname;
+    let gateways: Vec<IpAddr> = subnets.iter().filter_map(|s| s.gateway).collect();
+    let is_primary = ifname == PRIMARY_IFNAME;
+    let specs = || record.subnets.iter().map(|s| &s.spec.route_settings);
+    let default_route =
+        !is_primary && !gateways.is_empty() && specs().any(|r| r.flat_network_default_gateway);
+
+    let mut routes = Vec::new();
+    for subnet in subnets {
+        for route in subnet.routes.iter().filter(|r| &r.dev == ifname) {
+            let destination: IpNet = route.dst.parse().map_err(|_| {
+                CniError::new(
+                    ErrorCode::InvalidNetworkConfig,
+                    format!(
+                        "route {} of subnet {} is not a CIDR; fix spec.routes",
+                        route.dst, subnet.name
+                    ),
+                )
+            })?;
+            let destination = destination.trunc();
+            if default_route && destination.prefix_len() == 0 {
+                // The gateway default route already covers it.
+                continue;
+            }
+            routes.push(RouteSpec {
+                destination,
+                via: route.via,
+                source: route.src,
+                metric: u32::try_from(route.priority).ok().filter(|p| *p > 0),
+            });
+        }
+    }
+
+    let primary_routes = default_route
+        .then(|| {
+            let moved = |net: &IpNet| gateways.iter().any(|g| g.is_ipv4() == net.addr().is_ipv4());
+            let mut destinations = Vec::new();
+            if specs().any(|r| r.add_cluster_cidr) {
+                destinations.extend(settings.cluster_cidrs.iter().filter(|n| moved(n)));
+            }
+            if specs().any(|r| r.add_service_cidr) {
+                destinations.extend(settings.service_cidrs.iter().filter(|n| moved(n)));
+            }
+            destinations.sort();
+            destinations.dedup();
+            (!destinations.is_empty()).then(|| PrimaryRoutes {
+                ifname: PRIMARY_IFNAME.into(),
+                destinations,
+            })
+        })
+        .flatten();
+
+    let kind = link_kind(first.link_mode);
+    let mac = match (&record.requested_mac, kind) {
+        (Some(text), LinkKind::Macvlan { .. }) => Some(parse_mac(text).ok_or_else(|| {
+            CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!(
+                    "MAC {text:?} of {} is not valid; use aa:bb:cc:dd:ee:ff",
+                    record.key
+                ),
+            )
+        })?),
+        _ => None,
+    };
+    Ok(AttachmentSpec {
+        subnet: names.join(","),
+        master: first.parent.master.clone(),
+        vlan: first.parent.vlan,
+        kind,
+        netns: record.netns.clone(),
+        ifname: ifname.clone(),
+        mac,
+        mtu: record.mtu,
+        addresses: record.addresses.clone(),
+        gateways,
+        default_route,
+        routes,
+        primary_routes,
+        host_route: None,
+        arp_policy: settings.arp_policy,
+    })
+}
+
+/// The CNI result of an attachment.
+pub fn cni_result(spec: &AttachmentSpec, mac: Option<&str>, dns: &Dns) -> CniResult {
+    let gateway_for = |addr: IpAddr| {
+        spec.gateways
+            .iter()
+            .copied()
+            .find(|g| g.is_ipv4() == addr.is_ipv4())
+    };
+    let ips = spec
+        .addresses
+        .iter()
+        .map(|net| IpConfig {
+            address: IpWithPrefix {
+                addr: net.addr(),
+                prefix_len: net.prefix_len(),
+            },
+            gateway: gateway_for(net.addr()),
+            interface: Some(0),
+        })
+        .collect();
+    let mut routes: Vec<Route> = Vec::new();
+    if spec.default_route {
+        for gateway in &spec.gateways {
+            let any = if gateway.is_ipv4() {
+                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+            };
+            routes.push(route(
+                IpWithPrefix {
+                    addr: any,
+                    prefix_len: 0,
+                },
+                Some(*gateway),
+            ));
+        }
+    }
+    for custom in &spec.routes {
+        let dst = IpWithPrefix {
+            addr: custom.destination.addr(),
+            prefix_len: custom.destination.prefix_len(),
+        };
+        routes.push(route(dst, custom.via));
+    }
+    CniResult {
+        interfaces: vec![Interface {
+            name: spec.ifname.clone(),
+            mac: mac.map(str::to_owned),
+            sandbox: Some(spec.netns.display().to_string()),
+            ..Interface::default()
+        }],
+        ips,
+        routes,
+        dns: dns.clone(),
+    }
+}
+
+fn route(dst: IpWithPrefix, gw: Option<IpAddr>) -> Route {
+    Route {
+        dst,
+        gw,
+        mtu: None,
+        advmss: None,
+        priority: None,
+        table: None,
+        scope: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flatnet_common::k8s::api::{FlatNetworkSubnetSpec, Route as SubnetRoute};
+
+    use super::*;
+    use crate::{
+        desired::{AttachmentKey, NamedSubnet, PodRef},
+        records::RecordPhase,
+    };
+
+    fn record(spec: FlatNetworkSubnetSpec, ifname: &str) -> AttachmentRecord {
+        AttachmentRecord {
+            key: AttachmentKey {
+                container_id: "c".into(),
+                ifname: ifname.into(),
+            },
+            network: "flat".into(),
+            netns: "/run/netns/p".into(),
+            pod: PodRef::default(),
+            phase: RecordPhase::Pending,
+            subnets: vec![NamedSubnet {
+                name: "lan".into(),
+                spec,
+            }],
+            addresses: vec!["192.0.2.5/24".parse().unwrap()],
+            requested_mac: Some("02:00:00:00:00:05".into()),
+            mac: None,
+            mtu: Some(1400),
+            uplink: None,
+        }
+    }
+
+    fn subnet() -> FlatNetworkSubnetSpec {
+        FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth9".into(),
+            cidr: "192.0.2.0/24".into(),
+            gateway: Some("192.0.2.1".parse().unwrap()),
+            vlan: 7,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn spec_follows_the_subnet_and_route_settings() {
+        let mut spec = subnet();
+        spec.route_settings.flat_network_default_gateway = true;
+        spec.route_settings.add_cluster_cidr = true;
+        spec.routes = vec![
+            SubnetRoute {
+                dev: "eth1".into(),
+                dst: "198.51.100.0/24".into(),
+                via: Some("192.0.2.254".parse().unwrap()),
+                ..Default::default()
+            },
+            SubnetRoute {
+                dev: "eth0".into(),
+                dst: "203.0.113.0/24".into(),
+                ..Default::default()
+            },
+        ];
+        let record = record(spec, "eth1");
+        let subnets = valid_subnets(&record).unwrap();
+        let settings = SpecSettings {
+            cluster_cidrs: vec![
+                "10.42.0.0/16".parse().unwrap(),
+                "fd42::/48".parse().unwrap(),
+            ],
+            ..SpecSettings::default()
+        };
+        let spec = attachment_spec(&record, &subnets, &settings).unwrap();
+        assert_eq!((spec.master.as_str(), spec.vlan), ("eth9", 7));
+        assert!(spec.default_route);
+        assert_eq!(spec.mac, Some([2, 0, 0, 0, 0, 5]));
+        assert_eq!(spec.mtu, Some(1400));
+        assert_eq!(spec.routes.len(), 1, "only routes of the flat interface");
+        assert_eq!(
+            spec.primary_routes.clone().unwrap().destinations,
+            ["10.42.0.0/16".parse::<IpNet>().unwrap()],
+            "only families whose default route moves"
+        );
+        spec.validate().unwrap();
+    }
+
+    #[test]
+    fn the_primary_interface_keeps_no_implicit_default_route() {
+        let mut spec = subnet();
+        spec.route_settings.flat_network_default_gateway = true;
+        let record = record(spec, "eth0");
+        let subnets = valid_subnets(&record).unwrap();
+        let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
+        assert!(!spec.default_route);
+        assert!(spec.primary_routes.is_none());
+    }
+
+    #[test]
+    fn result_lists_addresses_gateways_and_routes() {
+        let mut spec = subnet();
+        spec.route_settings.flat_network_default_gateway = true;
+        let record = record(spec, "eth1");
+        let subnets = valid_subnets(&record).unwrap();
+        let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
+        let result = cni_result(&spec, Some("02:00:00:00:00:05"), &Dns::default());
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "interfaces": [{"name": "eth1", "mac": "02:00:00:00:00:05", "sandbox": "/run/netns/p"}],
+                "ips": [{"address": "192.0.2.5/24", "gateway": "192.0.2.1", "interface": 0}],
+                "routes": [{"dst": "0.0.0.0/0", "gw": "192.0.2.1"}]
+            })
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! The Kubernetes desired-state source against a mocked API server
+//! (`tower-test`): waiting by watch for the operator's allocation, the
+//! bounded wait, the subnet lookup and the Active status written after
+//! attach.
+
+use std::time::Duration;
+
+use flatnet_agent::{
+    cni::ErrorCode,
+    desired::{AttachmentKey, ClaimRequest, DesiredState, PodRef, kubernetes::Kubernetes},
+};
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const IPS: &str = "/apis/flatnetwork.pandaria.io/v1/namespaces/default/flatnetworkips";
+const SUBNETS: &str =
+    "/apis/flatnetwork.pandaria.io/v1/namespaces/cattle-flat-network/flatnetworksubnets";
+
+fn source(wait: Duration) -> (Kubernetes, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    (Kubernetes::new(client, "node-1", wait), handle)
+}
+
+fn request() -> ClaimRequest {
+    ClaimRequest {
+        network: "rancher-flat-network".into(),
+        subnet: None,
+        key: AttachmentKey {
+            container_id: "c1".into(),
+            ifname: "eth1".into(),
+        },
+        pod: PodRef {
+            namespace: Some("default".into()),
+            name: Some("web-0".into()),
+            uid: Some("uid-1".into()),
+        },
+        requested_ips: Vec::new(),
+        requested_mac: None,
+    }
+}
+
+fn flip(addr: Option<&str>) -> Value {
+    let mut ip = json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1",
+        "kind": "FlatNetworkIP",
+        "metadata": {"name": "web-0", "namespace": "default", "resourceVersion": "5"},
+        "spec": {"subnet": "lan4", "podId": "uid-1"},
+        "status": {"phase": "Pending"}
+    });
+    if let Some(addr) = addr {
+        ip["status"]["addr"] = json!(addr);
+        ip["status"]["mac"] = json!("02:00:00:00:00:07");
+    }
+    ip
+}
+
+fn list(items: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1",
+        "kind": "FlatNetworkIPList",
+        "metadata": {"resourceVersion": "5"},
+        "items": items
+    })
+}
+
+/// Answers the next request, checking method and path (prefix match on
+/// `path`, which excludes the query), and returns the request's URI and JSON body.
+async fn answer(
+    handle: &mut Handle,
+    method: &str,
+    path: &str,
+    status: StatusCode,
+    body: Body,
+) -> (String, Value) {
+    let (request, send) = handle
+        .next_request()
+        .await
+        .unwrap_or_else(|| panic!("expected {method} {path}, got nothing"));
+    let uri = request.uri().to_string();
+    assert_eq!(request.method().as_str(), method, "{uri}");
+    assert!(
+        request.uri().path().starts_with(path),
+        "expected {path}, got {uri}"
+    );
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let json = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    send.send_response(Response::builder().status(status).body(body).unwrap());
+    (uri, json)
+}
+
+fn json_body(value: &Value) -> Body {
+    Body::from(serde_json::to_vec(value).unwrap())
+}
+
+#[tokio::test]
+async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        // The list finds the object without an address yet...
+        let (uri, _) = answer(
+            &mut handle,
+            "GET",
+            IPS,
+            StatusCode::OK,
+            json_body(&list(vec![flip(None)])),
+        )
+        .await;
+        assert!(
+            uri.contains("fieldSelector=metadata.name%3Dweb-0"),
+            "only the pod's object: {uri}"
+        );
+        // ...then the watch delivers the operator's allocation.
+        let event = json!({"type": "MODIFIED", "object": flip(Some("192.0.2.10"))});
+        let (uri, _) = answer(
+            &mut handle,
+            "GET",
+            IPS,
+            StatusCode::OK,
+            Body::from(format!("{event}\n").into_bytes()),
+        )
+        .await;
+        assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
+        let subnet = json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1",
+            "kind": "FlatNetworkSubnet",
+            "metadata": {"name": "lan4", "namespace": "cattle-flat-network"},
+            "spec": {"flatMode": "macvlan", "master": "eth0", "cidr": "192.0.2.0/24", "gateway": "192.0.2.1"}
+        });
+        answer(
+            &mut handle,
+            "GET",
+            &format!("{SUBNETS}/lan4"),
+            StatusCode::OK,
+            json_body(&subnet),
+        )
+        .await;
+        handle
+    });
+    let claim = source.claim(&request()).await.unwrap();
+    assert_eq!(
+        claim.addresses,
+        ["192.0.2.10/24".parse::<ipnet::IpNet>().unwrap()]
+    );
+    assert_eq!(claim.subnets[0].name, "lan4");
+    assert_eq!(claim.mac, Some([2, 0, 0, 0, 0, 7]));
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn no_allocation_in_time_is_try_again_later_naming_the_object() {
+    let (source, mut handle) = source(Duration::from_millis(300));
+    let server = tokio::spawn(async move {
+        answer(
+            &mut handle,
+            "GET",
+            IPS,
+            StatusCode::OK,
+            json_body(&list(vec![])),
+        )
+        .await;
+        // The watch never reports an allocation; keep the handle alive.
+        let pending = handle.next_request().await;
+        (handle, pending)
+    });
+    let error = source.claim(&request()).await.unwrap_err().to_cni();
+    assert_eq!(error.code, ErrorCode::TryAgainLater);
+    assert!(
+        error.msg.contains("FlatNetworkIP default/web-0"),
+        "{}",
+        error.msg
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn an_object_of_another_pod_is_not_taken() {
+    let (source, mut handle) = source(Duration::from_millis(300));
+    let server = tokio::spawn(async move {
+        let mut stale = flip(Some("192.0.2.10"));
+        stale["spec"]["podId"] = json!("uid-of-an-earlier-pod");
+        answer(
+            &mut handle,
+            "GET",
+            IPS,
+            StatusCode::OK,
+            json_body(&list(vec![stale])),
+        )
+        .await;
+        let pending = handle.next_request().await;
+        (handle, pending)
+    });
+    let error = source.claim(&request()).await.unwrap_err().to_cni();
+    assert_eq!(error.code, ErrorCode::TryAgainLater, "{}", error.msg);
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_missing_subnet_is_subnet_not_found() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        answer(
+            &mut handle,
+            "GET",
+            IPS,
+            StatusCode::OK,
+            json_body(&list(vec![flip(Some("192.0.2.10"))])),
+        )
+        .await;
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+        answer(
+            &mut handle,
+            "GET",
+            &format!("{SUBNETS}/lan4"),
+            StatusCode::NOT_FOUND,
+            json_body(&status),
+        )
+        .await;
+        handle
+    });
+    let error = source.claim(&request()).await.unwrap_err().to_cni();
+    assert_eq!(error.code, ErrorCode::SubnetNotFound);
+    assert!(
+        error.msg.contains("cattle-flat-network/lan4"),
+        "{}",
+        error.msg
+    );
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn activate_labels_the_node_and_applies_the_active_status() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        let (uri, body) = answer(
+            &mut handle,
+            "PATCH",
+            &format!("{IPS}/web-0"),
+            StatusCode::OK,
+            json_body(&flip(Some("192.0.2.10"))),
+        )
+        .await;
+        assert!(uri.contains("fieldManager=flatnet-agent"), "{uri}");
+        assert_eq!(
+            body["metadata"]["labels"]["flatnetwork.pandaria.io/node"],
+            "node-1"
+        );
+        let (uri, body) = answer(
+            &mut handle,
+            "PATCH",
+            &format!("{IPS}/web-0/status"),
+            StatusCode::OK,
+            json_body(&flip(Some("192.0.2.10"))),
+        )
+        .await;
+        assert!(uri.contains("force=true"), "{uri}");
+        assert_eq!(
+            body["status"],
+            json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
+        );
+        handle
+    });
+    let claim = flatnet_agent::desired::Claim {
+        subnets: Vec::new(),
+        addresses: Vec::new(),
+        mac: None,
+    };
+    source
+        .activate(&request().pod, &claim, [2, 0, 0, 0, 0, 9])
+        .await
+        .unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn readiness_follows_the_first_successful_api_call() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    assert!(source.readiness().is_err());
+    let server = tokio::spawn(async move {
+        let empty = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": []});
+        answer(
+            &mut handle,
+            "GET",
+            SUBNETS,
+            StatusCode::OK,
+            json_body(&empty),
+        )
+        .await;
+        handle
+    });
+    source.sync().await.unwrap();
+    assert!(source.readiness().is_ok());
+    server.await.unwrap();
+}

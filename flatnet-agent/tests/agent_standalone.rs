@@ -1,0 +1,528 @@
+//! End to end: the real `flatnet-cni` binary against a real
+//! `flatnet-agent run --standalone` process, on a simulated LAN (a node
+//! namespace whose master is a veth to a LAN-host namespace) with pods in
+//! fresh namespaces. Each test runs its own agent with a private socket,
+//! pin root, record and state directories.
+
+mod support;
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use support::{TestNetns, TestPinRoot, privileged, run, unique_name, veth_pair};
+
+const LAN_V4: &str = "192.0.2.1";
+const LAN_V6: &str = "2001:db8::1";
+
+/// The LAN, the node, the agent's directories and (while running) the agent.
+struct Node {
+    node: TestNetns,
+    lan: TestNetns,
+    master: String,
+    dir: tempfile::TempDir,
+    pin: TestPinRoot,
+    agent: Option<Child>,
+}
+
+impl Node {
+    fn new() -> Self {
+        let node = TestNetns::new("fan-");
+        let lan = TestNetns::new("fal-");
+        let master = unique_name("up");
+        veth_pair(&node, &master, &lan, "lan0");
+        node.ip(&["link", "set", &master, "up"]);
+        lan.ip(&["link", "set", "lan0", "up"]);
+        lan.ip(&["addr", "add", &format!("{LAN_V4}/24"), "dev", "lan0"]);
+        lan.ip(&[
+            "addr",
+            "add",
+            &format!("{LAN_V6}/64"),
+            "dev",
+            "lan0",
+            "nodad",
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let state = format!(
+            r#"
+subnets:
+  - name: lan4
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      gateway: {LAN_V4}
+      ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
+      routeSettings: {{flatNetworkDefaultGateway: true}}
+  - name: lan6
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: "2001:db8::/64"
+      gateway: "{LAN_V6}"
+      ranges: [{{from: "2001:db8::10", to: "2001:db8::20"}}]
+      routeSettings: {{flatNetworkDefaultGateway: true}}
+  - name: ghost
+    spec: {{flatMode: macvlan, master: nosuch0, cidr: 198.51.100.0/24}}
+networks:
+  - {{name: flat4, subnets: [lan4]}}
+  - {{name: flat6, subnets: [lan6]}}
+  - {{name: dual, subnets: [lan4, lan6]}}
+  - {{name: nomaster, subnets: [ghost]}}
+"#
+        );
+        std::fs::write(dir.path().join("state.yaml"), state).unwrap();
+        Self {
+            node,
+            lan,
+            master,
+            dir,
+            pin: TestPinRoot::new(),
+            agent: None,
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("run/agent.sock")
+    }
+
+    fn allocations(&self) -> Value {
+        match std::fs::read(self.dir.path().join("state/allocations.json")) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+            Err(_) => json!({"allocations": []}),
+        }
+    }
+
+    fn allocated(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.allocations()["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["address"].as_str().unwrap().to_owned())
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn records(&self) -> usize {
+        std::fs::read_dir(self.dir.path().join("records"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Starts the agent and waits until its socket answers STATUS.
+    fn start(&mut self) {
+        let d = self.dir.path();
+        let arg = |p: &str| d.join(p).display().to_string();
+        let child = Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+            .args(["--log-level", "debug", "run", "--standalone"])
+            .args(["--state-file", &arg("state.yaml")])
+            .args(["--state-dir", &arg("state")])
+            .args(["--record-dir", &arg("records")])
+            .args(["--lease-dir", &arg("leases")])
+            .args(["--socket", &arg("run/agent.sock")])
+            .args(["--cni-bin-dir", &arg("bin")])
+            .args(["--cni-binary", env!("CARGO_BIN_EXE_flatnet-cni")])
+            .args(["--pin-root", &self.pin.path.display().to_string()])
+            .args(["--host-netns", &self.node.path().display().to_string()])
+            .args(["--arp-policy", "arping", "--conflict-probe-ms", "500"])
+            .stdin(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(d.join("agent.log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("start flatnet-agent");
+        self.agent = Some(child);
+        // Not a timing assertion: a bound on waiting for start-up.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if self.cni("STATUS", "flat4", "", None, "eth1").0 {
+                return;
+            }
+            if let Some(status) = self.agent.as_mut().unwrap().try_wait().unwrap() {
+                panic!("flatnet-agent exited during start-up: {status}");
+            }
+            assert!(Instant::now() < deadline, "flatnet-agent did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the agent with SIGTERM and waits for it.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let status = child.wait().unwrap();
+            assert!(status.success(), "flatnet-agent exited with {status}");
+        }
+    }
+
+    /// Runs flatnet-cni; returns (success, stdout JSON).
+    fn cni(
+        &self,
+        command: &str,
+        network: &str,
+        container: &str,
+        pod: Option<&TestNetns>,
+        ifname: &str,
+    ) -> (bool, Value) {
+        self.cni_with(command, network, container, pod, ifname, json!({}))
+    }
+
+    fn cni_with(
+        &self,
+        command: &str,
+        network: &str,
+        container: &str,
+        pod: Option<&TestNetns>,
+        ifname: &str,
+        extra: Value,
+    ) -> (bool, Value) {
+        let mut config = json!({
+            "cniVersion": "1.1.0",
+            "name": network,
+            "type": "flatnet-cni",
+            "agentTimeoutSeconds": 30,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            config[k] = v.clone();
+        }
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flatnet-cni"));
+        cmd.env_clear()
+            .env("CNI_COMMAND", command)
+            .env("FLATNET_AGENT_SOCKET", self.socket())
+            .env(
+                "CNI_ARGS",
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container}"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if !container.is_empty() {
+            cmd.env("CNI_CONTAINERID", container)
+                .env("CNI_IFNAME", ifname);
+        }
+        if let Some(pod) = pod {
+            cmd.env("CNI_NETNS", pod.path());
+        }
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(config.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout: Value = if out.stdout.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+                panic!(
+                    "{command}: stdout is not JSON ({e}): {}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })
+        };
+        (out.status.success(), stdout)
+    }
+
+    fn add(&self, network: &str, container: &str, pod: &TestNetns) -> Value {
+        let (ok, out) = self.cni("ADD", network, container, Some(pod), "eth1");
+        assert!(ok, "ADD {network} {container} failed: {out}");
+        out
+    }
+
+    fn del(&self, network: &str, container: &str, pod: Option<&TestNetns>) {
+        let (ok, out) = self.cni("DEL", network, container, pod, "eth1");
+        assert!(ok, "DEL {network} {container} failed: {out}");
+    }
+
+    fn gc(&self, network: &str, valid: &[&str]) -> (bool, Value) {
+        let valid: Vec<Value> = valid
+            .iter()
+            .map(|c| json!({"containerID": c, "ifname": "eth1"}))
+            .collect();
+        self.cni_with(
+            "GC",
+            network,
+            "",
+            None,
+            "eth1",
+            json!({"cni.dev/valid-attachments": valid}),
+        )
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+            eprintln!("flatnet-agent log:\n{log}");
+        }
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn has_link(ns: &TestNetns, name: &str) -> bool {
+    Command::new("ip")
+        .args(["-n", &ns.name, "link", "show", "dev", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn ping(ns: &TestNetns, target: &str) {
+    let mut args = vec!["netns", "exec", &ns.name, "ping", "-c", "1", "-W", "5"];
+    if target.contains(':') {
+        args.push("-6");
+    }
+    args.push(target);
+    run("ip", &args);
+}
+
+fn addresses(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| ip["address"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn code(out: &Value) -> u64 {
+    out["code"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("not an error: {out}"))
+}
+
+#[test]
+fn add_check_del_for_ipv4_ipv6_and_dual_stack() {
+    if !privileged("add_check_del_for_ipv4_ipv6_and_dual_stack") {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    for (network, expected, targets) in [
+        ("flat4", vec!["192.0.2.10/24"], vec![LAN_V4]),
+        ("flat6", vec!["2001:db8::10/64"], vec![LAN_V6]),
+        (
+            "dual",
+            vec!["192.0.2.10/24", "2001:db8::10/64"],
+            vec![LAN_V4, LAN_V6],
+        ),
+    ] {
+        let pod = TestNetns::new("fap-");
+        let container = unique_name("c");
+        let result = node.add(network, &container, &pod);
+        assert_eq!(addresses(&result), expected, "{network}: {result}");
+        assert_eq!(result["interfaces"][0]["name"], "eth1");
+        assert!(has_link(&pod, "eth1"));
+        for target in targets {
+            ping(&pod, target);
+        }
+        // A repeated ADD returns the same result.
+        assert_eq!(node.add(network, &container, &pod), result);
+
+        let (ok, out) = node.cni_with(
+            "CHECK",
+            network,
+            &container,
+            Some(&pod),
+            "eth1",
+            json!({"prevResult": result}),
+        );
+        assert!(ok, "CHECK {network}: {out}");
+
+        node.del(network, &container, Some(&pod));
+        assert!(!has_link(&pod, "eth1"), "{network}: interface left behind");
+        assert!(
+            node.allocated().is_empty(),
+            "{network}: {:?}",
+            node.allocated()
+        );
+        assert_eq!(node.records(), 0);
+        node.del(network, &container, Some(&pod));
+        node.del(network, &container, None);
+    }
+    node.stop();
+}
+
+#[test]
+fn two_pods_reach_each_other_and_the_lan() {
+    if !privileged("two_pods_reach_each_other_and_the_lan") {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    let (a, b) = (TestNetns::new("fap-"), TestNetns::new("fap-"));
+    let ra = node.add("flat4", "ca", &a);
+    let rb = node.add("flat4", "cb", &b);
+    assert_eq!(addresses(&ra), ["192.0.2.10/24"]);
+    assert_eq!(addresses(&rb), ["192.0.2.11/24"]);
+    ping(&a, "192.0.2.11");
+    ping(&b, "192.0.2.10");
+    ping(&a, LAN_V4);
+    // The pod addresses are watched for conflicts on the master.
+    let maps = flatnet_agent::datapath::PinnedMaps::open(&node.pin.path);
+    let mut maps = maps.expect("pinned maps");
+    let watched: Vec<String> = maps
+        .managed_addrs()
+        .unwrap()
+        .entries()
+        .unwrap()
+        .into_iter()
+        .map(|(_, addr, _)| addr.to_string())
+        .collect();
+    assert_eq!(watched, ["192.0.2.10", "192.0.2.11"]);
+    node.del("flat4", "ca", Some(&a));
+    node.del("flat4", "cb", Some(&b));
+    assert!(maps.managed_addrs().unwrap().entries().unwrap().is_empty());
+    node.stop();
+}
+
+#[test]
+fn gc_removes_attachments_not_listed() {
+    if !privileged("gc_removes_attachments_not_listed") {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    let (a, b) = (TestNetns::new("fap-"), TestNetns::new("fap-"));
+    node.add("flat4", "keep", &a);
+    node.add("flat4", "stale", &b);
+    let (ok, out) = node.gc("flat4", &["keep"]);
+    assert!(ok, "GC: {out}");
+    assert!(has_link(&a, "eth1"));
+    assert!(!has_link(&b, "eth1"), "GC left the stale interface");
+    assert_eq!(node.allocated(), ["192.0.2.10"]);
+    assert_eq!(node.records(), 1);
+    // GC of another network touches nothing of this one.
+    let (ok, _) = node.gc("flat6", &[]);
+    assert!(ok);
+    assert_eq!(node.allocated(), ["192.0.2.10"]);
+    node.del("flat4", "keep", Some(&a));
+    node.stop();
+}
+
+#[test]
+fn bad_requests_give_clear_errors_and_leave_nothing() {
+    if !privileged("bad_requests_give_clear_errors_and_leave_nothing") {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    let pod = TestNetns::new("fap-");
+
+    let (ok, out) = node.cni("ADD", "nope", "c1", Some(&pod), "eth1");
+    assert!(!ok);
+    assert_eq!(code(&out), 104, "{out}");
+    assert!(out["msg"].as_str().unwrap().contains("\"nope\""), "{out}");
+
+    let (ok, out) = node.cni("ADD", "nomaster", "c2", Some(&pod), "eth1");
+    assert!(!ok);
+    assert_eq!(code(&out), 105, "{out}");
+    assert!(out["msg"].as_str().unwrap().contains("nosuch0"), "{out}");
+
+    let (ok, out) = node.cni_with(
+        "ADD",
+        "flat4",
+        "c3",
+        Some(&pod),
+        "eth1",
+        json!({"subnet": "missing"}),
+    );
+    assert!(!ok);
+    assert_eq!(code(&out), 104, "{out}");
+
+    assert!(!has_link(&pod, "eth1"));
+    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
+    assert_eq!(node.records(), 0);
+    node.stop();
+}
+
+#[test]
+fn an_address_already_on_the_lan_is_refused() {
+    if !privileged("an_address_already_on_the_lan_is_refused") {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    // The LAN host already uses the first address of each range.
+    node.lan
+        .ip(&["addr", "add", "192.0.2.10/24", "dev", "lan0"]);
+    node.lan
+        .ip(&["addr", "add", "2001:db8::10/64", "dev", "lan0", "nodad"]);
+    for network in ["flat4", "flat6"] {
+        let pod = TestNetns::new("fap-");
+        let (ok, out) = node.cni("ADD", network, "c1", Some(&pod), "eth1");
+        assert!(!ok, "{network}: ADD succeeded: {out}");
+        assert_eq!(code(&out), 106, "{network}: {out}");
+        let msg = out["msg"].as_str().unwrap();
+        assert!(msg.contains("2.10") || msg.contains("db8::10"), "{msg}");
+        assert!(!has_link(&pod, "eth1"), "{network}: interface left behind");
+        assert!(
+            node.allocated().is_empty(),
+            "{network}: {:?}",
+            node.allocated()
+        );
+        assert_eq!(node.records(), 0);
+    }
+    node.stop();
+}
+
+#[test]
+fn agent_down_and_restarted_between_add_and_del() {
+    if !privileged("agent_down_and_restarted_between_add_and_del") {
+        return;
+    }
+    let mut node = Node::new();
+    let pod = TestNetns::new("fap-");
+    let (ok, out) = node.cni("ADD", "flat4", "c1", Some(&pod), "eth1");
+    assert!(!ok);
+    assert_eq!(code(&out), 11, "agent down: {out}");
+
+    node.start();
+    let result = node.add("dual", "c1", &pod);
+    let before = node.allocations();
+    node.stop();
+    assert!(!node.socket().exists(), "socket removed on shutdown");
+    assert!(has_link(&pod, "eth1"), "the pod keeps its interface");
+    node.start();
+    assert_eq!(node.allocations(), before, "allocation file intact");
+    assert_eq!(node.add("dual", "c1", &pod), result, "ADD after restart");
+    node.del("dual", "c1", Some(&pod));
+    assert!(!has_link(&pod, "eth1"));
+    assert!(node.allocated().is_empty());
+    node.stop();
+}
+
+#[test]
+fn status_reports_ready() {
+    if !privileged("status_reports_ready") {
+        return;
+    }
+    let mut node = Node::new();
+    node.start();
+    let (ok, out) = node.cni("STATUS", "flat4", "", None, "eth1");
+    assert!(ok, "{out}");
+    assert!(
+        Path::new(&node.dir.path().join("bin/flatnet-cni")).exists(),
+        "flatnet-cni installed"
+    );
+    node.stop();
+    let (ok, out) = node.cni("STATUS", "flat4", "", None, "eth1");
+    assert!(!ok);
+    assert_eq!(code(&out), 11, "{out}");
+    let _ = &node.master;
+}
