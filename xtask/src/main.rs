@@ -1,5 +1,6 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
+mod charts;
 mod crds;
 mod ebpf;
 mod lab;
@@ -25,6 +26,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Lint, render and validate the Helm charts (Helm library, Kubernetes 1.28 schemas).
+    Charts,
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
@@ -40,6 +43,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { check } => crds::run(check),
+        Command::Charts => charts::check(),
         Command::BuildEbpf => ebpf::build(),
         Command::Clippy => tasks::clippy(),
         Command::Lab => lab::run(),
