@@ -104,6 +104,10 @@ pub struct Cli {
         default_value = "10.43.0.0/16"
     )]
     pub service_cidr: String,
+
+    /// A one-off command instead of the operator (`migrate ...`).
+    #[command(subcommand)]
+    pub command: Option<crate::migrate::OperatorCommand>,
 }
 
 /// Output format of the logs.

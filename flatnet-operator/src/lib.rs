@@ -10,6 +10,7 @@ pub mod cidr;
 pub mod config;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod runtime;
 pub mod services;
 pub mod telemetry;
