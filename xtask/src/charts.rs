@@ -38,12 +38,17 @@ fn ensure_venv(root: &Path, venv: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("read {}", requirements_path.display()))?;
     let stamp = venv.join(STAMP);
     if fs::read_to_string(&stamp).is_ok_and(|built| built == requirements) {
-        println!("chart check packages already installed in {}", venv.display());
+        println!(
+            "chart check packages already installed in {}",
+            venv.display()
+        );
         return Ok(());
     }
     workspace::run(
         "chart check virtualenv",
-        Command::new("python3").args(["-m", "venv", "--clear"]).arg(venv),
+        Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(venv),
     )
     .context("python3 with the venv module is required (Debian: python3-venv)")?;
     workspace::run(
