@@ -166,6 +166,9 @@ pub struct Cli {
     /// (`https://127.0.0.1:8443/validate`) instead of the Service.
     #[arg(long, env = "FLATNET_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
+    /// A one-off command instead of the operator (`migrate ...`).
+    #[command(subcommand)]
+    pub command: Option<crate::migrate::OperatorCommand>,
 }
 
 /// Output format of the logs.

@@ -12,6 +12,7 @@ pub mod cidr;
 pub mod config;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod nad;
 pub mod runtime;
 pub mod services;

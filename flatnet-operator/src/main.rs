@@ -7,7 +7,11 @@ use flatnet_operator::{config::Cli, leader::Outcome, runtime, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse_args();
+    let mut cli = Cli::parse_args();
+    if let Some(command) = cli.command.take() {
+        flatnet_operator::migrate::run(command, cli.kubeconfig, cli.network_attachment).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let rejected_worker = cli.rejected_worker();
     let config = cli.into_config().context("invalid configuration")?;
     telemetry::init(config.log_format, config.debug);

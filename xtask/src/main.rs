@@ -1,6 +1,7 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
 mod bench_policy;
+mod charts;
 mod crds;
 mod ebpf;
 mod lab;
@@ -26,6 +27,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Lint, render and validate the Helm charts (Helm library, Kubernetes 1.28 schemas).
+    Charts,
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
     /// Measure the per-packet cost of the policy programs (root); updates docs/benchmarks.md.
@@ -43,6 +46,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { check } => crds::run(check),
+        Command::Charts => charts::check(),
         Command::BuildEbpf => ebpf::build(),
         Command::BenchPolicy => bench_policy::run(),
         Command::Clippy => tasks::clippy(),

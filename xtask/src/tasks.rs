@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::{
-    ebpf, lab,
+    charts, ebpf, lab,
     test_report::{Totals, run_tests},
     workspace,
 };
@@ -69,6 +69,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
 
     ebpf::build()?;
     clippy()?;
+    charts::check()?;
 
     let mut tests = workspace::cargo(None);
     tests.args(["test", "--all-targets"]);

@@ -1,0 +1,540 @@
+#!/usr/bin/env python3
+"""Checks flatnet's Helm charts with the real Helm library.
+
+Run by `cargo xtask charts` inside a virtualenv holding requirements.txt.
+For each chart and each values set (the defaults, then every
+`ci/*-values.yaml` of the chart) it:
+
+1. lints the chart (strict: warnings fail) for Kubernetes 1.28;
+2. validates the values against values.schema.json, and checks that the
+   schema rejects values it must reject;
+3. renders the templates and validates every object against the
+   Kubernetes 1.28 OpenAPI schema (strict: unknown fields fail);
+4. checks what a schema cannot: least-privilege RBAC, the security
+   contexts, Bidirectional mounts only in privileged containers, and that
+   the values reach the objects;
+5. checks that every environment variable and subcommand the chart gives a
+   flatnet component is one the component documents (docs/<component>.md)
+   or defines (its clap `env = "..."` attributes).
+
+Every problem is collected and printed; the exit status is 1 if any was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+import re
+import sys
+from typing import Any, Iterator
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+KUBE_VERSION = "1.28.0"
+NAMESPACE = "cattle-flat-network"
+RELEASE = "flatnet"
+
+# Environment variables the chart sets although the component neither
+# documents nor defines them yet, with the reason the chart sets them.
+# Each is reported as UNVERIFIED on every run. Once the component documents
+# one, the check fails until the entry is removed here, so this list only
+# ever shrinks.
+PENDING_ENV: dict[str, dict[str, str]] = {
+    "operator": {
+        "FLAT_NETWORK_CNI_ARP_POLICY": "copied into the NetworkAttachmentDefinition",
+        "FLAT_NETWORK_CNI_PROXY_ARP": "copied into the NetworkAttachmentDefinition",
+        "FLATNET_WEBHOOK_ADDRESS": "listen address of the HTTPS webhook",
+        "FLATNET_WEBHOOK_SERVICE": "Service named in the serving certificate",
+        "FLATNET_WEBHOOK_SECRET": "Secret holding the webhook certificate",
+        "FLATNET_WEBHOOK_CONFIGURATION": "configuration whose caBundle the operator manages",
+    },
+    "agent": {
+        "NODE_NAME": "the node whose FlatNetworkIPs the agent serves",
+        "FLATNET_ADMIN_ADDRESS": "/healthz, /readyz, /metrics of the agent",
+        "FLATNET_AGENT_SOCKET": "socket the agent serves flatnet-cni on",
+        "FLATNET_CNI_BIN_DIR": "where the agent installs flatnet-cni",
+        "FLATNET_CNI_CONF_DIR": "the node's CNI configuration directory",
+        "FLATNET_STATE_DIR": "the agent's records on the node",
+        "FLAT_NETWORK_CLUSTER_CIDR": "routes to the cluster network in pods",
+        "FLAT_NETWORK_SERVICE_CIDR": "routes to services in pods",
+        "FLAT_NETWORK_CNI_ARP_POLICY": "address announcement",
+        "FLAT_NETWORK_CNI_PROXY_ARP": "proxy ARP on pod interfaces",
+    },
+}
+
+# Subcommands the chart runs that are not documented yet; same rules.
+PENDING_COMMANDS: dict[str, dict[str, str]] = {
+    "agent": {
+        "flatnet-agent run": "the node daemon",
+        "flatnet-agent datapath mount-bpffs": "mounts bpffs on the host (init container)",
+    },
+}
+
+# Which flatnet component each workload runs: (kind, name suffix) -> component.
+COMPONENTS = {
+    ("Deployment", "-operator"): "operator",
+    ("DaemonSet", "-agent"): "agent",
+}
+
+# The only containers allowed to run privileged, and why.
+PRIVILEGED_ALLOWED = {
+    ("agent", "mount-bpffs"): "Bidirectional mount propagation of bpffs",
+    ("multus", "install-multus-binary"): "Multus's own manifests",
+    ("multus", "multus"): "Multus's own manifests",
+}
+
+# Capabilities the agent may add; each is explained in the DaemonSet.
+AGENT_CAPABILITIES = {"NET_ADMIN", "NET_RAW", "BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
+
+# Values the schema must refuse: (description, path, bad value).
+SCHEMA_REJECTS = [
+    ("unknown arpPolicy", ["arpPolicy"], "proxy"),
+    ("unknown failurePolicy", ["operator", "webhook", "failurePolicy"], "Never"),
+    ("string replicas", ["operator", "replicas"], "2"),
+    ("unknown top-level key", ["arpPolicies"], "arping"),
+    ("unknown multus CNI version", ["multus", "cni", "version"], "0.2.0"),
+    ("relative host path", ["agent", "hostPaths", "state"], "var/lib/flatnet"),
+    ("not a Go duration", ["operator", "election", "leaseDuration"], "45"),
+    ("not a CIDR list", ["clusterCIDR"], "10.42.0.0"),
+]
+
+
+class Problems:
+    """Collects every problem so one run reports all of them."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{where}: {message}")
+        print(f"  FAIL {where}: {message}")
+
+    def check(self, condition: bool, where: str, message: str) -> None:
+        if not condition:
+            self.add(where, message)
+
+
+def set_path(values: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(values)
+    node = out
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    return out
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    if obj.get("kind") in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+        return obj["spec"]["template"]["spec"]
+    return None
+
+
+def containers(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield from spec.get("initContainers") or []
+    yield from spec.get("containers") or []
+
+
+def component_of(obj: dict[str, Any]) -> str | None:
+    labels = obj.get("metadata", {}).get("labels", {})
+    return labels.get("app.kubernetes.io/component")
+
+
+# --- documentation of the components ---------------------------------------
+
+
+class Documented:
+    """Environment variables and commands each component documents or defines."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.reported: set[str] = set()
+        self.env: dict[str, set[str]] = {}
+        self.text: dict[str, str] = {}
+        for component in ("operator", "agent"):
+            doc = root / "docs" / f"{component}.md"
+            text = doc.read_text() if doc.exists() else ""
+            if not text:
+                print(f"  note: {doc.relative_to(root)} does not exist yet")
+            crate = root / f"flatnet-{component}" / "src"
+            sources = "\n".join(p.read_text() for p in sorted(crate.rglob("*.rs")))
+            names = set(re.findall(r"`([A-Z][A-Z0-9_]{2,})`", text))
+            names |= set(re.findall(r'\benv\s*=\s*"([A-Z][A-Z0-9_]*)"', sources))
+            self.env[component] = names
+            # Commands count as documented in the component's doc or the README.
+            self.text[component] = text + (root / "README.md").read_text()
+
+    def unverified(self, message: str) -> None:
+        """Reports a pending name once per run."""
+        if message not in self.reported:
+            self.reported.add(message)
+            print(f"  UNVERIFIED {message}")
+
+    def check_env(self, component: str, name: str, where: str, problems: Problems) -> None:
+        pending = PENDING_ENV.get(component, {})
+        if name in self.env[component]:
+            problems.check(
+                name not in pending,
+                where,
+                f"{name} is now documented by the {component}: remove it from PENDING_ENV",
+            )
+        elif name in pending:
+            self.unverified(f"{name} ({pending[name]}) is not documented by the {component} yet")
+        else:
+            problems.add(
+                where,
+                f"{name} is neither documented in docs/{component}.md nor an env of "
+                f"flatnet-{component}'s command line: fix the name or document it",
+            )
+
+    def check_command(self, component: str, command: list[str], where: str, problems: Problems) -> None:
+        line = " ".join(command)
+        pending = PENDING_COMMANDS.get(component, {})
+        if line in self.text[component]:
+            problems.check(
+                line not in pending,
+                where,
+                f"`{line}` is now documented: remove it from PENDING_COMMANDS",
+            )
+        elif line in pending:
+            self.unverified(f"`{line}` ({pending[line]}) is not documented by the {component} yet")
+        else:
+            problems.add(where, f"`{line}` is not a documented command of flatnet-{component}")
+
+
+# --- checks on rendered objects --------------------------------------------
+
+
+def check_rbac(obj: dict[str, Any], where: str, problems: Problems) -> None:
+    kind = obj["kind"]
+    if kind in ("ClusterRole", "Role"):
+        for rule in obj.get("rules") or []:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                problems.check(
+                    "*" not in (rule.get(field) or []),
+                    where,
+                    f"wildcard in {field} of rule {rule}",
+                )
+        problems.check(not obj.get("aggregationRule"), where, "aggregated roles are not least privilege")
+    if kind in ("ClusterRoleBinding", "RoleBinding"):
+        role = obj["roleRef"]["name"]
+        problems.check(
+            role not in ("cluster-admin", "admin", "edit"),
+            where,
+            f"bound to the built-in role {role}",
+        )
+
+
+def check_pod_security(obj: dict[str, Any], where: str, problems: Problems) -> None:
+    spec = pod_spec(obj)
+    if spec is None:
+        return
+    component = component_of(obj)
+    for container in containers(spec):
+        here = f"{where} container {container['name']}"
+        ctx = container.get("securityContext") or {}
+        privileged = bool(ctx.get("privileged"))
+        if privileged:
+            problems.check(
+                (component, container["name"]) in PRIVILEGED_ALLOWED,
+                here,
+                "runs privileged; grant specific capabilities instead",
+            )
+        for mount in container.get("volumeMounts") or []:
+            if mount.get("mountPropagation") == "Bidirectional":
+                # The API server rejects this for unprivileged containers.
+                problems.check(
+                    privileged,
+                    here,
+                    f"Bidirectional propagation on {mount['mountPath']} needs privileged: true",
+                )
+        if component == "operator":
+            pod_ctx = spec.get("securityContext") or {}
+            problems.check(pod_ctx.get("runAsNonRoot") is True, here, "operator pod must set runAsNonRoot")
+            problems.check(ctx.get("readOnlyRootFilesystem") is True, here, "root filesystem must be read-only")
+            problems.check(ctx.get("allowPrivilegeEscalation") is False, here, "privilege escalation must be off")
+            caps = ctx.get("capabilities") or {}
+            problems.check(caps.get("drop") == ["ALL"] and not caps.get("add"), here, "must drop ALL capabilities")
+            probes = {
+                "livenessProbe": "/healthz",
+                "readinessProbe": "/readyz",
+            }
+            for probe, path in probes.items():
+                got = ((container.get(probe) or {}).get("httpGet") or {}).get("path")
+                problems.check(got == path, here, f"{probe} must GET {path}, got {got}")
+        if component == "agent" and container["name"] == "agent":
+            caps = ctx.get("capabilities") or {}
+            problems.check(not privileged, here, "the agent container must not be privileged")
+            problems.check(caps.get("drop") == ["ALL"], here, "must drop ALL capabilities")
+            extra = set(caps.get("add") or []) - AGENT_CAPABILITIES
+            problems.check(not extra, here, f"unexpected capabilities {sorted(extra)}")
+            problems.check(ctx.get("readOnlyRootFilesystem") is True, here, "root filesystem must be read-only")
+
+
+def check_env_and_commands(obj: dict[str, Any], where: str, docs: Documented, problems: Problems) -> None:
+    spec = pod_spec(obj)
+    if spec is None:
+        return
+    component = next(
+        (c for (kind, suffix), c in COMPONENTS.items() if obj["kind"] == kind and obj["metadata"]["name"].endswith(suffix)),
+        None,
+    )
+    if component is None:
+        return
+    for container in containers(spec):
+        here = f"{where} container {container['name']}"
+        for env in container.get("env") or []:
+            docs.check_env(component, env["name"], here, problems)
+        command = (container.get("command") or []) + (container.get("args") or [])
+        if command:
+            words = [w for w in command if not w.startswith("-")]
+            docs.check_command(component, words, here, problems)
+
+
+def env_of(obj: dict[str, Any], container_name: str) -> dict[str, str]:
+    spec = pod_spec(obj) or {}
+    for container in containers(spec):
+        if container["name"] == container_name:
+            return {e["name"]: e.get("value") for e in container.get("env") or []}
+    return {}
+
+
+def check_values_reach_objects(
+    objects: dict[tuple[str, str], dict[str, Any]],
+    values: dict[str, Any],
+    app_version: str,
+    where: str,
+    problems: Problems,
+) -> None:
+    """The values the chart was rendered with show up where they belong."""
+
+    def find(kind: str, component: str) -> dict[str, Any] | None:
+        return next(
+            (o for (k, _), o in objects.items() if k == kind and component_of(o) == component),
+            None,
+        )
+
+    def image(spec: dict[str, Any]) -> str:
+        registry = values["global"]["imageRegistry"].rstrip("/")
+        ref = f"{spec['repository']}:{spec['tag'] or app_version}"
+        return f"{registry}/{ref}" if registry else ref
+
+    operator = find("Deployment", "operator")
+    agent = find("DaemonSet", "agent")
+    if operator is None or agent is None:
+        problems.add(where, "the operator Deployment and the agent DaemonSet must be rendered")
+        return
+    op = values["operator"]
+    problems.check(operator["spec"]["replicas"] == op["replicas"], where, "operator replicas")
+    op_image = operator["spec"]["template"]["spec"]["containers"][0]["image"]
+    problems.check(op_image == image(op["image"]), where, f"operator image {op_image} != {image(op['image'])}")
+    ag_image = agent["spec"]["template"]["spec"]["containers"][0]["image"]
+    problems.check(
+        ag_image == image(values["agent"]["image"]),
+        where,
+        f"agent image {ag_image} != {image(values['agent']['image'])}",
+    )
+    env = env_of(operator, "operator")
+    expected = {
+        "FLAT_NETWORK_CLUSTER_CIDR": values["clusterCIDR"],
+        "FLAT_NETWORK_SERVICE_CIDR": values["serviceCIDR"],
+        "FLAT_NETWORK_CNI_ARP_POLICY": values["arpPolicy"],
+        "FLAT_NETWORK_CNI_PROXY_ARP": str(values["proxyARP"]).lower(),
+        "FLATNET_NETWORK_ATTACHMENT": values["networkAttachment"],
+        "CATTLE_DEV_MODE": op["cattleDevMode"],
+        "CATTLE_RESYNC_DEFAULT": str(op["cattleResyncDefault"]),
+        "CATTLE_ELECTION_LEASE_DURATION": op["election"]["leaseDuration"],
+        "CATTLE_ELECTION_RENEW_DEADLINE": op["election"]["renewDeadline"],
+        "CATTLE_ELECTION_RETRY_PERIOD": op["election"]["retryPeriod"],
+        "FLATNET_LEASE_NAME": op["election"]["leaseName"],
+        "FLATNET_LOG_FORMAT": op["logFormat"],
+        "FLATNET_ADMIN_ADDRESS": f"0.0.0.0:{op['adminPort']}",
+        "FLATNET_WEBHOOK_ADDRESS": f"0.0.0.0:{op['webhook']['port']}",
+    }
+    for name, value in expected.items():
+        problems.check(env.get(name) == value, where, f"operator {name}={env.get(name)!r}, expected {value!r}")
+    ag = values["agent"]
+    agent_env = env_of(agent, "agent")
+    for name, value in {
+        "FLATNET_LOG": ag["logLevel"],
+        "FLATNET_LOG_FORMAT": ag["logFormat"],
+        "FLATNET_BPF_PIN_ROOT": ag["bpfPinRoot"],
+        "FLATNET_AGENT_SOCKET": ag["socket"],
+        "FLATNET_STATE_DIR": ag["hostPaths"]["state"],
+        "FLATNET_CNI_BIN_DIR": ag["hostPaths"]["cniBin"],
+        "FLAT_NETWORK_CNI_ARP_POLICY": values["arpPolicy"],
+    }.items():
+        problems.check(agent_env.get(name) == value, where, f"agent {name}={agent_env.get(name)!r}, expected {value!r}")
+    agent_spec = agent["spec"]["template"]["spec"]
+    problems.check(agent_spec.get("hostNetwork") is True, where, "the agent needs hostNetwork")
+    problems.check(agent_spec.get("hostPID") == ag["hostPID"], where, "agent hostPID follows agent.hostPID")
+    problems.check(
+        {"operator": "Exists"} in (agent_spec.get("tolerations") or []),
+        where,
+        "the agent must tolerate every taint",
+    )
+    init_names = [c["name"] for c in agent_spec.get("initContainers") or []]
+    problems.check(("mount-bpffs" in init_names) == ag["mountBpffs"], where, "mount-bpffs follows agent.mountBpffs")
+
+    webhook = find("ValidatingWebhookConfiguration", "operator")
+    if webhook is None:
+        problems.add(where, "no ValidatingWebhookConfiguration rendered")
+    else:
+        for hook in webhook["webhooks"]:
+            problems.check(
+                hook["failurePolicy"] == op["webhook"]["failurePolicy"],
+                where,
+                f"webhook {hook['name']} failurePolicy {hook['failurePolicy']}",
+            )
+            problems.check("caBundle" not in hook["clientConfig"], where, "caBundle is the operator's, not the chart's")
+    pdb = find("PodDisruptionBudget", "operator")
+    problems.check((pdb is not None) == op["podDisruptionBudget"]["enabled"], where, "PDB follows its value")
+    multus = find("DaemonSet", "multus")
+    problems.check((multus is not None) == values["multus"]["enabled"], where, "Multus DaemonSet follows multus.enabled")
+    if multus is not None:
+        multus_image = multus["spec"]["template"]["spec"]["containers"][0]["image"]
+        problems.check(multus_image == image(values["multus"]["image"]), where, f"multus image {multus_image}")
+        args = multus["spec"]["template"]["spec"]["containers"][0]["args"]
+        problems.check(
+            f"--cni-version={values['multus']['cni']['version']}" in args,
+            where,
+            "multus --cni-version follows multus.cni.version",
+        )
+
+
+# --- driving ----------------------------------------------------------------
+
+
+def render_objects(
+    chart: Any, values: dict[str, Any] | None, where: str, problems: Problems
+) -> dict[tuple[str, str], dict[str, Any]]:
+    try:
+        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    except helm.HelmError as err:
+        problems.add(where, f"render failed: {err}")
+        return {}
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            problems.check(bool(text.strip()), f"{where} {path}", "NOTES.txt renders empty")
+            continue
+        for doc in yaml.safe_load_all(text):
+            if not doc:
+                continue
+            name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+            key = (doc.get("kind"), name)
+            problems.check(key not in objects, f"{where} {path}", f"{name} rendered twice")
+            objects[key] = doc
+    return objects
+
+
+def validate_objects(objects: dict[tuple[str, str], dict[str, Any]], where: str, problems: Problems) -> None:
+    for (_, name), obj in objects.items():
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            path = ".".join(str(p) for p in err.path)
+            problems.add(f"{where} {name}", f"invalid for Kubernetes {KUBE_VERSION} at {path}: {err.message}")
+        except kubernetes_validate.SchemaNotFoundError as err:
+            problems.add(f"{where} {name}", err.message)
+
+
+def check_chart(chart_dir: pathlib.Path, docs: Documented, problems: Problems) -> tuple[int, int]:
+    """Checks one chart with each of its values sets; returns how many passed and failed."""
+    value_sets: list[tuple[str, dict[str, Any] | None]] = [("default values", None)]
+    for path in sorted((chart_dir / "ci").glob("*-values.yaml")):
+        value_sets.append((f"{path.relative_to(chart_dir)}", yaml.safe_load(path.read_text())))
+    passed = failed = 0
+    with helm.Chart.load(str(chart_dir)) as chart:
+        defaults = chart.values
+        app_version = chart.metadata.get("appVersion") or chart.metadata.get("app_version") or ""
+        for label, values in value_sets:
+            before = len(problems.items)
+            where = f"{chart_dir.name} [{label}]"
+            print(f"==> {where}")
+            report = helm.lint(
+                str(chart_dir),
+                values,
+                strict=True,
+                namespace=NAMESPACE,
+                kube_version=f"v{KUBE_VERSION}",
+            )
+            for message in report.get("messages", []):
+                line = f"lint {message.get('path')}: {message.get('error')}"
+                if message.get("severity", 0) >= 2:
+                    problems.add(where, line)
+                else:
+                    print(f"  info {line}")
+            for error in report.get("errors", []):
+                problems.add(where, f"lint: {error}")
+            if chart.schema is not None:
+                try:
+                    chart.validate_schema(values)
+                except helm.HelmError as err:
+                    problems.add(where, f"values.schema.json refuses the values: {err}")
+            objects = render_objects(chart, values, where, problems)
+            problems.check(bool(objects), where, "rendered no object")
+            validate_objects(objects, where, problems)
+            for (_, name), obj in objects.items():
+                check_rbac(obj, f"{where} {name}", problems)
+                check_pod_security(obj, f"{where} {name}", problems)
+                check_env_and_commands(obj, f"{where} {name}", docs, problems)
+            if chart.name == "flatnet":
+                merged = deep_merge(defaults, values or {})
+                check_values_reach_objects(objects, merged, app_version, where, problems)
+            print(f"<== {where}: {len(objects)} objects, {'ok' if len(problems.items) == before else 'FAILED'}")
+            passed += len(problems.items) == before
+            failed += len(problems.items) != before
+        if chart.schema is not None:
+            where = f"{chart_dir.name} [schema]"
+            print(f"==> {where}")
+            before = len(problems.items)
+            for description, path, bad in SCHEMA_REJECTS:
+                try:
+                    chart.validate_schema(set_path(defaults, path, bad))
+                except helm.HelmError:
+                    continue
+                problems.add(where, f"values.schema.json accepts {description}: {'.'.join(path)}={bad!r}")
+            print(f"<== {where}: {len(SCHEMA_REJECTS)} bad values, {'ok' if len(problems.items) == before else 'FAILED'}")
+            passed += len(problems.items) == before
+            failed += len(problems.items) != before
+    return passed, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=pathlib.Path, required=True, help="workspace root")
+    args = parser.parse_args()
+    root: pathlib.Path = args.root.resolve()
+    print(f"helm-c {helm.helm_c_version()}, Helm SDK {helm.helm_sdk_version()}, Kubernetes schemas {KUBE_VERSION}")
+    problems = Problems()
+    docs = Documented(root)
+    passed = failed = 0
+    for chart_dir in sorted((root / "charts").iterdir()):
+        if (chart_dir / "Chart.yaml").exists():
+            chart_passed, chart_failed = check_chart(chart_dir, docs, problems)
+            passed += chart_passed
+            failed += chart_failed
+    if problems.items:
+        print(f"\n{len(problems.items)} chart problem(s):", file=sys.stderr)
+        for item in problems.items:
+            print(f"  - {item}", file=sys.stderr)
+    # The closing line counts the checked value sets (and the schema checks).
+    print(f"charts: {passed} passed, {failed} failed")
+    return 1 if problems.items else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
