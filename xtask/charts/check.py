@@ -42,36 +42,10 @@ RELEASE = "flatnet"
 # Each is reported as UNVERIFIED on every run. Once the component documents
 # one, the check fails until the entry is removed here, so this list only
 # ever shrinks.
-PENDING_ENV: dict[str, dict[str, str]] = {
-    "operator": {
-        "FLAT_NETWORK_CNI_ARP_POLICY": "copied into the NetworkAttachmentDefinition",
-        "FLAT_NETWORK_CNI_PROXY_ARP": "copied into the NetworkAttachmentDefinition",
-        "FLATNET_WEBHOOK_ADDRESS": "listen address of the HTTPS webhook",
-        "FLATNET_WEBHOOK_SERVICE": "Service named in the serving certificate",
-        "FLATNET_WEBHOOK_SECRET": "Secret holding the webhook certificate",
-        "FLATNET_WEBHOOK_CONFIGURATION": "configuration whose caBundle the operator manages",
-    },
-    "agent": {
-        "NODE_NAME": "the node whose FlatNetworkIPs the agent serves",
-        "FLATNET_ADMIN_ADDRESS": "/healthz, /readyz, /metrics of the agent",
-        "FLATNET_AGENT_SOCKET": "socket the agent serves flatnet-cni on",
-        "FLATNET_CNI_BIN_DIR": "where the agent installs flatnet-cni",
-        "FLATNET_CNI_CONF_DIR": "the node's CNI configuration directory",
-        "FLATNET_STATE_DIR": "the agent's records on the node",
-        "FLAT_NETWORK_CLUSTER_CIDR": "routes to the cluster network in pods",
-        "FLAT_NETWORK_SERVICE_CIDR": "routes to services in pods",
-        "FLAT_NETWORK_CNI_ARP_POLICY": "address announcement",
-        "FLAT_NETWORK_CNI_PROXY_ARP": "proxy ARP on pod interfaces",
-    },
-}
+PENDING_ENV: dict[str, dict[str, str]] = {}
 
 # Subcommands the chart runs that are not documented yet; same rules.
-PENDING_COMMANDS: dict[str, dict[str, str]] = {
-    "agent": {
-        "flatnet-agent run": "the node daemon",
-        "flatnet-agent datapath mount-bpffs": "mounts bpffs on the host (init container)",
-    },
-}
+PENDING_COMMANDS: dict[str, dict[str, str]] = {}
 
 # Which flatnet component each workload runs: (kind, name suffix) -> component.
 COMPONENTS = {
@@ -361,7 +335,8 @@ def check_values_reach_objects(
         "FLATNET_LEASE_NAME": op["election"]["leaseName"],
         "FLATNET_LOG_FORMAT": op["logFormat"],
         "FLATNET_ADMIN_ADDRESS": f"0.0.0.0:{op['adminPort']}",
-        "FLATNET_WEBHOOK_ADDRESS": f"0.0.0.0:{op['webhook']['port']}",
+        "FLATNET_WEBHOOK_BIND_ADDRESS": "0.0.0.0",
+        "FLATNET_WEBHOOK_PORT": str(op["webhook"]["port"]),
     }
     for name, value in expected.items():
         problems.check(env.get(name) == value, where, f"operator {name}={env.get(name)!r}, expected {value!r}")

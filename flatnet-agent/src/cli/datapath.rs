@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use flatnet_agent::{
-    datapath::{Datapath, DatapathConfig, detach_uplink},
+    datapath::{BPFFS_MOUNT_POINT, Datapath, DatapathConfig, detach_uplink, mount_bpffs},
     netns::run_in_netns,
 };
 use flatnet_common::pin::PIN_ROOT;
@@ -51,6 +51,9 @@ pub enum DatapathCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
+    /// Mount the BPF filesystem on /sys/fs/bpf unless it is mounted (the
+    /// chart's init container runs this).
+    MountBpffs,
     /// Network policy on pod interfaces: attach, apply, show.
     #[command(subcommand)]
     Policy(super::policy::PolicyCommand),
@@ -81,6 +84,13 @@ impl DatapathCommand {
                 }
             }
             DatapathCommand::Policy(command) => command.run()?,
+            DatapathCommand::MountBpffs => {
+                if mount_bpffs()? {
+                    println!("mounted bpffs on {BPFFS_MOUNT_POINT}");
+                } else {
+                    println!("bpffs already mounted on {BPFFS_MOUNT_POINT}");
+                }
+            }
         }
         Ok(())
     }

@@ -90,9 +90,9 @@ pub struct RunArgs {
     /// Kubernetes: how long ADD waits for the operator's allocation.
     #[arg(long, env = "FLATNET_ALLOCATION_WAIT_SECONDS", default_value_t = 30)]
     allocation_wait_seconds: u64,
-    /// Serve Prometheus metrics on this address (`/metrics`).
-    #[arg(long, env = "FLATNET_METRICS_ADDRESS")]
-    metrics_address: Option<SocketAddr>,
+    /// Serve `/healthz`, `/readyz` and Prometheus `/metrics` on this address.
+    #[arg(long, env = "FLATNET_ADMIN_ADDRESS")]
+    admin_address: Option<SocketAddr>,
     /// Run without Kubernetes, from `--state-file`.
     #[arg(long, env = "FLATNET_STANDALONE", requires = "state_file")]
     standalone: bool,
@@ -219,8 +219,8 @@ impl RunArgs {
             async move { service.watch_conflicts(monitor).await }
         });
         tokio::spawn(after_start(service.clone()));
-        if let Some(address) = self.metrics_address {
-            serve_metrics(address, metrics).await?;
+        if let Some(address) = self.admin_address {
+            serve_admin(address, metrics, service.clone()).await?;
         }
         let server = AgentServer::bind(
             ServerConfig {
@@ -254,21 +254,41 @@ async fn sync_until_reachable(desired: &Kubernetes) {
     }
 }
 
-/// Serves `/metrics` on `address` in the background.
-async fn serve_metrics(address: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+/// Serves `/healthz` (the process answers), `/readyz` (ADD can be served:
+/// the same test as CNI STATUS) and `/metrics` on `address` in the background.
+async fn serve_admin<S: DesiredState>(
+    address: SocketAddr,
+    metrics: Arc<Metrics>,
+    service: AgentService<S>,
+) -> anyhow::Result<()> {
+    use axum::{http::StatusCode, routing::get};
     let listener = tokio::net::TcpListener::bind(address)
         .await
-        .with_context(|| format!("listen for metrics on {address}"))?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let metrics = Arc::clone(&metrics);
-            async move { metrics.encode() }
-        }),
-    );
+        .with_context(|| format!("listen for the admin endpoints on {address}"))?;
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let service = service.clone();
+                async move {
+                    match service.readiness() {
+                        Ok(()) => (StatusCode::OK, "ready".to_owned()),
+                        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move { metrics.encode() }
+            }),
+        );
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "the metrics server stopped");
+            tracing::error!(%error, "the admin server stopped");
         }
     });
     Ok(())

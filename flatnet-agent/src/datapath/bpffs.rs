@@ -27,16 +27,8 @@ pub(super) fn ensure_pin_root(pin_root: &Path) -> Result<(), DatapathError> {
         path: pin_root.to_path_buf(),
         reason,
     };
-    let mount_point = Path::new(BPFFS_MOUNT_POINT);
-    if pin_root.starts_with(mount_point) && !is_bpffs(mount_point) {
-        mount(
-            Some("bpf"),
-            mount_point,
-            Some("bpf"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            Some("mode=0700"),
-        )
-        .map_err(|e| error(format!("mount bpffs on {BPFFS_MOUNT_POINT}: {e}")))?;
+    if pin_root.starts_with(BPFFS_MOUNT_POINT) {
+        mount_bpffs()?;
     }
     let existing_ancestor = pin_root
         .ancestors()
@@ -57,6 +49,28 @@ pub(super) fn ensure_pin_root(pin_root: &Path) -> Result<(), DatapathError> {
     fs::set_permissions(pin_root, fs::Permissions::from_mode(0o700))
         .map_err(|e| error(format!("chmod 0700: {e}")))?;
     Ok(())
+}
+
+/// Mounts the BPF filesystem on [`BPFFS_MOUNT_POINT`] unless it is already
+/// there. Returns whether it mounted. Run by the chart's init container,
+/// whose Bidirectional mount propagation makes the mount the host's.
+pub fn mount_bpffs() -> Result<bool, DatapathError> {
+    let mount_point = Path::new(BPFFS_MOUNT_POINT);
+    if is_bpffs(mount_point) {
+        return Ok(false);
+    }
+    mount(
+        Some("bpf"),
+        mount_point,
+        Some("bpf"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0700"),
+    )
+    .map_err(|e| DatapathError::Bpffs {
+        path: mount_point.to_path_buf(),
+        reason: format!("mount bpffs: {e}"),
+    })?;
+    Ok(true)
 }
 
 fn is_bpffs(path: &Path) -> bool {

@@ -29,6 +29,7 @@ use flatnet_common::pin::{
     MAP_NDP_RESPONDER, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
 };
 
+pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs};
 pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs};
 pub use counters::FrameCounters;
 pub use pinned::PinnedMaps;

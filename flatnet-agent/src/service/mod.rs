@@ -111,6 +111,16 @@ impl<S: DesiredState> AgentService<S> {
         &self.inner.desired
     }
 
+    /// Whether ADD can be served; the reason when not (CNI STATUS, `/readyz`).
+    pub fn readiness(&self) -> Result<(), String> {
+        self.inner.desired.readiness().map_err(|reason| {
+            format!(
+                "flatnet-agent cannot serve ADD yet: {reason} ({} desired state)",
+                self.inner.desired.kind()
+            )
+        })
+    }
+
     /// Brings the node in line with the records after a (re)start: ADDs
     /// interrupted by a crash are undone, completed ones get their uplink
     /// program and table entries back.
@@ -208,15 +218,8 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
     }
 
     async fn status(&self, _request: StatusRequest) -> Result<(), CniError> {
-        self.inner.desired.readiness().map_err(|reason| {
-            CniError::new(
-                ErrorCode::PluginNotAvailable,
-                format!(
-                    "flatnet-agent cannot serve ADD yet: {reason} ({} desired state)",
-                    self.inner.desired.kind()
-                ),
-            )
-        })
+        self.readiness()
+            .map_err(|reason| CniError::new(ErrorCode::PluginNotAvailable, reason))
     }
 
     async fn gc(&self, request: GcRequest) -> Result<(), CniError> {
