@@ -7,6 +7,8 @@ use std::{ffi::OsStr, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use flatnet_common::k8s::ipam::StatefulSetAddressPolicy;
+
 use crate::cidr::{Cidr, CidrError};
 
 /// Worker count used when `--worker` is outside [`WORKER_RANGE`], as the original did.
@@ -104,6 +106,30 @@ pub struct Cli {
         default_value = "10.43.0.0/16"
     )]
     pub service_cidr: String,
+
+    /// Whether StatefulSet pods keep their address when deleted (`sticky`)
+    /// or release it like other pods (`release`).
+    #[arg(
+        long,
+        env = "FLATNET_STATEFULSET_ADDRESS_POLICY",
+        value_enum,
+        default_value_t = StatefulSetPolicy::Sticky
+    )]
+    pub statefulset_address_policy: StatefulSetPolicy,
+
+    /// How long an allocated address waits for the node to set the pod up
+    /// before the FlatNetworkIP is marked Failed (Go duration).
+    #[arg(long, env = "FLATNET_PENDING_TIMEOUT", default_value = "5m")]
+    pub pending_timeout: String,
+}
+
+/// `--statefulset-address-policy` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatefulSetPolicy {
+    /// Keep the address for the next pod of the same name.
+    Sticky,
+    /// Release the address with the pod.
+    Release,
 }
 
 /// Output format of the logs.
@@ -169,6 +195,8 @@ pub struct Config {
     pub cluster_cidrs: Vec<Cidr>,
     /// Service CIDRs of the cluster.
     pub service_cidrs: Vec<Cidr>,
+    /// Settings of the allocation controllers.
+    pub allocation: crate::allocation::Settings,
 }
 
 /// A setting that cannot be used; the message names the flag, its variable and the fix.
@@ -281,6 +309,18 @@ impl Cli {
             election,
             cluster_cidrs: cidr_list("FLAT_NETWORK_CLUSTER_CIDR", &self.cluster_cidr)?,
             service_cidrs: cidr_list("FLAT_NETWORK_SERVICE_CIDR", &self.service_cidr)?,
+            allocation: crate::allocation::Settings {
+                statefulset_policy: match self.statefulset_address_policy {
+                    StatefulSetPolicy::Sticky => StatefulSetAddressPolicy::Sticky,
+                    StatefulSetPolicy::Release => StatefulSetAddressPolicy::Release,
+                },
+                pending_timeout: go_duration(
+                    "FLATNET_PENDING_TIMEOUT (--pending-timeout)",
+                    &self.pending_timeout,
+                )?,
+                resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
+                ..crate::allocation::Settings::default()
+            },
         })
     }
 
@@ -412,6 +452,33 @@ mod tests {
         ] {
             assert_eq!(env_of(id).as_deref(), Some(var), "argument {id}");
         }
+    }
+
+    #[test]
+    fn allocation_settings_read_their_variables() {
+        let config = parse(&["--identity", "op-0"], &[]).unwrap();
+        assert_eq!(
+            config.allocation.statefulset_policy,
+            StatefulSetAddressPolicy::Sticky
+        );
+        assert_eq!(config.allocation.pending_timeout, Duration::from_secs(300));
+        let config = parse(
+            &["--identity", "op-0"],
+            &[
+                ("FLATNET_STATEFULSET_ADDRESS_POLICY", "release"),
+                ("FLATNET_PENDING_TIMEOUT", "90s"),
+                ("CATTLE_RESYNC_DEFAULT", "3"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.allocation.statefulset_policy,
+            StatefulSetAddressPolicy::Release
+        );
+        assert_eq!(config.allocation.pending_timeout, Duration::from_secs(90));
+        assert_eq!(config.allocation.resync, Duration::from_secs(180));
+        let err = parse(&["--identity", "op-0"], &[("FLATNET_PENDING_TIMEOUT", "0s")]).unwrap_err();
+        assert!(err.to_string().contains("FLATNET_PENDING_TIMEOUT"), "{err}");
     }
 
     #[test]

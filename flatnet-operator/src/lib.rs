@@ -5,6 +5,7 @@
 //! in `main.rs` only parses the command line and calls [`runtime::run`].
 
 pub mod admin;
+pub mod allocation;
 pub mod annotations;
 pub mod cidr;
 pub mod config;

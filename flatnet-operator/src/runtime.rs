@@ -10,6 +10,7 @@ use crate::{
     admin::{self, AdminState, Health},
     config::{Config, Election},
     leader::{self, Outcome},
+    allocation,
     metrics::Metrics,
     services,
 };
@@ -121,10 +122,44 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
     });
     let controllers = {
         let health = Arc::clone(&health);
+        let client = client.clone();
+        let metrics = Arc::clone(&metrics);
+        let settings = config.allocation.clone();
         move |stop: CancellationToken| {
-            // Until its caches sync, a new leader is not ready.
+            // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
-            services::run(ctx, config.workers, health, stop)
+            let service_health = Arc::new(Health::default());
+            let allocation_health = Arc::new(Health::default());
+            let ready = {
+                let (a, b) = (Arc::clone(&service_health), Arc::clone(&allocation_health));
+                let health = Arc::clone(&health);
+                async move {
+                    while !(a.is_ready() && b.is_ready()) {
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                    health.set_ready(true);
+                }
+            };
+            let services = services::run(ctx, config.workers, service_health, stop.clone());
+            let allocation = allocation::run(
+                client,
+                metrics,
+                settings,
+                config.workers,
+                allocation_health,
+                stop.clone(),
+            );
+            async move {
+                let ready = tokio::spawn(ready);
+                tokio::pin!(services, allocation);
+                // On shutdown both drain; one ending on its own ends the
+                // leadership term (the process restarts).
+                tokio::select! {
+                    () = &mut services => if stop.is_cancelled() { allocation.await },
+                    () = &mut allocation => if stop.is_cancelled() { services.await },
+                }
+                ready.abort();
+            }
         }
     };
 
