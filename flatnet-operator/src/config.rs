@@ -477,7 +477,11 @@ mod tests {
         );
         assert_eq!(config.allocation.pending_timeout, Duration::from_secs(90));
         assert_eq!(config.allocation.resync, Duration::from_secs(180));
-        let err = parse(&["--identity", "op-0"], &[("FLATNET_PENDING_TIMEOUT", "0s")]).unwrap_err();
+        let err = parse(
+            &["--identity", "op-0"],
+            &[("FLATNET_PENDING_TIMEOUT", "0s")],
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("FLATNET_PENDING_TIMEOUT"), "{err}");
     }
 

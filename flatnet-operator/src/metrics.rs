@@ -202,8 +202,12 @@ impl Metrics {
 
     /// Sets the size and use of `subnet`.
     pub fn set_subnet_usage(&self, subnet: &str, total: i64, used: i64) {
-        self.subnet_size.get_or_create(&subnet_labels(subnet)).set(total);
-        self.subnet_used.get_or_create(&subnet_labels(subnet)).set(used);
+        self.subnet_size
+            .get_or_create(&subnet_labels(subnet))
+            .set(total);
+        self.subnet_used
+            .get_or_create(&subnet_labels(subnet))
+            .set(used);
     }
 
     /// Drops the gauges of a deleted subnet.
@@ -273,7 +277,10 @@ mod tests {
             r#"flatnet_operator_subnet_addresses{subnet="net1"} 253"#,
             r#"flatnet_operator_subnet_used_addresses{subnet="net1"} 2"#,
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
         metrics.forget_subnet("net1");
         assert!(!metrics.render().contains("subnet_addresses{"));

@@ -8,9 +8,9 @@ use tracing::{info, warn};
 
 use crate::{
     admin::{self, AdminState, Health},
+    allocation,
     config::{Config, Election},
     leader::{self, Outcome},
-    allocation,
     metrics::Metrics,
     services,
 };

@@ -169,10 +169,7 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
             .copied()
             .filter(|r| r.spec.subnet == name)
             .collect();
-        for addr in same_subnet
-            .iter()
-            .filter_map(|r| r.status.as_ref()?.addr)
-        {
+        for addr in same_subnet.iter().filter_map(|r| r.status.as_ref()?.addr) {
             // Already marked from usedIP, or outside the CIDR: both fine.
             let _ = pool.mark_used(addr);
         }
@@ -237,7 +234,11 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
                 ctx.metrics.allocation_conflict();
                 debug!(subnet = %name, attempt, "subnet changed since read; choosing again");
             }
-            Err(error) => return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(error)),
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
+                    error,
+                ));
+            }
         }
     }
     Err(Error::Contention {
@@ -306,7 +307,11 @@ fn choose_record_mac(
         .map(|s| s.name_any())
         .collect();
     let mut in_use = macs_in_use(&valid.parent, siblings.iter().copied());
-    let own_mac = record.status.as_ref().map(|s| s.mac.clone()).unwrap_or_default();
+    let own_mac = record
+        .status
+        .as_ref()
+        .map(|s| s.mac.clone())
+        .unwrap_or_default();
     in_use.extend(
         others
             .iter()
@@ -328,7 +333,10 @@ pub enum Written {
 }
 
 /// The status of a record that was just given `reservation`.
-fn allocated_status(old: Option<&FlatNetworkIPStatus>, reservation: &Reservation) -> FlatNetworkIPStatus {
+fn allocated_status(
+    old: Option<&FlatNetworkIPStatus>,
+    reservation: &Reservation,
+) -> FlatNetworkIPStatus {
     let now = Time(Timestamp::now());
     let mut status = FlatNetworkIPStatus {
         phase: phase::PENDING.into(),
@@ -393,10 +401,11 @@ pub async fn write_record(
                 return Ok(Written::Done(Box::new(written)));
             }
             Err(error) if is_conflict(&error) => {
-                let fresh = records
-                    .get_opt(&name)
-                    .await
-                    .map_err(Error::kube("get", "FlatNetworkIP", &key))?;
+                let fresh = records.get_opt(&name).await.map_err(Error::kube(
+                    "get",
+                    "FlatNetworkIP",
+                    &key,
+                ))?;
                 let still_ours = fresh.as_ref().is_some_and(|f| {
                     f.spec == record.spec
                         && f.metadata.deletion_timestamp.is_none()
@@ -415,7 +424,11 @@ pub async fn write_record(
                 hand_back(ctx, reservation, &key).await?;
                 return Ok(Written::Superseded);
             }
-            Err(error) => return Err(Error::kube("update status of", "FlatNetworkIP", &key)(error)),
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkIP", &key)(
+                    error,
+                ));
+            }
         }
     }
     Err(Error::Contention {
@@ -465,9 +478,9 @@ pub async fn release(
     let macs: Vec<&String> = macs
         .iter()
         .filter(|m| {
-            !records.iter().any(|r| {
-                held_elsewhere(r) && r.status.as_ref().is_some_and(|s| &s.mac == *m)
-            })
+            !records
+                .iter()
+                .any(|r| held_elsewhere(r) && r.status.as_ref().is_some_and(|s| &s.mac == *m))
         })
         .collect();
     if addrs.is_empty() && macs.is_empty() {
@@ -475,10 +488,11 @@ pub async fn release(
     }
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     for _ in 0..MAX_ATTEMPTS {
-        let Some(mut fresh) = subnets
-            .get_opt(subnet)
-            .await
-            .map_err(Error::kube("get", "FlatNetworkSubnet", subnet))?
+        let Some(mut fresh) = subnets.get_opt(subnet).await.map_err(Error::kube(
+            "get",
+            "FlatNetworkSubnet",
+            subnet,
+        ))?
         else {
             return Ok(());
         };
@@ -510,7 +524,9 @@ pub async fn release(
             Ok(_) => return Ok(()),
             Err(error) if is_conflict(&error) => ctx.metrics.allocation_conflict(),
             Err(error) if is_not_found(&error) => return Ok(()),
-            Err(error) => return Err(Error::kube("update status of", "FlatNetworkSubnet", subnet)(error)),
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkSubnet", subnet)(error));
+            }
         }
     }
     Err(Error::Contention {
@@ -572,7 +588,8 @@ mod tests {
         let mut p = pool();
         p.mark_used(ip("10.0.0.5")).unwrap();
         assert_eq!(
-            choose(&record(&[], Some("10.0.0.5")), &mut p, |a| a == ip("10.0.0.5")),
+            choose(&record(&[], Some("10.0.0.5")), &mut p, |a| a
+                == ip("10.0.0.5")),
             Ok(Choice::New(ip("10.0.0.2")))
         );
     }

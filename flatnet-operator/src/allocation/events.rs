@@ -35,8 +35,14 @@ impl Events {
     where
         K: Resource<DynamicType = ()>,
     {
-        self.publish(object.object_ref(&()), EventType::Warning, reason, action, note)
-            .await;
+        self.publish(
+            object.object_ref(&()),
+            EventType::Warning,
+            reason,
+            action,
+            note,
+        )
+        .await;
     }
 
     /// A Normal event on `object`.
@@ -44,8 +50,14 @@ impl Events {
     where
         K: Resource<DynamicType = ()>,
     {
-        self.publish(object.object_ref(&()), EventType::Normal, reason, action, note)
-            .await;
+        self.publish(
+            object.object_ref(&()),
+            EventType::Normal,
+            reason,
+            action,
+            note,
+        )
+        .await;
     }
 
     async fn publish(

@@ -183,17 +183,29 @@ impl FakeApiServer {
         let fail = record_status_write && self.roll(100) < self.failing_record_writes();
         // Half the failures happen before the write is applied, half after.
         if fail && self.roll(2) == 0 {
-            return reply(StatusCode::INTERNAL_SERVER_ERROR, status(500, "InternalError", "injected"));
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                status(500, "InternalError", "injected"),
+            );
         }
         let (code, value) = self.apply(&method, &target, &query, body);
         self.disorder().await;
         if fail {
-            return reply(StatusCode::INTERNAL_SERVER_ERROR, status(500, "InternalError", "injected"));
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                status(500, "InternalError", "injected"),
+            );
         }
         reply(code, value)
     }
 
-    fn apply(&self, method: &Method, target: &Target, query: &str, body: Value) -> (StatusCode, Value) {
+    fn apply(
+        &self,
+        method: &Method,
+        target: &Target,
+        query: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
         let mut state = self.lock();
         let key = |name: &str| {
             (
@@ -209,8 +221,7 @@ impl FakeApiServer {
                     .objects
                     .iter()
                     .filter(|((c, ns, _), _)| {
-                        *c == target.collection
-                            && target.namespace.as_ref().is_none_or(|n| n == ns)
+                        *c == target.collection && target.namespace.as_ref().is_none_or(|n| n == ns)
                     })
                     .map(|(_, v)| v)
                     .filter(|v| {
@@ -233,7 +244,10 @@ impl FakeApiServer {
             (Method::POST, None) => {
                 let mut value = body;
                 let Some(name) = value["metadata"]["name"].as_str().map(str::to_owned) else {
-                    return (StatusCode::UNPROCESSABLE_ENTITY, status(422, "Invalid", "name required"));
+                    return (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        status(422, "Invalid", "name required"),
+                    );
                 };
                 if state.objects.contains_key(&key(&name)) {
                     return (StatusCode::CONFLICT, status(409, "AlreadyExists", &name));
@@ -250,8 +264,17 @@ impl FakeApiServer {
                     return not_found(name);
                 };
                 let wanted_version = body["metadata"]["resourceVersion"].as_str();
-                if wanted_version.is_some_and(|v| Some(v) != stored["metadata"]["resourceVersion"].as_str()) {
-                    return (StatusCode::CONFLICT, status(409, "Conflict", "the object has been modified; please apply your changes to the latest version and try again"));
+                if wanted_version
+                    .is_some_and(|v| Some(v) != stored["metadata"]["resourceVersion"].as_str())
+                {
+                    return (
+                        StatusCode::CONFLICT,
+                        status(
+                            409,
+                            "Conflict",
+                            "the object has been modified; please apply your changes to the latest version and try again",
+                        ),
+                    );
                 }
                 let status_only = target.subresource.as_deref() == Some("status");
                 let mut updated = stored.clone();
@@ -271,7 +294,14 @@ impl FakeApiServer {
                     }
                 }
                 // Server-owned metadata stays the server's.
-                for field in ["uid", "creationTimestamp", "deletionTimestamp", "namespace", "name", "generation"] {
+                for field in [
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "namespace",
+                    "name",
+                    "generation",
+                ] {
                     updated["metadata"][field] = stored["metadata"][field].clone();
                 }
                 if updated["spec"] != stored["spec"] {
@@ -303,7 +333,10 @@ impl FakeApiServer {
                 }
                 (StatusCode::OK, stored)
             }
-            _ => (StatusCode::METHOD_NOT_ALLOWED, status(405, "MethodNotAllowed", method.as_str())),
+            _ => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                status(405, "MethodNotAllowed", method.as_str()),
+            ),
         }
     }
 }
@@ -356,7 +389,10 @@ fn label_selector(query: &str) -> Vec<(String, String)> {
         .split('&')
         .filter_map(|p| p.strip_prefix("labelSelector="))
         .flat_map(|s| {
-            let decoded = s.replace("%3D", "=").replace("%2C", ",").replace("%2F", "/");
+            let decoded = s
+                .replace("%3D", "=")
+                .replace("%2C", ",")
+                .replace("%2F", "/");
             decoded
                 .split(',')
                 .filter_map(|kv| {
@@ -369,12 +405,7 @@ fn label_selector(query: &str) -> Vec<(String, String)> {
 }
 
 fn collection_of<K: Resource<DynamicType = ()>>() -> String {
-    format!(
-        "{}/{}/{}",
-        K::group(&()),
-        K::version(&()),
-        K::plural(&())
-    )
+    format!("{}/{}/{}", K::group(&()), K::version(&()), K::plural(&()))
 }
 
 /// What a request path addresses.
@@ -425,7 +456,9 @@ fn reply(code: StatusCode, value: Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(&value).expect("JSON serializes")))
+        .body(Body::from(
+            serde_json::to_vec(&value).expect("JSON serializes"),
+        ))
         .expect("response builds")
 }
 

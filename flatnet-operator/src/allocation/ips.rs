@@ -267,7 +267,11 @@ async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error>
             Ok(Action::await_change())
         }
         Err(error) if is_not_found(&error) => Ok(Action::await_change()),
-        Err(error) => Err(Error::kube("delete", "FlatNetworkIP", &key_of(Some(&namespace), &name))(error)),
+        Err(error) => Err(Error::kube(
+            "delete",
+            "FlatNetworkIP",
+            &key_of(Some(&namespace), &name),
+        )(error)),
     }
 }
 
@@ -305,7 +309,9 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
         Err(error) if is_not_found(&error) => Ok(Action::await_change()),
         // Changed meanwhile; the change brings us back.
         Err(error) if is_conflict(&error) => Ok(Action::await_change()),
-        Err(error) => Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(error)),
+        Err(error) => Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
+            error,
+        )),
     }
 }
 

@@ -175,7 +175,10 @@ pub async fn run(
     let (namespaces, namespaces_writer) = kube::runtime::reflector::store();
     let namespaces_reflector = kube::runtime::reflector(
         namespaces_writer,
-        watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default()),
+        watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        ),
     )
     .for_each(|_| async {});
     let caches = Caches {

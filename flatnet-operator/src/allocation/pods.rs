@@ -27,8 +27,8 @@ use super::{
     errors::{is_conflict, is_not_found},
     key_of,
     records::{
-        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit,
-        record_matches, record_name,
+        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, record_matches,
+        record_name,
     },
 };
 use crate::services::endpoints::is_flat_pod;
@@ -159,7 +159,12 @@ async fn user_error(pod: &Pod, error: Error, ctx: &Context) -> Result<Action, Er
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
     ctx.events
-        .warn(pod, error.event_reason(), "CreateFlatNetworkIP", error.to_string())
+        .warn(
+            pod,
+            error.event_reason(),
+            "CreateFlatNetworkIP",
+            error.to_string(),
+        )
         .await;
     Ok(Action::await_change())
 }
@@ -176,7 +181,9 @@ async fn create(
         }
         // The cache lags behind an earlier create.
         Err(error) if is_conflict(&error) => Ok(None),
-        Err(error) => Err(Error::kube("create", "FlatNetworkIP of pod", pod_key)(error)),
+        Err(error) => Err(Error::kube("create", "FlatNetworkIP of pod", pod_key)(
+            error,
+        )),
     }
 }
 
@@ -194,7 +201,11 @@ async fn update(
     let mut written = match api.replace(&name, &PostParams::default(), &merged).await {
         Ok(written) => written,
         Err(error) if is_conflict(&error) || is_not_found(&error) => return Ok(None),
-        Err(error) => return Err(Error::kube("update", "FlatNetworkIP of pod", pod_key)(error)),
+        Err(error) => {
+            return Err(Error::kube("update", "FlatNetworkIP of pod", pod_key)(
+                error,
+            ));
+        }
     };
     let new_pod = existing.spec.pod_id != desired.spec.pod_id;
     let has_addr = written.status.as_ref().is_some_and(|s| s.addr.is_some());
@@ -210,7 +221,11 @@ async fn update(
             Ok(written) => written,
             Err(error) if is_conflict(&error) || is_not_found(&error) => return Ok(None),
             Err(error) => {
-                return Err(Error::kube("update status of", "FlatNetworkIP of pod", pod_key)(error));
+                return Err(Error::kube(
+                    "update status of",
+                    "FlatNetworkIP of pod",
+                    pod_key,
+                )(error));
             }
         };
     }
@@ -235,7 +250,11 @@ async fn label_pod(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let patch = json!({"metadata": {"labels": wanted}});
     match pods
-        .patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(()),

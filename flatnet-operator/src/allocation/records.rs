@@ -66,7 +66,11 @@ pub fn pod_name_of(record: &FlatNetworkIP) -> String {
 
 /// The controller owning `pod`, as far as address stickiness goes.
 pub fn pod_controller(pod: &Pod) -> PodController {
-    match pod.owner_references().iter().find(|o| o.controller == Some(true)) {
+    match pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    {
         Some(owner) if owner.kind == "StatefulSet" && owner.api_version == "apps/v1" => {
             PodController::StatefulSet
         }
@@ -80,7 +84,11 @@ pub fn pod_controller(pod: &Pod) -> PodController {
 pub fn record_owner(pod: &Pod, policy: StatefulSetAddressPolicy) -> OwnerReference {
     let keep = fate_on_pod_deletion(pod_controller(pod), policy)
         == flatnet_common::k8s::ipam::RecordFate::Keep;
-    if keep && let Some(set) = pod.owner_references().iter().find(|o| o.controller == Some(true))
+    if keep
+        && let Some(set) = pod
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
     {
         return OwnerReference {
             api_version: "apps/v1".into(),
@@ -191,10 +199,9 @@ pub fn ip_type(request: &PodRequest) -> &'static str {
 /// Labels others added (the agent's node label on an older pod version)
 /// are compared only for the keys flatnet writes.
 pub fn record_matches(existing: &FlatNetworkIP, desired: &FlatNetworkIP) -> bool {
-    let contains_all = |have: &BTreeMap<String, String>, want: &Option<BTreeMap<String, String>>| {
-        want.iter()
-            .flatten()
-            .all(|(k, v)| have.get(k) == Some(v))
+    let contains_all = |have: &BTreeMap<String, String>,
+                        want: &Option<BTreeMap<String, String>>| {
+        want.iter().flatten().all(|(k, v)| have.get(k) == Some(v))
     };
     existing.spec == desired.spec
         && existing.owner_references() == desired.owner_references()
@@ -327,7 +334,11 @@ mod tests {
         let record = record_for(&pod(Some(("apps/v1", "StatefulSet"))), &request, 0);
         let owner = &record.owner_references()[0];
         assert_eq!(
-            (owner.api_version.as_str(), owner.kind.as_str(), owner.uid.as_str()),
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.uid.as_str()
+            ),
             ("apps/v1", "StatefulSet", "uid-owner")
         );
         let released = desired_record(
@@ -343,14 +354,19 @@ mod tests {
         assert_eq!(released.owner_references()[0].kind, "Pod");
         let other = record_for(&pod(Some(("apps/v1", "ReplicaSet"))), &request, 0);
         assert_eq!(
-            (other.owner_references()[0].kind.as_str(), other.owner_references()[0].api_version.as_str()),
+            (
+                other.owner_references()[0].kind.as_str(),
+                other.owner_references()[0].api_version.as_str()
+            ),
             ("Pod", "v1")
         );
     }
 
     #[test]
     fn record_carries_the_original_labels_spec_and_the_finalizer() {
-        let request = parse_pod_request("v4net,v6net", "10.0.0.5-10.0.0.6,auto", "02:00:00:00:00:01").unwrap();
+        let request =
+            parse_pod_request("v4net,v6net", "10.0.0.5-10.0.0.6,auto", "02:00:00:00:00:01")
+                .unwrap();
         let p = pod(Some(("batch/v1", "Job")));
         let v4 = record_for(&p, &request, 0);
         let v6 = record_for(&p, &request, 1);

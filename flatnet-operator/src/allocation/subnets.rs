@@ -15,8 +15,8 @@ use std::{
 
 use flatnet_common::k8s::{
     api::{
-        CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange,
-        phase, set_condition,
+        CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange, phase,
+        set_condition,
     },
     ipam::{Family, Pool, PoolError, from_u128, to_u128, used_ranges},
     keys::{SUBNET_NAMESPACE, label},
@@ -174,12 +174,20 @@ async fn ensure_metadata(
     });
     let api: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     match api
-        .patch(&subnet.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &subnet.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(true),
         Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(true),
-        Err(error) => Err(Error::kube("update", "FlatNetworkSubnet", &subnet.name_any())(error)),
+        Err(error) => Err(Error::kube(
+            "update",
+            "FlatNetworkSubnet",
+            &subnet.name_any(),
+        )(error)),
     }
 }
 
@@ -303,7 +311,9 @@ fn repaired_status(
         &mut status.conditions,
         condition(CONDITION_VALID, true, "Valid", String::new()),
     );
-    let free = usage.total_ip_count.saturating_sub(pool.used().try_into().unwrap_or(i64::MAX));
+    let free = usage
+        .total_ip_count
+        .saturating_sub(pool.used().try_into().unwrap_or(i64::MAX));
     set_condition(
         &mut status.conditions,
         condition(
@@ -326,11 +336,21 @@ fn failed_status(current: &FlatNetworkSubnetStatus, invalid: &Invalid) -> FlatNe
     status.failure_message = invalid.message.clone();
     set_condition(
         &mut status.conditions,
-        condition(CONDITION_VALID, false, invalid.reason, invalid.message.clone()),
+        condition(
+            CONDITION_VALID,
+            false,
+            invalid.reason,
+            invalid.message.clone(),
+        ),
     );
     set_condition(
         &mut status.conditions,
-        condition(CONDITION_READY, false, invalid.reason, invalid.message.clone()),
+        condition(
+            CONDITION_READY,
+            false,
+            invalid.reason,
+            invalid.message.clone(),
+        ),
     );
     status
 }
@@ -358,10 +378,10 @@ async fn update_status(
         Api::namespaced(ctx.client.clone(), &subnet.namespace().unwrap_or_default());
     // The ledger must be read fresh: allocations write it all the time.
     for _ in 0..16 {
-        let Some(mut fresh) = api
-            .get_opt(&name)
-            .await
-            .map_err(Error::kube("get", "FlatNetworkSubnet", &name))?
+        let Some(mut fresh) =
+            api.get_opt(&name)
+                .await
+                .map_err(Error::kube("get", "FlatNetworkSubnet", &name))?
         else {
             return Ok(Action::await_change());
         };
@@ -391,7 +411,8 @@ async fn update_status(
             return Ok(action);
         }
         let newly_failed = status.phase == phase::FAILED
-            && (current.phase != phase::FAILED || current.failure_message != status.failure_message);
+            && (current.phase != phase::FAILED
+                || current.failure_message != status.failure_message);
         fresh.status = Some(status.clone());
         match api
             .replace_status(&name, &PostParams::default(), &fresh)
@@ -400,7 +421,12 @@ async fn update_status(
             Ok(_) => {
                 if newly_failed {
                     ctx.events
-                        .warn(subnet, "InvalidSubnet", "Validate", status.failure_message.clone())
+                        .warn(
+                            subnet,
+                            "InvalidSubnet",
+                            "Validate",
+                            status.failure_message.clone(),
+                        )
                         .await;
                 }
                 for duplicate in &duplicates {
@@ -418,7 +444,11 @@ async fn update_status(
             }
             Err(error) if is_conflict(&error) => ctx.metrics.allocation_conflict(),
             Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
-            Err(error) => return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(error)),
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
+                    error,
+                ));
+            }
         }
     }
     Err(Error::Contention {
@@ -466,12 +496,20 @@ async fn finalize(
                         .await;
                 }
                 Err(error) if is_conflict(&error) || is_not_found(&error) => {}
-                Err(error) => return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(error)),
+                Err(error) => {
+                    return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
+                        error,
+                    ));
+                }
             }
         }
         return Ok(Action::requeue(DELETION_RETRY));
     }
-    let remaining: Vec<&String> = subnet.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+    let remaining: Vec<&String> = subnet
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .collect();
     let patch = json!({"metadata": {"finalizers": remaining, "resourceVersion": subnet.resource_version()}});
     match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -482,7 +520,11 @@ async fn finalize(
             Ok(Action::await_change())
         }
         Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(Action::await_change()),
-        Err(error) => Err(Error::kube("remove finalizer of", "FlatNetworkSubnet", &name)(error)),
+        Err(error) => Err(Error::kube(
+            "remove finalizer of",
+            "FlatNetworkSubnet",
+            &name,
+        )(error)),
     }
 }
 

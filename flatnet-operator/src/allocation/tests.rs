@@ -102,7 +102,10 @@ fn subnet(used: &[(&str, &str)], version: &str) -> FlatNetworkSubnet {
     subnet.status = Some(FlatNetworkSubnetStatus {
         phase: phase::ACTIVE.into(),
         gateway: Some(ip("10.0.0.1")),
-        used_ip: used.iter().map(|(f, t)| IpRange::new(ip(f), ip(t))).collect(),
+        used_ip: used
+            .iter()
+            .map(|(f, t)| IpRange::new(ip(f), ip(t)))
+            .collect(),
         ..FlatNetworkSubnetStatus::default()
     });
     subnet
@@ -138,7 +141,12 @@ fn used_ip(body: &Value) -> Vec<(String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["from"].as_str().unwrap().into(), r["to"].as_str().unwrap().into()))
+        .map(|r| {
+            (
+                r["from"].as_str().unwrap().into(),
+                r["to"].as_str().unwrap().into(),
+            )
+        })
         .collect()
 }
 
@@ -184,7 +192,10 @@ async fn pod_controller_creates_the_record() {
                 body["metadata"]["labels"]["flatnetwork.pandaria.io/flatNetworkIPType"],
                 "auto"
             );
-            assert_eq!(body["metadata"]["labels"]["flatnetwork.pandaria.io/node"], "node-1");
+            assert_eq!(
+                body["metadata"]["labels"]["flatnetwork.pandaria.io/node"],
+                "node-1"
+            );
             assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "Pod");
             assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "uid-web-1");
             assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
@@ -206,11 +217,15 @@ async fn pod_controller_creates_the_record() {
 
 #[tokio::test]
 async fn bad_annotation_gives_one_event_and_no_retry() {
-    let web = pod("web-1").flat().annotated("flatnetwork.pandaria.io/ip", "10.0.0.300");
+    let web = pod("web-1")
+        .flat()
+        .annotated("flatnetwork.pandaria.io/ip", "10.0.0.300");
     let result = scripted(
         |mut api| async move {
             let event = api
-                .expect("POST", &format!("{EVENTS}?*"), |body| (http::StatusCode::CREATED, body.clone()))
+                .expect("POST", &format!("{EVENTS}?*"), |body| {
+                    (http::StatusCode::CREATED, body.clone())
+                })
                 .await;
             assert_eq!(event.body["type"], "Warning");
             assert_eq!(event.body["reason"], "InvalidAnnotation");
@@ -222,7 +237,11 @@ async fn bad_annotation_gives_one_event_and_no_retry() {
             api
         },
         |client| {
-            let ctx = context(client, caches(vec![], vec![], vec![web.clone()]), Settings::default());
+            let ctx = context(
+                client,
+                caches(vec![], vec![], vec![web.clone()]),
+                Settings::default(),
+            );
             pods::reconcile(Arc::new(web), ctx)
         },
     )
@@ -236,8 +255,12 @@ async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes
     let record = record_of(&web, "3");
     let result = scripted(
         |mut api| async move {
-            api.expect("GET", SUBNET, ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.2")], "5"))))
-                .await;
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.2")], "5"))),
+            )
+            .await;
             let reserve = api
                 .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
                     let mut stored = body.clone();
@@ -271,7 +294,10 @@ async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes
         },
     )
     .await;
-    assert_eq!(result.unwrap(), Action::requeue(Settings::default().pending_timeout));
+    assert_eq!(
+        result.unwrap(),
+        Action::requeue(Settings::default().pending_timeout)
+    );
 }
 
 #[tokio::test]
@@ -280,8 +306,12 @@ async fn a_conflict_rereads_the_subnet_and_chooses_again() {
     let record = record_of(&web, "3");
     let result = scripted(
         |mut api| async move {
-            api.expect("GET", SUBNET, ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.2")], "5"))))
-                .await;
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.2")], "5"))),
+            )
+            .await;
             let lost = api
                 .expect("PUT", &format!("{SUBNET}/status?*"), |_| {
                     (http::StatusCode::CONFLICT, status_error(409, "Conflict"))
@@ -289,8 +319,12 @@ async fn a_conflict_rereads_the_subnet_and_chooses_again() {
                 .await;
             assert_eq!(used_ip(&lost.body), [pair("10.0.0.1", "10.0.0.3")]);
             // Meanwhile another allocator took .3.
-            api.expect("GET", SUBNET, ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.3")], "6"))))
-                .await;
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.3")], "6"))),
+            )
+            .await;
             let won = api
                 .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
                     (http::StatusCode::OK, body.clone())
@@ -332,8 +366,12 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
     let released = to_json(&record);
     let result = scripted(
         |mut api| async move {
-            api.expect("GET", SUBNET, ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.4")], "5"))))
-                .await;
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.4")], "5"))),
+            )
+            .await;
             let release = api
                 .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
                     (http::StatusCode::OK, body.clone())
@@ -355,7 +393,11 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
             api
         },
         |client| {
-            let ctx = context(client, caches(vec![record.clone()], vec![], vec![]), Settings::default());
+            let ctx = context(
+                client,
+                caches(vec![record.clone()], vec![], vec![]),
+                Settings::default(),
+            );
             ips::reconcile(Arc::new(record), ctx)
         },
     )
@@ -386,7 +428,9 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
         let message = failed.body["status"]["failureMessage"].as_str().unwrap();
         assert!(message.contains("no free address"), "{message}");
         let event = api
-            .expect("POST", &format!("{EVENTS}?*"), |body| (http::StatusCode::CREATED, body.clone()))
+            .expect("POST", &format!("{EVENTS}?*"), |body| {
+                (http::StatusCode::CREATED, body.clone())
+            })
             .await;
         assert_eq!(event.body["reason"], "NoAddressLeft");
         api.expect_no_more().await;
@@ -395,10 +439,22 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
         .await
         .unwrap_err();
     assert_eq!(error.metric_label(), "exhausted");
-    let first = ips::error_policy(Arc::new(FlatNetworkIP::new("web-1", Default::default())), &error, Arc::clone(&ctx));
-    let second = ips::error_policy(Arc::new(FlatNetworkIP::new("web-1", Default::default())), &error, Arc::clone(&ctx));
+    let first = ips::error_policy(
+        Arc::new(FlatNetworkIP::new("web-1", Default::default())),
+        &error,
+        Arc::clone(&ctx),
+    );
+    let second = ips::error_policy(
+        Arc::new(FlatNetworkIP::new("web-1", Default::default())),
+        &error,
+        Arc::clone(&ctx),
+    );
     assert_eq!(first, Action::requeue(Duration::from_secs(1)));
-    assert_eq!(second, Action::requeue(Duration::from_secs(2)), "retries back off");
+    assert_eq!(
+        second,
+        Action::requeue(Duration::from_secs(2)),
+        "retries back off"
+    );
     drop(ctx);
     if let Err(join) = server.await {
         std::panic::resume_unwind(join.into_panic());
@@ -423,16 +479,28 @@ async fn a_record_pending_too_long_fails_without_touching_the_pod() {
                 })
                 .await;
             assert_eq!(failed.body["status"]["phase"], "Failed");
-            assert_eq!(failed.body["status"]["addr"], "10.0.0.3", "the address is kept");
-            assert_eq!(failed.body["status"]["conditions"][0]["reason"], "SetupTimeout");
+            assert_eq!(
+                failed.body["status"]["addr"], "10.0.0.3",
+                "the address is kept"
+            );
+            assert_eq!(
+                failed.body["status"]["conditions"][0]["reason"],
+                "SetupTimeout"
+            );
             let event = api
-                .expect("POST", &format!("{EVENTS}?*"), |body| (http::StatusCode::CREATED, body.clone()))
+                .expect("POST", &format!("{EVENTS}?*"), |body| {
+                    (http::StatusCode::CREATED, body.clone())
+                })
                 .await;
             assert_eq!(event.body["reason"], "FlatNetworkSetupTimeout");
             api
         },
         |client| {
-            let ctx = context(client, caches(vec![record.clone()], vec![], vec![web]), Settings::default());
+            let ctx = context(
+                client,
+                caches(vec![record.clone()], vec![], vec![web]),
+                Settings::default(),
+            );
             ips::reconcile(Arc::new(record), ctx)
         },
     )
@@ -466,7 +534,11 @@ async fn a_record_of_a_vanished_pod_is_collected_unless_its_statefulset_keeps_it
     let result = scripted(
         |api| async move { api },
         |client| {
-            let ctx = context(client, caches(vec![kept.clone()], vec![], vec![]), Settings::default());
+            let ctx = context(
+                client,
+                caches(vec![kept.clone()], vec![], vec![]),
+                Settings::default(),
+            );
             ips::reconcile(Arc::new(kept), ctx)
         },
     )
@@ -481,11 +553,16 @@ async fn a_record_of_a_vanished_pod_is_collected_unless_its_statefulset_keeps_it
 fn race_pods(auto: usize, specific: usize) -> Vec<Pod> {
     (0..auto + specific)
         .map(|i| {
-            let p = pod(&format!("p{i}")).flat().annotated("flatnetwork.pandaria.io/subnet", "race");
+            let p = pod(&format!("p{i}"))
+                .flat()
+                .annotated("flatnetwork.pandaria.io/subnet", "race");
             if i < auto {
                 p
             } else {
-                p.annotated("flatnetwork.pandaria.io/ip", "10.0.0.45-10.0.0.46-10.0.0.47")
+                p.annotated(
+                    "flatnetwork.pandaria.io/ip",
+                    "10.0.0.45-10.0.0.46-10.0.0.47",
+                )
             }
         })
         .collect()
@@ -534,7 +611,13 @@ fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
 async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
     for _ in 0..rounds {
         let ctx = context(server.client(), caches_from(&server), Settings::default());
-        let records: Vec<FlatNetworkIP> = ctx.caches.records.state().iter().map(|r| (**r).clone()).collect();
+        let records: Vec<FlatNetworkIP> = ctx
+            .caches
+            .records
+            .state()
+            .iter()
+            .map(|r| (**r).clone())
+            .collect();
         for record in shuffled(&records, order_seed) {
             let _ = ips::reconcile(Arc::new(record), Arc::clone(&ctx)).await;
         }
@@ -569,7 +652,10 @@ fn check_unique(server: &FakeApiServer, seed: u64) -> BTreeSet<IpAddr> {
                 IpAddr::V4(v4) => v4,
                 IpAddr::V6(_) => panic!("seed {seed}: IPv6 from an IPv4 subnet"),
             });
-            assert!((0x0a00_000a..=0x0a00_0031).contains(&v), "seed {seed}: {addr} outside ranges");
+            assert!(
+                (0x0a00_000a..=0x0a00_0031).contains(&v),
+                "seed {seed}: {addr} outside ranges"
+            );
         }
     }
     held
@@ -588,7 +674,11 @@ async fn race(seed: u64) {
         server.insert(&record);
     }
     let a = allocator(server.with_chaos(seed, 15), seed, 3);
-    let b = allocator(server.with_chaos(seed ^ 0x5eed, 15), seed.rotate_left(17), 3);
+    let b = allocator(
+        server.with_chaos(seed ^ 0x5eed, 15),
+        seed.rotate_left(17),
+        3,
+    );
     let r = repairer(server.with_chaos(seed ^ 0xfeed, 0), 6);
     futures::join!(a, b, r);
     check_unique(&server, seed);
@@ -604,7 +694,11 @@ async fn race(seed: u64) {
     subnets::reconcile(Arc::new(subnet), ctx).await.unwrap();
     allocator(server.clone(), seed, 1).await;
     let held = check_unique(&server, seed);
-    assert_eq!(held.len(), 40, "seed {seed}: the subnet is not full after a calm pass");
+    assert_eq!(
+        held.len(),
+        40,
+        "seed {seed}: the subnet is not full after a calm pass"
+    );
     let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
     assert_eq!(status.used_ip_count, 40, "seed {seed}");
 }
@@ -663,12 +757,22 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
     .await;
     assert_eq!(
         freed.used_ip,
-        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")), IpRange::new(ip("10.0.0.3"), ip("10.0.0.3"))]
+        [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+            IpRange::new(ip("10.0.0.3"), ip("10.0.0.3"))
+        ]
     );
     assert_eq!((freed.used_ip_count, freed.total_ip_count), (2, 5));
     assert_eq!(freed.phase, phase::ACTIVE);
-    let ready = freed.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Active"));
+    let ready = freed
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Active")
+    );
     let _ = commit::CONTENTION_RETRY;
 }
 
@@ -684,7 +788,10 @@ async fn a_subnet_in_use_is_not_deleted() {
     server.insert(&net);
     let subnets_api: kube::Api<FlatNetworkSubnet> =
         kube::Api::namespaced(server.client(), SUBNET_NAMESPACE);
-    subnets_api.delete("net1", &Default::default()).await.unwrap();
+    subnets_api
+        .delete("net1", &Default::default())
+        .await
+        .unwrap();
 
     let ctx = context(server.client(), caches_from(&server), Settings::default());
     let deleting = server.list::<FlatNetworkSubnet>().remove(0);
@@ -693,7 +800,11 @@ async fn a_subnet_in_use_is_not_deleted() {
     let blocked = server.list::<FlatNetworkSubnet>().remove(0);
     let ready = blocked.status.unwrap().conditions;
     assert_eq!(ready[0].reason, "InUse");
-    assert!(ready[0].message.contains("shop/web-1"), "{}", ready[0].message);
+    assert!(
+        ready[0].message.contains("shop/web-1"),
+        "{}",
+        ready[0].message
+    );
 
     // The record goes: the subnet goes.
     let records_api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
@@ -705,7 +816,10 @@ async fn a_subnet_in_use_is_not_deleted() {
         )
         .await
         .unwrap();
-    records_api.delete("web-1", &Default::default()).await.unwrap();
+    records_api
+        .delete("web-1", &Default::default())
+        .await
+        .unwrap();
     let ctx = context(server.client(), caches_from(&server), Settings::default());
     let deleting = server.list::<FlatNetworkSubnet>().remove(0);
     subnets::reconcile(Arc::new(deleting), ctx).await.unwrap();
@@ -726,9 +840,20 @@ async fn an_invalid_subnet_is_failed_with_the_reason() {
         .unwrap();
     let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
     assert_eq!(status.phase, phase::FAILED);
-    assert!(status.failure_message.contains("gateway"), "{}", status.failure_message);
-    let valid = status.conditions.iter().find(|c| c.type_ == "Valid").unwrap();
-    assert_eq!((valid.status.as_str(), valid.reason.as_str()), ("False", "Invalid"));
+    assert!(
+        status.failure_message.contains("gateway"),
+        "{}",
+        status.failure_message
+    );
+    let valid = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Valid")
+        .unwrap();
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "Invalid")
+    );
 }
 
 #[tokio::test]
@@ -754,7 +879,10 @@ async fn a_new_subnet_gets_labels_canonical_cidr_and_finalizer_then_status() {
     assert_eq!(done.finalizers(), [subnets::FINALIZER]);
     let status = done.status.unwrap();
     assert_eq!(status.phase, phase::ACTIVE);
-    assert_eq!(status.used_ip, [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1"))]);
+    assert_eq!(
+        status.used_ip,
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1"))]
+    );
     assert_eq!((status.used_ip_count, status.total_ip_count), (1, 5));
 }
 
@@ -767,14 +895,16 @@ async fn a_statefulset_pod_gets_its_address_back() {
     let set_pod = |uid: &str| {
         let mut p = pod("web-0").flat();
         p.metadata.uid = Some(uid.into());
-        p.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "StatefulSet".into(),
-            name: "web".into(),
-            uid: "uid-set".into(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        }]);
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: "web".into(),
+                uid: "uid-set".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
         p
     };
     // An earlier pod took .2, then a filler took .3.
@@ -784,9 +914,15 @@ async fn a_statefulset_pod_gets_its_address_back() {
         async move {
             server.insert(&p);
             let ctx = context(server.client(), caches_from(&server), Settings::default());
-            pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx)).await.unwrap();
+            pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+                .await
+                .unwrap();
             let ctx = context(server.client(), caches_from(&server), Settings::default());
-            let record = server.list::<FlatNetworkIP>().into_iter().find(|r| r.name_any() == p.name_any()).unwrap();
+            let record = server
+                .list::<FlatNetworkIP>()
+                .into_iter()
+                .find(|r| r.name_any() == p.name_any())
+                .unwrap();
             ips::reconcile(Arc::new(record), ctx).await.unwrap();
             server
                 .list::<FlatNetworkIP>()

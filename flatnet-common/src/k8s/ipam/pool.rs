@@ -571,7 +571,10 @@ mod tests {
         // .2 and .4 (gateway and .3 not counted), .250 to .255.
         assert_eq!(pool.reserve_ranges(&used), 8);
         assert_eq!(pool.allocate_auto(), Ok(ip("10.0.0.5")));
-        assert!(!pool.is_used(ip("10.0.0.1")), "the gateway is not an allocation");
+        assert!(
+            !pool.is_used(ip("10.0.0.1")),
+            "the gateway is not an allocation"
+        );
         assert_eq!(pool.reserve_ranges(&used), 0, "idempotent");
     }
 }
