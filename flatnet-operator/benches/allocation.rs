@@ -99,11 +99,15 @@ fn cluster() -> FakeApiServer {
 async fn reconcile_all(server: FakeApiServer) {
     let ctx = context(&server);
     for pod in ctx.caches.pods.state() {
-        pods::reconcile(pod, Arc::clone(&ctx)).await.expect("record");
+        pods::reconcile(pod, Arc::clone(&ctx))
+            .await
+            .expect("record");
     }
     let ctx = context(&server);
     for record in ctx.caches.records.state() {
-        ips::reconcile(record, Arc::clone(&ctx)).await.expect("allocation");
+        ips::reconcile(record, Arc::clone(&ctx))
+            .await
+            .expect("allocation");
     }
 }
 

@@ -171,7 +171,10 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
     .await;
     let unique: BTreeSet<IpAddr> = held.iter().map(|(_, a)| *a).collect();
     assert_eq!(unique.len(), PODS, "an address was handed out twice");
-    assert!(!unique.contains(&"198.18.0.1".parse::<IpAddr>().unwrap()), "the gateway was allocated");
+    assert!(
+        !unique.contains(&"198.18.0.1".parse::<IpAddr>().unwrap()),
+        "the gateway was allocated"
+    );
     let used = subnets.get(&subnet_name).await.unwrap().status.unwrap();
     assert_eq!(used.used_ip_count, i64::try_from(PODS).unwrap() + 1);
 
@@ -181,11 +184,14 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
             .await
             .expect("delete pod");
     }
-    eventually("the records of deleted pods to go and the ledger to shrink", || async {
-        let left = addresses(&records).await.len();
-        let used = subnets.get(&subnet_name).await.ok()?.status?.used_ip_count;
-        (left == PODS - 50 && used == i64::try_from(PODS - 50).unwrap() + 1).then_some(())
-    })
+    eventually(
+        "the records of deleted pods to go and the ledger to shrink",
+        || async {
+            let left = addresses(&records).await.len();
+            let used = subnets.get(&subnet_name).await.ok()?.status?.used_ip_count;
+            (left == PODS - 50 && used == i64::try_from(PODS - 50).unwrap() + 1).then_some(())
+        },
+    )
     .await;
 
     // A StatefulSet pod keeps its address when it is replaced.
@@ -228,28 +234,31 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
         .delete(&ns, &DeleteParams::default())
         .await
         .expect("delete namespace");
-    eventually("the subnet to be deletable once its records are gone", || async {
-        // The controllers are stopped: release what is left by hand.
-        for record in Api::<FlatNetworkIP>::all(client.clone())
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|r| r.spec.subnet == subnet_name)
-        {
-            let api: Api<FlatNetworkIP> =
-                Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
-            let _ = api
-                .patch(
-                    record.metadata.name.as_deref()?,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                )
-                .await;
-        }
-        Some(())
-    })
+    eventually(
+        "the subnet to be deletable once its records are gone",
+        || async {
+            // The controllers are stopped: release what is left by hand.
+            for record in Api::<FlatNetworkIP>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|r| r.spec.subnet == subnet_name)
+            {
+                let api: Api<FlatNetworkIP> =
+                    Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
+                let _ = api
+                    .patch(
+                        record.metadata.name.as_deref()?,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+            Some(())
+        },
+    )
     .await;
     let _ = subnets
         .patch(
