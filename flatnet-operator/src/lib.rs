@@ -1,7 +1,8 @@
 //! flatnet-operator: the cluster side of flatnet.
 //!
 //! This crate holds the operator runtime (configuration, leader election,
-//! health and metrics) and the flat-network Service controller. The binary
+//! health and metrics), the allocation controllers and the flat-network
+//! Service controller. The binary
 //! in `main.rs` only parses the command line and calls [`runtime::run`].
 
 pub mod admin;
