@@ -2,8 +2,7 @@
 //!
 //! This crate holds the operator runtime (configuration, leader election,
 //! health and metrics), the allocation controllers and the flat-network
-//! Service controller. The binary
-//! in `main.rs` only parses the command line and calls [`runtime::run`].
+//! Service controller. The binary in `main.rs` only parses the command line and calls [`runtime::run`].
 
 pub mod admin;
 pub mod allocation;
