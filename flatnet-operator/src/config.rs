@@ -12,6 +12,8 @@ use std::{
 
 use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use flatnet_common::k8s::ipam::StatefulSetAddressPolicy;
+
 use crate::cidr::{Cidr, CidrError};
 
 /// Worker count used when `--worker` is outside [`WORKER_RANGE`], as the original did.
@@ -169,6 +171,29 @@ pub struct Cli {
     /// A one-off command instead of the operator (`migrate ...`).
     #[command(subcommand)]
     pub command: Option<crate::migrate::OperatorCommand>,
+    /// Whether StatefulSet pods keep their address when deleted (`sticky`)
+    /// or release it like other pods (`release`).
+    #[arg(
+        long,
+        env = "FLATNET_STATEFULSET_ADDRESS_POLICY",
+        value_enum,
+        default_value_t = StatefulSetPolicy::Sticky
+    )]
+    pub statefulset_address_policy: StatefulSetPolicy,
+
+    /// How long an allocated address waits for the node to set the pod up
+    /// before the FlatNetworkIP is marked Failed (Go duration).
+    #[arg(long, env = "FLATNET_PENDING_TIMEOUT", default_value = "5m")]
+    pub pending_timeout: String,
+}
+
+/// `--statefulset-address-policy` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatefulSetPolicy {
+    /// Keep the address for the next pod of the same name.
+    Sticky,
+    /// Release the address with the pod.
+    Release,
 }
 
 /// Output format of the logs.
@@ -238,6 +263,8 @@ pub struct Config {
     pub cni: CniSettings,
     /// The admission webhook.
     pub webhook: WebhookSettings,
+    /// Settings of the allocation controllers.
+    pub allocation: crate::allocation::Settings,
 }
 
 /// How the CNI announces a pod's new address on the LAN.
@@ -458,6 +485,18 @@ impl Cli {
                     .map(|u| webhook_url(&u))
                     .transpose()?,
             },
+            allocation: crate::allocation::Settings {
+                statefulset_policy: match self.statefulset_address_policy {
+                    StatefulSetPolicy::Sticky => StatefulSetAddressPolicy::Sticky,
+                    StatefulSetPolicy::Release => StatefulSetAddressPolicy::Release,
+                },
+                pending_timeout: go_duration(
+                    "FLATNET_PENDING_TIMEOUT (--pending-timeout)",
+                    &self.pending_timeout,
+                )?,
+                resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
+                ..crate::allocation::Settings::default()
+            },
         })
     }
 
@@ -618,6 +657,37 @@ mod tests {
         ] {
             assert_eq!(env_of(id).as_deref(), Some(var), "argument {id}");
         }
+    }
+
+    #[test]
+    fn allocation_settings_read_their_variables() {
+        let config = parse(&["--identity", "op-0"], &[]).unwrap();
+        assert_eq!(
+            config.allocation.statefulset_policy,
+            StatefulSetAddressPolicy::Sticky
+        );
+        assert_eq!(config.allocation.pending_timeout, Duration::from_secs(300));
+        let config = parse(
+            &["--identity", "op-0"],
+            &[
+                ("FLATNET_STATEFULSET_ADDRESS_POLICY", "release"),
+                ("FLATNET_PENDING_TIMEOUT", "90s"),
+                ("CATTLE_RESYNC_DEFAULT", "3"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.allocation.statefulset_policy,
+            StatefulSetAddressPolicy::Release
+        );
+        assert_eq!(config.allocation.pending_timeout, Duration::from_secs(90));
+        assert_eq!(config.allocation.resync, Duration::from_secs(180));
+        let err = parse(
+            &["--identity", "op-0"],
+            &[("FLATNET_PENDING_TIMEOUT", "0s")],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("FLATNET_PENDING_TIMEOUT"), "{err}");
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! NetworkAttachmentDefinition controller and the admission webhook with its
 //! managed TLS. The binary in `main.rs` only parses the command line and
 //! calls [`runtime::run`].
+//! health and metrics), the allocation controllers and the flat-network
+//! Service controller. The binary in `main.rs` only parses the command line and calls [`runtime::run`].
 
 pub mod admin;
+pub mod allocation;
 pub mod annotations;
 pub mod cidr;
 pub mod config;

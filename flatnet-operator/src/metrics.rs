@@ -20,6 +20,13 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+/// Labels of per-subnet metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubnetLabels {
+    /// FlatNetworkSubnet name.
+    pub subnet: String,
+}
+
 /// Labels of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
@@ -60,6 +67,13 @@ pub struct Metrics {
     admission_requests: Family<AdmissionLabels, Counter>,
     admission_denials: Family<DenialLabels, Counter>,
     webhook_cert_expiry: Gauge,
+    allocations: Family<SubnetLabels, Counter>,
+    releases: Family<SubnetLabels, Counter>,
+    allocation_duration: Histogram,
+    allocation_conflicts: Counter,
+    records_collected: Counter,
+    subnet_size: Family<SubnetLabels, Gauge>,
+    subnet_used: Family<SubnetLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -117,6 +131,49 @@ impl Metrics {
             "Unix time at which the serving certificate this replica uses expires",
             webhook_cert_expiry.clone(),
         );
+        let allocations = Family::<SubnetLabels, Counter>::default();
+        registry.register(
+            "allocations",
+            "Addresses allocated, by subnet",
+            allocations.clone(),
+        );
+        let releases = Family::<SubnetLabels, Counter>::default();
+        registry.register(
+            "releases",
+            "Addresses released by deleted FlatNetworkIPs, by subnet",
+            releases.clone(),
+        );
+        // From the first read of the subnet to the written record.
+        let allocation_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "allocation_duration_seconds",
+            "Time from reading the subnet to the written FlatNetworkIP",
+            allocation_duration.clone(),
+        );
+        let allocation_conflicts = Counter::default();
+        registry.register(
+            "subnet_write_conflicts",
+            "Subnet status writes rejected because another writer was first (retried)",
+            allocation_conflicts.clone(),
+        );
+        let records_collected = Counter::default();
+        registry.register(
+            "flatnetworkips_collected",
+            "FlatNetworkIPs deleted because their pod was gone",
+            records_collected.clone(),
+        );
+        let subnet_size = Family::<SubnetLabels, Gauge>::default();
+        registry.register(
+            "subnet_addresses",
+            "Allocatable addresses of a subnet",
+            subnet_size.clone(),
+        );
+        let subnet_used = Family::<SubnetLabels, Gauge>::default();
+        registry.register(
+            "subnet_used_addresses",
+            "Addresses in use in a subnet (usedIPCount, gateway included)",
+            subnet_used.clone(),
+        );
         Self {
             registry,
             reconciliations,
@@ -126,6 +183,13 @@ impl Metrics {
             admission_requests,
             admission_denials,
             webhook_cert_expiry,
+            allocations,
+            releases,
+            allocation_duration,
+            allocation_conflicts,
+            records_collected,
+            subnet_size,
+            subnet_used,
         }
     }
 
@@ -182,6 +246,43 @@ impl Metrics {
         self.webhook_cert_expiry.set(unix_seconds);
     }
 
+    /// Counts an allocation in `subnet` that took `took`.
+    pub fn address_allocated(&self, subnet: &str, took: std::time::Duration) {
+        self.allocations.get_or_create(&subnet_labels(subnet)).inc();
+        self.allocation_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts an address released in `subnet`.
+    pub fn address_released(&self, subnet: &str) {
+        self.releases.get_or_create(&subnet_labels(subnet)).inc();
+    }
+
+    /// Counts a subnet status write that lost to another writer.
+    pub fn allocation_conflict(&self) {
+        self.allocation_conflicts.inc();
+    }
+
+    /// Counts a FlatNetworkIP collected because its pod was gone.
+    pub fn record_collected(&self) {
+        self.records_collected.inc();
+    }
+
+    /// Sets the size and use of `subnet`.
+    pub fn set_subnet_usage(&self, subnet: &str, total: i64, used: i64) {
+        self.subnet_size
+            .get_or_create(&subnet_labels(subnet))
+            .set(total);
+        self.subnet_used
+            .get_or_create(&subnet_labels(subnet))
+            .set(used);
+    }
+
+    /// Drops the gauges of a deleted subnet.
+    pub fn forget_subnet(&self, subnet: &str) {
+        self.subnet_size.remove(&subnet_labels(subnet));
+        self.subnet_used.remove(&subnet_labels(subnet));
+    }
+
     /// The metrics in the Prometheus text format.
     #[must_use]
     pub fn render(&self) -> String {
@@ -189,6 +290,12 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &self.registry);
         text
+    }
+}
+
+fn subnet_labels(subnet: &str) -> SubnetLabels {
+    SubnetLabels {
+        subnet: subnet.to_owned(),
     }
 }
 
@@ -248,6 +355,22 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
+        metrics.address_allocated("net1", std::time::Duration::from_millis(3));
+        metrics.set_subnet_usage("net1", 253, 2);
+        let text = metrics.render();
+        for line in [
+            r#"flatnet_operator_allocations_total{subnet="net1"} 1"#,
+            "flatnet_operator_allocation_duration_seconds_count 1",
+            r#"flatnet_operator_subnet_addresses{subnet="net1"} 253"#,
+            r#"flatnet_operator_subnet_used_addresses{subnet="net1"} 2"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        metrics.forget_subnet("net1");
+        assert!(!metrics.render().contains("subnet_addresses{"));
         metrics.set_leader(false);
         assert!(
             metrics

@@ -8,6 +8,7 @@ use tracing::{info, warn};
 
 use crate::{
     admin::{self, AdminState, Health},
+    allocation,
     config::{Config, Election},
     leader::{self, Outcome},
     metrics::Metrics,
@@ -187,13 +188,40 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
     });
     let controllers = {
         let health = Arc::clone(&health);
+        let client = client.clone();
+        let metrics = Arc::clone(&metrics);
+        let settings = config.allocation.clone();
         move |stop: CancellationToken| {
-            // Until its caches sync, a new leader is not ready.
+            // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
             let workers = config.workers;
-            // When one controller ends, the others are stopped too.
+            let service_health = Arc::new(Health::default());
+            let allocation_health = Arc::new(Health::default());
+            let ready = {
+                let (a, b) = (Arc::clone(&service_health), Arc::clone(&allocation_health));
+                let health = Arc::clone(&health);
+                async move {
+                    while !(a.is_ready() && b.is_ready()) {
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                    health.set_ready(true);
+                }
+            };
+            // When one controller ends, the others are stopped too: one
+            // ending on its own ends the leadership term (the process restarts).
             let services = cancel_when_done(
-                services::run(ctx, workers, health, stop.clone()),
+                services::run(ctx, workers, service_health, stop.clone()),
+                stop.clone(),
+            );
+            let allocation = cancel_when_done(
+                allocation::run(
+                    client,
+                    metrics,
+                    settings,
+                    workers,
+                    allocation_health,
+                    stop.clone(),
+                ),
                 stop.clone(),
             );
             let nads = cancel_when_done(nad::run(nad_ctx, workers, stop.clone()), stop.clone());
@@ -212,7 +240,9 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 stop,
             );
             async move {
-                tokio::join!(services, nads, certificates);
+                let ready = tokio::spawn(ready);
+                tokio::join!(services, allocation, nads, certificates);
+                ready.abort();
             }
         }
     };

@@ -230,6 +230,38 @@ impl Pool {
         Ok(())
     }
 
+    /// Records every address of `ranges` (a subnet's `status.usedIP`) as
+    /// taken, clipped to the CIDR; ranges of the other family are ignored.
+    ///
+    /// Unlike [`Pool::mark_used`] this accepts addresses that are already
+    /// taken: `usedIP` and the allocation records describe the same
+    /// addresses, and the pool is the union of both. The gateway, which
+    /// `usedIP` lists too, stays excluded either way. Returns the number of
+    /// addresses that were not taken before.
+    pub fn reserve_ranges(&mut self, ranges: &[IpRange]) -> u128 {
+        let (v4, v6) = used_ranges::to_intervals(ranges);
+        let set = match self.cidr.family() {
+            Family::V4 => v4,
+            Family::V6 => v6,
+        };
+        let (first, last) = (self.cidr.first(), self.cidr.last());
+        let mut added = 0;
+        for range in set.iter() {
+            let (start, end) = ((*range.start()).max(first), (*range.end()).min(last));
+            if start > end {
+                continue;
+            }
+            added += self.taken.insert(start, end);
+            self.free.remove(start, end);
+        }
+        if let Some(gateway) = self.gateway
+            && self.taken.remove(gateway, gateway) == 1
+        {
+            added -= 1;
+        }
+        added
+    }
+
     /// Returns `ip` to the pool; `false` when it was not taken.
     pub fn release(&mut self, ip: IpAddr) -> bool {
         if !self.cidr.contains(ip) {
@@ -515,5 +547,34 @@ mod tests {
         );
         assert_eq!((usage.used_ip_count, usage.total_ip_count), (4, 101));
         assert_eq!(pool.used_addresses().collect::<Vec<_>>(), used);
+    }
+
+    #[test]
+    fn reserve_ranges_unions_used_ip_with_records() {
+        let subnet = validate_subnet(
+            "net",
+            &FlatNetworkSubnetSpec {
+                flat_mode: "macvlan".into(),
+                master: "eth0".into(),
+                cidr: "10.0.0.0/24".into(),
+                gateway: Some(ip("10.0.0.1")),
+                ..FlatNetworkSubnetSpec::default()
+            },
+        )
+        .unwrap();
+        let mut pool = Pool::with_used(&subnet, [ip("10.0.0.3")]).unwrap();
+        let used = [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.4")),
+            IpRange::new(ip("fd00::1"), ip("fd00::9")),
+            IpRange::new(ip("10.0.0.250"), ip("10.0.1.20")),
+        ];
+        // .2 and .4 (gateway and .3 not counted), .250 to .255.
+        assert_eq!(pool.reserve_ranges(&used), 8);
+        assert_eq!(pool.allocate_auto(), Ok(ip("10.0.0.5")));
+        assert!(
+            !pool.is_used(ip("10.0.0.1")),
+            "the gateway is not an allocation"
+        );
+        assert_eq!(pool.reserve_ranges(&used), 0, "idempotent");
     }
 }

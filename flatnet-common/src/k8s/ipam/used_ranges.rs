@@ -60,7 +60,7 @@ pub fn contains(ranges: &[IpRange], ip: IpAddr) -> bool {
 }
 
 /// One `IpRange` per interval of `set` (addresses of `family`).
-pub(super) fn from_intervals(family: Family, set: &IntervalSet) -> Vec<IpRange> {
+pub fn from_intervals(family: Family, set: &IntervalSet) -> Vec<IpRange> {
     set.iter()
         .map(|r| IpRange::new(from_u128(family, *r.start()), from_u128(family, *r.end())))
         .collect()

@@ -1,0 +1,632 @@
+//! Committing an allocation so that no address is ever given twice.
+//!
+//! The subnet's `status.usedIP` is the ledger every allocator must update,
+//! and every update is a replace of the status subresource carrying the
+//! `resourceVersion` that was read. The API server accepts exactly one of
+//! two concurrent replaces; the other gets 409 Conflict and starts over from
+//! a fresh read. So:
+//!
+//! 1. [`reserve`]: read the subnet from the API server (never the cache),
+//!    build the pool from its `usedIP` plus every record of the cache,
+//!    choose an address (and MAC), and replace the subnet status with the
+//!    address added. On 409, repeat from the read.
+//! 2. [`write_record`]: write the record's status (`addr`, `mac`,
+//!    `Pending`), again with its `resourceVersion`, within
+//!    [`Settings::write_deadline`](super::Settings) of the reservation.
+//! 3. Only then is an address the record held before released
+//!    ([`release`]), so a crash never frees an address still in use.
+//!
+//! A crash between 1 and 2 leaves an address in `usedIP` that no record
+//! names. The subnet repair frees it after
+//! [`Settings::orphan_grace`](super::Settings), which is far longer than the
+//! write deadline plus a request's lifetime, so it never frees a reservation
+//! whose record write may still land.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use flatnet_common::k8s::{
+    api::{
+        CONDITION_READY, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, phase,
+        set_condition,
+    },
+    ipam::{Mac, Pool, PoolError, choose_mac, macs_in_use, used_ranges},
+    keys::SUBNET_NAMESPACE,
+    validation::{ValidSubnet, validate_subnet},
+};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::{Api, ResourceExt, api::PostParams};
+use tracing::debug;
+
+use super::{
+    Context, Error,
+    errors::{is_conflict, is_not_found},
+    key_of,
+};
+
+/// Attempts at one subnet write before giving up for a backoff.
+const MAX_ATTEMPTS: u32 = 16;
+
+/// Reason of the record's Ready condition while waiting for the node.
+pub const REASON_ALLOCATED: &str = "Allocated";
+
+/// An address (and MAC) held for a record in the subnet's `usedIP`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// The subnet.
+    pub subnet: String,
+    /// The address.
+    pub addr: IpAddr,
+    /// The fixed MAC, when the pod asks for one.
+    pub mac: Option<Mac>,
+    /// Whether this call added the address to `usedIP` (false: the record
+    /// already held it).
+    pub newly_reserved: bool,
+    /// The address the record held before, to release once the record
+    /// names the new one.
+    pub replaces: Option<IpAddr>,
+    /// When the subnet write succeeded.
+    pub at: Instant,
+}
+
+/// How a record compares to what the cache says other records hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The record keeps its address.
+    Keep(IpAddr),
+    /// The record gets a new address.
+    New(IpAddr),
+}
+
+/// Chooses the address of `record` from `pool`, which holds every address
+/// in use except the record's own.
+///
+/// The record keeps its address when it still satisfies the spec (the
+/// StatefulSet rule of `reuse_recorded`) and no older record claims it too.
+///
+/// # Errors
+/// The pool's: nothing left, requested addresses taken or not allocatable.
+pub fn choose(
+    record: &FlatNetworkIP,
+    pool: &mut Pool,
+    claimed_by_older: impl Fn(IpAddr) -> bool,
+) -> Result<Choice, PoolError> {
+    use flatnet_common::k8s::ipam::{Recorded, Request, Reuse, reuse_recorded};
+    let current = record.status.as_ref().and_then(|s| s.addr);
+    let reuse = reuse_recorded(
+        Recorded {
+            subnet: &record.spec.subnet,
+            addr: current,
+        },
+        Request {
+            subnet: &record.spec.subnet,
+            candidates: &record.spec.addrs,
+        },
+        pool,
+    );
+    if let Reuse::Keep(addr) = reuse
+        && !claimed_by_older(addr)
+    {
+        // Held in usedIP by this record, or (after a repair) by nobody.
+        let _ = pool.mark_used(addr);
+        return Ok(Choice::Keep(addr));
+    }
+    let addr = if record.spec.addrs.is_empty() {
+        pool.allocate_auto()?
+    } else {
+        pool.allocate_requested(&record.spec.addrs)?
+    };
+    Ok(Choice::New(addr))
+}
+
+/// The sort key deciding which of two records claiming one address keeps
+/// it: the older record, then the lower `namespace/name`.
+fn age_key(record: &FlatNetworkIP) -> (Option<Timestamp>, String) {
+    (
+        record.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        key_of(record.namespace().as_deref(), &record.name_any()),
+    )
+}
+
+/// Reserves an address for `record` in its subnet's `usedIP`.
+///
+/// # Errors
+/// Subnet missing or not ready, nothing allocatable, MACs taken, the API
+/// failing, or [`Error::Contention`] after [`MAX_ATTEMPTS`] conflicts.
+pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
+    let name = record.spec.subnet.clone();
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
+    let me = (record.namespace(), record.name_any());
+    let my_age = age_key(record);
+    for attempt in 1..=MAX_ATTEMPTS {
+        let subnet = subnets
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube("get", "FlatNetworkSubnet", &name))?
+            .ok_or_else(|| Error::SubnetMissing {
+                subnet: name.clone(),
+            })?;
+        let valid = ready_subnet(&subnet)?;
+        let status = subnet.status.clone().unwrap_or_default();
+
+        // The pool: the ledger plus what the cache says records hold.
+        let mut pool = Pool::new(&valid);
+        pool.reserve_ranges(&status.used_ip);
+        let records = ctx.caches.records.state();
+        let others: Vec<&FlatNetworkIP> = records
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|r| (r.namespace(), r.name_any()) != me)
+            .collect();
+        let same_subnet: Vec<&FlatNetworkIP> = others
+            .iter()
+            .copied()
+            .filter(|r| r.spec.subnet == name)
+            .collect();
+        for addr in same_subnet.iter().filter_map(|r| r.status.as_ref()?.addr) {
+            // Already marked from usedIP, or outside the CIDR: both fine.
+            let _ = pool.mark_used(addr);
+        }
+        let claimed_by_older = |addr: IpAddr| {
+            same_subnet.iter().any(|r| {
+                r.status.as_ref().and_then(|s| s.addr) == Some(addr) && age_key(r) < my_age
+            })
+        };
+        let choice = choose(record, &mut pool, claimed_by_older)?;
+        let mac = choose_record_mac(ctx, record, &valid, &subnet, &others)?;
+
+        let addr = match choice {
+            Choice::Keep(addr) | Choice::New(addr) => addr,
+        };
+        let newly_reserved = !used_ranges::contains(&status.used_ip, addr);
+        let mac_text = mac.map(|m| m.to_string());
+        let mac_new = mac_text
+            .as_ref()
+            .is_some_and(|m| !status.used_mac.contains(m));
+        let own_addr = record.status.as_ref().and_then(|s| s.addr);
+        let replaces = match choice {
+            Choice::New(_) => own_addr.filter(|old| *old != addr),
+            Choice::Keep(_) => None,
+        };
+        if !newly_reserved && !mac_new {
+            return Ok(Reservation {
+                subnet: name,
+                addr,
+                mac,
+                newly_reserved: false,
+                replaces,
+                at: Instant::now(),
+            });
+        }
+
+        let mut updated = subnet.clone();
+        let new_status = updated.status.get_or_insert_with(Default::default);
+        let usage = pool.usage();
+        new_status.used_ip = usage.used_ip;
+        new_status.used_ip_count = usage.used_ip_count;
+        new_status.total_ip_count = usage.total_ip_count;
+        if let Some(mac) = mac_text {
+            let mut macs: BTreeSet<String> = new_status.used_mac.drain(..).collect();
+            macs.insert(mac);
+            new_status.used_mac = macs.into_iter().collect();
+        }
+        match subnets
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(_) => {
+                return Ok(Reservation {
+                    subnet: name,
+                    addr,
+                    mac,
+                    newly_reserved,
+                    replaces,
+                    at: Instant::now(),
+                });
+            }
+            Err(error) if is_conflict(&error) => {
+                ctx.metrics.allocation_conflict();
+                debug!(subnet = %name, attempt, "subnet changed since read; choosing again");
+            }
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
+                    error,
+                ));
+            }
+        }
+    }
+    Err(Error::Contention {
+        subnet: name,
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// The subnet, validated, when it may allocate.
+fn ready_subnet(subnet: &FlatNetworkSubnet) -> Result<ValidSubnet, Error> {
+    let name = subnet.name_any();
+    let status = subnet.status.clone().unwrap_or_default();
+    if status.phase != phase::ACTIVE {
+        let reason = if status.failure_message.is_empty() {
+            "not validated yet".to_owned()
+        } else {
+            status.failure_message
+        };
+        return Err(Error::SubnetNotReady {
+            subnet: name,
+            reason,
+        });
+    }
+    if subnet.metadata.deletion_timestamp.is_some() {
+        return Err(Error::SubnetNotReady {
+            subnet: name,
+            reason: "it is being deleted".into(),
+        });
+    }
+    validate_subnet(&name, &subnet.spec).map_err(|e| Error::SubnetNotReady {
+        subnet: name,
+        reason: e.to_string(),
+    })
+}
+
+/// The record's MAC: unique among the fixed MACs of every subnet on the
+/// same parent link, as their `usedMac` and the cached records say.
+fn choose_record_mac(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    valid: &ValidSubnet,
+    fresh: &FlatNetworkSubnet,
+    others: &[&FlatNetworkIP],
+) -> Result<Option<Mac>, Error> {
+    let candidates: Vec<Mac> = record
+        .spec
+        .macs
+        .iter()
+        .filter_map(|m| Mac::parse(m).ok())
+        .collect();
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let cached = ctx.caches.subnets.state();
+    let siblings: Vec<&FlatNetworkSubnet> = cached
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|s| s.name_any() != fresh.name_any())
+        .chain(std::iter::once(fresh))
+        .collect();
+    let sibling_names: BTreeSet<String> = siblings
+        .iter()
+        .filter(|s| {
+            s.spec.master == valid.parent.master && s.spec.vlan == i64::from(valid.parent.vlan)
+        })
+        .map(|s| s.name_any())
+        .collect();
+    let mut in_use = macs_in_use(&valid.parent, siblings.iter().copied());
+    let own_mac = record
+        .status
+        .as_ref()
+        .map(|s| s.mac.clone())
+        .unwrap_or_default();
+    in_use.extend(
+        others
+            .iter()
+            .filter(|r| sibling_names.contains(&r.spec.subnet))
+            .filter_map(|r| Mac::parse(&r.status.as_ref()?.mac).ok()),
+    );
+    let current = Mac::parse(&own_mac).ok();
+    Ok(choose_mac(&valid.parent, &candidates, current, &in_use)?)
+}
+
+/// What became of the record write.
+#[derive(Debug)]
+pub enum Written {
+    /// The record now names the reserved address.
+    Done(Box<FlatNetworkIP>),
+    /// The record is gone or another allocator wrote it first; the
+    /// reservation was handed back.
+    Superseded,
+}
+
+/// The status of a record that was just given `reservation`.
+fn allocated_status(
+    old: Option<&FlatNetworkIPStatus>,
+    reservation: &Reservation,
+) -> FlatNetworkIPStatus {
+    let now = Time(Timestamp::now());
+    let mut status = FlatNetworkIPStatus {
+        phase: phase::PENDING.into(),
+        failure_message: String::new(),
+        allocated_time_stamp: Some(now.clone()),
+        addr: Some(reservation.addr),
+        mac: reservation.mac.map(|m| m.to_string()).unwrap_or_default(),
+        node: old.map(|s| s.node.clone()).unwrap_or_default(),
+        conditions: old.map(|s| s.conditions.clone()).unwrap_or_default(),
+    };
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: CONDITION_READY.into(),
+            status: "False".into(),
+            reason: REASON_ALLOCATED.into(),
+            message: format!(
+                "{} allocated from {}; waiting for the node to set up the pod",
+                reservation.addr, reservation.subnet
+            ),
+            observed_generation: None,
+            last_transition_time: now,
+        },
+    );
+    status
+}
+
+/// Writes `reservation` into the record's status, then releases what the
+/// record held before.
+///
+/// # Errors
+/// The API failing, or [`Error::ReservationExpired`] when the deadline
+/// passed before the write could be sent.
+pub async fn write_record(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    reservation: &Reservation,
+) -> Result<Written, Error> {
+    let namespace = record.namespace().unwrap_or_default();
+    let name = record.name_any();
+    let key = key_of(Some(&namespace), &name);
+    let records: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+    let deadline = ctx.settings.write_deadline;
+    let mut current = record.clone();
+    for _ in 0..MAX_ATTEMPTS {
+        if reservation.at.elapsed() >= deadline {
+            return Err(Error::ReservationExpired {
+                record: key,
+                deadline,
+            });
+        }
+        let mut updated = current.clone();
+        updated.status = Some(allocated_status(current.status.as_ref(), reservation));
+        match records
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(written) => {
+                if let Some(old) = reservation.replaces {
+                    release(ctx, &reservation.subnet, &[old], &[], &key).await?;
+                }
+                return Ok(Written::Done(Box::new(written)));
+            }
+            Err(error) if is_conflict(&error) => {
+                let fresh = records.get_opt(&name).await.map_err(Error::kube(
+                    "get",
+                    "FlatNetworkIP",
+                    &key,
+                ))?;
+                let still_ours = fresh.as_ref().is_some_and(|f| {
+                    f.spec == record.spec
+                        && f.metadata.deletion_timestamp.is_none()
+                        && f.status.as_ref().and_then(|s| s.addr)
+                            == record.status.as_ref().and_then(|s| s.addr)
+                });
+                match fresh {
+                    Some(fresh) if still_ours => current = fresh,
+                    _ => {
+                        hand_back(ctx, reservation, &key).await?;
+                        return Ok(Written::Superseded);
+                    }
+                }
+            }
+            Err(error) if is_not_found(&error) => {
+                hand_back(ctx, reservation, &key).await?;
+                return Ok(Written::Superseded);
+            }
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkIP", &key)(
+                    error,
+                ));
+            }
+        }
+    }
+    Err(Error::Contention {
+        subnet: reservation.subnet.clone(),
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Returns a reservation nobody will write, while it is young enough that
+/// the repair cannot have freed it.
+async fn hand_back(ctx: &Context, reservation: &Reservation, key: &str) -> Result<(), Error> {
+    if !reservation.newly_reserved || reservation.at.elapsed() >= ctx.settings.write_deadline {
+        return Ok(());
+    }
+    let macs: Vec<String> = reservation.mac.iter().map(ToString::to_string).collect();
+    release(ctx, &reservation.subnet, &[reservation.addr], &macs, key).await
+}
+
+/// Removes `addrs` and `macs` from the subnet's `usedIP`/`usedMac`, except
+/// those another record (not `holder`) still names in the cache.
+///
+/// # Errors
+/// The API failing, or [`Error::Contention`].
+pub async fn release(
+    ctx: &Context,
+    subnet: &str,
+    addrs: &[IpAddr],
+    macs: &[String],
+    holder: &str,
+) -> Result<(), Error> {
+    let records = ctx.caches.records.state();
+    let held_elsewhere = |r: &FlatNetworkIP| {
+        key_of(r.namespace().as_deref(), &r.name_any()) != holder
+            && r.metadata.deletion_timestamp.is_none()
+    };
+    let addrs: Vec<IpAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| {
+            !records.iter().any(|r| {
+                held_elsewhere(r)
+                    && r.spec.subnet == subnet
+                    && r.status.as_ref().and_then(|s| s.addr) == Some(*a)
+            })
+        })
+        .collect();
+    let macs: Vec<&String> = macs
+        .iter()
+        .filter(|m| {
+            !records
+                .iter()
+                .any(|r| held_elsewhere(r) && r.status.as_ref().is_some_and(|s| &s.mac == *m))
+        })
+        .collect();
+    if addrs.is_empty() && macs.is_empty() {
+        return Ok(());
+    }
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(mut fresh) = subnets.get_opt(subnet).await.map_err(Error::kube(
+            "get",
+            "FlatNetworkSubnet",
+            subnet,
+        ))?
+        else {
+            return Ok(());
+        };
+        let status = fresh.status.get_or_insert_with(Default::default);
+        let (mut v4, mut v6) = used_ranges::to_intervals(&status.used_ip);
+        let mut changed = false;
+        for addr in &addrs {
+            let value = flatnet_common::k8s::ipam::to_u128(*addr);
+            let set = if addr.is_ipv4() { &mut v4 } else { &mut v6 };
+            changed |= set.remove(value, value) > 0;
+        }
+        let before = status.used_mac.len();
+        status.used_mac.retain(|m| !macs.contains(&m));
+        changed |= status.used_mac.len() != before;
+        if !changed {
+            return Ok(());
+        }
+        let mut used = used_ranges::from_intervals(flatnet_common::k8s::ipam::Family::V4, &v4);
+        used.extend(used_ranges::from_intervals(
+            flatnet_common::k8s::ipam::Family::V6,
+            &v6,
+        ));
+        status.used_ip_count = i64::try_from(v4.len() + v6.len()).unwrap_or(i64::MAX);
+        status.used_ip = used;
+        match subnets
+            .replace_status(subnet, &PostParams::default(), &fresh)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(error) if is_conflict(&error) => ctx.metrics.allocation_conflict(),
+            Err(error) if is_not_found(&error) => return Ok(()),
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkSubnet", subnet)(error));
+            }
+        }
+    }
+    Err(Error::Contention {
+        subnet: subnet.to_owned(),
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Retry delay used by callers after [`Error::Contention`].
+pub const CONTENTION_RETRY: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flatnet_common::k8s::api::{FlatNetworkIPSpec, FlatNetworkSubnetSpec};
+
+    fn pool() -> Pool {
+        let valid = validate_subnet(
+            "net",
+            &FlatNetworkSubnetSpec {
+                flat_mode: "macvlan".into(),
+                master: "eth0".into(),
+                cidr: "10.0.0.0/29".into(),
+                gateway: Some("10.0.0.1".parse().unwrap()),
+                ..FlatNetworkSubnetSpec::default()
+            },
+        )
+        .unwrap();
+        Pool::new(&valid)
+    }
+
+    fn record(addrs: &[&str], current: Option<&str>) -> FlatNetworkIP {
+        let mut record = FlatNetworkIP::new(
+            "web-0",
+            FlatNetworkIPSpec {
+                subnet: "net".into(),
+                addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+                ..FlatNetworkIPSpec::default()
+            },
+        );
+        record.status = Some(FlatNetworkIPStatus {
+            addr: current.map(|a| a.parse().unwrap()),
+            ..FlatNetworkIPStatus::default()
+        });
+        record
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn keeps_a_satisfying_address_unless_an_older_record_claims_it() {
+        let mut p = pool();
+        assert_eq!(
+            choose(&record(&[], Some("10.0.0.5")), &mut p, |_| false),
+            Ok(Choice::Keep(ip("10.0.0.5")))
+        );
+        let mut p = pool();
+        p.mark_used(ip("10.0.0.5")).unwrap();
+        assert_eq!(
+            choose(&record(&[], Some("10.0.0.5")), &mut p, |a| a
+                == ip("10.0.0.5")),
+            Ok(Choice::New(ip("10.0.0.2")))
+        );
+    }
+
+    #[test]
+    fn moves_when_the_request_no_longer_includes_the_address() {
+        let mut p = pool();
+        assert_eq!(
+            choose(&record(&["10.0.0.6"], Some("10.0.0.5")), &mut p, |_| false),
+            Ok(Choice::New(ip("10.0.0.6")))
+        );
+    }
+
+    #[test]
+    fn requested_addresses_take_the_first_free_candidate() {
+        let mut p = pool();
+        p.mark_used(ip("10.0.0.3")).unwrap();
+        assert_eq!(
+            choose(&record(&["10.0.0.3", "10.0.0.4"], None), &mut p, |_| false),
+            Ok(Choice::New(ip("10.0.0.4")))
+        );
+        p.mark_used(ip("10.0.0.4")).ok();
+        assert!(matches!(
+            choose(&record(&["10.0.0.3", "10.0.0.4"], None), &mut p, |_| false),
+            Err(PoolError::CandidatesTaken { .. })
+        ));
+    }
+
+    #[test]
+    fn exhaustion_is_reported() {
+        let mut p = pool();
+        for _ in 0..5 {
+            choose(&record(&[], None), &mut p, |_| false).unwrap();
+        }
+        assert!(matches!(
+            choose(&record(&[], None), &mut p, |_| false),
+            Err(PoolError::Exhausted { .. })
+        ));
+    }
+}

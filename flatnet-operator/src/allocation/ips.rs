@@ -1,0 +1,328 @@
+//! The FlatNetworkIP controller: allocation, release, garbage collection
+//! and the setup timeout of each record.
+
+use std::{sync::Arc, time::Instant};
+
+use flatnet_common::k8s::{
+    api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
+    ipam::{Pool, StatefulSetAddressPolicy},
+    keys::SUBNET_NAMESPACE,
+    validation::validate_subnet,
+};
+use futures::FutureExt;
+use k8s_openapi::{
+    api::core::v1::Pod,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::{controller::Action, reflector::ObjectRef},
+};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use super::{
+    Context, Error,
+    commit::{self, Written},
+    errors::{is_conflict, is_not_found},
+    key_of,
+    records::{FINALIZER, LEGACY_FINALIZER, pod_name_of},
+};
+
+/// Name of this controller in logs and metrics.
+pub const CONTROLLER: &str = "flatnetworkip";
+
+/// Ready condition reason of a record whose pod was never set up in time.
+pub const REASON_SETUP_TIMEOUT: &str = "SetupTimeout";
+
+/// Records younger than this are never collected: the pod cache may not
+/// have seen their pod yet.
+const GC_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Brings one record in line: releases it when deleted, collects it when
+/// its pod is gone, allocates when it has no (satisfying) address, fails
+/// it when the node never sets the pod up.
+///
+/// # Errors
+/// An API call failed, or the allocation failed (the record's status and
+/// an Event on the pod say why).
+#[instrument(skip_all, fields(record = %record.name_any(), namespace = record.namespace().unwrap_or_default()))]
+pub async fn reconcile(record: Arc<FlatNetworkIP>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    if record.metadata.deletion_timestamp.is_some() {
+        return finalize(&record, &ctx).await;
+    }
+    let namespace = record.namespace().unwrap_or_default();
+    let pod_ref = ObjectRef::<Pod>::new(&pod_name_of(&record)).within(&namespace);
+    let Some(pod) = ctx.caches.pods.get(&pod_ref) else {
+        return collect(&record, &ctx).await;
+    };
+    if pod.uid().as_deref() != Some(record.spec.pod_id.as_str())
+        || pod.metadata.deletion_timestamp.is_some()
+    {
+        // A new pod of this name: the pod controller rewrites the spec first.
+        return Ok(Action::await_change());
+    }
+    let status = record.status.clone().unwrap_or_default();
+    let timed_out = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_READY && c.reason == REASON_SETUP_TIMEOUT);
+    match status.phase.as_str() {
+        phase::PENDING if status.addr.is_some() => pending(&record, &pod, &ctx).await,
+        phase::ACTIVE if status.addr.is_some() && satisfied(&record, &ctx) => {
+            Ok(Action::requeue(ctx.settings.resync))
+        }
+        phase::FAILED if timed_out && status.addr.is_some() => Ok(Action::await_change()),
+        _ => allocate(&record, &pod, &ctx).await,
+    }
+}
+
+/// Whether an Active record's address still satisfies its spec and subnet.
+fn satisfied(record: &FlatNetworkIP, ctx: &Context) -> bool {
+    let Some(addr) = record.status.as_ref().and_then(|s| s.addr) else {
+        return false;
+    };
+    if !record.spec.addrs.is_empty() && !record.spec.addrs.contains(&addr) {
+        return false;
+    }
+    let subnet_ref = ObjectRef::new(&record.spec.subnet).within(SUBNET_NAMESPACE);
+    match ctx.caches.subnets.get(&subnet_ref) {
+        // Unknown or broken subnet: keep the running pod as it is.
+        None => true,
+        Some(subnet) => match validate_subnet(&record.spec.subnet, &subnet.spec) {
+            Ok(valid) => Pool::new(&valid).is_allocatable(addr),
+            Err(_) => true,
+        },
+    }
+}
+
+async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {
+    let key = key_of(record.namespace().as_deref(), &record.name_any());
+    let started = Instant::now();
+    let outcome = async {
+        let reservation = commit::reserve(ctx, record).await?;
+        let written = commit::write_record(ctx, record, &reservation).await?;
+        Ok::<_, Error>((reservation, written))
+    }
+    .await;
+    match outcome {
+        Ok((reservation, Written::Done(_))) => {
+            ctx.metrics
+                .address_allocated(&reservation.subnet, started.elapsed());
+            ctx.backoff.reset(&key);
+            info!(subnet = %reservation.subnet, addr = %reservation.addr, "address allocated");
+            Ok(Action::requeue(ctx.settings.pending_timeout))
+        }
+        Ok((_, Written::Superseded)) => Ok(Action::await_change()),
+        Err(error) if error.needs_user() => {
+            report_failure(record, pod, &error, ctx).await;
+            Err(error)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Marks the record Failed with the error's message and tells the pod,
+/// once per distinct message so a failing pod causes no Event storm.
+async fn report_failure(record: &FlatNetworkIP, pod: &Pod, error: &Error, ctx: &Context) {
+    let message = error.to_string();
+    let mut status = record.status.clone().unwrap_or_default();
+    if status.phase == phase::FAILED && status.failure_message == message {
+        return;
+    }
+    status.phase = phase::FAILED.into();
+    status.failure_message = message.clone();
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: CONDITION_READY.into(),
+            status: "False".into(),
+            reason: error.event_reason().into(),
+            message: message.clone(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::now()),
+        },
+    );
+    let mut updated = record.clone();
+    updated.status = Some(status);
+    let api: Api<FlatNetworkIP> =
+        Api::namespaced(ctx.client.clone(), &record.namespace().unwrap_or_default());
+    if let Err(error) = api
+        .replace_status(&record.name_any(), &PostParams::default(), &updated)
+        .await
+    {
+        // The retry reports again.
+        warn!(%error, "could not record the failure in the FlatNetworkIP status");
+        return;
+    }
+    ctx.events
+        .warn(pod, error.event_reason(), "Allocate", message)
+        .await;
+}
+
+/// A Pending record: fail it once the node had `pending_timeout` to set the
+/// pod up. The pod is left alone (deleting it would only loop).
+async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {
+    let status = record.status.clone().unwrap_or_default();
+    let timeout = ctx.settings.pending_timeout;
+    let allocated = status
+        .allocated_time_stamp
+        .as_ref()
+        .map_or(Timestamp::UNIX_EPOCH, |t| t.0);
+    let waited = Timestamp::now().duration_since(allocated);
+    let waited = std::time::Duration::try_from(waited).unwrap_or_default();
+    if waited < timeout {
+        return Ok(Action::requeue(timeout - waited));
+    }
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_else(|| "(not scheduled)".into());
+    let message = format!(
+        "address {} was allocated {}s ago and node {node} never set the pod up: check the flatnet agent on that node and the pod's Multus annotation (k8s.v1.cni.cncf.io/networks)",
+        status.addr.map(|a| a.to_string()).unwrap_or_default(),
+        waited.as_secs()
+    );
+    let mut updated = record.clone();
+    let new_status = updated.status.get_or_insert_with(Default::default);
+    new_status.phase = phase::FAILED.into();
+    new_status.failure_message = message.clone();
+    set_condition(
+        &mut new_status.conditions,
+        Condition {
+            type_: CONDITION_READY.into(),
+            status: "False".into(),
+            reason: REASON_SETUP_TIMEOUT.into(),
+            message: message.clone(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::now()),
+        },
+    );
+    let api: Api<FlatNetworkIP> =
+        Api::namespaced(ctx.client.clone(), &record.namespace().unwrap_or_default());
+    match api
+        .replace_status(&record.name_any(), &PostParams::default(), &updated)
+        .await
+    {
+        Ok(_) => {}
+        // The node set it up meanwhile, or the record changed: look again.
+        Err(error) if is_conflict(&error) || is_not_found(&error) => {
+            return Ok(Action::await_change());
+        }
+        Err(error) => {
+            return Err(Error::kube(
+                "update status of",
+                "FlatNetworkIP",
+                &key_of(record.namespace().as_deref(), &record.name_any()),
+            )(error));
+        }
+    }
+    ctx.events
+        .warn(pod, "FlatNetworkSetupTimeout", "WaitForSetup", message)
+        .await;
+    Ok(Action::await_change())
+}
+
+/// A record whose pod is gone: deleted, unless the StatefulSet policy keeps
+/// it for the next pod of that name.
+async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error> {
+    if ctx
+        .caches
+        .pods
+        .wait_until_ready()
+        .now_or_never()
+        .is_none_or(|ready| ready.is_err())
+    {
+        return Ok(Action::requeue(GC_MIN_AGE));
+    }
+    let sticky = ctx.settings.statefulset_policy == StatefulSetAddressPolicy::Sticky
+        && record
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "StatefulSet" && o.api_version == "apps/v1");
+    if sticky {
+        return Ok(Action::requeue(ctx.settings.resync));
+    }
+    let age = record
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| Timestamp::now().duration_since(t.0))
+        .and_then(|d| std::time::Duration::try_from(d).ok())
+        .unwrap_or_default();
+    if age < GC_MIN_AGE {
+        return Ok(Action::requeue(GC_MIN_AGE - age));
+    }
+    let namespace = record.namespace().unwrap_or_default();
+    let name = record.name_any();
+    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api.delete(&name, &DeleteParams::background()).await {
+        Ok(_) => {
+            ctx.metrics.record_collected();
+            info!("collected the FlatNetworkIP of a pod that no longer exists");
+            Ok(Action::await_change())
+        }
+        Err(error) if is_not_found(&error) => Ok(Action::await_change()),
+        Err(error) => Err(Error::kube(
+            "delete",
+            "FlatNetworkIP",
+            &key_of(Some(&namespace), &name),
+        )(error)),
+    }
+}
+
+/// A deleted record: give its address back, then let it go.
+async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error> {
+    let ours = |f: &String| f == FINALIZER || f == LEGACY_FINALIZER;
+    if !record.finalizers().iter().any(ours) {
+        return Ok(Action::await_change());
+    }
+    let namespace = record.namespace().unwrap_or_default();
+    let name = record.name_any();
+    let key = key_of(Some(&namespace), &name);
+    if let Some(status) = &record.status
+        && let Some(addr) = status.addr
+    {
+        let macs: Vec<String> = (!status.mac.is_empty() && record.spec.macs.contains(&status.mac))
+            .then(|| status.mac.clone())
+            .into_iter()
+            .collect();
+        commit::release(ctx, &record.spec.subnet, &[addr], &macs, &key).await?;
+        ctx.metrics.address_released(&record.spec.subnet);
+        info!(addr = %addr, subnet = %record.spec.subnet, "address released");
+    }
+    let remaining: Vec<&String> = record.finalizers().iter().filter(|f| !ours(f)).collect();
+    let patch = json!({"metadata": {
+        "finalizers": remaining,
+        "resourceVersion": record.resource_version(),
+    }});
+    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(Action::await_change()),
+        Err(error) if is_not_found(&error) => Ok(Action::await_change()),
+        // Changed meanwhile; the change brings us back.
+        Err(error) if is_conflict(&error) => Ok(Action::await_change()),
+        Err(error) => Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
+            error,
+        )),
+    }
+}
+
+/// Logs the failure, counts it, and retries with backoff.
+pub fn error_policy(record: Arc<FlatNetworkIP>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = key_of(record.namespace().as_deref(), &record.name_any());
+    warn!(record = %key, %error, "allocation failed");
+    ctx.metrics
+        .reconcile_failed(CONTROLLER, error.metric_label());
+    if matches!(error, Error::Contention { .. }) {
+        return Action::requeue(commit::CONTENTION_RETRY);
+    }
+    Action::requeue(ctx.backoff.next(&key))
+}

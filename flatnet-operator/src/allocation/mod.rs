@@ -1,0 +1,282 @@
+//! The allocation controllers: flat-network addresses for pods.
+//!
+//! - [`pods`]: every flat pod gets its FlatNetworkIP record(s) and, once
+//!   the node has set it up, its `selectedIP`/`selectedMac` labels.
+//! - [`ips`]: allocates an address for each record, releases it when the
+//!   record goes, collects records of vanished pods and fails records whose
+//!   pod is never set up.
+//! - [`subnets`]: validates subnets, keeps their status (the address view)
+//!   in line with the records, and blocks deleting a subnet in use.
+//! - [`commit`]: the protocol that makes an allocation durable and unique
+//!   (see `docs/ipam.md`, "Committing an allocation").
+//!
+//! Only the leader runs them; they share one [`Context`].
+
+pub mod commit;
+mod errors;
+pub mod events;
+#[cfg(any(test, feature = "fake-api"))]
+pub mod fake_api;
+pub mod ips;
+pub mod pods;
+pub mod records;
+pub mod subnets;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use flatnet_common::k8s::{
+    api::{FlatNetworkIP, FlatNetworkSubnet},
+    ipam::StatefulSetAddressPolicy,
+};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{
+    Api, Client,
+    runtime::{
+        Controller, controller,
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+pub use self::errors::Error;
+use self::events::Events;
+use crate::{admin::Health, metrics::Metrics};
+
+/// Settings of the allocation controllers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Whether StatefulSet pods keep their address across restarts.
+    pub statefulset_policy: StatefulSetAddressPolicy,
+    /// How long an allocated address may wait for the node to set the pod up.
+    pub pending_timeout: Duration,
+    /// Period of the full re-reconcile.
+    pub resync: Duration,
+    /// How long the subnet repair keeps an address that `usedIP` holds and
+    /// no record names (an allocation between its two writes). Must be
+    /// longer than [`Settings::write_deadline`] plus the longest an API
+    /// request can take.
+    pub orphan_grace: Duration,
+    /// How long after reserving an address the record may still be
+    /// written; later the allocation is abandoned (see `docs/ipam.md`).
+    pub write_deadline: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            statefulset_policy: StatefulSetAddressPolicy::Sticky,
+            pending_timeout: Duration::from_secs(5 * 60),
+            resync: Duration::from_secs(10 * 60),
+            orphan_grace: Duration::from_secs(10 * 60),
+            write_deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The caches the controllers read.
+#[derive(Clone)]
+pub struct Caches {
+    /// Every FlatNetworkIP.
+    pub records: Store<FlatNetworkIP>,
+    /// Every FlatNetworkSubnet.
+    pub subnets: Store<FlatNetworkSubnet>,
+    /// Every pod.
+    pub pods: Store<Pod>,
+    /// Every namespace (for the Rancher project label).
+    pub namespaces: Store<Namespace>,
+}
+
+/// What the reconcilers share.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event publisher.
+    pub events: Events,
+    /// Informer caches.
+    pub caches: Caches,
+    /// Settings.
+    pub settings: Settings,
+    /// Per-object retry state for backoff.
+    pub backoff: Backoff,
+    /// When the subnet repair first saw each unclaimed `usedIP` interval or
+    /// `usedMac` entry.
+    pub orphans: subnets::OrphanClock,
+}
+
+/// Exponential retry delays per object, reset by a success.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    /// First retry delay.
+    const BASE: Duration = Duration::from_secs(1);
+    /// Longest retry delay.
+    const MAX: Duration = Duration::from_secs(300);
+
+    /// The delay before the next retry of `key`, doubling per failure.
+    pub fn next(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        let delay = Self::BASE.saturating_mul(1 << (*count).min(16));
+        *count = count.saturating_add(1);
+        delay.min(Self::MAX)
+    }
+
+    /// Forgets the failures of `key`.
+    pub fn reset(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}
+
+/// `namespace/name` of an object, for logs and keys.
+pub(crate) fn key_of(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// Longest wait for in-flight reconciles at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// Runs the three controllers until `stop` is cancelled; marks `health`
+/// ready once every cache has synced.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    settings: Settings,
+    workers: u16,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) {
+    let pods_ctl = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let ips_ctl = Controller::new(
+        Api::<FlatNetworkIP>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let subnets_ctl = Controller::new(
+        Api::<FlatNetworkSubnet>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let (namespaces, namespaces_writer) = kube::runtime::reflector::store();
+    let namespaces_reflector = kube::runtime::reflector(
+        namespaces_writer,
+        watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .for_each(|_| async {});
+    let caches = Caches {
+        records: ips_ctl.store(),
+        subnets: subnets_ctl.store(),
+        pods: pods_ctl.store(),
+        namespaces,
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        metrics,
+        events: Events::new(client.clone()),
+        caches: caches.clone(),
+        settings,
+        backoff: Backoff::default(),
+        orphans: subnets::OrphanClock::default(),
+    });
+    {
+        let caches = caches.clone();
+        tokio::spawn(async move {
+            let synced = caches.records.wait_until_ready().await.is_ok()
+                && caches.subnets.wait_until_ready().await.is_ok()
+                && caches.pods.wait_until_ready().await.is_ok()
+                && caches.namespaces.wait_until_ready().await.is_ok();
+            if synced {
+                info!("allocation caches synced");
+                health.set_ready(true);
+            }
+        });
+    }
+    let config = controller::Config::default().concurrency(workers);
+    let graceful = |stop: CancellationToken| async move { stop.cancelled().await };
+
+    let pods = pods_ctl
+        .watches(
+            Api::<FlatNetworkIP>::all(client.clone()),
+            watcher::Config::default(),
+            |record| {
+                let ns = kube::ResourceExt::namespace(&record)?;
+                Some(ObjectRef::<Pod>::new(&records::pod_name_of(&record)).within(&ns))
+            },
+        )
+        .with_config(config.clone())
+        .graceful_shutdown_on(graceful(stop.clone()))
+        .run(pods::reconcile, pods::error_policy, Arc::clone(&ctx))
+        .for_each(|r| log_result(pods::CONTROLLER, r));
+    let ips = ips_ctl
+        .with_config(config.clone())
+        .graceful_shutdown_on(graceful(stop.clone()))
+        .run(ips::reconcile, ips::error_policy, Arc::clone(&ctx))
+        .for_each(|r| log_result(ips::CONTROLLER, r));
+    let subnets = subnets_ctl
+        .watches(
+            Api::<FlatNetworkIP>::all(client),
+            watcher::Config::default(),
+            |record| {
+                Some(
+                    ObjectRef::<FlatNetworkSubnet>::new(&record.spec.subnet)
+                        .within(flatnet_common::k8s::keys::SUBNET_NAMESPACE),
+                )
+            },
+        )
+        .with_config(config)
+        .graceful_shutdown_on(graceful(stop.clone()))
+        .run(subnets::reconcile, subnets::error_policy, Arc::clone(&ctx))
+        .for_each(|r| log_result(subnets::CONTROLLER, r));
+
+    let all = futures::future::join3(pods, ips, subnets);
+    tokio::pin!(all);
+    tokio::pin!(namespaces_reflector);
+    tokio::select! {
+        _ = &mut all => {}
+        () = &mut namespaces_reflector => warn!("namespace watch ended"),
+        () = stop.cancelled() => {
+            // Before the first sync nothing is in flight (and kube-runtime
+            // would wait for the sync forever); after it, let in-flight
+            // reconciles finish, within a bound.
+            if caches.records.wait_until_ready().now_or_never().is_some() {
+                tokio::select! {
+                    _ = &mut all => {}
+                    () = tokio::time::sleep(SHUTDOWN_GRACE) => {
+                        warn!("allocation reconciles still running after {SHUTDOWN_GRACE:?}; stopping anyway");
+                    }
+                }
+            }
+        }
+    }
+    info!("allocation controllers stopped");
+}
+
+async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(
+    controller: &'static str,
+    result: Result<T, E>,
+) {
+    if let Err(error) = result {
+        debug!(controller, %error, "controller event");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,277 @@
+//! The pod controller: FlatNetworkIP records for flat pods, and the pod
+//! labels once the node has set the pod up.
+
+use std::sync::Arc;
+
+use flatnet_common::k8s::{
+    annotations::{PodRequest, parse_pod_request},
+    api::{FlatNetworkIP, FlatNetworkSubnet, phase},
+    ipam::{Cidr, Family},
+    keys::{SUBNET_NAMESPACE, annotation, label},
+};
+use k8s_openapi::{
+    api::core::v1::{Namespace, Pod},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{controller::Action, reflector::ObjectRef},
+};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use super::{
+    Context, Error,
+    errors::{is_conflict, is_not_found},
+    key_of,
+    records::{
+        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, record_matches,
+        record_name,
+    },
+};
+use crate::services::endpoints::is_flat_pod;
+
+/// Name of this controller in logs and metrics.
+pub const CONTROLLER: &str = "pod";
+
+/// Ensures the records of a flat pod and, once Active, its labels.
+///
+/// A pod with unusable annotations gets a Warning Event naming the
+/// annotation and the fix, and is not retried until it changes.
+///
+/// # Errors
+/// An API call failed.
+#[instrument(skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default()))]
+pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !is_flat_pod(&pod) || pod.metadata.deletion_timestamp.is_some() {
+        // Records go with their owner (garbage collection); see ips::collect.
+        return Ok(Action::await_change());
+    }
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let namespace = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let key = key_of(Some(&namespace), &name);
+    let annotations = pod.annotations();
+    let get = |k: &str| annotations.get(k).map_or("", String::as_str);
+    let request = match parse_pod_request(
+        get(annotation::SUBNET),
+        get(annotation::IP),
+        get(annotation::MAC),
+    ) {
+        Ok(request) => request,
+        Err(source) => {
+            let error = Error::Annotation { pod: key, source };
+            return user_error(&pod, error, &ctx).await;
+        }
+    };
+    if !names_fit(&name, request.subnets.len()) {
+        return user_error(&pod, Error::NameTooLong { pod: key }, &ctx).await;
+    }
+    let subnets: Vec<Option<Arc<FlatNetworkSubnet>>> = request
+        .subnets
+        .iter()
+        .map(|s| {
+            ctx.caches
+                .subnets
+                .get(&ObjectRef::new(&s.subnet).within(SUBNET_NAMESPACE))
+        })
+        .collect();
+    if let Err(error) = check_families(&request, &subnets) {
+        return user_error(&pod, error, &ctx).await;
+    }
+    let project = ctx
+        .caches
+        .namespaces
+        .get(&ObjectRef::<Namespace>::new(&namespace))
+        .and_then(|ns| ns.labels().get(label::RANCHER_PROJECT_ID).cloned());
+
+    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut records = Vec::with_capacity(request.subnets.len());
+    for (index, subnet) in subnets.iter().enumerate() {
+        let desired = desired_record(
+            &pod,
+            &RecordContext {
+                request: &request,
+                index,
+                subnet: subnet.as_deref(),
+                project: project.as_deref(),
+                policy: ctx.settings.statefulset_policy,
+            },
+        );
+        let record_ref = ObjectRef::new(&record_name(&name, index)).within(&namespace);
+        let record = match ctx.caches.records.get(&record_ref) {
+            None => create(&api, &desired, &key).await?,
+            Some(existing) if record_matches(&existing, &desired) => Some((*existing).clone()),
+            Some(existing) => update(&api, &existing, &desired, &key).await?,
+        };
+        let Some(record) = record else {
+            // Lost a race with another writer; its change brings us back.
+            return Ok(Action::await_change());
+        };
+        records.push(record);
+    }
+
+    let all_active = records
+        .iter()
+        .all(|r| r.status.as_ref().is_some_and(|s| s.phase == phase::ACTIVE));
+    if all_active {
+        let flat_mode = subnets[0]
+            .as_ref()
+            .map(|s| s.spec.flat_mode.clone())
+            .unwrap_or_default();
+        label_pod(&pod, &request, &records[0], &flat_mode, &ctx).await?;
+    }
+    Ok(Action::await_change())
+}
+
+/// In dual stack, the first subnet must be IPv4 and the second IPv6.
+fn check_families(
+    request: &PodRequest,
+    subnets: &[Option<Arc<FlatNetworkSubnet>>],
+) -> Result<(), Error> {
+    for (wanted, subnet) in request.subnets.iter().zip(subnets) {
+        let (Some(expected), Some(subnet)) = (wanted.family, subnet) else {
+            continue;
+        };
+        let Ok(cidr) = Cidr::parse(subnet.spec.cidr.trim()) else {
+            continue;
+        };
+        let name = |f: Family| match f {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        };
+        if cidr.family() != expected && request.subnets.len() == 2 {
+            return Err(Error::WrongFamily {
+                subnet: wanted.subnet.clone(),
+                actual: name(cidr.family()),
+                expected: name(expected),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reports a problem only the user can fix and waits for the pod to change.
+async fn user_error(pod: &Pod, error: Error, ctx: &Context) -> Result<Action, Error> {
+    warn!(%error, "flat-network pod cannot be served");
+    ctx.metrics
+        .reconcile_failed(CONTROLLER, error.metric_label());
+    ctx.events
+        .warn(
+            pod,
+            error.event_reason(),
+            "CreateFlatNetworkIP",
+            error.to_string(),
+        )
+        .await;
+    Ok(Action::await_change())
+}
+
+async fn create(
+    api: &Api<FlatNetworkIP>,
+    desired: &FlatNetworkIP,
+    pod_key: &str,
+) -> Result<Option<FlatNetworkIP>, Error> {
+    match api.create(&PostParams::default(), desired).await {
+        Ok(created) => {
+            info!(record = %created.name_any(), "FlatNetworkIP created");
+            Ok(Some(created))
+        }
+        // The cache lags behind an earlier create.
+        Err(error) if is_conflict(&error) => Ok(None),
+        Err(error) => Err(Error::kube("create", "FlatNetworkIP of pod", pod_key)(
+            error,
+        )),
+    }
+}
+
+/// Rewrites a record's metadata and spec; a record left by an earlier pod of
+/// the same name (a StatefulSet pod) also goes back to Pending, because the
+/// new pod still has to be set up.
+async fn update(
+    api: &Api<FlatNetworkIP>,
+    existing: &FlatNetworkIP,
+    desired: &FlatNetworkIP,
+    pod_key: &str,
+) -> Result<Option<FlatNetworkIP>, Error> {
+    let name = existing.name_any();
+    let merged = merge_record(existing, desired);
+    let mut written = match api.replace(&name, &PostParams::default(), &merged).await {
+        Ok(written) => written,
+        Err(error) if is_conflict(&error) || is_not_found(&error) => return Ok(None),
+        Err(error) => {
+            return Err(Error::kube("update", "FlatNetworkIP of pod", pod_key)(
+                error,
+            ));
+        }
+    };
+    let new_pod = existing.spec.pod_id != desired.spec.pod_id;
+    let has_addr = written.status.as_ref().is_some_and(|s| s.addr.is_some());
+    if new_pod && has_addr {
+        let status = written.status.get_or_insert_with(Default::default);
+        status.phase = phase::PENDING.into();
+        status.failure_message.clear();
+        status.allocated_time_stamp = Some(Time(Timestamp::now()));
+        written = match api
+            .replace_status(&name, &PostParams::default(), &written)
+            .await
+        {
+            Ok(written) => written,
+            Err(error) if is_conflict(&error) || is_not_found(&error) => return Ok(None),
+            Err(error) => {
+                return Err(Error::kube(
+                    "update status of",
+                    "FlatNetworkIP of pod",
+                    pod_key,
+                )(error));
+            }
+        };
+    }
+    info!(record = %name, "FlatNetworkIP updated");
+    Ok(Some(written))
+}
+
+/// Sets the `selectedIP`, `selectedMac`, subnet, type and mode labels.
+async fn label_pod(
+    pod: &Pod,
+    request: &PodRequest,
+    first: &FlatNetworkIP,
+    flat_mode: &str,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let wanted = desired_pod_labels(request, first, flat_mode);
+    let labels = pod.labels();
+    if wanted.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        return Ok(());
+    }
+    let namespace = pod.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let patch = json!({"metadata": {"labels": wanted}});
+    match pods
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
+        Err(error) => Err(Error::kube(
+            "label",
+            "Pod",
+            &key_of(Some(&namespace), &pod.name_any()),
+        )(error)),
+    }
+}
+
+/// Logs the failure, counts it, and retries with backoff.
+pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = key_of(pod.namespace().as_deref(), &pod.name_any());
+    warn!(pod = %key, %error, "pod reconcile failed");
+    ctx.metrics
+        .reconcile_failed(CONTROLLER, error.metric_label());
+    Action::requeue(ctx.backoff.next(&format!("pod/{key}")))
+}

@@ -1,0 +1,537 @@
+//! The subnet controller: validation, labels, the status view of the
+//! address ledger, and deletion only once no record uses the subnet.
+//!
+//! The repair of `status.usedIP` recomputes it from the live records. An
+//! address the ledger holds and no record names is an allocation between
+//! its two writes (or a crash there): it is kept for
+//! [`Settings::orphan_grace`](super::Settings) after this controller first
+//! saw it, then freed.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use flatnet_common::k8s::{
+    api::{
+        CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange, phase,
+        set_condition,
+    },
+    ipam::{Family, Pool, PoolError, from_u128, to_u128, used_ranges},
+    keys::{SUBNET_NAMESPACE, label},
+    validation::{ValidSubnet, check_siblings, validate_subnet},
+};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::controller::Action,
+};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use super::{
+    Context, Error,
+    errors::{is_conflict, is_not_found},
+    key_of,
+};
+
+/// Name of this controller in logs and metrics.
+pub const CONTROLLER: &str = "subnet";
+
+/// Finalizer that keeps a subnet while records use it.
+pub const FINALIZER: &str = "flatnetwork.pandaria.io/subnet-in-use";
+
+/// Condition type: the spec is valid and fits its siblings.
+pub const CONDITION_VALID: &str = "Valid";
+
+/// Retry delay while a deletion waits for records to go.
+const DELETION_RETRY: Duration = Duration::from_secs(30);
+
+/// When the repair first saw each unclaimed ledger entry, per subnet.
+#[derive(Default)]
+pub struct OrphanClock {
+    seen: Mutex<HashMap<String, HashMap<String, Instant>>>,
+}
+
+impl OrphanClock {
+    /// For each of `keys` (the unclaimed entries of `subnet` now), whether
+    /// it was first seen less than `grace` ago. Entries no longer listed are
+    /// forgotten, so an entry that comes back starts a new grace period.
+    pub fn young(&self, subnet: &str, keys: &[String], grace: Duration) -> Vec<bool> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = seen.entry(subnet.to_owned()).or_default();
+        entries.retain(|k, _| keys.contains(k));
+        let now = Instant::now();
+        keys.iter()
+            .map(|k| now.duration_since(*entries.entry(k.clone()).or_insert(now)) < grace)
+            .collect()
+    }
+}
+
+/// A subnet problem: the condition reason and the message.
+struct Invalid {
+    reason: &'static str,
+    message: String,
+}
+
+/// Validates the subnet, sets its labels, keeps its status and guards
+/// its deletion.
+///
+/// # Errors
+/// An API call failed.
+#[instrument(skip_all, fields(subnet = %subnet.name_any()))]
+pub async fn reconcile(subnet: Arc<FlatNetworkSubnet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let name = subnet.name_any();
+    let records = ctx.caches.records.state();
+    let users: Vec<&FlatNetworkIP> = records
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|r| r.spec.subnet == name)
+        .collect();
+    if subnet.metadata.deletion_timestamp.is_some() {
+        return finalize(&subnet, &users, &ctx).await;
+    }
+    let verdict = check(&subnet, &ctx);
+    if let Ok(valid) = &verdict
+        && ensure_metadata(&subnet, valid, &ctx).await?
+    {
+        // The write brings the updated subnet back here.
+        return Ok(Action::await_change());
+    }
+    update_status(&subnet, verdict, &users, &ctx).await
+}
+
+/// Validation, sibling conflicts and the namespace rule.
+fn check(subnet: &FlatNetworkSubnet, ctx: &Context) -> Result<ValidSubnet, Invalid> {
+    let name = subnet.name_any();
+    if subnet.namespace().as_deref() != Some(SUBNET_NAMESPACE) {
+        return Err(Invalid {
+            reason: "WrongNamespace",
+            message: format!(
+                "FlatNetworkSubnet {name} is in namespace {}: subnets are only served in {SUBNET_NAMESPACE}; create it there",
+                subnet.namespace().unwrap_or_default()
+            ),
+        });
+    }
+    let valid = validate_subnet(&name, &subnet.spec).map_err(|e| Invalid {
+        reason: "Invalid",
+        message: e.to_string(),
+    })?;
+    let others = ctx.caches.subnets.state();
+    let siblings: Vec<ValidSubnet> = others
+        .iter()
+        .filter(|s| s.name_any() != name && s.namespace().as_deref() == Some(SUBNET_NAMESPACE))
+        .filter_map(|s| validate_subnet(&s.name_any(), &s.spec).ok())
+        .collect();
+    check_siblings(&valid, &siblings).map_err(|e| Invalid {
+        reason: "Conflict",
+        message: e.to_string(),
+    })?;
+    Ok(valid)
+}
+
+/// Sets the labels `master`, `vlan`, `mode`, `flatMode`, the canonical CIDR
+/// and the finalizer. Returns whether it wrote.
+async fn ensure_metadata(
+    subnet: &FlatNetworkSubnet,
+    valid: &ValidSubnet,
+    ctx: &Context,
+) -> Result<bool, Error> {
+    let labels = [
+        (label::SUBNET_MASTER, subnet.spec.master.clone()),
+        (label::SUBNET_VLAN, subnet.spec.vlan.to_string()),
+        (label::SUBNET_MODE, subnet.spec.mode.clone()),
+        (label::SUBNET_FLAT_MODE, subnet.spec.flat_mode.clone()),
+    ];
+    let cidr = valid.cidr.to_string();
+    let has = subnet.labels();
+    let labels_ok = labels.iter().all(|(k, v)| has.get(*k) == Some(v));
+    let finalizer_ok = subnet.finalizers().iter().any(|f| f == FINALIZER);
+    if labels_ok && finalizer_ok && subnet.spec.cidr == cidr {
+        return Ok(false);
+    }
+    let mut finalizers: Vec<String> = subnet.finalizers().to_vec();
+    if !finalizer_ok {
+        finalizers.push(FINALIZER.to_owned());
+    }
+    let labels: serde_json::Map<String, serde_json::Value> = labels
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.into()))
+        .collect();
+    let patch = json!({
+        "metadata": {
+            "labels": labels,
+            "finalizers": finalizers,
+            "resourceVersion": subnet.resource_version(),
+        },
+        "spec": {"cidr": cidr},
+    });
+    let api: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
+    match api
+        .patch(
+            &subnet.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(true),
+        Err(error) => Err(Error::kube(
+            "update",
+            "FlatNetworkSubnet",
+            &subnet.name_any(),
+        )(error)),
+    }
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: None,
+        last_transition_time: Time(Timestamp::now()),
+    }
+}
+
+/// The status of a valid subnet: the ledger repaired from `users`, plus the
+/// Active phase. Also returns duplicate claims and whether orphans are kept.
+struct Repaired {
+    status: FlatNetworkSubnetStatus,
+    duplicates: Vec<String>,
+    orphans_kept: bool,
+}
+
+fn repaired_status(
+    valid: &ValidSubnet,
+    current: &FlatNetworkSubnetStatus,
+    users: &[&FlatNetworkIP],
+    ctx: &Context,
+) -> Repaired {
+    let mut pool = Pool::new(valid);
+    let mut duplicates = Vec::new();
+    let mut claimed: HashMap<std::net::IpAddr, String> = HashMap::new();
+    for record in users {
+        let Some(addr) = record.status.as_ref().and_then(|s| s.addr) else {
+            continue;
+        };
+        let key = key_of(record.namespace().as_deref(), &record.name_any());
+        if let Err(PoolError::AlreadyUsed { .. }) = pool.mark_used(addr) {
+            duplicates.push(format!(
+                "{addr} is named by {} and {key}",
+                claimed.get(&addr).cloned().unwrap_or_default()
+            ));
+        }
+        claimed.entry(addr).or_insert(key);
+    }
+
+    // Ledger entries no record names, within the CIDR.
+    let family = valid.cidr.family();
+    let (v4, v6) = used_ranges::to_intervals(&current.used_ip);
+    let mut unclaimed = if family == Family::V4 { v4 } else { v6 };
+    let (first, last) = (valid.cidr.first(), valid.cidr.last());
+    if first > 0 {
+        unclaimed.remove(0, first - 1);
+    }
+    if last < u128::MAX {
+        unclaimed.remove(last + 1, u128::MAX);
+    }
+    for addr in pool.used_addresses().collect::<Vec<_>>() {
+        let v = to_u128(addr);
+        unclaimed.remove(v, v);
+    }
+    if let Some(gateway) = valid.gateway {
+        let v = to_u128(gateway);
+        unclaimed.remove(v, v);
+    }
+    let ranges: Vec<IpRange> = unclaimed
+        .iter()
+        .map(|r| IpRange::new(from_u128(family, *r.start()), from_u128(family, *r.end())))
+        .collect();
+    let keys: Vec<String> = ranges
+        .iter()
+        .map(|r| format!("{:?}-{:?}", r.from, r.to))
+        .collect();
+    let young = ctx
+        .orphans
+        .young(&valid.name, &keys, ctx.settings.orphan_grace);
+    let kept: Vec<IpRange> = ranges
+        .into_iter()
+        .zip(&young)
+        .filter_map(|(r, keep)| keep.then_some(r))
+        .collect();
+    pool.reserve_ranges(&kept);
+
+    // MACs: those records hold, plus young unclaimed ledger entries.
+    let mut macs: BTreeSet<String> = users
+        .iter()
+        .filter_map(|r| {
+            let mac = &r.status.as_ref()?.mac;
+            (!mac.is_empty() && r.spec.macs.contains(mac)).then(|| mac.clone())
+        })
+        .collect();
+    let unclaimed_macs: Vec<String> = current
+        .used_mac
+        .iter()
+        .filter(|m| !macs.contains(*m))
+        .map(|m| format!("mac {m}"))
+        .collect();
+    let young_macs = ctx.orphans.young(
+        &format!("{}/mac", valid.name),
+        &unclaimed_macs,
+        ctx.settings.orphan_grace,
+    );
+    for (mac, keep) in unclaimed_macs.iter().zip(&young_macs) {
+        if *keep {
+            macs.insert(mac.trim_start_matches("mac ").to_owned());
+        }
+    }
+
+    let usage = pool.usage();
+    let mut status = FlatNetworkSubnetStatus {
+        phase: phase::ACTIVE.into(),
+        failure_message: String::new(),
+        gateway: valid.gateway,
+        reserved_ip: current.reserved_ip.clone(),
+        used_ip: usage.used_ip,
+        used_ip_count: usage.used_ip_count,
+        total_ip_count: usage.total_ip_count,
+        used_mac: macs.into_iter().collect(),
+        conditions: current.conditions.clone(),
+    };
+    set_condition(
+        &mut status.conditions,
+        condition(CONDITION_VALID, true, "Valid", String::new()),
+    );
+    let free = usage
+        .total_ip_count
+        .saturating_sub(pool.used().try_into().unwrap_or(i64::MAX));
+    set_condition(
+        &mut status.conditions,
+        condition(
+            CONDITION_READY,
+            true,
+            if free > 0 { "Active" } else { "Exhausted" },
+            format!("{free} of {} addresses free", usage.total_ip_count),
+        ),
+    );
+    Repaired {
+        status,
+        duplicates,
+        orphans_kept: young.iter().chain(&young_macs).any(|k| *k),
+    }
+}
+
+fn failed_status(current: &FlatNetworkSubnetStatus, invalid: &Invalid) -> FlatNetworkSubnetStatus {
+    let mut status = current.clone();
+    status.phase = phase::FAILED.into();
+    status.failure_message = invalid.message.clone();
+    set_condition(
+        &mut status.conditions,
+        condition(
+            CONDITION_VALID,
+            false,
+            invalid.reason,
+            invalid.message.clone(),
+        ),
+    );
+    set_condition(
+        &mut status.conditions,
+        condition(
+            CONDITION_READY,
+            false,
+            invalid.reason,
+            invalid.message.clone(),
+        ),
+    );
+    status
+}
+
+/// Whether two statuses differ in more than condition timestamps.
+fn same_status(a: &FlatNetworkSubnetStatus, b: &FlatNetworkSubnetStatus) -> bool {
+    let strip = |s: &FlatNetworkSubnetStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+async fn update_status(
+    subnet: &FlatNetworkSubnet,
+    verdict: Result<ValidSubnet, Invalid>,
+    users: &[&FlatNetworkIP],
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let name = subnet.name_any();
+    let api: Api<FlatNetworkSubnet> =
+        Api::namespaced(ctx.client.clone(), &subnet.namespace().unwrap_or_default());
+    // The ledger must be read fresh: allocations write it all the time.
+    for _ in 0..16 {
+        let Some(mut fresh) =
+            api.get_opt(&name)
+                .await
+                .map_err(Error::kube("get", "FlatNetworkSubnet", &name))?
+        else {
+            return Ok(Action::await_change());
+        };
+        let current = fresh.status.clone().unwrap_or_default();
+        let (status, action, duplicates) = match &verdict {
+            Ok(valid) => {
+                let repaired = repaired_status(valid, &current, users, ctx);
+                ctx.metrics.set_subnet_usage(
+                    &name,
+                    repaired.status.total_ip_count,
+                    repaired.status.used_ip_count,
+                );
+                let action = if repaired.orphans_kept {
+                    Action::requeue((ctx.settings.orphan_grace / 4).min(ctx.settings.resync))
+                } else {
+                    Action::requeue(ctx.settings.resync)
+                };
+                (repaired.status, action, repaired.duplicates)
+            }
+            Err(invalid) => (
+                failed_status(&current, invalid),
+                Action::requeue(ctx.settings.resync),
+                Vec::new(),
+            ),
+        };
+        if same_status(&current, &status) {
+            return Ok(action);
+        }
+        let newly_failed = status.phase == phase::FAILED
+            && (current.phase != phase::FAILED
+                || current.failure_message != status.failure_message);
+        fresh.status = Some(status.clone());
+        match api
+            .replace_status(&name, &PostParams::default(), &fresh)
+            .await
+        {
+            Ok(_) => {
+                if newly_failed {
+                    ctx.events
+                        .warn(
+                            subnet,
+                            "InvalidSubnet",
+                            "Validate",
+                            status.failure_message.clone(),
+                        )
+                        .await;
+                }
+                for duplicate in &duplicates {
+                    ctx.events
+                        .warn(
+                            subnet,
+                            "DuplicateAddress",
+                            "Repair",
+                            format!("{duplicate}: delete one of the pods so it gets a new address"),
+                        )
+                        .await;
+                }
+                info!(phase = %status.phase, used = status.used_ip_count, "subnet status updated");
+                return Ok(action);
+            }
+            Err(error) if is_conflict(&error) => ctx.metrics.allocation_conflict(),
+            Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+            Err(error) => {
+                return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
+                    error,
+                ));
+            }
+        }
+    }
+    Err(Error::Contention {
+        subnet: name,
+        attempts: 16,
+    })
+}
+
+/// Deleting a subnet waits until no record uses it.
+async fn finalize(
+    subnet: &FlatNetworkSubnet,
+    users: &[&FlatNetworkIP],
+    ctx: &Context,
+) -> Result<Action, Error> {
+    if !subnet.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let name = subnet.name_any();
+    let api: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
+    if !users.is_empty() {
+        let examples: Vec<String> = users
+            .iter()
+            .take(5)
+            .map(|r| key_of(r.namespace().as_deref(), &r.name_any()))
+            .collect();
+        let message = format!(
+            "deletion waits for {} FlatNetworkIP(s) using this subnet (e.g. {}): delete those pods (and StatefulSets keeping addresses) first",
+            users.len(),
+            examples.join(", ")
+        );
+        let mut updated = subnet.clone();
+        let status = updated.status.get_or_insert_with(Default::default);
+        let changed = set_condition(
+            &mut status.conditions,
+            condition(CONDITION_READY, false, "InUse", message.clone()),
+        );
+        if changed {
+            match api
+                .replace_status(&name, &PostParams::default(), &updated)
+                .await
+            {
+                Ok(_) => {
+                    ctx.events
+                        .warn(subnet, "DeletionBlocked", "Delete", message)
+                        .await;
+                }
+                Err(error) if is_conflict(&error) || is_not_found(&error) => {}
+                Err(error) => {
+                    return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
+                        error,
+                    ));
+                }
+            }
+        }
+        return Ok(Action::requeue(DELETION_RETRY));
+    }
+    let remaining: Vec<&String> = subnet
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .collect();
+    let patch = json!({"metadata": {"finalizers": remaining, "resourceVersion": subnet.resource_version()}});
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.forget_subnet(&name);
+            Ok(Action::await_change())
+        }
+        Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(Action::await_change()),
+        Err(error) => Err(Error::kube(
+            "remove finalizer of",
+            "FlatNetworkSubnet",
+            &name,
+        )(error)),
+    }
+}
+
+/// Logs the failure, counts it, and retries with backoff.
+pub fn error_policy(subnet: Arc<FlatNetworkSubnet>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(subnet = %subnet.name_any(), %error, "subnet reconcile failed");
+    ctx.metrics
+        .reconcile_failed(CONTROLLER, error.metric_label());
+    Action::requeue(ctx.backoff.next(&format!("subnet/{}", subnet.name_any())))
+}

@@ -1,0 +1,960 @@
+//! Controller tests: exact requests against a scripted API server, and
+//! races of two allocators against the in-memory fake API server.
+
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+
+use flatnet_common::k8s::{
+    annotations::parse_pod_request,
+    api::{
+        FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, FlatNetworkSubnetSpec,
+        FlatNetworkSubnetStatus, IpRange, phase,
+    },
+    ipam::{StatefulSetAddressPolicy, used_ranges},
+    keys::SUBNET_NAMESPACE,
+};
+use k8s_openapi::{
+    api::core::v1::{Namespace, Pod},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    Resource, ResourceExt,
+    runtime::{
+        controller::Action,
+        reflector::{self, store::Writer},
+        watcher,
+    },
+};
+use serde_json::{Value, json};
+
+use super::{
+    Backoff, Caches, Context, Settings, commit,
+    events::Events,
+    fake_api::FakeApiServer,
+    ips, pods,
+    records::{self, FINALIZER, RecordContext},
+    subnets,
+};
+use crate::{
+    fixtures::{ApiServerVerifier, NS, PodExt, mock_client, ok, pod, status_error, to_json},
+    metrics::Metrics,
+};
+
+const SUBNET: &str =
+    "/apis/flatnetwork.pandaria.io/v1/namespaces/cattle-flat-network/flatnetworksubnets/net1";
+const RECORDS: &str = "/apis/flatnetwork.pandaria.io/v1/namespaces/shop/flatnetworkips";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn store<K>(objects: Vec<K>) -> (reflector::Store<K>, Writer<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    (store, writer)
+}
+
+/// Caches holding exactly the given objects.
+fn caches(records: Vec<FlatNetworkIP>, subnets: Vec<FlatNetworkSubnet>, pods: Vec<Pod>) -> Caches {
+    Caches {
+        records: store(records).0,
+        subnets: store(subnets).0,
+        pods: store(pods).0,
+        namespaces: store::<Namespace>(Vec::new()).0,
+    }
+}
+
+fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Context> {
+    Arc::new(Context {
+        events: Events::new(client.clone()),
+        client,
+        metrics: Arc::new(Metrics::new()),
+        caches,
+        settings,
+        backoff: Backoff::default(),
+        orphans: subnets::OrphanClock::default(),
+    })
+}
+
+/// Active subnet `net1`: 10.0.0.0/29 with gateway .1, ledger `used`.
+fn subnet(used: &[(&str, &str)], version: &str) -> FlatNetworkSubnet {
+    let mut subnet = FlatNetworkSubnet::new(
+        "net1",
+        FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth0".into(),
+            cidr: "10.0.0.0/29".into(),
+            gateway: Some(ip("10.0.0.1")),
+            ..FlatNetworkSubnetSpec::default()
+        },
+    );
+    subnet.metadata.namespace = Some(SUBNET_NAMESPACE.into());
+    subnet.metadata.resource_version = Some(version.into());
+    subnet.metadata.finalizers = Some(vec![subnets::FINALIZER.into()]);
+    subnet.status = Some(FlatNetworkSubnetStatus {
+        phase: phase::ACTIVE.into(),
+        gateway: Some(ip("10.0.0.1")),
+        used_ip: used
+            .iter()
+            .map(|(f, t)| IpRange::new(ip(f), ip(t)))
+            .collect(),
+        ..FlatNetworkSubnetStatus::default()
+    });
+    subnet
+}
+
+/// The record the pod controller writes for fixture pod `name`.
+fn record_of(pod: &Pod, version: &str) -> FlatNetworkIP {
+    let annotations = pod.annotations();
+    let request = parse_pod_request(
+        &annotations["flatnetwork.pandaria.io/subnet"],
+        &annotations["flatnetwork.pandaria.io/ip"],
+        "",
+    )
+    .unwrap();
+    let mut record = records::desired_record(
+        pod,
+        &RecordContext {
+            request: &request,
+            index: 0,
+            subnet: None,
+            project: None,
+            policy: StatefulSetAddressPolicy::Sticky,
+        },
+    );
+    record.metadata.resource_version = Some(version.into());
+    record.metadata.uid = Some(format!("uid-record-{}", pod.name_any()));
+    record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    record
+}
+
+fn used_ip(body: &Value) -> Vec<(String, String)> {
+    body["status"]["usedIP"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["from"].as_str().unwrap().into(),
+                r["to"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    (a.into(), b.into())
+}
+
+/// Plays `script` as the API server while `run` uses the client.
+async fn scripted<S, F, R, Fut>(script: S, run: R) -> Result<Action, super::Error>
+where
+    S: FnOnce(ApiServerVerifier) -> F + Send + 'static,
+    F: std::future::Future<Output = ApiServerVerifier> + Send + 'static,
+    R: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, super::Error>>,
+{
+    let (client, verifier) = mock_client();
+    let server = tokio::spawn(async move { script(verifier).await.expect_no_more().await });
+    let result = run(client).await;
+    if let Err(join) = server.await {
+        std::panic::resume_unwind(join.into_panic());
+    }
+    result
+}
+
+#[tokio::test]
+async fn pod_controller_creates_the_record() {
+    let web = pod("web-1").flat();
+    let result = scripted(
+        |mut api| async move {
+            let created = api
+                .expect("POST", &format!("{RECORDS}?*"), |body| {
+                    let mut stored = body.clone();
+                    stored["metadata"]["resourceVersion"] = json!("3");
+                    (http::StatusCode::CREATED, stored)
+                })
+                .await;
+            let body = &created.body;
+            assert_eq!(body["metadata"]["name"], "web-1");
+            assert_eq!(body["spec"]["subnet"], "net1");
+            assert_eq!(body["spec"]["podId"], "uid-web-1");
+            assert_eq!(body["metadata"]["labels"]["subnet"], "net1");
+            assert_eq!(
+                body["metadata"]["labels"]["flatnetwork.pandaria.io/flatNetworkIPType"],
+                "auto"
+            );
+            assert_eq!(
+                body["metadata"]["labels"]["flatnetwork.pandaria.io/node"],
+                "node-1"
+            );
+            assert_eq!(body["metadata"]["ownerReferences"][0]["kind"], "Pod");
+            assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "uid-web-1");
+            assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
+            assert_eq!(body.get("status"), None);
+            api
+        },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![], vec![subnet(&[], "5")], vec![web.clone()]),
+                Settings::default(),
+            );
+            pods::reconcile(Arc::new(web), ctx)
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+}
+
+#[tokio::test]
+async fn bad_annotation_gives_one_event_and_no_retry() {
+    let web = pod("web-1")
+        .flat()
+        .annotated("flatnetwork.pandaria.io/ip", "10.0.0.300");
+    let result = scripted(
+        |mut api| async move {
+            let event = api
+                .expect("POST", &format!("{EVENTS}?*"), |body| {
+                    (http::StatusCode::CREATED, body.clone())
+                })
+                .await;
+            assert_eq!(event.body["type"], "Warning");
+            assert_eq!(event.body["reason"], "InvalidAnnotation");
+            let note = event.body["note"].as_str().unwrap();
+            assert!(note.contains("flatnetwork.pandaria.io/ip"), "{note}");
+            assert!(note.contains("10.0.0.300"), "{note}");
+            assert!(note.contains("write \"auto\""), "{note}");
+            assert_eq!(event.body["regarding"]["name"], "web-1");
+            api
+        },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![], vec![], vec![web.clone()]),
+                Settings::default(),
+            );
+            pods::reconcile(Arc::new(web), ctx)
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+}
+
+#[tokio::test]
+async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes_the_record() {
+    let web = pod("web-1").flat();
+    let record = record_of(&web, "3");
+    let result = scripted(
+        |mut api| async move {
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.2")], "5"))),
+            )
+            .await;
+            let reserve = api
+                .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
+                    let mut stored = body.clone();
+                    stored["metadata"]["resourceVersion"] = json!("6");
+                    (http::StatusCode::OK, stored)
+                })
+                .await;
+            assert_eq!(reserve.body["metadata"]["resourceVersion"], "5");
+            assert_eq!(used_ip(&reserve.body), [pair("10.0.0.1", "10.0.0.3")]);
+            assert_eq!(reserve.body["status"]["usedIPCount"], 3);
+            assert_eq!(reserve.body["status"]["totalIPCount"], 5);
+            let write = api
+                .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
+                    (http::StatusCode::OK, body.clone())
+                })
+                .await;
+            assert_eq!(write.body["metadata"]["resourceVersion"], "3");
+            assert_eq!(write.body["status"]["addr"], "10.0.0.3");
+            assert_eq!(write.body["status"]["phase"], "Pending");
+            assert!(write.body["status"]["allocatedTimeStamp"].is_string());
+            assert_eq!(write.body["status"]["conditions"][0]["reason"], "Allocated");
+            api
+        },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![record.clone()], vec![], vec![web]),
+                Settings::default(),
+            );
+            ips::reconcile(Arc::new(record), ctx)
+        },
+    )
+    .await;
+    assert_eq!(
+        result.unwrap(),
+        Action::requeue(Settings::default().pending_timeout)
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_rereads_the_subnet_and_chooses_again() {
+    let web = pod("web-1").flat();
+    let record = record_of(&web, "3");
+    let result = scripted(
+        |mut api| async move {
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.2")], "5"))),
+            )
+            .await;
+            let lost = api
+                .expect("PUT", &format!("{SUBNET}/status?*"), |_| {
+                    (http::StatusCode::CONFLICT, status_error(409, "Conflict"))
+                })
+                .await;
+            assert_eq!(used_ip(&lost.body), [pair("10.0.0.1", "10.0.0.3")]);
+            // Meanwhile another allocator took .3.
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.3")], "6"))),
+            )
+            .await;
+            let won = api
+                .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
+                    (http::StatusCode::OK, body.clone())
+                })
+                .await;
+            assert_eq!(won.body["metadata"]["resourceVersion"], "6");
+            assert_eq!(used_ip(&won.body), [pair("10.0.0.1", "10.0.0.4")]);
+            let write = api
+                .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
+                    (http::StatusCode::OK, body.clone())
+                })
+                .await;
+            assert_eq!(write.body["status"]["addr"], "10.0.0.4");
+            api
+        },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![record.clone()], vec![], vec![web]),
+                Settings::default(),
+            );
+            ips::reconcile(Arc::new(record), ctx)
+        },
+    )
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_record_releases_its_address_then_its_finalizer() {
+    let web = pod("web-1").flat();
+    let mut record = record_of(&web, "8");
+    record.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::ACTIVE.into(),
+        addr: Some(ip("10.0.0.3")),
+        ..FlatNetworkIPStatus::default()
+    });
+    let released = to_json(&record);
+    let result = scripted(
+        |mut api| async move {
+            api.expect(
+                "GET",
+                SUBNET,
+                ok(to_json(&subnet(&[("10.0.0.1", "10.0.0.4")], "5"))),
+            )
+            .await;
+            let release = api
+                .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
+                    (http::StatusCode::OK, body.clone())
+                })
+                .await;
+            assert_eq!(release.body["metadata"]["resourceVersion"], "5");
+            assert_eq!(
+                used_ip(&release.body),
+                [pair("10.0.0.1", "10.0.0.2"), pair("10.0.0.4", "10.0.0.4")]
+            );
+            assert_eq!(release.body["status"]["usedIPCount"], 3);
+            let patch = api
+                .expect("PATCH", &format!("{RECORDS}/web-1?*"), ok(released))
+                .await;
+            assert_eq!(
+                patch.body,
+                json!({"metadata": {"finalizers": [], "resourceVersion": "8"}})
+            );
+            api
+        },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![record.clone()], vec![], vec![]),
+                Settings::default(),
+            );
+            ips::reconcile(Arc::new(record), ctx)
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+}
+
+#[tokio::test]
+async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
+    let web = pod("web-1").flat();
+    let record = record_of(&web, "3");
+    let full = subnet(&[("10.0.0.1", "10.0.0.6")], "5");
+    let (client, verifier) = mock_client();
+    let ctx = context(
+        client,
+        caches(vec![record.clone()], vec![], vec![web]),
+        Settings::default(),
+    );
+    let server = tokio::spawn(async move {
+        let mut api = verifier;
+        api.expect("GET", SUBNET, ok(to_json(&full))).await;
+        let failed = api
+            .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
+                (http::StatusCode::OK, body.clone())
+            })
+            .await;
+        assert_eq!(failed.body["status"]["phase"], "Failed");
+        let message = failed.body["status"]["failureMessage"].as_str().unwrap();
+        assert!(message.contains("no free address"), "{message}");
+        let event = api
+            .expect("POST", &format!("{EVENTS}?*"), |body| {
+                (http::StatusCode::CREATED, body.clone())
+            })
+            .await;
+        assert_eq!(event.body["reason"], "NoAddressLeft");
+        api.expect_no_more().await;
+    });
+    let error = ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+        .await
+        .unwrap_err();
+    assert_eq!(error.metric_label(), "exhausted");
+    let first = ips::error_policy(
+        Arc::new(FlatNetworkIP::new("web-1", Default::default())),
+        &error,
+        Arc::clone(&ctx),
+    );
+    let second = ips::error_policy(
+        Arc::new(FlatNetworkIP::new("web-1", Default::default())),
+        &error,
+        Arc::clone(&ctx),
+    );
+    assert_eq!(first, Action::requeue(Duration::from_secs(1)));
+    assert_eq!(
+        second,
+        Action::requeue(Duration::from_secs(2)),
+        "retries back off"
+    );
+    drop(ctx);
+    if let Err(join) = server.await {
+        std::panic::resume_unwind(join.into_panic());
+    }
+}
+
+#[tokio::test]
+async fn a_record_pending_too_long_fails_without_touching_the_pod() {
+    let web = pod("web-1").flat();
+    let mut record = record_of(&web, "3");
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::PENDING.into(),
+        addr: Some(ip("10.0.0.3")),
+        allocated_time_stamp: Some(Time(Timestamp::UNIX_EPOCH)),
+        ..FlatNetworkIPStatus::default()
+    });
+    let result = scripted(
+        |mut api| async move {
+            let failed = api
+                .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
+                    (http::StatusCode::OK, body.clone())
+                })
+                .await;
+            assert_eq!(failed.body["status"]["phase"], "Failed");
+            assert_eq!(
+                failed.body["status"]["addr"], "10.0.0.3",
+                "the address is kept"
+            );
+            assert_eq!(
+                failed.body["status"]["conditions"][0]["reason"],
+                "SetupTimeout"
+            );
+            let event = api
+                .expect("POST", &format!("{EVENTS}?*"), |body| {
+                    (http::StatusCode::CREATED, body.clone())
+                })
+                .await;
+            assert_eq!(event.body["reason"], "FlatNetworkSetupTimeout");
+            api
+        },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![record.clone()], vec![], vec![web]),
+                Settings::default(),
+            );
+            ips::reconcile(Arc::new(record), ctx)
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+}
+
+#[tokio::test]
+async fn a_record_of_a_vanished_pod_is_collected_unless_its_statefulset_keeps_it() {
+    let web = pod("web-1").flat();
+    let record = record_of(&web, "3");
+    let result = scripted(
+        |mut api| async move {
+            api.expect("DELETE", &format!("{RECORDS}/web-1?*"), |_| {
+                (http::StatusCode::OK, json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}))
+            })
+            .await;
+            api
+        },
+        |client| {
+            let ctx = context(client, caches(vec![record.clone()], vec![], vec![]), Settings::default());
+            ips::reconcile(Arc::new(record), ctx)
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::await_change());
+
+    let mut kept = record_of(&web, "3");
+    kept.metadata.owner_references.as_mut().unwrap()[0].kind = "StatefulSet".into();
+    kept.metadata.owner_references.as_mut().unwrap()[0].api_version = "apps/v1".into();
+    let result = scripted(
+        |api| async move { api },
+        |client| {
+            let ctx = context(
+                client,
+                caches(vec![kept.clone()], vec![], vec![]),
+                Settings::default(),
+            );
+            ips::reconcile(Arc::new(kept), ctx)
+        },
+    )
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(Settings::default().resync));
+}
+
+// ---------------------------------------------------------------------------
+// Races against the fake API server.
+
+/// Pods `p0..` in [`NS`]: `auto` ones, then ones requesting `.45-.46-.47`.
+fn race_pods(auto: usize, specific: usize) -> Vec<Pod> {
+    (0..auto + specific)
+        .map(|i| {
+            let p = pod(&format!("p{i}"))
+                .flat()
+                .annotated("flatnetwork.pandaria.io/subnet", "race");
+            if i < auto {
+                p
+            } else {
+                p.annotated(
+                    "flatnetwork.pandaria.io/ip",
+                    "10.0.0.45-10.0.0.46-10.0.0.47",
+                )
+            }
+        })
+        .collect()
+}
+
+/// Subnet `race`: 10.0.0.0/26 allocating from .10-.49 (40 addresses).
+fn race_subnet() -> FlatNetworkSubnet {
+    let mut s = FlatNetworkSubnet::new(
+        "race",
+        FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth0".into(),
+            cidr: "10.0.0.0/26".into(),
+            ranges: vec![IpRange::new(ip("10.0.0.10"), ip("10.0.0.49"))],
+            ..FlatNetworkSubnetSpec::default()
+        },
+    );
+    s.metadata.namespace = Some(SUBNET_NAMESPACE.into());
+    s.metadata.finalizers = Some(vec![subnets::FINALIZER.into()]);
+    s.status = Some(FlatNetworkSubnetStatus {
+        phase: phase::ACTIVE.into(),
+        ..FlatNetworkSubnetStatus::default()
+    });
+    s
+}
+
+/// Caches filled from what `server` holds now.
+fn caches_from(server: &FakeApiServer) -> Caches {
+    caches(server.list(), server.list(), server.list())
+}
+
+fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
+    let mut items = items.to_vec();
+    let mut state = seed | 1;
+    for i in (1..items.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let j = usize::try_from(state % (i as u64 + 1)).unwrap();
+        items.swap(i, j);
+    }
+    items
+}
+
+/// One allocator: `rounds` passes over its (stale) view of the records.
+async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
+    for _ in 0..rounds {
+        let ctx = context(server.client(), caches_from(&server), Settings::default());
+        let records: Vec<FlatNetworkIP> = ctx
+            .caches
+            .records
+            .state()
+            .iter()
+            .map(|r| (**r).clone())
+            .collect();
+        for record in shuffled(&records, order_seed) {
+            let _ = ips::reconcile(Arc::new(record), Arc::clone(&ctx)).await;
+        }
+    }
+}
+
+/// The subnet repair running alongside, with the default grace.
+async fn repairer(server: FakeApiServer, passes: usize) {
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    for _ in 0..passes {
+        let subnet: FlatNetworkSubnet = server.list::<FlatNetworkSubnet>().remove(0);
+        let _ = subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx)).await;
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Every address held by a record, checking no address is held twice and
+/// every one is in the subnet's ledger.
+fn check_unique(server: &FakeApiServer, seed: u64) -> BTreeSet<IpAddr> {
+    let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+    let ledger = subnet.status.unwrap_or_default().used_ip;
+    let mut held = BTreeSet::new();
+    for record in server.list::<FlatNetworkIP>() {
+        if let Some(addr) = record.status.and_then(|s| s.addr) {
+            assert!(held.insert(addr), "seed {seed}: {addr} handed out twice");
+            assert!(
+                used_ranges::contains(&ledger, addr),
+                "seed {seed}: {addr} held by {} is missing from usedIP {ledger:?}",
+                record.metadata.name.unwrap_or_default()
+            );
+            let v = u32::from(match addr {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => panic!("seed {seed}: IPv6 from an IPv4 subnet"),
+            });
+            assert!(
+                (0x0a00_000a..=0x0a00_0031).contains(&v),
+                "seed {seed}: {addr} outside ranges"
+            );
+        }
+    }
+    held
+}
+
+async fn race(seed: u64) {
+    let server = FakeApiServer::new();
+    server.insert(&race_subnet());
+    let pods = race_pods(44, 4);
+    for p in &pods {
+        server.insert(p);
+    }
+    for p in &pods {
+        let mut record = record_of(p, "0");
+        record.metadata.resource_version = None;
+        server.insert(&record);
+    }
+    let a = allocator(server.with_chaos(seed, 15), seed, 3);
+    let b = allocator(
+        server.with_chaos(seed ^ 0x5eed, 15),
+        seed.rotate_left(17),
+        3,
+    );
+    let r = repairer(server.with_chaos(seed ^ 0xfeed, 0), 6);
+    futures::join!(a, b, r);
+    check_unique(&server, seed);
+
+    // A calm pass: the repair frees orphaned reservations (no allocation is
+    // in flight any more), then one allocator fills the subnet.
+    let calm = Settings {
+        orphan_grace: Duration::ZERO,
+        ..Settings::default()
+    };
+    let ctx = context(server.client(), caches_from(&server), calm);
+    let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(subnet), ctx).await.unwrap();
+    allocator(server.clone(), seed, 1).await;
+    let held = check_unique(&server, seed);
+    assert_eq!(
+        held.len(),
+        40,
+        "seed {seed}: the subnet is not full after a calm pass"
+    );
+    let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
+    assert_eq!(status.used_ip_count, 40, "seed {seed}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn two_allocators_never_hand_out_an_address_twice() {
+    for seed in 1..=24 {
+        race(seed).await;
+    }
+}
+
+#[tokio::test]
+async fn two_allocators_on_threads_never_hand_out_an_address_twice() {
+    // The multi-threaded runtime adds real parallelism to the seeded order.
+    for seed in 100..104 {
+        race(seed).await;
+    }
+}
+
+#[tokio::test]
+async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
+    let server = FakeApiServer::new();
+    let web = pod("web-1").flat();
+    server.insert(&web);
+    let mut record = record_of(&web, "0");
+    record.metadata.resource_version = None;
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::ACTIVE.into(),
+        addr: Some(ip("10.0.0.3")),
+        ..FlatNetworkIPStatus::default()
+    });
+    server.insert(&record);
+    let mut net = subnet(&[("10.0.0.1", "10.0.0.5")], "0");
+    net.metadata.resource_version = None;
+    server.insert(&net);
+
+    let reconcile = |settings: Settings| {
+        let server = server.clone();
+        async move {
+            let ctx = context(server.client(), caches_from(&server), settings);
+            let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+            subnets::reconcile(Arc::new(subnet), ctx).await.unwrap();
+            server.list::<FlatNetworkSubnet>().remove(0).status.unwrap()
+        }
+    };
+    let kept = reconcile(Settings::default()).await;
+    assert_eq!(
+        kept.used_ip,
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.5"))],
+        "unclaimed .2, .4, .5 are kept within the grace"
+    );
+    let freed = reconcile(Settings {
+        orphan_grace: Duration::ZERO,
+        ..Settings::default()
+    })
+    .await;
+    assert_eq!(
+        freed.used_ip,
+        [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+            IpRange::new(ip("10.0.0.3"), ip("10.0.0.3"))
+        ]
+    );
+    assert_eq!((freed.used_ip_count, freed.total_ip_count), (2, 5));
+    assert_eq!(freed.phase, phase::ACTIVE);
+    let ready = freed
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Active")
+    );
+    let _ = commit::CONTENTION_RETRY;
+}
+
+#[tokio::test]
+async fn a_subnet_in_use_is_not_deleted() {
+    let server = FakeApiServer::new();
+    let web = pod("web-1").flat();
+    let mut record = record_of(&web, "0");
+    record.metadata.resource_version = None;
+    server.insert(&record);
+    let mut net = subnet(&[], "0");
+    net.metadata.resource_version = None;
+    server.insert(&net);
+    let subnets_api: kube::Api<FlatNetworkSubnet> =
+        kube::Api::namespaced(server.client(), SUBNET_NAMESPACE);
+    subnets_api
+        .delete("net1", &Default::default())
+        .await
+        .unwrap();
+
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let deleting = server.list::<FlatNetworkSubnet>().remove(0);
+    let action = subnets::reconcile(Arc::new(deleting), ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+    let blocked = server.list::<FlatNetworkSubnet>().remove(0);
+    let ready = blocked.status.unwrap().conditions;
+    assert_eq!(ready[0].reason, "InUse");
+    assert!(
+        ready[0].message.contains("shop/web-1"),
+        "{}",
+        ready[0].message
+    );
+
+    // The record goes: the subnet goes.
+    let records_api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
+    records_api
+        .patch(
+            "web-1",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    records_api
+        .delete("web-1", &Default::default())
+        .await
+        .unwrap();
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let deleting = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(deleting), ctx).await.unwrap();
+    assert!(server.list::<FlatNetworkSubnet>().is_empty());
+}
+
+#[tokio::test]
+async fn an_invalid_subnet_is_failed_with_the_reason() {
+    let server = FakeApiServer::new();
+    let mut net = subnet(&[], "0");
+    net.metadata.resource_version = None;
+    net.spec.gateway = Some(ip("10.9.9.9"));
+    net.status = None;
+    server.insert(&net);
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    subnets::reconcile(Arc::new(server.list::<FlatNetworkSubnet>().remove(0)), ctx)
+        .await
+        .unwrap();
+    let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
+    assert_eq!(status.phase, phase::FAILED);
+    assert!(
+        status.failure_message.contains("gateway"),
+        "{}",
+        status.failure_message
+    );
+    let valid = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Valid")
+        .unwrap();
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "Invalid")
+    );
+}
+
+#[tokio::test]
+async fn a_new_subnet_gets_labels_canonical_cidr_and_finalizer_then_status() {
+    let server = FakeApiServer::new();
+    let mut net = subnet(&[], "0");
+    net.metadata.resource_version = None;
+    net.metadata.finalizers = None;
+    net.spec.cidr = "10.0.0.5/29".into();
+    net.status = None;
+    server.insert(&net);
+    for _ in 0..2 {
+        let ctx = context(server.client(), caches_from(&server), Settings::default());
+        subnets::reconcile(Arc::new(server.list::<FlatNetworkSubnet>().remove(0)), ctx)
+            .await
+            .unwrap();
+    }
+    let done = server.list::<FlatNetworkSubnet>().remove(0);
+    assert_eq!(done.spec.cidr, "10.0.0.0/29");
+    assert_eq!(done.labels()["master"], "eth0");
+    assert_eq!(done.labels()["vlan"], "0");
+    assert_eq!(done.labels()["flatMode"], "macvlan");
+    assert_eq!(done.finalizers(), [subnets::FINALIZER]);
+    let status = done.status.unwrap();
+    assert_eq!(status.phase, phase::ACTIVE);
+    assert_eq!(
+        status.used_ip,
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1"))]
+    );
+    assert_eq!((status.used_ip_count, status.total_ip_count), (1, 5));
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_gets_its_address_back() {
+    let server = FakeApiServer::new();
+    let mut net = subnet(&[], "0");
+    net.metadata.resource_version = None;
+    server.insert(&net);
+    let set_pod = |uid: &str| {
+        let mut p = pod("web-0").flat();
+        p.metadata.uid = Some(uid.into());
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: "web".into(),
+                uid: "uid-set".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        p
+    };
+    // An earlier pod took .2, then a filler took .3.
+    let first = set_pod("uid-first");
+    let cycle = |p: Pod| {
+        let server = server.clone();
+        async move {
+            server.insert(&p);
+            let ctx = context(server.client(), caches_from(&server), Settings::default());
+            pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+                .await
+                .unwrap();
+            let ctx = context(server.client(), caches_from(&server), Settings::default());
+            let record = server
+                .list::<FlatNetworkIP>()
+                .into_iter()
+                .find(|r| r.name_any() == p.name_any())
+                .unwrap();
+            ips::reconcile(Arc::new(record), ctx).await.unwrap();
+            server
+                .list::<FlatNetworkIP>()
+                .into_iter()
+                .find(|r| r.name_any() == p.name_any())
+                .unwrap()
+        }
+    };
+    let before = cycle(first).await;
+    assert_eq!(before.owner_references()[0].kind, "StatefulSet");
+    let filler = cycle(pod("filler").flat()).await;
+    assert_eq!(filler.status.unwrap().addr, Some(ip("10.0.0.3")));
+    // The pod is replaced (new uid): same record, same address, Pending.
+    let after = cycle(set_pod("uid-second")).await;
+    assert_eq!(after.spec.pod_id, "uid-second");
+    let status = after.status.unwrap();
+    assert_eq!(status.addr, before.status.unwrap().addr);
+    assert_eq!(status.addr, Some(ip("10.0.0.2")));
+    assert_eq!(status.phase, phase::PENDING);
+}
+
+#[test]
+fn backoff_doubles_and_resets() {
+    let backoff = Backoff::default();
+    assert_eq!(backoff.next("a"), Duration::from_secs(1));
+    assert_eq!(backoff.next("a"), Duration::from_secs(2));
+    assert_eq!(backoff.next("a"), Duration::from_secs(4));
+    assert_eq!(backoff.next("b"), Duration::from_secs(1));
+    backoff.reset("a");
+    assert_eq!(backoff.next("a"), Duration::from_secs(1));
+    for _ in 0..20 {
+        backoff.next("c");
+    }
+    assert_eq!(backoff.next("c"), Duration::from_secs(300));
+}

@@ -1,0 +1,271 @@
+//! End-to-end test of the allocation controllers against a real API server
+//! (`FLATNET_E2E=1` and `KUBECONFIG`; the cluster's controller manager must
+//! run, for garbage collection and the StatefulSet).
+//!
+//! No kubelet or scheduler is needed: pods name a scheduler that does not
+//! exist and stay unbound. The controllers run in this process; the test
+//! installs the CRDs when they are missing.
+
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+
+use flatnet_common::k8s::{
+    api::{FlatNetworkIP, FlatNetworkSubnet},
+    keys::SUBNET_NAMESPACE,
+};
+use flatnet_operator::{admin::Health, allocation, metrics::Metrics};
+use k8s_openapi::{
+    api::{
+        apps::v1::StatefulSet,
+        core::v1::{Namespace, Pod},
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, CustomResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// How long the test waits for the controllers to converge before failing.
+const CONVERGE_WITHIN: Duration = Duration::from_secs(180);
+const PODS: usize = 200;
+
+fn cluster_configured() -> bool {
+    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
+}
+
+/// Polls `check` until it returns `Some`, panicking with `what` after [`CONVERGE_WITHIN`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + CONVERGE_WITHIN;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn ensure_namespace(client: &Client, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("create namespace {name}: {error}"),
+    }
+}
+
+async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let apply = PatchParams::apply("flatnet-e2e").force();
+    for crd in [FlatNetworkSubnet::crd(), FlatNetworkIP::crd()] {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.patch(&name, &apply, &Patch::Apply(&crd))
+            .await
+            .expect("apply CRD");
+    }
+    // The API serves the kinds a moment after the CRDs are accepted.
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(client.clone(), SUBNET_NAMESPACE);
+    eventually("the CRDs to be served", || async {
+        subnets.list(&ListParams::default()).await.ok().map(|_| ())
+    })
+    .await;
+}
+
+fn pod_template(subnet: &str) -> serde_json::Value {
+    json!({
+        "annotations": {
+            "flatnetwork.pandaria.io/ip": "auto",
+            "flatnetwork.pandaria.io/subnet": subnet,
+            "k8s.v1.cni.cncf.io/networks": "[{\"name\":\"rancher-flat-network\",\"interface\":\"eth1\"}]"
+        },
+    })
+}
+
+fn pod_spec() -> serde_json::Value {
+    json!({
+        "schedulerName": "flatnet-e2e-no-scheduler",
+        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]
+    })
+}
+
+async fn addresses(records: &Api<FlatNetworkIP>) -> Vec<(String, IpAddr)> {
+    records
+        .list(&ListParams::default())
+        .await
+        .expect("list FlatNetworkIPs")
+        .items
+        .into_iter()
+        .filter_map(|r| Some((r.metadata.name.clone()?, r.status?.addr?)))
+        .collect()
+}
+
+#[tokio::test]
+async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_theirs() {
+    if !cluster_configured() {
+        println!("skipped: no cluster (set FLATNET_E2E=1 and KUBECONFIG)");
+        return;
+    }
+    let client = Client::try_default().await.expect("client from KUBECONFIG");
+    install_crds(&client).await;
+    ensure_namespace(&client, SUBNET_NAMESPACE).await;
+    let ns = format!("flatnet-e2e-alloc-{}", std::process::id());
+    ensure_namespace(&client, &ns).await;
+    let subnet_name = format!("e2e-{}", std::process::id());
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(client.clone(), SUBNET_NAMESPACE);
+    let subnet: FlatNetworkSubnet = serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+        "metadata": {"name": subnet_name},
+        "spec": {"flatMode": "macvlan", "master": "eth9", "vlan": 3999,
+                 "cidr": "198.18.0.0/23", "gateway": "198.18.0.1"}
+    }))
+    .unwrap();
+    subnets
+        .create(&PostParams::default(), &subnet)
+        .await
+        .expect("create subnet");
+
+    let stop = CancellationToken::new();
+    let controllers = tokio::spawn(allocation::run(
+        client.clone(),
+        Arc::new(Metrics::new()),
+        allocation::Settings::default(),
+        5,
+        Arc::new(Health::default()),
+        stop.clone(),
+    ));
+
+    let active = eventually("the subnet to be Active", || async {
+        let s = subnets.get(&subnet_name).await.ok()?;
+        (s.status.as_ref()?.phase == "Active").then_some(s)
+    })
+    .await;
+    assert_eq!(active.metadata.labels.unwrap()["master"], "eth9");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for i in 0..PODS {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("p{i}"), "annotations": pod_template(&subnet_name)["annotations"]},
+            "spec": pod_spec(),
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+    }
+    let records: Api<FlatNetworkIP> = Api::namespaced(client.clone(), &ns);
+    let held = eventually("every pod's FlatNetworkIP to hold an address", || async {
+        let held = addresses(&records).await;
+        (held.len() == PODS).then_some(held)
+    })
+    .await;
+    let unique: BTreeSet<IpAddr> = held.iter().map(|(_, a)| *a).collect();
+    assert_eq!(unique.len(), PODS, "an address was handed out twice");
+    assert!(
+        !unique.contains(&"198.18.0.1".parse::<IpAddr>().unwrap()),
+        "the gateway was allocated"
+    );
+    let used = subnets.get(&subnet_name).await.unwrap().status.unwrap();
+    assert_eq!(used.used_ip_count, i64::try_from(PODS).unwrap() + 1);
+
+    // Deleting pods releases their addresses.
+    for i in 0..50 {
+        pods.delete(&format!("p{i}"), &DeleteParams::default().grace_period(0))
+            .await
+            .expect("delete pod");
+    }
+    eventually(
+        "the records of deleted pods to go and the ledger to shrink",
+        || async {
+            let left = addresses(&records).await.len();
+            let used = subnets.get(&subnet_name).await.ok()?.status?.used_ip_count;
+            (left == PODS - 50 && used == i64::try_from(PODS - 50).unwrap() + 1).then_some(())
+        },
+    )
+    .await;
+
+    // A StatefulSet pod keeps its address when it is replaced.
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let set: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"serviceName": "web", "replicas": 2,
+                 "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}, "annotations": pod_template(&subnet_name)["annotations"]},
+                              "spec": pod_spec()}}
+    }))
+    .unwrap();
+    sets.create(&PostParams::default(), &set)
+        .await
+        .expect("create StatefulSet");
+    let first = eventually("web-0 to get an address", || async {
+        let r = records.get_opt("web-0").await.ok()??;
+        r.status?.addr
+    })
+    .await;
+    let old_uid = pods.get("web-0").await.unwrap().metadata.uid;
+    pods.delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete web-0");
+    let second = eventually("the new web-0 to be recorded", || async {
+        let pod = pods.get_opt("web-0").await.ok()??;
+        if pod.metadata.uid == old_uid {
+            return None;
+        }
+        let r = records.get_opt("web-0").await.ok()??;
+        (Some(r.spec.pod_id.clone()) == pod.metadata.uid).then_some(r.status?.addr?)
+    })
+    .await;
+    assert_eq!(first, second, "the StatefulSet pod lost its address");
+
+    stop.cancel();
+    controllers.await.expect("controllers");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .expect("delete namespace");
+    eventually(
+        "the subnet to be deletable once its records are gone",
+        || async {
+            // The controllers are stopped: release what is left by hand.
+            for record in Api::<FlatNetworkIP>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|r| r.spec.subnet == subnet_name)
+            {
+                let api: Api<FlatNetworkIP> =
+                    Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
+                let _ = api
+                    .patch(
+                        record.metadata.name.as_deref()?,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+            Some(())
+        },
+    )
+    .await;
+    let _ = subnets
+        .patch(
+            &subnet_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    let _ = subnets.delete(&subnet_name, &DeleteParams::default()).await;
+}
