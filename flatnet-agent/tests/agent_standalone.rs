@@ -68,11 +68,37 @@ subnets:
       routeSettings: {{flatNetworkDefaultGateway: true}}
   - name: ghost
     spec: {{flatMode: macvlan, master: nosuch0, cidr: 198.51.100.0/24}}
+  # ipvlan and VLAN subnets: their masters are made by the test that uses them.
+  - name: ipl2
+    spec:
+      flatMode: ipvlan
+      mode: l2
+      ipvlanFlag: bridge
+      master: {master}a
+      cidr: 198.51.100.0/25
+      ranges: [{{from: 198.51.100.10, to: 198.51.100.20}}]
+  - name: ipl3
+    spec:
+      flatMode: ipvlan
+      mode: l3
+      master: {master}b
+      cidr: 198.51.100.128/25
+      ranges: [{{from: 198.51.100.140, to: 198.51.100.150}}]
+  - name: vlan100
+    spec:
+      flatMode: macvlan
+      master: {master}
+      vlan: 100
+      cidr: 203.0.113.0/24
+      ranges: [{{from: 203.0.113.10, to: 203.0.113.20}}]
 networks:
   - {{name: flat4, subnets: [lan4]}}
   - {{name: flat6, subnets: [lan6]}}
   - {{name: dual, subnets: [lan4, lan6]}}
   - {{name: nomaster, subnets: [ghost]}}
+  - {{name: ipvlan-l2, subnets: [ipl2]}}
+  - {{name: ipvlan-l3, subnets: [ipl3]}}
+  - {{name: vlan, subnets: [vlan100]}}
 "#
         );
         std::fs::write(dir.path().join("state.yaml"), state).unwrap();
@@ -141,8 +167,10 @@ networks:
             .spawn()
             .expect("start flatnet-agent");
         self.agent = Some(child);
-        // Not a timing assertion: a bound on waiting for start-up.
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // Not a timing assertion: a bound on waiting for start-up, generous
+        // because loading the programs under software emulation (the VM
+        // stage) takes far longer than on hardware.
+        let deadline = Instant::now() + Duration::from_secs(300);
         loop {
             if self.cni("STATUS", "flat4", "", None, "eth1").0 {
                 return;
@@ -151,7 +179,7 @@ networks:
                 panic!("flatnet-agent exited during start-up: {status}");
             }
             assert!(Instant::now() < deadline, "flatnet-agent did not start");
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(250));
         }
     }
 
@@ -213,12 +241,21 @@ networks:
             cmd.env("CNI_NETNS", pod.path());
         }
         let mut child = cmd.spawn().unwrap();
-        child
+        // flatnet-cni may answer (e.g. "agent not running") and exit before
+        // reading its input; its output says what happened, so a broken
+        // pipe here is not an error.
+        let written = child
             .stdin
             .take()
             .unwrap()
-            .write_all(config.to_string().as_bytes())
-            .unwrap();
+            .write_all(config.to_string().as_bytes());
+        if let Err(e) = written {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe,
+                "write CNI config: {e}"
+            );
+        }
         let out = child.wait_with_output().unwrap();
         let stdout: Value = if out.stdout.is_empty() {
             Value::Null
@@ -525,4 +562,119 @@ fn status_reports_ready() {
     assert!(!ok);
     assert_eq!(code(&out), 11, "{out}");
     let _ = &node.master;
+}
+
+/// Whether `ip -n <ns> link add ...` works; `false` (with a printed skip or,
+/// where the kernel must have it, a failure) when the link type is unknown.
+fn kernel_has(test: &str, ns: &TestNetns, feature: &str, args: &[&str]) -> bool {
+    let out = Command::new("ip")
+        .args(["-n", &ns.name, "link", "add"])
+        .args(args)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        return true;
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Unknown device type"),
+        "ip link add {}: {stderr}",
+        args.join(" ")
+    );
+    support::skip_for_missing_kernel_feature(test, feature);
+    false
+}
+
+#[test]
+fn ipvlan_l2_l3_and_vlan_through_the_cni() {
+    const TEST: &str = "ipvlan_l2_l3_and_vlan_through_the_cni";
+    if !privileged(TEST) {
+        return;
+    }
+    let mut node = Node::new();
+    // Masters of the ipvlan subnets, each a veth to the LAN host.
+    let (l2_master, l3_master) = (format!("{}a", node.master), format!("{}b", node.master));
+    for (master, lan_if, lan_addr) in [
+        (&l2_master, "lan1", "198.51.100.1/25"),
+        (&l3_master, "lan2", "198.51.100.129/25"),
+    ] {
+        veth_pair(&node.node, master, &node.lan, lan_if);
+        node.node.ip(&["link", "set", master, "up"]);
+        node.lan.ip(&["link", "set", lan_if, "up"]);
+        node.lan.ip(&["addr", "add", lan_addr, "dev", lan_if]);
+    }
+    let probe = ["ipvprobe", "link", "lan1", "type", "ipvlan"];
+    if !kernel_has(TEST, &node.lan, "ipvlan", &probe) {
+        return;
+    }
+    node.lan.ip(&["link", "del", "ipvprobe"]);
+    let lan_vlan = [
+        "link", "lan0", "name", "lan0.100", "type", "vlan", "id", "100",
+    ];
+    if !kernel_has(TEST, &node.lan, "802.1Q VLAN", &lan_vlan) {
+        return;
+    }
+    node.lan.ip(&["link", "set", "lan0.100", "up"]);
+    node.lan
+        .ip(&["addr", "add", "203.0.113.1/24", "dev", "lan0.100"]);
+    node.start();
+
+    // ipvlan L2: the pod resolves the LAN host itself.
+    let pod = TestNetns::new("fap-");
+    let container = unique_name("c");
+    let result = node.add("ipvlan-l2", &container, &pod);
+    assert_eq!(addresses(&result), vec!["198.51.100.10/25"], "{result}");
+    ping(&pod, "198.51.100.1");
+    let prev = json!({"prevResult": result});
+    let (ok, out) = node.cni_with("CHECK", "ipvlan-l2", &container, Some(&pod), "eth1", prev);
+    assert!(ok, "CHECK ipvlan-l2: {out}");
+    node.del("ipvlan-l2", &container, Some(&pod));
+    assert!(!has_link(&pod, "eth1"));
+
+    // ipvlan L3: the pod does no ARP; the LAN host's ARP for the pod's
+    // address is answered by the uplink program on the master.
+    let pod = TestNetns::new("fap-");
+    let container = unique_name("c");
+    let result = node.add("ipvlan-l3", &container, &pod);
+    assert_eq!(addresses(&result), vec!["198.51.100.140/25"], "{result}");
+    ping(&pod, "198.51.100.129");
+    let neigh = node.lan.ip(&["neigh", "show", "198.51.100.140"]);
+    let master_mac = node
+        .node
+        .exec("cat", &[&format!("/sys/class/net/{l3_master}/address")]);
+    assert!(
+        neigh.contains(master_mac.trim()),
+        "LAN host's entry {neigh} should hold the master's MAC {master_mac}"
+    );
+    let prev = json!({"prevResult": result});
+    let (ok, out) = node.cni_with("CHECK", "ipvlan-l3", &container, Some(&pod), "eth1", prev);
+    assert!(ok, "CHECK ipvlan-l3: {out}");
+    node.del("ipvlan-l3", &container, Some(&pod));
+
+    // macvlan on a VLAN: flatnet creates <master>.100, shares it, and
+    // removes it with its last pod.
+    let vlan_if = format!("{}.100", node.master);
+    let first = TestNetns::new("fap-");
+    let second = TestNetns::new("fap-");
+    let (c1, c2) = (unique_name("c"), unique_name("c"));
+    node.add("vlan", &c1, &first);
+    node.add("vlan", &c2, &second);
+    assert!(has_link(&node.node, &vlan_if), "{vlan_if} created");
+    ping(&first, "203.0.113.1");
+    ping(&second, "203.0.113.1");
+    node.del("vlan", &c1, Some(&first));
+    assert!(
+        has_link(&node.node, &vlan_if),
+        "{vlan_if} still used by the second pod"
+    );
+    node.del("vlan", &c2, Some(&second));
+    assert!(
+        !has_link(&node.node, &vlan_if),
+        "{vlan_if} removed with its last pod"
+    );
+    assert!(
+        node.allocated().is_empty(),
+        "every address released: {:?}",
+        node.allocated()
+    );
 }

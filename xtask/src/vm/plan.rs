@@ -230,6 +230,11 @@ fn plan_script(programs: &[Program], env: &[(String, String)]) -> String {
     script.push_str(&format!(
         "export HOME=/root RUST_BACKTRACE=1 LD_LIBRARY_PATH={GUEST_RUN_DIR}/lib\n"
     ));
+    // Also where the loader looks by default, for programs the tests start
+    // with a cleared environment (the CNI plugin is run that way).
+    script.push_str(&format!(
+        "mkdir -p /lib/x86_64-linux-gnu && cp {GUEST_RUN_DIR}/lib/* /lib/x86_64-linux-gnu/\n"
+    ));
     for (key, value) in env {
         script.push_str(&format!("export {}\n", quote(&format!("{key}={value}"))));
     }
