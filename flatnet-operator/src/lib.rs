@@ -24,4 +24,6 @@ pub mod tls;
 pub mod webhook;
 
 #[cfg(test)]
+mod doc_examples;
+#[cfg(test)]
 mod fixtures;
