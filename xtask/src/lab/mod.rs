@@ -136,7 +136,8 @@ struct Pod {
     netns: &'static str,
     ipv4: String,
     ipv6: String,
-    mac: [u8; 6],
+    /// The pod interface's MAC (ipvlan interfaces share the master's).
+    mac: Option<[u8; 6]>,
 }
 
 impl Pod {
@@ -295,15 +296,14 @@ impl Lab {
 
     fn start_agents(&mut self) -> anyhow::Result<()> {
         self.nodes = vec![Node::new(NODE1, 10)?, Node::new(NODE2, 20)?];
-        let bins = self.bins.take().expect("built");
-        let started = self.nodes.iter_mut().try_for_each(|node| node.start(&bins));
-        let ready = started.and_then(|()| {
-            self.nodes
-                .iter_mut()
-                .try_for_each(|node| node.wait_ready(&bins))
-        });
-        self.bins = Some(bins);
-        ready
+        let bins = self.bins().clone();
+        for node in &mut self.nodes {
+            node.start(&bins)?;
+        }
+        for node in &mut self.nodes {
+            node.wait_ready(&bins)?;
+        }
+        Ok(())
     }
 
     /// pod-a on node1, pod-b on node2, both on the dual-stack macvlan
@@ -332,8 +332,7 @@ impl Lab {
             .flatten()
             .filter_map(|ip| ip["address"].as_str())
             .collect();
-        let mac = parse_mac(result["interfaces"][0]["mac"].as_str().unwrap_or_default())
-            .with_context(|| format!("no interface MAC in the ADD result {result}"))?;
+        let mac = result["interfaces"][0]["mac"].as_str().and_then(parse_mac);
         let (ipv4, ipv6) = node.pod_address(0);
         let (ipv4, ipv6, expected) = if network == IPVLAN_NETWORK {
             let v4 = format!("198.51.100.{}", node.base);
@@ -369,10 +368,13 @@ impl Lab {
             for pod in &self.pods {
                 let v4: Ipv4Addr = pod.ipv4.parse()?;
                 let v6: Ipv6Addr = pod.ipv6.parse()?;
-                if !capture.saw_gratuitous_arp(pod.mac, v4) {
+                let mac = pod
+                    .mac
+                    .with_context(|| format!("the ADD result of {} has no MAC", pod.netns))?;
+                if !capture.saw_gratuitous_arp(mac, v4) {
                     missing.push(format!("gratuitous ARP for {v4}"));
                 }
-                if !capture.saw_unsolicited_na(pod.mac, v6) {
+                if !capture.saw_unsolicited_na(mac, v6) {
                     missing.push(format!("unsolicited NA for {v6}"));
                 }
             }
@@ -493,10 +495,7 @@ impl Lab {
 
     fn teardown(&mut self) -> anyhow::Result<()> {
         self.servers.clear();
-        let bins = self.bins.take().expect("built");
-        let result = self.delete_pods(&bins);
-        self.bins = Some(bins);
-        result?;
+        self.delete_pods(self.bins())?;
         for node in &mut self.nodes {
             node.stop()?;
         }
@@ -560,6 +559,10 @@ impl Lab {
 }
 
 fn remove_leftovers() -> anyhow::Result<()> {
+    let found = topology::leftovers();
+    if !found.is_empty() {
+        println!("[lab]       removing leftovers: {}", found.join(", "));
+    }
     topology::remove_everything();
     let left = topology::leftovers();
     if !left.is_empty() {

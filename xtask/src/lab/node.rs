@@ -27,6 +27,7 @@ pub const DUAL_NETWORK: &str = "lab-dual";
 pub const IPVLAN_NETWORK: &str = "lab-ipvlan";
 
 /// The built binaries the lab runs.
+#[derive(Clone)]
 pub struct Binaries {
     pub agent: PathBuf,
     pub cni: PathBuf,
