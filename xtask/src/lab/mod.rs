@@ -45,6 +45,10 @@ pub struct LabArgs {
     /// would; the lab must then clean up everything and exit with 130.
     #[arg(long, value_enum)]
     pub interrupt_after: Option<Step>,
+    /// Use the binaries already in target/debug instead of building them
+    /// (where cargo cannot run, such as inside the test VM).
+    #[arg(long)]
+    pub skip_build: bool,
 }
 
 /// The lab's steps, in order.
@@ -157,6 +161,7 @@ const POD_C: &str = "fnlab-pod-c";
 /// Everything one lab run holds; dropped (and so stopped) at cleanup.
 #[derive(Default)]
 struct Lab {
+    skip_build: bool,
     report: Report,
     bins: Option<Binaries>,
     nodes: Vec<Node>,
@@ -175,7 +180,10 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
         bail!("the lab creates network namespaces and loads eBPF programs: run it as root");
     }
     process::install_handler(topology::remove_everything)?;
-    let mut lab = Lab::default();
+    let mut lab = Lab {
+        skip_build: args.skip_build,
+        ..Lab::default()
+    };
     let steps_done = lab.exercise(args.interrupt_after);
     for step in &Step::ALL[steps_done..] {
         lab.report.not_run(step.name(), step.checks());
@@ -282,15 +290,23 @@ impl Lab {
     }
 
     fn build(&mut self) -> anyhow::Result<()> {
-        ebpf::build()?;
-        let mut build = workspace::cargo(None);
-        build.args(["build", "--package", "flatnet-agent", "--bins"]);
-        workspace::run("build flatnet-agent and flatnet-cni", &mut build)?;
+        if !self.skip_build {
+            ebpf::build()?;
+            let mut build = workspace::cargo(None);
+            build.args(["build", "--package", "flatnet-agent", "--bins"]);
+            workspace::run("build flatnet-agent and flatnet-cni", &mut build)?;
+        }
         let dir = workspace::root().join("target/debug");
-        self.bins = Some(Binaries {
+        let bins = Binaries {
             agent: dir.join("flatnet-agent"),
             cni: dir.join("flatnet-cni"),
-        });
+        };
+        for binary in [&bins.agent, &bins.cni] {
+            if !binary.is_file() {
+                bail!("{} is missing; run without --skip-build", binary.display());
+            }
+        }
+        self.bins = Some(bins);
         Ok(())
     }
 
@@ -407,7 +423,7 @@ impl Lab {
             if message.contains("Unknown device type") || message.contains("not supported") {
                 return Ok(Some(
                     "this kernel has no ipvlan (`ip link add ... type ipvlan`: Unknown device type); \
-                     the VM stage of `cargo xtask test` covers ipvlan on Linux 6.1"
+                     run the lab on Linux 6.1 with `cargo xtask vm-test -- target/debug/xtask lab --skip-build`"
                         .into(),
                 ));
             }

@@ -39,15 +39,17 @@ pub const LAN_HOST_IPVLAN_V4: &str = "198.51.100.1";
 /// The node's uplink, master of the macvlan subnets.
 pub const UPLINK: &str = "eth0";
 /// node1's second uplink, master of the ipvlan subnet (a link is either a
-/// macvlan or an ipvlan master, never both).
-pub const IPVLAN_UPLINK: &str = "eth1";
+/// macvlan or an ipvlan master, never both). Not `eth1`: that is the pods'
+/// interface name, and Linux 6.1 checks the name of a new macvlan/ipvlan in
+/// the node's namespace too, even when it is created in the pod's.
+pub const IPVLAN_UPLINK: &str = "eth2";
 
 /// (namespace, interface there, its switch port) for every cable.
 const CABLES: &[(&str, &str, &str)] = &[
     (LAN_HOST, "eth0", "fnlab-p-lan"),
     (ROGUE, "eth0", "fnlab-p-rogue"),
     (NODE1, UPLINK, "fnlab-p-n1e0"),
-    (NODE1, IPVLAN_UPLINK, "fnlab-p-n1e1"),
+    (NODE1, IPVLAN_UPLINK, "fnlab-p-n1e2"),
     (NODE2, UPLINK, "fnlab-p-n2e0"),
 ];
 
