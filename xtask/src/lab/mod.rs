@@ -229,7 +229,14 @@ impl Lab {
     fn exercise(&mut self, interrupt_after: Option<Step>) -> usize {
         for (index, step) in Step::ALL.into_iter().enumerate() {
             if interrupted() {
-                return index;
+                // The signal came between two steps: this one never started.
+                self.report.finish(StepRecord {
+                    name: step.name(),
+                    checks: step.checks(),
+                    outcome: Outcome::Interrupted,
+                    took: Duration::ZERO,
+                });
+                return index + 1;
             }
             self.report
                 .begin(index + 1, Step::ALL.len(), step.name(), step.checks());
