@@ -430,7 +430,7 @@ impl Lab {
             if message.contains("Unknown device type") || message.contains("not supported") {
                 return Ok(Some(
                     "this kernel has no ipvlan (`ip link add ... type ipvlan`: Unknown device type); \
-                     run the lab on Linux 6.1 with `cargo xtask vm-test -- target/debug/xtask lab --skip-build`"
+                     run the lab on Linux 6.1 with `cargo xtask vm-test --memory 1024 -- target/debug/xtask lab --skip-build`"
                         .into(),
                 ));
             }
