@@ -121,7 +121,9 @@ impl Step {
             Step::CrossNode => "pod-a <-> pod-b across nodes: ping and TCP, IPv4 and IPv6",
             Step::Lan => "pods <-> LAN host: ping IPv4 and IPv6 both ways",
             Step::Policy => "a policy on pod-b: TCP 8080 passes, TCP 9090 is dropped (IPv4, IPv6)",
-            Step::Conflict => "a rogue host claiming pod-b's address is counted by node2's agent",
+            Step::Conflict => {
+                "a rogue host claiming pod-b's IPv4 and IPv6 address is detected by node2's agent"
+            }
             Step::Teardown => "CNI DEL removes every pod and allocation; agents stop on SIGTERM",
         }
     }
@@ -475,44 +477,63 @@ impl Lab {
         )
     }
 
-    /// The rogue host takes pod-b's IPv4 address and announces it.
+    /// The rogue host takes pod-b's addresses: IPv4 announced with
+    /// gratuitous ARP, IPv6 through its kernel's duplicate address
+    /// detection. node2's agent must count and log both claims.
     fn conflict(&mut self) -> anyhow::Result<()> {
         const METRIC: &str = "flatnet_agent_ip_conflicts_total";
         let node2 = &self.nodes[1];
-        let claimed = self.pods[1].ipv4.clone();
+        let pod = &self.pods[1];
+        let rogue_mac = process::exec_in(ROGUE, "cat", &["/sys/class/net/eth0/address"])?
+            .trim()
+            .to_owned();
+        let (v4, v6) = (format!("{}/24", pod.ipv4), format!("{}/64", pod.ipv6));
         let before = node2.metric(METRIC)?;
-        process::ip(
-            ROGUE,
-            &["addr", "add", &format!("{claimed}/24"), "dev", "eth0"],
-        )?;
+        process::ip(ROGUE, &["addr", "add", &v4, "dev", "eth0"])?;
         let mut arping = std::process::Command::new("ip");
         arping.args([
             "netns", "exec", ROGUE, "arping", "-U", "-c", "2", "-I", "eth0",
         ]);
-        arping.arg(&claimed);
+        arping.arg(&pod.ipv4);
         // Unsolicited ARP expects no reply, so arping's exit status says
-        // nothing; the agent's counter is the check.
+        // nothing; the agent's counter and log are the checks.
         process::output(&mut arping, &[])?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let after = loop {
-            let now = node2.metric(METRIC)?;
-            if now > before || Instant::now() > deadline {
-                break now;
-            }
-            process::sleep(Duration::from_millis(100))?;
+        process::ip(ROGUE, &["addr", "add", &v6, "dev", "eth0"])?;
+        let logged = |ip: &str| {
+            node2.log_has_line(&[
+                "IP conflict",
+                &format!("address {ip} ("),
+                &format!("claimed by {rogue_mac}"),
+            ])
         };
-        process::ip(
-            ROGUE,
-            &["addr", "del", &format!("{claimed}/24"), "dev", "eth0"],
-        )?;
-        process::ip(LAN_HOST, &["neigh", "flush", "to", &claimed])?;
-        if after <= before {
-            bail!("{METRIC} on node2 stayed at {before} after the rogue host claimed {claimed}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(logged(&pod.ipv4) && logged(&pod.ipv6)) && Instant::now() < deadline {
+            process::sleep(Duration::from_millis(100))?;
         }
-        if !node2.log_contains("IP conflict") {
-            bail!("node2's agent counted the conflict but did not log it");
+        let after = node2.metric(METRIC)?;
+        for address in [&v4, &v6] {
+            process::ip(ROGUE, &["addr", "del", address, "dev", "eth0"])?;
         }
-        println!("[lab]       node2: {METRIC} {before} -> {after}, warning logged");
+        for ip in [&pod.ipv4, &pod.ipv6] {
+            process::ip(LAN_HOST, &["neigh", "flush", "to", ip])?;
+        }
+        let missing: Vec<&str> = [pod.ipv4.as_str(), pod.ipv6.as_str()]
+            .into_iter()
+            .filter(|ip| !logged(ip))
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "node2's agent logged no conflict on {} claimed by the rogue host ({rogue_mac})",
+                missing.join(", ")
+            );
+        }
+        if after < before + 2 {
+            bail!("{METRIC} on node2 went from {before} to {after}; two claims were made");
+        }
+        println!(
+            "[lab]       node2: {METRIC} {before} -> {after}; conflicts on {} and {} logged",
+            pod.ipv4, pod.ipv6
+        );
         Ok(())
     }
 

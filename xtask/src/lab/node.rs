@@ -318,9 +318,12 @@ networks:
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    /// Whether the agent's log contains `text`.
-    pub fn log_contains(&self, text: &str) -> bool {
-        fs::read_to_string(self.dir.join("agent.log")).is_ok_and(|log| log.contains(text))
+    /// Whether one line of the agent's log contains every one of `parts`.
+    pub fn log_has_line(&self, parts: &[&str]) -> bool {
+        fs::read_to_string(self.dir.join("agent.log")).is_ok_and(|log| {
+            log.lines()
+                .any(|line| parts.iter().all(|part| line.contains(part)))
+        })
     }
 }
 
