@@ -36,7 +36,7 @@ enum Command {
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
-    Lab,
+    Lab(lab::LabArgs),
     /// Everything CI checks: formatting, eBPF build, clippy, all tests.
     Test(tasks::TestArgs),
     /// Run privileged test binaries inside a VM booted from Debian's 6.1 kernel.
@@ -50,7 +50,7 @@ fn main() -> anyhow::Result<()> {
         Command::BuildEbpf => ebpf::build(),
         Command::BenchPolicy => bench_policy::run(),
         Command::Clippy => tasks::clippy(),
-        Command::Lab => lab::run(),
+        Command::Lab(args) => lab::run(&args),
         Command::Test(args) => tasks::test(&args),
         Command::VmTest(args) => vm::run(args),
     }

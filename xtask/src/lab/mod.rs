@@ -1,0 +1,658 @@
+//! `cargo xtask lab`: flatnet on a simulated LAN, on one machine.
+//!
+//! Network namespaces make the LAN: a switch (a Linux bridge), a LAN host,
+//! a rogue host and two nodes whose uplinks are the macvlan/ipvlan masters.
+//! Each node runs its own `flatnet-agent run --standalone`; pods are
+//! attached through real `flatnet-cni` calls. The lab then checks, step by
+//! step, what flatnet promises: cross-node pod traffic, pods and the LAN,
+//! address announcements, conflict detection and network policy. Every step
+//! prints a progress line; a table closes the run; any failed check makes
+//! the command fail. Everything is removed at the end, also after Ctrl-C or
+//! SIGTERM, and leftovers of a killed run are removed at the start.
+
+mod capture;
+mod netns;
+mod node;
+mod policy;
+mod process;
+mod report;
+mod topology;
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use self::{
+    capture::Capture,
+    netns::{EchoServer, expect_tcp, ping},
+    node::{Binaries, DUAL_NETWORK, IPVLAN_NETWORK, Node},
+    policy::{ALLOWED_PORT, BLOCKED_PORT, PolicyPod},
+    process::{Interrupted, interrupted},
+    report::{Outcome, Report, StepRecord},
+    topology::{LAN_HOST, LAN_HOST_IPVLAN_V4, LAN_HOST_V4, LAN_HOST_V6, NODE1, NODE2, ROGUE},
+};
+use crate::{ebpf, workspace};
+
+/// Options of `cargo xtask lab`.
+#[derive(Args, Debug, Default)]
+pub struct LabArgs {
+    /// Send this process SIGINT right after the given step, as Ctrl-C
+    /// would; the lab must then clean up everything and exit with 130.
+    #[arg(long, value_enum)]
+    pub interrupt_after: Option<Step>,
+    /// Use the binaries already in target/debug instead of building them
+    /// (where cargo cannot run, such as inside the test VM).
+    #[arg(long)]
+    pub skip_build: bool,
+}
+
+/// The lab's steps, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Step {
+    Build,
+    Leftovers,
+    Topology,
+    Agents,
+    Pods,
+    Announce,
+    Ipvlan,
+    CrossNode,
+    Lan,
+    Policy,
+    Conflict,
+    Teardown,
+}
+
+impl Step {
+    const ALL: [Step; 12] = [
+        Step::Build,
+        Step::Leftovers,
+        Step::Topology,
+        Step::Agents,
+        Step::Pods,
+        Step::Announce,
+        Step::Ipvlan,
+        Step::CrossNode,
+        Step::Lan,
+        Step::Policy,
+        Step::Conflict,
+        Step::Teardown,
+    ];
+
+    /// The step's name, as `--interrupt-after` takes it.
+    fn name(self) -> &'static str {
+        match self {
+            Step::Build => "build",
+            Step::Leftovers => "leftovers",
+            Step::Topology => "topology",
+            Step::Agents => "agents",
+            Step::Pods => "pods",
+            Step::Announce => "announce",
+            Step::Ipvlan => "ipvlan",
+            Step::CrossNode => "cross-node",
+            Step::Lan => "lan",
+            Step::Policy => "policy",
+            Step::Conflict => "conflict",
+            Step::Teardown => "teardown",
+        }
+    }
+
+    /// What the step checks (progress line and report).
+    fn checks(self) -> &'static str {
+        match self {
+            Step::Build => "eBPF object, flatnet-agent and flatnet-cni (debug) are built",
+            Step::Leftovers => "nothing of an earlier lab run is left (fnlab- names, pins, agents)",
+            Step::Topology => "switch (bridge), LAN host, rogue host, node1 and node2 are cabled",
+            Step::Agents => {
+                "flatnet-agent run --standalone on each node answers STATUS and /readyz"
+            }
+            Step::Pods => {
+                "CNI ADD gives pod-a (node1) and pod-b (node2) dual-stack macvlan addresses"
+            }
+            Step::Announce => "the LAN host received each pod's gratuitous ARP and unsolicited NA",
+            Step::Ipvlan => {
+                "CNI ADD of an ipvlan L2 pod on node1; it reaches the LAN host and back"
+            }
+            Step::CrossNode => "pod-a <-> pod-b across nodes: ping and TCP, IPv4 and IPv6",
+            Step::Lan => "pods <-> LAN host: ping IPv4 and IPv6 both ways",
+            Step::Policy => "a policy on pod-b: TCP 8080 passes, TCP 9090 is dropped (IPv4, IPv6)",
+            Step::Conflict => {
+                "a rogue host claiming pod-b's IPv4 and IPv6 address is detected by node2's agent"
+            }
+            Step::Teardown => "CNI DEL removes every pod and allocation; agents stop on SIGTERM",
+        }
+    }
+
+    /// Steps later steps build on: their failure ends the run.
+    fn is_setup(self) -> bool {
+        matches!(
+            self,
+            Step::Build | Step::Leftovers | Step::Topology | Step::Agents | Step::Pods
+        )
+    }
+}
+
+/// A pod of the lab: its namespace (also its container ID) and addresses.
+struct Pod {
+    netns: &'static str,
+    ipv4: String,
+    ipv6: String,
+    /// The pod interface's MAC (ipvlan interfaces share the master's).
+    mac: Option<[u8; 6]>,
+}
+
+impl Pod {
+    fn for_policy(&self) -> PolicyPod<'_> {
+        PolicyPod {
+            netns: self.netns,
+            ipv4: &self.ipv4,
+            ipv6: &self.ipv6,
+        }
+    }
+}
+
+const POD_A: &str = "fnlab-pod-a";
+const POD_B: &str = "fnlab-pod-b";
+const POD_C: &str = "fnlab-pod-c";
+
+/// Everything one lab run holds; dropped (and so stopped) at cleanup.
+#[derive(Default)]
+struct Lab {
+    skip_build: bool,
+    report: Report,
+    bins: Option<Binaries>,
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    /// Pods on the ipvlan network (none when the kernel lacks ipvlan).
+    ipvlan_pods: Vec<Pod>,
+    capture: Option<Capture>,
+    servers: Vec<EchoServer>,
+}
+
+/// Runs the lab; fails when any check failed. Exits the process with 130
+/// after cleaning up when interrupted.
+pub fn run(args: &LabArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the lab creates network namespaces and loads eBPF programs: run it as root");
+    }
+    process::install_handler(topology::remove_everything)?;
+    let mut lab = Lab {
+        skip_build: args.skip_build,
+        ..Lab::default()
+    };
+    let steps_done = lab.exercise(args.interrupt_after);
+    for step in &Step::ALL[steps_done..] {
+        lab.report.not_run(step.name(), step.checks());
+    }
+    let failed = !lab.report.failures().is_empty();
+    if failed {
+        lab.print_agent_logs();
+    }
+    lab.cleanup();
+    println!();
+    println!("{}", lab.report);
+    if interrupted() {
+        eprintln!("[lab] interrupted; everything the lab made has been removed");
+        std::process::exit(130);
+    }
+    let failures: Vec<&str> = lab.report.failures().iter().map(|s| s.name).collect();
+    if !failures.is_empty() {
+        bail!("the lab failed: {}", failures.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs `cargo xtask lab --interrupt-after pods` and checks that the
+/// interrupted lab exits with 130 and leaves nothing behind.
+pub fn interrupted_run_leaves_nothing() -> anyhow::Result<()> {
+    let mut lab = workspace::cargo(None);
+    lab.args(["xtask", "lab", "--interrupt-after", "pods"]);
+    println!("==> lab interrupted after the pods step: {lab:?}");
+    let status = lab.status().context("run the interrupted lab")?;
+    let left = topology::leftovers();
+    if status.code() != Some(130) {
+        bail!("the interrupted lab exited with {status}, expected 130");
+    }
+    if !left.is_empty() {
+        bail!("the interrupted lab left: {}", left.join(", "));
+    }
+    println!("<== lab interrupted after the pods step: exit 130, nothing left");
+    Ok(())
+}
+
+impl Lab {
+    /// Runs the steps in order; returns how many were recorded.
+    fn exercise(&mut self, interrupt_after: Option<Step>) -> usize {
+        for (index, step) in Step::ALL.into_iter().enumerate() {
+            if interrupted() {
+                // The signal came between two steps: this one never started.
+                self.report.finish(StepRecord {
+                    name: step.name(),
+                    checks: step.checks(),
+                    outcome: Outcome::Interrupted,
+                    took: Duration::ZERO,
+                });
+                return index + 1;
+            }
+            self.report
+                .begin(index + 1, Step::ALL.len(), step.name(), step.checks());
+            let started = Instant::now();
+            let outcome = match self.step(step) {
+                Ok(None) => Outcome::Passed,
+                Ok(Some(reason)) => Outcome::Skipped(reason),
+                Err(_) if interrupted() => Outcome::Interrupted,
+                Err(e) if e.is::<Interrupted>() => Outcome::Interrupted,
+                Err(e) => Outcome::Failed(format!("{e:#}")),
+            };
+            let stop = match &outcome {
+                Outcome::Interrupted => true,
+                Outcome::Failed(_) => step.is_setup(),
+                _ => false,
+            };
+            self.report.finish(StepRecord {
+                name: step.name(),
+                checks: step.checks(),
+                outcome,
+                took: started.elapsed(),
+            });
+            if stop {
+                return index + 1;
+            }
+            if interrupt_after == Some(step) {
+                println!(
+                    "[lab] --interrupt-after {}: sending SIGINT to myself",
+                    step.name()
+                );
+                process::interrupt_self();
+            }
+        }
+        Step::ALL.len()
+    }
+
+    /// One step; `Ok(Some(reason))` when it is skipped on this machine.
+    fn step(&mut self, step: Step) -> anyhow::Result<Option<String>> {
+        match step {
+            Step::Build => self.build(),
+            Step::Leftovers => remove_leftovers(),
+            Step::Topology => topology::build(),
+            Step::Agents => self.start_agents(),
+            Step::Pods => self.add_pods(),
+            Step::Announce => self.check_announcements(),
+            Step::Ipvlan => return self.ipvlan_pod(),
+            Step::CrossNode => self.cross_node(),
+            Step::Lan => self.pods_and_lan(),
+            Step::Policy => self.policy(),
+            Step::Conflict => self.conflict(),
+            Step::Teardown => self.teardown(),
+        }
+        .map(|()| None)
+    }
+
+    fn bins(&self) -> &Binaries {
+        self.bins.as_ref().expect("built in the first step")
+    }
+
+    fn build(&mut self) -> anyhow::Result<()> {
+        if !self.skip_build {
+            ebpf::build()?;
+            let mut build = workspace::cargo(None);
+            build.args(["build", "--package", "flatnet-agent", "--bins"]);
+            workspace::run("build flatnet-agent and flatnet-cni", &mut build)?;
+        }
+        let dir = workspace::root().join("target/debug");
+        let bins = Binaries {
+            agent: dir.join("flatnet-agent"),
+            cni: dir.join("flatnet-cni"),
+        };
+        for binary in [&bins.agent, &bins.cni] {
+            if !binary.is_file() {
+                bail!("{} is missing; run without --skip-build", binary.display());
+            }
+        }
+        self.bins = Some(bins);
+        Ok(())
+    }
+
+    fn start_agents(&mut self) -> anyhow::Result<()> {
+        self.nodes = vec![Node::new(NODE1, 10)?, Node::new(NODE2, 20)?];
+        let bins = self.bins().clone();
+        for node in &mut self.nodes {
+            node.start(&bins)?;
+        }
+        for node in &mut self.nodes {
+            node.wait_ready(&bins)?;
+        }
+        Ok(())
+    }
+
+    /// pod-a on node1, pod-b on node2, both on the dual-stack macvlan
+    /// network; the LAN host listens for their announcements meanwhile.
+    fn add_pods(&mut self) -> anyhow::Result<()> {
+        self.capture = Some(Capture::start(LAN_HOST, "eth0")?);
+        for (index, netns) in [(0, POD_A), (1, POD_B)] {
+            let pod = self.add_pod(index, netns, DUAL_NETWORK)?;
+            self.pods.push(pod);
+        }
+        for port in [ALLOWED_PORT, BLOCKED_PORT] {
+            self.servers.push(EchoServer::start(POD_B, port)?);
+        }
+        Ok(())
+    }
+
+    /// CNI ADD of `netns` as the first pod of node `node`'s `network`;
+    /// checks the addresses it got.
+    fn add_pod(&self, node: usize, netns: &'static str, network: &str) -> anyhow::Result<Pod> {
+        topology::create_netns(netns)?;
+        let node = &self.nodes[node];
+        let result = node.cni(self.bins(), "ADD", network, Some(netns), json!({}))?;
+        let addresses: Vec<&str> = result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip["address"].as_str())
+            .collect();
+        let mac = result["interfaces"][0]["mac"].as_str().and_then(parse_mac);
+        let (ipv4, ipv6) = node.pod_address(0);
+        let (ipv4, ipv6, expected) = if network == IPVLAN_NETWORK {
+            let v4 = format!("198.51.100.{}", node.base);
+            (v4.clone(), String::new(), vec![format!("{v4}/24")])
+        } else {
+            let expected = vec![format!("{ipv4}/24"), format!("{ipv6}/64")];
+            (ipv4, ipv6, expected)
+        };
+        if addresses != expected {
+            bail!("{netns} got {addresses:?} from {network}, expected {expected:?}");
+        }
+        println!(
+            "[lab]       {netns} on {}: {} (MAC {})",
+            node.netns,
+            addresses.join(", "),
+            result["interfaces"][0]["mac"].as_str().unwrap_or_default()
+        );
+        Ok(Pod {
+            netns,
+            ipv4,
+            ipv6,
+            mac,
+        })
+    }
+
+    fn check_announcements(&mut self) -> anyhow::Result<()> {
+        let capture = self.capture.as_ref().context("no capture running")?;
+        // The agent announces three times a second apart; give it a while.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut missing = Vec::new();
+        loop {
+            missing.clear();
+            for pod in &self.pods {
+                let v4: Ipv4Addr = pod.ipv4.parse()?;
+                let v6: Ipv6Addr = pod.ipv6.parse()?;
+                let mac = pod
+                    .mac
+                    .with_context(|| format!("the ADD result of {} has no MAC", pod.netns))?;
+                if !capture.saw_gratuitous_arp(mac, v4) {
+                    missing.push(format!("gratuitous ARP for {v4}"));
+                }
+                if !capture.saw_unsolicited_na(mac, v6) {
+                    missing.push(format!("unsolicited NA for {v6}"));
+                }
+            }
+            if missing.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            process::sleep(Duration::from_millis(100))?;
+        }
+        self.capture = None;
+        if !missing.is_empty() {
+            bail!("the LAN host never received: {}", missing.join(", "));
+        }
+        Ok(())
+    }
+
+    fn ipvlan_pod(&mut self) -> anyhow::Result<Option<String>> {
+        let probe = [
+            "link",
+            "add",
+            "fnlab-ipvprobe",
+            "link",
+            topology::IPVLAN_UPLINK,
+            "type",
+            "ipvlan",
+            "mode",
+            "l2",
+        ];
+        if let Err(e) = process::ip(NODE1, &probe) {
+            let message = format!("{e:#}");
+            if message.contains("Unknown device type") || message.contains("not supported") {
+                return Ok(Some(
+                    "this kernel has no ipvlan (`ip link add ... type ipvlan`: Unknown device type); \
+                     run the lab on Linux 6.1 with `cargo xtask vm-test --memory 1024 -- target/debug/xtask lab --skip-build`"
+                        .into(),
+                ));
+            }
+            return Err(e);
+        }
+        process::ip(NODE1, &["link", "del", "fnlab-ipvprobe"])?;
+        let pod = self.add_pod(0, POD_C, IPVLAN_NETWORK)?;
+        let pod_v4 = pod.ipv4.clone();
+        self.ipvlan_pods.push(pod);
+        ping(POD_C, LAN_HOST_IPVLAN_V4)?;
+        ping(LAN_HOST, &pod_v4)?;
+        Ok(None)
+    }
+
+    fn cross_node(&mut self) -> anyhow::Result<()> {
+        let (a, b) = (&self.pods[0], &self.pods[1]);
+        ping(a.netns, &b.ipv4)?;
+        ping(a.netns, &b.ipv6)?;
+        ping(b.netns, &a.ipv4)?;
+        ping(b.netns, &a.ipv6)?;
+        expect_tcp(a.netns, socket(&b.ipv4, ALLOWED_PORT))?;
+        expect_tcp(a.netns, socket(&b.ipv6, ALLOWED_PORT))?;
+        Ok(())
+    }
+
+    fn pods_and_lan(&mut self) -> anyhow::Result<()> {
+        for pod in &self.pods {
+            ping(pod.netns, LAN_HOST_V4)?;
+            ping(pod.netns, LAN_HOST_V6)?;
+            ping(LAN_HOST, &pod.ipv4)?;
+            ping(LAN_HOST, &pod.ipv6)?;
+        }
+        Ok(())
+    }
+
+    fn policy(&mut self) -> anyhow::Result<()> {
+        policy::allow_only_one_port(
+            self.bins(),
+            &self.nodes[1],
+            &self.pods[1].for_policy(),
+            &self.pods[0].for_policy(),
+        )
+    }
+
+    /// The rogue host takes pod-b's addresses: IPv4 announced with
+    /// gratuitous ARP, IPv6 through its kernel's duplicate address
+    /// detection. node2's agent must count and log both claims.
+    fn conflict(&mut self) -> anyhow::Result<()> {
+        const METRIC: &str = "flatnet_agent_ip_conflicts_total";
+        let node2 = &self.nodes[1];
+        let pod = &self.pods[1];
+        let rogue_mac = process::exec_in(ROGUE, "cat", &["/sys/class/net/eth0/address"])?
+            .trim()
+            .to_owned();
+        let (v4, v6) = (format!("{}/24", pod.ipv4), format!("{}/64", pod.ipv6));
+        let before = node2.metric(METRIC)?;
+        process::ip(ROGUE, &["addr", "add", &v4, "dev", "eth0"])?;
+        let mut arping = std::process::Command::new("ip");
+        arping.args([
+            "netns", "exec", ROGUE, "arping", "-U", "-c", "2", "-I", "eth0",
+        ]);
+        arping.arg(&pod.ipv4);
+        // Unsolicited ARP expects no reply, so arping's exit status says
+        // nothing; the agent's counter and log are the checks.
+        process::output(&mut arping, &[])?;
+        process::ip(ROGUE, &["addr", "add", &v6, "dev", "eth0"])?;
+        let logged = |ip: &str| {
+            node2.log_has_line(&[
+                "IP conflict",
+                &format!("address {ip} ("),
+                &format!("claimed by {rogue_mac}"),
+            ])
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(logged(&pod.ipv4) && logged(&pod.ipv6)) && Instant::now() < deadline {
+            process::sleep(Duration::from_millis(100))?;
+        }
+        let after = node2.metric(METRIC)?;
+        for address in [&v4, &v6] {
+            process::ip(ROGUE, &["addr", "del", address, "dev", "eth0"])?;
+        }
+        for ip in [&pod.ipv4, &pod.ipv6] {
+            process::ip(LAN_HOST, &["neigh", "flush", "to", ip])?;
+        }
+        let missing: Vec<&str> = [pod.ipv4.as_str(), pod.ipv6.as_str()]
+            .into_iter()
+            .filter(|ip| !logged(ip))
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "node2's agent logged no conflict on {} claimed by the rogue host ({rogue_mac})",
+                missing.join(", ")
+            );
+        }
+        if after < before + 2 {
+            bail!("{METRIC} on node2 went from {before} to {after}; two claims were made");
+        }
+        println!(
+            "[lab]       node2: {METRIC} {before} -> {after}; conflicts on {} and {} logged",
+            pod.ipv4, pod.ipv6
+        );
+        Ok(())
+    }
+
+    fn teardown(&mut self) -> anyhow::Result<()> {
+        self.servers.clear();
+        self.delete_pods(self.bins())?;
+        for node in &mut self.nodes {
+            node.stop()?;
+        }
+        Ok(())
+    }
+
+    fn delete_pods(&self, bins: &Binaries) -> anyhow::Result<()> {
+        let attached = [
+            (0, &self.pods[0], DUAL_NETWORK),
+            (1, &self.pods[1], DUAL_NETWORK),
+        ]
+        .into_iter()
+        .chain(self.ipvlan_pods.iter().map(|p| (0, p, IPVLAN_NETWORK)));
+        for (node, pod, network) in attached {
+            self.nodes[node].cni(bins, "DEL", network, Some(pod.netns), json!({}))?;
+            if process::ip(pod.netns, &["link", "show", "dev", "eth1"]).is_ok() {
+                bail!("CNI DEL left eth1 in {}", pod.netns);
+            }
+        }
+        for node in &self.nodes {
+            let left = node.allocations()?;
+            if !left.is_empty() {
+                bail!("{} still allocates {left:?} after DEL", node.netns);
+            }
+        }
+        Ok(())
+    }
+
+    fn print_agent_logs(&self) {
+        for node in &self.nodes {
+            println!("[lab] last lines of the agent log of {}:", node.netns);
+            println!("{}", node.log_tail());
+        }
+    }
+
+    /// Stops whatever runs and removes everything; a report line of its own.
+    fn cleanup(&mut self) {
+        let checks = "agents stopped; namespaces, links, pins and files removed";
+        self.report
+            .begin(Step::ALL.len() + 1, Step::ALL.len() + 1, "cleanup", checks);
+        let started = Instant::now();
+        self.capture = None;
+        self.servers.clear();
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        topology::remove_everything();
+        let left = topology::leftovers();
+        let outcome = if left.is_empty() {
+            Outcome::Passed
+        } else {
+            Outcome::Failed(format!("left behind: {}", left.join(", ")))
+        };
+        self.report.finish(StepRecord {
+            name: "cleanup",
+            checks,
+            outcome,
+            took: started.elapsed(),
+        });
+    }
+}
+
+fn remove_leftovers() -> anyhow::Result<()> {
+    let found = topology::leftovers();
+    if !found.is_empty() {
+        println!("[lab]       removing leftovers: {}", found.join(", "));
+    }
+    topology::remove_everything();
+    let left = topology::leftovers();
+    if !left.is_empty() {
+        bail!("cannot remove: {}", left.join(", "));
+    }
+    Ok(())
+}
+
+fn socket(ip: &str, port: u16) -> SocketAddr {
+    let ip: std::net::IpAddr = ip.parse().expect("lab addresses are valid");
+    SocketAddr::new(ip, port)
+}
+
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let bytes: Vec<u8> = text
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).ok())
+        .collect::<Option<_>>()?;
+    bytes.try_into().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_names_are_the_interrupt_after_values() {
+        for step in Step::ALL {
+            assert_eq!(Step::from_str(step.name(), false), Ok(step));
+        }
+        assert_eq!(Step::CrossNode.name(), "cross-node");
+    }
+
+    #[test]
+    fn macs_parse_from_cni_results() {
+        assert_eq!(
+            parse_mac("5a:1e:9c:00:11:22"),
+            Some([0x5a, 0x1e, 0x9c, 0, 0x11, 0x22])
+        );
+        assert_eq!(parse_mac("5a:1e:9c:00:11"), None);
+        assert_eq!(parse_mac("zz:1e:9c:00:11:22"), None);
+    }
+
+    #[test]
+    fn only_the_first_steps_end_a_run_when_they_fail() {
+        let setup: Vec<Step> = Step::ALL.into_iter().filter(|s| s.is_setup()).collect();
+        assert_eq!(setup, &Step::ALL[..5]);
+    }
+}

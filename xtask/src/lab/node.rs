@@ -1,0 +1,340 @@
+//! A lab node: its own `flatnet-agent run --standalone` process with
+//! private paths (state file, allocation file, socket, records, pin root,
+//! admin address), and pods attached through the real `flatnet-cni`.
+
+use std::{
+    fs,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use super::{
+    process::{self, POLL},
+    topology::{
+        IPVLAN_UPLINK, LAN_HOST_IPVLAN_V4, LAN_HOST_V4, LAN_HOST_V6, PIN_DIR, UPLINK, WORK_DIR,
+    },
+};
+
+/// The dual-stack macvlan network of every node.
+pub const DUAL_NETWORK: &str = "lab-dual";
+/// node1's ipvlan L2 network.
+pub const IPVLAN_NETWORK: &str = "lab-ipvlan";
+
+/// The built binaries the lab runs.
+#[derive(Clone)]
+pub struct Binaries {
+    pub agent: PathBuf,
+    pub cni: PathBuf,
+}
+
+/// One node's agent and the paths it owns.
+pub struct Node {
+    /// Node name and namespace name.
+    pub netns: &'static str,
+    /// Host part of this node's pod addresses: pods get `.{base}`, `.{base+1}`...
+    pub base: u8,
+    dir: PathBuf,
+    pub pin_root: PathBuf,
+    admin: SocketAddr,
+    agent: Option<Child>,
+}
+
+impl Node {
+    /// A node whose pods get addresses from `192.0.2.{base}` and
+    /// `2001:db8::{base}` on (ranges of ten, disjoint between nodes).
+    pub fn new(netns: &'static str, base: u8) -> anyhow::Result<Self> {
+        let short = netns.trim_start_matches(super::topology::PREFIX);
+        let node = Self {
+            netns,
+            base,
+            dir: Path::new(WORK_DIR).join(short),
+            pin_root: Path::new(PIN_DIR).join(short),
+            admin: free_local_port()?,
+            agent: None,
+        };
+        fs::create_dir_all(&node.dir)?;
+        fs::create_dir_all(&node.pin_root)?;
+        Ok(node)
+    }
+
+    /// This node's n-th pod address (IPv4, IPv6).
+    pub fn pod_address(&self, n: u8) -> (String, String) {
+        let host = self.base + n;
+        (format!("192.0.2.{host}"), format!("2001:db8::{host}"))
+    }
+
+    fn state_file(&self) -> String {
+        let (first4, first6) = self.pod_address(0);
+        let (last4, last6) = self.pod_address(9);
+        let ipvlan = (
+            format!("198.51.100.{}", self.base),
+            format!("198.51.100.{}", self.base + 9),
+        );
+        format!(
+            r#"# flatnet-agent standalone state of lab node {netns}
+subnets:
+  - name: lan4
+    spec:
+      flatMode: macvlan
+      mode: bridge
+      master: {UPLINK}
+      cidr: 192.0.2.0/24
+      gateway: {LAN_HOST_V4}
+      ranges: [{{from: {first4}, to: {last4}}}]
+  - name: lan6
+    spec:
+      flatMode: macvlan
+      mode: bridge
+      master: {UPLINK}
+      cidr: "2001:db8::/64"
+      gateway: "{LAN_HOST_V6}"
+      ranges: [{{from: "{first6}", to: "{last6}"}}]
+  - name: ipvlan4
+    spec:
+      flatMode: ipvlan
+      mode: l2
+      master: {IPVLAN_UPLINK}
+      cidr: 198.51.100.0/24
+      gateway: {LAN_HOST_IPVLAN_V4}
+      ranges: [{{from: {}, to: {}}}]
+networks:
+  - {{name: {DUAL_NETWORK}, subnets: [lan4, lan6]}}
+  - {{name: {IPVLAN_NETWORK}, subnets: [ipvlan4]}}
+"#,
+            ipvlan.0,
+            ipvlan.1,
+            netns = self.netns,
+        )
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// Starts the agent; [`Node::wait_ready`] waits for it.
+    pub fn start(&mut self, bins: &Binaries) -> anyhow::Result<()> {
+        fs::write(self.dir.join("state.yaml"), self.state_file())?;
+        let log = fs::File::create(self.dir.join("agent.log"))?;
+        let child = Command::new(&bins.agent)
+            .args(["--log-level", "info", "run", "--standalone"])
+            .args(["--node-name", self.netns])
+            .args(["--state-file", &self.path("state.yaml")])
+            .args(["--state-dir", &self.path("state")])
+            .args(["--record-dir", &self.path("records")])
+            .args(["--lease-dir", &self.path("leases")])
+            .args(["--socket", &self.path("agent.sock")])
+            .args(["--cni-bin-dir", &self.path("bin")])
+            .arg("--cni-binary")
+            .arg(&bins.cni)
+            .arg("--pin-root")
+            .arg(&self.pin_root)
+            .args(["--host-netns", &format!("/run/netns/{}", self.netns)])
+            .args(["--admin-address", &self.admin.to_string()])
+            .args(["--arp-policy", "arping"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {}", bins.agent.display()))?;
+        self.agent = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the agent answers CNI STATUS and `/readyz`.
+    pub fn wait_ready(&mut self, bins: &Binaries) -> anyhow::Result<()> {
+        // A bound on waiting for start-up, not a measurement.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.agent.as_mut().expect("started").try_wait()? {
+                bail!(
+                    "flatnet-agent on {} exited during start-up ({status}):\n{}",
+                    self.netns,
+                    self.log_tail()
+                );
+            }
+            let status = self.cni(bins, "STATUS", DUAL_NETWORK, None, json!({}));
+            if status.is_ok() && self.http_get("/readyz").is_ok_and(|b| b.contains("ready")) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "flatnet-agent on {} is not ready:\n{}",
+                    self.netns,
+                    self.log_tail()
+                );
+            }
+            process::sleep(Duration::from_millis(100))?;
+        }
+    }
+
+    /// Runs `flatnet-cni` with `command` for the container `pod` (the
+    /// namespace name doubles as container ID) and the network config on
+    /// stdin; returns its stdout JSON, or fails with the CNI error.
+    pub fn cni(
+        &self,
+        bins: &Binaries,
+        command: &str,
+        network: &str,
+        pod: Option<&str>,
+        extra: Value,
+    ) -> anyhow::Result<Value> {
+        let mut config = json!({
+            "cniVersion": "1.1.0",
+            "name": network,
+            "type": "flatnet-cni",
+            "agentTimeoutSeconds": 30,
+        });
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            config[key] = value.clone();
+        }
+        let mut cni = Command::new(&bins.cni);
+        cni.env_clear()
+            .env("CNI_COMMAND", command)
+            .env("FLATNET_AGENT_SOCKET", self.path("agent.sock"))
+            .env("CNI_PATH", self.path("bin"));
+        if let Some(pod) = pod {
+            cni.env("CNI_CONTAINERID", pod)
+                .env("CNI_IFNAME", "eth1")
+                .env("CNI_NETNS", format!("/run/netns/{pod}"))
+                .env(
+                    "CNI_ARGS",
+                    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=lab;K8S_POD_NAME={pod}"),
+                );
+        }
+        let out = process::output(&mut cni, config.to_string().as_bytes())?;
+        let stdout: Value = if out.stdout.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&out.stdout).with_context(|| {
+                format!(
+                    "flatnet-cni {command} printed no JSON: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })?
+        };
+        if !out.status.success() {
+            bail!(
+                "flatnet-cni {command} {network} on {}: {stdout}",
+                self.netns
+            );
+        }
+        Ok(stdout)
+    }
+
+    /// `GET path` on the agent's admin address; the body.
+    pub fn http_get(&self, path: &str) -> anyhow::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.admin
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .context("HTTP response without a header end")?;
+        if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+            bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+        }
+        Ok(body.to_owned())
+    }
+
+    /// The value of a counter in the agent's `/metrics`.
+    pub fn metric(&self, name: &str) -> anyhow::Result<u64> {
+        let body = self.http_get("/metrics")?;
+        body.lines()
+            .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .find_map(|value| value.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .with_context(|| format!("no {name} in the /metrics of {}", self.netns))
+    }
+
+    /// The allocations in the agent's allocation file.
+    pub fn allocations(&self) -> anyhow::Result<Vec<String>> {
+        let path = self.dir.join("state/allocations.json");
+        let file: Value = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).context(format!("read {}", path.display())),
+        };
+        Ok(file["allocations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["address"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// Stops the agent with SIGTERM, as a service manager would, and checks
+    /// it exits successfully.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.agent.take() else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("flatnet-agent on {} ignored SIGTERM", self.netns);
+            }
+            std::thread::sleep(POLL);
+        };
+        if !status.success() {
+            bail!(
+                "flatnet-agent on {} exited with {status}:\n{}",
+                self.netns,
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// Kills the agent (cleanup after failure or interrupt).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last lines of the agent's log.
+    pub fn log_tail(&self) -> String {
+        let log = fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Whether one line of the agent's log contains every one of `parts`.
+    pub fn log_has_line(&self, parts: &[&str]) -> bool {
+        fs::read_to_string(self.dir.join("agent.log")).is_ok_and(|log| {
+            log.lines()
+                .any(|line| parts.iter().all(|part| line.contains(part)))
+        })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 for an agent's admin endpoints.
+fn free_local_port() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("find a free local port")?;
+    Ok(listener.local_addr()?)
+}
