@@ -65,9 +65,13 @@ pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<PathBuf, InstallE
 
 /// The network configuration list flatnet installs: one network named
 /// `name` using flatnet-cni.
+///
+/// `cniVersion` is 1.0.0 because runtimes built on libcni before 1.2
+/// (podman 4, containerd 1.7) pass it through unchanged and cannot parse a
+/// 1.1.0 result; newer runtimes pick the highest of `cniVersions` instead.
 pub fn conflist(name: &str, agent_socket: &Path) -> serde_json::Value {
     json!({
-        "cniVersion": "1.1.0",
+        "cniVersion": "1.0.0",
         "cniVersions": ["1.0.0", "1.1.0"],
         "name": name,
         "plugins": [{
@@ -129,5 +133,11 @@ mod tests {
             serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         assert_eq!(written["plugins"][0]["type"], "flatnet-cni");
         assert_eq!(written["name"], "flat");
+        // Readable by runtimes that know only `cniVersion`, up to 1.0.0.
+        assert_eq!(written["cniVersion"], "1.0.0");
+        assert_eq!(
+            written["cniVersions"],
+            serde_json::json!(["1.0.0", "1.1.0"])
+        );
     }
 }

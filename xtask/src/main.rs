@@ -1,6 +1,6 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
-mod bench_policy;
+mod bench;
 mod charts;
 mod crds;
 mod ebpf;
@@ -31,7 +31,11 @@ enum Command {
     Charts,
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
-    /// Measure the per-packet cost of the policy programs (root); updates docs/benchmarks.md.
+    /// Benchmarks (root): cni, throughput, policy; each updates docs/benchmarks.md.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Same as `bench policy`.
+    #[command(hide = true)]
     BenchPolicy,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
@@ -48,7 +52,8 @@ fn main() -> anyhow::Result<()> {
         Command::Crds { check } => crds::run(check),
         Command::Charts => charts::check(),
         Command::BuildEbpf => ebpf::build(),
-        Command::BenchPolicy => bench_policy::run(),
+        Command::Bench(command) => bench::run(command),
+        Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),
         Command::Clippy => tasks::clippy(),
         Command::Lab(args) => lab::run(&args),
         Command::Test(args) => tasks::test(&args),

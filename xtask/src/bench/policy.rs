@@ -1,14 +1,12 @@
-//! `cargo xtask bench-policy`: per-packet cost of the policy programs,
+//! `cargo xtask bench policy`: per-packet cost of the policy programs,
 //! written into the "Network policy" section of docs/benchmarks.md.
 
 use std::{fs, process::Stdio};
 
 use anyhow::{Context, bail};
 
+use super::report;
 use crate::{ebpf, workspace};
-
-const BEGIN: &str = "<!-- bench-policy:begin -->";
-const END: &str = "<!-- bench-policy:end -->";
 
 /// Builds the eBPF object, runs the benchmark example (root) and updates
 /// docs/benchmarks.md.
@@ -25,7 +23,7 @@ pub fn run() -> anyhow::Result<()> {
             "bench_policy",
         ])
         .stderr(Stdio::inherit());
-    println!("==> bench-policy: {cargo:?}");
+    println!("==> bench policy: {cargo:?}");
     let output = cargo.output().context("cannot start cargo run")?;
     if !output.status.success() {
         bail!("bench_policy failed ({}); it needs root", output.status);
@@ -41,28 +39,13 @@ pub fn run() -> anyhow::Result<()> {
         Err(_) => "JIT always on",
     };
     let section = format!(
-        "{BEGIN}\n## Network policy (pod-interface programs)\n\n\
-         Command: `cargo xtask bench-policy` (root). Per-packet cost of one program run\n\
+        "## Network policy (pod-interface programs)\n\n\
+         Command: `cargo xtask bench policy` (root). Per-packet cost of one program run\n\
          as measured by the kernel (`BPF_PROG_TEST_RUN` with `repeat`), on an IPv4 TCP\n\
          frame, {jit}. Linux {}, {cpus} CPUs. Rules are ingress rules allowing\n\
          TCP 80 from one /32 each; the lookup is one LPM-trie search whatever the\n\
-         number of rules.\n\n{table}{END}\n",
+         number of rules.\n\n{table}",
         kernel.trim()
     );
-    let path = workspace::root().join("docs/benchmarks.md");
-    let old = fs::read_to_string(&path)
-        .unwrap_or_else(|_| "# Benchmarks\n\nNumbers measured on the development machine; re-run the command to refresh a section.\n\n".into());
-    let new = match (old.find(BEGIN), old.find(END)) {
-        (Some(start), Some(end)) if end > start => {
-            format!(
-                "{}{section}{}",
-                &old[..start],
-                old[end + END.len()..].trim_start_matches('\n')
-            )
-        }
-        _ => format!("{}\n\n{section}", old.trim_end()),
-    };
-    fs::write(&path, new).with_context(|| format!("write {}", path.display()))?;
-    println!("<== bench-policy: wrote {}", path.display());
-    Ok(())
+    report::write_section("policy", &section)
 }

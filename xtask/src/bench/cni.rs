@@ -1,0 +1,382 @@
+//! `cargo xtask bench cni`: what a container runtime waits for. Each ADD
+//! and DEL is one execution of the plugin binary, timed from spawn to exit,
+//! exactly as a runtime runs it.
+//!
+//! flatnet (a release `flatnet-agent run --standalone` and the
+//! `flatnet-cni` it installs) and Debian's reference `macvlan` plugin with
+//! `static` IPAM run in the same process, interleaved, on the same master (a
+//! veth in a node namespace whose peer is a LAN namespace), IPv4, a fresh
+//! pod namespace per ADD.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::{
+    Netns, PinRoot, ReleaseBinaries, apt_install, build_release_binaries, command_in_netns,
+    machine, package_version, percentile, report,
+};
+
+/// Options of `cargo xtask bench cni`.
+#[derive(Args)]
+pub struct CniArgs {
+    /// Sequential ADD+DEL pairs per plugin (after a few unmeasured ones).
+    #[arg(long, default_value_t = 200)]
+    iterations: usize,
+    /// ADDs (then as many DELs) per plugin in the parallel phase.
+    #[arg(long, default_value_t = 200)]
+    parallel_adds: usize,
+    /// Plugin executions at a time in the parallel phase.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Print the table only; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    no_write: bool,
+}
+
+const REFERENCE_DIR: &str = "/usr/lib/cni";
+const MASTER: &str = "bench0";
+const WARM_UP: usize = 5;
+/// Both plugins allocate from 198.18.0.0/15 (RFC 2544, benchmarking):
+/// flatnet from 198.18.1.0-198.18.7.255, the reference gets 198.18.8.0 + i.
+const PREFIX_LEN: u8 = 15;
+
+/// One plugin under test: how to run it and its network configuration.
+struct Plugin {
+    label: &'static str,
+    binary: PathBuf,
+    /// Namespace the plugin process runs in (the reference looks the
+    /// master up in its own namespace; flatnet-cni only talks to the agent).
+    netns: Option<PathBuf>,
+    config: Box<dyn Fn(usize) -> Value + Sync>,
+}
+
+#[derive(Default)]
+struct Measured {
+    add: Vec<Duration>,
+    del: Vec<Duration>,
+    adds_per_second: f64,
+    dels_per_second: f64,
+}
+
+impl Plugin {
+    /// Runs one CNI command for attachment `index` in `pod`; returns its duration.
+    fn exec(&self, command: &str, index: usize, pod: &Path) -> anyhow::Result<Duration> {
+        let mut cmd = match &self.netns {
+            Some(netns) => command_in_netns(&self.binary, netns)?,
+            None => Command::new(&self.binary),
+        };
+        cmd.env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", format!("bench{index:06}"))
+            .env("CNI_NETNS", pod)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", REFERENCE_DIR)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let config = (self.config)(index).to_string();
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("run {}", self.binary.display()))?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(config.as_bytes())?;
+        let out = child.wait_with_output()?;
+        let elapsed = started.elapsed();
+        if !out.status.success() {
+            bail!(
+                "{} {command} {index} failed ({}): {}{}",
+                self.label,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(elapsed)
+    }
+}
+
+/// Pod namespaces for attachments `range`, created before timing starts.
+fn pods(range: std::ops::Range<usize>) -> anyhow::Result<Vec<Netns>> {
+    range
+        .map(|i| Netns::new(format!("fbpod-{}-{i}", std::process::id() % 100_000)))
+        .collect()
+}
+
+/// The flatnet agent, running until dropped.
+struct Agent {
+    child: Child,
+    socket: PathBuf,
+    installed_cni: PathBuf,
+}
+
+impl Agent {
+    fn start(
+        binaries: &ReleaseBinaries,
+        dir: &Path,
+        node: &Netns,
+        pin: &PinRoot,
+    ) -> anyhow::Result<Self> {
+        let state = format!(
+            "subnets:\n  - name: bench\n    spec:\n      flatMode: macvlan\n      master: {MASTER}\n      \
+             cidr: 198.18.0.0/{PREFIX_LEN}\n      ranges: [{{from: 198.18.1.0, to: 198.18.7.255}}]\n\
+             networks:\n  - {{name: flatnet-bench, subnets: [bench]}}\n"
+        );
+        std::fs::write(dir.join("state.yaml"), state)?;
+        let arg = |p: &str| dir.join(p).display().to_string();
+        let child = Command::new(&binaries.agent)
+            .args(["run", "--standalone"])
+            .args(["--state-file", &arg("state.yaml")])
+            .args(["--state-dir", &arg("state")])
+            .args(["--record-dir", &arg("records")])
+            .args(["--lease-dir", &arg("leases")])
+            .args(["--socket", &arg("agent.sock")])
+            .args(["--cni-bin-dir", &arg("bin")])
+            .arg("--cni-binary")
+            .arg(&binaries.cni)
+            .arg("--pin-root")
+            .arg(&pin.0)
+            .arg("--host-netns")
+            .arg(node.path())
+            // The reference plugin has no conflict probe; see the notes.
+            .args(["--conflict-probe-ms", "0"])
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("agent.log"))?)
+            .spawn()
+            .context("start flatnet-agent")?;
+        let mut agent = Self {
+            child,
+            socket: dir.join("agent.sock"),
+            installed_cni: dir.join("bin/flatnet-cni"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !agent.ready() {
+            if let Some(status) = agent.child.try_wait()? {
+                bail!(
+                    "flatnet-agent exited ({status}); its log is {}",
+                    dir.join("agent.log").display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("flatnet-agent did not answer STATUS within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(agent)
+    }
+
+    fn ready(&self) -> bool {
+        let Ok(mut child) = Command::new(&self.installed_cni)
+            .env_clear()
+            .env("CNI_COMMAND", "STATUS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            return false;
+        };
+        let config = json!({"cniVersion": "1.1.0", "name": "flatnet-bench",
+                            "type": "flatnet-cni", "agentSocket": self.socket});
+        let _ = child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(config.to_string().as_bytes());
+        child.wait().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the benchmark and writes its section.
+pub fn run(args: &CniArgs) -> anyhow::Result<()> {
+    if args.iterations == 0 || args.parallel_adds == 0 || args.parallel == 0 {
+        bail!("--iterations, --parallel-adds and --parallel must be at least 1");
+    }
+    if args.parallel_adds > 1792 {
+        bail!("--parallel-adds is at most 1792 (the addresses of the benchmark range)");
+    }
+    apt_install(&["containernetworking-plugins"])?;
+    let binaries = build_release_binaries()?;
+    let machine = machine();
+
+    let pid = std::process::id() % 100_000;
+    let node = Netns::new(format!("fbnode-{pid}"))?;
+    let lan = Netns::new(format!("fblan-{pid}"))?;
+    super::sh(
+        "ip",
+        &[
+            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
+            "netns", &lan.name,
+        ],
+    )?;
+    node.ip(&["link", "set", MASTER, "up"])?;
+    lan.ip(&["link", "set", "lan0", "up"])?;
+
+    let dir = tempfile_dir("flatnet-bench-cni")?;
+    let pin = PinRoot::new("bench-cni");
+    let agent = Agent::start(&binaries, &dir, &node, &pin)?;
+    let socket = agent.socket.clone();
+    let plugins = [
+        Plugin {
+            label: "flatnet (agent + flatnet-cni)",
+            binary: agent.installed_cni.clone(),
+            netns: None,
+            config: Box::new(move |_| {
+                json!({"cniVersion": "1.0.0", "name": "flatnet-bench", "type": "flatnet-cni",
+                       "agentSocket": socket})
+            }),
+        },
+        Plugin {
+            label: "reference macvlan + static IPAM",
+            binary: Path::new(REFERENCE_DIR).join("macvlan"),
+            netns: Some(node.path()),
+            config: Box::new(|i| {
+                let address = format!("198.18.{}.{}/{PREFIX_LEN}", 8 + i / 256, i % 256);
+                json!({"cniVersion": "1.0.0", "name": "reference-bench", "type": "macvlan",
+                       "master": MASTER, "mode": "bridge",
+                       "ipam": {"type": "static", "addresses": [{"address": address}]}})
+            }),
+        },
+    ];
+    if !plugins[1].binary.exists() {
+        bail!("{} is missing", plugins[1].binary.display());
+    }
+
+    let mut results: Vec<Measured> = plugins.iter().map(|_| Measured::default()).collect();
+    println!(
+        "==> bench cni: {} sequential ADD+DEL per plugin (interleaved), then {} ADDs and DELs {} at a time",
+        args.iterations, args.parallel_adds, args.parallel
+    );
+    for i in 0..WARM_UP + args.iterations {
+        // Alternate who goes first, so neither always runs right after the other.
+        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for p in order {
+            let pod = pods(i..i + 1)?;
+            let add = plugins[p].exec("ADD", i, &pod[0].path())?;
+            let del = plugins[p].exec("DEL", i, &pod[0].path())?;
+            if i >= WARM_UP {
+                results[p].add.push(add);
+                results[p].del.push(del);
+            }
+        }
+    }
+    for (plugin, measured) in plugins.iter().zip(&mut results) {
+        let pods = pods(0..args.parallel_adds)?;
+        let paths: Vec<PathBuf> = pods.iter().map(Netns::path).collect();
+        measured.adds_per_second = parallel_rate(plugin, "ADD", &paths, args.parallel)?;
+        measured.dels_per_second = parallel_rate(plugin, "DEL", &paths, args.parallel)?;
+    }
+    drop(agent);
+
+    let table = table(&plugins, &mut results, args.parallel);
+    print!("{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+    if args.no_write {
+        return Ok(());
+    }
+    let section = format!(
+        "## CNI ADD and DEL: flatnet vs the reference macvlan plugin\n\n\
+         Command: `cargo xtask bench cni` (root; installs Debian's\n\
+         `containernetworking-plugins` {} for the reference). {}.\n\n\
+         Each ADD and DEL is one execution of the plugin binary, timed from spawn\n\
+         to exit as a runtime sees it, with cniVersion 1.0.0, IPv4, a fresh pod\n\
+         namespace per ADD, and the same master for both plugins: a veth in a\n\
+         node namespace whose peer is a LAN namespace. flatnet is a release\n\
+         `flatnet-agent run --standalone` (allocating from its state file) with\n\
+         the `flatnet-cni` it installed; the reference is `macvlan` (bridge\n\
+         mode) with `static` IPAM, run inside the node namespace. The two run\n\
+         interleaved in one process: {} sequential ADD+DEL pairs each (after {WARM_UP}\n\
+         unmeasured), then {} ADDs and as many DELs with {} at a time.\n\
+         The agent runs with `--conflict-probe-ms 0`: the reference has no\n\
+         conflict probe, and the probe's default 500 ms of listening for an\n\
+         answer would be added to every flatnet ADD.\n\n{table}",
+        package_version("containernetworking-plugins"),
+        machine,
+        args.iterations,
+        args.parallel_adds,
+        args.parallel,
+    );
+    report::write_section("cni", &section)
+}
+
+/// Runs `command` for every pod with `parallel` executions at a time;
+/// returns completed commands per second.
+fn parallel_rate(
+    plugin: &Plugin,
+    command: &str,
+    pods: &[PathBuf],
+    parallel: usize,
+) -> anyhow::Result<f64> {
+    let next = AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..parallel)
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(pod) = pods.get(i) else {
+                            return Ok(());
+                        };
+                        // Offset the indexes so they never meet the sequential ones.
+                        plugin.exec(command, 10_000 + i, pod)?;
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("worker panicked"))
+    })?;
+    Ok(pods.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+fn table(plugins: &[Plugin], results: &mut [Measured], parallel: usize) -> String {
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
+    let mut out = format!(
+        "| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 | ADD/s ({parallel} parallel) | DEL/s ({parallel} parallel) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for (plugin, m) in plugins.iter().zip(results) {
+        m.add.sort();
+        m.del.sort();
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} |\n",
+            plugin.label,
+            ms(percentile(&m.add, 0.5)),
+            ms(percentile(&m.add, 0.99)),
+            ms(percentile(&m.del, 0.5)),
+            ms(percentile(&m.del, 0.99)),
+            m.adds_per_second,
+            m.dels_per_second,
+        );
+    }
+    out
+}
+
+/// A fresh directory under the system's temporary directory.
+fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -1,0 +1,353 @@
+//! `cargo xtask bench throughput`: single-stream TCP throughput (iperf3)
+//! with the eBPF programs attached against no programs, in the same run.
+//!
+//! Two macvlan pods (bridge mode) on one master, a veth in a node namespace
+//! whose peer is a LAN host. Two paths: pod to pod (macvlan bridging inside
+//! the node) and pod to LAN host (through the master). "Programs" means the
+//! uplink program on the master and the policy programs on both pod
+//! interfaces, with a policy that isolates both pods and allows the iperf3
+//! port, so every data packet takes the full policy lookup.
+
+use std::{
+    path::Path,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::{
+    Netns, PinRoot, apt_install, build_release_binaries, machine, median, package_version, report,
+    sh,
+};
+
+/// Options of `cargo xtask bench throughput`.
+#[derive(Args)]
+pub struct ThroughputArgs {
+    /// Measurements per path and mode; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    repetitions: usize,
+    /// Seconds per iperf3 measurement.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Print the table only; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    no_write: bool,
+}
+
+const MASTER: &str = "bench0";
+const LAN_HOST: &str = "192.0.2.1";
+const POD_A: &str = "192.0.2.10";
+const POD_B: &str = "192.0.2.11";
+const IPERF_PORT: u16 = 5201;
+
+/// A measured flow: the client's namespace and the server's address.
+struct Flow<'a> {
+    label: &'static str,
+    client: &'a Netns,
+    server_address: &'static str,
+}
+
+/// Attaches and detaches the programs with the agent's CLI.
+struct Programs<'a> {
+    agent: &'a Path,
+    pin: &'a PinRoot,
+    node: &'a Netns,
+    pods: [&'a Netns; 2],
+}
+
+impl Programs<'_> {
+    fn agent(&self, args: &[&str]) -> anyhow::Result<()> {
+        sh(self.agent, args).map(drop)
+    }
+
+    fn pin(&self) -> String {
+        self.pin.0.display().to_string()
+    }
+
+    fn attach(&self) -> anyhow::Result<()> {
+        let node = self.node.path().display().to_string();
+        let pin = self.pin();
+        self.agent(&[
+            "datapath",
+            "attach",
+            "--interface",
+            MASTER,
+            "--netns",
+            &node,
+            "--pin-root",
+            &pin,
+        ])?;
+        for pod in self.pods {
+            let netns = pod.path().display().to_string();
+            self.agent(&[
+                "datapath",
+                "policy",
+                "attach",
+                "--interface",
+                "eth0",
+                "--netns",
+                &netns,
+                "--pin-root",
+                &pin,
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn detach(&self) -> anyhow::Result<()> {
+        let node = self.node.path().display().to_string();
+        self.agent(&[
+            "datapath",
+            "detach",
+            "--interface",
+            MASTER,
+            "--netns",
+            &node,
+        ])?;
+        for pod in self.pods {
+            let netns = pod.path().display().to_string();
+            self.agent(&[
+                "datapath",
+                "policy",
+                "detach",
+                "--interface",
+                "eth0",
+                "--netns",
+                &netns,
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Installs the policy: both pods isolated both ways, TCP to the iperf3
+    /// port allowed within the LAN's /24.
+    fn apply_policy(&self, dir: &Path) -> anyhow::Result<()> {
+        let peers = json!([{"ipBlock": {"cidr": "192.0.2.0/24"}}]);
+        let ports = json!([{"protocol": "TCP", "port": IPERF_PORT}]);
+        let policy = json!({
+            "apiVersion": "k8s.cni.cncf.io/v1beta1",
+            "kind": "MultiNetworkPolicy",
+            "metadata": {"name": "bench", "namespace": "bench",
+                         "annotations": {"k8s.v1.cni.cncf.io/policy-for": "rancher-flat-network"}},
+            "spec": {
+                "podSelector": {},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": peers, "ports": ports}],
+                "egress": [{"to": peers, "ports": ports}],
+            }
+        });
+        let pods = json!([
+            {"namespace": "bench", "name": "a", "ips": [POD_A], "local": true},
+            {"namespace": "bench", "name": "b", "ips": [POD_B], "local": true},
+        ]);
+        let policies_file = dir.join("policies.json");
+        let pods_file = dir.join("pods.json");
+        std::fs::write(&policies_file, policy.to_string())?;
+        std::fs::write(&pods_file, pods.to_string())?;
+        self.agent(&[
+            "datapath",
+            "policy",
+            "apply",
+            "--policies",
+            &policies_file.display().to_string(),
+            "--pods",
+            &pods_file.display().to_string(),
+            "--pin-root",
+            &self.pin(),
+        ])
+    }
+}
+
+/// An iperf3 server in a namespace, stopped on drop.
+struct IperfServer(Child);
+
+impl IperfServer {
+    fn start(netns: &Netns, address: &str) -> anyhow::Result<Self> {
+        let child = netns
+            .command("iperf3")
+            .args(["--server", "--bind", address, "--port"])
+            .arg(IPERF_PORT.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start iperf3 server")?;
+        // Let it bind before the first client connects.
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(Self(child))
+    }
+}
+
+impl Drop for IperfServer {
+    fn drop(&mut self) {
+        // `ip netns exec` execs iperf3, so this is the server's own pid.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One iperf3 run; returns the receiver's rate in Gbit/s.
+fn iperf(path: &Flow, seconds: u32) -> anyhow::Result<f64> {
+    let out = path
+        .client
+        .command("iperf3")
+        .args(["--client", path.server_address, "--json", "--time"])
+        .arg(seconds.to_string())
+        .args(["--port", &IPERF_PORT.to_string()])
+        .output()
+        .context("run iperf3 client")?;
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("iperf3 output: {}", String::from_utf8_lossy(&out.stdout)))?;
+    if !out.status.success() {
+        bail!(
+            "iperf3 to {} failed: {}",
+            path.server_address,
+            report["error"]
+        );
+    }
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .map(|bps| bps / 1e9)
+        .context("iperf3 output without end.sum_received.bits_per_second")
+}
+
+/// A macvlan pod on the master, `eth0` with `address`.
+fn macvlan_pod(node: &Netns, name: String, link: &str, address: &str) -> anyhow::Result<Netns> {
+    let pod = Netns::new(name)?;
+    node.ip(&[
+        "link", "add", link, "link", MASTER, "type", "macvlan", "mode", "bridge",
+    ])?;
+    node.ip(&["link", "set", link, "netns", &pod.name])?;
+    pod.ip(&["link", "set", link, "name", "eth0"])?;
+    pod.ip(&["addr", "add", &format!("{address}/24"), "dev", "eth0"])?;
+    pod.ip(&["link", "set", "eth0", "up"])?;
+    Ok(pod)
+}
+
+/// Runs the benchmark and writes its section.
+pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
+    if args.repetitions == 0 || args.seconds == 0 {
+        bail!("--repetitions and --seconds must be at least 1");
+    }
+    apt_install(&["iperf3"])?;
+    let binaries = build_release_binaries()?;
+    let machine = machine();
+
+    let pid = std::process::id() % 100_000;
+    let node = Netns::new(format!("ftnode-{pid}"))?;
+    let lan = Netns::new(format!("ftlan-{pid}"))?;
+    sh(
+        "ip",
+        &[
+            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
+            "netns", &lan.name,
+        ],
+    )?;
+    node.ip(&["link", "set", MASTER, "up"])?;
+    lan.ip(&["addr", "add", &format!("{LAN_HOST}/24"), "dev", "lan0"])?;
+    lan.ip(&["link", "set", "lan0", "up"])?;
+    let pod_a = macvlan_pod(&node, format!("ftpoda-{pid}"), "mva", POD_A)?;
+    let pod_b = macvlan_pod(&node, format!("ftpodb-{pid}"), "mvb", POD_B)?;
+
+    let dir = std::env::temp_dir().join(format!("flatnet-bench-throughput-{pid}"));
+    std::fs::create_dir_all(&dir)?;
+    let pin = PinRoot::new("bench-throughput");
+    let programs = Programs {
+        agent: &binaries.agent,
+        pin: &pin,
+        node: &node,
+        pods: [&pod_a, &pod_b],
+    };
+    programs.attach()?;
+    programs.apply_policy(&dir)?;
+
+    let _servers = [
+        IperfServer::start(&pod_b, POD_B)?,
+        IperfServer::start(&lan, LAN_HOST)?,
+    ];
+    let paths = [
+        Flow {
+            label: "pod to pod (macvlan bridge, same master)",
+            client: &pod_a,
+            server_address: POD_B,
+        },
+        Flow {
+            label: "pod to LAN host (through the master veth)",
+            client: &pod_a,
+            server_address: LAN_HOST,
+        },
+    ];
+    // [path][0 = no programs, 1 = programs]
+    let mut samples = vec![[Vec::new(), Vec::new()]; paths.len()];
+    println!(
+        "==> bench throughput: {} × {} s per path and mode, alternating",
+        args.repetitions, args.seconds
+    );
+    for rep in 0..args.repetitions {
+        // Alternate which mode goes first.
+        let modes = if rep % 2 == 0 { [1, 0] } else { [0, 1] };
+        for mode in modes {
+            if mode == 1 {
+                programs.attach()?;
+            } else {
+                programs.detach()?;
+            }
+            for (path, out) in paths.iter().zip(&mut samples) {
+                let gbps = iperf(path, args.seconds)?;
+                println!(
+                    "    {} / {}: {gbps:.2} Gbit/s",
+                    path.label,
+                    if mode == 1 { "programs" } else { "no programs" }
+                );
+                out[mode].push(gbps);
+            }
+        }
+    }
+    let policy_check = sh(
+        &binaries.agent,
+        &["datapath", "policy", "show", "--pin-root", &programs.pin()],
+    )?;
+    programs.detach()?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut table = String::from(
+        "| path | no programs (Gbit/s) | programs (Gbit/s) | ratio |\n| --- | ---: | ---: | ---: |\n",
+    );
+    for (path, out) in paths.iter().zip(&samples) {
+        let (off, on) = (median(&out[0]), median(&out[1]));
+        table += &format!(
+            "| {} | {off:.2} | {on:.2} | {:.1} % |\n",
+            path.label,
+            100.0 * on / off
+        );
+    }
+    print!("{table}");
+    println!("policy counters after the run:\n{policy_check}");
+    if args.no_write {
+        return Ok(());
+    }
+    let section = format!(
+        "## TCP throughput with and without the eBPF programs\n\n\
+         Command: `cargo xtask bench throughput` (root; installs Debian's `iperf3`\n\
+         {}). {}.\n\n\
+         Two macvlan pods (bridge mode) on one master, a veth in a node namespace\n\
+         whose peer is a LAN host namespace; one iperf3 TCP stream for {} s, median of\n\
+         {} runs per path and mode, modes alternating in one run. \"Programs\": the\n\
+         uplink program on the master and the policy programs (ingress and egress)\n\
+         on both pod interfaces, attached with `flatnet-agent datapath attach` and\n\
+         `datapath policy attach`; a policy isolates both pods both ways and allows\n\
+         TCP {IPERF_PORT} within 192.0.2.0/24, so every data packet takes the full\n\
+         lookup (subject, LPM prefix, port match) and the replies the\n\
+         connection-tracking path. \"No programs\": all of them detached.\n\
+         Pod-to-pod traffic crosses the two policy programs; pod-to-LAN traffic\n\
+         crosses one policy program each way and the uplink program on ingress.\n\n\
+         {table}",
+        package_version("iperf3"),
+        machine,
+        args.seconds,
+        args.repetitions,
+    );
+    report::write_section("throughput", &section)
+}
