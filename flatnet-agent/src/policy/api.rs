@@ -27,7 +27,8 @@ pub const DEFAULT_NETWORK_NAME: &str = "rancher-flat-network";
     version = "v1beta1",
     kind = "MultiNetworkPolicy",
     namespaced,
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MultiNetworkPolicySpec {
