@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 type Reply = tower_test::mock::SendResponse<Response<Body>>;
 
-const POLICIES: &str = "/apis/k8s.cni.cncf.io/v1beta1/multinetworkpolicies";
+const POLICIES: &str = "/apis/k8s.cni.cncf.io/v1beta1/multi-networkpolicies";
 const NAMESPACES: &str = "/api/v1/namespaces";
 const PODS: &str = "/api/v1/pods";
 const IPS: &str = "/apis/flatnetwork.pandaria.io/v1/flatnetworkips";

@@ -26,6 +26,8 @@ pub const DEFAULT_NETWORK_NAME: &str = "rancher-flat-network";
     group = "k8s.cni.cncf.io",
     version = "v1beta1",
     kind = "MultiNetworkPolicy",
+    // The CRD of the multi-networkpolicy project names its resource so.
+    plural = "multi-networkpolicies",
     namespaced,
     schema = "disabled",
     derive = "PartialEq"
