@@ -9,6 +9,7 @@ pub mod link;
 pub mod netns;
 pub mod packet;
 pub mod policy;
+pub mod policyctl;
 pub mod probe;
 pub mod records;
 pub mod rpc;

@@ -678,3 +678,199 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         node.allocated()
     );
 }
+
+/// State-file policy for pod `default/pod-web`: TCP `ports` from anywhere.
+fn web_policy(ports: &[u16]) -> String {
+    let ports: Vec<String> = ports.iter().map(|p| format!("{{port: {p}}}")).collect();
+    format!(
+        r#"
+policies:
+  - apiVersion: k8s.cni.cncf.io/v1beta1
+    kind: MultiNetworkPolicy
+    metadata: {{name: web, namespace: default}}
+    spec:
+      podSelector: {{matchLabels: {{app: web}}}}
+      policyTypes: [Ingress]
+      ingress: [{{ports: [{}]}}]
+pods:
+  default/pod-web: {{app: web}}
+"#,
+        ports.join(", ")
+    )
+}
+
+/// Accepts (and closes) TCP connections on `addr:port` inside `ns`.
+fn tcp_server(ns: &TestNetns, addr: &str, port: u16) {
+    let target: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+    let listener =
+        flatnet_agent::netns::run_in_netns(&ns.path(), || std::net::TcpListener::bind(target))
+            .unwrap()
+            .unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            drop(stream);
+        }
+    });
+}
+
+/// Whether a TCP connection from `ns` to `addr:port` is established. A
+/// dropped SYN is given up on after a while (not a timing assertion).
+fn tcp_works(ns: &TestNetns, addr: &str, port: u16) -> bool {
+    let target: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+    flatnet_agent::netns::run_in_netns(&ns.path(), || {
+        std::net::TcpStream::connect_timeout(&target, Duration::from_millis(1500)).is_ok()
+    })
+    .unwrap()
+}
+
+/// Waits until the installed policy satisfies `done` (a bound on waiting
+/// for the agent's round, not a timing check).
+fn wait_for_policy(
+    node: &Node,
+    what: &str,
+    done: impl Fn(&flatnet_agent::datapath::InstalledPolicy) -> bool,
+) {
+    let maps = flatnet_agent::datapath::PolicyMaps::open(&node.pin.path).expect("policy maps");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done(&maps.installed().unwrap()) {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never installed {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn denied(node: &Node) -> u64 {
+    let maps = flatnet_agent::datapath::PolicyMaps::open(&node.pin.path).unwrap();
+    maps.stats().unwrap().0["denied_no_rule"]
+}
+
+fn allows_port(installed: &flatnet_agent::datapath::InstalledPolicy, port: u16) -> bool {
+    let ports = format!("{port}-{port}");
+    installed
+        .entries
+        .iter()
+        .any(|e| e.matches.iter().any(|m| m.ports == ports))
+}
+
+#[test]
+fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
+    if !privileged("state_file_policy_is_enforced_reloaded_and_survives_a_restart") {
+        return;
+    }
+    let (allowed, later, never) = (7001, 7002, 7003);
+    let mut node = Node::new();
+    let state_path = node.dir.path().join("state.yaml");
+    let base = std::fs::read_to_string(&state_path).unwrap();
+    std::fs::write(&state_path, format!("{base}{}", web_policy(&[allowed]))).unwrap();
+    node.start();
+    let (web, client) = (TestNetns::new("faw-"), TestNetns::new("fac-"));
+    node.add("flat4", "web", &web);
+    node.add("flat4", "client", &client);
+    let web_addr = "192.0.2.10";
+    for port in [allowed, later, never] {
+        tcp_server(&web, web_addr, port);
+    }
+    wait_for_policy(&node, "the web policy", |p| {
+        p.subjects.iter().any(|s| s.addr.to_string() == web_addr) && allows_port(p, allowed)
+    });
+    let filters = web.exec("tc", &["filter", "show", "dev", "eth1", "ingress"]);
+    assert!(
+        filters.contains("policy_ingress"),
+        "attached on ADD: {filters}"
+    );
+    assert!(tcp_works(&client, web_addr, allowed));
+    assert!(!tcp_works(&client, web_addr, later), "not allowed yet");
+
+    // Edit the state file: the agent reloads it and allows the port,
+    // without re-attaching anything.
+    std::fs::write(
+        &state_path,
+        format!("{base}{}", web_policy(&[allowed, later])),
+    )
+    .unwrap();
+    wait_for_policy(&node, "the edited policy", |p| allows_port(p, later));
+    assert!(tcp_works(&client, web_addr, later));
+    assert_eq!(
+        web.exec("tc", &["filter", "show", "dev", "eth1", "ingress"]),
+        filters,
+        "same filters, same program"
+    );
+
+    // A bad edit is rejected and the policy stays.
+    let log = node.dir.path().join("agent.log");
+    std::fs::write(
+        &state_path,
+        format!("{base}policies: [{{kind: nonsense}}]\n"),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("the edit is rejected")
+    {
+        assert!(Instant::now() < deadline, "the bad edit was not reported");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        tcp_works(&client, web_addr, later),
+        "the policy in force stays"
+    );
+    assert!(!tcp_works(&client, web_addr, never));
+    std::fs::write(
+        &state_path,
+        format!("{base}{}", web_policy(&[allowed, later])),
+    )
+    .unwrap();
+
+    // Restart the agent under a stream of allowed connections.
+    let denied_before = denied(&node);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flow = {
+        let stop = std::sync::Arc::clone(&stop);
+        let client_path = client.path();
+        std::thread::spawn(move || {
+            let target: std::net::SocketAddr = format!("{web_addr}:{allowed}").parse().unwrap();
+            let (mut ok, mut failed) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let connected = flatnet_agent::netns::run_in_netns(&client_path, || {
+                    std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).is_ok()
+                })
+                .unwrap();
+                if connected { ok += 1 } else { failed += 1 }
+            }
+            (ok, failed)
+        })
+    };
+    node.stop();
+    node.start();
+    // The restarted agent's first round rewrites the entries with its own
+    // rule ids; wait for it, then stop the flow.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(&log)
+        .unwrap()
+        .matches("network policy applied")
+        .count()
+        < 3
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted agent applied nothing"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = flow.join().unwrap();
+    assert!(ok > 0, "the flow ran");
+    assert_eq!(failed, 0, "an allowed connection failed across the restart");
+    assert_eq!(denied(&node), denied_before, "nothing was dropped");
+
+    // Still enforced after the restart.
+    assert!(tcp_works(&client, web_addr, later));
+    assert!(!tcp_works(&client, web_addr, never));
+    assert!(denied(&node) > denied_before);
+    node.del("flat4", "web", Some(&web));
+    node.del("flat4", "client", Some(&client));
+    node.stop();
+}

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use flatnet_agent::{
     cni::plugin::DEFAULT_AGENT_SOCKET,
-    datapath::{Datapath, DatapathConfig},
+    datapath::{Datapath, DatapathConfig, PolicyMaps},
     desired::{
         DesiredState,
         kubernetes::Kubernetes,
@@ -14,6 +14,10 @@ use flatnet_agent::{
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
+    policy::{NetworkNames, api::DEFAULT_NETWORK_NAME},
+    policyctl::{
+        self, PinnedPolicy, PolicyController, PolicyTrigger, standalone::StandalonePolicies,
+    },
     records::{DEFAULT_RECORD_DIR, Records},
     rpc::{AgentServer, ServerConfig},
     service::{AgentService, Metrics, ServiceConfig, SpecSettings},
@@ -106,6 +110,19 @@ pub struct RunArgs {
     /// (the lab and tests); the agent's own namespace when unset.
     #[arg(long, env = "FLATNET_HOST_NETNS")]
     host_netns: Option<PathBuf>,
+    /// Network names a MultiNetworkPolicy's `k8s.v1.cni.cncf.io/policy-for`
+    /// must mention to be enforced (`name` or `namespace/name`).
+    #[arg(long = "policy-network", env = "FLATNET_POLICY_NETWORKS", value_delimiter = ',',
+          default_value = DEFAULT_NETWORK_NAME)]
+    policy_networks: Vec<String>,
+}
+
+/// Where the policy controller reads policies from.
+enum PolicySource {
+    /// The state file's policy sections and the attachment records.
+    Standalone(PathBuf),
+    /// Watches on the Kubernetes API.
+    Kubernetes(kube::Client),
 }
 
 impl RunArgs {
@@ -136,14 +153,16 @@ impl RunArgs {
             let state_file = self.state_file.as_deref().expect("clap requires it");
             let state = StateFile::load(state_file)?;
             let desired = Standalone::open(state, &self.state_dir)?;
-            self.serve(node_name, desired, |_| async {}).await
+            let source = PolicySource::Standalone(state_file.to_owned());
+            self.serve(node_name, desired, source, |_| async {}).await
         } else {
             let client = kube::Client::try_default()
                 .await
                 .context("connect to the Kubernetes API (in-cluster, or KUBECONFIG); use --standalone without Kubernetes")?;
             let wait = Duration::from_secs(self.allocation_wait_seconds);
-            let desired = Kubernetes::new(client, &node_name, wait);
-            self.serve(node_name, desired, |service| async move {
+            let desired = Kubernetes::new(client.clone(), &node_name, wait);
+            let source = PolicySource::Kubernetes(client);
+            self.serve(node_name, desired, source, |service| async move {
                 sync_until_reachable(service.desired()).await;
             })
             .await
@@ -176,6 +195,7 @@ impl RunArgs {
         self,
         node_name: String,
         desired: S,
+        policy_source: PolicySource,
         after_start: F,
     ) -> anyhow::Result<()>
     where
@@ -192,8 +212,9 @@ impl RunArgs {
             .context("open the conflict monitor")?;
         let records = Records::open(&self.record_dir)?;
         let metrics = Arc::new(Metrics::default());
+        let policy_maps = PolicyMaps::open(&self.pin_root).context("open the policy maps")?;
         let config = ServiceConfig {
-            node_name,
+            node_name: node_name.clone(),
             attachments: Attachments {
                 host_netns: self.host_netns.clone(),
                 lease_dir: self.lease_dir.clone(),
@@ -209,11 +230,43 @@ impl RunArgs {
                 service_cidrs: self.service_cidr.clone(),
             },
         };
-        let service = AgentService::new(config, desired, records, datapath, Arc::clone(&metrics));
+        let service = AgentService::new(
+            config,
+            desired,
+            records.clone(),
+            datapath,
+            Arc::clone(&metrics),
+        );
         service
             .recover()
             .await
             .map_err(|e| anyhow::anyhow!("recovering the attachments: {e}"))?;
+        let sink = PinnedPolicy::new(policy_maps);
+        match policy_source {
+            PolicySource::Standalone(path) => {
+                let policies = StandalonePolicies::open(&path, records, metrics.policy.clone())
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let networks = policies.networks(&self.policy_networks);
+                let controller = PolicyController::new(sink, networks, metrics.policy.clone());
+                let (trigger, changes) = PolicyTrigger::new();
+                service.set_policy_trigger(trigger.clone());
+                tokio::spawn(policyctl::standalone::run(
+                    Arc::new(policies),
+                    controller,
+                    trigger,
+                    changes,
+                ));
+            }
+            PolicySource::Kubernetes(client) => {
+                let networks = NetworkNames::new(self.policy_networks.clone());
+                let controller = PolicyController::new(sink, networks, metrics.policy.clone());
+                let policy_metrics = metrics.policy.clone();
+                tokio::spawn(async move {
+                    policyctl::kubernetes::run(client, &node_name, controller, policy_metrics)
+                        .await;
+                });
+            }
+        }
         tokio::spawn({
             let service = service.clone();
             async move { service.watch_conflicts(monitor).await }

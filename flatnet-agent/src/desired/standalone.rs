@@ -37,6 +37,17 @@ pub struct StateFile {
     /// dual stack.
     #[serde(default)]
     pub networks: Vec<NetworkMapping>,
+    /// MultiNetworkPolicies enforced on the pods (reloaded on change, see
+    /// `policyctl::standalone`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<crate::policy::MultiNetworkPolicy>,
+    /// Namespace name → labels, for namespace selectors.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, crate::policy::selector::Labels>,
+    /// `namespace/name` of a pod (`K8S_POD_NAMESPACE`/`K8S_POD_NAME`) →
+    /// its labels, for pod selectors.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pods: BTreeMap<String, crate::policy::selector::Labels>,
 }
 
 /// A CNI network (the `name` of a network configuration) and its subnets.
@@ -88,18 +99,23 @@ pub struct ValidState {
 impl StateFile {
     /// Reads and validates a state file.
     pub fn load(path: &Path) -> Result<ValidState, StateFileError> {
+        Self::read(path)?
+            .validate()
+            .map_err(|problems| StateFileError::Invalid {
+                path: path.to_owned(),
+                problems,
+            })
+    }
+
+    /// Reads and parses a state file, without validating it.
+    pub fn read(path: &Path) -> Result<StateFile, StateFileError> {
         let text = std::fs::read_to_string(path).map_err(|source| StateFileError::Read {
             path: path.to_owned(),
             source,
         })?;
-        let file: StateFile =
-            serde_yaml::from_str(&text).map_err(|source| StateFileError::Parse {
-                path: path.to_owned(),
-                source,
-            })?;
-        file.validate().map_err(|problems| StateFileError::Invalid {
+        serde_yaml::from_str(&text).map_err(|source| StateFileError::Parse {
             path: path.to_owned(),
-            problems,
+            source,
         })
     }
 

@@ -26,8 +26,11 @@ pub const DEFAULT_NETWORK_NAME: &str = "rancher-flat-network";
     group = "k8s.cni.cncf.io",
     version = "v1beta1",
     kind = "MultiNetworkPolicy",
+    // The CRD of the multi-networkpolicy project names its resource so.
+    plural = "multi-networkpolicies",
     namespaced,
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MultiNetworkPolicySpec {

@@ -106,6 +106,7 @@ pub fn compile(inputs: PolicyInputs<'_>) -> CompiledPolicy {
                 Ok(false) => {}
                 Err(e) => out.diagnostics.push(Diagnostic {
                     object: object_name(policy),
+                    policy: Some(policy_key(policy)),
                     message: format!("podSelector: {e}; the policy selects no pod"),
                 }),
             }
@@ -150,6 +151,7 @@ fn policy_types(policy: &MultiNetworkPolicy, diagnostics: &mut Vec<Diagnostic>) 
                     "Egress" => out[1] = true,
                     other => diagnostics.push(Diagnostic {
                         object: object_name(policy),
+                        policy: Some(policy_key(policy)),
                         message: format!(
                             "unknown policyType {other:?} ignored; use Ingress or Egress"
                         ),
@@ -240,6 +242,7 @@ fn compile_ports(
             Ok(spec) => specs.push(PortSpec { rule, ..spec }),
             Err(why) => out.diagnostics.push(Diagnostic {
                 object: rule_ref.to_string(),
+                policy: Some(rule_ref.policy_key()),
                 message: format!("{why}; this port entry matches no traffic"),
             }),
         }
@@ -295,6 +298,7 @@ fn resolve_peer(
     let mut diagnose = |message: String| {
         out.diagnostics.push(Diagnostic {
             object: rule_ref.to_string(),
+            policy: Some(rule_ref.policy_key()),
             message,
         })
     };
@@ -483,6 +487,7 @@ fn normalize(
     if merged.len() > MAX_PORT_MATCHES {
         diagnostics.push(Diagnostic {
             object: pod.to_owned(),
+            policy: None,
             message: format!(
                 "the rules toward {prefix} allow {} separate port ranges, more than the {MAX_PORT_MATCHES} \
                  one prefix can hold; ranges past the {MAX_PORT_MATCHES}th are denied. Merge port ranges \
@@ -493,6 +498,17 @@ fn normalize(
         merged.truncate(MAX_PORT_MATCHES);
     }
     merged
+}
+
+fn policy_key(policy: &MultiNetworkPolicy) -> (String, String) {
+    (
+        policy
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        policy.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 fn object_name(policy: &MultiNetworkPolicy) -> String {

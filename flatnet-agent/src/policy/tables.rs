@@ -26,6 +26,13 @@ pub struct RuleRef {
     pub index: usize,
 }
 
+impl RuleRef {
+    /// (`namespace`, `name`) of the rule's policy.
+    pub fn policy_key(&self) -> (String, String) {
+        (self.namespace.clone(), self.policy.clone())
+    }
+}
+
 impl fmt::Display for RuleRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -208,6 +215,9 @@ impl SubjectTables {
 pub struct Diagnostic {
     /// `namespace/name` of the policy (or pod).
     pub object: String,
+    /// The policy the diagnostic is about (`namespace`, `name`); `None`
+    /// when it concerns a pod (several policies together).
+    pub policy: Option<(String, String)>,
     /// What is wrong, how it is enforced and the fix.
     pub message: String,
 }

@@ -1,12 +1,74 @@
 //! Prometheus metrics of the agent, served as text on `/metrics`.
 
-use prometheus_client::{encoding::text::encode, metrics::counter::Counter, registry::Registry};
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Registry,
+};
 
 /// The agent's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     conflicts: Counter,
+    /// Network-policy controller metrics.
+    pub policy: PolicyMetrics,
+}
+
+/// Metrics of the network-policy controller.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyMetrics {
+    /// Successful compile-and-install rounds.
+    pub applies: Counter,
+    /// Rounds whose tables could not be installed.
+    pub apply_failures: Counter,
+    /// MultiNetworkPolicies for the flat network in the last applied round.
+    pub policies: Gauge,
+    /// Compiler diagnostics of the last applied round.
+    pub diagnostics: Gauge,
+    /// Seconds the last compile-and-install took.
+    pub last_apply_seconds: Gauge<f64, AtomicU64>,
+    /// 1 while the policy source is unusable (MultiNetworkPolicy CRD not
+    /// installed, state file rejected), else 0.
+    pub source_problem: Gauge,
+}
+
+impl PolicyMetrics {
+    fn register(&self, registry: &mut Registry) {
+        let registry = registry.sub_registry_with_prefix("policy");
+        registry.register(
+            "applies",
+            "Network-policy compile-and-install rounds that succeeded",
+            self.applies.clone(),
+        );
+        registry.register(
+            "apply_failures",
+            "Network-policy rounds whose tables could not be installed",
+            self.apply_failures.clone(),
+        );
+        registry.register(
+            "policies",
+            "MultiNetworkPolicies for the flat network in force",
+            self.policies.clone(),
+        );
+        registry.register(
+            "compile_diagnostics",
+            "Parts of the policies in force that are enforced differently from what they say",
+            self.diagnostics.clone(),
+        );
+        registry.register(
+            "last_apply_seconds",
+            "Duration of the last compile-and-install round",
+            self.last_apply_seconds.clone(),
+        );
+        registry.register(
+            "source_problem",
+            "1 while policies cannot be read (CRD not installed, state file rejected)",
+            self.source_problem.clone(),
+        );
+    }
 }
 
 impl Default for Metrics {
@@ -18,9 +80,12 @@ impl Default for Metrics {
             "Foreign ARP/NDP claims of pod addresses seen on the uplinks",
             conflicts.clone(),
         );
+        let policy = PolicyMetrics::default();
+        policy.register(&mut registry);
         Self {
             registry,
             conflicts,
+            policy,
         }
     }
 }
@@ -60,6 +125,23 @@ mod tests {
                 .contains("flatnet_agent_ip_conflicts_total 2"),
             "{}",
             metrics.encode()
+        );
+    }
+
+    #[test]
+    fn policy_metrics_are_exposed() {
+        let metrics = Metrics::default();
+        metrics.policy.applies.inc();
+        metrics.policy.policies.set(3);
+        let text = metrics.encode();
+        assert!(
+            text.contains("flatnet_agent_policy_applies_total 1"),
+            "{text}"
+        );
+        assert!(text.contains("flatnet_agent_policy_policies 3"), "{text}");
+        assert!(
+            text.contains("flatnet_agent_policy_last_apply_seconds"),
+            "{text}"
         );
     }
 }

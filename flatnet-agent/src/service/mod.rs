@@ -31,6 +31,7 @@ use crate::{
     desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkKind, format_mac, parse_mac},
     netns::run_in_netns,
+    policyctl::PolicyTrigger,
     probe,
     records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
     rpc::CniHandler,
@@ -73,6 +74,8 @@ struct Inner<S> {
     locks: locks::KeyLocks,
     metrics: Arc<Metrics>,
     limiter: conflicts::RateLimiter,
+    /// Told when attachments change, so the policy controller recompiles.
+    policy_trigger: std::sync::OnceLock<PolicyTrigger>,
 }
 
 /// The loaded data plane and the uplinks its program is attached to.
@@ -102,8 +105,16 @@ impl<S: DesiredState> AgentService<S> {
                 locks: locks::KeyLocks::default(),
                 metrics,
                 limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
+                policy_trigger: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Has `trigger` told whenever an attachment is added or removed (the
+    /// standalone policy controller takes local pod addresses from the
+    /// records). Only the first call takes effect.
+    pub fn set_policy_trigger(&self, trigger: PolicyTrigger) {
+        let _ = self.inner.policy_trigger.set(trigger);
     }
 
     /// The desired-state source.
@@ -142,6 +153,13 @@ impl<S: DesiredState> AgentService<S> {
                             && let Err(error) = inner.program_tables(&record, uplink).await
                         {
                             tracing::error!(key = %record.key, %error, "cannot restore data-plane entries");
+                        }
+                        // Replaces the programs in place: the pod interface
+                        // is never without policy enforcement.
+                        if record.netns.exists()
+                            && let Err(error) = inner.attach_policy(&record)
+                        {
+                            tracing::error!(key = %record.key, %error, "cannot re-attach the policy programs");
                         }
                     }
                 }
@@ -330,6 +348,7 @@ impl<S: DesiredState> Inner<S> {
         self.program_tables(record, &uplink)
             .await
             .map_err(|e| (e, true))?;
+        self.attach_policy(record).map_err(|e| (e, true))?;
         self.desired
             .activate(&record.pod, claim, mac)
             .await
@@ -337,6 +356,7 @@ impl<S: DesiredState> Inner<S> {
         record.phase = RecordPhase::Ready;
         self.records.save(record).map_err(|e| (internal(e), true))?;
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
+        self.policy_changed();
         Ok(spec::cni_result(&attachment, record.mac.as_deref(), dns))
     }
 
@@ -455,6 +475,30 @@ impl<S: DesiredState> Inner<S> {
         Ok(())
     }
 
+    /// Attaches the policy programs (ingress and egress) to the pod's flat
+    /// interface. A pod no policy isolates passes everything, so attaching
+    /// always is correct, and later policy changes only rewrite maps.
+    fn attach_policy(&self, record: &AttachmentRecord) -> Result<(), CniError> {
+        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        let datapath = &mut tables.datapath;
+        let ifname = &record.key.ifname;
+        run_in_netns(&record.netns, || datapath.attach_policy(ifname))
+            .map_err(internal)?
+            .map_err(|e| {
+                internal(format!(
+                    "policy programs on {ifname} of {}: {e}",
+                    record.pod
+                ))
+            })
+    }
+
+    /// Tells the policy controller that the set of attachments changed.
+    fn policy_changed(&self) {
+        if let Some(trigger) = self.policy_trigger.get() {
+            trigger.changed();
+        }
+    }
+
     fn remove_tables(&self, record: &AttachmentRecord) -> Result<(), CniError> {
         let Some(uplink) = &record.uplink else {
             return Ok(());
@@ -532,6 +576,7 @@ impl<S: DesiredState> Inner<S> {
         }
         self.records.remove(&record.key).map_err(internal)?;
         tracing::info!(key = %record.key, pod = %record.pod, "attachment removed");
+        self.policy_changed();
         Ok(())
     }
 
