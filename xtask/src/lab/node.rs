@@ -113,18 +113,26 @@ networks:
         )
     }
 
+    /// The agent's state file; the agent reloads it when it changes.
+    pub fn state_file_path(&self) -> PathBuf {
+        self.dir.join("state.yaml")
+    }
+
     fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
 
     /// Starts the agent; [`Node::wait_ready`] waits for it.
     pub fn start(&mut self, bins: &Binaries) -> anyhow::Result<()> {
-        fs::write(self.dir.join("state.yaml"), self.state_file())?;
+        fs::write(self.state_file_path(), self.state_file())?;
         let log = fs::File::create(self.dir.join("agent.log"))?;
         let child = Command::new(&bins.agent)
             .args(["--log-level", "info", "run", "--standalone"])
             .args(["--node-name", self.netns])
-            .args(["--state-file", &self.path("state.yaml")])
+            .args([
+                "--state-file",
+                &self.state_file_path().display().to_string(),
+            ])
             .args(["--state-dir", &self.path("state")])
             .args(["--record-dir", &self.path("records")])
             .args(["--lease-dir", &self.path("leases")])

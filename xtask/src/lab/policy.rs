@@ -1,20 +1,19 @@
 //! The policy step: a MultiNetworkPolicy lets only one TCP port into a pod.
 //!
-//! The policy is installed by hand with `flatnet-agent datapath policy
-//! attach` and `apply` on JSON files; this is the one place to change when
-//! the agent installs policy from its own desired state.
+//! The policy goes into the server node's state file; the agent notices the
+//! edit, compiles it and installs the tables on the programs it attached to
+//! the pod interface at ADD. Nothing is attached or applied by hand.
 
-use std::{fs, net::SocketAddr, path::Path};
+use std::{fs, net::SocketAddr, time::Duration};
 
 use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{
     netns::tcp_exchange,
     node::{Binaries, Node},
     process,
 };
-
 /// The port the policy lets in.
 pub const ALLOWED_PORT: u16 = 8080;
 /// A port the policy keeps out.
@@ -44,44 +43,33 @@ pub fn allow_only_one_port(
         bail!("before any policy, TCP port {BLOCKED_PORT} should answer; it does not");
     }
 
-    let dir = Path::new(super::topology::WORK_DIR).join("policy");
-    fs::create_dir_all(&dir)?;
-    let policies = dir.join("policies.json");
-    let pods = dir.join("pods.json");
-    fs::write(&policies, policy_json().to_string())?;
-    fs::write(&pods, pods_json(server, client).to_string())?;
+    let state_file = server_node.state_file_path();
+    let mut state = fs::read_to_string(&state_file)
+        .with_context(|| format!("read {}", state_file.display()))?;
+    state.push_str(&policy_yaml(server.netns));
+    fs::write(&state_file, state).with_context(|| format!("write {}", state_file.display()))?;
     let pin_root = server_node.pin_root.display().to_string();
     let agent = bins.agent.display().to_string();
-    let netns = format!("/run/netns/{}", server.netns);
-    process::run(
-        &agent,
-        &[
-            "datapath",
-            "policy",
-            "attach",
-            "--netns",
-            &netns,
-            "--interface",
-            "eth1",
-            "--pin-root",
-            &pin_root,
-        ],
-    )?;
-    let applied = process::run(
-        &agent,
-        &[
-            "datapath",
-            "policy",
-            "apply",
-            "--policies",
-            &policies.display().to_string(),
-            "--pods",
-            &pods.display().to_string(),
-            "--pin-root",
-            &pin_root,
-        ],
-    )?;
-    println!("[lab]       {}", applied.trim());
+    let show = || -> anyhow::Result<Value> {
+        let shown = process::run(
+            &agent,
+            &[
+                "datapath",
+                "policy",
+                "show",
+                "-o",
+                "json",
+                "--pin-root",
+                &pin_root,
+            ],
+        )?;
+        serde_json::from_str(&shown).context("parse `policy show -o json`")
+    };
+    wait_until_isolated(&show, server)?;
+    println!(
+        "[lab]       {}: the agent reloaded its state file and isolated {} and {}",
+        server_node.netns, server.ipv4, server.ipv6
+    );
 
     for target in [v4(ALLOWED_PORT), v6(ALLOWED_PORT)] {
         if !tcp_exchange(client.netns, target)? {
@@ -93,19 +81,7 @@ pub fn allow_only_one_port(
             bail!("TCP to {target} passed although the policy blocks it");
         }
     }
-    let shown = process::run(
-        &agent,
-        &[
-            "datapath",
-            "policy",
-            "show",
-            "-o",
-            "json",
-            "--pin-root",
-            &pin_root,
-        ],
-    )?;
-    let shown: Value = serde_json::from_str(&shown).context("parse `policy show -o json`")?;
+    let shown = show()?;
     let denied = shown["stats"]["denied_no_rule"].as_u64().unwrap_or(0);
     if denied == 0 {
         bail!(
@@ -117,29 +93,41 @@ pub fn allow_only_one_port(
     Ok(())
 }
 
-/// Ingress of pods labelled `app=web`: TCP [`ALLOWED_PORT`] from anywhere.
-fn policy_json() -> Value {
-    json!({
-        "apiVersion": "k8s.cni.cncf.io/v1beta1",
-        "kind": "MultiNetworkPolicy",
-        "metadata": {
-            "name": "web-allow-8080",
-            "namespace": "lab",
-            "annotations": {"k8s.v1.cni.cncf.io/policy-for": "rancher-flat-network"}
-        },
-        "spec": {
-            "podSelector": {"matchLabels": {"app": "web"}},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"protocol": "TCP", "port": ALLOWED_PORT}]}]
+/// Waits (bounded) until the agent has installed tables that isolate both
+/// of `server`'s addresses for ingress.
+fn wait_until_isolated(
+    show: &dyn Fn() -> anyhow::Result<Value>,
+    server: &PolicyPod,
+) -> anyhow::Result<()> {
+    for _ in 0..100 {
+        let shown = show()?;
+        let isolated = shown.to_string();
+        if isolated.contains(&format!("\"{}\"", server.ipv4))
+            && isolated.contains(&format!("\"{}\"", server.ipv6))
+        {
+            return Ok(());
         }
-    })
+        process::sleep(Duration::from_millis(100))?;
+    }
+    bail!("the agent did not install the state file's policy within 10 s (see its log)")
 }
 
-fn pods_json(server: &PolicyPod, client: &PolicyPod) -> Value {
-    json!([
-        {"namespace": "lab", "name": server.netns, "labels": {"app": "web"},
-         "ips": [server.ipv4, server.ipv6], "local": true},
-        {"namespace": "lab", "name": client.netns, "labels": {"app": "client"},
-         "ips": [client.ipv4, client.ipv6], "local": false}
-    ])
+/// The state-file sections: ingress of pods labelled `app=web` allows TCP
+/// [`ALLOWED_PORT`] from anywhere, and `server_pod` carries that label.
+fn policy_yaml(server_pod: &str) -> String {
+    format!(
+        r#"policies:
+  - apiVersion: k8s.cni.cncf.io/v1beta1
+    kind: MultiNetworkPolicy
+    metadata:
+      name: web-allow-{ALLOWED_PORT}
+      namespace: lab
+    spec:
+      podSelector: {{matchLabels: {{app: web}}}}
+      policyTypes: [Ingress]
+      ingress: [{{ports: [{{protocol: TCP, port: {ALLOWED_PORT}}}]}}]
+pods:
+  lab/{server_pod}: {{app: web}}
+"#
+    )
 }
