@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::link::{
-    ArpPolicy, DetachSpec, HostRoute, LinkError, LinkKind, MacvlanMode, PrimaryRoutes, RouteSpec,
+    ArpPolicy, DetachSpec, HostRoute, LinkError, LinkMode, MacvlanMode, PrimaryRoutes, RouteSpec,
     parse_mac,
 };
 use link_common::{Capture, LAN_V4, LAN_V6, Lan, has_link, ping};
@@ -32,7 +32,7 @@ async fn every_macvlan_mode_attaches_checks_and_detaches() {
     {
         let pod = TestNetns::new("flp-");
         let mut spec = lan.spec(&pod, &[&format!("192.0.2.{}/24", 10 + i)]);
-        spec.kind = LinkKind::Macvlan { mode };
+        spec.kind = LinkMode::Macvlan(mode);
         let attachment = attachments.attach(&spec).await.unwrap();
         assert_eq!(attachment.parent, lan.master);
         assert_eq!(attachment.sandbox, pod.path());

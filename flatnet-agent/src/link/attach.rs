@@ -18,7 +18,7 @@ use super::{
     Attachment, Attachments, LinkError,
     announce::{announce, enable_kernel_notify},
     netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route, open_netns_file},
-    spec::{ArpPolicy, IpvlanFlag, IpvlanMode, LinkKind, MacvlanMode, ValidSpec},
+    spec::{ArpPolicy, IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode, ValidSpec},
     vlan::{self, VlanLock},
 };
 
@@ -178,14 +178,14 @@ impl Setup<'_> {
         let netns = open_netns_file(&spec.netns)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         let mut message = match spec.kind {
-            LinkKind::Macvlan { mode } => {
+            LinkMode::Macvlan(mode) => {
                 let builder = LinkMacVlan::new(&spec.ifname, parent.index, macvlan_mode(mode));
                 match spec.mac {
                     Some(mac) => builder.address(mac.to_vec()).setns_by_fd(fd).build(),
                     None => builder.setns_by_fd(fd).build(),
                 }
             }
-            LinkKind::Ipvlan { mode, flag } => {
+            LinkMode::Ipvlan(mode, flag) => {
                 LinkIpVlan::new(&spec.ifname, parent.index, ipvlan_mode(mode))
                     .flag(ipvlan_flag(flag))
                     .setns_by_fd(fd)
@@ -197,10 +197,9 @@ impl Setup<'_> {
                 .attributes
                 .push(netlink_packet_route::link::LinkAttribute::Mtu(mtu));
         }
-        let kind = spec.kind.kernel_name();
-        let op = match spec.kind {
-            LinkKind::Macvlan { .. } => "create macvlan",
-            LinkKind::Ipvlan { .. } => "create ipvlan",
+        let (kind, op) = match spec.kind {
+            LinkMode::Macvlan(_) => ("macvlan", "create macvlan"),
+            LinkMode::Ipvlan(..) => ("ipvlan", "create ipvlan"),
         };
         let result = self.host.create_link(op, &spec.ifname, message).await;
         drop(netns);

@@ -8,7 +8,7 @@ use super::{
     Attachments, LinkError,
     attach::{default_net, family_name, host_route, ipvlan_flag, ipvlan_mode, macvlan_mode},
     netlink::{Link, Netlink, Route},
-    spec::{LinkKind, ValidSpec, format_mac},
+    spec::{LinkMode, ValidSpec, format_mac},
 };
 
 pub(super) async fn check(config: &Attachments, valid: &ValidSpec) -> Result<(), LinkError> {
@@ -99,7 +99,7 @@ fn link_differences(valid: &ValidSpec, link: &Link, parent: &Link) -> Vec<String
         .as_ref()
         .map_or_else(|| "none".to_owned(), |k| k.to_string());
     match spec.kind {
-        LinkKind::Macvlan { mode } => {
+        LinkMode::Macvlan(mode) => {
             expect("kind", InfoKind::MacVlan.to_string(), found_kind);
             let found = match &link.data {
                 Some(InfoData::MacVlan(infos)) => infos.iter().find_map(|i| match i {
@@ -114,7 +114,7 @@ fn link_differences(valid: &ValidSpec, link: &Link, parent: &Link) -> Vec<String
                 found.map_or_else(|| "none".to_owned(), |m| format!("{m:?}")),
             );
         }
-        LinkKind::Ipvlan { mode, flag } => {
+        LinkMode::Ipvlan(mode, flag) => {
             expect("kind", InfoKind::IpVlan.to_string(), found_kind);
             let infos = match &link.data {
                 Some(InfoData::IpVlan(infos)) => infos.as_slice(),

@@ -25,9 +25,9 @@ pub use detach::DetachSpec;
 pub use error::LinkError;
 pub use netlink::FLATNET_ROUTE_PROTOCOL;
 pub use spec::{
-    ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkKind, MAX_IFNAME_LEN,
-    MAX_VLAN_ID, MacvlanMode, PrimaryRoutes, RouteSpec, UnknownName, ValidSpec, check_ifname,
-    format_mac, parse_mac, vlan_ifname,
+    ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
+    MAX_VLAN_ID, MacvlanMode, PrimaryRoutes, RouteSpec, ValidSpec, check_ifname, format_mac,
+    parse_mac, vlan_ifname,
 };
 pub use vlan::{DEFAULT_LEASE_DIR, VLAN_ALIAS};
 

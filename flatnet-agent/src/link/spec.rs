@@ -5,9 +5,9 @@ use std::{
     fmt,
     net::IpAddr,
     path::{Path, PathBuf},
-    str::FromStr,
 };
 
+pub use flatnet_common::k8s::validation::{IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode};
 use ipnet::IpNet;
 
 use super::LinkError;
@@ -22,86 +22,13 @@ const MIN_MTU_IPV4: u32 = 68;
 /// Smallest MTU IPv6 allows (RFC 8200 §5).
 const MIN_MTU_IPV6: u32 = 1280;
 
-/// macvlan modes (`ip link add ... type macvlan mode <mode>`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MacvlanMode {
-    /// Children of one parent talk to each other directly.
-    Bridge,
-    /// Traffic between children goes through the external switch.
-    Vepa,
-    /// Children never talk to each other.
-    Private,
-    /// The single child takes over the parent.
-    Passthru,
-}
-
-/// ipvlan modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IpvlanMode {
-    /// Layer 2: the parent switches frames; children share its MAC.
-    L2,
-    /// Layer 3: the parent routes; no broadcast or multicast.
-    L3,
-    /// Layer 3 through netfilter (iptables/conntrack apply).
-    L3s,
-}
-
-/// ipvlan flags: how children of one parent reach each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IpvlanFlag {
-    /// Children talk to each other directly.
-    Bridge,
-    /// Children never talk to each other.
-    Private,
-    /// Traffic between children goes through the external switch.
-    Vepa,
-}
-
-/// The kind of pod interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LinkKind {
-    /// A macvlan child (own MAC address).
-    Macvlan {
-        /// The macvlan mode.
-        mode: MacvlanMode,
-    },
-    /// An ipvlan child (shares the parent's MAC address).
-    Ipvlan {
-        /// The ipvlan mode.
-        mode: IpvlanMode,
-        /// The ipvlan flag.
-        flag: IpvlanFlag,
-    },
-}
-
-impl LinkKind {
-    /// The kernel's name of the link kind (`macvlan`, `ipvlan`).
-    pub fn kernel_name(&self) -> &'static str {
-        match self {
-            Self::Macvlan { .. } => "macvlan",
-            Self::Ipvlan { .. } => "ipvlan",
-        }
-    }
-
-    /// Whether the pod interface speaks ARP/NDP itself. ipvlan L3 and L3S
-    /// children do not (the kernel drops such frames); their addresses are
-    /// answered for on the uplink instead.
-    pub fn announces(&self) -> bool {
-        !matches!(
-            self,
-            Self::Ipvlan {
-                mode: IpvlanMode::L3 | IpvlanMode::L3s,
-                ..
-            }
-        )
-    }
-}
-
-/// How the pod's neighbours learn its addresses once the interface is up.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// How the pod's neighbours learn its addresses once the interface is up
+/// (`FLAT_NETWORK_CNI_ARP_POLICY`; the names are the upstream values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ArpPolicy {
     /// The kernel announces (`arp_notify` and `ndisc_notify` sysctls of the
     /// interface set to 1 before it comes up).
+    #[value(name = "arp_notify")]
     ArpNotify,
     /// flatnet sends gratuitous ARP (IPv4) and unsolicited neighbour
     /// advertisements with Override set (IPv6), a few times.
@@ -152,7 +79,7 @@ pub struct AttachmentSpec {
     /// 802.1Q VLAN id; 0 means untagged (the child sits on `master`).
     pub vlan: u16,
     /// macvlan or ipvlan, with mode and flag.
-    pub kind: LinkKind,
+    pub kind: LinkMode,
     /// The pod's network namespace file.
     pub netns: PathBuf,
     /// The interface name in the pod (`CNI_IFNAME`).
@@ -300,7 +227,7 @@ impl AttachmentSpec {
 
     fn validate_mac(&self) -> Result<(), String> {
         let Some(mac) = self.mac else { return Ok(()) };
-        if let LinkKind::Ipvlan { .. } = self.kind {
+        if let LinkMode::Ipvlan(..) = self.kind {
             return Err(format!(
                 "{} is set, but ipvlan children share the MAC of their parent; \
                  remove the MAC or use macvlan",
@@ -448,67 +375,6 @@ pub fn parse_mac(text: &str) -> Option<MacAddr> {
     parts.next().is_none().then_some(mac)
 }
 
-/// A mode, flag or policy name that is not one of the accepted values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}; expected one of {expected}")]
-pub struct UnknownName {
-    /// What was parsed (`macvlan mode`, ...).
-    pub what: &'static str,
-    /// The rejected text.
-    pub value: String,
-    /// The accepted values.
-    pub expected: &'static str,
-}
-
-/// Implements `Display` and `FromStr` with the names the API uses.
-macro_rules! named {
-    ($ty:ident, $what:literal, $($variant:ident = $name:literal),+) => {
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(match self { $(Self::$variant => $name),+ })
-            }
-        }
-
-        impl FromStr for $ty {
-            type Err = UnknownName;
-
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                match s {
-                    $($name => Ok(Self::$variant),)+
-                    _ => Err(UnknownName {
-                        what: $what,
-                        value: s.to_owned(),
-                        expected: concat!($($name, " "),+).trim_ascii_end(),
-                    }),
-                }
-            }
-        }
-    };
-}
-
-named!(
-    MacvlanMode,
-    "macvlan mode",
-    Bridge = "bridge",
-    Vepa = "vepa",
-    Private = "private",
-    Passthru = "passthru"
-);
-named!(IpvlanMode, "ipvlan mode", L2 = "l2", L3 = "l3", L3s = "l3s");
-named!(
-    IpvlanFlag,
-    "ipvlan flag",
-    Bridge = "bridge",
-    Private = "private",
-    Vepa = "vepa"
-);
-named!(
-    ArpPolicy,
-    "ARP policy",
-    ArpNotify = "arp_notify",
-    Arping = "arping"
-);
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,9 +385,7 @@ mod tests {
             subnet: "lan".into(),
             master: "eth0".into(),
             vlan: 0,
-            kind: LinkKind::Macvlan {
-                mode: MacvlanMode::Bridge,
-            },
+            kind: LinkMode::Macvlan(MacvlanMode::Bridge),
             netns: "/run/netns/pod".into(),
             ifname: "eth1".into(),
             mac: None,
@@ -566,10 +430,7 @@ mod tests {
     #[test]
     fn ipvlan_with_mac_is_rejected() {
         let mut s = spec();
-        s.kind = LinkKind::Ipvlan {
-            mode: IpvlanMode::L2,
-            flag: IpvlanFlag::Bridge,
-        };
+        s.kind = LinkMode::Ipvlan(IpvlanMode::L2, IpvlanFlag::Bridge);
         s.mac = Some([2, 0, 0, 0, 0, 1]);
         let err = s.validate().unwrap_err();
         assert!(err.to_string().contains("ipvlan"), "{err}");
@@ -646,36 +507,6 @@ mod tests {
         assert_eq!(field_of(s.validate().unwrap_err()), "mtu");
         s.mtu = Some(1280);
         s.validate().unwrap();
-    }
-
-    #[test]
-    fn only_layer_2_children_announce() {
-        let ipvlan = |mode| LinkKind::Ipvlan {
-            mode,
-            flag: IpvlanFlag::Bridge,
-        };
-        assert!(spec().kind.announces());
-        assert!(ipvlan(IpvlanMode::L2).announces());
-        assert!(!ipvlan(IpvlanMode::L3).announces());
-        assert!(!ipvlan(IpvlanMode::L3s).announces());
-    }
-
-    #[test]
-    fn names_parse_and_print_alike() {
-        for mode in ["bridge", "vepa", "private", "passthru"] {
-            assert_eq!(mode.parse::<MacvlanMode>().unwrap().to_string(), mode);
-        }
-        for mode in ["l2", "l3", "l3s"] {
-            assert_eq!(mode.parse::<IpvlanMode>().unwrap().to_string(), mode);
-        }
-        for policy in ["arp_notify", "arping"] {
-            assert_eq!(policy.parse::<ArpPolicy>().unwrap().to_string(), policy);
-        }
-        let err = "source".parse::<MacvlanMode>().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "unknown macvlan mode \"source\"; expected one of bridge vepa private passthru"
-        );
     }
 
     proptest! {

@@ -29,7 +29,7 @@ use crate::{
     },
     datapath::{ConflictMonitor, Datapath},
     desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
-    link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkKind, format_mac, parse_mac},
+    link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::run_in_netns,
     probe,
     records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
@@ -316,9 +316,9 @@ impl<S: DesiredState> Inner<S> {
         };
         let mac = made.mac;
         let owner_mac = match attachment.kind {
-            LinkKind::Macvlan { .. } => Some(mac),
+            LinkMode::Macvlan(_) => Some(mac),
             // ipvlan children share the parent's MAC; the parent's is read below.
-            LinkKind::Ipvlan { .. } => None,
+            LinkMode::Ipvlan(..) => None,
         };
         let uplink = self
             .uplink_record(&made.parent, owner_mac, !attachment.kind.announces())

@@ -4,15 +4,12 @@
 
 use std::net::IpAddr;
 
-use flatnet_common::k8s::validation::{self, LinkMode, ValidSubnet};
+use flatnet_common::k8s::validation::{LinkMode, ValidSubnet};
 use ipnet::IpNet;
 
 use crate::{
     cni::{CniError, CniResult, Dns, ErrorCode, Interface, IpConfig, IpWithPrefix, Route},
-    link::{
-        ArpPolicy, AttachmentSpec, IpvlanFlag, IpvlanMode, LinkKind, MacvlanMode, PrimaryRoutes,
-        RouteSpec, parse_mac,
-    },
+    link::{ArpPolicy, AttachmentSpec, PrimaryRoutes, RouteSpec, parse_mac},
     records::AttachmentRecord,
 };
 
@@ -41,32 +38,6 @@ pub fn valid_subnets(record: &AttachmentRecord) -> Result<Vec<ValidSubnet>, CniE
             })
         })
         .collect()
-}
-
-/// The link kind of a subnet.
-pub fn link_kind(mode: LinkMode) -> LinkKind {
-    match mode {
-        LinkMode::Macvlan(mode) => LinkKind::Macvlan {
-            mode: match mode {
-                validation::MacvlanMode::Bridge => MacvlanMode::Bridge,
-                validation::MacvlanMode::Vepa => MacvlanMode::Vepa,
-                validation::MacvlanMode::Private => MacvlanMode::Private,
-                validation::MacvlanMode::Passthru => MacvlanMode::Passthru,
-            },
-        },
-        LinkMode::Ipvlan(mode, flag) => LinkKind::Ipvlan {
-            mode: match mode {
-                validation::IpvlanMode::L2 => IpvlanMode::L2,
-                validation::IpvlanMode::L3 => IpvlanMode::L3,
-                validation::IpvlanMode::L3s => IpvlanMode::L3s,
-            },
-            flag: match flag {
-                validation::IpvlanFlag::Bridge => IpvlanFlag::Bridge,
-                validation::IpvlanFlag::Private => IpvlanFlag::Private,
-                validation::IpvlanFlag::Vepa => IpvlanFlag::Vepa,
-            },
-        },
-    }
 }
 
 /// The attachment spec of a record.
@@ -142,9 +113,9 @@ pub fn attachment_spec(
         })
         .flatten();
 
-    let kind = link_kind(first.link_mode);
+    let kind = first.link_mode;
     let mac = match (&record.requested_mac, kind) {
-        (Some(text), LinkKind::Macvlan { .. }) => Some(parse_mac(text).ok_or_else(|| {
+        (Some(text), LinkMode::Macvlan(_)) => Some(parse_mac(text).ok_or_else(|| {
             CniError::new(
                 ErrorCode::InvalidNetworkConfig,
                 format!(
