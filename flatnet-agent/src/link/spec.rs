@@ -36,37 +36,83 @@ pub enum ArpPolicy {
     Arping,
 }
 
-/// A route on the pod interface.
+/// A route in the pod (a subnet's `spec.routes` entry).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RouteSpec {
     /// Destination; `0.0.0.0/0` or `::/0` is a default route.
     pub destination: IpNet,
     /// Next hop; `None` makes the route on-link (scope link).
     pub via: Option<IpAddr>,
-    /// Preferred source address; must be one of the pod's addresses.
+    /// Another pod interface the route goes through (the primary `eth0`,
+    /// for instance); `None` is the flat interface. It must exist when the
+    /// attachment is made.
+    pub dev: Option<String>,
+    /// Preferred source address; on the flat interface it must be one of
+    /// the pod's addresses.
     pub source: Option<IpAddr>,
     /// Route metric (priority); the kernel default when `None`.
     pub metric: Option<u32>,
 }
 
-/// Destinations (cluster and service CIDRs) that stay reachable through the
-/// pod's primary interface, via that interface's default gateway, when the
-/// flat interface takes over the default route.
+/// Destinations (cluster, service and node CIDRs) routed through the pod's
+/// primary interface, via that interface's default gateway of the same
+/// family.
+///
+/// A family whose default route moves to the flat interface must have a
+/// primary default gateway (else the attach fails); for the others a
+/// destination is skipped when the primary has none (a single-stack primary
+/// network with dual-stack cluster CIDRs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PrimaryRoutes {
     /// The primary interface in the pod (normally `eth0`).
     pub ifname: String,
     /// The destinations.
     pub destinations: Vec<IpNet>,
+    /// Also route the node's own networks (`addNodeCIDR`): the networks of
+    /// the addresses on the node's default-route interfaces. A node network
+    /// that overlaps a pod address's network becomes a host route to the
+    /// node address alone, so the flat subnet itself stays on the flat
+    /// interface.
+    pub node_networks: bool,
 }
 
-/// A route on the node to each pod address, through a host link (the pod's
-/// primary veth, for instance). macvlan children cannot talk to their
-/// parent, so this is how the node reaches the pod.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Node routes to each pod address through the pod's primary network
+/// (`addPodIPToHost`): macvlan children cannot talk to their parent, so
+/// this is how the node reaches its own pods. Made by
+/// [`super::Attachments::resolve_host_route`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct HostRoute {
-    /// The node-side link the routes go through.
+    /// The node-side link the routes go through (the pod's veth peer, or
+    /// the bridge it hangs off).
     pub link: String,
+    /// Next hops, at most one per family: the primary interface's
+    /// addresses. A family without one is routed on-link.
+    #[serde(default)]
+    pub via: Vec<IpAddr>,
+}
+
+impl HostRoute {
+    /// The next hop for `address`'s family.
+    pub fn via_for(&self, address: IpAddr) -> Option<IpAddr> {
+        self.via
+            .iter()
+            .copied()
+            .find(|v| v.is_ipv4() == address.is_ipv4())
+    }
+}
+
+/// The default gateways of the pod's primary interface before the flat
+/// interface took the default route over, so that removing a half-made
+/// attachment (an ADD interrupted by a crash) gives the pod its default
+/// routes back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrimaryDefaults {
+    /// The primary interface in the pod.
+    pub ifname: String,
+    /// Its default gateways, at most one per family.
+    pub gateways: Vec<IpAddr>,
 }
 
 /// The description of one pod interface on the flat network.
@@ -218,6 +264,18 @@ impl AttachmentSpec {
         }
         if let Some(host) = &self.host_route {
             check_ifname(&host.link).map_err(|r| invalid("host_route.link", r))?;
+            let repeated = host.via.iter().enumerate().find_map(|(i, v)| {
+                host.via[..i]
+                    .iter()
+                    .any(|o| o.is_ipv4() == v.is_ipv4())
+                    .then_some(v)
+            });
+            if let Some(twice) = repeated {
+                return Err(invalid(
+                    "host_route.via",
+                    format!("more than one next hop for the family of {twice}"),
+                ));
+            }
         }
         Ok(ValidSpec {
             spec: self.clone(),
@@ -307,20 +365,31 @@ impl AttachmentSpec {
                 return Err(format!("{dst} has host bits set; use {}", dst.trunc()));
             }
             let v4 = dst.addr().is_ipv4();
-            if !self.addresses.iter().any(|n| n.addr().is_ipv4() == v4) {
-                return Err(format!(
-                    "{dst}: the pod has no address of that family to send from"
-                ));
-            }
             if let Some(via) = route.via
                 && via.is_ipv4() != v4
             {
                 return Err(format!("{dst} via {via}: families differ"));
             }
             if let Some(src) = route.source
-                && !self.addresses.iter().any(|n| n.addr() == src)
+                && src.is_ipv4() != v4
             {
-                return Err(format!("{dst}: source {src} is not a pod address"));
+                return Err(format!("{dst} source {src}: families differ"));
+            }
+            if let Some(dev) = &route.dev {
+                check_ifname(dev).map_err(|r| format!("{dst} dev {r}"))?;
+            } else {
+                // Checks only possible for the flat interface, whose
+                // addresses are known before it exists.
+                if !self.addresses.iter().any(|n| n.addr().is_ipv4() == v4) {
+                    return Err(format!(
+                        "{dst}: the pod has no address of that family to send from"
+                    ));
+                }
+                if let Some(src) = route.source
+                    && !self.addresses.iter().any(|n| n.addr() == src)
+                {
+                    return Err(format!("{dst}: source {src} is not a pod address"));
+                }
             }
             if dst.prefix_len() == 0
                 && self.default_route
@@ -471,6 +540,7 @@ mod tests {
         let route = |dst: &str, via: Option<&str>| RouteSpec {
             destination: dst.parse().unwrap(),
             via: via.map(|v| v.parse().unwrap()),
+            dev: None,
             source: None,
             metric: None,
         };

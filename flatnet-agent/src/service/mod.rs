@@ -269,7 +269,37 @@ impl<S: DesiredState> Inner<S> {
             mac: None,
             mtu: config.mtu,
             uplink: None,
+            host_route: None,
+            primary_defaults: None,
         };
+        if spec::wants_host_route(&record) {
+            match self
+                .config
+                .attachments
+                .resolve_host_route(&record.netns, spec::PRIMARY_IFNAME)
+                .await
+            {
+                Ok(route) => record.host_route = Some(route),
+                Err(error) => {
+                    self.release_quietly(&record).await;
+                    return Err(link_error(&error));
+                }
+            }
+        }
+        if spec::moves_default_route(&record) {
+            match self
+                .config
+                .attachments
+                .primary_defaults(&record.netns, spec::PRIMARY_IFNAME)
+                .await
+            {
+                Ok(defaults) => record.primary_defaults = Some(defaults),
+                Err(error) => {
+                    self.release_quietly(&record).await;
+                    return Err(link_error(&error));
+                }
+            }
+        }
         if let Err(error) = self.records.save(&record) {
             self.release_quietly(&record).await;
             return Err(internal(error));
@@ -314,6 +344,9 @@ impl<S: DesiredState> Inner<S> {
             }
             Err(error) => return Err((link_error(&error), true)),
         };
+        // The interface, its addresses and node routes exist; the record
+        // still says pending.
+        crate::crash_point::crash_point("add-attached");
         let mac = made.mac;
         let owner_mac = match attachment.kind {
             LinkMode::Macvlan(_) => Some(mac),
@@ -506,7 +539,8 @@ impl<S: DesiredState> Inner<S> {
                 ifname: record.key.ifname.clone(),
                 master,
                 vlan,
-                host_route: None,
+                host_route: record.host_route.clone(),
+                primary_defaults: record.primary_defaults.clone(),
                 addresses: record.ips(),
             };
             if let Err(error) = self.config.attachments.detach(&detach).await {
