@@ -100,6 +100,34 @@ fn json_body(value: &Value) -> Body {
     Body::from(serde_json::to_vec(value).unwrap())
 }
 
+/// Answers the list of the FlatNetworkIP `name` with `pending` (only that
+/// object is asked for), then its watch with the operator's `allocated`
+/// version (a watch, not polling).
+async fn allocate_by_watch(handle: &mut Handle, name: &str, pending: Value, allocated: Value) {
+    let (uri, _) = answer(
+        handle,
+        "GET",
+        IPS,
+        StatusCode::OK,
+        json_body(&list(vec![pending])),
+    )
+    .await;
+    assert!(
+        uri.contains(&format!("fieldSelector=metadata.name%3D{name}&")) || uri.ends_with(name),
+        "only the object {name}: {uri}"
+    );
+    let event = json!({"type": "MODIFIED", "object": allocated});
+    let (uri, _) = answer(
+        handle,
+        "GET",
+        IPS,
+        StatusCode::OK,
+        Body::from(format!("{event}\n").into_bytes()),
+    )
+    .await;
+    assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
+}
+
 /// Answers the next request (a GET of `path`) with 404.
 async fn not_found(handle: &mut Handle, path: &str) {
     let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
@@ -137,30 +165,7 @@ fn flip6(addr: Option<&str>) -> Value {
 async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        // The list finds the object without an address yet...
-        let (uri, _) = answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip(None)])),
-        )
-        .await;
-        assert!(
-            uri.contains("fieldSelector=metadata.name%3Dweb-0"),
-            "only the pod's object: {uri}"
-        );
-        // ...then the watch delivers the operator's allocation.
-        let event = json!({"type": "MODIFIED", "object": flip(Some("192.0.2.10"))});
-        let (uri, _) = answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            Body::from(format!("{event}\n").into_bytes()),
-        )
-        .await;
-        assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
+        allocate_by_watch(&mut handle, "web-0", flip(None), flip(Some("192.0.2.10"))).await;
         not_found(&mut handle, &format!("{IPS}/web-0.ipv6")).await;
         let subnet = json!({
             "apiVersion": "flatnetwork.pandaria.io/v1",
@@ -348,28 +353,13 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
             json_body(&flip6(None)),
         )
         .await;
-        let (uri, _) = answer(
+        allocate_by_watch(
             &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip6(None)])),
+            "web-0.ipv6",
+            flip6(None),
+            flip6(Some("2001:db8::10")),
         )
         .await;
-        assert!(
-            uri.contains("fieldSelector=metadata.name%3Dweb-0.ipv6"),
-            "{uri}"
-        );
-        let event = json!({"type": "MODIFIED", "object": flip6(Some("2001:db8::10"))});
-        let (uri, _) = answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            Body::from(format!("{event}\n").into_bytes()),
-        )
-        .await;
-        assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
         for (name, cidr, gateway) in [
             ("lan4", "192.0.2.0/24", "192.0.2.1"),
             ("lan6", "2001:db8::/64", "2001:db8::1"),

@@ -272,33 +272,9 @@ impl<S: DesiredState> Inner<S> {
             host_route: None,
             primary_defaults: None,
         };
-        if spec::wants_host_route(&record) {
-            match self
-                .config
-                .attachments
-                .resolve_host_route(&record.netns, spec::PRIMARY_IFNAME)
-                .await
-            {
-                Ok(route) => record.host_route = Some(route),
-                Err(error) => {
-                    self.release_quietly(&record).await;
-                    return Err(link_error(&error));
-                }
-            }
-        }
-        if spec::moves_default_route(&record) {
-            match self
-                .config
-                .attachments
-                .primary_defaults(&record.netns, spec::PRIMARY_IFNAME)
-                .await
-            {
-                Ok(defaults) => record.primary_defaults = Some(defaults),
-                Err(error) => {
-                    self.release_quietly(&record).await;
-                    return Err(link_error(&error));
-                }
-            }
+        if let Err(error) = self.read_primary_network(&mut record).await {
+            self.release_quietly(&record).await;
+            return Err(link_error(&error));
         }
         if let Err(error) = self.records.save(&record) {
             self.release_quietly(&record).await;
@@ -313,6 +289,29 @@ impl<S: DesiredState> Inner<S> {
                 Err(error)
             }
         }
+    }
+
+    /// What removing the attachment must know of the pod's primary network,
+    /// read before anything is made: the node routes to the pod
+    /// (`addPodIPToHost`) and the default gateways the flat interface takes
+    /// over (`flatNetworkDefaultGateway`).
+    async fn read_primary_network(&self, record: &mut AttachmentRecord) -> Result<(), LinkError> {
+        let attachments = &self.config.attachments;
+        if spec::wants_host_route(record) {
+            record.host_route = Some(
+                attachments
+                    .resolve_host_route(&record.netns, spec::PRIMARY_IFNAME)
+                    .await?,
+            );
+        }
+        if spec::moves_default_route(record) {
+            record.primary_defaults = Some(
+                attachments
+                    .primary_defaults(&record.netns, spec::PRIMARY_IFNAME)
+                    .await?,
+            );
+        }
+        Ok(())
     }
 
     /// The steps after the claim. On error, also says whether the pod
