@@ -100,18 +100,18 @@ fn json_body(value: &Value) -> Body {
     Body::from(serde_json::to_vec(value).unwrap())
 }
 
+/// Answers the next request, a list of FlatNetworkIPs, with `items`;
+/// returns the request's URI.
+async fn answer_list(handle: &mut Handle, items: Vec<Value>) -> String {
+    let (uri, _) = answer(handle, "GET", IPS, StatusCode::OK, json_body(&list(items))).await;
+    uri
+}
+
 /// Answers the list of the FlatNetworkIP `name` with `pending` (only that
 /// object is asked for), then its watch with the operator's `allocated`
 /// version (a watch, not polling).
 async fn allocate_by_watch(handle: &mut Handle, name: &str, pending: Value, allocated: Value) {
-    let (uri, _) = answer(
-        handle,
-        "GET",
-        IPS,
-        StatusCode::OK,
-        json_body(&list(vec![pending])),
-    )
-    .await;
+    let uri = answer_list(handle, vec![pending]).await;
     assert!(
         uri.contains(&format!("fieldSelector=metadata.name%3D{name}&")) || uri.ends_with(name),
         "only the object {name}: {uri}"
@@ -197,14 +197,7 @@ async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
 async fn no_allocation_in_time_is_try_again_later_naming_the_object() {
     let (source, mut handle) = source(Duration::from_millis(300));
     let server = tokio::spawn(async move {
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![])),
-        )
-        .await;
+        answer_list(&mut handle, vec![]).await;
         // The watch never reports an allocation; keep the handle alive.
         let pending = handle.next_request().await;
         (handle, pending)
@@ -225,14 +218,7 @@ async fn an_object_of_another_pod_is_not_taken() {
     let server = tokio::spawn(async move {
         let mut stale = flip(Some("192.0.2.10"));
         stale["spec"]["podId"] = json!("uid-of-an-earlier-pod");
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![stale])),
-        )
-        .await;
+        answer_list(&mut handle, vec![stale]).await;
         let pending = handle.next_request().await;
         (handle, pending)
     });
@@ -245,14 +231,7 @@ async fn an_object_of_another_pod_is_not_taken() {
 async fn a_missing_subnet_is_subnet_not_found() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip(Some("192.0.2.10"))])),
-        )
-        .await;
+        answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
         not_found(&mut handle, &format!("{IPS}/web-0.ipv6")).await;
         not_found(&mut handle, &format!("{SUBNETS}/lan4")).await;
         handle
@@ -336,14 +315,7 @@ async fn readiness_follows_the_first_successful_api_call() {
 async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip(Some("192.0.2.10"))])),
-        )
-        .await;
+        answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
         // The operator made the IPv6 record but has not allocated it yet.
         answer(
             &mut handle,
@@ -426,23 +398,9 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
 async fn a_dual_stack_pod_whose_ipv6_record_is_never_allocated_names_it() {
     let (source, mut handle) = source(Duration::from_millis(300));
     let server = tokio::spawn(async move {
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip(Some("192.0.2.10"))])),
-        )
-        .await;
+        answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
         // The network configuration names two subnets: no lookup needed.
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip6(None)])),
-        )
-        .await;
+        answer_list(&mut handle, vec![flip6(None)]).await;
         let pending = handle.next_request().await;
         (handle, pending)
     });
