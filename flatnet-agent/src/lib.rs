@@ -2,6 +2,7 @@
 
 pub mod atomic_file;
 pub mod cni;
+pub mod crash_point;
 pub mod datapath;
 pub mod desired;
 pub mod install;

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     atomic_file::{create_private_dir, remove_if_exists, write_atomic},
     desired::{AttachmentKey, NamedSubnet, PodRef},
+    link::{HostRoute, PrimaryDefaults},
 };
 
 /// Default record directory.
@@ -79,6 +80,15 @@ pub struct AttachmentRecord {
     /// Data-plane table entries, once made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uplink: Option<UplinkRecord>,
+    /// Node routes to the pod's addresses (`addPodIPToHost`), resolved
+    /// before the interface is made so an interrupted ADD can remove them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_route: Option<HostRoute>,
+    /// The primary interface's default gateways before the flat interface
+    /// took the default route over (`flatNetworkDefaultGateway`), recorded
+    /// before the interface is made so removing it restores them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_defaults: Option<PrimaryDefaults>,
 }
 
 impl AttachmentRecord {
@@ -219,6 +229,8 @@ mod tests {
             mac: None,
             mtu: None,
             uplink: None,
+            host_route: None,
+            primary_defaults: None,
         }
     }
 

@@ -100,34 +100,73 @@ fn json_body(value: &Value) -> Body {
     Body::from(serde_json::to_vec(value).unwrap())
 }
 
+/// Answers the next request, a list of FlatNetworkIPs, with `items`;
+/// returns the request's URI.
+async fn answer_list(handle: &mut Handle, items: Vec<Value>) -> String {
+    let (uri, _) = answer(handle, "GET", IPS, StatusCode::OK, json_body(&list(items))).await;
+    uri
+}
+
+/// Answers the list of the FlatNetworkIP `name` with `pending` (only that
+/// object is asked for), then its watch with the operator's `allocated`
+/// version (a watch, not polling).
+async fn allocate_by_watch(handle: &mut Handle, name: &str, pending: Value, allocated: Value) {
+    let uri = answer_list(handle, vec![pending]).await;
+    assert!(
+        uri.contains(&format!("fieldSelector=metadata.name%3D{name}&")) || uri.ends_with(name),
+        "only the object {name}: {uri}"
+    );
+    let event = json!({"type": "MODIFIED", "object": allocated});
+    let (uri, _) = answer(
+        handle,
+        "GET",
+        IPS,
+        StatusCode::OK,
+        Body::from(format!("{event}\n").into_bytes()),
+    )
+    .await;
+    assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
+}
+
+/// Answers the next request (a GET of `path`) with 404.
+async fn not_found(handle: &mut Handle, path: &str) {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+    answer(
+        handle,
+        "GET",
+        path,
+        StatusCode::NOT_FOUND,
+        json_body(&status),
+    )
+    .await;
+}
+
+fn subnet(name: &str, cidr: &str, gateway: &str) -> Value {
+    json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1",
+        "kind": "FlatNetworkSubnet",
+        "metadata": {"name": name, "namespace": "cattle-flat-network"},
+        "spec": {"flatMode": "macvlan", "master": "eth0", "cidr": cidr, "gateway": gateway}
+    })
+}
+
+/// The second (IPv6) record of the dual-stack pod `web-0`.
+fn flip6(addr: Option<&str>) -> Value {
+    let mut ip = flip(None);
+    ip["metadata"]["name"] = json!("web-0.ipv6");
+    ip["spec"]["subnet"] = json!("lan6");
+    if let Some(addr) = addr {
+        ip["status"]["addr"] = json!(addr);
+    }
+    ip
+}
+
 #[tokio::test]
 async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        // The list finds the object without an address yet...
-        let (uri, _) = answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip(None)])),
-        )
-        .await;
-        assert!(
-            uri.contains("fieldSelector=metadata.name%3Dweb-0"),
-            "only the pod's object: {uri}"
-        );
-        // ...then the watch delivers the operator's allocation.
-        let event = json!({"type": "MODIFIED", "object": flip(Some("192.0.2.10"))});
-        let (uri, _) = answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            Body::from(format!("{event}\n").into_bytes()),
-        )
-        .await;
-        assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
+        allocate_by_watch(&mut handle, "web-0", flip(None), flip(Some("192.0.2.10"))).await;
+        not_found(&mut handle, &format!("{IPS}/web-0.ipv6")).await;
         let subnet = json!({
             "apiVersion": "flatnetwork.pandaria.io/v1",
             "kind": "FlatNetworkSubnet",
@@ -158,14 +197,7 @@ async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
 async fn no_allocation_in_time_is_try_again_later_naming_the_object() {
     let (source, mut handle) = source(Duration::from_millis(300));
     let server = tokio::spawn(async move {
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![])),
-        )
-        .await;
+        answer_list(&mut handle, vec![]).await;
         // The watch never reports an allocation; keep the handle alive.
         let pending = handle.next_request().await;
         (handle, pending)
@@ -186,14 +218,7 @@ async fn an_object_of_another_pod_is_not_taken() {
     let server = tokio::spawn(async move {
         let mut stale = flip(Some("192.0.2.10"));
         stale["spec"]["podId"] = json!("uid-of-an-earlier-pod");
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![stale])),
-        )
-        .await;
+        answer_list(&mut handle, vec![stale]).await;
         let pending = handle.next_request().await;
         (handle, pending)
     });
@@ -206,23 +231,9 @@ async fn an_object_of_another_pod_is_not_taken() {
 async fn a_missing_subnet_is_subnet_not_found() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        answer(
-            &mut handle,
-            "GET",
-            IPS,
-            StatusCode::OK,
-            json_body(&list(vec![flip(Some("192.0.2.10"))])),
-        )
-        .await;
-        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
-        answer(
-            &mut handle,
-            "GET",
-            &format!("{SUBNETS}/lan4"),
-            StatusCode::NOT_FOUND,
-            json_body(&status),
-        )
-        .await;
+        answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
+        not_found(&mut handle, &format!("{IPS}/web-0.ipv6")).await;
+        not_found(&mut handle, &format!("{SUBNETS}/lan4")).await;
         handle
     });
     let error = source.claim(&request()).await.unwrap_err().to_cni();
@@ -298,4 +309,109 @@ async fn readiness_follows_the_first_successful_api_call() {
     source.sync().await.unwrap();
     assert!(source.readiness().is_ok());
     server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
+        // The operator made the IPv6 record but has not allocated it yet.
+        answer(
+            &mut handle,
+            "GET",
+            &format!("{IPS}/web-0.ipv6"),
+            StatusCode::OK,
+            json_body(&flip6(None)),
+        )
+        .await;
+        allocate_by_watch(
+            &mut handle,
+            "web-0.ipv6",
+            flip6(None),
+            flip6(Some("2001:db8::10")),
+        )
+        .await;
+        for (name, cidr, gateway) in [
+            ("lan4", "192.0.2.0/24", "192.0.2.1"),
+            ("lan6", "2001:db8::/64", "2001:db8::1"),
+        ] {
+            answer(
+                &mut handle,
+                "GET",
+                &format!("{SUBNETS}/{name}"),
+                StatusCode::OK,
+                json_body(&subnet(name, cidr, gateway)),
+            )
+            .await;
+        }
+        // Activation: label and status on both records.
+        for name in ["web-0", "web-0.ipv6"] {
+            let (_, body) = answer(
+                &mut handle,
+                "PATCH",
+                &format!("{IPS}/{name}"),
+                StatusCode::OK,
+                json_body(&flip(Some("192.0.2.10"))),
+            )
+            .await;
+            assert_eq!(body["metadata"]["name"], name);
+            let (uri, body) = answer(
+                &mut handle,
+                "PATCH",
+                &format!("{IPS}/{name}/status"),
+                StatusCode::OK,
+                json_body(&flip(Some("192.0.2.10"))),
+            )
+            .await;
+            assert!(uri.contains(&format!("{name}/status")), "{uri}");
+            assert_eq!(
+                body["status"],
+                json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
+            );
+        }
+        handle
+    });
+    let claim = source.claim(&request()).await.unwrap();
+    assert_eq!(
+        claim.addresses,
+        [
+            "192.0.2.10/24".parse::<ipnet::IpNet>().unwrap(),
+            "2001:db8::10/64".parse().unwrap()
+        ]
+    );
+    let names: Vec<&str> = claim.subnets.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["lan4", "lan6"]);
+    assert_eq!(
+        claim.mac,
+        Some([2, 0, 0, 0, 0, 7]),
+        "the first record's MAC"
+    );
+    source
+        .activate(&request().pod, &claim, [2, 0, 0, 0, 0, 9])
+        .await
+        .unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dual_stack_pod_whose_ipv6_record_is_never_allocated_names_it() {
+    let (source, mut handle) = source(Duration::from_millis(300));
+    let server = tokio::spawn(async move {
+        answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
+        // The network configuration names two subnets: no lookup needed.
+        answer_list(&mut handle, vec![flip6(None)]).await;
+        let pending = handle.next_request().await;
+        (handle, pending)
+    });
+    let mut request = request();
+    request.subnet = Some("lan4,lan6".into());
+    let error = source.claim(&request).await.unwrap_err().to_cni();
+    assert_eq!(error.code, ErrorCode::TryAgainLater);
+    assert!(
+        error.msg.contains("FlatNetworkIP default/web-0.ipv6"),
+        "{}",
+        error.msg
+    );
+    server.abort();
 }

@@ -13,11 +13,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use flatnet_agent::crash_point::CRASH_AT_ENV;
 use serde_json::{Value, json};
 use support::{TestNetns, TestPinRoot, privileged, run, unique_name, veth_pair};
 
 const LAN_V4: &str = "192.0.2.1";
 const LAN_V6: &str = "2001:db8::1";
+/// Route settings of the `routed4`/`routed6` subnets.
+const ROUTE_SETTINGS: &str = "{addPodIPToHost: true, addNodeCIDR: true, addClusterCIDR: true, \
+                              addServiceCIDR: true, flatNetworkDefaultGateway: true}";
 
 /// The LAN, the node, the agent's directories and (while running) the agent.
 struct Node {
@@ -66,6 +70,32 @@ subnets:
       gateway: "{LAN_V6}"
       ranges: [{{from: "2001:db8::10", to: "2001:db8::20"}}]
       routeSettings: {{flatNetworkDefaultGateway: true}}
+  # Every route setting, and routes through the primary interface.
+  - name: routed4
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      gateway: {LAN_V4}
+      ranges: [{{from: 192.0.2.30, to: 192.0.2.40}}]
+      routes: [{{dev: eth0, dst: 198.18.0.0/15}}]
+      routeSettings: {ROUTE_SETTINGS}
+  - name: routed6
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: "2001:db8::/64"
+      gateway: "{LAN_V6}"
+      ranges: [{{from: "2001:db8::30", to: "2001:db8::40"}}]
+      routes: [{{dev: eth0, dst: "2001:db8:99::/48"}}]
+      routeSettings: {ROUTE_SETTINGS}
+  - name: badroute
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.50, to: 192.0.2.60}}]
+      routes: [{{dev: eth7, dst: 198.18.0.0/15}}]
   - name: ghost
     spec: {{flatMode: macvlan, master: nosuch0, cidr: 198.51.100.0/24}}
   # ipvlan and VLAN subnets: their masters are made by the test that uses them.
@@ -96,6 +126,8 @@ networks:
   - {{name: flat6, subnets: [lan6]}}
   - {{name: dual, subnets: [lan4, lan6]}}
   - {{name: nomaster, subnets: [ghost]}}
+  - {{name: routed, subnets: [routed4, routed6]}}
+  - {{name: badroute, subnets: [badroute]}}
   - {{name: ipvlan-l2, subnets: [ipl2]}}
   - {{name: ipvlan-l3, subnets: [ipl3]}}
   - {{name: vlan, subnets: [vlan100]}}
@@ -142,6 +174,11 @@ networks:
 
     /// Starts the agent and waits until its socket answers STATUS.
     fn start(&mut self) {
+        self.start_crashing_at(None);
+    }
+
+    /// Starts the agent; with `crash_at`, it aborts at that test crash point.
+    fn start_crashing_at(&mut self, crash_at: Option<&str>) {
         let d = self.dir.path();
         let arg = |p: &str| d.join(p).display().to_string();
         let child = Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
@@ -156,6 +193,7 @@ networks:
             .args(["--pin-root", &self.pin.path.display().to_string()])
             .args(["--host-netns", &self.node.path().display().to_string()])
             .args(["--arp-policy", "arping", "--conflict-probe-ms", "500"])
+            .envs(crash_at.map(|step| (CRASH_AT_ENV, step)))
             .stdin(Stdio::null())
             .stderr(
                 std::fs::OpenOptions::new()
@@ -677,6 +715,211 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         "every address released: {:?}",
         node.allocated()
     );
+}
+
+/// Gives the node an address of each family on the master with its default
+/// routes there, and the pod a primary `eth0` (a veth to the node, like a
+/// cluster network's) with default routes through the node. Returns the
+/// node's end of that veth.
+fn with_primary(node: &Node, pod: &TestNetns) -> String {
+    let n = &node.node;
+    n.ip(&["addr", "add", "192.0.2.2/24", "dev", &node.master]);
+    n.ip(&[
+        "addr",
+        "add",
+        "2001:db8::2/64",
+        "dev",
+        &node.master,
+        "nodad",
+    ]);
+    n.ip(&["route", "add", "default", "via", LAN_V4]);
+    n.ip(&["-6", "route", "add", "default", "via", LAN_V6]);
+    let node_end = unique_name("pv");
+    veth_pair(pod, "eth0", n, &node_end);
+    for (ns, ifname, v4, v6) in [
+        (pod, "eth0", "10.99.0.2/24", "fd99::2/64"),
+        (n, node_end.as_str(), "10.99.0.1/24", "fd99::1/64"),
+    ] {
+        ns.ip(&["addr", "add", v4, "dev", ifname]);
+        ns.ip(&["addr", "add", v6, "dev", ifname, "nodad"]);
+        ns.ip(&["link", "set", ifname, "up"]);
+    }
+    pod.ip(&["route", "add", "default", "via", "10.99.0.1"]);
+    pod.ip(&["-6", "route", "add", "default", "via", "fd99::1"]);
+    node_end
+}
+
+/// flatnet's node routes (protocol 241) of one family, one per line.
+fn node_routes(node: &Node, family: &str) -> String {
+    node.node.ip(&[family, "route", "show", "proto", "241"])
+}
+
+#[test]
+fn route_settings_reach_the_pod_from_its_node_in_both_families() {
+    if !privileged("route_settings_reach_the_pod_from_its_node_in_both_families") {
+        return;
+    }
+    let mut node = Node::new();
+    let pod = TestNetns::new("fap-");
+    let node_end = with_primary(&node, &pod);
+    node.start();
+    let result = node.add("routed", "c-routes", &pod);
+    assert_eq!(
+        addresses(&result),
+        ["192.0.2.30/24", "2001:db8::30/64"],
+        "{result}"
+    );
+
+    let pod4 = pod.ip(&["-4", "route", "show"]);
+    for expected in [
+        "default via 192.0.2.1 dev eth1",
+        // addClusterCIDR / addServiceCIDR (the agent's defaults).
+        "10.42.0.0/16 via 10.99.0.1 dev eth0",
+        "10.43.0.0/16 via 10.99.0.1 dev eth0",
+        // addNodeCIDR: the node's network is the flat subnet itself, so
+        // only the node's address goes through the primary network.
+        "192.0.2.2 via 10.99.0.1 dev eth0",
+        // A subnet route through the primary interface.
+        "198.18.0.0/15 dev eth0",
+    ] {
+        assert!(pod4.contains(expected), "pod lacks {expected:?}:\n{pod4}");
+    }
+    assert!(
+        pod4.contains("192.0.2.0/24 dev eth1"),
+        "the flat subnet stays on the flat interface:\n{pod4}"
+    );
+    let pod6 = pod.ip(&["-6", "route", "show"]);
+    for expected in [
+        "default via 2001:db8::1 dev eth1",
+        "2001:db8::2 via fd99::1 dev eth0",
+        "2001:db8:99::/48 dev eth0",
+    ] {
+        assert!(pod6.contains(expected), "pod lacks {expected:?}:\n{pod6}");
+    }
+
+    // addPodIPToHost: node routes through the pod's primary network.
+    assert_eq!(
+        node_routes(&node, "-4").trim(),
+        format!("192.0.2.30 via 10.99.0.2 dev {node_end} src 192.0.2.2")
+    );
+    assert_eq!(
+        node_routes(&node, "-6").trim(),
+        format!("2001:db8::30 via fd99::2 dev {node_end} src 2001:db8::2 metric 1024 pref medium")
+    );
+    // The node reaches its pod although macvlan children cannot talk to
+    // their parent: out through the veth, back through eth0.
+    ping(&node.node, "192.0.2.30");
+    ping(&node.node, "2001:db8::30");
+
+    let (ok, out) = node.cni_with(
+        "CHECK",
+        "routed",
+        "c-routes",
+        Some(&pod),
+        "eth1",
+        json!({"prevResult": result}),
+    );
+    assert!(ok, "CHECK: {out}");
+
+    node.del("routed", "c-routes", Some(&pod));
+    assert!(!has_link(&pod, "eth1"));
+    assert_eq!(
+        node_routes(&node, "-4").trim(),
+        "",
+        "IPv4 node route removed"
+    );
+    assert_eq!(
+        node_routes(&node, "-6").trim(),
+        "",
+        "IPv6 node route removed"
+    );
+    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
+    node.stop();
+}
+
+#[test]
+fn a_route_through_a_missing_pod_interface_is_refused_by_name() {
+    if !privileged("a_route_through_a_missing_pod_interface_is_refused_by_name") {
+        return;
+    }
+    let mut node = Node::new();
+    let pod = TestNetns::new("fap-");
+    node.start();
+    let (ok, out) = node.cni("ADD", "badroute", "c-bad", Some(&pod), "eth1");
+    assert!(!ok);
+    assert_eq!(code(&out), 105, "{out}");
+    let msg = out["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("dev eth7") && msg.contains("badroute") && msg.contains("spec.routes"),
+        "{msg}"
+    );
+    assert!(!has_link(&pod, "eth1"), "interface removed");
+    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
+    assert_eq!(node.records(), 0);
+    node.stop();
+}
+
+#[test]
+fn an_add_killed_midway_is_undone_at_restart_and_then_succeeds() {
+    if !privileged("an_add_killed_midway_is_undone_at_restart_and_then_succeeds") {
+        return;
+    }
+    let mut node = Node::new();
+    let pod = TestNetns::new("fap-");
+    with_primary(&node, &pod);
+    node.start_crashing_at(Some("add-attached"));
+    let (ok, out) = node.cni("ADD", "routed", "c-crash", Some(&pod), "eth1");
+    assert!(!ok);
+    assert_eq!(code(&out), 11, "the runtime is told to retry: {out}");
+    let status = node.agent.take().unwrap().wait().unwrap();
+    assert!(
+        !status.success(),
+        "the agent died at the crash point: {status}"
+    );
+    // What the dead agent left: the interface, node routes, a pending
+    // record and the allocation.
+    assert!(has_link(&pod, "eth1"));
+    assert_ne!(node_routes(&node, "-4").trim(), "");
+    assert_eq!(node.records(), 1);
+    assert_eq!(node.allocated().len(), 2);
+
+    node.start();
+    assert!(!has_link(&pod, "eth1"), "half-made interface removed");
+    assert_eq!(
+        node_routes(&node, "-4").trim(),
+        "",
+        "IPv4 node route removed"
+    );
+    assert_eq!(
+        node_routes(&node, "-6").trim(),
+        "",
+        "IPv6 node route removed"
+    );
+    assert_eq!(node.records(), 0, "pending record removed");
+    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
+    for (family, expected) in [
+        ("-4", "default via 10.99.0.1 dev eth0"),
+        ("-6", "default via fd99::1 dev eth0"),
+    ] {
+        let routes = pod.ip(&[family, "route", "show"]);
+        assert!(
+            routes.contains(expected),
+            "primary default route restored:\n{routes}"
+        );
+    }
+
+    // The runtime's retry of the same ADD succeeds.
+    let result = node.add("routed", "c-crash", &pod);
+    assert_eq!(
+        addresses(&result),
+        ["192.0.2.30/24", "2001:db8::30/64"],
+        "{result}"
+    );
+    ping(&node.node, "192.0.2.30");
+    node.del("routed", "c-crash", Some(&pod));
+    assert!(!has_link(&pod, "eth1"));
+    assert!(node.allocated().is_empty());
+    node.stop();
 }
 
 /// State-file policy for pod `default/pod-web`: TCP `ports` from anywhere.

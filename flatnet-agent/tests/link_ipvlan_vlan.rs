@@ -6,7 +6,7 @@ mod link_common;
 mod support;
 
 use flatnet_agent::link::{
-    DetachSpec, IpvlanFlag, IpvlanMode, LinkError, LinkKind, VLAN_ALIAS, parse_mac,
+    DetachSpec, IpvlanFlag, IpvlanMode, LinkError, LinkMode, VLAN_ALIAS, parse_mac,
 };
 use link_common::{LAN_V4, Lan, has_link, ping};
 use support::{TestNetns, privileged};
@@ -37,7 +37,7 @@ async fn ipvlan_modes_and_flags_attach_check_detach() {
     for (i, (mode, flag)) in cases.into_iter().enumerate() {
         let pod = TestNetns::new("flp-");
         let mut spec = lan.spec(&pod, &[&format!("192.0.2.{}/24", 80 + i)]);
-        spec.kind = LinkKind::Ipvlan { mode, flag };
+        spec.kind = LinkMode::Ipvlan(mode, flag);
         let attachment = match attachments.attach(&spec).await {
             Ok(attachment) => attachment,
             Err(err) if skipped_for_lack(TEST, &err, "ipvlan") => {
@@ -65,10 +65,7 @@ async fn ipvlan_modes_and_flags_attach_check_detach() {
         } else {
             IpvlanFlag::Bridge
         };
-        other.kind = LinkKind::Ipvlan {
-            mode,
-            flag: other_flag,
-        };
+        other.kind = LinkMode::Ipvlan(mode, other_flag);
         let err = attachments.check(&other).await.unwrap_err();
         assert!(err.to_string().contains("ipvlan flag"), "{err}");
 
@@ -90,10 +87,7 @@ async fn ipvlan_with_a_mac_is_refused_before_any_change() {
     let lan = Lan::new();
     let pod = TestNetns::new("flp-");
     let mut spec = lan.spec(&pod, &["192.0.2.90/24"]);
-    spec.kind = LinkKind::Ipvlan {
-        mode: IpvlanMode::L2,
-        flag: IpvlanFlag::Bridge,
-    };
+    spec.kind = LinkMode::Ipvlan(IpvlanMode::L2, IpvlanFlag::Bridge);
     spec.mac = parse_mac("02:00:5e:10:00:90");
     let err = lan.attachments().attach(&spec).await.unwrap_err();
     assert!(

@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::link::{
-    ArpPolicy, DetachSpec, HostRoute, LinkError, LinkKind, MacvlanMode, PrimaryRoutes, RouteSpec,
+    ArpPolicy, DetachSpec, HostRoute, LinkError, LinkMode, MacvlanMode, PrimaryRoutes, RouteSpec,
     parse_mac,
 };
 use link_common::{Capture, LAN_V4, LAN_V6, Lan, has_link, ping};
@@ -32,7 +32,7 @@ async fn every_macvlan_mode_attaches_checks_and_detaches() {
     {
         let pod = TestNetns::new("flp-");
         let mut spec = lan.spec(&pod, &[&format!("192.0.2.{}/24", 10 + i)]);
-        spec.kind = LinkKind::Macvlan { mode };
+        spec.kind = LinkMode::Macvlan(mode);
         let attachment = attachments.attach(&spec).await.unwrap();
         assert_eq!(attachment.parent, lan.master);
         assert_eq!(attachment.sandbox, pod.path());
@@ -71,18 +71,21 @@ async fn dual_stack_with_routes_mtu_and_fixed_mac() {
         RouteSpec {
             destination: "198.51.100.0/24".parse().unwrap(),
             via: Some("192.0.2.254".parse().unwrap()),
+            dev: None,
             source: None,
             metric: Some(50),
         },
         RouteSpec {
             destination: "203.0.113.0/24".parse().unwrap(),
             via: None,
+            dev: None,
             source: Some("192.0.2.20".parse().unwrap()),
             metric: None,
         },
         RouteSpec {
             destination: "2001:db8:1::/48".parse().unwrap(),
             via: Some("2001:db8::fe".parse().unwrap()),
+            dev: None,
             source: None,
             metric: None,
         },
@@ -274,9 +277,11 @@ async fn default_route_moves_and_primary_and_host_routes_are_kept_in_step() {
     spec.primary_routes = Some(PrimaryRoutes {
         ifname: "eth0".into(),
         destinations: vec!["10.96.0.0/12".parse().unwrap()],
+        node_networks: false,
     });
     spec.host_route = Some(HostRoute {
         link: node_end.clone(),
+        via: vec![],
     });
     attachments.attach(&spec).await.unwrap();
 
@@ -329,10 +334,12 @@ async fn failure_after_routes_restores_the_pod_and_node() {
     spec.primary_routes = Some(PrimaryRoutes {
         ifname: "eth0".into(),
         destinations: vec!["10.96.0.0/12".parse().unwrap()],
+        node_networks: false,
     });
     // The last step fails: the host link does not exist.
     spec.host_route = Some(HostRoute {
         link: "nosuchveth".into(),
+        via: vec![],
     });
     let err = lan.attachments().attach(&spec).await.unwrap_err();
     assert!(err.to_string().contains("nosuchveth"), "{err}");
@@ -355,6 +362,7 @@ async fn unreachable_route_gateway_rolls_back() {
     spec.routes = vec![RouteSpec {
         destination: "198.51.100.0/24".parse().unwrap(),
         via: Some("203.0.113.1".parse().unwrap()),
+        dev: None,
         source: None,
         metric: None,
     }];

@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use flatnet_agent::{
     cni::plugin::DEFAULT_AGENT_SOCKET,
     datapath::{Datapath, DatapathConfig, PolicyMaps},
@@ -24,16 +24,6 @@ use flatnet_agent::{
 };
 use flatnet_common::{k8s::env, pin::PIN_ROOT};
 use ipnet::IpNet;
-
-/// Address announcement policy (`FLAT_NETWORK_CNI_ARP_POLICY`).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum ArpPolicyArg {
-    /// The kernel announces (`arp_notify`/`ndisc_notify`).
-    #[value(name = "arp_notify")]
-    ArpNotify,
-    /// The agent sends gratuitous ARP / unsolicited neighbour advertisements.
-    Arping,
-}
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -76,7 +66,7 @@ pub struct RunArgs {
     cni_conf_file: String,
     /// How pod addresses are announced after set-up.
     #[arg(long, env = env::FLAT_NETWORK_CNI_ARP_POLICY, value_enum, default_value = "arp_notify")]
-    arp_policy: ArpPolicyArg,
+    arp_policy: ArpPolicy,
     /// Accepted for compatibility: proxy ARP is never enabled; ipvlan L3
     /// addresses are answered for by the uplink program instead.
     #[arg(long, env = env::FLAT_NETWORK_CNI_PROXY_ARP, default_value_t = false, action = clap::ArgAction::Set)]
@@ -222,10 +212,7 @@ impl RunArgs {
             },
             probe_wait: Duration::from_millis(self.conflict_probe_ms),
             spec: SpecSettings {
-                arp_policy: match self.arp_policy {
-                    ArpPolicyArg::ArpNotify => ArpPolicy::ArpNotify,
-                    ArpPolicyArg::Arping => ArpPolicy::Arping,
-                },
+                arp_policy: self.arp_policy,
                 cluster_cidrs: self.cluster_cidr.clone(),
                 service_cidrs: self.service_cidr.clone(),
             },

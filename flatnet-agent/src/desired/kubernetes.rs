@@ -15,7 +15,7 @@ use std::{
 
 use flatnet_common::k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
-    keys::{SUBNET_NAMESPACE, label},
+    keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, label},
 };
 use ipnet::IpNet;
 use k8s_openapi::jiff::Timestamp;
@@ -99,50 +99,106 @@ impl Kubernetes {
             )),
         }
     }
-}
 
-/// Whether the operator has allocated `ip` for the pod with `uid`.
-pub fn is_allocated(ip: &FlatNetworkIP, uid: Option<&str>) -> bool {
-    let owned = match uid {
-        Some(uid) => ip.spec.pod_id.is_empty() || ip.spec.pod_id == uid,
-        None => true,
-    };
-    owned && ip.status.as_ref().is_some_and(|s| s.addr.is_some())
-}
-
-impl DesiredState for Kubernetes {
-    fn kind(&self) -> &'static str {
-        "kubernetes"
+    /// Labels one FlatNetworkIP with this node and applies its Active status.
+    async fn mark_active(
+        &self,
+        namespace: &str,
+        name: &str,
+        mac: MacAddr,
+    ) -> Result<(), DesiredStateError> {
+        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let unavailable = |e: kube::Error| {
+            DesiredStateError::Unavailable(format!(
+                "cannot update FlatNetworkIP {namespace}/{name}: {e}"
+            ))
+        };
+        let labels = json!({
+            "apiVersion": FlatNetworkIP::api_version(&()),
+            "kind": FlatNetworkIP::kind(&()),
+            "metadata": {"name": name, "labels": {label::NODE: self.node}},
+        });
+        ips.patch(name, &params, &Patch::Apply(labels))
+            .await
+            .map_err(unavailable)?;
+        let status = json!({
+            "apiVersion": FlatNetworkIP::api_version(&()),
+            "kind": FlatNetworkIP::kind(&()),
+            "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node},
+        });
+        ips.patch_status(name, &params, &Patch::Apply(status))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
-        let (namespace, name) = self.pod_names(&request.pod)?;
+    /// Waits (by watch, until `deadline`) for the operator to allocate the
+    /// FlatNetworkIP `name` to the pod with `uid`.
+    async fn allocated(
+        &self,
+        ips: &Api<FlatNetworkIP>,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        deadline: tokio::time::Instant,
+    ) -> Result<FlatNetworkIP, DesiredStateError> {
         let object = format!("FlatNetworkIP {namespace}/{name}");
-        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
-        let uid = request.pod.uid.clone();
+        let uid = uid.map(str::to_owned);
         let condition =
             move |ip: Option<&FlatNetworkIP>| ip.is_some_and(|ip| is_allocated(ip, uid.as_deref()));
         let waited =
-            tokio::time::timeout(self.allocation_wait, await_condition(ips, name, condition)).await;
-        let ip = match waited {
-            Ok(Ok(Some(ip))) => ip,
-            Ok(Ok(None)) => {
-                return Err(DesiredStateError::NotAllocated(format!(
-                    "{object} was deleted while the pod was being set up; the pod will be retried"
-                )));
-            }
-            Ok(Err(error)) => {
-                return Err(DesiredStateError::Unavailable(format!(
-                    "cannot watch {object}: {error}"
-                )));
-            }
-            Err(_) => {
-                return Err(DesiredStateError::NotAllocated(format!(
-                    "{object} has no address for this pod after {}s; check that flatnet-operator runs and the pod's flatnetwork.pandaria.io annotations are valid (kubectl describe flip -n {namespace} {name})",
-                    self.allocation_wait.as_secs()
-                )));
-            }
-        };
+            tokio::time::timeout_at(deadline, await_condition(ips.clone(), name, condition)).await;
+        match waited {
+            Ok(Ok(Some(ip))) => Ok(ip),
+            Ok(Ok(None)) => Err(DesiredStateError::NotAllocated(format!(
+                "{object} was deleted while the pod was being set up; the pod will be retried"
+            ))),
+            Ok(Err(error)) => Err(DesiredStateError::Unavailable(format!(
+                "cannot watch {object}: {error}"
+            ))),
+            Err(_) => Err(DesiredStateError::NotAllocated(format!(
+                "{object} has no address for this pod after {}s; check that flatnet-operator runs and the pod's flatnetwork.pandaria.io annotations are valid (kubectl describe flip -n {namespace} {name})",
+                self.allocation_wait.as_secs()
+            ))),
+        }
+    }
+
+    /// Whether the pod is dual stack: the network configuration names two
+    /// subnets, or the operator made the second record `<pod>.ipv6`. (The
+    /// operator creates both records before allocating either.)
+    async fn is_dual_stack(
+        &self,
+        request: &ClaimRequest,
+        ips: &Api<FlatNetworkIP>,
+        namespace: &str,
+        secondary: &str,
+    ) -> Result<bool, DesiredStateError> {
+        let configured = request
+            .subnet
+            .as_deref()
+            .is_some_and(|s| s.split(',').filter(|n| !n.trim().is_empty()).count() > 1);
+        if configured {
+            return Ok(true);
+        }
+        let found = ips.get_opt(secondary).await.map_err(|e| {
+            DesiredStateError::Unavailable(format!(
+                "cannot read FlatNetworkIP {namespace}/{secondary}: {e}"
+            ))
+        })?;
+        let uid = request.pod.uid.as_deref();
+        Ok(found
+            .is_some_and(|ip| uid.is_none_or(|u| ip.spec.pod_id.is_empty() || ip.spec.pod_id == u)))
+    }
+
+    /// The subnet an allocated FlatNetworkIP names, its address with the
+    /// subnet's prefix length, and the MAC it asks for.
+    async fn subnet_and_address(
+        &self,
+        namespace: &str,
+        ip: FlatNetworkIP,
+    ) -> Result<(NamedSubnet, (IpNet, Option<MacAddr>)), DesiredStateError> {
+        let object = format!("FlatNetworkIP {namespace}/{}", ip.name_any());
         let subnet_name = ip.spec.subnet.clone();
         let subnets: Api<FlatNetworkSubnet> =
             Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
@@ -177,48 +233,98 @@ impl DesiredState for Kubernetes {
         let mac = Some(status.mac.as_str())
             .filter(|m| !m.is_empty())
             .and_then(parse_mac);
-        Ok(Claim {
-            subnets: vec![named],
-            addresses: vec![address],
-            mac,
-        })
+        Ok((named, (address, mac)))
+    }
+}
+
+/// The name of a dual-stack pod's second FlatNetworkIP.
+pub fn secondary_name(pod_name: &str) -> String {
+    format!("{pod_name}{SECONDARY_RECORD_SUFFIX}")
+}
+
+/// Whether the operator has allocated `ip` for the pod with `uid`.
+pub fn is_allocated(ip: &FlatNetworkIP, uid: Option<&str>) -> bool {
+    let owned = match uid {
+        Some(uid) => ip.spec.pod_id.is_empty() || ip.spec.pod_id == uid,
+        None => true,
+    };
+    owned && ip.status.as_ref().is_some_and(|s| s.addr.is_some())
+}
+
+impl DesiredState for Kubernetes {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
+        let (namespace, name) = self.pod_names(&request.pod)?;
+        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
+        let uid = request.pod.uid.as_deref();
+        // One bound for the whole claim, both records of a dual-stack pod included.
+        let deadline = tokio::time::Instant::now() + self.allocation_wait;
+        let mut records = vec![self.allocated(&ips, namespace, name, uid, deadline).await?];
+        let secondary = secondary_name(name);
+        if self
+            .is_dual_stack(request, &ips, namespace, &secondary)
+            .await?
+        {
+            records.push(
+                self.allocated(&ips, namespace, &secondary, uid, deadline)
+                    .await?,
+            );
+        }
+        let mut claim = Claim {
+            subnets: Vec::new(),
+            addresses: Vec::new(),
+            mac: None,
+        };
+        for ip in records {
+            let (subnet, address) = self.subnet_and_address(namespace, ip).await?;
+            claim.subnets.push(subnet);
+            claim.addresses.push(address.0);
+            // The pod has one interface: the first record's MAC is its MAC.
+            claim.mac = claim.mac.or(address.1);
+        }
+        if let [first, second] = claim.subnets.as_slice() {
+            let same_link = |s: &NamedSubnet| {
+                s.validate()
+                    .ok()
+                    .map(|v| (v.parent, v.link_mode, v.cidr.family()))
+            };
+            let (a, b) = (same_link(first), same_link(second));
+            if a.as_ref().map(|a| (&a.0, a.1)) != b.as_ref().map(|b| (&b.0, b.1))
+                || a.map(|a| a.2) == b.map(|b| b.2)
+            {
+                return Err(DesiredStateError::InvalidDefinition(format!(
+                    "the dual-stack pod {namespace}/{name} names subnets {} and {}, which must be \
+                     one IPv4 and one IPv6 subnet on the same master, VLAN and mode; fix the pod's \
+                     subnet annotation",
+                    first.name, second.name
+                )));
+            }
+        }
+        Ok(claim)
     }
 
     async fn activate(
         &self,
         pod: &PodRef,
-        _claim: &Claim,
+        claim: &Claim,
         mac: MacAddr,
     ) -> Result<(), DesiredStateError> {
-        let (namespace, name) = self.pod_names(pod)?;
-        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let unavailable = |e: kube::Error| {
-            DesiredStateError::Unavailable(format!(
-                "cannot update FlatNetworkIP {namespace}/{name}: {e}"
-            ))
-        };
-        let labels = json!({
-            "apiVersion": FlatNetworkIP::api_version(&()),
-            "kind": FlatNetworkIP::kind(&()),
-            "metadata": {"name": name, "labels": {label::NODE: self.node}},
-        });
-        ips.patch(name, &params, &Patch::Apply(labels))
-            .await
-            .map_err(unavailable)?;
-        let status = json!({
-            "apiVersion": FlatNetworkIP::api_version(&()),
-            "kind": FlatNetworkIP::kind(&()),
-            "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node},
-        });
-        ips.patch_status(name, &params, &Patch::Apply(status))
-            .await
-            .map_err(unavailable)?;
+        let (namespace, pod_name) = self.pod_names(pod)?;
+        let mut names = vec![pod_name.to_owned()];
+        if claim.subnets.len() > 1 {
+            names.push(secondary_name(pod_name));
+        }
+        for name in &names {
+            self.mark_active(namespace, name, mac).await?;
+        }
         Ok(())
     }
 
     async fn release(&self, _network: &str, _key: &AttachmentKey) -> Result<(), DesiredStateError> {
-        // The operator releases the address when the pod is deleted.
+        // The operator releases the addresses when the pod is deleted.
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use super::{
     Attachment, Attachments, LinkError,
     announce::{announce, enable_kernel_notify},
     netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route, open_netns_file},
-    spec::{ArpPolicy, IpvlanFlag, IpvlanMode, LinkKind, MacvlanMode, ValidSpec},
+    spec::{ArpPolicy, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode, ValidSpec},
     vlan::{self, VlanLock},
 };
 
@@ -117,7 +117,7 @@ impl Setup<'_> {
 
         self.add_pod_routes(link.index).await?;
         if let Some(host_route) = &spec.host_route {
-            self.add_host_routes(&host_route.link, &parent).await?;
+            self.add_host_routes(host_route, &parent).await?;
         }
         if spec.arp_policy == ArpPolicy::Arping && spec.kind.announces() {
             let mac = link.mac.unwrap_or_default();
@@ -178,14 +178,14 @@ impl Setup<'_> {
         let netns = open_netns_file(&spec.netns)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         let mut message = match spec.kind {
-            LinkKind::Macvlan { mode } => {
+            LinkMode::Macvlan(mode) => {
                 let builder = LinkMacVlan::new(&spec.ifname, parent.index, macvlan_mode(mode));
                 match spec.mac {
                     Some(mac) => builder.address(mac.to_vec()).setns_by_fd(fd).build(),
                     None => builder.setns_by_fd(fd).build(),
                 }
             }
-            LinkKind::Ipvlan { mode, flag } => {
+            LinkMode::Ipvlan(mode, flag) => {
                 LinkIpVlan::new(&spec.ifname, parent.index, ipvlan_mode(mode))
                     .flag(ipvlan_flag(flag))
                     .setns_by_fd(fd)
@@ -197,10 +197,9 @@ impl Setup<'_> {
                 .attributes
                 .push(netlink_packet_route::link::LinkAttribute::Mtu(mtu));
         }
-        let kind = spec.kind.kernel_name();
-        let op = match spec.kind {
-            LinkKind::Macvlan { .. } => "create macvlan",
-            LinkKind::Ipvlan { .. } => "create ipvlan",
+        let (kind, op) = match spec.kind {
+            LinkMode::Macvlan(_) => ("macvlan", "create macvlan"),
+            LinkMode::Ipvlan(..) => ("ipvlan", "create ipvlan"),
         };
         let result = self.host.create_link(op, &spec.ifname, message).await;
         drop(netns);
@@ -230,6 +229,12 @@ impl Setup<'_> {
     /// then custom routes, then the default route.
     async fn add_pod_routes(&mut self, index: u32) -> Result<(), LinkError> {
         let spec = self.valid.spec();
+        let node_networks = match &spec.primary_routes {
+            Some(primary) if primary.node_networks => {
+                node_networks(&self.host, &spec.addresses).await?
+            }
+            _ => Vec::new(),
+        };
         let pod = self.pod.as_ref().expect("pod connection open");
         let mut undo = Vec::new();
         let result = async {
@@ -240,20 +245,26 @@ impl Setup<'_> {
                         netns: pod.netns().to_owned(),
                     }
                 })?;
-                for destination in &primary.destinations {
+                for destination in primary.destinations.iter().chain(&node_networks) {
                     let ipv4 = destination.addr().is_ipv4();
                     let gateway = pod
                         .routes(ipv4)
                         .await?
                         .into_iter()
                         .find(|r| r.is_default() && r.oif == Some(link.index) && r.via.is_some())
-                        .and_then(|r| r.via)
-                        .ok_or_else(|| LinkError::NoPrimaryGateway {
-                            ifname: primary.ifname.clone(),
-                            netns: pod.netns().to_owned(),
-                            family: family_name(ipv4),
-                            destination: destination.to_string(),
-                        })?;
+                        .and_then(|r| r.via);
+                    let Some(gateway) = gateway else {
+                        if spec.default_route && self.valid.gateway_for(destination.addr()).is_some() {
+                            return Err(LinkError::NoPrimaryGateway {
+                                ifname: primary.ifname.clone(),
+                                netns: pod.netns().to_owned(),
+                                family: family_name(ipv4),
+                                destination: destination.to_string(),
+                            });
+                        }
+                        tracing::warn!(%destination, ifname = %primary.ifname, "no default gateway of the family on the primary interface; route skipped");
+                        continue;
+                    };
                     let route = Route::new(*destination, Some(gateway), link.index);
                     match pod.add_route(&route, false).await {
                         Ok(()) => undo.push(Undo::DeletePodRoute(route)),
@@ -264,10 +275,31 @@ impl Setup<'_> {
                 }
             }
             for custom in &spec.routes {
-                let mut route = Route::new(custom.destination, custom.via, index);
+                let oif = match &custom.dev {
+                    None => index,
+                    Some(dev) => pod
+                        .link_by_name(dev)
+                        .await?
+                        .ok_or_else(|| LinkError::RouteDevNotFound {
+                            dev: dev.clone(),
+                            destination: custom.destination.to_string(),
+                            netns: pod.netns().to_owned(),
+                            subnet: spec.subnet.clone(),
+                        })?
+                        .index,
+                };
+                let mut route = Route::new(custom.destination, custom.via, oif);
                 route.source = custom.source;
                 route.metric = custom.metric;
-                pod.add_route(&route, false).await?;
+                match pod.add_route(&route, false).await {
+                    // Not removed with the flat interface.
+                    Ok(()) if oif != index => undo.push(Undo::DeletePodRoute(route)),
+                    Ok(()) => {}
+                    // Already on another interface (a retried ADD, or the
+                    // primary network's own): keep it, not ours.
+                    Err(e) if oif != index && e.errno() == Some(libc::EEXIST) => {}
+                    Err(e) => return Err(e),
+                }
             }
             if spec.default_route {
                 for gateway in &spec.gateways {
@@ -294,22 +326,31 @@ impl Setup<'_> {
         result
     }
 
-    /// Node routes to each pod address through `link`, tagged with
+    /// Node routes to each pod address through the host link, tagged with
     /// flatnet's route protocol. They replace a stale route to the same
     /// address, so a leftover from a crashed pod cannot fail the attach.
-    async fn add_host_routes(&mut self, link: &str, parent: &Link) -> Result<(), LinkError> {
+    async fn add_host_routes(
+        &mut self,
+        host_route: &HostRoute,
+        parent: &Link,
+    ) -> Result<(), LinkError> {
         let spec = self.valid.spec();
         let host_link = self
             .host
-            .link_by_name(link)
+            .link_by_name(&host_route.link)
             .await?
             .ok_or_else(|| LinkError::NotFound {
-                ifname: link.to_owned(),
+                ifname: host_route.link.clone(),
                 netns: self.host.netns().to_owned(),
             })?;
         let parent_addresses = self.host.addresses(parent.index).await?;
         for address in &spec.addresses {
-            let route = host_route(address.addr(), host_link.index, &parent_addresses);
+            let route = node_route(
+                address.addr(),
+                host_route,
+                host_link.index,
+                &parent_addresses,
+            );
             self.host.add_route(&route, true).await?;
             self.undo.push(Undo::DeleteHostRoute(route));
         }
@@ -362,13 +403,133 @@ async fn delete_pod_link(setup: &Setup<'_>, name: &str) -> Result<(), LinkError>
     Ok(())
 }
 
-/// The node route to one pod address: on-link through the host link, with
-/// the parent's first address of the family as source when it has one.
-pub(super) fn host_route(address: IpAddr, link_index: u32, parent_addresses: &[IpNet]) -> Route {
-    let mut route = Route::new(IpNet::from(address), None, link_index);
+pub(super) async fn resolve_host_route(
+    config: &Attachments,
+    netns: &std::path::Path,
+    primary: &str,
+) -> Result<HostRoute, LinkError> {
+    let pod = Netlink::open(Some(netns))?;
+    let no_path = |reason: String| LinkError::NoPathToPrimary {
+        ifname: primary.to_owned(),
+        netns: netns.display().to_string(),
+        reason,
+    };
+    let link = pod
+        .link_by_name(primary)
+        .await?
+        .ok_or_else(|| no_path("the interface does not exist".into()))?;
+    let addresses: Vec<IpAddr> = pod
+        .addresses(link.index)
+        .await?
+        .iter()
+        .map(IpNet::addr)
+        .collect();
+    let global = |ipv4: bool| {
+        addresses
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == ipv4 && !is_link_local(*a))
+    };
+    let target = global(true)
+        .or_else(|| global(false))
+        .ok_or_else(|| no_path("it has no IPv4 or global IPv6 address".into()))?;
+    let host = Netlink::open(config.host_netns.as_deref())?;
+    let oif = host
+        .routes(target.is_ipv4())
+        .await?
+        .into_iter()
+        .filter(|r| r.destination.contains(&target) && r.oif.is_some())
+        .max_by_key(|r| r.destination.prefix_len())
+        .and_then(|r| r.oif)
+        .ok_or_else(|| no_path(format!("the node has no route to its address {target}")))?;
+    let name = host
+        .links()
+        .await?
+        .into_iter()
+        .find(|l| l.index == oif)
+        .map(|l| l.name)
+        .ok_or_else(|| no_path(format!("the node's route to {target} has no interface")))?;
+    let ipv6 = global(false).or_else(|| {
+        addresses
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv6() && is_link_local(*a))
+    });
+    Ok(HostRoute {
+        link: name,
+        via: global(true).into_iter().chain(ipv6).collect(),
+    })
+}
+
+/// The node route to one pod address through the host link: via the
+/// pod's primary address of the family (on-link without one), with the
+/// parent's first address of the family as source when it has one (so the
+/// pod answers the node's own address, which `addNodeCIDR` routes back
+/// through the primary network).
+pub(super) fn node_route(
+    address: IpAddr,
+    host_route: &HostRoute,
+    link_index: u32,
+    parent_addresses: &[IpNet],
+) -> Route {
+    let mut route = Route::new(
+        IpNet::from(address),
+        host_route.via_for(address),
+        link_index,
+    );
     route.protocol = RouteProtocol::Other(FLATNET_ROUTE_PROTOCOL);
     route.source = first_address(parent_addresses, address.is_ipv4());
     route
+}
+
+/// The node's own networks (`addNodeCIDR`): the networks of the global
+/// addresses on the node's default-route interfaces. One that overlaps a
+/// pod address's network is narrowed to the node address itself: routing
+/// the whole flat subnet through the primary network would cut the pod off
+/// its neighbours.
+pub(super) async fn node_networks(
+    host: &Netlink,
+    pod_addresses: &[IpNet],
+) -> Result<Vec<IpNet>, LinkError> {
+    let mut links = Vec::new();
+    for ipv4 in [true, false] {
+        for route in host.routes(ipv4).await? {
+            if route.is_default()
+                && let Some(oif) = route.oif
+                && !links.contains(&oif)
+            {
+                links.push(oif);
+            }
+        }
+    }
+    let mut networks = Vec::new();
+    for link in links {
+        for address in host.addresses(link).await? {
+            if is_link_local(address.addr()) {
+                continue;
+            }
+            let network = address.trunc();
+            let overlaps = pod_addresses
+                .iter()
+                .any(|pod| pod.contains(&network.addr()) || network.contains(&pod.addr()));
+            let network = if overlaps {
+                IpNet::from(address.addr())
+            } else {
+                network
+            };
+            if !networks.contains(&network) {
+                networks.push(network);
+            }
+        }
+    }
+    Ok(networks)
+}
+
+fn is_link_local(address: IpAddr) -> bool {
+    match address {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    }
 }
 
 fn first_address(addresses: &[IpNet], ipv4: bool) -> Option<IpAddr> {

@@ -6,9 +6,9 @@ use netlink_packet_route::link::{InfoData, InfoIpVlan, InfoKind, InfoMacVlan, Ip
 
 use super::{
     Attachments, LinkError,
-    attach::{default_net, family_name, host_route, ipvlan_flag, ipvlan_mode, macvlan_mode},
+    attach::{default_net, family_name, ipvlan_flag, ipvlan_mode, macvlan_mode, node_route},
     netlink::{Link, Netlink, Route},
-    spec::{LinkKind, ValidSpec, format_mac},
+    spec::{LinkMode, ValidSpec, format_mac},
 };
 
 pub(super) async fn check(config: &Attachments, valid: &ValidSpec) -> Result<(), LinkError> {
@@ -56,12 +56,13 @@ pub(super) async fn check(config: &Attachments, valid: &ValidSpec) -> Result<(),
             )),
             Some(host_link) => {
                 for address in &spec.addresses {
-                    let wanted = host_route(address.addr(), host_link.index, &[]);
+                    let wanted = node_route(address.addr(), host_route_spec, host_link.index, &[]);
                     let routes = host.routes(address.addr().is_ipv4()).await?;
-                    if !routes
-                        .iter()
-                        .any(|r| r.destination == wanted.destination && r.oif == wanted.oif)
-                    {
+                    if !routes.iter().any(|r| {
+                        r.destination == wanted.destination
+                            && r.oif == wanted.oif
+                            && r.via == wanted.via
+                    }) {
                         differences.push(format!(
                             "node route to {} through {} missing",
                             address.addr(),
@@ -99,7 +100,7 @@ fn link_differences(valid: &ValidSpec, link: &Link, parent: &Link) -> Vec<String
         .as_ref()
         .map_or_else(|| "none".to_owned(), |k| k.to_string());
     match spec.kind {
-        LinkKind::Macvlan { mode } => {
+        LinkMode::Macvlan(mode) => {
             expect("kind", InfoKind::MacVlan.to_string(), found_kind);
             let found = match &link.data {
                 Some(InfoData::MacVlan(infos)) => infos.iter().find_map(|i| match i {
@@ -114,7 +115,7 @@ fn link_differences(valid: &ValidSpec, link: &Link, parent: &Link) -> Vec<String
                 found.map_or_else(|| "none".to_owned(), |m| format!("{m:?}")),
             );
         }
-        LinkKind::Ipvlan { mode, flag } => {
+        LinkMode::Ipvlan(mode, flag) => {
             expect("kind", InfoKind::IpVlan.to_string(), found_kind);
             let infos = match &link.data {
                 Some(InfoData::IpVlan(infos)) => infos.as_slice(),
@@ -192,6 +193,15 @@ async fn route_differences(
     let routes_v4 = pod.routes(true).await?;
     let routes_v6 = pod.routes(false).await?;
     let routes = |ipv4: bool| if ipv4 { &routes_v4 } else { &routes_v6 };
+    // Interfaces of routes through other pod interfaces, looked up first.
+    let mut missing_devs = Vec::new();
+    let mut custom_oifs = Vec::new();
+    for custom in &spec.routes {
+        custom_oifs.push(match &custom.dev {
+            None => Some(link.index),
+            Some(dev) => pod.link_by_name(dev).await?.map(|l| l.index),
+        });
+    }
     let mut expect_route = |wanted: Route, what: String| {
         let present = routes(wanted.destination.addr().is_ipv4()).iter().any(|r| {
             r.destination == wanted.destination && r.oif == wanted.oif && r.via == wanted.via
@@ -209,16 +219,35 @@ async fn route_differences(
             );
         }
     }
-    for custom in &spec.routes {
-        let route = Route::new(custom.destination, custom.via, link.index);
-        expect_route(route.clone(), format!("route {}", custom.destination));
+    for (custom, oif) in spec.routes.iter().zip(custom_oifs) {
+        match oif {
+            Some(oif) => expect_route(
+                Route::new(custom.destination, custom.via, oif),
+                format!("route {}", custom.destination),
+            ),
+            None => missing_devs.push(format!(
+                "interface {} of route {} missing",
+                custom.dev.as_deref().unwrap_or_default(),
+                custom.destination
+            )),
+        }
     }
+    differences.extend(missing_devs);
     if let Some(primary) = &spec.primary_routes {
         match pod.link_by_name(&primary.ifname).await? {
             None => differences.push(format!("primary interface {} missing", primary.ifname)),
             Some(primary_link) => {
                 for destination in &primary.destinations {
-                    let present = routes(destination.addr().is_ipv4()).iter().any(|r| {
+                    let family = routes(destination.addr().is_ipv4());
+                    // Skipped at attach: no primary gateway of the family
+                    // (attach fails instead when the family needed it).
+                    let routed = family
+                        .iter()
+                        .any(|r| r.oif == Some(primary_link.index) && r.via.is_some());
+                    if !routed {
+                        continue;
+                    }
+                    let present = family.iter().any(|r| {
                         r.destination == *destination && r.oif == Some(primary_link.index)
                     });
                     if !present {

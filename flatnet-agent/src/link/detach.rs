@@ -8,9 +8,10 @@ use std::{
 };
 
 use super::{
-    AttachmentSpec, Attachments, HostRoute, LinkError,
-    attach::host_route,
-    netlink::Netlink,
+    AttachmentSpec, Attachments, HostRoute, LinkError, PrimaryDefaults,
+    attach::default_net,
+    attach::node_route,
+    netlink::{Netlink, Route},
     spec::{check_ifname, vlan_ifname},
     vlan::{self, VlanLock},
 };
@@ -30,6 +31,9 @@ pub struct DetachSpec {
     pub vlan: u16,
     /// The node route to remove, if one was added.
     pub host_route: Option<HostRoute>,
+    /// Default routes to put back on the primary interface for each family
+    /// left without one (the flat interface had taken them over).
+    pub primary_defaults: Option<PrimaryDefaults>,
     /// Pod addresses known to the caller. Node routes are removed for these
     /// and for the addresses still found on the interface, so they go even
     /// when the namespace is already gone.
@@ -44,6 +48,7 @@ impl From<&AttachmentSpec> for DetachSpec {
             master: spec.master.clone(),
             vlan: spec.vlan,
             host_route: spec.host_route.clone(),
+            primary_defaults: None,
             addresses: spec.addresses.iter().map(|a| a.addr()).collect(),
         }
     }
@@ -64,9 +69,14 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
             Ok(found) => addresses.extend(found),
             Err(e) => errors.push(e),
         }
+        if let Some(defaults) = &spec.primary_defaults
+            && let Err(e) = restore_primary_defaults(netns, defaults).await
+        {
+            errors.push(e);
+        }
     }
     if let Some(route) = &spec.host_route
-        && let Err(e) = delete_host_routes(&host, &route.link, &addresses).await
+        && let Err(e) = delete_host_routes(&host, route, &addresses).await
     {
         errors.push(e);
     }
@@ -117,22 +127,71 @@ async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, Link
     Ok(addresses)
 }
 
-/// Deletes flatnet's node routes to `addresses` through `link`. Routes of
-/// another pod that reuses an address go through another link and stay;
-/// when the link itself is gone the kernel already removed its routes.
+/// Deletes flatnet's node routes to `addresses` through the link and next
+/// hop this pod got. Routes of another pod that reuses an address go
+/// through another link or next hop and stay; when the link itself is gone
+/// the kernel already removed its routes.
 async fn delete_host_routes(
     host: &Netlink,
-    link: &str,
+    host_route: &HostRoute,
     addresses: &BTreeSet<IpAddr>,
 ) -> Result<(), LinkError> {
-    let Some(host_link) = host.link_by_name(link).await? else {
+    let Some(host_link) = host.link_by_name(&host_route.link).await? else {
         return Ok(());
     };
     for address in addresses {
-        let mut route = host_route(*address, host_link.index, &[]);
-        // Match any source: only destination, link and protocol identify it.
+        let mut route = node_route(*address, host_route, host_link.index, &[]);
+        // Match any source: destination, link, next hop and protocol identify it.
         route.source = None;
         host.delete_route(&route).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn primary_defaults(
+    netns: &Path,
+    primary: &str,
+) -> Result<PrimaryDefaults, LinkError> {
+    let pod = Netlink::open(Some(netns))?;
+    let mut gateways = Vec::new();
+    if let Some(link) = pod.link_by_name(primary).await? {
+        for ipv4 in [true, false] {
+            gateways.extend(
+                pod.routes(ipv4)
+                    .await?
+                    .into_iter()
+                    .find(|r| r.is_default() && r.oif == Some(link.index))
+                    .and_then(|r| r.via),
+            );
+        }
+    }
+    Ok(PrimaryDefaults {
+        ifname: primary.to_owned(),
+        gateways,
+    })
+}
+
+/// Adds a default route through the primary interface for each family of
+/// `defaults` that has none (a missing namespace or interface: nothing to do).
+async fn restore_primary_defaults(
+    netns: &Path,
+    defaults: &PrimaryDefaults,
+) -> Result<(), LinkError> {
+    if defaults.gateways.is_empty() || !netns.exists() {
+        return Ok(());
+    }
+    let pod = Netlink::open(Some(netns))?;
+    let Some(link) = pod.link_by_name(&defaults.ifname).await? else {
+        return Ok(());
+    };
+    for gateway in &defaults.gateways {
+        let ipv4 = gateway.is_ipv4();
+        if pod.routes(ipv4).await?.iter().any(Route::is_default) {
+            continue;
+        }
+        let route = Route::new(default_net(ipv4), Some(*gateway), link.index);
+        pod.add_route(&route, false).await?;
+        tracing::info!(%route, netns = %netns.display(), "primary default route restored");
     }
     Ok(())
 }

@@ -83,6 +83,35 @@ pub enum LinkError {
         /// The destination that needed it.
         destination: String,
     },
+    /// A subnet route names a pod interface that does not exist.
+    #[error(
+        "route {destination} of subnet {subnet} goes through dev {dev}, which does not exist \
+         in network namespace {netns}; fix the route's dev in spec.routes (the flat interface \
+         or an interface the pod has, such as eth0)"
+    )]
+    RouteDevNotFound {
+        /// The missing interface.
+        dev: String,
+        /// The route's destination.
+        destination: String,
+        /// The pod's namespace.
+        netns: String,
+        /// The subnet.
+        subnet: String,
+    },
+    /// `addPodIPToHost`: the node cannot reach the pod's primary interface.
+    #[error(
+        "cannot route the node to the pod through {ifname} in network namespace {netns}: \
+         {reason}; turn off routeSettings.addPodIPToHost or fix the primary network"
+    )]
+    NoPathToPrimary {
+        /// The primary interface in the pod.
+        ifname: String,
+        /// The pod's namespace.
+        netns: String,
+        /// What is missing.
+        reason: String,
+    },
     /// A netlink request failed.
     #[error("{op} {object} in network namespace {netns}: {source}")]
     Netlink {

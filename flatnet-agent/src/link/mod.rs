@@ -25,8 +25,8 @@ pub use detach::DetachSpec;
 pub use error::LinkError;
 pub use netlink::FLATNET_ROUTE_PROTOCOL;
 pub use spec::{
-    ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkKind, MAX_IFNAME_LEN,
-    MAX_VLAN_ID, MacvlanMode, PrimaryRoutes, RouteSpec, UnknownName, ValidSpec, check_ifname,
+    ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
+    MAX_VLAN_ID, MacvlanMode, PrimaryDefaults, PrimaryRoutes, RouteSpec, ValidSpec, check_ifname,
     format_mac, parse_mac, vlan_ifname,
 };
 pub use vlan::{DEFAULT_LEASE_DIR, VLAN_ALIAS};
@@ -86,6 +86,31 @@ impl Attachments {
     pub async fn check(&self, spec: &AttachmentSpec) -> Result<(), LinkError> {
         let valid = spec.validate()?;
         check::check(self, &valid).await
+    }
+
+    /// Where the node routes to a pod's addresses go (`addPodIPToHost`):
+    /// the node link that reaches the pod's `primary` interface (found
+    /// like `ip route get <its address>`), via that interface's addresses.
+    /// IPv6 needs a next hop (the pod answers neighbour solicitations only
+    /// for addresses of the asking interface), so the primary's link-local
+    /// address serves when it has no global one.
+    pub async fn resolve_host_route(
+        &self,
+        netns: &std::path::Path,
+        primary: &str,
+    ) -> Result<HostRoute, LinkError> {
+        attach::resolve_host_route(self, netns, primary).await
+    }
+
+    /// The default gateways of the pod's `primary` interface (none when it
+    /// does not exist), recorded before the flat interface takes the
+    /// default route over.
+    pub async fn primary_defaults(
+        &self,
+        netns: &std::path::Path,
+        primary: &str,
+    ) -> Result<PrimaryDefaults, LinkError> {
+        detach::primary_defaults(netns, primary).await
     }
 
     /// Removes the pod interface, flatnet's node routes to it and, when no

@@ -5,9 +5,9 @@ use std::{
     fmt,
     net::IpAddr,
     path::{Path, PathBuf},
-    str::FromStr,
 };
 
+pub use flatnet_common::k8s::validation::{IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode};
 use ipnet::IpNet;
 
 use super::LinkError;
@@ -22,86 +22,13 @@ const MIN_MTU_IPV4: u32 = 68;
 /// Smallest MTU IPv6 allows (RFC 8200 §5).
 const MIN_MTU_IPV6: u32 = 1280;
 
-/// macvlan modes (`ip link add ... type macvlan mode <mode>`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MacvlanMode {
-    /// Children of one parent talk to each other directly.
-    Bridge,
-    /// Traffic between children goes through the external switch.
-    Vepa,
-    /// Children never talk to each other.
-    Private,
-    /// The single child takes over the parent.
-    Passthru,
-}
-
-/// ipvlan modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IpvlanMode {
-    /// Layer 2: the parent switches frames; children share its MAC.
-    L2,
-    /// Layer 3: the parent routes; no broadcast or multicast.
-    L3,
-    /// Layer 3 through netfilter (iptables/conntrack apply).
-    L3s,
-}
-
-/// ipvlan flags: how children of one parent reach each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IpvlanFlag {
-    /// Children talk to each other directly.
-    Bridge,
-    /// Children never talk to each other.
-    Private,
-    /// Traffic between children goes through the external switch.
-    Vepa,
-}
-
-/// The kind of pod interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LinkKind {
-    /// A macvlan child (own MAC address).
-    Macvlan {
-        /// The macvlan mode.
-        mode: MacvlanMode,
-    },
-    /// An ipvlan child (shares the parent's MAC address).
-    Ipvlan {
-        /// The ipvlan mode.
-        mode: IpvlanMode,
-        /// The ipvlan flag.
-        flag: IpvlanFlag,
-    },
-}
-
-impl LinkKind {
-    /// The kernel's name of the link kind (`macvlan`, `ipvlan`).
-    pub fn kernel_name(&self) -> &'static str {
-        match self {
-            Self::Macvlan { .. } => "macvlan",
-            Self::Ipvlan { .. } => "ipvlan",
-        }
-    }
-
-    /// Whether the pod interface speaks ARP/NDP itself. ipvlan L3 and L3S
-    /// children do not (the kernel drops such frames); their addresses are
-    /// answered for on the uplink instead.
-    pub fn announces(&self) -> bool {
-        !matches!(
-            self,
-            Self::Ipvlan {
-                mode: IpvlanMode::L3 | IpvlanMode::L3s,
-                ..
-            }
-        )
-    }
-}
-
-/// How the pod's neighbours learn its addresses once the interface is up.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// How the pod's neighbours learn its addresses once the interface is up
+/// (`FLAT_NETWORK_CNI_ARP_POLICY`; the names are the upstream values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ArpPolicy {
     /// The kernel announces (`arp_notify` and `ndisc_notify` sysctls of the
     /// interface set to 1 before it comes up).
+    #[value(name = "arp_notify")]
     ArpNotify,
     /// flatnet sends gratuitous ARP (IPv4) and unsolicited neighbour
     /// advertisements with Override set (IPv6), a few times.
@@ -109,37 +36,83 @@ pub enum ArpPolicy {
     Arping,
 }
 
-/// A route on the pod interface.
+/// A route in the pod (a subnet's `spec.routes` entry).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RouteSpec {
     /// Destination; `0.0.0.0/0` or `::/0` is a default route.
     pub destination: IpNet,
     /// Next hop; `None` makes the route on-link (scope link).
     pub via: Option<IpAddr>,
-    /// Preferred source address; must be one of the pod's addresses.
+    /// Another pod interface the route goes through (the primary `eth0`,
+    /// for instance); `None` is the flat interface. It must exist when the
+    /// attachment is made.
+    pub dev: Option<String>,
+    /// Preferred source address; on the flat interface it must be one of
+    /// the pod's addresses.
     pub source: Option<IpAddr>,
     /// Route metric (priority); the kernel default when `None`.
     pub metric: Option<u32>,
 }
 
-/// Destinations (cluster and service CIDRs) that stay reachable through the
-/// pod's primary interface, via that interface's default gateway, when the
-/// flat interface takes over the default route.
+/// Destinations (cluster, service and node CIDRs) routed through the pod's
+/// primary interface, via that interface's default gateway of the same
+/// family.
+///
+/// A family whose default route moves to the flat interface must have a
+/// primary default gateway (else the attach fails); for the others a
+/// destination is skipped when the primary has none (a single-stack primary
+/// network with dual-stack cluster CIDRs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PrimaryRoutes {
     /// The primary interface in the pod (normally `eth0`).
     pub ifname: String,
     /// The destinations.
     pub destinations: Vec<IpNet>,
+    /// Also route the node's own networks (`addNodeCIDR`): the networks of
+    /// the addresses on the node's default-route interfaces. A node network
+    /// that overlaps a pod address's network becomes a host route to the
+    /// node address alone, so the flat subnet itself stays on the flat
+    /// interface.
+    pub node_networks: bool,
 }
 
-/// A route on the node to each pod address, through a host link (the pod's
-/// primary veth, for instance). macvlan children cannot talk to their
-/// parent, so this is how the node reaches the pod.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Node routes to each pod address through the pod's primary network
+/// (`addPodIPToHost`): macvlan children cannot talk to their parent, so
+/// this is how the node reaches its own pods. Made by
+/// [`super::Attachments::resolve_host_route`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct HostRoute {
-    /// The node-side link the routes go through.
+    /// The node-side link the routes go through (the pod's veth peer, or
+    /// the bridge it hangs off).
     pub link: String,
+    /// Next hops, at most one per family: the primary interface's
+    /// addresses. A family without one is routed on-link.
+    #[serde(default)]
+    pub via: Vec<IpAddr>,
+}
+
+impl HostRoute {
+    /// The next hop for `address`'s family.
+    pub fn via_for(&self, address: IpAddr) -> Option<IpAddr> {
+        self.via
+            .iter()
+            .copied()
+            .find(|v| v.is_ipv4() == address.is_ipv4())
+    }
+}
+
+/// The default gateways of the pod's primary interface before the flat
+/// interface took the default route over, so that removing a half-made
+/// attachment (an ADD interrupted by a crash) gives the pod its default
+/// routes back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrimaryDefaults {
+    /// The primary interface in the pod.
+    pub ifname: String,
+    /// Its default gateways, at most one per family.
+    pub gateways: Vec<IpAddr>,
 }
 
 /// The description of one pod interface on the flat network.
@@ -152,7 +125,7 @@ pub struct AttachmentSpec {
     /// 802.1Q VLAN id; 0 means untagged (the child sits on `master`).
     pub vlan: u16,
     /// macvlan or ipvlan, with mode and flag.
-    pub kind: LinkKind,
+    pub kind: LinkMode,
     /// The pod's network namespace file.
     pub netns: PathBuf,
     /// The interface name in the pod (`CNI_IFNAME`).
@@ -291,6 +264,18 @@ impl AttachmentSpec {
         }
         if let Some(host) = &self.host_route {
             check_ifname(&host.link).map_err(|r| invalid("host_route.link", r))?;
+            let repeated = host.via.iter().enumerate().find_map(|(i, v)| {
+                host.via[..i]
+                    .iter()
+                    .any(|o| o.is_ipv4() == v.is_ipv4())
+                    .then_some(v)
+            });
+            if let Some(twice) = repeated {
+                return Err(invalid(
+                    "host_route.via",
+                    format!("more than one next hop for the family of {twice}"),
+                ));
+            }
         }
         Ok(ValidSpec {
             spec: self.clone(),
@@ -300,7 +285,7 @@ impl AttachmentSpec {
 
     fn validate_mac(&self) -> Result<(), String> {
         let Some(mac) = self.mac else { return Ok(()) };
-        if let LinkKind::Ipvlan { .. } = self.kind {
+        if let LinkMode::Ipvlan(..) = self.kind {
             return Err(format!(
                 "{} is set, but ipvlan children share the MAC of their parent; \
                  remove the MAC or use macvlan",
@@ -380,20 +365,31 @@ impl AttachmentSpec {
                 return Err(format!("{dst} has host bits set; use {}", dst.trunc()));
             }
             let v4 = dst.addr().is_ipv4();
-            if !self.addresses.iter().any(|n| n.addr().is_ipv4() == v4) {
-                return Err(format!(
-                    "{dst}: the pod has no address of that family to send from"
-                ));
-            }
             if let Some(via) = route.via
                 && via.is_ipv4() != v4
             {
                 return Err(format!("{dst} via {via}: families differ"));
             }
             if let Some(src) = route.source
-                && !self.addresses.iter().any(|n| n.addr() == src)
+                && src.is_ipv4() != v4
             {
-                return Err(format!("{dst}: source {src} is not a pod address"));
+                return Err(format!("{dst} source {src}: families differ"));
+            }
+            if let Some(dev) = &route.dev {
+                check_ifname(dev).map_err(|r| format!("{dst} dev {r}"))?;
+            } else {
+                // Checks only possible for the flat interface, whose
+                // addresses are known before it exists.
+                if !self.addresses.iter().any(|n| n.addr().is_ipv4() == v4) {
+                    return Err(format!(
+                        "{dst}: the pod has no address of that family to send from"
+                    ));
+                }
+                if let Some(src) = route.source
+                    && !self.addresses.iter().any(|n| n.addr() == src)
+                {
+                    return Err(format!("{dst}: source {src} is not a pod address"));
+                }
             }
             if dst.prefix_len() == 0
                 && self.default_route
@@ -448,67 +444,6 @@ pub fn parse_mac(text: &str) -> Option<MacAddr> {
     parts.next().is_none().then_some(mac)
 }
 
-/// A mode, flag or policy name that is not one of the accepted values.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}; expected one of {expected}")]
-pub struct UnknownName {
-    /// What was parsed (`macvlan mode`, ...).
-    pub what: &'static str,
-    /// The rejected text.
-    pub value: String,
-    /// The accepted values.
-    pub expected: &'static str,
-}
-
-/// Implements `Display` and `FromStr` with the names the API uses.
-macro_rules! named {
-    ($ty:ident, $what:literal, $($variant:ident = $name:literal),+) => {
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(match self { $(Self::$variant => $name),+ })
-            }
-        }
-
-        impl FromStr for $ty {
-            type Err = UnknownName;
-
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                match s {
-                    $($name => Ok(Self::$variant),)+
-                    _ => Err(UnknownName {
-                        what: $what,
-                        value: s.to_owned(),
-                        expected: concat!($($name, " "),+).trim_ascii_end(),
-                    }),
-                }
-            }
-        }
-    };
-}
-
-named!(
-    MacvlanMode,
-    "macvlan mode",
-    Bridge = "bridge",
-    Vepa = "vepa",
-    Private = "private",
-    Passthru = "passthru"
-);
-named!(IpvlanMode, "ipvlan mode", L2 = "l2", L3 = "l3", L3s = "l3s");
-named!(
-    IpvlanFlag,
-    "ipvlan flag",
-    Bridge = "bridge",
-    Private = "private",
-    Vepa = "vepa"
-);
-named!(
-    ArpPolicy,
-    "ARP policy",
-    ArpNotify = "arp_notify",
-    Arping = "arping"
-);
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,9 +454,7 @@ mod tests {
             subnet: "lan".into(),
             master: "eth0".into(),
             vlan: 0,
-            kind: LinkKind::Macvlan {
-                mode: MacvlanMode::Bridge,
-            },
+            kind: LinkMode::Macvlan(MacvlanMode::Bridge),
             netns: "/run/netns/pod".into(),
             ifname: "eth1".into(),
             mac: None,
@@ -566,10 +499,7 @@ mod tests {
     #[test]
     fn ipvlan_with_mac_is_rejected() {
         let mut s = spec();
-        s.kind = LinkKind::Ipvlan {
-            mode: IpvlanMode::L2,
-            flag: IpvlanFlag::Bridge,
-        };
+        s.kind = LinkMode::Ipvlan(IpvlanMode::L2, IpvlanFlag::Bridge);
         s.mac = Some([2, 0, 0, 0, 0, 1]);
         let err = s.validate().unwrap_err();
         assert!(err.to_string().contains("ipvlan"), "{err}");
@@ -610,6 +540,7 @@ mod tests {
         let route = |dst: &str, via: Option<&str>| RouteSpec {
             destination: dst.parse().unwrap(),
             via: via.map(|v| v.parse().unwrap()),
+            dev: None,
             source: None,
             metric: None,
         };
@@ -646,36 +577,6 @@ mod tests {
         assert_eq!(field_of(s.validate().unwrap_err()), "mtu");
         s.mtu = Some(1280);
         s.validate().unwrap();
-    }
-
-    #[test]
-    fn only_layer_2_children_announce() {
-        let ipvlan = |mode| LinkKind::Ipvlan {
-            mode,
-            flag: IpvlanFlag::Bridge,
-        };
-        assert!(spec().kind.announces());
-        assert!(ipvlan(IpvlanMode::L2).announces());
-        assert!(!ipvlan(IpvlanMode::L3).announces());
-        assert!(!ipvlan(IpvlanMode::L3s).announces());
-    }
-
-    #[test]
-    fn names_parse_and_print_alike() {
-        for mode in ["bridge", "vepa", "private", "passthru"] {
-            assert_eq!(mode.parse::<MacvlanMode>().unwrap().to_string(), mode);
-        }
-        for mode in ["l2", "l3", "l3s"] {
-            assert_eq!(mode.parse::<IpvlanMode>().unwrap().to_string(), mode);
-        }
-        for policy in ["arp_notify", "arping"] {
-            assert_eq!(policy.parse::<ArpPolicy>().unwrap().to_string(), policy);
-        }
-        let err = "source".parse::<MacvlanMode>().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "unknown macvlan mode \"source\"; expected one of bridge vepa private passthru"
-        );
     }
 
     proptest! {

@@ -29,7 +29,7 @@ use crate::{
     },
     datapath::{ConflictMonitor, Datapath},
     desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
-    link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkKind, format_mac, parse_mac},
+    link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::run_in_netns,
     policyctl::PolicyTrigger,
     probe,
@@ -287,7 +287,13 @@ impl<S: DesiredState> Inner<S> {
             mac: None,
             mtu: config.mtu,
             uplink: None,
+            host_route: None,
+            primary_defaults: None,
         };
+        if let Err(error) = self.read_primary_network(&mut record).await {
+            self.release_quietly(&record).await;
+            return Err(link_error(&error));
+        }
         if let Err(error) = self.records.save(&record) {
             self.release_quietly(&record).await;
             return Err(internal(error));
@@ -301,6 +307,29 @@ impl<S: DesiredState> Inner<S> {
                 Err(error)
             }
         }
+    }
+
+    /// What removing the attachment must know of the pod's primary network,
+    /// read before anything is made: the node routes to the pod
+    /// (`addPodIPToHost`) and the default gateways the flat interface takes
+    /// over (`flatNetworkDefaultGateway`).
+    async fn read_primary_network(&self, record: &mut AttachmentRecord) -> Result<(), LinkError> {
+        let attachments = &self.config.attachments;
+        if spec::wants_host_route(record) {
+            record.host_route = Some(
+                attachments
+                    .resolve_host_route(&record.netns, spec::PRIMARY_IFNAME)
+                    .await?,
+            );
+        }
+        if spec::moves_default_route(record) {
+            record.primary_defaults = Some(
+                attachments
+                    .primary_defaults(&record.netns, spec::PRIMARY_IFNAME)
+                    .await?,
+            );
+        }
+        Ok(())
     }
 
     /// The steps after the claim. On error, also says whether the pod
@@ -332,11 +361,14 @@ impl<S: DesiredState> Inner<S> {
             }
             Err(error) => return Err((link_error(&error), true)),
         };
+        // The interface, its addresses and node routes exist; the record
+        // still says pending.
+        crate::crash_point::crash_point("add-attached");
         let mac = made.mac;
         let owner_mac = match attachment.kind {
-            LinkKind::Macvlan { .. } => Some(mac),
+            LinkMode::Macvlan(_) => Some(mac),
             // ipvlan children share the parent's MAC; the parent's is read below.
-            LinkKind::Ipvlan { .. } => None,
+            LinkMode::Ipvlan(..) => None,
         };
         let uplink = self
             .uplink_record(&made.parent, owner_mac, !attachment.kind.announces())
@@ -550,7 +582,8 @@ impl<S: DesiredState> Inner<S> {
                 ifname: record.key.ifname.clone(),
                 master,
                 vlan,
-                host_route: None,
+                host_route: record.host_route.clone(),
+                primary_defaults: record.primary_defaults.clone(),
                 addresses: record.ips(),
             };
             if let Err(error) = self.config.attachments.detach(&detach).await {

@@ -4,17 +4,38 @@
 
 use std::net::IpAddr;
 
-use flatnet_common::k8s::validation::{self, LinkMode, ValidSubnet};
+use flatnet_common::k8s::{
+    api::RouteSettings,
+    validation::{LinkMode, ValidSubnet},
+};
 use ipnet::IpNet;
 
 use crate::{
     cni::{CniError, CniResult, Dns, ErrorCode, Interface, IpConfig, IpWithPrefix, Route},
-    link::{
-        ArpPolicy, AttachmentSpec, IpvlanFlag, IpvlanMode, LinkKind, MacvlanMode, PrimaryRoutes,
-        RouteSpec, parse_mac,
-    },
+    link::{ArpPolicy, AttachmentSpec, PrimaryRoutes, RouteSpec, parse_mac},
     records::AttachmentRecord,
 };
+
+/// Whether any subnet asks for the node routes to the pod
+/// (`addPodIPToHost`); they go through the primary interface, so never in
+/// single-NIC mode.
+pub fn wants_host_route(record: &AttachmentRecord) -> bool {
+    record.key.ifname != PRIMARY_IFNAME
+        && record
+            .subnets
+            .iter()
+            .any(|s| s.spec.route_settings.add_pod_ip_to_host)
+}
+
+/// Whether the flat interface takes the pod's default route over
+/// (`flatNetworkDefaultGateway` on a subnet with a gateway, multi-NIC only).
+pub fn moves_default_route(record: &AttachmentRecord) -> bool {
+    record.key.ifname != PRIMARY_IFNAME
+        && record
+            .subnets
+            .iter()
+            .any(|s| s.spec.route_settings.flat_network_default_gateway && s.spec.gateway.is_some())
+}
 
 /// The pod's primary interface (the cluster network's), by convention.
 pub const PRIMARY_IFNAME: &str = "eth0";
@@ -43,41 +64,22 @@ pub fn valid_subnets(record: &AttachmentRecord) -> Result<Vec<ValidSubnet>, CniE
         .collect()
 }
 
-/// The link kind of a subnet.
-pub fn link_kind(mode: LinkMode) -> LinkKind {
-    match mode {
-        LinkMode::Macvlan(mode) => LinkKind::Macvlan {
-            mode: match mode {
-                validation::MacvlanMode::Bridge => MacvlanMode::Bridge,
-                validation::MacvlanMode::Vepa => MacvlanMode::Vepa,
-                validation::MacvlanMode::Private => MacvlanMode::Private,
-                validation::MacvlanMode::Passthru => MacvlanMode::Passthru,
-            },
-        },
-        LinkMode::Ipvlan(mode, flag) => LinkKind::Ipvlan {
-            mode: match mode {
-                validation::IpvlanMode::L2 => IpvlanMode::L2,
-                validation::IpvlanMode::L3 => IpvlanMode::L3,
-                validation::IpvlanMode::L3s => IpvlanMode::L3s,
-            },
-            flag: match flag {
-                validation::IpvlanFlag::Bridge => IpvlanFlag::Bridge,
-                validation::IpvlanFlag::Private => IpvlanFlag::Private,
-                validation::IpvlanFlag::Vepa => IpvlanFlag::Vepa,
-            },
-        },
-    }
-}
-
 /// The attachment spec of a record.
 ///
 /// - Gateways: each subnet's gateway.
 /// - Default route through the flat interface when a subnet sets
 ///   `routeSettings.flatNetworkDefaultGateway` and the flat interface is not
-///   the primary one; cluster and service CIDRs (`addClusterCIDR`,
-///   `addServiceCIDR`) then stay on the primary interface, for the families
-///   whose default route moves.
-/// - Custom routes: the subnet routes whose `dev` is the pod interface.
+///   the primary one.
+/// - Through the primary interface (multi-NIC only): the cluster CIDRs
+///   (`addClusterCIDR`), service CIDRs (`addServiceCIDR`) and the node's
+///   networks (`addNodeCIDR`).
+/// - Custom routes: a subnet route whose `dev` is the pod interface goes on
+///   the flat interface; another `dev` (the primary `eth0`, ...) must exist
+///   in the pod. When the flat interface is the primary one (single-NIC),
+///   routes naming other interfaces describe the multi-NIC layout of the
+///   same subnet and are left out.
+/// - Node routes to the pod (`addPodIPToHost`): the record's, resolved
+///   before the pod interface was made.
 pub fn attachment_spec(
     record: &AttachmentRecord,
     subnets: &[ValidSubnet],
@@ -93,13 +95,21 @@ pub fn attachment_spec(
     let ifname = &record.key.ifname;
     let gateways: Vec<IpAddr> = subnets.iter().filter_map(|s| s.gateway).collect();
     let is_primary = ifname == PRIMARY_IFNAME;
-    let specs = || record.subnets.iter().map(|s| &s.spec.route_settings);
-    let default_route =
-        !is_primary && !gateways.is_empty() && specs().any(|r| r.flat_network_default_gateway);
+    let asks = |setting: fn(&RouteSettings) -> bool| {
+        record
+            .subnets
+            .iter()
+            .any(|s| setting(&s.spec.route_settings))
+    };
+    let default_route = moves_default_route(record);
 
     let mut routes = Vec::new();
     for subnet in subnets {
-        for route in subnet.routes.iter().filter(|r| &r.dev == ifname) {
+        for route in &subnet.routes {
+            let dev = (&route.dev != ifname).then(|| route.dev.clone());
+            if is_primary && dev.is_some() {
+                continue;
+            }
             let destination: IpNet = route.dst.parse().map_err(|_| {
                 CniError::new(
                     ErrorCode::InvalidNetworkConfig,
@@ -110,41 +120,40 @@ pub fn attachment_spec(
                 )
             })?;
             let destination = destination.trunc();
-            if default_route && destination.prefix_len() == 0 {
+            if dev.is_none() && default_route && destination.prefix_len() == 0 {
                 // The gateway default route already covers it.
                 continue;
             }
             routes.push(RouteSpec {
                 destination,
                 via: route.via,
+                dev,
                 source: route.src,
                 metric: u32::try_from(route.priority).ok().filter(|p| *p > 0),
             });
         }
     }
 
-    let primary_routes = default_route
-        .then(|| {
-            let moved = |net: &IpNet| gateways.iter().any(|g| g.is_ipv4() == net.addr().is_ipv4());
-            let mut destinations = Vec::new();
-            if specs().any(|r| r.add_cluster_cidr) {
-                destinations.extend(settings.cluster_cidrs.iter().filter(|n| moved(n)));
-            }
-            if specs().any(|r| r.add_service_cidr) {
-                destinations.extend(settings.service_cidrs.iter().filter(|n| moved(n)));
-            }
-            destinations.sort();
-            destinations.dedup();
-            (!destinations.is_empty()).then(|| PrimaryRoutes {
-                ifname: PRIMARY_IFNAME.into(),
-                destinations,
-            })
-        })
-        .flatten();
+    let mut destinations = Vec::new();
+    if asks(|r| r.add_cluster_cidr) {
+        destinations.extend(settings.cluster_cidrs.iter().map(IpNet::trunc));
+    }
+    if asks(|r| r.add_service_cidr) {
+        destinations.extend(settings.service_cidrs.iter().map(IpNet::trunc));
+    }
+    destinations.sort();
+    destinations.dedup();
+    let node_networks = asks(|r| r.add_node_cidr);
+    let primary_routes =
+        (!is_primary && (node_networks || !destinations.is_empty())).then(|| PrimaryRoutes {
+            ifname: PRIMARY_IFNAME.into(),
+            destinations,
+            node_networks,
+        });
 
-    let kind = link_kind(first.link_mode);
+    let kind = first.link_mode;
     let mac = match (&record.requested_mac, kind) {
-        (Some(text), LinkKind::Macvlan { .. }) => Some(parse_mac(text).ok_or_else(|| {
+        (Some(text), LinkMode::Macvlan(_)) => Some(parse_mac(text).ok_or_else(|| {
             CniError::new(
                 ErrorCode::InvalidNetworkConfig,
                 format!(
@@ -169,7 +178,7 @@ pub fn attachment_spec(
         default_route,
         routes,
         primary_routes,
-        host_route: None,
+        host_route: record.host_route.clone(),
         arp_policy: settings.arp_policy,
     })
 }
@@ -272,6 +281,8 @@ mod tests {
             mac: None,
             mtu: Some(1400),
             uplink: None,
+            host_route: None,
+            primary_defaults: None,
         }
     }
 
@@ -318,12 +329,22 @@ mod tests {
         assert!(spec.default_route);
         assert_eq!(spec.mac, Some([2, 0, 0, 0, 0, 5]));
         assert_eq!(spec.mtu, Some(1400));
-        assert_eq!(spec.routes.len(), 1, "only routes of the flat interface");
+        let devs: Vec<Option<&str>> = spec.routes.iter().map(|r| r.dev.as_deref()).collect();
         assert_eq!(
-            spec.primary_routes.clone().unwrap().destinations,
-            ["10.42.0.0/16".parse::<IpNet>().unwrap()],
-            "only families whose default route moves"
+            devs,
+            [None, Some("eth0")],
+            "flat interface, then the primary"
         );
+        let primary = spec.primary_routes.clone().unwrap();
+        assert_eq!(
+            primary.destinations,
+            [
+                "10.42.0.0/16".parse::<IpNet>().unwrap(),
+                "fd42::/48".parse().unwrap()
+            ],
+            "every family; the link layer skips one the primary cannot route"
+        );
+        assert!(!primary.node_networks);
         spec.validate().unwrap();
     }
 
@@ -336,6 +357,40 @@ mod tests {
         let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
         assert!(!spec.default_route);
         assert!(spec.primary_routes.is_none());
+        assert!(!moves_default_route(&record));
+        assert!(!wants_host_route(&record));
+    }
+
+    #[test]
+    fn single_nic_pods_skip_routes_of_other_interfaces_and_primary_routes() {
+        let mut spec = subnet();
+        spec.route_settings.add_node_cidr = true;
+        spec.route_settings.add_pod_ip_to_host = true;
+        spec.routes = vec![
+            SubnetRoute {
+                dev: "eth1".into(),
+                dst: "198.51.100.0/24".into(),
+                ..Default::default()
+            },
+            SubnetRoute {
+                dev: "eth0".into(),
+                dst: "0.0.0.0/0".into(),
+                via: Some("192.0.2.1".parse().unwrap()),
+                ..Default::default()
+            },
+        ];
+        let single = record(spec.clone(), "eth0");
+        let subnets = valid_subnets(&single).unwrap();
+        let built = attachment_spec(&single, &subnets, &SpecSettings::default()).unwrap();
+        assert_eq!(built.routes.len(), 1, "{:?}", built.routes);
+        assert_eq!(built.routes[0].dev, None, "eth0 is the flat interface");
+        assert!(built.primary_routes.is_none());
+        assert!(!wants_host_route(&single));
+
+        let multi = record(spec, "eth1");
+        let built = attachment_spec(&multi, &subnets, &SpecSettings::default()).unwrap();
+        assert!(built.primary_routes.unwrap().node_networks);
+        assert!(wants_host_route(&multi));
     }
 
     #[test]

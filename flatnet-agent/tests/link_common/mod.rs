@@ -11,7 +11,7 @@ use std::{
 };
 
 use flatnet_agent::{
-    link::{AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkKind, MacvlanMode},
+    link::{AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkMode, MacvlanMode},
     netns::run_in_netns,
 };
 
@@ -83,9 +83,7 @@ impl Lan {
             subnet: "lan".into(),
             master: self.master.clone(),
             vlan: 0,
-            kind: LinkKind::Macvlan {
-                mode: MacvlanMode::Bridge,
-            },
+            kind: LinkMode::Macvlan(MacvlanMode::Bridge),
             netns: pod.path(),
             ifname: "eth1".into(),
             mac: None,

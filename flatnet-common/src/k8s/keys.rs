@@ -15,6 +15,10 @@ pub const NAD_NAME: &str = "rancher-flat-network";
 /// Suffix of the headless service mirrored for each flat-network service.
 pub const FLAT_NETWORK_SERVICE_SUFFIX: &str = "-flat-network";
 
+/// Suffix of a dual-stack pod's second FlatNetworkIP: `<pod>` holds the
+/// first subnet's address, `<pod>.ipv6` the second's.
+pub const SECONDARY_RECORD_SUFFIX: &str = ".ipv6";
+
 /// Pod (template) annotations: the user-facing API.
 pub mod annotation {
     /// Subnet name, or `v4name,v6name` for dual stack. Enables the flat network.

@@ -68,6 +68,76 @@ pub enum IpvlanFlag {
     Vepa,
 }
 
+/// A mode or flag name that is not one of the accepted values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}; expected one of {expected}")]
+pub struct UnknownName {
+    /// What was parsed (`macvlan mode`, ...).
+    pub what: &'static str,
+    /// The rejected text.
+    pub value: String,
+    /// The accepted values, comma-separated.
+    pub expected: &'static str,
+}
+
+/// Gives an enum the names the API uses: `as_str`, `NAMES` (for messages),
+/// `Display` and `FromStr` (exact names; the API's empty default is the
+/// caller's business).
+macro_rules! api_names {
+    ($ty:ident, $what:literal, $first:ident = $first_name:literal $(, $variant:ident = $name:literal)*) => {
+        api_names!(@impl $ty, $what, concat!($first_name $(, ", ", $name)*), $first = $first_name $(, $variant = $name)*);
+    };
+    (@impl $ty:ident, $what:literal, $names:expr, $($variant:ident = $name:literal),+) => {
+        impl $ty {
+            /// The accepted names, comma-separated, for messages.
+            pub const NAMES: &'static str = $names;
+
+            /// The name the API uses.
+            pub fn as_str(&self) -> &'static str {
+                match self { $(Self::$variant => $name),+ }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl core::str::FromStr for $ty {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($name => Ok(Self::$variant),)+
+                    _ => Err(UnknownName {
+                        what: $what,
+                        value: s.to_owned(),
+                        expected: Self::NAMES,
+                    }),
+                }
+            }
+        }
+    };
+}
+
+api_names!(
+    MacvlanMode,
+    "macvlan mode",
+    Bridge = "bridge",
+    Vepa = "vepa",
+    Private = "private",
+    Passthru = "passthru"
+);
+api_names!(IpvlanMode, "ipvlan mode", L2 = "l2", L3 = "l3", L3s = "l3s");
+api_names!(
+    IpvlanFlag,
+    "ipvlan flag",
+    Bridge = "bridge",
+    Private = "private",
+    Vepa = "vepa"
+);
+
 /// The complete interface configuration of a subnet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LinkMode {
@@ -84,6 +154,13 @@ impl LinkMode {
             LinkMode::Macvlan(_) => FlatMode::Macvlan,
             LinkMode::Ipvlan(..) => FlatMode::Ipvlan,
         }
+    }
+
+    /// Whether the pod interface speaks ARP/NDP itself. ipvlan L3 and L3S
+    /// children do not (the kernel drops such frames); their addresses must
+    /// be answered for on the parent link instead.
+    pub fn announces(&self) -> bool {
+        !matches!(self, LinkMode::Ipvlan(IpvlanMode::L3 | IpvlanMode::L3s, _))
     }
 }
 
@@ -346,18 +423,12 @@ fn parse_link_mode(
     let flag = spec.ipvlan_flag.trim();
     match spec.flat_mode.trim() {
         "macvlan" => {
-            let parsed = match mode {
-                "" | "bridge" => Some(MacvlanMode::Bridge),
-                "vepa" => Some(MacvlanMode::Vepa),
-                "private" => Some(MacvlanMode::Private),
-                "passthru" => Some(MacvlanMode::Passthru),
-                _ => None,
-            };
+            let parsed = or_default(mode, MacvlanMode::Bridge);
             if parsed.is_none() {
                 errors.push(SubnetError::Mode {
                     flat_mode: FlatMode::Macvlan,
                     mode: mode.to_owned(),
-                    allowed: "bridge, vepa, private, passthru",
+                    allowed: MacvlanMode::NAMES,
                 });
             }
             if !flag.is_empty() {
@@ -367,25 +438,15 @@ fn parse_link_mode(
             parsed.map(LinkMode::Macvlan)
         }
         "ipvlan" => {
-            let parsed_mode = match mode {
-                "" | "l2" => Some(IpvlanMode::L2),
-                "l3" => Some(IpvlanMode::L3),
-                "l3s" => Some(IpvlanMode::L3s),
-                _ => None,
-            };
+            let parsed_mode = or_default(mode, IpvlanMode::L2);
             if parsed_mode.is_none() {
                 errors.push(SubnetError::Mode {
                     flat_mode: FlatMode::Ipvlan,
                     mode: mode.to_owned(),
-                    allowed: "l2, l3, l3s",
+                    allowed: IpvlanMode::NAMES,
                 });
             }
-            let parsed_flag = match flag {
-                "" | "bridge" => Some(IpvlanFlag::Bridge),
-                "private" => Some(IpvlanFlag::Private),
-                "vepa" => Some(IpvlanFlag::Vepa),
-                _ => None,
-            };
+            let parsed_flag = or_default(flag, IpvlanFlag::Bridge);
             if parsed_flag.is_none() {
                 errors.push(SubnetError::IpvlanFlag(flag.to_owned()));
             }
@@ -395,6 +456,15 @@ fn parse_link_mode(
             errors.push(SubnetError::FlatMode(other.to_owned()));
             None
         }
+    }
+}
+
+/// An API name, where empty means `default`.
+fn or_default<T: core::str::FromStr>(name: &str, default: T) -> Option<T> {
+    if name.is_empty() {
+        Some(default)
+    } else {
+        name.parse().ok()
     }
 }
 
@@ -686,6 +756,35 @@ mod tests {
 
     fn errors(spec: &FlatNetworkSubnetSpec) -> Vec<SubnetError> {
         validate_subnet("s", spec).unwrap_err().errors
+    }
+
+    #[test]
+    fn mode_and_flag_names_parse_and_print_alike() {
+        for mode in MacvlanMode::NAMES.split(", ") {
+            assert_eq!(mode.parse::<MacvlanMode>().unwrap().to_string(), mode);
+        }
+        for mode in IpvlanMode::NAMES.split(", ") {
+            assert_eq!(mode.parse::<IpvlanMode>().unwrap().to_string(), mode);
+        }
+        for flag in IpvlanFlag::NAMES.split(", ") {
+            assert_eq!(flag.parse::<IpvlanFlag>().unwrap().to_string(), flag);
+        }
+        assert_eq!(
+            "source".parse::<MacvlanMode>().unwrap_err().to_string(),
+            "unknown macvlan mode \"source\"; expected one of bridge, vepa, private, passthru"
+        );
+        assert!(
+            "".parse::<IpvlanFlag>().is_err(),
+            "the empty default is not a name"
+        );
+    }
+
+    #[test]
+    fn only_layer_2_children_announce() {
+        assert!(LinkMode::Macvlan(MacvlanMode::Bridge).announces());
+        assert!(LinkMode::Ipvlan(IpvlanMode::L2, IpvlanFlag::Bridge).announces());
+        assert!(!LinkMode::Ipvlan(IpvlanMode::L3, IpvlanFlag::Bridge).announces());
+        assert!(!LinkMode::Ipvlan(IpvlanMode::L3s, IpvlanFlag::Private).announces());
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub const FINALIZER: &str = "flatnetwork.pandaria.io/release-address";
 pub const LEGACY_FINALIZER: &str = "wrangler.cattle.io/rancher-flat-network-ip-remove";
 
 /// Suffix of a dual-stack pod's second (IPv6) record.
-pub const SECONDARY_SUFFIX: &str = ".ipv6";
+pub use flatnet_common::k8s::keys::SECONDARY_RECORD_SUFFIX as SECONDARY_SUFFIX;
 
 /// Longest object name Kubernetes accepts.
 const MAX_NAME_LEN: usize = 253;
