@@ -388,9 +388,17 @@ fn owned_v6() -> Ipv6Addr {
 /// A datapath with a private pin root whose responder lists the owned
 /// addresses on `ifindex`.
 fn responder_datapath(pin: &TestPinRoot, ifindex: u32) -> Datapath {
-    let mut datapath = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
+    responder_datapath_logging(pin, ifindex, false)
+}
+
+/// [`responder_datapath`] with the programs' kernel logging on or off.
+fn responder_datapath_logging(pin: &TestPinRoot, ifindex: u32, kernel_logs: bool) -> Datapath {
+    let mut datapath = Datapath::load_with_kernel_logs(
+        &DatapathConfig {
+            pin_root: pin.path.clone(),
+        },
+        kernel_logs,
+    )
     .expect("load eBPF object");
     let mut responders = datapath.responders().expect("responder maps");
     responders
@@ -991,5 +999,64 @@ fn reattaching_under_traffic_answers_every_request() {
         filters.matches("uplink_ingress").count(),
         2,
         "one filter: {filters}"
+    );
+}
+
+#[test]
+fn test_run_kernel_logs_answers_and_conflicts_as_tracing_events() {
+    if !privileged("test_run_kernel_logs_answers_and_conflicts_as_tracing_events") {
+        return;
+    }
+    let rt = runtime();
+    let _entered = rt.enter();
+    let pin = TestPinRoot::new();
+    let logs = support::with_kernel_log_capture(|| {
+        let mut datapath = responder_datapath_logging(&pin, LOOPBACK_IFINDEX, true);
+        datapath
+            .managed_addrs()
+            .unwrap()
+            .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+            .unwrap();
+        let mut logs = datapath
+            .kernel_logs()
+            .unwrap()
+            .expect("loaded with kernel logs");
+        let out = datapath
+            .test_run_uplink(&arp_request_for(OWNED_V4), 1)
+            .unwrap();
+        assert_eq!(out.verdict, TC_ACT_REDIRECT);
+        datapath
+            .test_run_uplink(&gratuitous_arp(ROGUE_MAC, MANAGED_V4), 1)
+            .unwrap();
+        // A frame that only passes logs nothing.
+        datapath
+            .test_run_uplink(&arp_request_for(Ipv4Addr::new(192, 0, 2, 99)), 1)
+            .unwrap();
+        logs.flush();
+    });
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(lines.len(), 2, "{logs}");
+    assert!(
+        lines[0].contains("DEBUG")
+            && lines[0].contains("flatnet_ebpf")
+            && lines[0].contains(
+                "answered ARP request for ::ffff:192.0.2.50 from 02:00:5e:00:00:01 on ifindex 1 with 02:00:5e:00:00:bb"
+            ),
+        "{logs}"
+    );
+    assert!(
+        lines[1].contains("conflict: ::ffff:192.0.2.60 on ifindex 1 claimed by 02:00:5e:00:00:ee, owned by 02:00:5e:00:00:02"),
+        "{logs}"
+    );
+
+    // Loaded without logging, there is nothing to read.
+    let mut quiet = responder_datapath(&TestPinRoot::new(), LOOPBACK_IFINDEX);
+    assert!(quiet.kernel_logs().unwrap().is_none());
+    assert_eq!(
+        quiet
+            .test_run_uplink(&arp_request_for(OWNED_V4), 1)
+            .unwrap()
+            .verdict,
+        TC_ACT_REDIRECT
     );
 }

@@ -64,8 +64,17 @@ const ETH_SRC_OFFSET: usize = 6;
 
 #[classifier]
 pub fn uplink_ingress(ctx: TcContext) -> i32 {
+    let verdict = judge(&ctx);
+    // The record is built here, after the parser's frame is gone: both
+    // together would not fit the 512-byte stack.
+    crate::log::flush_deferred(&ctx);
+    verdict
+}
+
+#[inline(never)]
+fn judge(ctx: &TcContext) -> i32 {
     // A frame we cannot parse or answer is passed on, never dropped.
-    try_uplink_ingress(&ctx).unwrap_or(TC_ACT_PIPE)
+    try_uplink_ingress(ctx).unwrap_or(TC_ACT_PIPE)
 }
 
 #[inline(always)]
@@ -82,7 +91,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, ParseError> {
                 report_conflict(ifindex, &claim);
             }
             if kind == FrameKind::ArpRequest {
-                return answer_arp(ctx, l3, ifindex, &arp);
+                return Ok(answer_arp(ctx, l3, ifindex, &arp));
             }
             Ok(TC_ACT_PIPE)
         }
@@ -98,7 +107,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, ParseError> {
                 report_conflict(ifindex, &claim);
             }
             if kind == FrameKind::NeighborSolicitation {
-                return answer_neighbor_solicitation(ctx, l3, ifindex, &ip6, &icmp, eth_src);
+                return Ok(answer_neighbor_solicitation(ctx, l3, ifindex, &ip6, &icmp));
             }
             Ok(TC_ACT_PIPE)
         }
@@ -137,6 +146,13 @@ fn report_conflict(ifindex: u32, claim: &Claim) {
         owner_mac,
         reserved: [0; 4],
     };
+    crate::log::defer(
+        crate::log::Deferred::Conflict,
+        &claim.addr,
+        ifindex,
+        &claim.mac,
+        &owner_mac,
+    );
     // A full ring buffer drops the event; the next claim after the interval reports again.
     let _ = CONFLICT_EVENTS.output(event, 0);
 }
@@ -170,16 +186,11 @@ fn ingress_ifindex(ctx: &TcContext) -> u32 {
     unsafe { (*ctx.skb.skb).ifindex }
 }
 
-/// Answers an ARP request for a listed address with an ARP reply.
+/// Answers an ARP request for a listed address with an ARP reply; returns the verdict.
 #[inline(always)]
-fn answer_arp(
-    ctx: &TcContext,
-    l3: usize,
-    ifindex: u32,
-    request: &[u8; ARP_LEN],
-) -> Result<i32, ParseError> {
+fn answer_arp(ctx: &TcContext, l3: usize, ifindex: u32, request: &[u8; ARP_LEN]) -> i32 {
     let Some(question) = arp_question(request) else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     };
     let key = ArpResponderKey {
         ifindex,
@@ -187,18 +198,26 @@ fn answer_arp(
     };
     // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
     let Some(entry) = (unsafe { ARP_RESPONDER.get(key) }).copied() else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     };
     let reply = arp_reply(request, entry.mac);
     let eth = ethernet_addresses(question.requester_mac, entry.mac);
     if ctx.store(0, &eth, 0).is_err() || ctx.store(l3, &reply, 0).is_err() {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     }
     bump(ResponderStat::ArpReplies);
-    Ok(send_back(ifindex))
+    crate::log::defer(
+        crate::log::Deferred::ArpAnswer,
+        &flatnet_common::conflict::AddrKey::v4(0, question.target).addr,
+        ifindex,
+        &entry.mac,
+        &requester_mac_of(&eth),
+    );
+    send_back(ifindex)
 }
 
-/// Answers a neighbour solicitation for a listed address with a neighbour advertisement.
+/// Answers a neighbour solicitation for a listed address with a neighbour
+/// advertisement; returns the verdict.
 #[inline(always)]
 fn answer_neighbor_solicitation(
     ctx: &TcContext,
@@ -206,10 +225,12 @@ fn answer_neighbor_solicitation(
     ifindex: u32,
     ip6: &[u8; IPV6_LEN],
     ns: &[u8; NS_LEN],
-    requester_mac: [u8; 6],
-) -> Result<i32, ParseError> {
+) -> i32 {
     let Some(question) = ndp_question(ip6, ns) else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
+    };
+    let Ok(requester_mac) = ctx.load::<[u8; 6]>(ETH_SRC_OFFSET) else {
+        return TC_ACT_PIPE;
     };
     let key = NdpResponderKey {
         ifindex,
@@ -217,7 +238,7 @@ fn answer_neighbor_solicitation(
     };
     // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
     let Some(entry) = (unsafe { NDP_RESPONDER.get(key) }).copied() else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     };
     let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
     let mut reply_dst = [0u8; 16];
@@ -228,17 +249,31 @@ fn answer_neighbor_solicitation(
     let new_len = (l3 + IPV6_LEN + NA_LEN) as u32;
     // SAFETY: the context pointer is valid; the helper checks the length.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     }
     if ctx.store(0, &eth, 0).is_err()
         || ctx.store(l3, &reply_ip6, 0).is_err()
         || ctx.store(l3 + IPV6_LEN, &advertisement, 0).is_err()
     {
-        // The frame was already resized: it is no longer a valid solicitation.
-        return Err(ParseError::Truncated);
+        // The frame was already resized: it is no longer a valid
+        // solicitation; it goes on and the stack drops it.
+        return TC_ACT_PIPE;
     }
     bump(ResponderStat::NeighborAdvertisements);
-    Ok(send_back(ifindex))
+    crate::log::defer(
+        crate::log::Deferred::NdpAnswer,
+        &question.target,
+        ifindex,
+        &entry.mac,
+        &requester_mac,
+    );
+    send_back(ifindex)
+}
+
+/// The destination MAC of an answer's Ethernet addresses: the requester.
+#[inline(always)]
+fn requester_mac_of(eth: &[u8; 12]) -> [u8; 6] {
+    [eth[0], eth[1], eth[2], eth[3], eth[4], eth[5]]
 }
 
 /// Destination then source MAC, as they sit at the start of the frame.

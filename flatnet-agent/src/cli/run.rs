@@ -190,6 +190,12 @@ impl RunArgs {
         let monitor = datapath
             .conflict_monitor()
             .context("open the conflict monitor")?;
+        if let Some(logs) = datapath
+            .kernel_logs()
+            .context("open the kernel log ring buffer")?
+        {
+            tokio::spawn(logs.forward());
+        }
         let records = Records::open(&self.record_dir)?;
         let metrics = Arc::new(Metrics::default());
         let config = ServiceConfig {
