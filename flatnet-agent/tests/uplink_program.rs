@@ -845,6 +845,20 @@ fn rogue_lan_host_triggers_conflict_report() {
     assert_eq!(conflict.addr, std::net::IpAddr::V4(MANAGED_V4));
     assert_eq!(conflict.foreign_mac, LAN_MAC, "the rogue host's MAC");
     assert_eq!(conflict.owner_mac, OWNER_MAC);
+
+    // The real frame is also in the recent-conflicts map.
+    let recent = topo.datapath.recent_conflicts().unwrap();
+    assert_eq!(recent.len(), 1, "{recent:?}");
+    assert_eq!(
+        (
+            recent[0].addr,
+            recent[0].ifindex,
+            recent[0].foreign_mac,
+            recent[0].vlan
+        ),
+        (std::net::IpAddr::V4(MANAGED_V4), ifindex, LAN_MAC, 0)
+    );
+    assert!(recent[0].count >= 1);
 }
 
 #[test]
@@ -1059,4 +1073,100 @@ fn test_run_kernel_logs_answers_and_conflicts_as_tracing_events() {
             .verdict,
         TC_ACT_REDIRECT
     );
+}
+
+#[test]
+fn test_run_records_recent_conflicts_with_vlan_and_count() {
+    if !privileged("test_run_records_recent_conflicts_with_vlan_and_count") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig {
+        pin_root: pin.path.clone(),
+    })
+    .unwrap();
+    datapath
+        .managed_addrs()
+        .unwrap()
+        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+        .unwrap();
+    // The owner's own announcement is no conflict.
+    datapath
+        .test_run_uplink(&gratuitous_arp(OWNER_MAC, MANAGED_V4), 1)
+        .unwrap();
+    assert!(datapath.recent_conflicts().unwrap().is_empty());
+
+    // Three rogue claims, the last one tagged with VLAN 100: one entry,
+    // counted three times, even though only the first is reported.
+    let rogue = gratuitous_arp(ROGUE_MAC, MANAGED_V4);
+    datapath.test_run_uplink(&rogue, 1).unwrap();
+    datapath.test_run_uplink(&rogue, 1).unwrap();
+    let out = datapath
+        .test_run_uplink(&vlan_tagged(&rogue, 0x8100, 100), 1)
+        .unwrap();
+    assert_eq!(out.verdict, TC_ACT_PIPE);
+    let recent = datapath.recent_conflicts().unwrap();
+    assert_eq!(recent.len(), 1, "{recent:?}");
+    let entry = recent[0];
+    assert_eq!(entry.addr, std::net::IpAddr::V4(MANAGED_V4));
+    assert_eq!(entry.ifindex, LOOPBACK_IFINDEX);
+    assert_eq!(entry.foreign_mac, ROGUE_MAC);
+    assert_eq!(entry.count, 3);
+    assert_eq!(entry.vlan, 100);
+    assert!(entry.first_seen_ns > 0 && entry.first_seen_ns <= entry.last_seen_ns);
+    assert_eq!(
+        entry.kind,
+        Some(flatnet_common::conflict::ClaimKind::GratuitousArp)
+    );
+
+    // `inspect conflicts` and `inspect all` read the pins without the agent.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "conflicts", "-o", "json", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &rows[0];
+    assert_eq!(row["addr"], "192.0.2.60");
+    assert_eq!(row["interface"], "lo");
+    assert_eq!(row["foreign_mac"], "02:00:5e:00:00:ee");
+    assert_eq!(row["vlan"], 100);
+    assert_eq!(row["count"], 3);
+    assert_eq!(row["kind"], "gratuitous_arp");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "all", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "== addresses",
+        "conflict-watch",
+        "== network policy",
+        "allowed_not_isolated",
+        "== recent conflicts",
+        "02:00:5e:00:00:ee",
+    ] {
+        assert!(table.contains(expected), "{expected} missing:\n{table}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "all", "-o", "json", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all["conflicts"][0]["count"], 3);
+    assert_eq!(all["addresses"][0]["table"], "conflict-watch");
+    assert!(all["policy"]["stats"].is_object() || all["policy"]["stats"].is_array());
 }

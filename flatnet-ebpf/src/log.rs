@@ -27,8 +27,6 @@ pub enum Deferred {
     ArpAnswer = 1,
     /// A neighbour solicitation was answered (same fields).
     NdpAnswer = 2,
-    /// A conflict was reported (`mac`: the foreign MAC, `other`: the owner's).
-    Conflict = 3,
 }
 
 /// A record the uplink program wants written once its parser is done.
@@ -104,17 +102,27 @@ pub fn flush_deferred(ctx: &TcContext) {
             record.ifindex,
             record.mac
         );
-    } else if kind == Deferred::Conflict as u32 {
-        debug!(
-            ctx,
-            target: "flatnet_ebpf",
-            "conflict: {:i} on ifindex {} claimed by {:mac}, owned by {:mac}",
-            record.addr,
-            record.ifindex,
-            record.mac,
-            record.other
-        );
     }
+}
+
+/// A foreign MAC claimed a managed address; the conflict is being reported.
+#[inline(never)]
+pub fn conflict(
+    ctx: &TcContext,
+    addr: &[u8; 16],
+    ifindex: u32,
+    foreign: &[u8; 6],
+    owner: &[u8; 6],
+) {
+    debug!(
+        ctx,
+        target: "flatnet_ebpf",
+        "conflict: {:i} on ifindex {} claimed by {:mac}, owned by {:mac}",
+        *addr,
+        ifindex,
+        *foreign,
+        *owner
+    );
 }
 
 /// A packet of `flow` was dropped at `direction` for `reason`.

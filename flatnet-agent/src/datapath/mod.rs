@@ -27,11 +27,11 @@ use std::{
 use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
-    MAP_NDP_RESPONDER, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
+    MAP_NDP_RESPONDER, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
 };
 
 pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs};
-pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs};
+pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs, RecentConflictEntry};
 pub use counters::FrameCounters;
 pub use kernel_log::{KERNEL_LOG_TARGET, KernelLogs, kernel_logs_wanted};
 pub use pinned::PinnedMaps;
@@ -268,6 +268,11 @@ impl Datapath {
             return Ok(None);
         }
         KernelLogs::new(&mut self.ebpf).map(Some)
+    }
+
+    /// The latest conflict on each managed address, latest first.
+    pub fn recent_conflicts(&self) -> Result<Vec<RecentConflictEntry>, DatapathError> {
+        conflicts::recent_conflicts(self.map(MAP_RECENT_CONFLICTS)?)
     }
 
     /// Answers the uplink program has sent, summed over CPUs.
