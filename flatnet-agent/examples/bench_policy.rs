@@ -7,6 +7,8 @@
 //! running any TC program at all) and the policy program for a pod without
 //! policy (allow-all). The isolated cases install N ingress rules, each
 //! allowing TCP 80 from its own /32, and send from the last rule's address.
+//! Every case runs on the programs loaded with kernel logs off and on; the
+//! uplink program also answers an ARP request, a logged path.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -22,6 +24,11 @@ const REPEAT: u32 = 1_000_000;
 /// Measurements per case; the median is reported.
 const ROUNDS: usize = 5;
 const POD: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// `BPF_PROG_TEST_RUN` runs the uplink program as if on the loopback interface.
+const LOOPBACK_IFINDEX: u32 = 1;
+/// The address the uplink program answers ARP requests for.
+const ANSWERED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 50);
+const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xbb];
 
 fn main() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -35,55 +42,86 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn run(pin_root: &std::path::Path) -> anyhow::Result<()> {
-    let mut datapath = Datapath::load(&DatapathConfig {
+    let config = DatapathConfig {
         pin_root: pin_root.to_path_buf(),
-    })?;
-    let mut maps = datapath.policy_maps()?;
+    };
+    // The same object twice, kernel logs off and on; the second adopts the
+    // maps the first pinned, so both see the same tables.
+    let mut quiet = Datapath::load_with_kernel_logs(&config, false)?;
+    let mut logging = Datapath::load_with_kernel_logs(&config, true)?;
+    let mut maps = quiet.policy_maps()?;
     let mut ids = PolicyRuleIds::default();
+    quiet
+        .responders()?
+        .insert(LOOPBACK_IFINDEX, ANSWERED.into(), NODE_MAC)?;
 
     println!(
-        "| case | rules | LPM entries | ns/packet (median of {ROUNDS} × {REPEAT} runs) | verdict |"
+        "| case | rules | LPM entries | ns/packet, kernel logs off | ns/packet, kernel logs on | verdict |"
     );
-    println!("| --- | ---: | ---: | ---: | --- |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- |");
     let frame = tcp_frame(peer(1), POD, 80);
-    let ns = median(|| Ok(datapath.test_run_uplink(&frame, REPEAT)?.duration_ns))?;
-    println!("| baseline: uplink program (parse EtherType, pass) | – | – | {ns} | pass |");
-    let ns = median(|| {
-        Ok(datapath
-            .test_run_policy(Direction::Ingress, &frame, REPEAT)?
-            .duration_ns)
-    })?;
-    println!("| baseline: policy program, pod not isolated (allow-all) | 0 | 0 | {ns} | pass |");
+    let mut uplink = |frame: &[u8]| -> anyhow::Result<(u32, u32)> {
+        Ok((
+            median(|| Ok(quiet.test_run_uplink(frame, REPEAT)?.duration_ns))?,
+            median(|| Ok(logging.test_run_uplink(frame, REPEAT)?.duration_ns))?,
+        ))
+    };
+    let (off, on) = uplink(&frame)?;
+    println!("| baseline: uplink program (parse EtherType, pass) | – | – | {off} | {on} | pass |");
+    let (off, on) = uplink(&arp_request(ANSWERED))?;
+    println!("| uplink program: ARP request answered (logged) | – | – | {off} | {on} | redirect |");
+    let (off, on) = uplink(&arp_request(Ipv4Addr::new(192, 0, 2, 99)))?;
+    println!("| uplink program: ARP request not for us | – | – | {off} | {on} | pass |");
+    let (off, on) = measure(&mut quiet, &mut logging, &frame)?;
+    println!(
+        "| baseline: policy program, pod not isolated (allow-all) | 0 | 0 | {off} | {on} | pass |"
+    );
 
     for rules in [1u32, 100, 10_000] {
         let entries = install(&mut maps, &mut ids, rules)?;
         let allowed = tcp_frame(peer(rules), POD, 80);
-        let (ns, verdict) = measure(&mut datapath, &allowed)?;
+        let (off, on) = measure(&mut quiet, &mut logging, &allowed)?;
+        let verdict = verdict_of(&mut quiet, &allowed)?;
         println!(
-            "| isolated, allowed (last rule matches) | {rules} | {entries} | {ns} | {verdict} |"
+            "| isolated, allowed (last rule matches) | {rules} | {entries} | {off} | {on} | {verdict} |"
         );
         let denied = tcp_frame(Ipv4Addr::new(172, 16, 0, 1), POD, 80);
-        let (ns, verdict) = measure(&mut datapath, &denied)?;
-        println!("| isolated, denied (no rule matches) | {rules} | {entries} | {ns} | {verdict} |");
+        let (off, on) = measure(&mut quiet, &mut logging, &denied)?;
+        let verdict = verdict_of(&mut quiet, &denied)?;
+        println!(
+            "| isolated, denied (no rule matches) | {rules} | {entries} | {off} | {on} | {verdict} |"
+        );
     }
     Ok(())
 }
 
-fn measure(datapath: &mut Datapath, frame: &[u8]) -> anyhow::Result<(u32, &'static str)> {
-    let verdict = match datapath
-        .test_run_policy(Direction::Ingress, frame, 1)?
-        .verdict
-    {
-        2 => "drop",
-        3 => "pass",
-        _ => "other",
+fn verdict_of(datapath: &mut Datapath, frame: &[u8]) -> anyhow::Result<&'static str> {
+    Ok(
+        match datapath
+            .test_run_policy(Direction::Ingress, frame, 1)?
+            .verdict
+        {
+            2 => "drop",
+            3 => "pass",
+            _ => "other",
+        },
+    )
+}
+
+/// The ingress policy program's cost on `frame`, kernel logs off and on.
+fn measure(
+    quiet: &mut Datapath,
+    logging: &mut Datapath,
+    frame: &[u8],
+) -> anyhow::Result<(u32, u32)> {
+    let cost = |datapath: &mut Datapath| {
+        median(|| {
+            Ok(datapath
+                .test_run_policy(Direction::Ingress, frame, REPEAT)?
+                .duration_ns)
+        })
     };
-    let ns = median(|| {
-        Ok(datapath
-            .test_run_policy(Direction::Ingress, frame, REPEAT)?
-            .duration_ns)
-    })?;
-    Ok((ns, verdict))
+    Ok((cost(quiet)?, cost(logging)?))
 }
 
 fn median(mut sample: impl FnMut() -> anyhow::Result<u32>) -> anyhow::Result<u32> {
@@ -131,6 +169,16 @@ fn install(maps: &mut PolicyMaps, ids: &mut PolicyRuleIds, rules: u32) -> anyhow
     });
     maps.apply(&compiled, ids)?;
     Ok(compiled.entry_count())
+}
+
+/// A broadcast ARP request for `target`.
+fn arp_request(target: Ipv4Addr) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    f.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1, 0x02, 0, 0, 0, 0, 1, 192, 0, 2, 200]);
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target.octets());
+    f
 }
 
 /// Ethernet + IPv4 + TCP header (SYN) from `src` to `dst:port`.

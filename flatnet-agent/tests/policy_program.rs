@@ -71,10 +71,18 @@ struct Fixture {
 
 impl Fixture {
     fn new(policies: &[&str]) -> Self {
+        Self::logging(policies, false)
+    }
+
+    /// A fixture whose programs log (kernel logs) or not.
+    fn logging(policies: &[&str], kernel_logs: bool) -> Self {
         let pin = TestPinRoot::new();
-        let datapath = Datapath::load(&DatapathConfig {
-            pin_root: pin.path.clone(),
-        })
+        let datapath = Datapath::load_with_kernel_logs(
+            &DatapathConfig {
+                pin_root: pin.path.clone(),
+            },
+            kernel_logs,
+        )
         .expect("load eBPF object");
         let maps = datapath.policy_maps().expect("open policy maps");
         let mut fixture = Self {
@@ -433,4 +441,36 @@ fn test_run_policy_updates_change_only_maps() {
     // Back again.
     f.apply(&[WEB_POLICY]);
     assert_eq!(f.ingress(&v4("172.16.0.1", "10.0.0.1", TCP, 1, 2)), DROP);
+}
+
+#[test]
+fn test_run_kernel_logs_drops_with_their_reason() {
+    if !privileged("test_run_kernel_logs_drops_with_their_reason") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = rt.enter();
+    let logs = support::with_kernel_log_capture(|| {
+        let mut f = Fixture::logging(&[WEB_POLICY], true);
+        let mut logs = f.datapath.kernel_logs().unwrap().expect("logging on");
+        // Denied: TCP 22 from an allowed prefix. Allowed: TCP 80.
+        let denied = v4("192.168.1.1", "10.0.0.1", TCP, 40000, 22);
+        let allowed = v4("192.168.1.1", "10.0.0.1", TCP, 40000, 80);
+        assert_eq!(f.ingress(&denied), DROP);
+        assert_eq!(f.ingress(&allowed), PASS);
+        logs.flush();
+    });
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(lines.len(), 1, "only the drop logs: {logs}");
+    assert!(
+        lines[0].contains("DEBUG")
+            && lines[0].contains("flatnet_ebpf")
+            && lines[0].contains(
+                "dropped ingress ::ffff:192.168.1.1:40000 -> ::ffff:10.0.0.1:22 protocol 6: no_rule"
+            ),
+        "{logs}"
+    );
 }

@@ -388,9 +388,17 @@ fn owned_v6() -> Ipv6Addr {
 /// A datapath with a private pin root whose responder lists the owned
 /// addresses on `ifindex`.
 fn responder_datapath(pin: &TestPinRoot, ifindex: u32) -> Datapath {
-    let mut datapath = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
+    responder_datapath_logging(pin, ifindex, false)
+}
+
+/// [`responder_datapath`] with the programs' kernel logging on or off.
+fn responder_datapath_logging(pin: &TestPinRoot, ifindex: u32, kernel_logs: bool) -> Datapath {
+    let mut datapath = Datapath::load_with_kernel_logs(
+        &DatapathConfig {
+            pin_root: pin.path.clone(),
+        },
+        kernel_logs,
+    )
     .expect("load eBPF object");
     let mut responders = datapath.responders().expect("responder maps");
     responders
@@ -837,6 +845,20 @@ fn rogue_lan_host_triggers_conflict_report() {
     assert_eq!(conflict.addr, std::net::IpAddr::V4(MANAGED_V4));
     assert_eq!(conflict.foreign_mac, LAN_MAC, "the rogue host's MAC");
     assert_eq!(conflict.owner_mac, OWNER_MAC);
+
+    // The real frame is also in the recent-conflicts map.
+    let recent = topo.datapath.recent_conflicts().unwrap();
+    assert_eq!(recent.len(), 1, "{recent:?}");
+    assert_eq!(
+        (
+            recent[0].addr,
+            recent[0].ifindex,
+            recent[0].foreign_mac,
+            recent[0].vlan
+        ),
+        (std::net::IpAddr::V4(MANAGED_V4), ifindex, LAN_MAC, 0)
+    );
+    assert!(recent[0].count >= 1);
 }
 
 #[test]
@@ -992,4 +1014,159 @@ fn reattaching_under_traffic_answers_every_request() {
         2,
         "one filter: {filters}"
     );
+}
+
+#[test]
+fn test_run_kernel_logs_answers_and_conflicts_as_tracing_events() {
+    if !privileged("test_run_kernel_logs_answers_and_conflicts_as_tracing_events") {
+        return;
+    }
+    let rt = runtime();
+    let _entered = rt.enter();
+    let pin = TestPinRoot::new();
+    let logs = support::with_kernel_log_capture(|| {
+        let mut datapath = responder_datapath_logging(&pin, LOOPBACK_IFINDEX, true);
+        datapath
+            .managed_addrs()
+            .unwrap()
+            .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+            .unwrap();
+        let mut logs = datapath
+            .kernel_logs()
+            .unwrap()
+            .expect("loaded with kernel logs");
+        let out = datapath
+            .test_run_uplink(&arp_request_for(OWNED_V4), 1)
+            .unwrap();
+        assert_eq!(out.verdict, TC_ACT_REDIRECT);
+        datapath
+            .test_run_uplink(&gratuitous_arp(ROGUE_MAC, MANAGED_V4), 1)
+            .unwrap();
+        // A frame that only passes logs nothing.
+        datapath
+            .test_run_uplink(&arp_request_for(Ipv4Addr::new(192, 0, 2, 99)), 1)
+            .unwrap();
+        logs.flush();
+    });
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(lines.len(), 2, "{logs}");
+    assert!(
+        lines[0].contains("DEBUG")
+            && lines[0].contains("flatnet_ebpf")
+            && lines[0].contains(
+                "answered ARP request for ::ffff:192.0.2.50 from 02:00:5e:00:00:01 on ifindex 1 with 02:00:5e:00:00:bb"
+            ),
+        "{logs}"
+    );
+    assert!(
+        lines[1].contains("conflict: ::ffff:192.0.2.60 on ifindex 1 claimed by 02:00:5e:00:00:ee, owned by 02:00:5e:00:00:02"),
+        "{logs}"
+    );
+
+    // Loaded without logging, there is nothing to read.
+    let mut quiet = responder_datapath(&TestPinRoot::new(), LOOPBACK_IFINDEX);
+    assert!(quiet.kernel_logs().unwrap().is_none());
+    assert_eq!(
+        quiet
+            .test_run_uplink(&arp_request_for(OWNED_V4), 1)
+            .unwrap()
+            .verdict,
+        TC_ACT_REDIRECT
+    );
+}
+
+#[test]
+fn test_run_records_recent_conflicts_with_vlan_and_count() {
+    if !privileged("test_run_records_recent_conflicts_with_vlan_and_count") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig {
+        pin_root: pin.path.clone(),
+    })
+    .unwrap();
+    datapath
+        .managed_addrs()
+        .unwrap()
+        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+        .unwrap();
+    // The owner's own announcement is no conflict.
+    datapath
+        .test_run_uplink(&gratuitous_arp(OWNER_MAC, MANAGED_V4), 1)
+        .unwrap();
+    assert!(datapath.recent_conflicts().unwrap().is_empty());
+
+    // Three rogue claims, the last one tagged with VLAN 100: one entry,
+    // counted three times, even though only the first is reported.
+    let rogue = gratuitous_arp(ROGUE_MAC, MANAGED_V4);
+    datapath.test_run_uplink(&rogue, 1).unwrap();
+    datapath.test_run_uplink(&rogue, 1).unwrap();
+    let out = datapath
+        .test_run_uplink(&vlan_tagged(&rogue, 0x8100, 100), 1)
+        .unwrap();
+    assert_eq!(out.verdict, TC_ACT_PIPE);
+    let recent = datapath.recent_conflicts().unwrap();
+    assert_eq!(recent.len(), 1, "{recent:?}");
+    let entry = recent[0];
+    assert_eq!(entry.addr, std::net::IpAddr::V4(MANAGED_V4));
+    assert_eq!(entry.ifindex, LOOPBACK_IFINDEX);
+    assert_eq!(entry.foreign_mac, ROGUE_MAC);
+    assert_eq!(entry.count, 3);
+    assert_eq!(entry.vlan, 100);
+    assert!(entry.first_seen_ns > 0 && entry.first_seen_ns <= entry.last_seen_ns);
+    assert_eq!(
+        entry.kind,
+        Some(flatnet_common::conflict::ClaimKind::GratuitousArp)
+    );
+
+    // `inspect conflicts` and `inspect all` read the pins without the agent.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "conflicts", "-o", "json", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &rows[0];
+    assert_eq!(row["addr"], "192.0.2.60");
+    assert_eq!(row["interface"], "lo");
+    assert_eq!(row["foreign_mac"], "02:00:5e:00:00:ee");
+    assert_eq!(row["vlan"], 100);
+    assert_eq!(row["count"], 3);
+    assert_eq!(row["kind"], "gratuitous_arp");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "all", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "== addresses",
+        "conflict-watch",
+        "== network policy",
+        "allowed_not_isolated",
+        "== recent conflicts",
+        "02:00:5e:00:00:ee",
+    ] {
+        assert!(table.contains(expected), "{expected} missing:\n{table}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .args(["inspect", "all", "-o", "json", "--pin-root"])
+        .arg(&pin.path)
+        .output()
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all["conflicts"][0]["count"], 3);
+    assert_eq!(all["addresses"][0]["table"], "conflict-watch");
+    assert!(all["policy"]["stats"].is_object() || all["policy"]["stats"].is_array());
 }

@@ -17,6 +17,62 @@ pub const CONFLICT_RING_BYTES: u32 = 64 * 1024;
 /// Capacity of the managed-address map.
 pub const MANAGED_MAX_ENTRIES: u32 = 65_536;
 
+/// Capacity of the recent-conflicts map; an LRU map, so the address
+/// whose conflict was seen longest ago makes room.
+pub const RECENT_CONFLICTS_MAX_ENTRIES: u32 = 4_096;
+
+/// The latest conflict on one managed address (value of the pinned
+/// `RECENT_CONFLICTS` map, keyed by [`AddrKey`]). Counted for every foreign
+/// claim frame, not only the reported ones.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecentConflict {
+    /// The MAC of the latest foreign claim.
+    pub foreign_mac: [u8; 6],
+    /// 802.1Q VLAN id the claim arrived with (0: untagged or on a VLAN
+    /// interface, whose ifindex says the VLAN).
+    pub vlan: u16,
+    /// The latest [`ClaimKind`] value.
+    pub kind: u32,
+    /// Foreign claim frames seen from `foreign_mac` since `first_seen_ns`.
+    pub count: u32,
+    /// `bpf_ktime_get_ns` of the first claim by `foreign_mac`.
+    pub first_seen_ns: u64,
+    /// `bpf_ktime_get_ns` of the latest claim.
+    pub last_seen_ns: u64,
+}
+
+impl RecentConflict {
+    /// The entry after one more foreign claim at `now_ns`: counted on when
+    /// the same MAC claims again, started over when another MAC does.
+    #[inline(always)]
+    pub fn after_claim(
+        previous: Option<&RecentConflict>,
+        mac: [u8; 6],
+        kind: ClaimKind,
+        vlan: u16,
+        now_ns: u64,
+    ) -> Self {
+        match previous {
+            Some(p) if p.foreign_mac == mac => Self {
+                count: p.count.saturating_add(1),
+                kind: kind as u32,
+                vlan,
+                last_seen_ns: now_ns,
+                ..*p
+            },
+            _ => Self {
+                foreign_mac: mac,
+                vlan,
+                kind: kind as u32,
+                count: 1,
+                first_seen_ns: now_ns,
+                last_seen_ns: now_ns,
+            },
+        }
+    }
+}
+
 /// An address on one uplink. IPv4 addresses are stored IPv4-mapped
 /// (`::ffff:a.b.c.d`) so one map serves both families.
 #[repr(C)]
@@ -202,6 +258,12 @@ pub fn should_report(owner: &ManagedAddr, claimed_mac: [u8; 6], now_ns: u64) -> 
             || now_ns.saturating_sub(owner.last_report_ns) >= REPORT_INTERVAL_NS)
 }
 
+/// The 802.1Q VLAN id in a tag control field.
+#[inline(always)]
+pub const fn vlan_id(tci: u16) -> u16 {
+    tci & 0x0fff
+}
+
 #[cfg(feature = "user")]
 // SAFETY: repr(C), no padding (4 + 16), every bit pattern valid.
 unsafe impl aya::Pod for AddrKey {}
@@ -211,6 +273,9 @@ unsafe impl aya::Pod for ManagedAddr {}
 #[cfg(feature = "user")]
 // SAFETY: repr(C), no padding (8 + 4 + 4 + 16 + 6 + 6 + 4), every bit pattern valid.
 unsafe impl aya::Pod for ConflictEvent {}
+#[cfg(feature = "user")]
+// SAFETY: repr(C), no padding (6 + 2 + 4 + 4 + 8 + 8), every bit pattern valid.
+unsafe impl aya::Pod for RecentConflict {}
 
 #[cfg(test)]
 mod tests {
@@ -318,6 +383,45 @@ mod tests {
     }
 
     #[test]
+    fn recent_conflicts_count_per_foreign_mac() {
+        let first = RecentConflict::after_claim(None, FOREIGN, ClaimKind::ArpReply, 0, 10);
+        assert_eq!(
+            (first.count, first.first_seen_ns, first.last_seen_ns),
+            (1, 10, 10)
+        );
+        let again =
+            RecentConflict::after_claim(Some(&first), FOREIGN, ClaimKind::GratuitousArp, 7, 25);
+        assert_eq!(
+            (
+                again.count,
+                again.first_seen_ns,
+                again.last_seen_ns,
+                again.vlan
+            ),
+            (2, 10, 25, 7)
+        );
+        assert_eq!(again.kind, ClaimKind::GratuitousArp as u32);
+        let other_mac = [0x02, 0, 0, 0, 0, 0x33];
+        let other =
+            RecentConflict::after_claim(Some(&again), other_mac, ClaimKind::ArpProbe, 0, 40);
+        assert_eq!(
+            (other.foreign_mac, other.count, other.first_seen_ns),
+            (other_mac, 1, 40),
+            "another MAC starts over"
+        );
+        let saturated = RecentConflict {
+            count: u32::MAX,
+            ..again
+        };
+        assert_eq!(
+            RecentConflict::after_claim(Some(&saturated), FOREIGN, ClaimKind::ArpReply, 0, 50)
+                .count,
+            u32::MAX
+        );
+        assert_eq!(vlan_id(0xe064), 100, "priority bits are not the VLAN");
+    }
+
+    #[test]
     fn layouts() {
         use core::mem::{align_of, size_of};
         assert_eq!((size_of::<AddrKey>(), align_of::<AddrKey>()), (20, 4));
@@ -328,6 +432,10 @@ mod tests {
         assert_eq!(
             (size_of::<ConflictEvent>(), align_of::<ConflictEvent>()),
             (48, 8)
+        );
+        assert_eq!(
+            (size_of::<RecentConflict>(), align_of::<RecentConflict>()),
+            (32, 8)
         );
     }
 }

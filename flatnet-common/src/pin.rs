@@ -28,6 +28,10 @@ pub const MAP_MANAGED_ADDRS: &str = "MANAGED_ADDRS";
 /// Ring buffer of [`crate::conflict::ConflictEvent`].
 pub const MAP_CONFLICT_EVENTS: &str = "CONFLICT_EVENTS";
 
+/// LRU hash [`crate::conflict::AddrKey`] → [`crate::conflict::RecentConflict`]:
+/// the latest conflict on each managed address.
+pub const MAP_RECENT_CONFLICTS: &str = "RECENT_CONFLICT";
+
 /// LPM trie [`crate::policy::PolicyLpmData`] → [`crate::policy::PolicyAllow`]:
 /// what each pod address may exchange with each remote prefix, per direction.
 pub const MAP_POLICY_CIDRS: &str = "POLICY_CIDRS";
@@ -56,13 +60,14 @@ pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
 pub const MAP_POLICY_EVENT_BUDGET: &str = "POLICY_EVBUDGET";
 
 /// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
-pub const PINNED_MAPS: [&str; 14] = [
+pub const PINNED_MAPS: [&str; 15] = [
     MAP_FRAME_COUNTERS,
     MAP_ARP_RESPONDER,
     MAP_NDP_RESPONDER,
     MAP_RESPONDER_STATS,
     MAP_MANAGED_ADDRS,
     MAP_CONFLICT_EVENTS,
+    MAP_RECENT_CONFLICTS,
     MAP_POLICY_CIDRS,
     MAP_POLICY_SUBJECTS,
     MAP_POLICY_RULE_STATS,
@@ -99,6 +104,7 @@ const _: () = assert!(MAP_NDP_RESPONDER.len() <= 15);
 const _: () = assert!(MAP_RESPONDER_STATS.len() <= 15);
 const _: () = assert!(MAP_MANAGED_ADDRS.len() <= 15);
 const _: () = assert!(MAP_CONFLICT_EVENTS.len() <= 15);
+const _: () = assert!(MAP_RECENT_CONFLICTS.len() <= 15);
 const _: () = assert!(MAP_POLICY_CIDRS.len() <= 15);
 const _: () = assert!(MAP_POLICY_SUBJECTS.len() <= 15);
 const _: () = assert!(MAP_POLICY_RULE_STATS.len() <= 15);

@@ -7,6 +7,7 @@
 #![no_main]
 
 mod headers;
+mod log;
 mod policy;
 mod uplink;
 

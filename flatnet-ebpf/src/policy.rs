@@ -404,6 +404,8 @@ fn drop_packet(ctx: &TcContext, direction: Direction, reason: DropReason, flow: 
         bump(PolicyStat::EventsSuppressed);
         return TC_ACT_SHOT;
     }
+    // Logged within the event budget, so a flood of drops cannot flood the log.
+    crate::log::dropped(ctx, direction, flow, reason);
     let event = PolicyDropEvent {
         timestamp_ns: now,
         src: flow.src,

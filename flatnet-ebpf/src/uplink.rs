@@ -10,7 +10,7 @@
 
 use aya_ebpf::{
     bindings::{TC_ACT_PIPE, TC_ACT_REDIRECT},
-    btf_maps::{HashMap, PerCpuArray, RingBuf},
+    btf_maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail},
     macros::{btf_map, classifier},
     programs::TcContext,
@@ -18,8 +18,9 @@ use aya_ebpf::{
 use flatnet_common::{
     FrameCounter, FrameKind,
     conflict::{
-        AddrKey, CONFLICT_RING_BYTES, Claim, ConflictEvent, MANAGED_MAX_ENTRIES, ManagedAddr,
-        arp_claim, ndp_claim, should_report,
+        AddrKey, CONFLICT_RING_BYTES, Claim, ClaimKind, ConflictEvent, MANAGED_MAX_ENTRIES,
+        ManagedAddr, RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, arp_claim, ndp_claim,
+        should_report, vlan_id,
     },
     pin::RESPONDER_MAX_ENTRIES,
     responder::{
@@ -29,8 +30,8 @@ use flatnet_common::{
 };
 
 use crate::headers::{
-    ETH_P_ARP, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_HDR_LEN, ParseError, l3_protocol, read_be16,
-    read_u8,
+    ETH_P_8021AD, ETH_P_8021Q, ETH_P_ARP, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_HDR_LEN, ParseError,
+    l3_protocol, read_be16, read_u8,
 };
 
 #[btf_map]
@@ -55,36 +56,89 @@ static MANAGED_ADDRS: HashMap<AddrKey, ManagedAddr, { MANAGED_MAX_ENTRIES as usi
 #[btf_map]
 static CONFLICT_EVENTS: RingBuf<ConflictEvent, { CONFLICT_RING_BYTES as usize }> = RingBuf::new();
 
+#[btf_map]
+static RECENT_CONFLICT: LruHashMap<
+    AddrKey,
+    RecentConflict,
+    { RECENT_CONFLICTS_MAX_ENTRIES as usize },
+> = LruHashMap::new();
+
 /// Offset of the opcode inside the ARP header.
 const ARP_OPCODE_OFFSET: usize = 6;
 /// Offset of the next-header field inside the IPv6 header.
 const IPV6_NEXT_HEADER_OFFSET: usize = 6;
 /// Offset of the Ethernet source address.
 const ETH_SRC_OFFSET: usize = 6;
+/// Offset of the (outer) EtherType.
+const ETH_TYPE_OFFSET: usize = 12;
+
+/// A claim seen by the parser, handled once the parser returned.
+#[repr(C)]
+struct PendingClaim {
+    addr: [u8; 16],
+    mac: [u8; 6],
+    vlan: u16,
+    ifindex: u32,
+    kind: u32,
+}
+
+/// One slot per CPU: a TC program run is never interrupted on its CPU by another.
+#[btf_map]
+static PENDING_CLAIM: PerCpuArray<PendingClaim, 1> = PerCpuArray::new();
+
+/// Set in [`judge`]'s result when a claim waits in `PENDING_CLAIM`.
+const CLAIM_PENDING: u64 = 1 << 32;
+/// Set in [`judge`]'s result when a neighbour solicitation is to be answered;
+/// the offset of its IPv6 header is in the 16 bits from [`L3_SHIFT`].
+const ANSWER_SOLICITATION: u64 = 1 << 33;
+const L3_SHIFT: u32 = 40;
 
 #[classifier]
 pub fn uplink_ingress(ctx: TcContext) -> i32 {
-    // A frame we cannot parse or answer is passed on, never dropped.
-    try_uplink_ingress(&ctx).unwrap_or(TC_ACT_PIPE)
+    // The parser's frame nearly fills the 512-byte stack, which the kernel
+    // counts across calls; so conflicts and log records, which need room
+    // of their own, are handled after it returned.
+    let outcome = judge(&ctx);
+    if outcome & CLAIM_PENDING != 0 {
+        handle_claim(&ctx);
+    }
+    let mut verdict = outcome as u32 as i32;
+    if outcome & ANSWER_SOLICITATION != 0 {
+        let l3 = ((outcome >> L3_SHIFT) & 0xffff) as usize;
+        verdict = answer_neighbor_solicitation(&ctx, l3);
+    }
+    crate::log::flush_deferred(&ctx);
+    verdict
 }
 
+/// The verdict in the low 32 bits, [`CLAIM_PENDING`] above them.
+#[inline(never)]
+fn judge(ctx: &TcContext) -> u64 {
+    // A frame we cannot parse or answer is passed on, never dropped.
+    match try_uplink_ingress(ctx) {
+        Ok((verdict, claim)) => verdict | if claim { CLAIM_PENDING } else { 0 },
+        Err(_) => TC_ACT_PIPE as u32 as u64,
+    }
+}
+
+/// The verdict (with [`ANSWER_SOLICITATION`] when one is to be answered),
+/// and whether a claim was noted for [`handle_claim`].
 #[inline(always)]
-fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, ParseError> {
+fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
+    let pass = TC_ACT_PIPE as u32 as u64;
     let Some((kind, l3)) = classify(ctx)? else {
-        return Ok(TC_ACT_PIPE);
+        return Ok((pass, false));
     };
     count(kind, ctx.len());
     let ifindex = ingress_ifindex(ctx);
     match kind {
         FrameKind::ArpRequest | FrameKind::ArpReply => {
             let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
-            if let Some(claim) = arp_claim(&arp) {
-                report_conflict(ifindex, &claim);
-            }
+            let claimed = arp_claim(&arp).is_some_and(|claim| note_claim(ifindex, &claim));
             if kind == FrameKind::ArpRequest {
-                return answer_arp(ctx, l3, ifindex, &arp);
+                return Ok((answer_arp(ctx, l3, ifindex, &arp) as u32 as u64, claimed));
             }
-            Ok(TC_ACT_PIPE)
+            Ok((pass, claimed))
         }
         FrameKind::NeighborSolicitation | FrameKind::NeighborAdvertisement => {
             let ip6: [u8; IPV6_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
@@ -94,51 +148,119 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, ParseError> {
                 .map_err(|_| ParseError::Truncated)?;
             // The first option, when there is one.
             let option: [u8; 8] = ctx.load(l3 + IPV6_LEN + NS_LEN).unwrap_or([0; 8]);
-            if let Some(claim) = ndp_claim(&ip6, &icmp, &option, eth_src) {
-                report_conflict(ifindex, &claim);
-            }
+            let claimed = ndp_claim(&ip6, &icmp, &option, eth_src)
+                .is_some_and(|claim| note_claim(ifindex, &claim));
             if kind == FrameKind::NeighborSolicitation {
-                return answer_neighbor_solicitation(ctx, l3, ifindex, &ip6, &icmp, eth_src);
+                // Answered after the parser returned: building the
+                // advertisement needs stack room the parser's frame lacks.
+                let answer = ANSWER_SOLICITATION | ((l3 as u64 & 0xffff) << L3_SHIFT);
+                return Ok((pass | answer, claimed));
             }
-            Ok(TC_ACT_PIPE)
+            Ok((pass, claimed))
         }
-        _ => Ok(TC_ACT_PIPE),
+        _ => Ok((pass, false)),
     }
 }
 
-/// Reports `claim` when it is made on a managed address with a foreign MAC,
-/// at most once per [`flatnet_common::conflict::REPORT_INTERVAL_NS`] per address.
+/// Notes `claim` for [`handle_claim`]; false when there is no slot.
 #[inline(always)]
-fn report_conflict(ifindex: u32, claim: &Claim) {
-    let key = AddrKey {
-        ifindex,
-        addr: claim.addr,
+fn note_claim(ifindex: u32, claim: &Claim) -> bool {
+    let Some(slot) = PENDING_CLAIM.get_ptr_mut(0) else {
+        return false;
     };
+    // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+    unsafe {
+        (*slot).addr = claim.addr;
+        (*slot).mac = claim.mac;
+        (*slot).ifindex = ifindex;
+        (*slot).kind = claim.kind as u32;
+    }
+    true
+}
+
+/// A claim on a managed address with a foreign MAC is a conflict: it is
+/// recorded in `RECENT_CONFLICT` every time and reported through the ring
+/// buffer at most once per [`flatnet_common::conflict::REPORT_INTERVAL_NS`]
+/// per address.
+#[inline(never)]
+fn handle_claim(ctx: &TcContext) {
+    let Some(slot) = PENDING_CLAIM.get_ptr(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot written by this run's parser; copied out at once.
+    let (addr, mac, ifindex, raw_kind) =
+        unsafe { ((*slot).addr, (*slot).mac, (*slot).ifindex, (*slot).kind) };
+    let Some(kind) = ClaimKind::from_u32(raw_kind) else {
+        return;
+    };
+    let key = AddrKey { ifindex, addr };
     let Some(owner) = MANAGED_ADDRS.get_ptr_mut(key) else {
         return;
     };
+    // SAFETY: the pointer from the lookup is valid for this program run.
+    let owner_mac = unsafe { (*owner).owner_mac };
+    if mac == owner_mac {
+        return;
+    }
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: the pointer from the lookup is valid for this program run;
-    // a racing update of `last_report_ns` at worst reports twice.
-    let owner_mac = unsafe {
-        if !should_report(&*owner, claim.mac, now) {
+    // Copied into an initialised value: the verifier rejects reads of the
+    // undefined parts an `Option` copy leaves when the entry is absent.
+    let mut previous = RecentConflict {
+        foreign_mac: [0; 6],
+        vlan: 0,
+        kind: 0,
+        count: 0,
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+    };
+    let found = match RECENT_CONFLICT.get_ptr(key) {
+        Some(entry) => {
+            // SAFETY: valid for this run; a racing update of the same
+            // address at worst loses one count.
+            previous = unsafe { *entry };
+            true
+        }
+        None => false,
+    };
+    let recent =
+        RecentConflict::after_claim(found.then_some(&previous), mac, kind, frame_vlan(ctx), now);
+    let _ = RECENT_CONFLICT.insert(key, recent, 0);
+
+    // SAFETY: as above; a racing update of `last_report_ns` at worst reports twice.
+    unsafe {
+        if !should_report(&*owner, mac, now) {
             return;
         }
         (*owner).last_report_ns = now;
-        (*owner).owner_mac
-    };
+    }
+    crate::log::conflict(ctx, &addr, ifindex, &mac, &owner_mac);
     let event = ConflictEvent {
         timestamp_ns: now,
         ifindex,
-        kind: claim.kind as u32,
-        addr: claim.addr,
-        foreign_mac: claim.mac,
+        kind: raw_kind,
+        addr,
+        foreign_mac: mac,
         owner_mac,
         reserved: [0; 4],
     };
     // A full ring buffer drops the event; the next claim after the interval reports again.
     let _ = CONFLICT_EVENTS.output(event, 0);
+}
+
+/// The VLAN id of the frame: from skb metadata when the driver took the tag
+/// off, else from an in-frame 802.1Q / 802.1ad tag; 0 when untagged.
+#[inline(always)]
+fn frame_vlan(ctx: &TcContext) -> u16 {
+    // SAFETY: the context pointer is valid for the whole program run.
+    let (present, tci) = unsafe { ((*ctx.skb.skb).vlan_present, (*ctx.skb.skb).vlan_tci) };
+    if present != 0 {
+        return vlan_id(tci as u16);
+    }
+    match read_be16(ctx, ETH_TYPE_OFFSET) {
+        Ok(ETH_P_8021Q | ETH_P_8021AD) => read_be16(ctx, ETH_TYPE_OFFSET + 2).map_or(0, vlan_id),
+        _ => 0,
+    }
 }
 
 /// Decides which [`FrameKind`] a frame is, if any, and where its L3 header starts.
@@ -170,16 +292,11 @@ fn ingress_ifindex(ctx: &TcContext) -> u32 {
     unsafe { (*ctx.skb.skb).ifindex }
 }
 
-/// Answers an ARP request for a listed address with an ARP reply.
+/// Answers an ARP request for a listed address with an ARP reply; returns the verdict.
 #[inline(always)]
-fn answer_arp(
-    ctx: &TcContext,
-    l3: usize,
-    ifindex: u32,
-    request: &[u8; ARP_LEN],
-) -> Result<i32, ParseError> {
+fn answer_arp(ctx: &TcContext, l3: usize, ifindex: u32, request: &[u8; ARP_LEN]) -> i32 {
     let Some(question) = arp_question(request) else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     };
     let key = ArpResponderKey {
         ifindex,
@@ -187,29 +304,40 @@ fn answer_arp(
     };
     // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
     let Some(entry) = (unsafe { ARP_RESPONDER.get(key) }).copied() else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     };
     let reply = arp_reply(request, entry.mac);
     let eth = ethernet_addresses(question.requester_mac, entry.mac);
     if ctx.store(0, &eth, 0).is_err() || ctx.store(l3, &reply, 0).is_err() {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     }
     bump(ResponderStat::ArpReplies);
-    Ok(send_back(ifindex))
+    crate::log::defer(
+        crate::log::Deferred::ArpAnswer,
+        &flatnet_common::conflict::AddrKey::v4(0, question.target).addr,
+        ifindex,
+        &entry.mac,
+        &requester_mac_of(&eth),
+    );
+    send_back(ifindex)
 }
 
-/// Answers a neighbour solicitation for a listed address with a neighbour advertisement.
-#[inline(always)]
-fn answer_neighbor_solicitation(
-    ctx: &TcContext,
-    l3: usize,
-    ifindex: u32,
-    ip6: &[u8; IPV6_LEN],
-    ns: &[u8; NS_LEN],
-    requester_mac: [u8; 6],
-) -> Result<i32, ParseError> {
-    let Some(question) = ndp_question(ip6, ns) else {
-        return Ok(TC_ACT_PIPE);
+/// Answers a neighbour solicitation (IPv6 header at `l3`) for a listed
+/// address with a neighbour advertisement; returns the verdict.
+#[inline(never)]
+fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
+    let ifindex = ingress_ifindex(ctx);
+    let (Ok(ip6), Ok(ns)) = (
+        ctx.load::<[u8; IPV6_LEN]>(l3),
+        ctx.load::<[u8; NS_LEN]>(l3 + IPV6_LEN),
+    ) else {
+        return TC_ACT_PIPE;
+    };
+    let Some(question) = ndp_question(&ip6, &ns) else {
+        return TC_ACT_PIPE;
+    };
+    let Ok(requester_mac) = ctx.load::<[u8; 6]>(ETH_SRC_OFFSET) else {
+        return TC_ACT_PIPE;
     };
     let key = NdpResponderKey {
         ifindex,
@@ -217,7 +345,7 @@ fn answer_neighbor_solicitation(
     };
     // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
     let Some(entry) = (unsafe { NDP_RESPONDER.get(key) }).copied() else {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     };
     let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
     let mut reply_dst = [0u8; 16];
@@ -228,17 +356,31 @@ fn answer_neighbor_solicitation(
     let new_len = (l3 + IPV6_LEN + NA_LEN) as u32;
     // SAFETY: the context pointer is valid; the helper checks the length.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
-        return Ok(TC_ACT_PIPE);
+        return TC_ACT_PIPE;
     }
     if ctx.store(0, &eth, 0).is_err()
         || ctx.store(l3, &reply_ip6, 0).is_err()
         || ctx.store(l3 + IPV6_LEN, &advertisement, 0).is_err()
     {
-        // The frame was already resized: it is no longer a valid solicitation.
-        return Err(ParseError::Truncated);
+        // The frame was already resized: it is no longer a valid
+        // solicitation; it goes on and the stack drops it.
+        return TC_ACT_PIPE;
     }
     bump(ResponderStat::NeighborAdvertisements);
-    Ok(send_back(ifindex))
+    crate::log::defer(
+        crate::log::Deferred::NdpAnswer,
+        &question.target,
+        ifindex,
+        &entry.mac,
+        &requester_mac,
+    );
+    send_back(ifindex)
+}
+
+/// The destination MAC of an answer's Ethernet addresses: the requester.
+#[inline(always)]
+fn requester_mac_of(eth: &[u8; 12]) -> [u8; 6] {
+    [eth[0], eth[1], eth[2], eth[3], eth[4], eth[5]]
 }
 
 /// Destination then source MAC, as they sit at the start of the frame.

@@ -1,14 +1,16 @@
 //! `flatnet-agent inspect ...`: read-only views of the pinned data-plane
-//! state, usable while the agent runs.
+//! state, usable while the agent runs and without it (only the pinned maps
+//! are read).
 
 use std::net::IpAddr;
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
-use flatnet_agent::datapath::{PinnedMaps, format_mac};
+use flatnet_agent::datapath::{PinnedMaps, PolicyMaps, RecentConflictEntry, format_mac};
+use flatnet_common::conflict::ClaimKind;
 use serde::Serialize;
 
-use super::datapath::PinArgs;
+use super::{datapath::PinArgs, policy::print_installed};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Output {
@@ -34,6 +36,34 @@ pub enum InspectCommand {
         #[arg(long, short, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The latest conflict on each managed address (foreign MAC, VLAN,
+    /// first and last seen, claim frames counted), latest first.
+    Conflicts {
+        #[command(flatten)]
+        pin: PinArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// Managed addresses, network policy with its counters and recent
+    /// conflicts in one view.
+    All {
+        #[command(flatten)]
+        pin: PinArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "table")]
+        output: Output,
+    },
+}
+
+/// One row of `inspect conflicts`.
+#[derive(Serialize)]
+struct ConflictRow {
+    interface: String,
+    #[serde(flatten)]
+    conflict: RecentConflictEntry,
+    /// Seconds since the latest claim (kernel monotonic clock).
+    last_seen_seconds_ago: f64,
 }
 
 /// One row of `inspect addresses`.
@@ -77,30 +107,129 @@ impl InspectCommand {
                 }
             }
             InspectCommand::Addresses { pin, output } => {
-                let mut maps = open(&pin)?;
-                let mut rows = Vec::new();
-                for (ifindex, address, mac) in maps.responders()?.entries()? {
-                    rows.push(row("responder", ifindex, address, mac));
-                }
-                for (ifindex, address, mac) in maps.managed_addrs()?.entries()? {
-                    rows.push(row("conflict-watch", ifindex, address, mac));
-                }
+                let rows = address_rows(&mut open(&pin)?)?;
                 match output {
                     Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+                    Output::Table => print_addresses(&rows),
+                }
+            }
+            InspectCommand::Conflicts { pin, output } => {
+                let rows = conflict_rows(&open(&pin)?)?;
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+                    Output::Table => print_conflicts(&rows),
+                }
+            }
+            InspectCommand::All { pin, output } => {
+                let mut maps = open(&pin)?;
+                let addresses = address_rows(&mut maps)?;
+                let conflicts = conflict_rows(&maps)?;
+                let policy = PolicyMaps::open(&pin.pin_root).context("open the policy maps")?;
+                let (installed, stats) = (policy.installed()?, policy.stats()?);
+                match output {
+                    Output::Json => println!(
+                        "{}",
+                        serde_json::to_string_pretty(&serde_json::json!({
+                            "addresses": addresses,
+                            "policy": {"tables": installed, "stats": stats},
+                            "conflicts": conflicts,
+                        }))?
+                    ),
                     Output::Table => {
-                        println!("{:<16} {:<16} {:<40} MAC", "TABLE", "INTERFACE", "ADDRESS");
-                        for r in &rows {
-                            println!(
-                                "{:<16} {:<16} {:<40} {}",
-                                r.table, r.interface, r.address, r.mac
-                            );
-                        }
+                        println!("== addresses");
+                        print_addresses(&addresses);
+                        println!("\n== network policy");
+                        print_installed(&installed, &stats, Output::Table)?;
+                        println!("\n== recent conflicts");
+                        print_conflicts(&conflicts);
                     }
                 }
             }
         }
         Ok(())
     }
+}
+
+fn address_rows(maps: &mut PinnedMaps) -> anyhow::Result<Vec<AddressRow>> {
+    let mut rows = Vec::new();
+    for (ifindex, address, mac) in maps.responders()?.entries()? {
+        rows.push(row("responder", ifindex, address, mac));
+    }
+    for (ifindex, address, mac) in maps.managed_addrs()?.entries()? {
+        rows.push(row("conflict-watch", ifindex, address, mac));
+    }
+    Ok(rows)
+}
+
+fn print_addresses(rows: &[AddressRow]) {
+    println!("{:<16} {:<16} {:<40} MAC", "TABLE", "INTERFACE", "ADDRESS");
+    for r in rows {
+        println!(
+            "{:<16} {:<16} {:<40} {}",
+            r.table, r.interface, r.address, r.mac
+        );
+    }
+}
+
+fn conflict_rows(maps: &PinnedMaps) -> anyhow::Result<Vec<ConflictRow>> {
+    let now = monotonic_ns();
+    Ok(maps
+        .recent_conflicts()?
+        .into_iter()
+        .map(|conflict| ConflictRow {
+            interface: interface_name(conflict.ifindex),
+            last_seen_seconds_ago: now.saturating_sub(conflict.last_seen_ns) as f64 / 1e9,
+            conflict,
+        })
+        .collect())
+}
+
+fn print_conflicts(rows: &[ConflictRow]) {
+    println!(
+        "{:<40} {:<16} {:>4} {:<17} {:<28} {:>8} {:>12} {:>12}",
+        "ADDRESS",
+        "INTERFACE",
+        "VLAN",
+        "FOREIGN MAC",
+        "LAST CLAIM",
+        "COUNT",
+        "FIRST (s ago)",
+        "LAST (s ago)"
+    );
+    let now = monotonic_ns();
+    for r in rows {
+        let c = &r.conflict;
+        println!(
+            "{:<40} {:<16} {:>4} {:<17} {:<28} {:>8} {:>12.1} {:>12.1}",
+            c.addr.to_string(),
+            r.interface,
+            c.vlan,
+            format_mac(c.foreign_mac),
+            c.kind.map_or("unknown", ClaimKind::name),
+            c.count,
+            now.saturating_sub(c.first_seen_ns) as f64 / 1e9,
+            r.last_seen_seconds_ago
+        );
+    }
+}
+
+/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`, in nanoseconds.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec the call writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn interface_name(ifindex: u32) -> String {
+    // Interface names are resolved in the caller's namespace, which is the
+    // agent's (host network) in a DaemonSet pod.
+    nix::net::if_::if_indextoname(ifindex)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("#{ifindex}"))
 }
 
 fn open(pin: &PinArgs) -> anyhow::Result<PinnedMaps> {
@@ -113,14 +242,9 @@ fn open(pin: &PinArgs) -> anyhow::Result<PinnedMaps> {
 }
 
 fn row(table: &'static str, ifindex: u32, address: IpAddr, mac: [u8; 6]) -> AddressRow {
-    // Interface names are resolved in the caller's namespace, which is the
-    // agent's (host network) in a DaemonSet pod.
-    let interface = nix::net::if_::if_indextoname(ifindex)
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("#{ifindex}"));
     AddressRow {
         table,
-        interface,
+        interface: interface_name(ifindex),
         ifindex,
         address,
         mac: format_mac(mac),

@@ -158,7 +158,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &PathBuf) -> anyhow::Result<T
     serde_json::from_str(&text).with_context(|| format!("parse {} as JSON", path.display()))
 }
 
-fn print_installed(
+pub(super) fn print_installed(
     installed: &InstalledPolicy,
     stats: &PolicyStats,
     output: Output,

@@ -200,6 +200,12 @@ impl RunArgs {
         let monitor = datapath
             .conflict_monitor()
             .context("open the conflict monitor")?;
+        if let Some(logs) = datapath
+            .kernel_logs()
+            .context("open the kernel log ring buffer")?
+        {
+            tokio::spawn(logs.forward());
+        }
         let records = Records::open(&self.record_dir)?;
         let metrics = Arc::new(Metrics::default());
         let policy_maps = PolicyMaps::open(&self.pin_root).context("open the policy maps")?;

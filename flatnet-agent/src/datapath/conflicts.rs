@@ -9,8 +9,8 @@ use std::{
 
 use aya::maps::{HashMap, MapData, RingBuf};
 use flatnet_common::{
-    conflict::{AddrKey, ClaimKind, ConflictEvent, ManagedAddr},
-    pin::{MAP_CONFLICT_EVENTS, MAP_MANAGED_ADDRS},
+    conflict::{AddrKey, ClaimKind, ConflictEvent, ManagedAddr, RecentConflict},
+    pin::{MAP_CONFLICT_EVENTS, MAP_MANAGED_ADDRS, MAP_RECENT_CONFLICTS},
 };
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
@@ -65,6 +65,58 @@ impl<'a> ManagedAddrs<'a> {
         out.sort();
         Ok(out)
     }
+}
+
+/// The latest conflict on one managed address, from the pinned
+/// recent-conflicts map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RecentConflictEntry {
+    /// Uplink the claims arrived on.
+    pub ifindex: u32,
+    /// The address.
+    pub addr: IpAddr,
+    /// The MAC of the latest foreign claim.
+    #[serde(serialize_with = "serialize_mac")]
+    pub foreign_mac: [u8; 6],
+    /// 802.1Q VLAN id of the claims (0: untagged).
+    pub vlan: u16,
+    /// How it was claimed last (`None` for an unknown kind value).
+    #[serde(serialize_with = "serialize_optional_kind")]
+    pub kind: Option<ClaimKind>,
+    /// Foreign claim frames from `foreign_mac` since `first_seen_ns`.
+    pub count: u32,
+    /// Kernel monotonic time of the first claim, in nanoseconds.
+    pub first_seen_ns: u64,
+    /// Kernel monotonic time of the latest claim, in nanoseconds.
+    pub last_seen_ns: u64,
+}
+
+/// Reads the recent-conflicts map, latest conflict first.
+pub(super) fn recent_conflicts(
+    map: &aya::maps::Map,
+) -> Result<Vec<RecentConflictEntry>, DatapathError> {
+    let map: HashMap<&MapData, AddrKey, RecentConflict> =
+        HashMap::try_from(map).map_err(map_error(MAP_RECENT_CONFLICTS))?;
+    let mut out = Vec::new();
+    for item in map.iter() {
+        let (key, value) = item.map_err(map_error(MAP_RECENT_CONFLICTS))?;
+        out.push(RecentConflictEntry {
+            ifindex: key.ifindex,
+            addr: ip_from_key(&key.addr),
+            foreign_mac: value.foreign_mac,
+            vlan: value.vlan,
+            kind: ClaimKind::from_u32(value.kind),
+            count: value.count,
+            first_seen_ns: value.first_seen_ns,
+            last_seen_ns: value.last_seen_ns,
+        });
+    }
+    out.sort_by(|a, b| {
+        b.last_seen_ns
+            .cmp(&a.last_seen_ns)
+            .then((a.ifindex, a.addr).cmp(&(b.ifindex, b.addr)))
+    });
+    Ok(out)
 }
 
 /// One conflict: a foreign host claimed a managed address.
@@ -184,4 +236,11 @@ fn serialize_mac<S: serde::Serializer>(mac: &[u8; 6], s: S) -> Result<S::Ok, S::
 
 fn serialize_kind<S: serde::Serializer>(kind: &ClaimKind, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(kind.name())
+}
+
+fn serialize_optional_kind<S: serde::Serializer>(
+    kind: &Option<ClaimKind>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(kind.map_or("unknown", ClaimKind::name))
 }

@@ -11,6 +11,7 @@
 mod bpffs;
 mod conflicts;
 mod counters;
+mod kernel_log;
 mod pinned;
 mod policy;
 mod responder;
@@ -26,12 +27,13 @@ use std::{
 use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
-    MAP_NDP_RESPONDER, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
+    MAP_NDP_RESPONDER, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
 };
 
 pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs};
-pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs};
+pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs, RecentConflictEntry};
 pub use counters::FrameCounters;
+pub use kernel_log::{KERNEL_LOG_TARGET, KernelLogs, kernel_logs_wanted};
 pub use pinned::PinnedMaps;
 pub use policy::{
     ApplyReport, InstalledPolicy, PolicyDrop, PolicyDrops, PolicyMaps, PolicyRuleIds, PolicyStats,
@@ -125,18 +127,31 @@ impl Default for DatapathConfig {
 pub struct Datapath {
     ebpf: Ebpf,
     pin_root: PathBuf,
+    /// Whether the programs were loaded with kernel logging on.
+    kernel_logs: bool,
 }
 
 impl Datapath {
     /// Loads the embedded object, adopting maps already pinned under
-    /// `config.pin_root` and pinning the ones it creates.
+    /// `config.pin_root` and pinning the ones it creates. The programs log
+    /// when this process's subscriber wants debug events of
+    /// [`KERNEL_LOG_TARGET`] (see [`kernel_logs_wanted`]).
     pub fn load(config: &DatapathConfig) -> Result<Self, DatapathError> {
+        Self::load_with_kernel_logs(config, kernel_logs_wanted())
+    }
+
+    /// [`Datapath::load`] with kernel logging on or off as given.
+    pub fn load_with_kernel_logs(
+        config: &DatapathConfig,
+        kernel_logs: bool,
+    ) -> Result<Self, DatapathError> {
         bpffs::ensure_pin_root(&config.pin_root)?;
         let pins: Vec<_> = PINNED_MAPS
             .iter()
             .map(|&name| (name, map_pin_path(&config.pin_root, name)))
             .collect();
         let mut loader = EbpfLoader::new();
+        kernel_log::set_level(&mut loader, kernel_logs);
         for (name, path) in &pins {
             loader.map_pin_path(name, path.as_path());
         }
@@ -144,6 +159,7 @@ impl Datapath {
         Ok(Self {
             ebpf,
             pin_root: config.pin_root.clone(),
+            kernel_logs,
         })
     }
 
@@ -241,6 +257,22 @@ impl Datapath {
             .take_map(MAP_CONFLICT_EVENTS)
             .ok_or(DatapathError::MonitorTaken)?;
         ConflictMonitor::new(map)
+    }
+
+    /// The reader of the programs' log records, when they were loaded with
+    /// logging on (the subscriber wants debug events of
+    /// [`KERNEL_LOG_TARGET`]); `None` otherwise. Can be taken once; must
+    /// be called inside a tokio runtime.
+    pub fn kernel_logs(&mut self) -> Result<Option<KernelLogs>, DatapathError> {
+        if !std::mem::take(&mut self.kernel_logs) {
+            return Ok(None);
+        }
+        KernelLogs::new(&mut self.ebpf).map(Some)
+    }
+
+    /// The latest conflict on each managed address, latest first.
+    pub fn recent_conflicts(&self) -> Result<Vec<RecentConflictEntry>, DatapathError> {
+        conflicts::recent_conflicts(self.map(MAP_RECENT_CONFLICTS)?)
     }
 
     /// Answers the uplink program has sent, summed over CPUs.

@@ -6,11 +6,12 @@ use std::{collections::HashMap, path::Path};
 use aya::maps::{Map, MapData};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, MAP_NDP_RESPONDER,
-    MAP_RESPONDER_STATS,
+    MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS,
 };
 
 use super::{
-    DatapathError, FrameCounters, ManagedAddrs, ResponderStats, Responders, map_error, map_pin_path,
+    DatapathError, FrameCounters, ManagedAddrs, RecentConflictEntry, ResponderStats, Responders,
+    conflicts, map_error, map_pin_path,
 };
 
 /// The maps pinned under one pin root.
@@ -29,6 +30,7 @@ impl PinnedMaps {
             MAP_NDP_RESPONDER,
             MAP_RESPONDER_STATS,
             MAP_MANAGED_ADDRS,
+            MAP_RECENT_CONFLICTS,
         ] {
             let data = MapData::from_pin(map_pin_path(pin_root, name)).map_err(map_error(name))?;
             maps.insert(name, Map::from_map_data(data).map_err(map_error(name))?);
@@ -59,6 +61,11 @@ impl PinnedMaps {
             return Err(DatapathError::MissingMap(MAP_ARP_RESPONDER));
         };
         Responders::new(arp, ndp)
+    }
+
+    /// The latest conflict on each managed address, latest first.
+    pub fn recent_conflicts(&self) -> Result<Vec<RecentConflictEntry>, DatapathError> {
+        conflicts::recent_conflicts(self.map(MAP_RECENT_CONFLICTS)?)
     }
 
     /// The addresses watched for conflicts.

@@ -147,3 +147,37 @@ pub fn skip_for_missing_kernel_feature(test: &str, feature: &str) {
     }
     report_skip(&format!("{test}: kernel lacks {feature}"));
 }
+
+/// Runs `work` on this thread with a subscriber that wants the kernel's
+/// debug records (`flatnet_ebpf=debug`) and returns everything it logged,
+/// one formatted event per line. Programs loaded inside `work` log.
+pub fn with_kernel_log_capture(work: impl FnOnce()) -> String {
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    // aya-log emits `log` records; the bridge turns them into `tracing`
+    // events of the current (here: thread-local) subscriber. Another test
+    // of the binary may have installed it already.
+    let _ = tracing_log::LogTracer::init();
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("flatnet_ebpf=debug")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, work);
+    let bytes = capture.0.lock().unwrap().clone();
+    String::from_utf8(bytes).expect("log output is UTF-8")
+}
