@@ -535,6 +535,21 @@ pub async fn release(
     })
 }
 
+/// Releases what `record` held: `addrs` and `macs` in its subnet's ledger
+/// (unless another record holds them).
+///
+/// # Errors
+/// The API failing, or [`Error::Contention`].
+pub async fn release_holdings(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    addrs: &[IpAddr],
+    macs: &[String],
+) -> Result<(), Error> {
+    let key = key_of(record.namespace().as_deref(), &record.name_any());
+    release(ctx, &record.spec.subnet, addrs, macs, &key).await
+}
+
 /// Retry delay used by callers after [`Error::Contention`].
 pub const CONTENTION_RETRY: Duration = Duration::from_millis(200);
 

@@ -13,12 +13,13 @@ use flatnet_common::k8s::{
     keys::SUBNET_NAMESPACE,
 };
 use k8s_openapi::{
-    api::core::v1::{Namespace, Pod},
-    apimachinery::pkg::apis::meta::v1::Time,
+    api::core::v1::{Namespace, Node, Pod},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
 use kube::{
     Resource, ResourceExt,
+    api::{PartialObjectMeta, PartialObjectMetaExt},
     runtime::{
         controller::Action,
         reflector::{self, store::Writer},
@@ -62,13 +63,34 @@ where
     (store, writer)
 }
 
-/// Caches holding exactly the given objects.
+/// The cached form of node `name`.
+fn node_meta(name: &str) -> PartialObjectMeta<Node> {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    }
+    .into_response_partial::<Node>()
+}
+
+/// Caches holding exactly the given objects, and the node `node-1` of the
+/// fixture pods.
 fn caches(records: Vec<FlatNetworkIP>, subnets: Vec<FlatNetworkSubnet>, pods: Vec<Pod>) -> Caches {
+    caches_with_nodes(records, subnets, pods, &["node-1"])
+}
+
+/// Caches holding exactly the given objects and nodes.
+fn caches_with_nodes(
+    records: Vec<FlatNetworkIP>,
+    subnets: Vec<FlatNetworkSubnet>,
+    pods: Vec<Pod>,
+    nodes: &[&str],
+) -> Caches {
     Caches {
         records: store(records).0,
         subnets: store(subnets).0,
         pods: store(pods).0,
         namespaces: store::<Namespace>(Vec::new()).0,
+        nodes: store(nodes.iter().map(|n| node_meta(n)).collect()).0,
     }
 }
 
@@ -81,6 +103,7 @@ fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Cont
         settings,
         backoff: Backoff::default(),
         orphans: subnets::OrphanClock::default(),
+        nodes: Arc::default(),
     })
 }
 
@@ -589,9 +612,14 @@ fn race_subnet() -> FlatNetworkSubnet {
     s
 }
 
-/// Caches filled from what `server` holds now.
+/// Caches filled from what `server` holds now, with the node `node-1`.
 fn caches_from(server: &FakeApiServer) -> Caches {
     caches(server.list(), server.list(), server.list())
+}
+
+/// Caches filled from what `server` holds now, with exactly `nodes`.
+fn caches_from_with_nodes(server: &FakeApiServer, nodes: &[&str]) -> Caches {
+    caches_with_nodes(server.list(), server.list(), server.list(), nodes)
 }
 
 fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
@@ -957,4 +985,247 @@ fn backoff_doubles_and_resets() {
         backoff.next("c");
     }
     assert_eq!(backoff.next("c"), Duration::from_secs(300));
+}
+
+// ---------------------------------------------------------------------------
+// Records of pods on deleted nodes.
+
+/// A server with subnet `net1` whose ledger holds .1-.3, and the Active
+/// record of `pod` holding .3 on `node-1`.
+fn node_cluster(pod: &Pod) -> FakeApiServer {
+    let server = FakeApiServer::new();
+    let mut net = subnet(&[("10.0.0.1", "10.0.0.3")], "0");
+    net.metadata.resource_version = None;
+    server.insert(&net);
+    let mut record = record_of(pod, "0");
+    record.metadata.resource_version = None;
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::ACTIVE.into(),
+        addr: Some(ip("10.0.0.3")),
+        node: "node-1".into(),
+        ..FlatNetworkIPStatus::default()
+    });
+    server.insert(&record);
+    server
+}
+
+fn stored_record(server: &FakeApiServer, name: &str) -> Option<FlatNetworkIP> {
+    server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .find(|r| r.name_any() == name)
+}
+
+fn ledger(server: &FakeApiServer) -> Vec<IpRange> {
+    server
+        .list::<FlatNetworkSubnet>()
+        .remove(0)
+        .status
+        .unwrap()
+        .used_ip
+}
+
+/// Reconciles every stored record once, with the caches as they are now.
+async fn reconcile_records(server: &FakeApiServer, ctx: &Arc<Context>) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for record in server.list::<FlatNetworkIP>() {
+        actions.push(
+            ips::reconcile(Arc::new(record), Arc::clone(ctx))
+                .await
+                .unwrap(),
+        );
+    }
+    actions
+}
+
+fn gone_now() -> Settings {
+    Settings {
+        node_gone_grace: Duration::ZERO,
+        ..Settings::default()
+    }
+}
+
+#[tokio::test]
+async fn records_of_a_deleted_node_whose_pods_are_gone_are_released() {
+    let web = pod("web-1").flat();
+    let server = node_cluster(&web);
+    // The node and its pod are gone: the record is deleted, then its
+    // finalizer gives the address back.
+    for _ in 0..2 {
+        let ctx = context(
+            server.client(),
+            caches_from_with_nodes(&server, &[]),
+            gone_now(),
+        );
+        reconcile_records(&server, &ctx).await;
+    }
+    assert!(stored_record(&server, "web-1").is_none());
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+}
+
+#[tokio::test]
+async fn a_pod_left_on_a_deleted_node_gives_its_address_back_in_place() {
+    // The pod object stays (its deletion is held by a finalizer) while its
+    // node is gone.
+    let mut web = pod("web-1").flat();
+    web.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    web.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let server = node_cluster(&web);
+    server.insert(&web);
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &[]),
+        gone_now(),
+    );
+    let actions = reconcile_records(&server, &ctx).await;
+    assert_eq!(actions, [Action::await_change()]);
+
+    let record = stored_record(&server, "web-1").expect("the record stays");
+    let status = record.status.unwrap();
+    assert_eq!(status.addr, None);
+    assert_eq!(status.phase, phase::FAILED);
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "NodeGone");
+    assert!(
+        status.failure_message.contains("node-1"),
+        "{}",
+        status.failure_message
+    );
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+    assert!(
+        ctx.metrics.render().lines().any(
+            |l| l == r#"flatnet_operator_flatnetworkips_collected_total{reason="node_gone"} 1"#
+        ),
+        "{}",
+        ctx.metrics.render()
+    );
+    let events = server.list::<k8s_openapi::api::events::v1::Event>();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodeGone")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-1")),
+        "{events:?}"
+    );
+
+    // Looked at again while the node is still gone: no new allocation.
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &[]),
+        gone_now(),
+    );
+    reconcile_records(&server, &ctx).await;
+    assert_eq!(
+        stored_record(&server, "web-1")
+            .unwrap()
+            .status
+            .unwrap()
+            .addr,
+        None
+    );
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_moved_to_another_node_keeps_its_address() {
+    let set_pod = |uid: &str, node: &str| {
+        let mut p = pod("web-0").flat();
+        p.metadata.uid = Some(uid.into());
+        p.spec.as_mut().unwrap().node_name = Some(node.into());
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: "web".into(),
+                uid: "uid-set".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        p
+    };
+    let old = set_pod("uid-old", "node-1");
+    let server = node_cluster(&old);
+    // node-1 is deleted; the StatefulSet's new web-0 runs on node-2.
+    let moved = set_pod("uid-new", "node-2");
+    server.insert(&moved);
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &["node-2"]),
+        gone_now(),
+    );
+    pods::reconcile(Arc::new(moved), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &["node-2"]),
+        gone_now(),
+    );
+    reconcile_records(&server, &ctx).await;
+
+    let record = stored_record(&server, "web-0").expect("kept");
+    assert_eq!(record.spec.pod_id, "uid-new");
+    assert_eq!(record.labels()["flatnetwork.pandaria.io/node"], "node-2");
+    let status = record.status.unwrap();
+    assert_eq!(
+        status.addr,
+        Some(ip("10.0.0.3")),
+        "same address on the new node"
+    );
+    assert_eq!(status.phase, phase::PENDING, "for node-2 to set up");
+    assert!(used_ranges::contains(&ledger(&server), ip("10.0.0.3")));
+}
+
+#[tokio::test]
+async fn a_pod_on_a_node_recreated_within_the_grace_keeps_its_address() {
+    let web = pod("web-1").flat();
+    let server = node_cluster(&web);
+    server.insert(&web);
+    let settings = Settings {
+        node_gone_grace: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let clock = Arc::new(super::nodes::NodeClock::default());
+    let with_nodes = |nodes: &[&str]| {
+        let mut ctx = Arc::try_unwrap(context(
+            server.client(),
+            caches_from_with_nodes(&server, nodes),
+            settings.clone(),
+        ))
+        .ok()
+        .unwrap();
+        ctx.nodes = Arc::clone(&clock);
+        Arc::new(ctx)
+    };
+    // Deleted: the record waits for the rest of the grace.
+    let waiting = reconcile_records(&server, &with_nodes(&[])).await;
+    assert_eq!(waiting.len(), 1);
+    assert_ne!(waiting[0], Action::await_change());
+    assert_ne!(waiting[0], Action::requeue(settings.resync));
+    // The kubelet registers the node again.
+    let back = reconcile_records(&server, &with_nodes(&["node-1"])).await;
+    assert_eq!(back, [Action::requeue(settings.resync)]);
+    // Missing again later: a new grace period starts, nothing is released.
+    reconcile_records(&server, &with_nodes(&[])).await;
+    let status = stored_record(&server, "web-1").unwrap().status.unwrap();
+    assert_eq!(status.addr, Some(ip("10.0.0.3")));
+    assert_eq!(status.phase, phase::ACTIVE);
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.3"))]
+    );
 }
