@@ -329,7 +329,10 @@ pub fn error_policy(record: Arc<FlatNetworkIP>, error: &Error, ctx: Arc<Context>
     warn!(record = %key, %error, "allocation failed");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
-    if matches!(error, Error::Contention { .. }) {
+    if matches!(
+        error,
+        Error::Contention { .. } | Error::MacLedgerContention { .. }
+    ) {
         return Action::requeue(commit::CONTENTION_RETRY);
     }
     Action::requeue(ctx.backoff.next(&key))

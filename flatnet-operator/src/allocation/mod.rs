@@ -10,7 +10,8 @@
 //! - [`nodes`]: releases the addresses of pods whose node was deleted and
 //!   did not come back.
 //! - [`commit`]: the protocol that makes an allocation durable and unique
-//!   (see `docs/ipam.md`, "Committing an allocation").
+//!   (see `docs/ipam.md`, "Committing an allocation"), with
+//!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
 //!
 //! Only the leader runs them; they share one [`Context`].
 
@@ -20,6 +21,7 @@ pub mod events;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_api;
 pub mod ips;
+pub mod mac_ledger;
 pub mod nodes;
 pub mod pods;
 pub mod records;

@@ -1229,3 +1229,215 @@ async fn a_pod_on_a_node_recreated_within_the_grace_keeps_its_address() {
         [IpRange::new(ip("10.0.0.1"), ip("10.0.0.3"))]
     );
 }
+
+// ---------------------------------------------------------------------------
+// One fixed MAC requested in two sibling subnets at once.
+
+const RACED_MAC: &str = "02:00:00:00:00:01";
+
+/// Active subnet `name` on `eth0` (no VLAN): `cidr`, no gateway.
+fn sibling_subnet(name: &str, cidr: &str) -> FlatNetworkSubnet {
+    let mut s = FlatNetworkSubnet::new(
+        name,
+        FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth0".into(),
+            cidr: cidr.into(),
+            ..FlatNetworkSubnetSpec::default()
+        },
+    );
+    s.metadata.namespace = Some(SUBNET_NAMESPACE.into());
+    s.metadata.finalizers = Some(vec![subnets::FINALIZER.into()]);
+    s.status = Some(FlatNetworkSubnetStatus {
+        phase: phase::ACTIVE.into(),
+        ..FlatNetworkSubnetStatus::default()
+    });
+    s
+}
+
+/// Pod `name` in `subnet` asking for [`RACED_MAC`], and its record.
+fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
+    let p = pod(name)
+        .flat()
+        .annotated("flatnetwork.pandaria.io/subnet", subnet)
+        .annotated("flatnetwork.pandaria.io/mac", RACED_MAC);
+    let request = parse_pod_request(subnet, "auto", RACED_MAC).unwrap();
+    let mut record = records::desired_record(
+        &p,
+        &RecordContext {
+            request: &request,
+            index: 0,
+            subnet: None,
+            project: None,
+            policy: StatefulSetAddressPolicy::Sticky,
+        },
+    );
+    record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    (p, record)
+}
+
+/// The ledger of `eth0` as stored.
+fn mac_claims(server: &FakeApiServer) -> Vec<(String, String)> {
+    server
+        .list::<k8s_openapi::api::core::v1::ConfigMap>()
+        .into_iter()
+        .flat_map(|m| m.data.unwrap_or_default())
+        .collect()
+}
+
+/// Repairs both subnets (and so the MAC ledger) with no grace.
+async fn calm_repair(server: &FakeApiServer) {
+    let calm = Settings {
+        orphan_grace: Duration::ZERO,
+        ..Settings::default()
+    };
+    let ctx = context(server.client(), caches_from(server), calm);
+    // The first pass sets the subnets' labels, the second their status.
+    for _ in 0..2 {
+        for subnet in server.list::<FlatNetworkSubnet>() {
+            subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn mac_race(seed: u64) {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    server.insert(&sibling_subnet("right", "10.0.2.0/29"));
+    if seed % 2 == 1 {
+        // An existing ledger: claims are replaces, not creates.
+        server.insert(&k8s_openapi::api::core::v1::ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(super::mac_ledger::ledger_name(
+                    &flatnet_common::k8s::validation::ParentLink {
+                        master: "eth0".into(),
+                        vlan: 0,
+                    },
+                )),
+                namespace: Some(SUBNET_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            ..Default::default()
+        });
+    }
+    for (name, subnet) in [("pa", "left"), ("pb", "right")] {
+        let (p, record) = mac_pod(name, subnet);
+        server.insert(&p);
+        server.insert(&record);
+    }
+    let a = allocator(server.with_chaos(seed, 15), seed, 2);
+    let b = allocator(server.with_chaos(seed ^ 0x5eed, 15), seed.rotate_left(9), 2);
+    futures::join!(a, b);
+    let raced = ip_mac_holders(&server);
+    assert!(
+        raced.len() <= 1,
+        "seed {seed}: {RACED_MAC} held by {raced:?}"
+    );
+
+    // Calm: orphaned claims and reservations go, then both are looked at
+    // again; exactly one pod has the MAC.
+    calm_repair(&server).await;
+    allocator(server.clone(), seed, 1).await;
+    let holders = ip_mac_holders(&server);
+    assert_eq!(holders.len(), 1, "seed {seed}: holders {holders:?}");
+    if let Some(first) = raced.first() {
+        assert_eq!(first, &holders[0], "seed {seed}: the MAC moved");
+    }
+    let winner = &holders[0];
+    let loser = server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .find(|r| &r.name_any() != winner)
+        .unwrap();
+    let loser_status = loser.status.clone().unwrap_or_default();
+    assert_eq!(loser_status.phase, phase::FAILED, "seed {seed}");
+    assert!(
+        loser_status.failure_message.contains(RACED_MAC),
+        "seed {seed}: {}",
+        loser_status.failure_message
+    );
+    assert_eq!(loser_status.addr, None, "seed {seed}");
+
+    // The ledger: one MAC, claimed only by the winner.
+    let claims = mac_claims(&server);
+    assert_eq!(claims.len(), 1, "seed {seed}: {claims:?}");
+    assert_eq!(claims[0].0, "02-00-00-00-00-01");
+    for claim in claims[0].1.split_whitespace() {
+        assert!(
+            claim.starts_with(&format!("{NS}/{winner}#")),
+            "seed {seed}: {claim} in {claims:?}"
+        );
+    }
+    // No address or MAC left behind in either subnet.
+    for subnet in server.list::<FlatNetworkSubnet>() {
+        let status = subnet.status.unwrap();
+        let held: Vec<FlatNetworkIP> = server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .filter(|r| r.spec.subnet == subnet.metadata.name.clone().unwrap())
+            .filter(|r| r.status.as_ref().is_some_and(|s| s.addr.is_some()))
+            .collect();
+        assert_eq!(
+            status.used_ip_count,
+            i64::try_from(held.len()).unwrap(),
+            "seed {seed}: {:?} holds {:?}; records {:#?}",
+            subnet.metadata.name,
+            status.used_ip,
+            server
+                .list::<FlatNetworkIP>()
+                .into_iter()
+                .map(|r| r.status)
+                .collect::<Vec<_>>()
+        );
+        let expect_mac: Vec<String> = held
+            .iter()
+            .filter_map(|r| r.status.as_ref().map(|s| s.mac.clone()))
+            .filter(|m| !m.is_empty())
+            .collect();
+        assert_eq!(
+            status.used_mac, expect_mac,
+            "seed {seed}: {:?} {status:?} {held:?}",
+            subnet.metadata.name
+        );
+    }
+
+    // The winner goes: the MAC is free for the other pod.
+    let records_api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
+    records_api
+        .delete(winner, &Default::default())
+        .await
+        .unwrap();
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let deleting = stored_record(&server, winner).unwrap();
+    ips::reconcile(Arc::new(deleting), ctx).await.unwrap();
+    assert!(mac_claims(&server).is_empty(), "seed {seed}: released");
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    reconcile_records(&server, &ctx).await;
+    assert_eq!(ip_mac_holders(&server), [loser.name_any()], "seed {seed}");
+}
+
+/// Names of the records holding [`RACED_MAC`].
+fn ip_mac_holders(server: &FakeApiServer) -> Vec<String> {
+    server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.mac == RACED_MAC))
+        .map(|r| r.name_any())
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_fixed_mac_in_two_sibling_subnets_goes_to_exactly_one_pod() {
+    for seed in 1..=40 {
+        mac_race(seed).await;
+    }
+}
+
+#[tokio::test]
+async fn one_fixed_mac_in_two_sibling_subnets_on_threads_goes_to_exactly_one_pod() {
+    for seed in 200..210 {
+        mac_race(seed).await;
+    }
+}
