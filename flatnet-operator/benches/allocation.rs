@@ -21,9 +21,10 @@ use flatnet_operator::{
     },
     metrics::Metrics,
 };
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Resource,
+    api::PartialObjectMeta,
     runtime::{reflector, watcher},
 };
 use serde_json::json;
@@ -55,10 +56,12 @@ fn context(server: &FakeApiServer) -> Arc<Context> {
             subnets: store(server.list::<FlatNetworkSubnet>()),
             pods: store(server.list::<Pod>()),
             namespaces: store(Vec::<Namespace>::new()),
+            nodes: store(Vec::<PartialObjectMeta<Node>>::new()),
         },
         settings: Settings::default(),
         backoff: Backoff::default(),
         orphans: OrphanClock::default(),
+        nodes: Arc::default(),
     })
 }
 

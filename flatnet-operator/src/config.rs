@@ -185,6 +185,11 @@ pub struct Cli {
     /// before the FlatNetworkIP is marked Failed (Go duration).
     #[arg(long, env = "FLATNET_PENDING_TIMEOUT", default_value = "5m")]
     pub pending_timeout: String,
+
+    /// How long a pod's node may be missing before the pod's addresses are
+    /// released (Go duration); a node recreated sooner keeps them.
+    #[arg(long, env = "FLATNET_NODE_GONE_GRACE", default_value = "5m")]
+    pub node_gone_grace: String,
 }
 
 /// `--statefulset-address-policy` values.
@@ -494,6 +499,10 @@ impl Cli {
                     "FLATNET_PENDING_TIMEOUT (--pending-timeout)",
                     &self.pending_timeout,
                 )?,
+                node_gone_grace: go_duration(
+                    "FLATNET_NODE_GONE_GRACE (--node-gone-grace)",
+                    &self.node_gone_grace,
+                )?,
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
                 ..crate::allocation::Settings::default()
             },
@@ -667,11 +676,13 @@ mod tests {
             StatefulSetAddressPolicy::Sticky
         );
         assert_eq!(config.allocation.pending_timeout, Duration::from_secs(300));
+        assert_eq!(config.allocation.node_gone_grace, Duration::from_secs(300));
         let config = parse(
             &["--identity", "op-0"],
             &[
                 ("FLATNET_STATEFULSET_ADDRESS_POLICY", "release"),
                 ("FLATNET_PENDING_TIMEOUT", "90s"),
+                ("FLATNET_NODE_GONE_GRACE", "10m"),
                 ("CATTLE_RESYNC_DEFAULT", "3"),
             ],
         )
@@ -681,6 +692,7 @@ mod tests {
             StatefulSetAddressPolicy::Release
         );
         assert_eq!(config.allocation.pending_timeout, Duration::from_secs(90));
+        assert_eq!(config.allocation.node_gone_grace, Duration::from_secs(600));
         assert_eq!(config.allocation.resync, Duration::from_secs(180));
         let err = parse(
             &["--identity", "op-0"],

@@ -27,6 +27,13 @@ pub struct SubnetLabels {
     pub subnet: String,
 }
 
+/// Labels of the collected-records counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CollectLabels {
+    /// Why the record's address was taken back: `pod_gone`, `node_gone`.
+    pub reason: String,
+}
+
 /// Labels of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
@@ -71,7 +78,7 @@ pub struct Metrics {
     releases: Family<SubnetLabels, Counter>,
     allocation_duration: Histogram,
     allocation_conflicts: Counter,
-    records_collected: Counter,
+    records_collected: Family<CollectLabels, Counter>,
     subnet_size: Family<SubnetLabels, Gauge>,
     subnet_used: Family<SubnetLabels, Gauge>,
 }
@@ -153,13 +160,13 @@ impl Metrics {
         let allocation_conflicts = Counter::default();
         registry.register(
             "subnet_write_conflicts",
-            "Subnet status writes rejected because another writer was first (retried)",
+            "Ledger writes (subnet status, MAC ledger) rejected because another writer was first (retried)",
             allocation_conflicts.clone(),
         );
-        let records_collected = Counter::default();
+        let records_collected = Family::<CollectLabels, Counter>::default();
         registry.register(
             "flatnetworkips_collected",
-            "FlatNetworkIPs deleted because their pod was gone",
+            "FlatNetworkIPs whose address was taken back: deleted because the pod was gone (pod_gone), or released because the pod's node was gone (node_gone)",
             records_collected.clone(),
         );
         let subnet_size = Family::<SubnetLabels, Gauge>::default();
@@ -262,9 +269,14 @@ impl Metrics {
         self.allocation_conflicts.inc();
     }
 
-    /// Counts a FlatNetworkIP collected because its pod was gone.
-    pub fn record_collected(&self) {
-        self.records_collected.inc();
+    /// Counts a FlatNetworkIP collected for `reason` (`pod_gone`,
+    /// `node_gone`).
+    pub fn record_collected(&self, reason: &'static str) {
+        self.records_collected
+            .get_or_create(&CollectLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     /// Sets the size and use of `subnet`.
@@ -357,8 +369,10 @@ mod tests {
         }
         metrics.address_allocated("net1", std::time::Duration::from_millis(3));
         metrics.set_subnet_usage("net1", 253, 2);
+        metrics.record_collected("node_gone");
         let text = metrics.render();
         for line in [
+            r#"flatnet_operator_flatnetworkips_collected_total{reason="node_gone"} 1"#,
             r#"flatnet_operator_allocations_total{subnet="net1"} 1"#,
             "flatnet_operator_allocation_duration_seconds_count 1",
             r#"flatnet_operator_subnet_addresses{subnet="net1"} 253"#,

@@ -6,10 +6,13 @@
 //! two concurrent replaces; the other gets 409 Conflict and starts over from
 //! a fresh read. So:
 //!
-//! 1. [`reserve`]: read the subnet from the API server (never the cache),
-//!    build the pool from its `usedIP` plus every record of the cache,
-//!    choose an address (and MAC), and replace the subnet status with the
-//!    address added. On 409, repeat from the read.
+//! 1. [`reserve`]: for a pod asking for fixed MACs, first claim one in
+//!    the MAC ledger of the subnet's parent link ([`mac_ledger`]), with the
+//!    same resourceVersion rule. Then read the subnet from the API server
+//!    (never the cache), build the pool from its `usedIP` plus every record
+//!    of the cache, choose an address, and replace the subnet status with
+//!    the address (and the claimed MAC) added. On 409, repeat from the
+//!    read. If the subnet step fails, the MAC claim is withdrawn.
 //! 2. [`write_record`]: write the record's status (`addr`, `mac`,
 //!    `Pending`), again with its `resourceVersion`, within
 //!    [`Settings::write_deadline`](super::Settings) of the reservation.
@@ -48,7 +51,10 @@ use super::{
     Context, Error,
     errors::{is_conflict, is_not_found},
     key_of,
+    mac_ledger::{self, Claim},
 };
+use flatnet_common::k8s::validation::ParentLink;
+use tracing::warn;
 
 /// Attempts at one subnet write before giving up for a backoff.
 const MAX_ATTEMPTS: u32 = 16;
@@ -68,9 +74,19 @@ pub struct Reservation {
     /// Whether this call added the address to `usedIP` (false: the record
     /// already held it).
     pub newly_reserved: bool,
+    /// Whether this call added the MAC to the subnet's `usedMac`.
+    pub mac_newly_listed: bool,
     /// The address the record held before, to release once the record
     /// names the new one.
     pub replaces: Option<IpAddr>,
+    /// The parent link of the subnet (whose MAC ledger holds the MAC).
+    pub parent: ParentLink,
+    /// The MAC ledger claim this call made (to withdraw if the record is
+    /// not written); `None` when the record already held its claim.
+    pub mac_claim: Option<Claim>,
+    /// The fixed MAC the record held before, to release once the record
+    /// names the new one.
+    pub replaces_mac: Option<Mac>,
     /// When the subnet write succeeded.
     pub at: Instant,
 }
@@ -134,12 +150,44 @@ fn age_key(record: &FlatNetworkIP) -> (Option<Timestamp>, String) {
     )
 }
 
-/// Reserves an address for `record` in its subnet's `usedIP`.
+/// A MAC claimed in the ledger for one allocation.
+struct MacClaim {
+    mac: Mac,
+    /// The claim written by this allocation, `None` when reused.
+    made: Option<Claim>,
+}
+
+/// Reserves an address (and fixed MAC) for `record`: the MAC in its parent
+/// link's ledger, then the address in its subnet's `usedIP`. When the
+/// address cannot be reserved, a MAC claim made here is withdrawn.
 ///
 /// # Errors
 /// Subnet missing or not ready, nothing allocatable, MACs taken, the API
-/// failing, or [`Error::Contention`] after [`MAX_ATTEMPTS`] conflicts.
+/// failing, or a contention error after [`MAX_ATTEMPTS`] conflicts.
 pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
+    let mut claimed: Option<(ParentLink, MacClaim)> = None;
+    let result = reserve_address(ctx, record, &mut claimed).await;
+    if result.is_err()
+        && let Some((
+            parent,
+            MacClaim {
+                mac,
+                made: Some(claim),
+            },
+        )) = claimed
+        && let Err(error) = withdraw(ctx, &parent, mac, |c| *c == claim).await
+    {
+        // The subnet repair frees it after the orphan grace.
+        warn!(%error, %mac, "could not withdraw a MAC claim");
+    }
+    result
+}
+
+async fn reserve_address(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    claimed: &mut Option<(ParentLink, MacClaim)>,
+) -> Result<Reservation, Error> {
     let name = record.spec.subnet.clone();
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     let me = (record.namespace(), record.name_any());
@@ -179,7 +227,13 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
             })
         };
         let choice = choose(record, &mut pool, claimed_by_older)?;
-        let mac = choose_record_mac(ctx, record, &valid, &subnet, &others)?;
+        // The MAC is claimed once; address conflicts below do not move it.
+        if claimed.is_none()
+            && let Some(claim) = claim_mac(ctx, record, &valid.parent, &subnet, &others).await?
+        {
+            *claimed = Some((valid.parent.clone(), claim));
+        }
+        let mac = claimed.as_ref().map(|(_, c)| c.mac);
 
         let addr = match choice {
             Choice::Keep(addr) | Choice::New(addr) => addr,
@@ -194,15 +248,25 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
             Choice::New(_) => own_addr.filter(|old| *old != addr),
             Choice::Keep(_) => None,
         };
+        let replaces_mac = record
+            .status
+            .as_ref()
+            .and_then(|s| Mac::parse(&s.mac).ok())
+            .filter(|old| Some(*old) != mac);
+        let reservation = |newly_reserved, mac_newly_listed| Reservation {
+            subnet: name.clone(),
+            addr,
+            mac,
+            newly_reserved,
+            mac_newly_listed,
+            replaces,
+            parent: valid.parent.clone(),
+            mac_claim: claimed.as_ref().and_then(|(_, c)| c.made.clone()),
+            replaces_mac,
+            at: Instant::now(),
+        };
         if !newly_reserved && !mac_new {
-            return Ok(Reservation {
-                subnet: name,
-                addr,
-                mac,
-                newly_reserved: false,
-                replaces,
-                at: Instant::now(),
-            });
+            return Ok(reservation(false, false));
         }
 
         let mut updated = subnet.clone();
@@ -220,16 +284,7 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
             .replace_status(&name, &PostParams::default(), &updated)
             .await
         {
-            Ok(_) => {
-                return Ok(Reservation {
-                    subnet: name,
-                    addr,
-                    mac,
-                    newly_reserved,
-                    replaces,
-                    at: Instant::now(),
-                });
-            }
+            Ok(_) => return Ok(reservation(newly_reserved, mac_new)),
             Err(error) if is_conflict(&error) => {
                 ctx.metrics.allocation_conflict();
                 debug!(subnet = %name, attempt, "subnet changed since read; choosing again");
@@ -274,15 +329,17 @@ fn ready_subnet(subnet: &FlatNetworkSubnet) -> Result<ValidSubnet, Error> {
     })
 }
 
-/// The record's MAC: unique among the fixed MACs of every subnet on the
-/// same parent link, as their `usedMac` and the cached records say.
-fn choose_record_mac(
+/// Claims the record's fixed MAC in the ledger of `parent`: the MAC it
+/// holds when still requested and not claimed by another pod, else the
+/// first requested MAC no other pod holds. `None` when the pod asks for no
+/// fixed MAC.
+async fn claim_mac(
     ctx: &Context,
     record: &FlatNetworkIP,
-    valid: &ValidSubnet,
+    parent: &ParentLink,
     fresh: &FlatNetworkSubnet,
     others: &[&FlatNetworkIP],
-) -> Result<Option<Mac>, Error> {
+) -> Result<Option<MacClaim>, Error> {
     let candidates: Vec<Mac> = record
         .spec
         .macs
@@ -292,6 +349,53 @@ fn choose_record_mac(
     if candidates.is_empty() {
         return Ok(None);
     }
+    let me = key_of(record.namespace().as_deref(), &record.name_any());
+    let current = record.status.as_ref().and_then(|s| Mac::parse(&s.mac).ok());
+    let unledgered = unledgered_macs(ctx, &me, parent, fresh, others);
+    for attempt in 1..=MAX_ATTEMPTS {
+        let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
+        let taken = ledger.taken_from(&me);
+        let mut in_use = taken.clone();
+        in_use.extend(
+            unledgered
+                .iter()
+                .filter(|m| !(ledger.claims.contains_key(m) && ledger.only_pod_of(**m, &me))),
+        );
+        let keep = current.filter(|m| !taken.contains(m));
+        let Some(mac) = choose_mac(parent, &candidates, keep, &in_use)? else {
+            return Ok(None);
+        };
+        if current == Some(mac) && !ledger.claims_of(mac, &me).is_empty() {
+            return Ok(Some(MacClaim { mac, made: None }));
+        }
+        let claim = Claim::new(&me);
+        ledger.add(mac, claim.clone());
+        if mac_ledger::write(&ctx.client, &ledger).await? {
+            return Ok(Some(MacClaim {
+                mac,
+                made: Some(claim),
+            }));
+        }
+        ctx.metrics.allocation_conflict();
+        debug!(%parent, attempt, "MAC ledger changed since read; choosing again");
+    }
+    Err(Error::MacLedgerContention {
+        parent: parent.to_string(),
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Fixed MACs in use on `parent` that the ledger may not know: `usedMac`
+/// of the sibling subnets and the MACs of other pods' cached records, as
+/// left by versions without the ledger. Conservative: they are only
+/// avoided, never claimed for anyone.
+fn unledgered_macs(
+    ctx: &Context,
+    me: &str,
+    parent: &ParentLink,
+    fresh: &FlatNetworkSubnet,
+    others: &[&FlatNetworkIP],
+) -> BTreeSet<Mac> {
     let cached = ctx.caches.subnets.state();
     let siblings: Vec<&FlatNetworkSubnet> = cached
         .iter()
@@ -301,25 +405,54 @@ fn choose_record_mac(
         .collect();
     let sibling_names: BTreeSet<String> = siblings
         .iter()
-        .filter(|s| {
-            s.spec.master == valid.parent.master && s.spec.vlan == i64::from(valid.parent.vlan)
-        })
+        .filter(|s| s.spec.master == parent.master && s.spec.vlan == i64::from(parent.vlan))
         .map(|s| s.name_any())
         .collect();
-    let mut in_use = macs_in_use(&valid.parent, siblings.iter().copied());
-    let own_mac = record
-        .status
-        .as_ref()
-        .map(|s| s.mac.clone())
-        .unwrap_or_default();
+    let my_pod = mac_ledger::pod_of(me);
+    let mine: BTreeSet<Mac> = others
+        .iter()
+        .filter(|r| mac_ledger::pod_of(&key_of(r.namespace().as_deref(), &r.name_any())) == my_pod)
+        .filter_map(|r| Mac::parse(&r.status.as_ref()?.mac).ok())
+        .collect();
+    let mut in_use = macs_in_use(parent, siblings.iter().copied());
+    in_use.retain(|m| !mine.contains(m));
     in_use.extend(
         others
             .iter()
             .filter(|r| sibling_names.contains(&r.spec.subnet))
+            .filter(|r| {
+                mac_ledger::pod_of(&key_of(r.namespace().as_deref(), &r.name_any())) != my_pod
+            })
             .filter_map(|r| Mac::parse(&r.status.as_ref()?.mac).ok()),
     );
-    let current = Mac::parse(&own_mac).ok();
-    Ok(choose_mac(&valid.parent, &candidates, current, &in_use)?)
+    in_use
+}
+
+/// Removes the claims on `mac` that `which` selects from `parent`'s
+/// ledger.
+///
+/// # Errors
+/// The API failing, or [`Error::MacLedgerContention`].
+pub async fn withdraw(
+    ctx: &Context,
+    parent: &ParentLink,
+    mac: Mac,
+    which: impl Fn(&Claim) -> bool,
+) -> Result<(), Error> {
+    for _ in 0..MAX_ATTEMPTS {
+        let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
+        if !ledger.remove(mac, &which) {
+            return Ok(());
+        }
+        if mac_ledger::write(&ctx.client, &ledger).await? {
+            return Ok(());
+        }
+        ctx.metrics.allocation_conflict();
+    }
+    Err(Error::MacLedgerContention {
+        parent: parent.to_string(),
+        attempts: MAX_ATTEMPTS,
+    })
 }
 
 /// What became of the record write.
@@ -395,8 +528,17 @@ pub async fn write_record(
             .await
         {
             Ok(written) => {
-                if let Some(old) = reservation.replaces {
-                    release(ctx, &reservation.subnet, &[old], &[], &key).await?;
+                let old_addrs: Vec<IpAddr> = reservation.replaces.into_iter().collect();
+                let old_macs: Vec<String> = reservation
+                    .replaces_mac
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                if !old_addrs.is_empty() || !old_macs.is_empty() {
+                    release(ctx, &reservation.subnet, &old_addrs, &old_macs, &key).await?;
+                }
+                if let Some(old) = reservation.replaces_mac {
+                    withdraw(ctx, &reservation.parent, old, |c| c.record == key).await?;
                 }
                 return Ok(Written::Done(Box::new(written)));
             }
@@ -440,11 +582,25 @@ pub async fn write_record(
 /// Returns a reservation nobody will write, while it is young enough that
 /// the repair cannot have freed it.
 async fn hand_back(ctx: &Context, reservation: &Reservation, key: &str) -> Result<(), Error> {
-    if !reservation.newly_reserved || reservation.at.elapsed() >= ctx.settings.write_deadline {
+    // Only this allocation's own claim: safe at any age.
+    if let (Some(claim), Some(mac)) = (&reservation.mac_claim, reservation.mac) {
+        withdraw(ctx, &reservation.parent, mac, |c| c == claim).await?;
+    }
+    let fresh = reservation.newly_reserved || reservation.mac_newly_listed;
+    if !fresh || reservation.at.elapsed() >= ctx.settings.write_deadline {
         return Ok(());
     }
-    let macs: Vec<String> = reservation.mac.iter().map(ToString::to_string).collect();
-    release(ctx, &reservation.subnet, &[reservation.addr], &macs, key).await
+    let addrs: Vec<IpAddr> = Some(reservation.addr)
+        .filter(|_| reservation.newly_reserved)
+        .into_iter()
+        .collect();
+    let macs: Vec<String> = reservation
+        .mac
+        .filter(|_| reservation.mac_newly_listed)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    release(ctx, &reservation.subnet, &addrs, &macs, key).await
 }
 
 /// Removes `addrs` and `macs` from the subnet's `usedIP`/`usedMac`, except
@@ -533,6 +689,39 @@ pub async fn release(
         subnet: subnet.to_owned(),
         attempts: MAX_ATTEMPTS,
     })
+}
+
+/// Releases what `record` held: `addrs` and `macs` in its subnet's ledger
+/// (unless another record holds them), and its claims on `macs` in the MAC
+/// ledger.
+///
+/// # Errors
+/// The API failing, or [`Error::Contention`].
+pub async fn release_holdings(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    addrs: &[IpAddr],
+    macs: &[String],
+) -> Result<(), Error> {
+    let key = key_of(record.namespace().as_deref(), &record.name_any());
+    release(ctx, &record.spec.subnet, addrs, macs, &key).await?;
+    if macs.is_empty() {
+        return Ok(());
+    }
+    let subnet_ref =
+        kube::runtime::reflector::ObjectRef::new(&record.spec.subnet).within(SUBNET_NAMESPACE);
+    let Some(subnet) = ctx.caches.subnets.get(&subnet_ref) else {
+        // Unknown parent link: the repair frees the claim after the grace.
+        return Ok(());
+    };
+    let parent = ParentLink {
+        master: subnet.spec.master.clone(),
+        vlan: u16::try_from(subnet.spec.vlan).unwrap_or_default(),
+    };
+    for mac in macs.iter().filter_map(|m| Mac::parse(m).ok()) {
+        withdraw(ctx, &parent, mac, |c| c.record == key).await?;
+    }
+    Ok(())
 }
 
 /// Retry delay used by callers after [`Error::Contention`].

@@ -79,6 +79,16 @@ pub enum Error {
         /// Attempts made.
         attempts: u32,
     },
+    /// Other writers kept changing the MAC ledger; retried later.
+    #[error(
+        "the fixed-MAC ledger of {parent} changed under every one of {attempts} attempts; retrying"
+    )]
+    MacLedgerContention {
+        /// The parent link.
+        parent: String,
+        /// Attempts made.
+        attempts: u32,
+    },
     /// The reservation got too old to be written safely; retried later.
     #[error(
         "the address reserved for FlatNetworkIP {record} was not written within {deadline:?}; left to the subnet repair, retrying"
@@ -104,7 +114,7 @@ impl Error {
             Self::Pool(PoolError::CandidatesTaken { .. }) => "requested_taken",
             Self::Pool(_) => "bad_request",
             Self::Mac(_) => "mac_taken",
-            Self::Contention { .. } => "contention",
+            Self::Contention { .. } | Self::MacLedgerContention { .. } => "contention",
             Self::ReservationExpired { .. } => "reservation_expired",
         }
     }
@@ -115,7 +125,10 @@ impl Error {
     pub fn needs_user(&self) -> bool {
         !matches!(
             self,
-            Self::Kube { .. } | Self::Contention { .. } | Self::ReservationExpired { .. }
+            Self::Kube { .. }
+                | Self::Contention { .. }
+                | Self::MacLedgerContention { .. }
+                | Self::ReservationExpired { .. }
         )
     }
 

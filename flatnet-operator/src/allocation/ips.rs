@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Instant};
 
 use flatnet_common::k8s::{
     api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
-    ipam::{Pool, StatefulSetAddressPolicy},
+    ipam::Pool,
     keys::SUBNET_NAMESPACE,
     validation::validate_subnet,
 };
@@ -28,8 +28,12 @@ use super::{
     commit::{self, Written},
     errors::{is_conflict, is_not_found},
     key_of,
+    nodes::{self, NodeVerdict},
     records::{FINALIZER, LEGACY_FINALIZER, pod_name_of},
 };
+
+/// Metric label of records deleted because their pod was gone.
+const COLLECTED_POD_GONE: &str = "pod_gone";
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "flatnetworkip";
@@ -42,8 +46,9 @@ pub const REASON_SETUP_TIMEOUT: &str = "SetupTimeout";
 const GC_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Brings one record in line: releases it when deleted, collects it when
-/// its pod is gone, allocates when it has no (satisfying) address, fails
-/// it when the node never sets the pod up.
+/// its pod is gone, releases its address when the pod's node is gone,
+/// allocates when it has no (satisfying) address, fails it when the node
+/// never sets the pod up.
 ///
 /// # Errors
 /// An API call failed, or the allocation failed (the record's status and
@@ -59,9 +64,17 @@ pub async fn reconcile(record: Arc<FlatNetworkIP>, ctx: Arc<Context>) -> Result<
     let Some(pod) = ctx.caches.pods.get(&pod_ref) else {
         return collect(&record, &ctx).await;
     };
-    if pod.uid().as_deref() != Some(record.spec.pod_id.as_str())
-        || pod.metadata.deletion_timestamp.is_some()
-    {
+    let same_pod = pod.uid().as_deref() == Some(record.spec.pod_id.as_str());
+    if same_pod && !nodes::kept_by_statefulset(&record, &ctx) {
+        match nodes::judge(&pod, &ctx) {
+            NodeVerdict::Fine => {}
+            NodeVerdict::Wait(left) => return Ok(Action::requeue(left)),
+            NodeVerdict::Gone(node) => {
+                return nodes::release_in_place(&record, &pod, &node, &ctx).await;
+            }
+        }
+    }
+    if !same_pod || pod.metadata.deletion_timestamp.is_some() {
         // A new pod of this name: the pod controller rewrites the spec first.
         return Ok(Action::await_change());
     }
@@ -239,12 +252,7 @@ async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error>
     {
         return Ok(Action::requeue(GC_MIN_AGE));
     }
-    let sticky = ctx.settings.statefulset_policy == StatefulSetAddressPolicy::Sticky
-        && record
-            .owner_references()
-            .iter()
-            .any(|o| o.kind == "StatefulSet" && o.api_version == "apps/v1");
-    if sticky {
+    if nodes::kept_by_statefulset(record, ctx) {
         return Ok(Action::requeue(ctx.settings.resync));
     }
     let age = record
@@ -262,7 +270,7 @@ async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error>
     let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
     match api.delete(&name, &DeleteParams::background()).await {
         Ok(_) => {
-            ctx.metrics.record_collected();
+            ctx.metrics.record_collected(COLLECTED_POD_GONE);
             info!("collected the FlatNetworkIP of a pod that no longer exists");
             Ok(Action::await_change())
         }
@@ -291,7 +299,7 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
             .then(|| status.mac.clone())
             .into_iter()
             .collect();
-        commit::release(ctx, &record.spec.subnet, &[addr], &macs, &key).await?;
+        commit::release_holdings(ctx, record, &[addr], &macs).await?;
         ctx.metrics.address_released(&record.spec.subnet);
         info!(addr = %addr, subnet = %record.spec.subnet, "address released");
     }
@@ -321,7 +329,10 @@ pub fn error_policy(record: Arc<FlatNetworkIP>, error: &Error, ctx: Arc<Context>
     warn!(record = %key, %error, "allocation failed");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
-    if matches!(error, Error::Contention { .. }) {
+    if matches!(
+        error,
+        Error::Contention { .. } | Error::MacLedgerContention { .. }
+    ) {
         return Action::requeue(commit::CONTENTION_RETRY);
     }
     Action::requeue(ctx.backoff.next(&key))

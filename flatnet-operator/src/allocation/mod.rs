@@ -7,8 +7,11 @@
 //!   pod is never set up.
 //! - [`subnets`]: validates subnets, keeps their status (the address view)
 //!   in line with the records, and blocks deleting a subnet in use.
+//! - [`nodes`]: releases the addresses of pods whose node was deleted and
+//!   did not come back.
 //! - [`commit`]: the protocol that makes an allocation durable and unique
-//!   (see `docs/ipam.md`, "Committing an allocation").
+//!   (see `docs/ipam.md`, "Committing an allocation"), with
+//!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
 //!
 //! Only the leader runs them; they share one [`Context`].
 
@@ -18,6 +21,8 @@ pub mod events;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_api;
 pub mod ips;
+pub mod mac_ledger;
+pub mod nodes;
 pub mod pods;
 pub mod records;
 pub mod subnets;
@@ -33,9 +38,10 @@ use flatnet_common::k8s::{
     ipam::StatefulSetAddressPolicy,
 };
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Api, Client,
+    api::PartialObjectMeta,
     runtime::{
         Controller, controller,
         reflector::{ObjectRef, Store},
@@ -66,6 +72,10 @@ pub struct Settings {
     /// How long after reserving an address the record may still be
     /// written; later the allocation is abandoned (see `docs/ipam.md`).
     pub write_deadline: Duration,
+    /// How long a pod's node may be missing before the pod's records give
+    /// their address back (a node object recreated sooner, such as a
+    /// kubelet re-registering, keeps them).
+    pub node_gone_grace: Duration,
 }
 
 impl Default for Settings {
@@ -76,6 +86,7 @@ impl Default for Settings {
             resync: Duration::from_secs(10 * 60),
             orphan_grace: Duration::from_secs(10 * 60),
             write_deadline: Duration::from_secs(30),
+            node_gone_grace: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -91,6 +102,8 @@ pub struct Caches {
     pub pods: Store<Pod>,
     /// Every namespace (for the Rancher project label).
     pub namespaces: Store<Namespace>,
+    /// Every node (metadata only: whether it exists).
+    pub nodes: Store<PartialObjectMeta<Node>>,
 }
 
 /// What the reconcilers share.
@@ -110,6 +123,8 @@ pub struct Context {
     /// When the subnet repair first saw each unclaimed `usedIP` interval or
     /// `usedMac` entry.
     pub orphans: subnets::OrphanClock,
+    /// Since when each missing node has been seen missing.
+    pub nodes: Arc<nodes::NodeClock>,
 }
 
 /// Exponential retry delays per object, reset by a success.
@@ -181,11 +196,19 @@ pub async fn run(
         ),
     )
     .for_each(|_| async {});
+    let (nodes, nodes_writer) = kube::runtime::reflector::store();
+    let node_clock = Arc::new(nodes::NodeClock::default());
+    let node_events = nodes::node_events(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        nodes_writer,
+        Arc::clone(&node_clock),
+    );
     let caches = Caches {
         records: ips_ctl.store(),
         subnets: subnets_ctl.store(),
         pods: pods_ctl.store(),
         namespaces,
+        nodes,
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -195,6 +218,7 @@ pub async fn run(
         settings,
         backoff: Backoff::default(),
         orphans: subnets::OrphanClock::default(),
+        nodes: node_clock,
     });
     {
         let caches = caches.clone();
@@ -202,7 +226,8 @@ pub async fn run(
             let synced = caches.records.wait_until_ready().await.is_ok()
                 && caches.subnets.wait_until_ready().await.is_ok()
                 && caches.pods.wait_until_ready().await.is_ok()
-                && caches.namespaces.wait_until_ready().await.is_ok();
+                && caches.namespaces.wait_until_ready().await.is_ok()
+                && caches.nodes.wait_until_ready().await.is_ok();
             if synced {
                 info!("allocation caches synced");
                 health.set_ready(true);
@@ -226,6 +251,8 @@ pub async fn run(
         .run(pods::reconcile, pods::error_policy, Arc::clone(&ctx))
         .for_each(|r| log_result(pods::CONTROLLER, r));
     let ips = ips_ctl
+        // A node deleted (or back): look at every record again.
+        .reconcile_all_on(node_events)
         .with_config(config.clone())
         .graceful_shutdown_on(graceful(stop.clone()))
         .run(ips::reconcile, ips::error_policy, Arc::clone(&ctx))

@@ -5,7 +5,8 @@
 //! address the ledger holds and no record names is an allocation between
 //! its two writes (or a crash there): it is kept for
 //! [`Settings::orphan_grace`](super::Settings) after this controller first
-//! saw it, then freed.
+//! saw it, then freed. The same holds for the claims of the fixed-MAC
+//! ledger of the subnet's parent link.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -18,9 +19,9 @@ use flatnet_common::k8s::{
         CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange, phase,
         set_condition,
     },
-    ipam::{Family, Pool, PoolError, from_u128, to_u128, used_ranges},
+    ipam::{Family, Mac, Pool, PoolError, from_u128, to_u128, used_ranges},
     keys::{SUBNET_NAMESPACE, label},
-    validation::{ValidSubnet, check_siblings, validate_subnet},
+    validation::{ParentLink, ValidSubnet, check_siblings, validate_subnet},
 };
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
@@ -38,6 +39,7 @@ use super::{
     Context, Error,
     errors::{is_conflict, is_not_found},
     key_of,
+    mac_ledger::{self, Claim},
 };
 
 /// Name of this controller in logs and metrics.
@@ -104,7 +106,69 @@ pub async fn reconcile(subnet: Arc<FlatNetworkSubnet>, ctx: Arc<Context>) -> Res
         // The write brings the updated subnet back here.
         return Ok(Action::await_change());
     }
-    update_status(&subnet, verdict, &users, &ctx).await
+    let parent = verdict.as_ref().ok().map(|v| v.parent.clone());
+    let action = update_status(&subnet, verdict, &users, &ctx).await?;
+    if let Some(parent) = parent
+        && repair_mac_ledger(&parent, &ctx).await?
+    {
+        return Ok(Action::requeue(
+            (ctx.settings.orphan_grace / 4).min(ctx.settings.resync),
+        ));
+    }
+    Ok(action)
+}
+
+/// Frees the claims of `parent`'s MAC ledger that no record has named for
+/// the orphan grace (an allocation that crashed between its ledger and
+/// record writes). Returns whether younger unnamed claims were kept.
+///
+/// Any subnet of the parent link repairs the whole ledger; writes carry
+/// the resourceVersion, so a claim made meanwhile is never lost.
+async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, Error> {
+    for _ in 0..16 {
+        let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
+        let records = ctx.caches.records.state();
+        let named = |mac: Mac, claim: &Claim| {
+            records.iter().any(|r| {
+                key_of(r.namespace().as_deref(), &r.name_any()) == claim.record
+                    && r.status.as_ref().and_then(|s| Mac::parse(&s.mac).ok()) == Some(mac)
+            })
+        };
+        let unnamed: Vec<(Mac, Claim)> = ledger
+            .claims
+            .iter()
+            .flat_map(|(mac, claims)| claims.iter().map(|c| (*mac, c.clone())))
+            .filter(|(mac, claim)| !named(*mac, claim))
+            .collect();
+        let keys: Vec<String> = unnamed
+            .iter()
+            .map(|(mac, c)| format!("{mac} {}#{}", c.record, c.token))
+            .collect();
+        let young = ctx.orphans.young(
+            &mac_ledger::ledger_name(parent),
+            &keys,
+            ctx.settings.orphan_grace,
+        );
+        let mut freed = false;
+        for ((mac, claim), keep) in unnamed.iter().zip(&young) {
+            if !keep {
+                freed |= ledger.remove(*mac, |c| c == claim);
+            }
+        }
+        let kept = young.iter().any(|k| *k);
+        if !freed {
+            return Ok(kept);
+        }
+        if mac_ledger::write(&ctx.client, &ledger).await? {
+            info!(%parent, "freed MAC claims no record names");
+            return Ok(kept);
+        }
+        ctx.metrics.allocation_conflict();
+    }
+    Err(Error::MacLedgerContention {
+        parent: parent.to_string(),
+        attempts: 16,
+    })
 }
 
 /// Validation, sibling conflicts and the namespace rule.

@@ -13,12 +13,13 @@ use flatnet_common::k8s::{
     keys::SUBNET_NAMESPACE,
 };
 use k8s_openapi::{
-    api::core::v1::{Namespace, Pod},
-    apimachinery::pkg::apis::meta::v1::Time,
+    api::core::v1::{Namespace, Node, Pod},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
 use kube::{
     Resource, ResourceExt,
+    api::{PartialObjectMeta, PartialObjectMetaExt},
     runtime::{
         controller::Action,
         reflector::{self, store::Writer},
@@ -62,13 +63,34 @@ where
     (store, writer)
 }
 
-/// Caches holding exactly the given objects.
+/// The cached form of node `name`.
+fn node_meta(name: &str) -> PartialObjectMeta<Node> {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    }
+    .into_response_partial::<Node>()
+}
+
+/// Caches holding exactly the given objects, and the node `node-1` of the
+/// fixture pods.
 fn caches(records: Vec<FlatNetworkIP>, subnets: Vec<FlatNetworkSubnet>, pods: Vec<Pod>) -> Caches {
+    caches_with_nodes(records, subnets, pods, &["node-1"])
+}
+
+/// Caches holding exactly the given objects and nodes.
+fn caches_with_nodes(
+    records: Vec<FlatNetworkIP>,
+    subnets: Vec<FlatNetworkSubnet>,
+    pods: Vec<Pod>,
+    nodes: &[&str],
+) -> Caches {
     Caches {
         records: store(records).0,
         subnets: store(subnets).0,
         pods: store(pods).0,
         namespaces: store::<Namespace>(Vec::new()).0,
+        nodes: store(nodes.iter().map(|n| node_meta(n)).collect()).0,
     }
 }
 
@@ -81,6 +103,7 @@ fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Cont
         settings,
         backoff: Backoff::default(),
         orphans: subnets::OrphanClock::default(),
+        nodes: Arc::default(),
     })
 }
 
@@ -589,9 +612,14 @@ fn race_subnet() -> FlatNetworkSubnet {
     s
 }
 
-/// Caches filled from what `server` holds now.
+/// Caches filled from what `server` holds now, with the node `node-1`.
 fn caches_from(server: &FakeApiServer) -> Caches {
     caches(server.list(), server.list(), server.list())
+}
+
+/// Caches filled from what `server` holds now, with exactly `nodes`.
+fn caches_from_with_nodes(server: &FakeApiServer, nodes: &[&str]) -> Caches {
+    caches_with_nodes(server.list(), server.list(), server.list(), nodes)
 }
 
 fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
@@ -957,4 +985,459 @@ fn backoff_doubles_and_resets() {
         backoff.next("c");
     }
     assert_eq!(backoff.next("c"), Duration::from_secs(300));
+}
+
+// ---------------------------------------------------------------------------
+// Records of pods on deleted nodes.
+
+/// A server with subnet `net1` whose ledger holds .1-.3, and the Active
+/// record of `pod` holding .3 on `node-1`.
+fn node_cluster(pod: &Pod) -> FakeApiServer {
+    let server = FakeApiServer::new();
+    let mut net = subnet(&[("10.0.0.1", "10.0.0.3")], "0");
+    net.metadata.resource_version = None;
+    server.insert(&net);
+    let mut record = record_of(pod, "0");
+    record.metadata.resource_version = None;
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::ACTIVE.into(),
+        addr: Some(ip("10.0.0.3")),
+        node: "node-1".into(),
+        ..FlatNetworkIPStatus::default()
+    });
+    server.insert(&record);
+    server
+}
+
+fn stored_record(server: &FakeApiServer, name: &str) -> Option<FlatNetworkIP> {
+    server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .find(|r| r.name_any() == name)
+}
+
+fn ledger(server: &FakeApiServer) -> Vec<IpRange> {
+    server
+        .list::<FlatNetworkSubnet>()
+        .remove(0)
+        .status
+        .unwrap()
+        .used_ip
+}
+
+/// Reconciles every stored record once, with the caches as they are now.
+async fn reconcile_records(server: &FakeApiServer, ctx: &Arc<Context>) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for record in server.list::<FlatNetworkIP>() {
+        actions.push(
+            ips::reconcile(Arc::new(record), Arc::clone(ctx))
+                .await
+                .unwrap(),
+        );
+    }
+    actions
+}
+
+fn gone_now() -> Settings {
+    Settings {
+        node_gone_grace: Duration::ZERO,
+        ..Settings::default()
+    }
+}
+
+#[tokio::test]
+async fn records_of_a_deleted_node_whose_pods_are_gone_are_released() {
+    let web = pod("web-1").flat();
+    let server = node_cluster(&web);
+    // The node and its pod are gone: the record is deleted, then its
+    // finalizer gives the address back.
+    for _ in 0..2 {
+        let ctx = context(
+            server.client(),
+            caches_from_with_nodes(&server, &[]),
+            gone_now(),
+        );
+        reconcile_records(&server, &ctx).await;
+    }
+    assert!(stored_record(&server, "web-1").is_none());
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+}
+
+#[tokio::test]
+async fn a_pod_left_on_a_deleted_node_gives_its_address_back_in_place() {
+    // The pod object stays (its deletion is held by a finalizer) while its
+    // node is gone.
+    let mut web = pod("web-1").flat();
+    web.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    web.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let server = node_cluster(&web);
+    server.insert(&web);
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &[]),
+        gone_now(),
+    );
+    let actions = reconcile_records(&server, &ctx).await;
+    assert_eq!(actions, [Action::await_change()]);
+
+    let record = stored_record(&server, "web-1").expect("the record stays");
+    let status = record.status.unwrap();
+    assert_eq!(status.addr, None);
+    assert_eq!(status.phase, phase::FAILED);
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "NodeGone");
+    assert!(
+        status.failure_message.contains("node-1"),
+        "{}",
+        status.failure_message
+    );
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+    assert!(
+        ctx.metrics.render().lines().any(
+            |l| l == r#"flatnet_operator_flatnetworkips_collected_total{reason="node_gone"} 1"#
+        ),
+        "{}",
+        ctx.metrics.render()
+    );
+    let events = server.list::<k8s_openapi::api::events::v1::Event>();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodeGone")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-1")),
+        "{events:?}"
+    );
+
+    // Looked at again while the node is still gone: no new allocation.
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &[]),
+        gone_now(),
+    );
+    reconcile_records(&server, &ctx).await;
+    assert_eq!(
+        stored_record(&server, "web-1")
+            .unwrap()
+            .status
+            .unwrap()
+            .addr,
+        None
+    );
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_moved_to_another_node_keeps_its_address() {
+    let set_pod = |uid: &str, node: &str| {
+        let mut p = pod("web-0").flat();
+        p.metadata.uid = Some(uid.into());
+        p.spec.as_mut().unwrap().node_name = Some(node.into());
+        p.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: "web".into(),
+                uid: "uid-set".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        p
+    };
+    let old = set_pod("uid-old", "node-1");
+    let server = node_cluster(&old);
+    // node-1 is deleted; the StatefulSet's new web-0 runs on node-2.
+    let moved = set_pod("uid-new", "node-2");
+    server.insert(&moved);
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &["node-2"]),
+        gone_now(),
+    );
+    pods::reconcile(Arc::new(moved), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let ctx = context(
+        server.client(),
+        caches_from_with_nodes(&server, &["node-2"]),
+        gone_now(),
+    );
+    reconcile_records(&server, &ctx).await;
+
+    let record = stored_record(&server, "web-0").expect("kept");
+    assert_eq!(record.spec.pod_id, "uid-new");
+    assert_eq!(record.labels()["flatnetwork.pandaria.io/node"], "node-2");
+    let status = record.status.unwrap();
+    assert_eq!(
+        status.addr,
+        Some(ip("10.0.0.3")),
+        "same address on the new node"
+    );
+    assert_eq!(status.phase, phase::PENDING, "for node-2 to set up");
+    assert!(used_ranges::contains(&ledger(&server), ip("10.0.0.3")));
+}
+
+#[tokio::test]
+async fn a_pod_on_a_node_recreated_within_the_grace_keeps_its_address() {
+    let web = pod("web-1").flat();
+    let server = node_cluster(&web);
+    server.insert(&web);
+    let settings = Settings {
+        node_gone_grace: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let clock = Arc::new(super::nodes::NodeClock::default());
+    let with_nodes = |nodes: &[&str]| {
+        let mut ctx = Arc::try_unwrap(context(
+            server.client(),
+            caches_from_with_nodes(&server, nodes),
+            settings.clone(),
+        ))
+        .ok()
+        .unwrap();
+        ctx.nodes = Arc::clone(&clock);
+        Arc::new(ctx)
+    };
+    // Deleted: the record waits for the rest of the grace.
+    let waiting = reconcile_records(&server, &with_nodes(&[])).await;
+    assert_eq!(waiting.len(), 1);
+    assert_ne!(waiting[0], Action::await_change());
+    assert_ne!(waiting[0], Action::requeue(settings.resync));
+    // The kubelet registers the node again.
+    let back = reconcile_records(&server, &with_nodes(&["node-1"])).await;
+    assert_eq!(back, [Action::requeue(settings.resync)]);
+    // Missing again later: a new grace period starts, nothing is released.
+    reconcile_records(&server, &with_nodes(&[])).await;
+    let status = stored_record(&server, "web-1").unwrap().status.unwrap();
+    assert_eq!(status.addr, Some(ip("10.0.0.3")));
+    assert_eq!(status.phase, phase::ACTIVE);
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.3"))]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// One fixed MAC requested in two sibling subnets at once.
+
+const RACED_MAC: &str = "02:00:00:00:00:01";
+
+/// Active subnet `name` on `eth0` (no VLAN): `cidr`, no gateway.
+fn sibling_subnet(name: &str, cidr: &str) -> FlatNetworkSubnet {
+    let mut s = FlatNetworkSubnet::new(
+        name,
+        FlatNetworkSubnetSpec {
+            flat_mode: "macvlan".into(),
+            master: "eth0".into(),
+            cidr: cidr.into(),
+            ..FlatNetworkSubnetSpec::default()
+        },
+    );
+    s.metadata.namespace = Some(SUBNET_NAMESPACE.into());
+    s.metadata.finalizers = Some(vec![subnets::FINALIZER.into()]);
+    s.status = Some(FlatNetworkSubnetStatus {
+        phase: phase::ACTIVE.into(),
+        ..FlatNetworkSubnetStatus::default()
+    });
+    s
+}
+
+/// Pod `name` in `subnet` asking for [`RACED_MAC`], and its record.
+fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
+    let p = pod(name)
+        .flat()
+        .annotated("flatnetwork.pandaria.io/subnet", subnet)
+        .annotated("flatnetwork.pandaria.io/mac", RACED_MAC);
+    let request = parse_pod_request(subnet, "auto", RACED_MAC).unwrap();
+    let mut record = records::desired_record(
+        &p,
+        &RecordContext {
+            request: &request,
+            index: 0,
+            subnet: None,
+            project: None,
+            policy: StatefulSetAddressPolicy::Sticky,
+        },
+    );
+    record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    (p, record)
+}
+
+/// The ledger of `eth0` as stored.
+fn mac_claims(server: &FakeApiServer) -> Vec<(String, String)> {
+    server
+        .list::<k8s_openapi::api::core::v1::ConfigMap>()
+        .into_iter()
+        .flat_map(|m| m.data.unwrap_or_default())
+        .collect()
+}
+
+/// Repairs both subnets (and so the MAC ledger) with no grace.
+async fn calm_repair(server: &FakeApiServer) {
+    let calm = Settings {
+        orphan_grace: Duration::ZERO,
+        ..Settings::default()
+    };
+    let ctx = context(server.client(), caches_from(server), calm);
+    // The first pass sets the subnets' labels, the second their status.
+    for _ in 0..2 {
+        for subnet in server.list::<FlatNetworkSubnet>() {
+            subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn mac_race(seed: u64) {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    server.insert(&sibling_subnet("right", "10.0.2.0/29"));
+    if seed % 2 == 1 {
+        // An existing ledger: claims are replaces, not creates.
+        server.insert(&k8s_openapi::api::core::v1::ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(super::mac_ledger::ledger_name(
+                    &flatnet_common::k8s::validation::ParentLink {
+                        master: "eth0".into(),
+                        vlan: 0,
+                    },
+                )),
+                namespace: Some(SUBNET_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            ..Default::default()
+        });
+    }
+    for (name, subnet) in [("pa", "left"), ("pb", "right")] {
+        let (p, record) = mac_pod(name, subnet);
+        server.insert(&p);
+        server.insert(&record);
+    }
+    let a = allocator(server.with_chaos(seed, 15), seed, 2);
+    let b = allocator(server.with_chaos(seed ^ 0x5eed, 15), seed.rotate_left(9), 2);
+    futures::join!(a, b);
+    let raced = ip_mac_holders(&server);
+    assert!(
+        raced.len() <= 1,
+        "seed {seed}: {RACED_MAC} held by {raced:?}"
+    );
+
+    // Calm: orphaned claims and reservations go, then both are looked at
+    // again; exactly one pod has the MAC.
+    calm_repair(&server).await;
+    allocator(server.clone(), seed, 1).await;
+    let holders = ip_mac_holders(&server);
+    assert_eq!(holders.len(), 1, "seed {seed}: holders {holders:?}");
+    if let Some(first) = raced.first() {
+        assert_eq!(first, &holders[0], "seed {seed}: the MAC moved");
+    }
+    let winner = &holders[0];
+    let loser = server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .find(|r| &r.name_any() != winner)
+        .unwrap();
+    let loser_status = loser.status.clone().unwrap_or_default();
+    assert_eq!(loser_status.phase, phase::FAILED, "seed {seed}");
+    assert!(
+        loser_status.failure_message.contains(RACED_MAC),
+        "seed {seed}: {}",
+        loser_status.failure_message
+    );
+    assert_eq!(loser_status.addr, None, "seed {seed}");
+
+    // The ledger: one MAC, claimed only by the winner.
+    let claims = mac_claims(&server);
+    assert_eq!(claims.len(), 1, "seed {seed}: {claims:?}");
+    assert_eq!(claims[0].0, "02-00-00-00-00-01");
+    for claim in claims[0].1.split_whitespace() {
+        assert!(
+            claim.starts_with(&format!("{NS}/{winner}#")),
+            "seed {seed}: {claim} in {claims:?}"
+        );
+    }
+    // No address or MAC left behind in either subnet.
+    for subnet in server.list::<FlatNetworkSubnet>() {
+        let status = subnet.status.unwrap();
+        let held: Vec<FlatNetworkIP> = server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .filter(|r| r.spec.subnet == subnet.metadata.name.clone().unwrap())
+            .filter(|r| r.status.as_ref().is_some_and(|s| s.addr.is_some()))
+            .collect();
+        assert_eq!(
+            status.used_ip_count,
+            i64::try_from(held.len()).unwrap(),
+            "seed {seed}: {:?} holds {:?}; records {:#?}",
+            subnet.metadata.name,
+            status.used_ip,
+            server
+                .list::<FlatNetworkIP>()
+                .into_iter()
+                .map(|r| r.status)
+                .collect::<Vec<_>>()
+        );
+        let expect_mac: Vec<String> = held
+            .iter()
+            .filter_map(|r| r.status.as_ref().map(|s| s.mac.clone()))
+            .filter(|m| !m.is_empty())
+            .collect();
+        assert_eq!(
+            status.used_mac, expect_mac,
+            "seed {seed}: {:?} {status:?} {held:?}",
+            subnet.metadata.name
+        );
+    }
+
+    // The winner goes: the MAC is free for the other pod.
+    let records_api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
+    records_api
+        .delete(winner, &Default::default())
+        .await
+        .unwrap();
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let deleting = stored_record(&server, winner).unwrap();
+    ips::reconcile(Arc::new(deleting), ctx).await.unwrap();
+    assert!(mac_claims(&server).is_empty(), "seed {seed}: released");
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    reconcile_records(&server, &ctx).await;
+    assert_eq!(ip_mac_holders(&server), [loser.name_any()], "seed {seed}");
+}
+
+/// Names of the records holding [`RACED_MAC`].
+fn ip_mac_holders(server: &FakeApiServer) -> Vec<String> {
+    server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .filter(|r| r.status.as_ref().is_some_and(|s| s.mac == RACED_MAC))
+        .map(|r| r.name_any())
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_fixed_mac_in_two_sibling_subnets_goes_to_exactly_one_pod() {
+    for seed in 1..=40 {
+        mac_race(seed).await;
+    }
+}
+
+#[tokio::test]
+async fn one_fixed_mac_in_two_sibling_subnets_on_threads_goes_to_exactly_one_pod() {
+    for seed in 200..210 {
+        mac_race(seed).await;
+    }
 }

@@ -1,0 +1,321 @@
+//! The fixed-MAC ledger of one parent link.
+//!
+//! MACs are unique per parent link (`master` plus `vlan`), which several
+//! sibling subnets share, so no subnet's `usedMac` can serialise them. Every
+//! parent link has one ledger, a ConfigMap in `cattle-flat-network` named
+//! by [`ledger_name`], whose data maps each fixed MAC (`02-00-00-00-00-01`)
+//! to the claims on it: `namespace/record#token`, space-separated. Only the
+//! records of one pod may share a MAC (the two records of a dual-stack pod
+//! on one interface).
+//!
+//! A claim is made by a write carrying the resourceVersion that was read
+//! (a create when the ledger does not exist yet), so of two allocators
+//! claiming one MAC for two pods, the API server accepts exactly one; the
+//! other re-reads, sees the MAC taken and fails with `RequestedMacTaken`
+//! or takes its next candidate. The token makes every claim distinct: a
+//! claim is removed only by the allocation that made it (when it gives up),
+//! by the release of its record, or by the subnet repair once no record has
+//! named it for the orphan grace.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    hash::{BuildHasher, Hasher},
+};
+
+use flatnet_common::k8s::{ipam::Mac, keys::SUBNET_NAMESPACE, validation::ParentLink};
+use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use kube::{Api, api::PostParams};
+
+use super::{
+    Error,
+    errors::{is_conflict, is_not_found},
+    records::SECONDARY_SUFFIX,
+};
+
+/// Prefix of the ledger names.
+pub const LEDGER_PREFIX: &str = "flatnet-macs-";
+
+/// Annotations naming the parent link of a ledger, for people.
+const MASTER_ANNOTATION: &str = "flatnetwork.pandaria.io/master";
+const VLAN_ANNOTATION: &str = "flatnetwork.pandaria.io/vlan";
+
+/// The ConfigMap name of `parent`'s ledger: `flatnet-macs-<vlan>-<master
+/// in hex>`. Interface names may hold characters object names cannot, so
+/// the master is hex-encoded; the annotations spell it out.
+#[must_use]
+pub fn ledger_name(parent: &ParentLink) -> String {
+    let hex: String = parent.master.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{LEDGER_PREFIX}{}-{hex}", parent.vlan)
+}
+
+/// One claim on a MAC: the record and the token of the allocation that
+/// made it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Claim {
+    /// `namespace/name` of the record.
+    pub record: String,
+    /// Distinguishes this claim from earlier claims of the same record.
+    pub token: String,
+}
+
+impl Claim {
+    /// A new claim of `record` with a token no other claim has.
+    #[must_use]
+    pub fn new(record: &str) -> Self {
+        // A randomly keyed hash: a fresh 64-bit value per call.
+        let token = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Self {
+            record: record.to_owned(),
+            token: format!("{token:016x}"),
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let (record, token) = text.split_once('#')?;
+        Some(Self {
+            record: record.to_owned(),
+            token: token.to_owned(),
+        })
+    }
+}
+
+/// `namespace/pod` of a record key: the records of a dual-stack pod are
+/// `<pod>` and `<pod>.ipv6`.
+#[must_use]
+pub fn pod_of(record: &str) -> &str {
+    record.strip_suffix(SECONDARY_SUFFIX).unwrap_or(record)
+}
+
+/// A ledger as read from the API server.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    /// The ConfigMap, `None` when it does not exist yet.
+    stored: Option<ConfigMap>,
+    /// The parent link.
+    parent: ParentLink,
+    /// The claims on each MAC.
+    pub claims: BTreeMap<Mac, BTreeSet<Claim>>,
+}
+
+impl Ledger {
+    /// The MACs claimed by records of another pod than `record`'s.
+    #[must_use]
+    pub fn taken_from(&self, record: &str) -> BTreeSet<Mac> {
+        let pod = pod_of(record);
+        self.claims
+            .iter()
+            .filter(|(_, claims)| claims.iter().any(|c| pod_of(&c.record) != pod))
+            .map(|(mac, _)| *mac)
+            .collect()
+    }
+
+    /// Whether every claim on `mac` is by `record`'s pod (true when none).
+    #[must_use]
+    pub fn only_pod_of(&self, mac: Mac, record: &str) -> bool {
+        let pod = pod_of(record);
+        self.claims
+            .get(&mac)
+            .is_none_or(|claims| claims.iter().all(|c| pod_of(&c.record) == pod))
+    }
+
+    /// The claims of `record` on `mac`.
+    #[must_use]
+    pub fn claims_of(&self, mac: Mac, record: &str) -> Vec<Claim> {
+        self.claims
+            .get(&mac)
+            .into_iter()
+            .flatten()
+            .filter(|c| c.record == record)
+            .cloned()
+            .collect()
+    }
+
+    /// Adds `claim` on `mac`.
+    pub fn add(&mut self, mac: Mac, claim: Claim) {
+        self.claims.entry(mac).or_default().insert(claim);
+    }
+
+    /// Removes the claims on `mac` that `which` selects; returns whether
+    /// any was removed.
+    pub fn remove(&mut self, mac: Mac, which: impl Fn(&Claim) -> bool) -> bool {
+        let Some(claims) = self.claims.get_mut(&mac) else {
+            return false;
+        };
+        let before = claims.len();
+        claims.retain(|c| !which(c));
+        let removed = claims.len() != before;
+        if claims.is_empty() {
+            self.claims.remove(&mac);
+        }
+        removed
+    }
+
+    fn to_config_map(&self) -> ConfigMap {
+        let data: BTreeMap<String, String> = self
+            .claims
+            .iter()
+            .map(|(mac, claims)| {
+                let key = mac.to_string().replace(':', "-");
+                let value = claims
+                    .iter()
+                    .map(|c| format!("{}#{}", c.record, c.token))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                (key, value)
+            })
+            .collect();
+        let mut map = self.stored.clone().unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(ledger_name(&self.parent)),
+                namespace: Some(SUBNET_NAMESPACE.to_owned()),
+                annotations: Some(BTreeMap::from([
+                    (MASTER_ANNOTATION.to_owned(), self.parent.master.clone()),
+                    (VLAN_ANNOTATION.to_owned(), self.parent.vlan.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        });
+        map.data = Some(data);
+        map
+    }
+}
+
+fn parse_claims(map: &ConfigMap) -> BTreeMap<Mac, BTreeSet<Claim>> {
+    map.data
+        .iter()
+        .flatten()
+        .filter_map(|(key, value)| {
+            let mac = Mac::parse(&key.replace('-', ":")).ok()?;
+            let claims: BTreeSet<Claim> =
+                value.split_whitespace().filter_map(Claim::parse).collect();
+            (!claims.is_empty()).then_some((mac, claims))
+        })
+        .collect()
+}
+
+fn api(client: &kube::Client) -> Api<ConfigMap> {
+    Api::namespaced(client.clone(), SUBNET_NAMESPACE)
+}
+
+/// Reads the ledger of `parent` from the API server (never a cache).
+///
+/// # Errors
+/// The API failing.
+pub async fn read(client: &kube::Client, parent: &ParentLink) -> Result<Ledger, Error> {
+    let name = ledger_name(parent);
+    let stored =
+        api(client)
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube("get", "ConfigMap", &name))?;
+    Ok(Ledger {
+        claims: stored.as_ref().map(parse_claims).unwrap_or_default(),
+        stored,
+        parent: parent.clone(),
+    })
+}
+
+/// Writes `ledger` if nobody wrote it since it was read: `Ok(false)` when
+/// another writer was first (read again and decide again).
+///
+/// # Errors
+/// The API failing.
+pub async fn write(client: &kube::Client, ledger: &Ledger) -> Result<bool, Error> {
+    let name = ledger_name(&ledger.parent);
+    let api = api(client);
+    let map = ledger.to_config_map();
+    let result = if ledger.stored.is_some() {
+        api.replace(&name, &PostParams::default(), &map).await
+    } else {
+        api.create(&PostParams::default(), &map).await
+    };
+    match result {
+        Ok(_) => Ok(true),
+        // 409: changed since read (or created meanwhile); 404: deleted.
+        Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(false),
+        Err(error) => Err(Error::kube("write", "ConfigMap", &name)(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mac(text: &str) -> Mac {
+        Mac::parse(text).unwrap()
+    }
+
+    fn parent(master: &str, vlan: u16) -> ParentLink {
+        ParentLink {
+            master: master.into(),
+            vlan,
+        }
+    }
+
+    #[test]
+    fn names_are_valid_object_names_and_distinct_per_parent_link() {
+        assert_eq!(ledger_name(&parent("eth0", 0)), "flatnet-macs-0-65746830");
+        let names: BTreeSet<String> = [
+            parent("eth0", 100),
+            parent("eth0.1", 0),
+            parent("eth01", 0),
+            parent("Eth0", 100),
+        ]
+        .iter()
+        .map(ledger_name)
+        .collect();
+        assert_eq!(names.len(), 4);
+        for name in &names {
+            assert!(
+                name.len() <= 253
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn claims_round_trip_and_are_shared_only_within_a_pod() {
+        let mut ledger = Ledger {
+            stored: None,
+            parent: parent("eth0", 0),
+            claims: BTreeMap::new(),
+        };
+        let m = mac("02:00:00:00:00:01");
+        ledger.add(m, Claim::new("shop/web-0"));
+        ledger.add(m, Claim::new("shop/web-0.ipv6"));
+        let map = ledger.to_config_map();
+        assert_eq!(
+            map.metadata.name.as_deref(),
+            Some("flatnet-macs-0-65746830")
+        );
+        let data = map.data.clone().unwrap();
+        assert!(data.contains_key("02-00-00-00-00-01"), "{data:?}");
+        assert_eq!(parse_claims(&map), ledger.claims);
+
+        assert!(ledger.only_pod_of(m, "shop/web-0.ipv6"));
+        assert!(ledger.taken_from("shop/web-0").is_empty());
+        assert_eq!(ledger.taken_from("shop/web-1"), BTreeSet::from([m]));
+        assert!(!ledger.only_pod_of(m, "shop/web-1"));
+
+        let mine = ledger.claims_of(m, "shop/web-0");
+        assert_eq!(mine.len(), 1);
+        assert!(ledger.remove(m, |c| *c == mine[0]));
+        assert!(!ledger.remove(m, |c| *c == mine[0]), "removed once");
+        assert!(ledger.remove(m, |_| true));
+        assert!(
+            ledger.claims.is_empty(),
+            "an unclaimed MAC leaves the ledger"
+        );
+    }
+
+    #[test]
+    fn tokens_differ_per_claim() {
+        assert_ne!(Claim::new("a/b").token, Claim::new("a/b").token);
+    }
+}
