@@ -215,6 +215,43 @@ async fn existing_interface_name_is_reported_and_kept() {
     );
 }
 
+/// Linux 6.1 checks a new link's name in the namespace the request comes
+/// from too: a node with its own `eth1` must still give pods an `eth1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_interface_named_like_a_node_interface() {
+    if !privileged("pod_interface_named_like_a_node_interface") {
+        return;
+    }
+    let lan = Lan::new();
+    lan.node.ip(&[
+        "link",
+        "add",
+        "name",
+        "eth1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "nodepeer1",
+    ]);
+    let pod = TestNetns::new("flp-");
+    let spec = lan.spec(&pod, &["192.0.2.42/24"]);
+    assert_eq!(spec.ifname, "eth1");
+    let attachment = lan.attachments().attach(&spec).await.unwrap();
+    assert_eq!(attachment.ifname, "eth1");
+    ping(&pod, LAN_V4);
+    let node_eth1 = lan.node.ip(&["-d", "link", "show", "dev", "eth1"]);
+    assert!(
+        node_eth1.contains("veth"),
+        "the node's eth1 stays: {node_eth1}"
+    );
+    let pod_links = pod.ip(&["-o", "link", "show"]);
+    assert!(
+        !pod_links.contains("fnt"),
+        "no temporary name is left in the pod: {pod_links}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mac_already_in_use_rolls_back() {
     if !privileged("mac_already_in_use_rolls_back") {

@@ -38,6 +38,11 @@ pub fn clippy() -> anyhow::Result<()> {
 const VM_TESTS: &[(&str, &str)] = &[
     ("flatnet-agent:vm_kernel_features", ""),
     ("flatnet-agent:link_ipvlan_vlan", ""),
+    // Linux 6.1 checks new link names in the node's namespace as well.
+    (
+        "flatnet-agent:link_macvlan",
+        "pod_interface_named_like_a_node_interface existing_interface_name",
+    ),
     // ipvlan L2/L3 and macvlan on a VLAN through the real flatnet-cni and agent.
     ("flatnet-agent:agent_standalone", "ipvlan_l2_l3_and_vlan"),
     // The tools-free uplink tests (raw sockets and BPF_PROG_TEST_RUN).

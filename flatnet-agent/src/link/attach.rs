@@ -89,8 +89,7 @@ impl Setup<'_> {
             });
         }
 
-        self.create_child(&parent).await?;
-        let pod = Netlink::open(Some(&spec.netns))?;
+        let pod = self.create_child(&parent).await?;
         let pod_netns = pod.netns().to_owned();
         let link = pod
             .link_by_name(&spec.ifname)
@@ -173,20 +172,39 @@ impl Setup<'_> {
 
     /// Creates the macvlan/ipvlan child directly inside the pod namespace
     /// under its final name (no rename, so no window with a stray name).
-    async fn create_child(&mut self, parent: &Link) -> Result<(), LinkError> {
+    /// Creates the pod interface under a temporary name, then renames it in
+    /// the pod. Linux 6.1 also checks a new link's name against the
+    /// namespace the request comes from, so creating `eth1` straight into a
+    /// pod fails with EEXIST on a node that has an `eth1` of its own.
+    /// Returns the pod's netlink handle.
+    async fn create_child(&mut self, parent: &Link) -> Result<Netlink, LinkError> {
         let spec = self.valid.spec();
+        let pod = Netlink::open(Some(&spec.netns))?;
+        let taken = || LinkError::AlreadyExists {
+            ifname: spec.ifname.clone(),
+            netns: spec.netns.display().to_string(),
+        };
+        // The name is taken in the pod: that interface is not ours to undo.
+        if pod.link_by_name(&spec.ifname).await?.is_some() {
+            return Err(taken());
+        }
+        let temporary = temporary_name(&spec.netns, &spec.ifname);
+        // Left over by an ADD that died between creating and renaming.
+        if let Some(stale) = pod.link_by_name(&temporary).await? {
+            pod.delete_link(stale.index, &temporary).await?;
+        }
         let netns = open_netns_file(&spec.netns)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         let mut message = match spec.kind {
             LinkMode::Macvlan(mode) => {
-                let builder = LinkMacVlan::new(&spec.ifname, parent.index, macvlan_mode(mode));
+                let builder = LinkMacVlan::new(&temporary, parent.index, macvlan_mode(mode));
                 match spec.mac {
                     Some(mac) => builder.address(mac.to_vec()).setns_by_fd(fd).build(),
                     None => builder.setns_by_fd(fd).build(),
                 }
             }
             LinkMode::Ipvlan(mode, flag) => {
-                LinkIpVlan::new(&spec.ifname, parent.index, ipvlan_mode(mode))
+                LinkIpVlan::new(&temporary, parent.index, ipvlan_mode(mode))
                     .flag(ipvlan_flag(flag))
                     .setns_by_fd(fd)
                     .build()
@@ -204,24 +222,40 @@ impl Setup<'_> {
         let result = self.host.create_link(op, &spec.ifname, message).await;
         drop(netns);
         match result {
-            Ok(()) => {
-                self.undo.push(Undo::DeletePodLink {
-                    name: spec.ifname.clone(),
+            Ok(()) => {}
+            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => {
+                return Err(LinkError::Unsupported {
+                    kind,
+                    module: kind,
+                    subnet: spec.subnet.clone(),
                 });
-                Ok(())
             }
-            // The name is taken in the pod: that interface is not ours to undo.
-            Err(e) if e.errno() == Some(libc::EEXIST) => Err(LinkError::AlreadyExists {
-                ifname: spec.ifname.clone(),
-                netns: spec.netns.display().to_string(),
-            }),
-            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => Err(LinkError::Unsupported {
-                kind,
-                module: kind,
-                subnet: spec.subnet.clone(),
-            }),
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
         }
+        self.undo.push(Undo::DeletePodLink {
+            name: temporary.clone(),
+        });
+        let link = pod
+            .link_by_name(&temporary)
+            .await?
+            .ok_or_else(|| LinkError::NotFound {
+                ifname: temporary.clone(),
+                netns: pod.netns().to_owned(),
+            })?;
+        let rename = LinkUnspec::new_with_index(link.index)
+            .name(spec.ifname.clone())
+            .build();
+        match pod.set_link("rename", &spec.ifname, rename).await {
+            Ok(()) => {}
+            // Someone took the name meanwhile; the rollback removes ours.
+            Err(e) if e.errno() == Some(libc::EEXIST) => return Err(taken()),
+            Err(e) => return Err(e),
+        }
+        self.undo.pop();
+        self.undo.push(Undo::DeletePodLink {
+            name: spec.ifname.clone(),
+        });
+        Ok(pod)
     }
 
     /// Routes inside the pod: primary-interface destinations first (they need
@@ -386,6 +420,16 @@ impl Setup<'_> {
             }
         }
     }
+}
+
+/// A name for the pod interface while it is created: unique per pod
+/// namespace and interface (concurrent ADDs never collide), the same on a
+/// retry (so a leftover can be found), at most 15 bytes.
+fn temporary_name(netns: &std::path::Path, ifname: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (netns, ifname).hash(&mut hasher);
+    format!("fnt{:012x}", hasher.finish() & 0xffff_ffff_ffff)
 }
 
 async fn delete_pod_link(setup: &Setup<'_>, name: &str) -> Result<(), LinkError> {
@@ -573,5 +617,21 @@ pub(super) fn ipvlan_flag(flag: IpvlanFlag) -> IpVlanFlags {
         IpvlanFlag::Bridge => IpVlanFlags::empty(),
         IpvlanFlag::Private => IpVlanFlags::Private,
         IpvlanFlag::Vepa => IpVlanFlags::Vepa,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::temporary_name;
+
+    #[test]
+    fn temporary_names_fit_are_stable_and_differ_per_pod_and_interface() {
+        let a = temporary_name(Path::new("/run/netns/a"), "eth1");
+        assert!(a.len() <= 15, "{a}");
+        assert_eq!(a, temporary_name(Path::new("/run/netns/a"), "eth1"));
+        assert_ne!(a, temporary_name(Path::new("/run/netns/b"), "eth1"));
+        assert_ne!(a, temporary_name(Path::new("/run/netns/a"), "eth2"));
     }
 }
