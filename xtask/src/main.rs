@@ -31,7 +31,7 @@ enum Command {
     Charts,
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
-    /// Benchmarks (root): cni, throughput, policy; each updates docs/benchmarks.md.
+    /// Benchmarks (root): cni, throughput, policy, conflicts; each updates docs/benchmarks.md.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Same as `bench policy`.

@@ -74,6 +74,7 @@ struct Inner<S> {
     locks: locks::KeyLocks,
     metrics: Arc<Metrics>,
     limiter: conflicts::RateLimiter,
+    owners: conflicts::Owners,
     /// Told when attachments change, so the policy controller recompiles.
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
 }
@@ -105,6 +106,7 @@ impl<S: DesiredState> AgentService<S> {
                 locks: locks::KeyLocks::default(),
                 metrics,
                 limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
+                owners: conflicts::Owners::default(),
                 policy_trigger: std::sync::OnceLock::new(),
             }),
         }
@@ -174,7 +176,7 @@ impl<S: DesiredState> AgentService<S> {
     pub async fn watch_conflicts(&self, mut monitor: ConflictMonitor) {
         loop {
             match monitor.next().await {
-                Ok(conflict) => self.inner.on_conflict(conflict).await,
+                Ok(conflict) => Arc::clone(&self.inner).on_conflict(conflict),
                 Err(error) => {
                     tracing::error!(%error, "the conflict monitor failed; conflicts are no longer reported");
                     return;
@@ -726,25 +728,25 @@ impl<S: DesiredState> Inner<S> {
             .map_err(|e| link_error(&e))
     }
 
-    async fn on_conflict(&self, conflict: crate::datapath::Conflict) {
+    /// Counts, logs and (once per address per interval) reports one
+    /// conflict. The report goes out in its own task: conflicts behind it
+    /// are not held up by its round trips to the API server.
+    fn on_conflict(self: Arc<Self>, conflict: crate::datapath::Conflict) {
         self.metrics.conflict();
         if !self.limiter.allow(conflict.addr) {
             return;
         }
-        let owner = self.records.all().ok().and_then(|records| {
-            records.into_iter().find(|r| {
-                r.uplink
-                    .as_ref()
-                    .is_some_and(|u| u.ifindex == conflict.ifindex)
-                    && r.ips().contains(&conflict.addr)
-            })
-        });
+        let owner = self
+            .owners
+            .find(&self.records, conflict.ifindex, conflict.addr);
         let pod = owner.as_ref().map(|r| r.pod.clone()).unwrap_or_default();
         tracing::warn!(%conflict, %pod, "IP conflict: another host claims a pod address");
-        if owner.is_some()
-            && let Err(error) = self.desired.report_conflict(&pod, &conflict).await
-        {
-            tracing::warn!(%error, %pod, "cannot report the IP conflict");
+        if owner.is_some() {
+            tokio::spawn(async move {
+                if let Err(error) = self.desired.report_conflict(&pod, &conflict).await {
+                    tracing::warn!(%error, %pod, "cannot report the IP conflict");
+                }
+            });
         }
     }
 }

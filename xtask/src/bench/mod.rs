@@ -1,7 +1,8 @@
-//! `cargo xtask bench <cni|throughput|policy>`: on-demand benchmarks (root).
+//! `cargo xtask bench <cni|throughput|policy|conflicts>`: on-demand benchmarks (root).
 //! Each writes its results into its own section of docs/benchmarks.md.
 
 mod cni;
+mod conflicts;
 mod policy;
 mod report;
 mod throughput;
@@ -27,6 +28,9 @@ pub enum BenchCommand {
     Throughput(throughput::ThroughputArgs),
     /// Per-packet cost of the policy programs (BPF_PROG_TEST_RUN).
     Policy,
+    /// Latency from a foreign claim on a managed address to the Kubernetes
+    /// Event and the FlatNetworkIP condition.
+    Conflicts,
 }
 
 /// Runs one benchmark.
@@ -39,6 +43,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Cni(args) => cni::run(&args),
         BenchCommand::Throughput(args) => throughput::run(&args),
         BenchCommand::Policy => policy::run(),
+        BenchCommand::Conflicts => conflicts::run(),
     }
 }
 
