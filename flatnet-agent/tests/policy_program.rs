@@ -14,7 +14,8 @@ use flatnet_common::policy::{Direction, PolicyStat};
 use support::{
     TestPinRoot,
     frames::{
-        self, ICMP, ICMPV6, SCTP, TCP, UDP, eth, ext8, frag6, icmp, ipv4, ipv6, ports, v4, v6,
+        self, ICMP, ICMPV6, SCTP, TCP, UDP, eth, ext8, frag6, icmp, icmp_error, ipv4, ipv6, ports,
+        v4, v6,
     },
     privileged,
 };
@@ -289,6 +290,169 @@ fn test_run_replies_of_allowed_flows_pass() {
     assert_eq!(f.ingress(&v6("fd00::53", "fd00::1", UDP, 53, 5555)), PASS);
     assert_eq!(f.ingress(&v6("fd00::53", "fd00::1", UDP, 53, 5556)), DROP);
     assert_eq!(f.stat(PolicyStat::AllowedReply), 3);
+}
+
+/// An ICMPv4 error from `from` to `to` quoting the first `len` bytes of a
+/// TCP segment `src:sport -> dst:dport`.
+fn icmp4_error(
+    from: &str,
+    to: &str,
+    icmp_type: u8,
+    quoted: (&str, &str, u16, u16),
+    len: usize,
+) -> Vec<u8> {
+    let (src, dst, sport, dport) = quoted;
+    let segment = ipv4(
+        src.parse().unwrap(),
+        dst.parse().unwrap(),
+        TCP,
+        9,
+        0,
+        &ports(sport, dport),
+    );
+    let error = icmp_error(icmp_type, &segment[..len]);
+    eth(
+        0x0800,
+        &ipv4(
+            from.parse().unwrap(),
+            to.parse().unwrap(),
+            ICMP,
+            1,
+            0,
+            &error,
+        ),
+    )
+}
+
+/// An ICMPv6 error from `from` to `to` quoting the first `len` bytes of a
+/// UDP datagram `src:sport -> dst:dport` (after `ext`, extension headers
+/// ending in UDP, when given).
+fn icmp6_error(
+    from: &str,
+    to: &str,
+    icmp_type: u8,
+    quoted: (&str, &str, u16, u16),
+    ext: Option<Vec<u8>>,
+    len: usize,
+) -> Vec<u8> {
+    let (src, dst, sport, dport) = quoted;
+    let (next, mut payload) = match ext {
+        Some(ext) => (60, ext),
+        None => (UDP, Vec::new()),
+    };
+    payload.extend(ports(sport, dport));
+    let datagram = ipv6(src.parse().unwrap(), dst.parse().unwrap(), next, &payload);
+    let error = icmp_error(icmp_type, &datagram[..len]);
+    eth(
+        0x86dd,
+        &ipv6(from.parse().unwrap(), to.parse().unwrap(), ICMPV6, &error),
+    )
+}
+
+#[test]
+fn test_run_icmpv4_errors_about_tracked_flows_pass() {
+    if !privileged("test_run_icmpv4_errors_about_tracked_flows_pass") {
+        return;
+    }
+    let mut f = Fixture::new(&[WEB_POLICY]);
+    let (web, remote, router) = ("10.0.0.1", "10.0.0.9", "10.0.0.254");
+    let out = (web, remote, 40000, 5432);
+    // Destination unreachable quoting the IP header and 8 bytes of TCP.
+    let unreachable = icmp4_error(router, web, 3, out, 28);
+    assert_eq!(
+        f.ingress(&unreachable),
+        DROP,
+        "no flow yet: no rule for the router"
+    );
+    assert_eq!(f.egress(&v4(web, remote, TCP, 40000, 5432)), PASS);
+    assert_eq!(f.ingress(&unreachable), PASS, "about the allowed flow");
+    for icmp_type in [11, 12] {
+        assert_eq!(
+            f.ingress(&icmp4_error(router, web, icmp_type, out, 28)),
+            PASS,
+            "type {icmp_type}"
+        );
+    }
+    assert_eq!(
+        f.ingress(&icmp4_error(router, web, 3, (web, remote, 40001, 5432), 28)),
+        DROP,
+        "about another flow"
+    );
+    assert_eq!(
+        f.ingress(&icmp4_error(router, web, 5, out, 28)),
+        DROP,
+        "a redirect is not an error about the flow"
+    );
+    // Quotes cut short: inside the ports, inside the IP header.
+    assert_eq!(f.ingress(&icmp4_error(router, web, 3, out, 22)), DROP);
+    assert_eq!(f.ingress(&icmp4_error(router, web, 3, out, 12)), DROP);
+    // Cut short but from a sender a rule allows without ports: the rule decides.
+    assert_eq!(f.ingress(&icmp4_error("10.0.0.2", web, 3, out, 12)), PASS);
+
+    // The pod's own error about a flow allowed in goes out, although
+    // egress allows only TCP 5432 within 10.0.0.0/24.
+    let lan = "192.168.1.1";
+    let port_unreachable = icmp4_error(web, lan, 3, (lan, web, 40000, 80), 28);
+    assert_eq!(f.egress(&port_unreachable), DROP, "no flow yet");
+    assert_eq!(f.ingress(&v4(lan, web, TCP, 40000, 80)), PASS);
+    assert_eq!(
+        f.egress(&port_unreachable),
+        PASS,
+        "about the flow allowed in"
+    );
+    assert_eq!(f.stat(PolicyStat::AllowedRelated), 4);
+}
+
+#[test]
+fn test_run_icmpv6_errors_about_tracked_flows_pass() {
+    if !privileged("test_run_icmpv6_errors_about_tracked_flows_pass") {
+        return;
+    }
+    let mut f = Fixture::new(&[WEB_POLICY]);
+    let (web, resolver, router) = ("fd00::1", "fd00::53", "fd00::fe");
+    let out = (web, resolver, 5555, 53);
+    // Packet too big quoting the IP header and the UDP header.
+    let too_big = icmp6_error(router, web, 2, out, None, 48);
+    assert_eq!(
+        f.ingress(&too_big),
+        DROP,
+        "no flow yet: no rule for the router"
+    );
+    assert_eq!(f.egress(&v6(web, resolver, UDP, 5555, 53)), PASS);
+    assert_eq!(f.ingress(&too_big), PASS, "about the allowed flow");
+    for icmp_type in [1, 3, 4] {
+        assert_eq!(
+            f.ingress(&icmp6_error(router, web, icmp_type, out, None, 48)),
+            PASS,
+            "type {icmp_type}"
+        );
+    }
+    assert_eq!(
+        f.ingress(&icmp6_error(
+            router,
+            web,
+            2,
+            (web, resolver, 5556, 53),
+            None,
+            48
+        )),
+        DROP,
+        "about another flow"
+    );
+    // Quotes cut short: inside the ports, inside the IP header; a quote
+    // with an extension header is not followed.
+    assert_eq!(f.ingress(&icmp6_error(router, web, 2, out, None, 42)), DROP);
+    assert_eq!(f.ingress(&icmp6_error(router, web, 2, out, None, 30)), DROP);
+    assert_eq!(
+        f.ingress(&icmp6_error(router, web, 2, out, Some(ext8(UDP)), 56)),
+        DROP
+    );
+    // Cut short but from a sender a rule allows without ports: the rule decides.
+    assert_eq!(
+        f.ingress(&icmp6_error("fd00::2", web, 2, out, None, 30)),
+        PASS
+    );
+    assert_eq!(f.stat(PolicyStat::AllowedRelated), 4);
 }
 
 #[test]

@@ -267,6 +267,15 @@ impl Flow {
             reserved: [0; 2],
         }
     }
+
+    /// The key an ICMP error about this flow (the packet the error quotes)
+    /// is looked up under when the error travels at `direction`: the error
+    /// goes back toward the flow's sender, like a reply, so it is related
+    /// when the flow's replies are expected at `direction`.
+    #[inline(always)]
+    pub fn related_ct_key(&self, direction: Direction) -> CtKey {
+        self.reply_ct_key(direction.reverse())
+    }
 }
 
 /// Key of the connection-tracking LRU map: a packet expected at `direction`.
@@ -358,11 +367,13 @@ pub enum PolicyStat {
     DeniedMalformed = 8,
     /// Drop events not sent because of the rate limit or a full ring buffer.
     EventsSuppressed = 9,
+    /// Passed as an ICMP error about a flow allowed earlier.
+    AllowedRelated = 10,
 }
 
 impl PolicyStat {
     /// Number of stats; the length of the stats array.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 11;
 
     /// Every stat, in index order.
     pub const ALL: [PolicyStat; Self::COUNT as usize] = [
@@ -376,6 +387,7 @@ impl PolicyStat {
         Self::DeniedFragment,
         Self::DeniedMalformed,
         Self::EventsSuppressed,
+        Self::AllowedRelated,
     ];
 
     /// A stable lower-case name for output and metrics.
@@ -391,6 +403,7 @@ impl PolicyStat {
             Self::DeniedFragment => "denied_fragment",
             Self::DeniedMalformed => "denied_malformed",
             Self::EventsSuppressed => "events_suppressed",
+            Self::AllowedRelated => "allowed_related",
         }
     }
 }
@@ -664,6 +677,22 @@ pub fn icmp_ports(protocol: u8, h: &[u8; 8]) -> Option<(u16, u16)> {
     }
 }
 
+/// Bytes of an ICMP / ICMPv6 error message before the packet it quotes
+/// (type, code, checksum, and 4 bytes of unused / pointer / MTU).
+pub const ICMP_ERROR_HEADER_LEN: usize = 8;
+
+/// Whether an ICMP / ICMPv6 message of `icmp_type` is an error that quotes
+/// the packet it reports on (IPv4: destination unreachable, time exceeded,
+/// parameter problem; IPv6: destination unreachable, packet too big, time
+/// exceeded, parameter problem).
+#[inline(always)]
+pub const fn is_icmp_error(protocol: u8, icmp_type: u8) -> bool {
+    matches!(
+        (protocol, icmp_type),
+        (proto::ICMP, 3 | 11 | 12) | (proto::ICMPV6, 1..=4)
+    )
+}
+
 /// Whether an ICMPv6 type is neighbour discovery (133–137) or multicast
 /// listener discovery (130–132, 143), which IPv6 needs to work at all and
 /// the policy therefore always passes.
@@ -768,6 +797,50 @@ mod tests {
             reply.ct_key(Direction::Egress),
             "a reply is expected in the other direction only"
         );
+    }
+
+    #[test]
+    fn related_key_of_a_quoted_packet_is_its_reply_key() {
+        // The pod sent a TCP segment out; a router's error about it comes in
+        // quoting that segment, and must find the entry the segment wrote.
+        let quoted = Flow {
+            src: mapped_v4([10, 0, 0, 1]),
+            dst: mapped_v4([192, 0, 2, 9]),
+            src_port: 40000,
+            dst_port: 443,
+            protocol: proto::TCP,
+        };
+        assert_eq!(
+            quoted.related_ct_key(Direction::Ingress),
+            quoted.reply_ct_key(Direction::Egress)
+        );
+        // A pod's error about a packet it received goes out and finds the
+        // entry that packet wrote when it was allowed in.
+        assert_eq!(
+            quoted.related_ct_key(Direction::Egress),
+            quoted.reply_ct_key(Direction::Ingress)
+        );
+        assert_ne!(
+            quoted.related_ct_key(Direction::Ingress),
+            quoted.reply_ct_key(Direction::Ingress)
+        );
+    }
+
+    #[test]
+    fn icmp_errors() {
+        for t in [3, 11, 12] {
+            assert!(is_icmp_error(proto::ICMP, t), "{t}");
+        }
+        for t in [0, 4, 5, 8, 13] {
+            assert!(!is_icmp_error(proto::ICMP, t), "{t}");
+        }
+        for t in [1, 2, 3, 4] {
+            assert!(is_icmp_error(proto::ICMPV6, t), "{t}");
+        }
+        for t in [0, 5, 128, 129, 135] {
+            assert!(!is_icmp_error(proto::ICMPV6, t), "{t}");
+        }
+        assert!(!is_icmp_error(proto::TCP, 3));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Reads go through `bpf_skb_load_bytes` (`TcContext::load`), which also
 //! works when the headers are not in the skb's linear data.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
 
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_IPV6: u16 = 0x86DD;
@@ -27,6 +27,30 @@ pub enum ParseError {
 pub fn read_be16(ctx: &TcContext, offset: usize) -> Result<u16, ParseError> {
     let raw: [u8; 2] = ctx.load(offset).map_err(|_| ParseError::Truncated)?;
     Ok(u16::from_be_bytes(raw))
+}
+
+/// Reads `N` bytes at `offset` straight into `dst` (for example a map key
+/// being built), without a copy on the stack.
+#[inline(always)]
+pub fn load_into<const N: usize>(
+    ctx: &TcContext,
+    offset: usize,
+    dst: &mut [u8; N],
+) -> Result<(), ParseError> {
+    // SAFETY: the helper writes exactly N bytes into `dst` or fails.
+    let ret = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb.cast(),
+            offset as u32,
+            dst.as_mut_ptr().cast(),
+            N as u32,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(ParseError::Truncated)
+    }
 }
 
 /// Reads one byte at `offset`.

@@ -8,7 +8,9 @@
 //! 1. ARP, neighbour discovery and MLD always pass; other non-IP frames too.
 //! 2. Replies of flows allowed earlier pass (connection tracking).
 //! 3. A direction that is not isolated for the subject passes.
-//! 4. Otherwise the longest remote prefix in `POLICY_CIDRS` for
+//! 4. ICMP errors quoting a packet of a flow allowed earlier pass, like
+//!    its replies.
+//! 5. Otherwise the longest remote prefix in `POLICY_CIDRS` for
 //!    (direction, subject) must hold a port match for the packet.
 //!
 //! Later fragments follow their first fragment. Malformed or truncated IP
@@ -27,15 +29,18 @@ use flatnet_common::{
     FrameCounter,
     policy::{
         CtEntry, CtKey, Direction, DropReason, EventBudget, FRAG_TIMEOUT_NS, Flow, FragKey,
-        Fragment, IPV4_MIN_LEN, Ipv6Ext, LPM_FIXED_BITS, MAX_IPV6_EXTENSIONS,
-        POLICY_CIDRS_MAX_ENTRIES, POLICY_CT_MAX_ENTRIES, POLICY_EVENT_RING_BYTES,
-        POLICY_FRAG_MAX_ENTRIES, POLICY_RULES_MAX, POLICY_SUBJECTS_MAX_ENTRIES, PolicyAllow,
-        PolicyDropEvent, PolicyLpmData, PolicyStat, PolicySubject, PolicySubjectKey, has_ports,
-        icmp_ports, ipv6_ext, is_ipv6_control, is_ipv6_extension, parse_ipv4, parse_ipv6, proto,
+        Fragment, ICMP_ERROR_HEADER_LEN, IPV4_MIN_LEN, Ipv6Ext, LPM_FIXED_BITS,
+        MAX_IPV6_EXTENSIONS, POLICY_CIDRS_MAX_ENTRIES, POLICY_CT_MAX_ENTRIES,
+        POLICY_EVENT_RING_BYTES, POLICY_FRAG_MAX_ENTRIES, POLICY_RULES_MAX,
+        POLICY_SUBJECTS_MAX_ENTRIES, PolicyAllow, PolicyDropEvent, PolicyLpmData, PolicyStat,
+        PolicySubject, PolicySubjectKey, has_ports, icmp_ports, ipv6_ext, is_icmp_error,
+        is_ipv6_control, is_ipv6_extension, parse_ipv4, parse_ipv6, proto,
     },
 };
 
-use crate::headers::{ETH_P_ARP, ETH_P_IPV6, l3_protocol};
+use crate::headers::{
+    ETH_P_ARP, ETH_P_IPV6, IPV6_HDR_LEN, ParseError, l3_protocol, load_into, read_be16, read_u8,
+};
 
 const ETH_P_IP: u16 = 0x0800;
 
@@ -98,6 +103,10 @@ struct Packet {
     /// Whether the L4 header the protocol needs could be read. Always true
     /// for later fragments (they have none) and port-less protocols.
     l4_complete: bool,
+    /// For an ICMP error: the offset of the IP header it quotes; 0 for
+    /// other packets. (A plain offset, not an `Option`: the verifier
+    /// rejects the code LLVM generates for an `Option` here.)
+    quoted_l3: usize,
 }
 
 impl Packet {
@@ -235,6 +244,7 @@ fn transport(
         },
         fragment,
         l4_complete: true,
+        quoted_l3: 0,
     };
     if let Fragment::Later { .. } = fragment {
         return Parsed::Ip(packet);
@@ -256,6 +266,9 @@ fn transport(
                 if let Some((s, d)) = icmp_ports(protocol, &h) {
                     packet.flow.src_port = s;
                     packet.flow.dst_port = d;
+                }
+                if is_icmp_error(protocol, h[0]) {
+                    packet.quoted_l3 = l4 + ICMP_ERROR_HEADER_LEN;
                 }
             }
             Err(_) => packet.l4_complete = false,
@@ -308,6 +321,12 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
     if !packet.l4_complete {
         return drop_packet(ctx, direction, DropReason::Malformed, flow);
     }
+    if packet.quoted_l3 != 0
+        && is_related(ctx, &subject, flow.protocol, packet.quoted_l3, direction)
+    {
+        bump(PolicyStat::AllowedRelated);
+        return TC_ACT_PIPE;
+    }
     let key = Key::new(
         LPM_FIXED_BITS + 128,
         PolicyLpmData {
@@ -348,6 +367,125 @@ fn is_reply(flow: &Flow, direction: Direction, now: u64) -> bool {
         }
     }
     true
+}
+
+/// Whether an ICMP error quotes a packet of a flow of `subject` allowed
+/// earlier: the quoted packet's flow is looked up like a reply of that flow
+/// ([`Flow::related_ct_key`]). The error does not refresh the flow: only
+/// the flow's own packets keep it alive.
+///
+/// The subject's side of the quoted packet (its source on ingress, its
+/// destination on egress) is taken from `subject`, not from the quote, so
+/// an error only ever finds a flow of the pod it is addressed to (ingress)
+/// or sent by (egress).
+///
+/// A separate BPF function with the key built in place: its frame is only
+/// live during the call, which keeps the programs within the 512-byte stack.
+#[inline(never)]
+fn is_related(
+    ctx: &TcContext,
+    subject: &[u8; 16],
+    error_protocol: u8,
+    quoted_l3: usize,
+    direction: Direction,
+) -> bool {
+    let mut key = AlignedCtKey(CtKey {
+        src: [0; 16],
+        dst: [0; 16],
+        src_port: 0,
+        dst_port: 0,
+        protocol: 0,
+        direction: direction as u8,
+        reserved: [0; 2],
+    });
+    if read_quoted(
+        ctx,
+        error_protocol,
+        quoted_l3,
+        direction,
+        subject,
+        &mut key.0,
+    )
+    .is_err()
+    {
+        return false;
+    }
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the value is copied out at once.
+    unsafe { POLICY_CT.get(key.0) }.is_some_and(|e| e.alive(key.0.protocol, now))
+}
+
+/// A [`CtKey`] on the stack, aligned for word-wise copies.
+#[repr(C, align(8))]
+struct AlignedCtKey(CtKey);
+
+/// Fills `key` with the related key of the packet an ICMP error quotes at
+/// `l3`: its IP header (IPv4 in ICMP, IPv6 without extension headers in
+/// ICMPv6) and the first 8 bytes of its L4 header. Fails when the quote is
+/// cut short, is not of the error's family, or is a later fragment (no L4
+/// header to read).
+///
+/// The key is the quoted flow's reply key ([`Flow::related_ct_key`]):
+/// the quoted destination and destination port come first.
+#[inline(always)]
+fn read_quoted(
+    ctx: &TcContext,
+    error_protocol: u8,
+    l3: usize,
+    direction: Direction,
+    subject: &[u8; 16],
+    key: &mut CtKey,
+) -> Result<(), ParseError> {
+    // Replies travel from the quoted destination to the quoted source: on
+    // ingress the subject is the quoted source (key.dst), on egress the
+    // quoted destination (key.src).
+    // The remote address is the quoted destination on ingress and the
+    // quoted source on egress; its offsets in the IPv4 and IPv6 headers.
+    let (subject_side, remote_side, remote_v4, remote_v6) = match direction {
+        Direction::Ingress => (&mut key.dst, &mut key.src, 16, 24),
+        Direction::Egress => (&mut key.src, &mut key.dst, 12, 8),
+    };
+    *subject_side = *subject;
+    let version_ihl = read_u8(ctx, l3)?;
+    let l4 = if error_protocol == proto::ICMP {
+        let header_len = usize::from(version_ihl & 0x0f) * 4;
+        if version_ihl >> 4 != 4 || header_len < IPV4_MIN_LEN {
+            return Err(ParseError::Truncated);
+        }
+        if read_be16(ctx, l3 + 6)? & 0x1fff != 0 {
+            return Err(ParseError::Truncated);
+        }
+        key.protocol = read_u8(ctx, l3 + 9)?;
+        remote_side[10] = 0xff;
+        remote_side[11] = 0xff;
+        let mut v4 = [0u8; 4];
+        load_into(ctx, l3 + remote_v4, &mut v4)?;
+        remote_side[12..].copy_from_slice(&v4);
+        l3 + header_len
+    } else {
+        if version_ihl >> 4 != 6 {
+            return Err(ParseError::Truncated);
+        }
+        key.protocol = read_u8(ctx, l3 + 6)?;
+        if is_ipv6_extension(key.protocol) {
+            return Err(ParseError::Truncated);
+        }
+        load_into(ctx, l3 + remote_v6, remote_side)?;
+        l3 + IPV6_HDR_LEN
+    };
+    let (src_port, dst_port) = if has_ports(key.protocol) {
+        (read_be16(ctx, l4)?, read_be16(ctx, l4 + 2)?)
+    } else if key.protocol == error_protocol {
+        // An ICMP echo is tracked by its identifier.
+        let h: [u8; 8] = ctx.load(l4).map_err(|_| ParseError::Truncated)?;
+        icmp_ports(key.protocol, &h).ok_or(ParseError::Truncated)?
+    } else {
+        (0, 0)
+    };
+    key.src_port = dst_port;
+    key.dst_port = src_port;
+    Ok(())
 }
 
 /// Lets the replies of an allowed packet's flow through, and its later

@@ -128,3 +128,11 @@ pub fn vlan_tagged(frame: &[u8], vid: u16) -> Vec<u8> {
     out.extend_from_slice(&frame[12..]);
     out
 }
+
+/// An ICMP / ICMPv6 error message of `icmp_type` quoting `quoted` (an IP
+/// packet, possibly cut short).
+pub fn icmp_error(icmp_type: u8, quoted: &[u8]) -> Vec<u8> {
+    let mut m = vec![icmp_type, 0, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(quoted);
+    m
+}
