@@ -6,6 +6,10 @@
 //! exist and stay unbound. The controllers run in this process; the test
 //! installs the CRDs when they are missing.
 
+mod e2e_support;
+
+use e2e_support::{Converge, cluster_configured};
+
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use flatnet_common::k8s::{
@@ -28,31 +32,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// How long the test waits for the controllers to converge before failing.
-const CONVERGE_WITHIN: Duration = Duration::from_secs(180);
+const CONVERGE: Converge = Converge {
+    within: Duration::from_secs(180),
+    poll: Duration::from_secs(1),
+};
 const PODS: usize = 200;
-
-fn cluster_configured() -> bool {
-    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
-}
-
-/// Polls `check` until it returns `Some`, panicking with `what` after [`CONVERGE_WITHIN`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_WITHIN;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
 
 async fn ensure_namespace(client: &Client, name: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -75,10 +59,11 @@ async fn install_crds(client: &Client) {
     }
     // The API serves the kinds a moment after the CRDs are accepted.
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(client.clone(), SUBNET_NAMESPACE);
-    eventually("the CRDs to be served", || async {
-        subnets.list(&ListParams::default()).await.ok().map(|_| ())
-    })
-    .await;
+    CONVERGE
+        .eventually("the CRDs to be served", || async {
+            subnets.list(&ListParams::default()).await.ok().map(|_| ())
+        })
+        .await;
 }
 
 fn pod_template(subnet: &str) -> serde_json::Value {
@@ -144,11 +129,12 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
         stop.clone(),
     ));
 
-    let active = eventually("the subnet to be Active", || async {
-        let s = subnets.get(&subnet_name).await.ok()?;
-        (s.status.as_ref()?.phase == "Active").then_some(s)
-    })
-    .await;
+    let active = CONVERGE
+        .eventually("the subnet to be Active", || async {
+            let s = subnets.get(&subnet_name).await.ok()?;
+            (s.status.as_ref()?.phase == "Active").then_some(s)
+        })
+        .await;
     assert_eq!(active.metadata.labels.unwrap()["master"], "eth9");
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -164,11 +150,12 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
             .expect("create pod");
     }
     let records: Api<FlatNetworkIP> = Api::namespaced(client.clone(), &ns);
-    let held = eventually("every pod's FlatNetworkIP to hold an address", || async {
-        let held = addresses(&records).await;
-        (held.len() == PODS).then_some(held)
-    })
-    .await;
+    let held = CONVERGE
+        .eventually("every pod's FlatNetworkIP to hold an address", || async {
+            let held = addresses(&records).await;
+            (held.len() == PODS).then_some(held)
+        })
+        .await;
     let unique: BTreeSet<IpAddr> = held.iter().map(|(_, a)| *a).collect();
     assert_eq!(unique.len(), PODS, "an address was handed out twice");
     assert!(
@@ -184,15 +171,16 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
             .await
             .expect("delete pod");
     }
-    eventually(
-        "the records of deleted pods to go and the ledger to shrink",
-        || async {
-            let left = addresses(&records).await.len();
-            let used = subnets.get(&subnet_name).await.ok()?.status?.used_ip_count;
-            (left == PODS - 50 && used == i64::try_from(PODS - 50).unwrap() + 1).then_some(())
-        },
-    )
-    .await;
+    CONVERGE
+        .eventually(
+            "the records of deleted pods to go and the ledger to shrink",
+            || async {
+                let left = addresses(&records).await.len();
+                let used = subnets.get(&subnet_name).await.ok()?.status?.used_ip_count;
+                (left == PODS - 50 && used == i64::try_from(PODS - 50).unwrap() + 1).then_some(())
+            },
+        )
+        .await;
 
     // A StatefulSet pod keeps its address when it is replaced.
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -207,24 +195,26 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
     sets.create(&PostParams::default(), &set)
         .await
         .expect("create StatefulSet");
-    let first = eventually("web-0 to get an address", || async {
-        let r = records.get_opt("web-0").await.ok()??;
-        r.status?.addr
-    })
-    .await;
+    let first = CONVERGE
+        .eventually("web-0 to get an address", || async {
+            let r = records.get_opt("web-0").await.ok()??;
+            r.status?.addr
+        })
+        .await;
     let old_uid = pods.get("web-0").await.unwrap().metadata.uid;
     pods.delete("web-0", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete web-0");
-    let second = eventually("the new web-0 to be recorded", || async {
-        let pod = pods.get_opt("web-0").await.ok()??;
-        if pod.metadata.uid == old_uid {
-            return None;
-        }
-        let r = records.get_opt("web-0").await.ok()??;
-        (Some(r.spec.pod_id.clone()) == pod.metadata.uid).then_some(r.status?.addr?)
-    })
-    .await;
+    let second = CONVERGE
+        .eventually("the new web-0 to be recorded", || async {
+            let pod = pods.get_opt("web-0").await.ok()??;
+            if pod.metadata.uid == old_uid {
+                return None;
+            }
+            let r = records.get_opt("web-0").await.ok()??;
+            (Some(r.spec.pod_id.clone()) == pod.metadata.uid).then_some(r.status?.addr?)
+        })
+        .await;
     assert_eq!(first, second, "the StatefulSet pod lost its address");
 
     stop.cancel();
@@ -234,32 +224,33 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
         .delete(&ns, &DeleteParams::default())
         .await
         .expect("delete namespace");
-    eventually(
-        "the subnet to be deletable once its records are gone",
-        || async {
-            // The controllers are stopped: release what is left by hand.
-            for record in Api::<FlatNetworkIP>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .filter(|r| r.spec.subnet == subnet_name)
-            {
-                let api: Api<FlatNetworkIP> =
-                    Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
-                let _ = api
-                    .patch(
-                        record.metadata.name.as_deref()?,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-            }
-            Some(())
-        },
-    )
-    .await;
+    CONVERGE
+        .eventually(
+            "the subnet to be deletable once its records are gone",
+            || async {
+                // The controllers are stopped: release what is left by hand.
+                for record in Api::<FlatNetworkIP>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|r| r.spec.subnet == subnet_name)
+                {
+                    let api: Api<FlatNetworkIP> =
+                        Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
+                    let _ = api
+                        .patch(
+                            record.metadata.name.as_deref()?,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                        )
+                        .await;
+                }
+                Some(())
+            },
+        )
+        .await;
     let _ = subnets
         .patch(
             &subnet_name,

@@ -5,6 +5,10 @@
 //! It installs the V1 CRD and flatnet's CRDs, and deletes what it created;
 //! run it on a test cluster, since `migrate` and `clean` act cluster-wide.
 
+mod e2e_support;
+
+use e2e_support::cluster_configured;
+
 use std::time::Duration;
 
 use flatnet_common::k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
@@ -20,10 +24,6 @@ use kube::{
 use serde_json::json;
 
 const NS: &str = "flatnet-e2e-migrate";
-
-fn cluster_configured() -> bool {
-    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
-}
 
 async fn apply<K>(api: &Api<K>, name: &str, value: serde_json::Value)
 where

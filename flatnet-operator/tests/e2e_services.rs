@@ -6,6 +6,10 @@
 //! network-status annotation and Ready status itself, as the CNI and the
 //! kubelet would. The controller runs in this process.
 
+mod e2e_support;
+
+use e2e_support::{Converge, cluster_configured};
+
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use flatnet_operator::{admin::Health, metrics::Metrics, services};
@@ -21,30 +25,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// How long the test waits for the controller to converge before failing.
-const CONVERGE_WITHIN: Duration = Duration::from_secs(60);
-
-fn cluster_configured() -> bool {
-    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
-}
-
-/// Polls `check` until it returns `Some`, panicking with `what` after [`CONVERGE_WITHIN`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + CONVERGE_WITHIN;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
+const CONVERGE: Converge = Converge {
+    within: Duration::from_secs(60),
+    poll: Duration::from_millis(500),
+};
 
 fn pod_manifest(name: &str) -> Pod {
     serde_json::from_value(json!({
@@ -147,41 +131,45 @@ async fn flat_service_and_slices_follow_the_pods() {
     }
 
     // Flat pods without addresses yet: the flat Service appears, headless and selector-less.
-    let flat = eventually("the flat Service", || async {
-        svcs.get_opt("web-flat-network").await.unwrap()
-    })
-    .await;
+    let flat = CONVERGE
+        .eventually("the flat Service", || async {
+            svcs.get_opt("web-flat-network").await.unwrap()
+        })
+        .await;
     let spec = flat.spec.expect("spec");
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
     assert_eq!(spec.selector.unwrap_or_default(), BTreeMap::new());
 
     attach(&pods, "web-0", &ns_name, "192.0.2.10").await;
     attach(&pods, "web-1", &ns_name, "192.0.2.11").await;
-    eventually("both flat addresses in the slices", || async {
-        (flat_addresses(&slices).await == ["192.0.2.10", "192.0.2.11"]).then_some(())
-    })
-    .await;
+    CONVERGE
+        .eventually("both flat addresses in the slices", || async {
+            (flat_addresses(&slices).await == ["192.0.2.10", "192.0.2.11"]).then_some(())
+        })
+        .await;
 
     pods.delete("web-1", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete pod");
-    eventually("the deleted pod to leave the slices", || async {
-        (flat_addresses(&slices).await == ["192.0.2.10"]).then_some(())
-    })
-    .await;
+    CONVERGE
+        .eventually("the deleted pod to leave the slices", || async {
+            (flat_addresses(&slices).await == ["192.0.2.10"]).then_some(())
+        })
+        .await;
 
     let opt_out = json!({"metadata": {"annotations": {"flatnetwork.pandaria.io/flatNetworkService": "disabled"}}});
     pods.patch("web-0", &PatchParams::default(), &Patch::Merge(&opt_out))
         .await
         .expect("opt out");
-    eventually("the flat Service to be deleted", || async {
-        svcs.get_opt("web-flat-network")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    CONVERGE
+        .eventually("the flat Service to be deleted", || async {
+            svcs.get_opt("web-flat-network")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
 
     stop.cancel();
     controller.await.expect("controller task");

@@ -9,6 +9,10 @@
 //! through the API server and reads the denials. No kubelet or scheduler is
 //! needed. Everything created is removed at the end.
 
+mod e2e_support;
+
+use e2e_support::cluster_configured;
+
 use std::time::Duration;
 
 use flatnet_common::k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
@@ -32,10 +36,6 @@ use serde_json::{Value, json};
 /// How long the test waits for the webhook to come up before failing.
 const READY_WITHIN: Duration = Duration::from_secs(90);
 const SUBNET_NS: &str = "cattle-flat-network";
-
-fn cluster_configured() -> bool {
-    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
-}
 
 fn webhook_url() -> String {
     std::env::var("FLATNET_E2E_WEBHOOK_URL")

@@ -1,0 +1,39 @@
+//! Shared by the end-to-end suites: whether a cluster is configured, and
+//! waiting for controllers to converge.
+#![allow(dead_code)] // each suite uses its own subset
+
+use std::{future::Future, time::Duration};
+
+/// Whether the suites may run: `FLATNET_E2E=1` and `KUBECONFIG` set.
+pub fn cluster_configured() -> bool {
+    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
+}
+
+/// How long a suite waits for convergence, and how often it looks.
+pub struct Converge {
+    /// Give up (and fail) after this long.
+    pub within: Duration,
+    /// Pause between two checks.
+    pub poll: Duration,
+}
+
+impl Converge {
+    /// Polls `check` until it returns `Some`, panicking with `what` after `within`.
+    pub async fn eventually<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.within;
+        loop {
+            if let Some(value) = check().await {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+}
