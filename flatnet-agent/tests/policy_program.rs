@@ -607,6 +607,109 @@ fn test_run_policy_updates_change_only_maps() {
     assert_eq!(f.ingress(&v4("172.16.0.1", "10.0.0.1", TCP, 1, 2)), DROP);
 }
 
+/// Removes every LPM entry behind the agent's back, leaving the subjects and
+/// their policy digests as they are: only packets that are judged in full
+/// notice.
+fn clear_lpm_entries(pin: &TestPinRoot) {
+    use aya::maps::{LpmTrie, Map, MapData};
+    use flatnet_common::policy::{PolicyAllow, PolicyLpmData};
+    let path = pin.path.join(flatnet_common::pin::MAP_POLICY_CIDRS);
+    let data = MapData::from_pin(&path).expect("open the pinned LPM trie");
+    let mut trie: LpmTrie<_, PolicyLpmData, PolicyAllow> =
+        LpmTrie::try_from(Map::LpmTrie(data)).expect("LPM trie");
+    let keys: Vec<_> = trie.keys().map(|k| k.expect("read key")).collect();
+    assert!(!keys.is_empty());
+    for key in keys {
+        trie.remove(&key).expect("remove entry");
+    }
+}
+
+fn digest_of(f: &Fixture, addr: &str) -> Option<String> {
+    let addr: std::net::IpAddr = addr.parse().unwrap();
+    f.maps
+        .installed()
+        .expect("read installed tables")
+        .subjects
+        .into_iter()
+        .find(|s| s.addr == addr)
+        .map(|s| s.policy_digest)
+}
+
+#[test]
+fn test_run_tracked_flows_pass_until_the_policy_changes() {
+    if !privileged("test_run_tracked_flows_pass_until_the_policy_changes") {
+        return;
+    }
+    let mut f = Fixture::new(&[WEB_POLICY]);
+    let http = v4("192.168.1.1", "10.0.0.1", TCP, 40000, 80);
+    assert_eq!(f.ingress(&http), PASS, "first packet: judged by the rules");
+    assert_eq!(f.ingress(&http), PASS, "second packet: tracked");
+    let rule_packets = |f: &Fixture| -> u64 {
+        f.maps
+            .installed()
+            .unwrap()
+            .entries
+            .iter()
+            .flat_map(|e| &e.matches)
+            .filter(|m| m.protocol == "tcp" && m.ports == "80-90")
+            .map(|m| (m.rule_id, m.counter.packets))
+            .collect::<BTreeMap<_, _>>()
+            .values()
+            .sum()
+    };
+    assert_eq!(rule_packets(&f), 2, "tracked packets count on their rule");
+    assert_eq!(f.stat(PolicyStat::AllowedByRule), 2);
+
+    // With the rules gone but the digest unchanged, the tracked flow still
+    // passes (it is not judged again) while a new flow is denied.
+    let digest = digest_of(&f, "10.0.0.1").expect("web is isolated");
+    clear_lpm_entries(&f._pin);
+    assert_eq!(f.ingress(&http), PASS, "tracked flow: one lookup");
+    assert_eq!(
+        f.ingress(&v4("192.168.1.1", "10.0.0.1", TCP, 40001, 80)),
+        DROP,
+        "new flow: judged by the (now empty) rules"
+    );
+
+    // The same policy again: same digest, the flow stays tracked.
+    f.apply(&[WEB_POLICY]);
+    assert_eq!(digest_of(&f, "10.0.0.1"), Some(digest.clone()));
+    assert_eq!(f.ingress(&http), PASS);
+
+    // Another policy for web: new digest, the tracked flow is judged again.
+    let db_only = WEB_POLICY.replace("192.168.0.0/16", "203.0.113.0/24");
+    f.apply(&[&db_only]);
+    assert_ne!(digest_of(&f, "10.0.0.1"), Some(digest));
+    assert_eq!(
+        f.ingress(&http),
+        DROP,
+        "tracked flow denied by the new policy"
+    );
+
+    // A pod that becomes isolated: its flows tracked while it was open are
+    // judged by its new policy.
+    let to_other = v4("192.168.1.1", "10.0.0.3", TCP, 40000, 22);
+    assert_eq!(f.ingress(&to_other), PASS, "other is not isolated");
+    assert_eq!(f.ingress(&to_other), PASS, "tracked");
+    assert_eq!(digest_of(&f, "10.0.0.3"), None);
+    let isolate_other = r#"{
+      "apiVersion": "k8s.cni.cncf.io/v1beta1", "kind": "MultiNetworkPolicy",
+      "metadata": {"name": "other", "namespace": "a",
+                   "annotations": {"k8s.v1.cni.cncf.io/policy-for": "rancher-flat-network"}},
+      "spec": {"podSelector": {"matchLabels": {"app": "other"}}, "policyTypes": ["Ingress"]}
+    }"#;
+    f.apply(&[&db_only, isolate_other]);
+    assert_eq!(f.ingress(&to_other), DROP, "other isolated: deny all");
+
+    // The reply side is unaffected by policy changes: replies of a flow web
+    // was allowed to start keep passing.
+    let out = v4("10.0.0.1", "10.0.0.9", TCP, 40000, 5432);
+    let reply = v4("10.0.0.9", "10.0.0.1", TCP, 5432, 40000);
+    assert_eq!(f.egress(&out), PASS);
+    f.apply(&[WEB_POLICY, isolate_other]);
+    assert_eq!(f.ingress(&reply), PASS, "reply of a flow allowed earlier");
+}
+
 #[test]
 fn test_run_kernel_logs_drops_with_their_reason() {
     if !privileged("test_run_kernel_logs_drops_with_their_reason") {

@@ -46,10 +46,12 @@ pub const MAP_POLICY_RULE_STATS: &str = "POLICY_RULES";
 /// Per-CPU array of `u64` indexed by [`crate::policy::PolicyStat`].
 pub const MAP_POLICY_STATS: &str = "POLICY_STATS";
 
-/// LRU hash [`crate::policy::CtKey`] → [`crate::policy::CtEntry`]: replies of allowed flows.
+/// LRU hash [`crate::policy::CtKey`] → [`crate::policy::CtEntry`]: tracked
+/// flows (replies of allowed flows, and allowed flows under the policy digest
+/// they were allowed by).
 pub const MAP_POLICY_CT: &str = "POLICY_CT";
 
-/// LRU hash [`crate::policy::FragKey`] → [`crate::policy::CtEntry`]: datagrams
+/// LRU hash [`crate::policy::FragKey`] → [`crate::policy::FragEntry`]: datagrams
 /// whose first fragment was allowed.
 pub const MAP_POLICY_FRAGS: &str = "POLICY_FRAGS";
 

@@ -12,8 +12,11 @@
 //!   alone decides;
 //! - per-rule counters (`POLICY_RULE_STATS`) indexed by [`PortMatch::rule`].
 //!
-//! Replies of allowed flows pass through a connection-tracking LRU map
-//! ([`CtKey`]), later IPv4/IPv6 fragments follow the verdict of their first
+//! Flows are tracked in a connection-tracking LRU map ([`CtKey`] →
+//! [`CtEntry`]): replies of allowed flows pass, and the later packets of an
+//! allowed flow pass on one lookup as long as the pod's policy digest
+//! ([`PolicySubject::policy_digest`]) is the one they were allowed under;
+//! any policy change for the pod judges them again. Later IPv4/IPv6 fragments follow the verdict of their first
 //! fragment ([`FragKey`]), and drops are reported through a rate-limited ring
 //! buffer ([`PolicyDropEvent`]).
 //!
@@ -75,8 +78,10 @@ pub const POLICY_CIDRS_MAX_ENTRIES: u32 = 131_072;
 pub const POLICY_SUBJECTS_MAX_ENTRIES: u32 = 16_384;
 /// Number of per-rule counters; rule ids are below this.
 pub const POLICY_RULES_MAX: u32 = 16_384;
-/// Capacity of the connection-tracking LRU map.
-pub const POLICY_CT_MAX_ENTRIES: u32 = 65_536;
+/// Capacity of the connection-tracking LRU map. A flow allowed at one pod
+/// interface takes two entries (its own packets and its replies), a flow
+/// between two pods of one node four.
+pub const POLICY_CT_MAX_ENTRIES: u32 = 131_072;
 /// Capacity of the fragment-tracking LRU map.
 pub const POLICY_FRAG_MAX_ENTRIES: u32 = 8_192;
 /// Size of the drop-event ring buffer in bytes (a power of two, page multiple).
@@ -203,12 +208,20 @@ pub struct PolicySubjectKey {
     pub addr: [u8; 16],
 }
 
-/// Value of `POLICY_SUBJECTS`: which directions are isolated.
+/// Value of `POLICY_SUBJECTS`: which directions are isolated, and which
+/// policy is in force.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PolicySubject {
     /// [`Direction::bit`]s of the isolated directions.
     pub isolated: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Digest of everything that decides this pod's packets (isolation and
+    /// its LPM entries). Tracked flows allowed under another digest are
+    /// judged again ([`CtEntry::verdict`]). A pod without an entry has
+    /// digest 0; an entry's digest is never 0.
+    pub policy_digest: u64,
 }
 
 impl PolicySubject {
@@ -298,16 +311,95 @@ pub struct CtKey {
     pub reserved: [u8; 2],
 }
 
-/// Value of the connection-tracking and fragment maps.
+/// Counter id in [`CtEntry::rule`] of a flow allowed without a rule (the
+/// direction was not isolated).
+pub const CT_NO_RULE: u32 = u32::MAX;
+
+/// What a connection-tracking entry lets through, in [`CtEntry::kind`].
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtKind {
+    /// Replies of a flow the pod's policy allowed in the other direction:
+    /// they pass whatever the policy says now.
+    Reply = 0,
+    /// Packets of a flow the pod's policy allowed: they pass while the
+    /// pod's policy digest is unchanged.
+    Allowed = 1,
+}
+
+/// Value of the connection-tracking map.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtEntry {
     /// `bpf_ktime_get_ns` when the entry was last written.
     pub last_seen_ns: u64,
+    /// For [`CtKind::Allowed`]: the pod's [`PolicySubject::policy_digest`]
+    /// when the flow was allowed; 0 for replies.
+    pub policy_digest: u64,
+    /// For [`CtKind::Allowed`]: the counter id of the rule that allowed the
+    /// flow, or [`CT_NO_RULE`].
+    pub rule: u32,
+    /// A [`CtKind`] value.
+    pub kind: u8,
+    /// Reserved, zero.
+    pub reserved: [u8; 3],
+}
+
+/// What a live connection-tracking entry says about a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtVerdict {
+    /// A reply of an allowed flow: pass.
+    Reply,
+    /// A packet of a flow allowed under the current policy: pass, counted
+    /// for the rule (or [`CT_NO_RULE`]).
+    Allowed {
+        /// Counter id of the rule, or [`CT_NO_RULE`].
+        rule: u32,
+    },
+    /// Allowed under a policy no longer in force: judge the packet again.
+    Stale,
 }
 
 impl CtEntry {
-    /// Whether replies of a flow of `protocol` are still let through at `now_ns`.
+    /// An entry letting the replies of an allowed flow through.
+    #[inline(always)]
+    pub const fn reply(now_ns: u64) -> Self {
+        Self {
+            last_seen_ns: now_ns,
+            policy_digest: 0,
+            rule: 0,
+            kind: CtKind::Reply as u8,
+            reserved: [0; 3],
+        }
+    }
+
+    /// An entry letting the later packets of a flow through while the pod's
+    /// policy digest stays `policy_digest`.
+    #[inline(always)]
+    pub const fn allowed(now_ns: u64, policy_digest: u64, rule: u32) -> Self {
+        Self {
+            last_seen_ns: now_ns,
+            policy_digest,
+            rule,
+            kind: CtKind::Allowed as u8,
+            reserved: [0; 3],
+        }
+    }
+
+    /// What the entry says about a packet of its key when the pod's policy
+    /// digest is `policy_digest` (liveness is checked apart, [`Self::alive`]).
+    #[inline(always)]
+    pub const fn verdict(&self, policy_digest: u64) -> CtVerdict {
+        if self.kind == CtKind::Reply as u8 {
+            CtVerdict::Reply
+        } else if self.kind == CtKind::Allowed as u8 && self.policy_digest == policy_digest {
+            CtVerdict::Allowed { rule: self.rule }
+        } else {
+            CtVerdict::Stale
+        }
+    }
+
+    /// Whether the flow of `protocol` is still tracked at `now_ns`.
     #[inline(always)]
     pub fn alive(&self, protocol: u8, now_ns: u64) -> bool {
         let timeout = if protocol == proto::TCP {
@@ -323,6 +415,14 @@ impl CtEntry {
     pub fn needs_refresh(&self, now_ns: u64) -> bool {
         now_ns.saturating_sub(self.last_seen_ns) >= CT_REFRESH_NS
     }
+}
+
+/// Value of the fragment map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragEntry {
+    /// `bpf_ktime_get_ns` when the first fragment was allowed.
+    pub last_seen_ns: u64,
 }
 
 /// Key of the fragment map: the datagram whose first fragment was allowed.
@@ -713,6 +813,7 @@ mod pod_impls {
     unsafe impl aya::Pod for PolicySubject {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}
+    unsafe impl aya::Pod for FragEntry {}
     unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for PolicyDropEvent {}
     unsafe impl aya::Pod for EventBudget {}
@@ -951,12 +1052,42 @@ mod tests {
 
     #[test]
     fn ct_timeouts() {
-        let entry = CtEntry { last_seen_ns: 100 };
+        let entry = CtEntry::reply(100);
         assert!(entry.alive(proto::UDP, 100 + CT_OTHER_TIMEOUT_NS - 1));
         assert!(!entry.alive(proto::UDP, 100 + CT_OTHER_TIMEOUT_NS));
         assert!(entry.alive(proto::TCP, 100 + CT_OTHER_TIMEOUT_NS));
         assert!(!entry.needs_refresh(100 + CT_REFRESH_NS - 1));
         assert!(entry.needs_refresh(100 + CT_REFRESH_NS));
+    }
+
+    #[test]
+    fn ct_verdicts() {
+        assert_eq!(CtEntry::reply(1).verdict(0), CtVerdict::Reply);
+        assert_eq!(
+            CtEntry::reply(1).verdict(42),
+            CtVerdict::Reply,
+            "replies pass whatever the policy is now"
+        );
+        let allowed = CtEntry::allowed(1, 42, 7);
+        assert_eq!(allowed.verdict(42), CtVerdict::Allowed { rule: 7 });
+        assert_eq!(allowed.verdict(43), CtVerdict::Stale, "policy changed");
+        assert_eq!(
+            allowed.verdict(0),
+            CtVerdict::Stale,
+            "pod no longer in the table"
+        );
+        let not_isolated = CtEntry::allowed(1, 0, CT_NO_RULE);
+        assert_eq!(
+            not_isolated.verdict(0),
+            CtVerdict::Allowed { rule: CT_NO_RULE }
+        );
+        assert_eq!(
+            not_isolated.verdict(42),
+            CtVerdict::Stale,
+            "pod isolated since"
+        );
+        let unknown_kind = CtEntry { kind: 9, ..allowed };
+        assert_eq!(unknown_kind.verdict(42), CtVerdict::Stale);
     }
 
     #[test]
@@ -991,8 +1122,10 @@ mod tests {
         );
         // The LPM trie stores the value right after the 36 data bytes.
         assert_eq!(size_of::<PolicyLpmData>() % align_of::<PolicyAllow>(), 0);
-        assert_eq!(size_of::<PolicySubject>(), 4);
+        assert_eq!(size_of::<PolicySubject>(), 16);
         assert_eq!(size_of::<CtKey>(), 40);
+        assert_eq!(size_of::<CtEntry>(), 24);
+        assert_eq!(size_of::<FragEntry>(), 8);
         assert_eq!(size_of::<FragKey>(), 40);
         assert_eq!(
             (size_of::<PolicyDropEvent>(), align_of::<PolicyDropEvent>()),

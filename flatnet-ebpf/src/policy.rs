@@ -6,7 +6,10 @@
 //! destination on ingress, the source on egress):
 //!
 //! 1. ARP, neighbour discovery and MLD always pass; other non-IP frames too.
-//! 2. Replies of flows allowed earlier pass (connection tracking).
+//! 2. Replies of flows allowed earlier pass (connection tracking), and so
+//!    do the later packets of an allowed flow while the subject's policy
+//!    digest is the one the flow was allowed under: one hash lookup instead
+//!    of the full judgement below.
 //! 3. A direction that is not isolated for the subject passes.
 //! 4. ICMP errors quoting a packet of a flow allowed earlier pass, like
 //!    its replies.
@@ -28,9 +31,9 @@ use aya_ebpf::{
 use flatnet_common::{
     FrameCounter,
     policy::{
-        CtEntry, CtKey, Direction, DropReason, EventBudget, FRAG_TIMEOUT_NS, Flow, FragKey,
-        Fragment, ICMP_ERROR_HEADER_LEN, IPV4_MIN_LEN, Ipv6Ext, LPM_FIXED_BITS,
-        MAX_IPV6_EXTENSIONS, POLICY_CIDRS_MAX_ENTRIES, POLICY_CT_MAX_ENTRIES,
+        CT_NO_RULE, CtEntry, CtKey, CtVerdict, Direction, DropReason, EventBudget, FRAG_TIMEOUT_NS,
+        Flow, FragEntry, FragKey, Fragment, ICMP_ERROR_HEADER_LEN, IPV4_MIN_LEN, Ipv6Ext,
+        LPM_FIXED_BITS, MAX_IPV6_EXTENSIONS, POLICY_CIDRS_MAX_ENTRIES, POLICY_CT_MAX_ENTRIES,
         POLICY_EVENT_RING_BYTES, POLICY_FRAG_MAX_ENTRIES, POLICY_RULES_MAX,
         POLICY_SUBJECTS_MAX_ENTRIES, PolicyAllow, PolicyDropEvent, PolicyLpmData, PolicyStat,
         PolicySubject, PolicySubjectKey, has_ports, icmp_ports, ipv6_ext, is_icmp_error,
@@ -66,7 +69,7 @@ static POLICY_CT: LruHashMap<CtKey, CtEntry, { POLICY_CT_MAX_ENTRIES as usize }>
     LruHashMap::new();
 
 #[btf_map]
-static POLICY_FRAGS: LruHashMap<FragKey, CtEntry, { POLICY_FRAG_MAX_ENTRIES as usize }> =
+static POLICY_FRAGS: LruHashMap<FragKey, FragEntry, { POLICY_FRAG_MAX_ENTRIES as usize }> =
     LruHashMap::new();
 
 #[btf_map]
@@ -285,8 +288,10 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
         Direction::Egress => (flow.src, flow.dst),
     };
     // SAFETY: the value is copied out at once.
-    let isolated = unsafe { POLICY_SUBJECTS.get(PolicySubjectKey { addr: subject }) }
-        .is_some_and(|s| s.is_isolated(direction));
+    let policy = unsafe { POLICY_SUBJECTS.get(PolicySubjectKey { addr: subject }) }
+        .copied()
+        .unwrap_or_default();
+    let isolated = policy.is_isolated(direction);
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
 
@@ -306,14 +311,29 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
         return drop_packet(ctx, direction, DropReason::Fragment, flow);
     }
 
-    if packet.l4_complete && is_reply(flow, direction, now) {
-        remember_fragment(packet, direction, now);
-        bump(PolicyStat::AllowedReply);
-        return TC_ACT_PIPE;
+    if packet.l4_complete {
+        match tracked(flow, direction, now, policy.policy_digest) {
+            CtVerdict::Reply => {
+                remember_fragment(packet, direction, now);
+                bump(PolicyStat::AllowedReply);
+                return TC_ACT_PIPE;
+            }
+            CtVerdict::Allowed { rule } => {
+                remember_fragment(packet, direction, now);
+                if rule == CT_NO_RULE {
+                    bump(PolicyStat::AllowedNotIsolated);
+                } else {
+                    count_rule(rule, ctx.len());
+                    bump(PolicyStat::AllowedByRule);
+                }
+                return TC_ACT_PIPE;
+            }
+            CtVerdict::Stale => {}
+        }
     }
     if !isolated {
         if packet.l4_complete {
-            remember(packet, direction, now);
+            remember(packet, direction, now, policy.policy_digest, CT_NO_RULE);
         }
         bump(PolicyStat::AllowedNotIsolated);
         return TC_ACT_PIPE;
@@ -322,7 +342,16 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
         return drop_packet(ctx, direction, DropReason::Malformed, flow);
     }
     if packet.quoted_l3 != 0
-        && is_related(ctx, &subject, flow.protocol, packet.quoted_l3, direction)
+        && is_related(
+            ctx,
+            &RelatedSubject {
+                addr: subject,
+                policy_digest: policy.policy_digest,
+            },
+            flow.protocol,
+            packet.quoted_l3,
+            direction,
+        )
     {
         bump(PolicyStat::AllowedRelated);
         return TC_ACT_PIPE;
@@ -341,7 +370,7 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
     match rule {
         Some(rule) => {
             count_rule(rule, ctx.len());
-            remember(packet, direction, now);
+            remember(packet, direction, now, policy.policy_digest, rule);
             bump(PolicyStat::AllowedByRule);
             TC_ACT_PIPE
         }
@@ -349,30 +378,43 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
     }
 }
 
-/// Whether the packet is a reply of a flow allowed earlier; refreshes the entry.
+/// What connection tracking says about the packet when the subject's
+/// policy digest is `policy_digest` ([`CtVerdict::Stale`] when the flow is
+/// not tracked). A live entry is refreshed, at most once per refresh
+/// interval; refreshing an allowed flow also keeps its replies' entry alive,
+/// so a flow whose replies are rare keeps them.
 #[inline(always)]
-fn is_reply(flow: &Flow, direction: Direction, now: u64) -> bool {
+fn tracked(flow: &Flow, direction: Direction, now: u64, policy_digest: u64) -> CtVerdict {
     let key = flow.ct_key(direction);
     let Some(entry) = POLICY_CT.get_ptr_mut(key) else {
-        return false;
+        return CtVerdict::Stale;
     };
     // SAFETY: the pointer from the lookup is valid for this run; a racing
     // refresh writes the same kind of timestamp.
-    unsafe {
+    let (verdict, refresh) = unsafe {
         if !(*entry).alive(flow.protocol, now) {
-            return false;
+            return CtVerdict::Stale;
         }
-        if (*entry).needs_refresh(now) {
+        let verdict = (*entry).verdict(policy_digest);
+        let refresh = (*entry).needs_refresh(now) && verdict != CtVerdict::Stale;
+        if refresh {
             (*entry).last_seen_ns = now;
         }
+        (verdict, refresh)
+    };
+    if refresh && matches!(verdict, CtVerdict::Allowed { .. }) {
+        let _ = POLICY_CT.insert(flow.reply_ct_key(direction), CtEntry::reply(now), 0);
     }
-    true
+    verdict
 }
 
 /// Whether an ICMP error quotes a packet of a flow of `subject` allowed
 /// earlier: the quoted packet's flow is looked up like a reply of that flow
 /// ([`Flow::related_ct_key`]). The error does not refresh the flow: only
 /// the flow's own packets keep it alive.
+///
+/// An entry allowed under another policy digest than the subject's current
+/// one relates nothing.
 ///
 /// The subject's side of the quoted packet (its source on ingress, its
 /// destination on egress) is taken from `subject`, not from the quote, so
@@ -384,7 +426,7 @@ fn is_reply(flow: &Flow, direction: Direction, now: u64) -> bool {
 #[inline(never)]
 fn is_related(
     ctx: &TcContext,
-    subject: &[u8; 16],
+    subject: &RelatedSubject,
     error_protocol: u8,
     quoted_l3: usize,
     direction: Direction,
@@ -403,7 +445,7 @@ fn is_related(
         error_protocol,
         quoted_l3,
         direction,
-        subject,
+        &subject.addr,
         &mut key.0,
     )
     .is_err()
@@ -413,7 +455,16 @@ fn is_related(
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: the value is copied out at once.
-    unsafe { POLICY_CT.get(key.0) }.is_some_and(|e| e.alive(key.0.protocol, now))
+    unsafe { POLICY_CT.get(key.0) }.is_some_and(|e| {
+        e.alive(key.0.protocol, now) && e.verdict(subject.policy_digest) != CtVerdict::Stale
+    })
+}
+
+/// The pod an ICMP error concerns, as [`is_related`] needs it (one argument:
+/// BPF functions take at most five).
+struct RelatedSubject {
+    addr: [u8; 16],
+    policy_digest: u64,
 }
 
 /// A [`CtKey`] on the stack, aligned for word-wise copies.
@@ -488,18 +539,21 @@ fn read_quoted(
     Ok(())
 }
 
-/// Lets the replies of an allowed packet's flow through, and its later
-/// fragments when it is a first fragment.
+/// Tracks the flow of a packet just allowed under `policy_digest` by `rule`
+/// (or [`CT_NO_RULE`]): its later packets pass on the tracking entry while
+/// the digest holds, its replies pass, and so do its later fragments when it
+/// is a first fragment.
 #[inline(always)]
-fn remember(packet: &Packet, direction: Direction, now: u64) {
-    let key = packet.flow.reply_ct_key(direction);
-    // SAFETY: the value is copied out at once.
-    let fresh = unsafe { POLICY_CT.get(key) }.is_some_and(|e| !e.needs_refresh(now));
-    if !fresh {
-        // A full LRU map evicts its oldest entry; an error only means this
-        // flow's replies are judged by the policy like any other packet.
-        let _ = POLICY_CT.insert(key, CtEntry { last_seen_ns: now }, 0);
-    }
+fn remember(packet: &Packet, direction: Direction, now: u64, policy_digest: u64, rule: u32) {
+    let flow = &packet.flow;
+    // A full LRU map evicts its oldest entry; an error only means this
+    // flow's packets are judged by the policy like any other packet.
+    let _ = POLICY_CT.insert(
+        flow.ct_key(direction),
+        CtEntry::allowed(now, policy_digest, rule),
+        0,
+    );
+    let _ = POLICY_CT.insert(flow.reply_ct_key(direction), CtEntry::reply(now), 0);
     remember_fragment(packet, direction, now);
 }
 
@@ -507,7 +561,7 @@ fn remember(packet: &Packet, direction: Direction, now: u64) {
 fn remember_fragment(packet: &Packet, direction: Direction, now: u64) {
     if let Fragment::First { id } = packet.fragment {
         let key = frag_key(&packet.flow, id, direction);
-        let _ = POLICY_FRAGS.insert(key, CtEntry { last_seen_ns: now }, 0);
+        let _ = POLICY_FRAGS.insert(key, FragEntry { last_seen_ns: now }, 0);
     }
 }
 

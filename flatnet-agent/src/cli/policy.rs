@@ -129,8 +129,12 @@ impl PolicyCommand {
                 // A one-shot command has no earlier ids: rules get ids no entry uses.
                 let report = maps.apply(&compiled, &mut PolicyRuleIds::default())?;
                 println!(
-                    "policy applied: {} entries written, {} removed, {} isolated pod addresses",
-                    report.entries_written, report.entries_removed, report.subjects
+                    "policy applied: {} entries written, {} removed, {} isolated pod addresses \
+                     ({} with a changed policy: their tracked flows are judged again)",
+                    report.entries_written,
+                    report.entries_removed,
+                    report.subjects,
+                    report.subjects_rejudged
                 );
             }
             PolicyCommand::Show { pin, output } => {
@@ -168,9 +172,14 @@ pub(super) fn print_installed(
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
-    println!("{:<40} ISOLATED", "POD ADDRESS");
+    println!("{:<40} {:<16} POLICY DIGEST", "POD ADDRESS", "ISOLATED");
     for s in &installed.subjects {
-        println!("{:<40} {}", s.addr.to_string(), s.isolated.join(","));
+        println!(
+            "{:<40} {:<16} {}",
+            s.addr.to_string(),
+            s.isolated.join(","),
+            s.policy_digest
+        );
     }
     println!();
     println!(

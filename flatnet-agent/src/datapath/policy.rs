@@ -9,6 +9,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
+    hash::{DefaultHasher, Hash, Hasher},
     net::IpAddr,
     path::Path,
 };
@@ -104,6 +105,8 @@ pub struct ApplyReport {
     pub entries_removed: usize,
     /// Subject addresses in the table after the update.
     pub subjects: usize,
+    /// Subjects whose policy changed: their tracked flows are judged again.
+    pub subjects_rejudged: usize,
 }
 
 type LpmMap = LpmTrie<MapData, PolicyLpmData, PolicyAllow>;
@@ -145,7 +148,11 @@ impl PolicyMaps {
     ///    prefix below it is still missing;
     /// 3. directions that become isolated are isolated;
     /// 4. stale LPM entries are removed shortest prefix first, so a packet
-    ///    falling back from a stale prefix lands on a valid one.
+    ///    falling back from a stale prefix lands on a valid one;
+    /// 5. each pod whose policy changed gets its new policy digest, so the
+    ///    flows tracked under the old one are judged again by the new
+    ///    tables. Until then (steps 1-4) tracked flows keep passing as the
+    ///    old policy allowed them.
     ///
     /// Counter ids of rules that stay are kept; new rules get ids no
     /// current entry uses, with zeroed counters.
@@ -155,7 +162,7 @@ impl PolicyMaps {
         ids: &mut PolicyRuleIds,
     ) -> Result<ApplyReport, DatapathError> {
         let current = self.lpm_entries()?;
-        let current_subjects = self.subject_flags()?;
+        let current_subjects = self.subject_entries()?;
 
         // Counter ids.
         let mut in_use: BTreeSet<u32> = current
@@ -211,6 +218,7 @@ impl PolicyMaps {
                 );
             }
         }
+        let digests = policy_digests(&desired, &desired_subjects);
         if desired.len() > flatnet_common::policy::POLICY_CIDRS_MAX_ENTRIES as usize {
             return Err(DatapathError::PolicyTooLarge(format!(
                 "{} prefix entries exceed the map capacity of {}; simplify the policies",
@@ -219,11 +227,15 @@ impl PolicyMaps {
             )));
         }
 
+        // The digest in force until step 5.
+        let old_digest =
+            |key: &PolicySubjectKey| current_subjects.get(key).map_or(0, |s| s.policy_digest);
+
         // 1. Release directions that stop being isolated.
-        for (key, &old) in &current_subjects {
+        for (key, old) in &current_subjects {
             let new = desired_subjects.get(key).copied().unwrap_or(0);
-            if old & new != old {
-                self.set_subject(key, old & new)?;
+            if old.isolated & new != old.isolated {
+                self.set_subject(key, old.isolated & new, old.policy_digest)?;
             }
         }
         // 2. Write entries, longest prefix first.
@@ -241,9 +253,9 @@ impl PolicyMaps {
         }
         // 3. Isolate.
         for (key, &new) in &desired_subjects {
-            let old = current_subjects.get(key).copied().unwrap_or(0);
+            let old = current_subjects.get(key).map_or(0, |s| s.isolated);
             if old & new != new {
-                self.set_subject(key, new)?;
+                self.set_subject(key, new, old_digest(key))?;
             }
         }
         // 4. Remove stale entries, shortest prefix first.
@@ -266,15 +278,34 @@ impl PolicyMaps {
                 }
             }
         }
+        // 5. New digests.
+        for (key, &isolated) in &desired_subjects {
+            let digest = digests[key];
+            let current = current_subjects.get(key);
+            if current.map(|s| (s.isolated, s.policy_digest)) != Some((isolated, digest)) {
+                self.set_subject(key, isolated, digest)?;
+                report.subjects_rejudged += 1;
+            }
+        }
         let live: BTreeSet<&RuleRef> = compiled.rules.iter().collect();
         ids.ids.retain(|rule, _| live.contains(rule));
         report.subjects = desired_subjects.len();
         Ok(report)
     }
 
-    fn set_subject(&mut self, key: &PolicySubjectKey, isolated: u32) -> Result<(), DatapathError> {
+    fn set_subject(
+        &mut self,
+        key: &PolicySubjectKey,
+        isolated: u32,
+        policy_digest: u64,
+    ) -> Result<(), DatapathError> {
+        let subject = PolicySubject {
+            isolated,
+            reserved: 0,
+            policy_digest,
+        };
         self.subjects
-            .insert(key, PolicySubject { isolated }, 0)
+            .insert(key, subject, 0)
             .map_err(map_error(MAP_POLICY_SUBJECTS))
     }
 
@@ -296,11 +327,11 @@ impl PolicyMaps {
         Ok(out)
     }
 
-    fn subject_flags(&self) -> Result<BTreeMap<PolicySubjectKey, u32>, DatapathError> {
+    fn subject_entries(&self) -> Result<BTreeMap<PolicySubjectKey, PolicySubject>, DatapathError> {
         let mut out = BTreeMap::new();
         for item in self.subjects.iter() {
             let (key, value) = item.map_err(map_error(MAP_POLICY_SUBJECTS))?;
-            out.insert(key, value.isolated);
+            out.insert(key, value);
         }
         Ok(out)
     }
@@ -308,16 +339,17 @@ impl PolicyMaps {
     /// The installed tables with per-rule counters, for inspection.
     pub fn installed(&self) -> Result<InstalledPolicy, DatapathError> {
         let mut subjects = Vec::new();
-        for (key, isolated) in self.subject_flags()? {
+        for (key, subject) in self.subject_entries()? {
             let addr = tables::unmapped(key.addr);
             let directions = [Direction::Ingress, Direction::Egress]
                 .into_iter()
-                .filter(|d| isolated & d.bit() != 0)
+                .filter(|&d| subject.is_isolated(d))
                 .map(|d| d.name())
                 .collect();
             subjects.push(InstalledSubject {
                 addr,
                 isolated: directions,
+                policy_digest: format!("{:016x}", subject.policy_digest),
             });
         }
         let mut entries = Vec::new();
@@ -373,6 +405,38 @@ impl PolicyMaps {
     }
 }
 
+/// The policy digest of each subject: a hash of its isolated directions and
+/// of all its LPM entries (prefixes, port matches and rule counter ids), so
+/// it changes exactly when what decides the subject's packets changes. It is
+/// the same in every agent process of one build, so a restarted agent with
+/// the same policies keeps the tracked flows; never 0 (0 means "no entry").
+fn policy_digests(
+    desired: &BTreeMap<(u32, PolicyLpmData), PolicyAllow>,
+    desired_subjects: &BTreeMap<PolicySubjectKey, u32>,
+) -> BTreeMap<PolicySubjectKey, u64> {
+    let mut hashers: BTreeMap<PolicySubjectKey, DefaultHasher> = desired_subjects
+        .iter()
+        .map(|(key, isolated)| {
+            let mut hasher = DefaultHasher::new();
+            isolated.hash(&mut hasher);
+            (*key, hasher)
+        })
+        .collect();
+    // BTreeMap order: each subject's entries are hashed in one fixed order.
+    for (entry, allow) in desired {
+        let key = PolicySubjectKey {
+            addr: entry.1.subject,
+        };
+        if let Some(hasher) = hashers.get_mut(&key) {
+            (entry, allow).hash(hasher);
+        }
+    }
+    hashers
+        .into_iter()
+        .map(|(key, hasher)| (key, hasher.finish().max(1)))
+        .collect()
+}
+
 fn active_matches(allow: &PolicyAllow) -> &[PortMatch] {
     &allow.matches[..(allow.count as usize).min(allow.matches.len())]
 }
@@ -424,6 +488,9 @@ pub struct InstalledSubject {
     pub addr: IpAddr,
     /// `ingress` and/or `egress`.
     pub isolated: Vec<&'static str>,
+    /// The policy digest (hex) tracked flows of this address were allowed
+    /// under; it changes whenever the address's policy changes.
+    pub policy_digest: String,
 }
 
 /// One LPM entry.
@@ -550,5 +617,87 @@ impl PolicyDrops {
             });
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flatnet_common::policy::{PortMatch, proto};
+
+    use super::*;
+
+    fn subject(addr: &str) -> PolicySubjectKey {
+        PolicySubjectKey {
+            addr: tables::mapped(addr.parse().unwrap()),
+        }
+    }
+
+    fn allow(port: u16) -> PolicyAllow {
+        let mut allow = PolicyAllow::default();
+        allow.matches[0] = PortMatch {
+            rule: 0,
+            protocol: proto::TCP,
+            port_min: port,
+            port_max: port,
+            ..PortMatch::default()
+        };
+        allow.count = 1;
+        allow
+    }
+
+    /// Two isolated pods, each with one ingress entry.
+    fn tables(
+        port_a: u16,
+        port_b: u16,
+    ) -> (
+        BTreeMap<(u32, PolicyLpmData), PolicyAllow>,
+        BTreeMap<PolicySubjectKey, u32>,
+    ) {
+        let remote = "192.168.0.0/16".parse().unwrap();
+        let entry =
+            |pod: &str| tables::lpm_key(Direction::Ingress, pod.parse().unwrap(), remote);
+        let desired = BTreeMap::from([
+            (entry("10.0.0.1"), allow(port_a)),
+            (entry("10.0.0.2"), allow(port_b)),
+        ]);
+        let subjects = BTreeMap::from([
+            (subject("10.0.0.1"), Direction::Ingress.bit()),
+            (subject("10.0.0.2"), Direction::Ingress.bit()),
+        ]);
+        (desired, subjects)
+    }
+
+    #[test]
+    fn digests_change_only_for_the_pod_whose_policy_changed() {
+        let (desired, subjects) = tables(80, 80);
+        let before = policy_digests(&desired, &subjects);
+        assert_eq!(before, policy_digests(&desired, &subjects), "deterministic");
+        assert_ne!(
+            before[&subject("10.0.0.1")],
+            before[&subject("10.0.0.2")],
+            "the subject's own entries are hashed"
+        );
+
+        let (desired, subjects) = tables(80, 443);
+        let after = policy_digests(&desired, &subjects);
+        assert_eq!(after[&subject("10.0.0.1")], before[&subject("10.0.0.1")]);
+        assert_ne!(after[&subject("10.0.0.2")], before[&subject("10.0.0.2")]);
+    }
+
+    #[test]
+    fn digests_cover_isolation_and_are_never_zero() {
+        let (desired, mut subjects) = tables(80, 80);
+        let before = policy_digests(&desired, &subjects);
+        subjects.insert(
+            subject("10.0.0.1"),
+            Direction::Ingress.bit() | Direction::Egress.bit(),
+        );
+        let after = policy_digests(&desired, &subjects);
+        assert_ne!(after[&subject("10.0.0.1")], before[&subject("10.0.0.1")]);
+
+        // Isolated without any entry (deny all) still has a digest.
+        let lone = BTreeMap::from([(subject("10.0.0.9"), Direction::Egress.bit())]);
+        let digests = policy_digests(&BTreeMap::new(), &lone);
+        assert_ne!(digests[&subject("10.0.0.9")], 0);
     }
 }
