@@ -104,16 +104,16 @@ pub enum DatapathError {
     /// A map pinned by an earlier agent cannot be inspected, so it can be
     /// neither adopted nor replaced safely.
     #[error(
-        "map {map} pinned at {path} cannot be inspected: {source}; if no other flatnet agent uses it, remove the pin (`rm {path}`) and the agent creates a fresh, empty map"
+        "map {map} pinned at {path} cannot be inspected: {source}; remove it (`rm {path}`) and the agent creates a fresh, empty map in its place"
     )]
     InspectPin {
         /// Map name.
         map: &'static str,
         /// The pin.
         path: PathBuf,
-        /// The error from aya.
+        /// The error from aya (boxed: it is large and rare).
         #[source]
-        source: aya::maps::MapError,
+        source: Box<aya::maps::MapError>,
     },
     /// Looking up or removing a pin on the BPF filesystem failed.
     #[error("pin {path} of map {map}: {source}")]

@@ -144,13 +144,11 @@ pub(super) fn differences(pinned: &MapLayout, expected: &MapLayout) -> Vec<Layou
 
 /// Removes every pin in `pins` (map name, pin path) whose map no longer
 /// fits the definition in `object`, so the loader creates a fresh one.
-/// Returns the names of the maps replaced.
 pub(super) fn remove_incompatible_pins(
     object: &[u8],
     pins: &[(&'static str, PathBuf)],
-) -> Result<Vec<&'static str>, DatapathError> {
+) -> Result<(), DatapathError> {
     let mut expected = expected_layouts(object, host_sizes()?)?;
-    let mut removed = Vec::new();
     for &(map, ref path) in pins {
         if !pin_exists(map, path)? {
             continue;
@@ -159,7 +157,7 @@ pub(super) fn remove_incompatible_pins(
         let inspect_error = |source| DatapathError::InspectPin {
             map,
             path: path.clone(),
-            source,
+            source: Box::new(source),
         };
         let pinned = MapInfo::from_pin(path)
             .and_then(|info| MapLayout::of_pin(&info))
@@ -172,18 +170,19 @@ pub(super) fn remove_incompatible_pins(
             path: path.clone(),
             source,
         })?;
+        // As strings, so text logs quote them like the other fields.
+        let (old, new) = (pinned.to_string(), expected.to_string());
         tracing::warn!(
             map,
             path = %path.display(),
-            old = %pinned,
-            new = %expected,
+            old = old.as_str(),
+            new = new.as_str(),
             lost = state_lost(map),
             "the pinned map has another layout than this agent's programs expect; \
              replacing it with an empty map"
         );
-        removed.push(map);
     }
-    Ok(removed)
+    Ok(())
 }
 
 /// The layout of each map in `object` once aya has created it.
