@@ -2,21 +2,33 @@
 //! over a veth pair are counted per kind in the pinned map, and ARP requests
 //! and neighbour solicitations for listed addresses are answered, checked
 //! both with `BPF_PROG_TEST_RUN` on crafted frames and with real tools.
+//! Also: how pinned maps left by an earlier agent are adopted or replaced.
 
 mod support;
 
-use std::{net::Ipv4Addr, net::Ipv6Addr, os::unix::fs::PermissionsExt, thread, time::Duration};
+use std::{
+    net::Ipv4Addr, net::Ipv6Addr, os::unix::fs::PermissionsExt, path::Path, thread, time::Duration,
+};
+
+use aya::maps::{MapData, MapInfo};
+use aya_obj::generated::bpf_map_type;
 
 use etherparse::ArpOperation;
 use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::{
-    datapath::{Datapath, DatapathConfig, FrameCounters, detach_uplink},
+    datapath::{
+        Datapath, DatapathConfig, DatapathError, FrameCounters, detach_uplink, map_pin_path,
+    },
     netns::run_in_netns,
     packet::{
         BROADCAST, NdpMessage, RawSocket, arp_frame, ipv6_multicast_mac, ndp_frame, solicited_node,
     },
 };
-use flatnet_common::{FrameKind, pin::MAP_FRAME_COUNTERS};
+use flatnet_common::{
+    FrameKind,
+    pin::{MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS},
+    policy::Direction,
+};
 use support::{TestNetns, TestPinRoot, privileged, veth_pair};
 
 const LAN_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x01];
@@ -1169,4 +1181,149 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
     assert_eq!(all["conflicts"][0]["count"], 3);
     assert_eq!(all["addresses"][0]["table"], "conflict-watch");
     assert!(all["policy"]["stats"].is_object() || all["policy"]["stats"].is_array());
+}
+
+// ---------------------------------------------------------------------------
+// Pins left by an agent of another version
+// ---------------------------------------------------------------------------
+
+/// The kernel id of the map behind each pin under `pin_root`.
+fn pinned_map_ids(pin_root: &Path) -> Vec<(&'static str, u32)> {
+    PINNED_MAPS
+        .iter()
+        .map(|&name| {
+            let info = MapInfo::from_pin(map_pin_path(pin_root, name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, info.id())
+        })
+        .collect()
+}
+
+#[test]
+fn loading_replaces_a_pinned_map_of_another_layout() {
+    if !privileged("loading_replaces_a_pinned_map_of_another_layout") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let config = DatapathConfig {
+        pin_root: pin.path.clone(),
+    };
+    drop(Datapath::load(&config).expect("first load"));
+    let before = pinned_map_ids(&pin.path);
+
+    // An older agent's connection-tracking map: same key and capacity, a
+    // smaller value. It takes the place of the current one.
+    let ct_path = map_pin_path(&pin.path, MAP_POLICY_CT);
+    let current = MapInfo::from_pin(&ct_path).unwrap();
+    assert!(current.value_size() >= 2, "{current:?}");
+    std::fs::remove_file(&ct_path).unwrap();
+    let old = MapData::create(
+        aya_obj::Map::new_from_params(
+            bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32,
+            current.key_size(),
+            current.value_size() / 2,
+            current.max_entries(),
+            current.map_flags(),
+        ),
+        MAP_POLICY_CT,
+        None,
+    )
+    .expect("create the old map");
+    old.pin(&ct_path).expect("pin the old map");
+    let old_id = old.info().unwrap().id();
+
+    let mut loaded = None;
+    let logs = support::with_log_capture("flatnet_agent=warn", || {
+        loaded = Some(Datapath::load(&config).expect("load over the old map"));
+    });
+    let mut datapath = loaded.unwrap();
+    let warning = logs
+        .lines()
+        .find(|line| line.contains(MAP_POLICY_CT))
+        .unwrap_or_else(|| panic!("no warning about {MAP_POLICY_CT}:\n{logs}"));
+    for expected in [
+        "WARN",
+        "tracked flows are judged again by policy",
+        &format!("value {} B", current.value_size() / 2),
+        &format!("value {} B", current.value_size()),
+    ] {
+        assert!(warning.contains(expected), "{expected} missing: {warning}");
+    }
+    assert_eq!(
+        logs.lines().count(),
+        1,
+        "only {MAP_POLICY_CT} replaced:\n{logs}"
+    );
+    let replaced = MapInfo::from_pin(&ct_path).unwrap();
+    assert_ne!(replaced.id(), old_id, "the old map was adopted");
+    assert_eq!(replaced.value_size(), current.value_size());
+    assert_eq!(replaced.key_size(), current.key_size());
+    assert_eq!(replaced.max_entries(), current.max_entries());
+    // The programs pass the verifier against the fresh map.
+    for direction in [Direction::Ingress, Direction::Egress] {
+        datapath
+            .test_run_policy(direction, &arp_request_for(OWNED_V4), 1)
+            .unwrap_or_else(|e| panic!("{direction:?}: {e}"));
+    }
+    // Every other map is still the one pinned before.
+    let after = pinned_map_ids(&pin.path);
+    for ((name, id_before), (_, id_after)) in before.iter().zip(&after) {
+        if *name != MAP_POLICY_CT {
+            assert_eq!(id_before, id_after, "{name} was replaced");
+        }
+    }
+}
+
+#[test]
+fn reloading_adopts_every_pinned_map_with_its_entries() {
+    if !privileged("reloading_adopts_every_pinned_map_with_its_entries") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    drop(responder_datapath(&pin, LOOPBACK_IFINDEX));
+    let before = pinned_map_ids(&pin.path);
+
+    // Unchanged maps, ring buffers included, are adopted as they are.
+    let mut reloaded = Datapath::load(&DatapathConfig {
+        pin_root: pin.path.clone(),
+    })
+    .expect("reload");
+    assert_eq!(pinned_map_ids(&pin.path), before);
+    // The entry written before the reload still answers.
+    let out = reloaded
+        .test_run_uplink(&arp_request_for(OWNED_V4), 1)
+        .unwrap();
+    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn loading_refuses_a_pin_it_cannot_inspect() {
+    if !privileged("loading_refuses_a_pin_it_cannot_inspect") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let config = DatapathConfig {
+        pin_root: pin.path.clone(),
+    };
+    drop(Datapath::load(&config).expect("first load"));
+    // Something that is not a map where the connection-tracking map belongs.
+    let ct_path = map_pin_path(&pin.path, MAP_POLICY_CT);
+    std::fs::remove_file(&ct_path).unwrap();
+    std::fs::create_dir(&ct_path).unwrap();
+
+    let error = Datapath::load(&config)
+        .err()
+        .expect("loading over an unreadable pin fails");
+    assert!(
+        matches!(
+            error,
+            DatapathError::InspectPin {
+                map: MAP_POLICY_CT,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("rm "), "{error}");
+    assert!(ct_path.is_dir(), "left in place");
 }

@@ -3,8 +3,9 @@
 //! The kernel object is built by `cargo xtask build-ebpf` and embedded at
 //! compile time (see `build.rs`). Maps are pinned under a root directory on
 //! the BPF filesystem (default [`flatnet_common::pin::PIN_ROOT`]) and
-//! adopted when they already exist, so a restarted agent keeps the state of
-//! the previous one. Programs are attached through netlink (clsact), which
+//! adopted when they already exist and still have the layout the object
+//! defines, so a restarted agent keeps the state of the previous one
+//! (see `pin_layout` for pins left by another version). Programs are attached through netlink (clsact), which
 //! works on every supported kernel (6.1+) and keeps the filter in place when
 //! the agent exits.
 
@@ -12,6 +13,7 @@ mod bpffs;
 mod conflicts;
 mod counters;
 mod kernel_log;
+mod pin_layout;
 mod pinned;
 mod policy;
 mod responder;
@@ -94,6 +96,36 @@ pub enum DatapathError {
     /// A map named in `flatnet-common` is absent from the object.
     #[error("map {0} missing from the eBPF object; rebuild with `cargo xtask build-ebpf`")]
     MissingMap(&'static str),
+    /// The embedded object cannot be parsed for its map definitions.
+    #[error(
+        "the embedded eBPF object cannot be parsed: {0}; rebuild with `cargo xtask build-ebpf`"
+    )]
+    Object(#[source] aya_obj::ParseError),
+    /// A map pinned by an earlier agent cannot be inspected, so it can be
+    /// neither adopted nor replaced safely.
+    #[error(
+        "map {map} pinned at {path} cannot be inspected: {source}; remove it (`rm {path}`) and the agent creates a fresh, empty map in its place"
+    )]
+    InspectPin {
+        /// Map name.
+        map: &'static str,
+        /// The pin.
+        path: PathBuf,
+        /// The error from aya (boxed: it is large and rare).
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// Looking up or removing a pin on the BPF filesystem failed.
+    #[error("pin {path} of map {map}: {source}")]
+    PinFile {
+        /// Map name.
+        map: &'static str,
+        /// The pin.
+        path: PathBuf,
+        /// The error of the file operation.
+        #[source]
+        source: std::io::Error,
+    },
     /// The compiled policy does not fit the kernel maps.
     #[error("network policy too large: {0}")]
     PolicyTooLarge(String),
@@ -133,7 +165,10 @@ pub struct Datapath {
 
 impl Datapath {
     /// Loads the embedded object, adopting maps already pinned under
-    /// `config.pin_root` and pinning the ones it creates. The programs log
+    /// `config.pin_root` and pinning the ones it creates. A pinned map
+    /// whose type, key or value size, capacity or flags differ from the
+    /// object's (left by an agent of another version) is replaced by an
+    /// empty one, with a warning naming the state lost. The programs log
     /// when this process's subscriber wants debug events of
     /// [`KERNEL_LOG_TARGET`] (see [`kernel_logs_wanted`]).
     pub fn load(config: &DatapathConfig) -> Result<Self, DatapathError> {
@@ -150,6 +185,7 @@ impl Datapath {
             .iter()
             .map(|&name| (name, map_pin_path(&config.pin_root, name)))
             .collect();
+        pin_layout::remove_incompatible_pins(EBPF_OBJECT, &pins)?;
         let mut loader = EbpfLoader::new();
         kernel_log::set_level(&mut loader, kernel_logs);
         for (name, path) in &pins {

@@ -152,6 +152,13 @@ pub fn skip_for_missing_kernel_feature(test: &str, feature: &str) {
 /// debug records (`flatnet_ebpf=debug`) and returns everything it logged,
 /// one formatted event per line. Programs loaded inside `work` log.
 pub fn with_kernel_log_capture(work: impl FnOnce()) -> String {
+    with_log_capture("flatnet_ebpf=debug", work)
+}
+
+/// Runs `work` on this thread with a subscriber whose filter is `filter`
+/// (`EnvFilter` syntax) and returns everything it logged, one formatted
+/// event per line.
+pub fn with_log_capture(filter: &str, work: impl FnOnce()) -> String {
     use std::sync::{Arc, Mutex};
 
     #[derive(Clone, Default)]
@@ -173,7 +180,7 @@ pub fn with_kernel_log_capture(work: impl FnOnce()) -> String {
     let capture = Capture::default();
     let writer = capture.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("flatnet_ebpf=debug")
+        .with_env_filter(filter)
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
