@@ -2,13 +2,20 @@
 //! `BPF_PROG_TEST_RUN` and `repeat`. Run through `cargo xtask bench-policy`
 //! (root). Prints a Markdown table on stdout.
 //!
-//! Every case runs the same IPv4 TCP frame; the baselines are the uplink
-//! program (which only reads the EtherType of an IPv4 frame: the cost of
-//! running any TC program at all) and the policy program for a pod without
-//! policy (allow-all). The isolated cases install N ingress rules, each
-//! allowing TCP 80 from its own /32, and send from the last rule's address.
-//! Every case runs on the programs loaded with kernel logs off and on; the
-//! uplink program also answers an ARP request, a logged path.
+//! The baselines are the uplink program (which only reads the EtherType of
+//! an IPv4 frame: the cost of running any TC program at all) and the policy
+//! program for a pod without policy (allow-all). The isolated cases install
+//! N ingress rules, each allowing TCP 80 from its own /32, and send from the
+//! last rule's address. Every case runs on the programs loaded with kernel
+//! logs off and on; the uplink program also answers an ARP request, a
+//! logged path.
+//!
+//! The policy programs track allowed flows, so repeating one frame measures
+//! a tracked flow's later packets. The first packet of a flow (the full
+//! judgement) is measured one run at a time on [`NEW_FLOWS`] frames that
+//! differ in their source port; the kernel's timer around a single run adds
+//! its own cost, shown by a calibration row that measures tracked packets
+//! the same way.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -23,6 +30,8 @@ use flatnet_common::policy::Direction;
 const REPEAT: u32 = 1_000_000;
 /// Measurements per case; the median is reported.
 const ROUNDS: usize = 5;
+/// New flows measured (one run each) per first-packet case; the median is reported.
+const NEW_FLOWS: u16 = 2_001;
 const POD: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 /// `BPF_PROG_TEST_RUN` runs the uplink program as if on the loopback interface.
 const LOOPBACK_IFINDEX: u32 = 1;
@@ -74,16 +83,32 @@ fn run(pin_root: &std::path::Path) -> anyhow::Result<()> {
     println!("| uplink program: ARP request not for us | – | – | {off} | {on} | pass |");
     let (off, on) = measure(&mut quiet, &mut logging, &frame)?;
     println!(
-        "| baseline: policy program, pod not isolated (allow-all) | 0 | 0 | {off} | {on} | pass |"
+        "| baseline: policy program, pod not isolated (allow-all), tracked flow | 0 | 0 | {off} | {on} | pass |"
+    );
+    let (off, on) = measure_new_flows(&mut quiet, &mut logging, peer(0), 20_000)?;
+    println!(
+        "| policy program, pod not isolated (allow-all), first packet of a flow † | 0 | 0 | {off} | {on} | pass |"
     );
 
-    for rules in [1u32, 100, 10_000] {
+    for (round, rules) in [1u32, 100, 10_000].into_iter().enumerate() {
         let entries = install(&mut maps, &mut ids, rules)?;
         let allowed = tcp_frame(peer(rules), POD, 80);
-        let (off, on) = measure(&mut quiet, &mut logging, &allowed)?;
         let verdict = verdict_of(&mut quiet, &allowed)?;
+        let (off, on) = measure(&mut quiet, &mut logging, &allowed)?;
         println!(
-            "| isolated, allowed (last rule matches) | {rules} | {entries} | {off} | {on} | {verdict} |"
+            "| isolated, allowed (last rule matches), tracked flow | {rules} | {entries} | {off} | {on} | {verdict} |"
+        );
+        if round == 0 {
+            let (off, on) = measure_one_at_a_time(&mut quiet, &mut logging, &allowed)?;
+            println!(
+                "| isolated, allowed, tracked flow, one run at a time † (timer calibration) | {rules} | {entries} | {off} | {on} | {verdict} |"
+            );
+        }
+        // Source ports no earlier case used, so every frame starts a flow.
+        let first_port = 20_000 + (round as u16 + 1) * (2 * NEW_FLOWS);
+        let (off, on) = measure_new_flows(&mut quiet, &mut logging, peer(rules), first_port)?;
+        println!(
+            "| isolated, allowed (last rule matches), first packet of a flow † | {rules} | {entries} | {off} | {on} | {verdict} |"
         );
         let denied = tcp_frame(Ipv4Addr::new(172, 16, 0, 1), POD, 80);
         let (off, on) = measure(&mut quiet, &mut logging, &denied)?;
@@ -120,6 +145,55 @@ fn measure(
                 .test_run_policy(Direction::Ingress, frame, REPEAT)?
                 .duration_ns)
         })
+    };
+    Ok((cost(quiet)?, cost(logging)?))
+}
+
+/// The ingress policy program's cost on the first packet of a flow from
+/// `src`, kernel logs off and on: [`NEW_FLOWS`] frames with source ports
+/// from `first_port` on (the next [`NEW_FLOWS`] ports for the logging
+/// programs, which share the tracking map), one run each; the medians.
+fn measure_new_flows(
+    quiet: &mut Datapath,
+    logging: &mut Datapath,
+    src: Ipv4Addr,
+    first_port: u16,
+) -> anyhow::Result<(u32, u32)> {
+    let cost = |datapath: &mut Datapath, first: u16| {
+        let mut values = (first..first + NEW_FLOWS)
+            .map(|port| {
+                let frame = tcp_frame_from_port(src, port, POD, 80);
+                Ok(datapath
+                    .test_run_policy(Direction::Ingress, &frame, 1)?
+                    .duration_ns)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        values.sort_unstable();
+        anyhow::Ok(values[values.len() / 2])
+    };
+    Ok((
+        cost(quiet, first_port)?,
+        cost(logging, first_port + NEW_FLOWS)?,
+    ))
+}
+
+/// The ingress policy program's cost on `frame` measured like
+/// [`measure_new_flows`] (one run per measurement), kernel logs off and on.
+fn measure_one_at_a_time(
+    quiet: &mut Datapath,
+    logging: &mut Datapath,
+    frame: &[u8],
+) -> anyhow::Result<(u32, u32)> {
+    let cost = |datapath: &mut Datapath| {
+        let mut values = (0..NEW_FLOWS)
+            .map(|_| {
+                Ok(datapath
+                    .test_run_policy(Direction::Ingress, frame, 1)?
+                    .duration_ns)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        values.sort_unstable();
+        anyhow::Ok(values[values.len() / 2])
     };
     Ok((cost(quiet)?, cost(logging)?))
 }
@@ -181,15 +255,20 @@ fn arp_request(target: Ipv4Addr) -> Vec<u8> {
     f
 }
 
-/// Ethernet + IPv4 + TCP header (SYN) from `src` to `dst:port`.
+/// Ethernet + IPv4 + TCP header (SYN) from `src:40000` to `dst:port`.
 fn tcp_frame(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
+    tcp_frame_from_port(src, 40000, dst, port)
+}
+
+/// Ethernet + IPv4 + TCP header (SYN) from `src:src_port` to `dst:port`.
+fn tcp_frame_from_port(src: Ipv4Addr, src_port: u16, dst: Ipv4Addr, port: u16) -> Vec<u8> {
     let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
     let mut ip = vec![0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0];
     ip.extend_from_slice(&src.octets());
     ip.extend_from_slice(&dst.octets());
     f.extend_from_slice(&ip);
     let mut tcp = vec![0u8; 20];
-    tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    tcp[0..2].copy_from_slice(&src_port.to_be_bytes());
     tcp[2..4].copy_from_slice(&port.to_be_bytes());
     tcp[12] = 0x50;
     tcp[13] = 0x02;

@@ -654,8 +654,7 @@ mod tests {
         BTreeMap<PolicySubjectKey, u32>,
     ) {
         let remote = "192.168.0.0/16".parse().unwrap();
-        let entry =
-            |pod: &str| tables::lpm_key(Direction::Ingress, pod.parse().unwrap(), remote);
+        let entry = |pod: &str| tables::lpm_key(Direction::Ingress, pod.parse().unwrap(), remote);
         let desired = BTreeMap::from([
             (entry("10.0.0.1"), allow(port_a)),
             (entry("10.0.0.2"), allow(port_b)),

@@ -44,7 +44,13 @@ pub fn run() -> anyhow::Result<()> {
          as measured by the kernel (`BPF_PROG_TEST_RUN` with `repeat`, median of 5 ×\n\
          1,000,000 runs), on an IPv4 TCP frame unless said otherwise, {jit}. Linux {},\n\
          {cpus} CPUs. Rules are ingress rules allowing TCP 80 from one /32 each; the\n\
-         lookup is one LPM-trie search whatever the number of rules. Each case runs on\n\
+         lookup is one LPM-trie search whatever the number of rules. The programs track\n\
+         allowed flows, so a repeated frame measures a tracked flow's later packets\n\
+         (subject lookup, one connection-tracking lookup). Rows marked † measure the\n\
+         first packet of a flow (full judgement, tracking entries written): 2,001\n\
+         frames with distinct source ports, one run each, median; a single timed run\n\
+         includes the kernel timer's own cost, which the calibration row (a tracked\n\
+         flow measured the same way) shows. Each case runs on\n\
          the programs loaded with kernel logs (aya-log) off, as the agent loads them\n\
          unless `FLATNET_LOG` enables `flatnet_ebpf=debug`, and on. With logs on and\n\
          nobody reading, the log ring buffer (128 KiB) fills after the first few\n\

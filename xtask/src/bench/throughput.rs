@@ -6,7 +6,8 @@
 //! the node) and pod to LAN host (through the master). "Programs" means the
 //! uplink program on the master and the policy programs on both pod
 //! interfaces, with a policy that isolates both pods and allows the iperf3
-//! port, so every data packet takes the full policy lookup.
+//! port, so every packet is judged by the policy (the first of each flow in
+//! full, the others through connection tracking).
 
 use std::{
     path::Path,
@@ -27,10 +28,10 @@ use super::{
 #[derive(Args)]
 pub struct ThroughputArgs {
     /// Measurements per path and mode; the median is reported.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 9)]
     repetitions: usize,
     /// Seconds per iperf3 measurement.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 10)]
     seconds: u32,
     /// Print the table only; leave docs/benchmarks.md alone.
     #[arg(long)]
@@ -161,13 +162,24 @@ impl Programs<'_> {
     }
 }
 
+/// CPUs the iperf3 client and server are pinned to (`--affinity`), so the
+/// scheduler moving them between CPUs does not add to the spread between
+/// runs; none on a single-CPU machine.
+fn iperf_cpus() -> Option<(usize, usize)> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus >= 2).then_some((0, cpus - 1))
+}
+
 /// An iperf3 server in a namespace, stopped on drop.
 struct IperfServer(Child);
 
 impl IperfServer {
     fn start(netns: &Netns, address: &str) -> anyhow::Result<Self> {
-        let child = netns
-            .command("iperf3")
+        let mut command = netns.command("iperf3");
+        if let Some((_, server_cpu)) = iperf_cpus() {
+            command.args(["--affinity", &server_cpu.to_string()]);
+        }
+        let child = command
             .args(["--server", "--bind", address, "--port"])
             .arg(IPERF_PORT.to_string())
             .stdout(Stdio::null())
@@ -190,9 +202,11 @@ impl Drop for IperfServer {
 
 /// One iperf3 run; returns the receiver's rate in Gbit/s.
 fn iperf(path: &Flow, seconds: u32) -> anyhow::Result<f64> {
-    let out = path
-        .client
-        .command("iperf3")
+    let mut command = path.client.command("iperf3");
+    if let Some((client_cpu, _)) = iperf_cpus() {
+        command.args(["--affinity", &client_cpu.to_string()]);
+    }
+    let out = command
         .args(["--client", path.server_address, "--json", "--time"])
         .arg(seconds.to_string())
         .args(["--port", &IPERF_PORT.to_string()])
@@ -334,13 +348,13 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
          {}). {}.\n\n\
          Two macvlan pods (bridge mode) on one master, a veth in a node namespace\n\
          whose peer is a LAN host namespace; one iperf3 TCP stream for {} s, median of\n\
-         {} runs per path and mode, modes alternating in one run. \"Programs\": the\n\
+         {} runs per path and mode, modes alternating in one run; {}. \"Programs\": the\n\
          uplink program on the master and the policy programs (ingress and egress)\n\
          on both pod interfaces, attached with `flatnet-agent datapath attach` and\n\
          `datapath policy attach`; a policy isolates both pods both ways and allows\n\
-         TCP {IPERF_PORT} within 192.0.2.0/24, so every data packet takes the full\n\
-         lookup (subject, LPM prefix, port match) and the replies the\n\
-         connection-tracking path. \"No programs\": all of them detached.\n\
+         TCP {IPERF_PORT} within 192.0.2.0/24: the first packet of each flow takes the\n\
+         full judgement (subject, LPM prefix, port match), its later packets and\n\
+         replies one connection-tracking lookup. \"No programs\": all of them detached.\n\
          Pod-to-pod traffic crosses the two policy programs; pod-to-LAN traffic\n\
          crosses one policy program each way and the uplink program on ingress.\n\n\
          {table}",
@@ -348,6 +362,11 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         machine,
         args.seconds,
         args.repetitions,
+        match iperf_cpus() {
+            Some((client, server)) =>
+                format!("iperf3 client on CPU {client}, server on CPU {server}"),
+            None => "one CPU".to_owned(),
+        },
     );
     report::write_section("throughput", &section)
 }
