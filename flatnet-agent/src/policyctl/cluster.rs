@@ -1,6 +1,7 @@
 //! What the Kubernetes watchers have seen, reduced to what the policy
 //! compiler needs: policies, namespace labels, labels and node of flat
-//! pods, and their flat addresses (FlatNetworkIP `status.addr`). Pure; the
+//! pods, and their flat addresses (FlatNetworkIP `status.addr`; a
+//! dual-stack pod has two records, `<pod>` and `<pod>.ipv6`). Pure; the
 //! watchers feed it events ([`ClusterView`] methods), the controller takes
 //! snapshots.
 
@@ -88,7 +89,8 @@ pub struct ClusterView {
     policies: Collection<MultiNetworkPolicy>,
     namespaces: Collection<Labels>,
     pods: Collection<PodFacts>,
-    addresses: Collection<IpAddr>,
+    /// Record → (its pod's name, the allocated address).
+    addresses: Collection<(String, IpAddr)>,
     policy_api_missing: bool,
 }
 
@@ -143,8 +145,10 @@ impl ClusterView {
 
     /// A FlatNetworkIP event; only allocated ones are kept.
     pub fn address_event(&mut self, event: watcher::Event<FlatNetworkIP>) {
-        self.addresses
-            .apply(event, |ip| ip.status.as_ref().and_then(|s| s.addr));
+        self.addresses.apply(event, |ip| {
+            let addr = ip.status.as_ref().and_then(|s| s.addr)?;
+            Some((ip.pod_name(), addr))
+        });
     }
 
     /// The compiler's inputs, once every watcher has listed (the policy
@@ -155,19 +159,25 @@ impl ClusterView {
         {
             return None;
         }
-        let pods = self
-            .addresses
-            .items
-            .iter()
-            .map(|((namespace, name), &addr)| {
-                // The FlatNetworkIP has the pod's namespace and name.
-                let facts = self.pods.items.get(&(namespace.clone(), name.clone()));
+        // A pod's records are in its namespace; a dual-stack pod has two.
+        let mut addresses: BTreeMap<ObjectKey, Vec<IpAddr>> = BTreeMap::new();
+        for ((namespace, _), (pod, addr)) in &self.addresses.items {
+            addresses
+                .entry((namespace.clone(), pod.clone()))
+                .or_default()
+                .push(*addr);
+        }
+        let pods = addresses
+            .into_iter()
+            .map(|(key, ips)| {
+                let facts = self.pods.items.get(&key);
+                let (namespace, name) = key;
                 FlatPod {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
                     labels: facts.map(|f| f.labels.clone()).unwrap_or_default(),
-                    ips: vec![addr],
                     local: facts.is_some_and(|f| f.node.as_deref() == Some(self.node.as_str())),
+                    namespace,
+                    name,
+                    ips,
                 }
             })
             .collect();
@@ -247,6 +257,27 @@ mod tests {
         view.pod_event(watcher::Event::Delete(pod("db", "node-2", "db")));
         view.address_event(watcher::Event::Delete(ip("db", "10.0.0.2")));
         assert_eq!(view.snapshot().unwrap().pods.len(), 1);
+    }
+
+    #[test]
+    fn a_dual_stack_pod_is_one_pod_with_both_addresses() {
+        let mut view = synced_view();
+        view.pod_event(watcher::Event::Apply(pod("web", "node-1", "web")));
+        view.address_event(watcher::Event::Apply(ip("web", "10.0.0.1")));
+        view.address_event(watcher::Event::Apply(ip("web.ipv6", "fd00::1")));
+        let pods = view.snapshot().unwrap().pods;
+        assert_eq!(pods.len(), 1, "{pods:?}");
+        assert_eq!(pods[0].name, "web");
+        assert!(pods[0].local);
+        assert_eq!(pods[0].labels["app"], "web");
+        let ips: Vec<IpAddr> = ["10.0.0.1", "fd00::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(pods[0].ips, ips);
+
+        view.address_event(watcher::Event::Delete(ip("web.ipv6", "fd00::1")));
+        assert_eq!(view.snapshot().unwrap().pods[0].ips, ips[..1]);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use super::{
     errors::{is_conflict, is_not_found},
     key_of,
     nodes::{self, NodeVerdict},
-    records::{FINALIZER, LEGACY_FINALIZER, pod_name_of},
+    records::{FINALIZER, LEGACY_FINALIZER},
 };
 
 /// Metric label of records deleted because their pod was gone.
@@ -60,7 +60,7 @@ pub async fn reconcile(record: Arc<FlatNetworkIP>, ctx: Arc<Context>) -> Result<
         return finalize(&record, &ctx).await;
     }
     let namespace = record.namespace().unwrap_or_default();
-    let pod_ref = ObjectRef::<Pod>::new(&pod_name_of(&record)).within(&namespace);
+    let pod_ref = ObjectRef::<Pod>::new(&record.pod_name()).within(&namespace);
     let Some(pod) = ctx.caches.pods.get(&pod_ref) else {
         return collect(&record, &ctx).await;
     };

@@ -243,7 +243,7 @@ pub async fn run(
             watcher::Config::default(),
             |record| {
                 let ns = kube::ResourceExt::namespace(&record)?;
-                Some(ObjectRef::<Pod>::new(&records::pod_name_of(&record)).within(&ns))
+                Some(ObjectRef::<Pod>::new(&record.pod_name()).within(&ns))
             },
         )
         .with_config(config.clone())

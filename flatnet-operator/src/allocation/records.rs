@@ -53,17 +53,6 @@ pub fn names_fit(pod_name: &str, subnets: usize) -> bool {
     subnets < 2 || pod_name.len() + SECONDARY_SUFFIX.len() <= MAX_NAME_LEN
 }
 
-/// The pod a record belongs to: its Pod owner, else its name without the
-/// dual-stack suffix (StatefulSet-owned records).
-pub fn pod_name_of(record: &FlatNetworkIP) -> String {
-    if let Some(owner) = record.owner_references().iter().find(|o| o.kind == "Pod") {
-        return owner.name.clone();
-    }
-    let name = record.name_any();
-    name.strip_suffix(SECONDARY_SUFFIX)
-        .map_or(name.clone(), str::to_owned)
-}
-
 /// The controller owning `pod`, as far as address stickiness goes.
 pub fn pod_controller(pod: &Pod) -> PodController {
     match pod
@@ -385,7 +374,7 @@ mod tests {
         assert_eq!(labels[label::RANCHER_WORKLOAD_SELECTOR], "job-shop-web");
         assert_eq!(labels[label::NODE], "node-1");
         assert_eq!(v4.finalizers(), [FINALIZER]);
-        assert_eq!(pod_name_of(&v6), "web-0");
+        assert_eq!(v6.pod_name(), "web-0");
         assert!(record_matches(&v4, &v4));
         assert!(!record_matches(&v6, &v4));
     }

@@ -121,10 +121,50 @@ pub struct FlatNetworkIPStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl FlatNetworkIP {
+    /// The pod this record belongs to: its Pod owner, else its name without
+    /// the dual-stack suffix (records owned by a StatefulSet, and a
+    /// dual-stack pod's second record `<pod>.ipv6`).
+    pub fn pod_name(&self) -> String {
+        use kube::ResourceExt;
+        if let Some(owner) = self.owner_references().iter().find(|o| o.kind == "Pod") {
+            return owner.name.clone();
+        }
+        let name = self.name_any();
+        name.strip_suffix(crate::k8s::keys::SECONDARY_RECORD_SUFFIX)
+            .map_or(name.clone(), str::to_owned)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn pod_name_from_owner_or_record_name() {
+        let record = |value: serde_json::Value| -> FlatNetworkIP {
+            serde_json::from_value(value).unwrap()
+        };
+        let owned = record(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
+            "metadata": {"name": "web-0.ipv6", "namespace": "a",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod",
+                                              "name": "web-0", "uid": "u"}]},
+            "spec": {"subnet": "lan6"}
+        }));
+        assert_eq!(owned.pod_name(), "web-0");
+        let by_name = |name: &str| {
+            record(json!({
+                "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
+                "metadata": {"name": name, "namespace": "a"},
+                "spec": {"subnet": "lan"}
+            }))
+            .pod_name()
+        };
+        assert_eq!(by_name("db-1.ipv6"), "db-1");
+        assert_eq!(by_name("db-1"), "db-1");
+    }
 
     fn original_ip() -> serde_json::Value {
         json!({
