@@ -15,7 +15,7 @@ use std::{
 use flatnet_agent::{
     datapath::{ApplyReport, DatapathError},
     policy::{CompiledPolicy, NetworkNames},
-    policyctl::{PolicyController, PolicySink, kubernetes},
+    policyctl::{PolicyController, PolicySink, PolicyTrigger, kubernetes},
     service::metrics::PolicyMetrics,
 };
 use http::{Request, Response, StatusCode};
@@ -227,7 +227,14 @@ impl Cluster {
             PolicyController::new(Recording(sender), NetworkNames::default(), metrics.clone());
         let run_metrics = metrics.clone();
         tokio::spawn(async move {
-            kubernetes::run(client, "node-1", controller, run_metrics).await;
+            kubernetes::run(
+                client,
+                "node-1",
+                controller,
+                run_metrics,
+                PolicyTrigger::new(),
+            )
+            .await;
         });
         Self {
             api,

@@ -235,14 +235,15 @@ impl RunArgs {
             .await
             .map_err(|e| anyhow::anyhow!("recovering the attachments: {e}"))?;
         let sink = PinnedPolicy::new(policy_maps);
+        // The CNI service signals new pods and waits for their tables.
+        let (trigger, changes) = PolicyTrigger::new();
+        service.set_policy_trigger(trigger.clone());
         match policy_source {
             PolicySource::Standalone(path) => {
                 let policies = StandalonePolicies::open(&path, records, metrics.policy.clone())
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let networks = policies.networks(&self.policy_networks);
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
-                let (trigger, changes) = PolicyTrigger::new();
-                service.set_policy_trigger(trigger.clone());
                 tokio::spawn(policyctl::standalone::run(
                     Arc::new(policies),
                     controller,
@@ -255,8 +256,14 @@ impl RunArgs {
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
                 let policy_metrics = metrics.policy.clone();
                 tokio::spawn(async move {
-                    policyctl::kubernetes::run(client, &node_name, controller, policy_metrics)
-                        .await;
+                    policyctl::kubernetes::run(
+                        client,
+                        &node_name,
+                        controller,
+                        policy_metrics,
+                        (trigger, changes),
+                    )
+                    .await;
                 });
             }
         }

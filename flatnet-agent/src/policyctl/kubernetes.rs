@@ -26,7 +26,8 @@ use kube::{
 use serde::de::DeserializeOwned;
 
 use super::{
-    PolicyController, PolicySink, PolicyTrigger, cluster::ClusterView, report::DiagnosticEvents,
+    PolicyChanges, PolicyController, PolicySink, PolicyTrigger, cluster::ClusterView,
+    report::DiagnosticEvents,
 };
 use crate::{
     desired::kubernetes::FIELD_MANAGER, policy::MultiNetworkPolicy, service::metrics::PolicyMetrics,
@@ -35,15 +36,16 @@ use crate::{
 /// Longest Event note (the API server rejects longer ones).
 const MAX_NOTE: usize = 1000;
 
-/// Runs the controller for node `node` until the process ends.
+/// Runs the controller for node `node` until the process ends; the
+/// watchers signal through `trigger` (which the CNI service holds too).
 pub async fn run<S: PolicySink>(
     client: Client,
     node: &str,
     controller: PolicyController<S>,
     metrics: PolicyMetrics,
+    (trigger, changes): (PolicyTrigger, PolicyChanges),
 ) {
     let view = Arc::new(Mutex::new(ClusterView::new(node)));
-    let (trigger, changes) = PolicyTrigger::new();
     let policies: Api<MultiNetworkPolicy> = Api::all(client.clone());
     let feed = Feed {
         view: Arc::clone(&view),

@@ -14,7 +14,15 @@ pub mod kubernetes;
 pub mod report;
 pub mod standalone;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::sync::watch;
 
@@ -24,6 +32,7 @@ use crate::{
         CompiledPolicy, FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile,
         selector::Labels,
     },
+    records::AttachmentRecord,
     service::metrics::PolicyMetrics,
 };
 
@@ -32,6 +41,91 @@ pub use report::{DiagnosticEvents, DiagnosticLog, NoEvents};
 /// How long the controller waits after a change before compiling, so a
 /// burst of changes (a rollout, a relist) is compiled once.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The debounce while a CNI ADD waits for its pod's tables: just enough to
+/// compile the ADDs of a burst together.
+pub const WAITING_DEBOUNCE: Duration = Duration::from_millis(2);
+
+/// How long a CNI ADD waits for the tables of its pod before it answers
+/// anyway (with a warning and `flatnet_agent_policy_add_wait_timeouts_total`).
+pub const ADD_WAIT_LIMIT: Duration = Duration::from_secs(3);
+
+/// A pod as the installed tables know it: namespace, name, address.
+pub type LocalPodAddress = (String, String, IpAddr);
+
+/// What the controller installed last.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InstalledView {
+    /// Rounds installed since the agent started.
+    pub rounds: u64,
+    /// Policies for the flat network in force.
+    pub policies_in_force: usize,
+    /// The local pods (with each address) the tables were compiled for.
+    pub local_pods: BTreeSet<LocalPodAddress>,
+}
+
+impl InstalledView {
+    fn of(snapshot: &PolicySnapshot, policies_in_force: usize, rounds: u64) -> Self {
+        let local_pods = snapshot
+            .pods
+            .iter()
+            .filter(|p| p.local)
+            .flat_map(|p| {
+                p.ips
+                    .iter()
+                    .map(|ip| (p.namespace.clone(), p.name.clone(), *ip))
+            })
+            .collect();
+        Self {
+            rounds,
+            policies_in_force,
+            local_pods,
+        }
+    }
+
+    /// Whether a pod with these addresses is judged by the installed
+    /// tables as its policies say: the tables include it, or no policy is
+    /// in force (so nothing isolates it).
+    fn covers(&self, pod: &[LocalPodAddress]) -> bool {
+        self.rounds > 0
+            && (self.policies_in_force == 0 || pod.iter().all(|p| self.local_pods.contains(p)))
+    }
+}
+
+/// The pod of an attachment as the tables know it: (namespace, name) of
+/// the pod (`default` and the container id when the runtime did not say).
+pub fn record_pod(record: &AttachmentRecord) -> (String, String) {
+    let namespace = record
+        .pod
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = record
+        .pod
+        .name
+        .clone()
+        .unwrap_or_else(|| record.key.container_id.clone());
+    (namespace, name)
+}
+
+/// Each address of the pod of `record`, as [`InstalledView`] lists them.
+pub fn record_pod_addresses(record: &AttachmentRecord) -> Vec<LocalPodAddress> {
+    let (namespace, name) = record_pod(record);
+    record
+        .ips()
+        .into_iter()
+        .map(|ip| (namespace.clone(), name.clone(), ip))
+        .collect()
+}
+
+/// How waiting for a new pod's tables ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodTables {
+    /// The installed tables judge the pod as its policies say.
+    InForce,
+    /// No round including the pod within the limit.
+    TimedOut,
+}
 
 /// Everything the compiler needs, as one consistent copy.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -50,23 +144,36 @@ pub struct PolicySnapshot {
 #[derive(Clone, Debug)]
 pub struct PolicyTrigger {
     sender: Arc<watch::Sender<u64>>,
+    /// CNI ADDs waiting for their pod's tables.
+    waiting: Arc<AtomicUsize>,
+    installed: watch::Receiver<InstalledView>,
 }
 
 /// The controller's end of a [`PolicyTrigger`].
 #[derive(Debug)]
 pub struct PolicyChanges {
     receiver: watch::Receiver<u64>,
+    waiting: Arc<AtomicUsize>,
+    installed: watch::Sender<InstalledView>,
 }
 
 impl PolicyTrigger {
     /// A trigger and the receiving end for the controller.
     pub fn new() -> (Self, PolicyChanges) {
         let (sender, receiver) = watch::channel(0);
+        let (installed_sender, installed) = watch::channel(InstalledView::default());
+        let waiting = Arc::new(AtomicUsize::new(0));
         (
             Self {
                 sender: Arc::new(sender),
+                waiting: Arc::clone(&waiting),
+                installed,
             },
-            PolicyChanges { receiver },
+            PolicyChanges {
+                receiver,
+                waiting,
+                installed: installed_sender,
+            },
         )
     }
 
@@ -74,18 +181,68 @@ impl PolicyTrigger {
     pub fn changed(&self) {
         self.sender.send_modify(|generation| *generation += 1);
     }
+
+    /// Signals that a pod was attached and waits, at most `limit`, until the
+    /// installed tables judge it as its policies say. Waiting ADDs cut the
+    /// debounce short ([`WAITING_DEBOUNCE`]), so this takes one compile.
+    pub async fn pod_attached(&self, pod: &[LocalPodAddress], limit: Duration) -> PodTables {
+        let mut installed = self.installed.clone();
+        if installed.borrow_and_update().covers(pod) {
+            // Usually in Kubernetes mode: the pod and its address were
+            // known before the ADD. Still recompile for the attachment.
+            self.changed();
+            return PodTables::InForce;
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        // Told after `waiting` grew, so the controller sees both together.
+        self.changed();
+        let covered = tokio::time::timeout(limit, async {
+            loop {
+                if installed.changed().await.is_err() {
+                    return false;
+                }
+                if installed.borrow_and_update().covers(pod) {
+                    return true;
+                }
+            }
+        })
+        .await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        match covered {
+            Ok(true) => PodTables::InForce,
+            Ok(false) | Err(_) => PodTables::TimedOut,
+        }
+    }
 }
 
 impl PolicyChanges {
-    /// Waits for a change, then for `debounce`, and consumes every change
-    /// signalled meanwhile. `false` when every trigger is gone.
+    /// Waits for a change, then for `debounce` (or [`WAITING_DEBOUNCE`]
+    /// once a CNI ADD waits), and consumes every change signalled
+    /// meanwhile. `false` when every trigger is gone.
     async fn next_round(&mut self, debounce: Duration) -> bool {
         if self.receiver.changed().await.is_err() {
             return false;
         }
-        tokio::time::sleep(debounce).await;
+        let deadline = tokio::time::Instant::now() + debounce;
+        loop {
+            if self.waiting.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(WAITING_DEBOUNCE.min(debounce)).await;
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => break,
+                changed = self.receiver.changed() => if changed.is_err() { break },
+            }
+        }
         self.receiver.borrow_and_update();
         true
+    }
+
+    /// Publishes what a round installed, for waiting ADDs.
+    fn installed(&self, snapshot: &PolicySnapshot, policies_in_force: usize) {
+        self.installed.send_modify(|view| {
+            *view = InstalledView::of(snapshot, policies_in_force, view.rounds + 1);
+        });
     }
 }
 
@@ -165,15 +322,7 @@ impl<S: PolicySink> PolicyController<S> {
                 return Err(error);
             }
         };
-        let in_force = snapshot
-            .policies
-            .iter()
-            .filter(|p| {
-                let namespace = p.metadata.namespace.as_deref().unwrap_or("default");
-                self.networks
-                    .selects(namespace, p.metadata.annotations.as_ref())
-            })
-            .count();
+        let in_force = self.policies_in_force(snapshot);
         self.metrics.applies.inc();
         self.metrics.policies.set(in_force as i64);
         self.metrics
@@ -199,6 +348,19 @@ impl<S: PolicySink> PolicyController<S> {
         Ok(compiled)
     }
 
+    /// The policies of `snapshot` for the flat network.
+    fn policies_in_force(&self, snapshot: &PolicySnapshot) -> usize {
+        snapshot
+            .policies
+            .iter()
+            .filter(|p| {
+                let namespace = p.metadata.namespace.as_deref().unwrap_or("default");
+                self.networks
+                    .selects(namespace, p.metadata.annotations.as_ref())
+            })
+            .count()
+    }
+
     /// Runs until every trigger is gone: after each (debounced) change,
     /// compiles and installs what `snapshot` returns. `None` means the
     /// source is not complete yet (for example a watch has not listed
@@ -215,8 +377,11 @@ impl<S: PolicySink> PolicyController<S> {
                 tracing::debug!("policy inputs incomplete; waiting for the sources to sync");
                 continue;
             };
-            if let Err(error) = self.apply(&current, &mut events).await {
-                tracing::error!(%error, "cannot install the network policy; the previous tables stay in force until the next change");
+            match self.apply(&current, &mut events).await {
+                Ok(_) => changes.installed(&current, self.policies_in_force(&current)),
+                Err(error) => {
+                    tracing::error!(%error, "cannot install the network policy; the previous tables stay in force until the next change");
+                }
             }
         }
     }
@@ -275,6 +440,110 @@ mod tests {
         drop(trigger);
         task.await.unwrap();
         assert_eq!(*snapshots.lock().unwrap(), 2);
+    }
+
+    fn policy_for_the_flat_network() -> MultiNetworkPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "k8s.cni.cncf.io/v1beta1", "kind": "MultiNetworkPolicy",
+            "metadata": {"name": "deny", "namespace": "a",
+                         "annotations": {"k8s.v1.cni.cncf.io/policy-for": "rancher-flat-network"}},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+        }))
+        .unwrap()
+    }
+
+    fn new_pod() -> Vec<LocalPodAddress> {
+        vec![("a".into(), "web".into(), "10.0.0.1".parse().unwrap())]
+    }
+
+    /// A controller whose snapshots hold `policies` and, once `attached`
+    /// is set, the pod of [`new_pod`].
+    fn spawn_controller(
+        policies: Vec<MultiNetworkPolicy>,
+        attached: Arc<Mutex<bool>>,
+    ) -> (PolicyTrigger, Recorder) {
+        let recorder = Recorder::default();
+        let controller = PolicyController::new(
+            recorder.clone(),
+            NetworkNames::default(),
+            PolicyMetrics::default(),
+        );
+        let (trigger, changes) = PolicyTrigger::new();
+        tokio::spawn(controller.run(
+            changes,
+            move || {
+                let pods = if *attached.lock().unwrap() {
+                    vec![FlatPod {
+                        namespace: "a".into(),
+                        name: "web".into(),
+                        labels: BTreeMap::new(),
+                        ips: vec!["10.0.0.1".parse().unwrap()],
+                        local: true,
+                    }]
+                } else {
+                    Vec::new()
+                };
+                Some(PolicySnapshot {
+                    policies: policies.clone(),
+                    namespaces: BTreeMap::new(),
+                    pods,
+                })
+            },
+            NoEvents,
+        ));
+        (trigger, recorder)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attached_pod_waits_for_a_round_that_includes_it() {
+        let attached = Arc::new(Mutex::new(false));
+        let (trigger, recorder) =
+            spawn_controller(vec![policy_for_the_flat_network()], Arc::clone(&attached));
+        trigger.changed();
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        assert_eq!(recorder.0.lock().unwrap().len(), 1, "the first round");
+
+        *attached.lock().unwrap() = true;
+        let started = tokio::time::Instant::now();
+        let outcome = trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await;
+        assert_eq!(outcome, PodTables::InForce);
+        let rounds = recorder.0.lock().unwrap().clone();
+        assert_eq!(rounds.len(), 2, "one more round, for the pod");
+        assert!(
+            rounds[1]
+                .subjects
+                .contains_key(&"10.0.0.1".parse::<IpAddr>().unwrap()),
+            "the round that answered the wait isolates the pod"
+        );
+        // The paused clock makes this exact: the wait skipped the debounce.
+        assert!(started.elapsed() < DEBOUNCE, "{:?}", started.elapsed());
+
+        // Known already: answered at once (one more round still follows).
+        let outcome = trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await;
+        assert_eq!(outcome, PodTables::InForce);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_policy_in_force_nothing_is_waited_for() {
+        let (trigger, _recorder) = spawn_controller(Vec::new(), Arc::new(Mutex::new(false)));
+        trigger.changed();
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        let started = tokio::time::Instant::now();
+        let outcome = trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await;
+        assert_eq!(outcome, PodTables::InForce);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_the_tables_never_include_times_out() {
+        // The source never shows the pod (its record was lost, say).
+        let (trigger, recorder) = spawn_controller(
+            vec![policy_for_the_flat_network()],
+            Arc::new(Mutex::new(false)),
+        );
+        let outcome = trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await;
+        assert_eq!(outcome, PodTables::TimedOut);
+        assert!(!recorder.0.lock().unwrap().is_empty(), "rounds ran");
     }
 
     #[tokio::test(start_paused = true)]

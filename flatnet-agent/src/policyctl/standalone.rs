@@ -134,12 +134,7 @@ impl PolicySection {
             .iter()
             .filter(|r| !r.addresses.is_empty())
             .map(|r| {
-                let namespace = r.pod.namespace.clone().unwrap_or_else(|| "default".into());
-                let name = r
-                    .pod
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| r.key.container_id.clone());
+                let (namespace, name) = super::record_pod(r);
                 FlatPod {
                     labels: self
                         .pods

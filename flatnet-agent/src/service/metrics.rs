@@ -33,6 +33,8 @@ pub struct PolicyMetrics {
     /// 1 while the policy source is unusable (MultiNetworkPolicy CRD not
     /// installed, state file rejected), else 0.
     pub source_problem: Gauge,
+    /// CNI ADDs that answered before the tables included their pod.
+    pub add_wait_timeouts: Counter,
 }
 
 impl PolicyMetrics {
@@ -42,6 +44,11 @@ impl PolicyMetrics {
             "applies",
             "Network-policy compile-and-install rounds that succeeded",
             self.applies.clone(),
+        );
+        registry.register(
+            "add_wait_timeouts",
+            "CNI ADDs that answered before the policy tables included their pod",
+            self.add_wait_timeouts.clone(),
         );
         registry.register(
             "apply_failures",

@@ -31,7 +31,7 @@ use crate::{
     desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::run_in_netns,
-    policyctl::PolicyTrigger,
+    policyctl::{self, PodTables, PolicyTrigger},
     probe,
     records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
     rpc::CniHandler,
@@ -390,7 +390,7 @@ impl<S: DesiredState> Inner<S> {
         record.phase = RecordPhase::Ready;
         self.records.save(record).map_err(|e| (internal(e), true))?;
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
-        self.policy_changed();
+        self.policy_in_force_for(record).await;
         Ok(spec::cni_result(&attachment, record.mac.as_deref(), dns))
     }
 
@@ -524,6 +524,25 @@ impl<S: DesiredState> Inner<S> {
                     record.pod
                 ))
             })
+    }
+
+    /// Tells the policy controller about a new pod and waits until the
+    /// policy tables judge it as its policies say, so the pod's first
+    /// packets are already isolated. After [`policyctl::ADD_WAIT_LIMIT`]
+    /// the ADD answers anyway (the tables follow with the next round).
+    async fn policy_in_force_for(&self, record: &AttachmentRecord) {
+        let Some(trigger) = self.policy_trigger.get() else {
+            return;
+        };
+        let pod = policyctl::record_pod_addresses(record);
+        if trigger.pod_attached(&pod, policyctl::ADD_WAIT_LIMIT).await == PodTables::TimedOut {
+            self.metrics.policy.add_wait_timeouts.inc();
+            tracing::warn!(
+                pod = %record.pod,
+                limit = ?policyctl::ADD_WAIT_LIMIT,
+                "the network-policy tables do not include this pod yet; it is not isolated until they do"
+            );
+        }
     }
 
     /// Tells the policy controller that the set of attachments changed.

@@ -143,9 +143,8 @@ mod tests {
 
     #[test]
     fn pod_name_from_owner_or_record_name() {
-        let record = |value: serde_json::Value| -> FlatNetworkIP {
-            serde_json::from_value(value).unwrap()
-        };
+        let record =
+            |value: serde_json::Value| -> FlatNetworkIP { serde_json::from_value(value).unwrap() };
         let owned = record(json!({
             "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
             "metadata": {"name": "web-0.ipv6", "namespace": "a",
