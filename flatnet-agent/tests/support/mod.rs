@@ -1,8 +1,11 @@
 //! Helpers for privileged tests: fresh network namespaces, veth pairs and
 //! private pin directories, all removed again on drop.
+// Every test binary compiles this module; each uses only some of it.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod frames;
+pub mod lan;
 
 use std::{
     path::{Path, PathBuf},
@@ -113,6 +116,26 @@ pub fn veth_pair(a: &TestNetns, a_name: &str, b: &TestNetns, b_name: &str) {
         &[
             "link", "add", a_name, "netns", &a.name, "type", "veth", "peer", "name", b_name,
             "netns", &b.name,
+        ],
+    );
+}
+
+/// Whether the namespace has a link of that name.
+pub fn has_link(ns: &TestNetns, name: &str) -> bool {
+    Command::new("ip")
+        .args(["-n", &ns.name, "link", "show", "dev", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Pings `target` once from `ns` (`ping -6` for IPv6).
+pub fn ping(ns: &TestNetns, target: &str) {
+    let family = if target.contains(':') { "-6" } else { "-4" };
+    run(
+        "ip",
+        &[
+            "netns", "exec", &ns.name, "ping", family, "-c", "1", "-W", "5", target,
         ],
     );
 }
