@@ -500,10 +500,8 @@ fn an_address_already_on_the_lan_is_refused() {
         return;
     };
     // The LAN host already uses the first address of each range.
-    node.lan
-        .ip(&["addr", "add", "192.0.2.10/24", "dev", "lan0"]);
-    node.lan
-        .ip(&["addr", "add", "2001:db8::10/64", "dev", "lan0", "nodad"]);
+    node.lan.add_address("lan0", "192.0.2.10/24");
+    node.lan.add_address("lan0", "2001:db8::10/64");
     for network in ["flat4", "flat6"] {
         let pod = TestNetns::new("fap-");
         let (ok, out) = node.cni("ADD", network, "c1", Some(&pod));
@@ -595,7 +593,7 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         veth_pair(&node.node, master, &node.lan, lan_if);
         node.node.ip(&["link", "set", master, "up"]);
         node.lan.ip(&["link", "set", lan_if, "up"]);
-        node.lan.ip(&["addr", "add", lan_addr, "dev", lan_if]);
+        node.lan.add_address(lan_if, lan_addr);
     }
     let probe = ["ipvprobe", "link", "lan1", "type", "ipvlan"];
     if !kernel_has(TEST, &node.lan, "ipvlan", &probe) {
@@ -609,8 +607,7 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         return;
     }
     node.lan.ip(&["link", "set", "lan0.100", "up"]);
-    node.lan
-        .ip(&["addr", "add", "203.0.113.1/24", "dev", "lan0.100"]);
+    node.lan.add_address("lan0.100", "203.0.113.1/24");
     node.start();
 
     // ipvlan L2: the pod resolves the LAN host itself.
@@ -675,15 +672,8 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
 /// node's end of that veth.
 fn with_primary(node: &Node, pod: &TestNetns) -> String {
     let n = &node.node;
-    n.ip(&["addr", "add", "192.0.2.2/24", "dev", &node.master]);
-    n.ip(&[
-        "addr",
-        "add",
-        "2001:db8::2/64",
-        "dev",
-        &node.master,
-        "nodad",
-    ]);
+    n.add_address(&node.master, "192.0.2.2/24");
+    n.add_address(&node.master, "2001:db8::2/64");
     n.ip(&["route", "add", "default", "via", LAN_V4]);
     n.ip(&["-6", "route", "add", "default", "via", LAN_V6]);
     let node_end = unique_name("pv");
@@ -692,8 +682,8 @@ fn with_primary(node: &Node, pod: &TestNetns) -> String {
         (pod, "eth0", "10.99.0.2/24", "fd99::2/64"),
         (n, node_end.as_str(), "10.99.0.1/24", "fd99::1/64"),
     ] {
-        ns.ip(&["addr", "add", v4, "dev", ifname]);
-        ns.ip(&["addr", "add", v6, "dev", ifname, "nodad"]);
+        ns.add_address(ifname, v4);
+        ns.add_address(ifname, v6);
         ns.ip(&["link", "set", ifname, "up"]);
     }
     pod.ip(&["route", "add", "default", "via", "10.99.0.1"]);

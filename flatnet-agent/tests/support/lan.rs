@@ -22,11 +22,7 @@ impl SimulatedLan {
         node.ip(&["link", "set", &master, "up"]);
         lan.ip(&["link", "set", "lan0", "up"]);
         for address in lan_addresses {
-            let mut args = vec!["addr", "add", address, "dev", "lan0"];
-            if address.contains(':') {
-                args.push("nodad");
-            }
-            lan.ip(&args);
+            lan.add_address("lan0", address);
         }
         Self { node, lan, master }
     }

@@ -95,6 +95,28 @@ impl TestNetns {
         run("ip", &full)
     }
 
+    /// Runs a program inside the namespace whose failure is part of what
+    /// the test looks at; returns whether it succeeded.
+    pub fn try_exec(&self, program: &str, args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
+            .status
+            .success()
+    }
+
+    /// Adds `address` (with prefix length) to `ifname`; an IPv6 one skips
+    /// duplicate address detection.
+    pub fn add_address(&self, ifname: &str, address: &str) {
+        let mut args = vec!["addr", "add", address, "dev", ifname];
+        if address.contains(':') {
+            args.push("nodad");
+        }
+        self.ip(&args);
+    }
+
     /// Sets a sysctl inside the namespace.
     pub fn sysctl(&self, key: &str, value: &str) {
         self.exec("sysctl", &["-qw", &format!("{key}={value}")]);
