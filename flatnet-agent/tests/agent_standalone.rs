@@ -209,19 +209,7 @@ networks:
         container: &str,
         pod: Option<&TestNetns>,
     ) -> (bool, Value) {
-        self.cni_with(command, network, container, pod, json!({}))
-    }
-
-    /// [`Node::cni`] with `extra` fields in the network configuration.
-    fn cni_with(
-        &self,
-        command: &str,
-        network: &str,
-        container: &str,
-        pod: Option<&TestNetns>,
-        extra: Value,
-    ) -> (bool, Value) {
-        run_cni(&self.socket(), command, network, container, pod, extra)
+        run_cni(&self.socket(), command, network, container, pod, json!({}))
     }
 
     fn add(&self, network: &str, container: &str, pod: &TestNetns) -> Value {
@@ -233,7 +221,7 @@ networks:
     /// CHECK of an attachment against the result its ADD returned.
     fn check(&self, network: &str, container: &str, pod: &TestNetns, result: &Value) {
         let prev = json!({"prevResult": result});
-        let (ok, out) = self.cni_with("CHECK", network, container, Some(pod), prev);
+        let (ok, out) = run_cni(&self.socket(), "CHECK", network, container, Some(pod), prev);
         assert!(ok, "CHECK {network} {container}: {out}");
     }
 
@@ -247,13 +235,8 @@ networks:
             .iter()
             .map(|c| json!({"containerID": c, "ifname": IFNAME}))
             .collect();
-        self.cni_with(
-            "GC",
-            network,
-            "",
-            None,
-            json!({"cni.dev/valid-attachments": valid}),
-        )
+        let extra = json!({"cni.dev/valid-attachments": valid});
+        run_cni(&self.socket(), "GC", network, "", None, extra)
     }
 
     /// Asserts that `pod` has no flat interface and the agent neither an
@@ -366,10 +349,15 @@ fn addresses(result: &Value) -> Vec<String> {
         .collect()
 }
 
-fn code(out: &Value) -> u64 {
-    out["code"]
+/// Asserts that a flatnet-cni call failed with CNI error code `expected`
+/// (`context` names the call); returns the error.
+fn assert_error((ok, out): (bool, Value), expected: u64, context: &str) -> Value {
+    assert!(!ok, "{context}: succeeded: {out}");
+    let code = out["code"]
         .as_u64()
-        .unwrap_or_else(|| panic!("not an error: {out}"))
+        .unwrap_or_else(|| panic!("{context}: not an error: {out}"));
+    assert_eq!(code, expected, "{context}: {out}");
+    out
 }
 
 #[test]
@@ -470,25 +458,30 @@ fn bad_requests_give_clear_errors_and_leave_nothing() {
     };
     let pod = TestNetns::new("fap-");
 
-    let (ok, out) = node.cni("ADD", "nope", "c1", Some(&pod));
-    assert!(!ok);
-    assert_eq!(code(&out), 104, "{out}");
+    let out = assert_error(
+        node.cni("ADD", "nope", "c1", Some(&pod)),
+        104,
+        "unknown network",
+    );
     assert!(out["msg"].as_str().unwrap().contains("\"nope\""), "{out}");
 
-    let (ok, out) = node.cni("ADD", "nomaster", "c2", Some(&pod));
-    assert!(!ok);
-    assert_eq!(code(&out), 105, "{out}");
+    let out = assert_error(
+        node.cni("ADD", "nomaster", "c2", Some(&pod)),
+        105,
+        "no master",
+    );
     assert!(out["msg"].as_str().unwrap().contains("nosuch0"), "{out}");
 
-    let (ok, out) = node.cni_with(
+    let missing_subnet = json!({"subnet": "missing"});
+    let outcome = run_cni(
+        &node.socket(),
         "ADD",
         "flat4",
         "c3",
         Some(&pod),
-        json!({"subnet": "missing"}),
+        missing_subnet,
     );
-    assert!(!ok);
-    assert_eq!(code(&out), 104, "{out}");
+    assert_error(outcome, 104, "unknown subnet");
 
     node.assert_nothing_left(&pod, "after bad requests");
     node.stop();
@@ -504,9 +497,7 @@ fn an_address_already_on_the_lan_is_refused() {
     node.lan.add_address("lan0", "2001:db8::10/64");
     for network in ["flat4", "flat6"] {
         let pod = TestNetns::new("fap-");
-        let (ok, out) = node.cni("ADD", network, "c1", Some(&pod));
-        assert!(!ok, "{network}: ADD succeeded: {out}");
-        assert_eq!(code(&out), 106, "{network}: {out}");
+        let out = assert_error(node.cni("ADD", network, "c1", Some(&pod)), 106, network);
         let msg = out["msg"].as_str().unwrap();
         assert!(msg.contains("2.10") || msg.contains("db8::10"), "{msg}");
         node.assert_nothing_left(&pod, network);
@@ -520,9 +511,7 @@ fn agent_down_and_restarted_between_add_and_del() {
         return;
     };
     let pod = TestNetns::new("fap-");
-    let (ok, out) = node.cni("ADD", "flat4", "c1", Some(&pod));
-    assert!(!ok);
-    assert_eq!(code(&out), 11, "agent down: {out}");
+    assert_error(node.cni("ADD", "flat4", "c1", Some(&pod)), 11, "agent down");
 
     node.start();
     let result = node.add("dual", "c1", &pod);
@@ -551,9 +540,11 @@ fn status_reports_ready() {
         "flatnet-cni installed"
     );
     node.stop();
-    let (ok, out) = node.cni("STATUS", "flat4", "", None);
-    assert!(!ok);
-    assert_eq!(code(&out), 11, "{out}");
+    assert_error(
+        node.cni("STATUS", "flat4", "", None),
+        11,
+        "STATUS, agent stopped",
+    );
     let _ = &node.master;
 }
 
@@ -783,9 +774,11 @@ fn a_route_through_a_missing_pod_interface_is_refused_by_name() {
     };
     let pod = TestNetns::new("fap-");
     node.start();
-    let (ok, out) = node.cni("ADD", "badroute", "c-bad", Some(&pod));
-    assert!(!ok);
-    assert_eq!(code(&out), 105, "{out}");
+    let out = assert_error(
+        node.cni("ADD", "badroute", "c-bad", Some(&pod)),
+        105,
+        "bad route",
+    );
     let msg = out["msg"].as_str().unwrap();
     assert!(
         msg.contains("dev eth7") && msg.contains("badroute") && msg.contains("spec.routes"),
@@ -805,9 +798,8 @@ fn an_add_killed_midway_is_undone_at_restart_and_then_succeeds() {
     let pod = TestNetns::new("fap-");
     with_primary(&node, &pod);
     node.start_crashing_at(Some("add-attached"));
-    let (ok, out) = node.cni("ADD", "routed", "c-crash", Some(&pod));
-    assert!(!ok);
-    assert_eq!(code(&out), 11, "the runtime is told to retry: {out}");
+    let outcome = node.cni("ADD", "routed", "c-crash", Some(&pod));
+    assert_error(outcome, 11, "the runtime is told to retry");
     let status = node.agent.wait_for_exit();
     assert!(
         !status.success(),
