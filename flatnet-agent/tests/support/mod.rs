@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod frames;
 pub mod lan;
+pub mod policy;
 
 use std::{
     path::{Path, PathBuf},
