@@ -159,10 +159,22 @@ async fn answer_subnet(handle: &mut Handle, name: &str, cidr: &str, gateway: &st
     answer_ok(handle, "GET", &path, &subnet(name, cidr, gateway)).await;
 }
 
+/// The MAC address of the interface [`activate`] reports as attached.
+const ATTACHED_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+
+/// Activates the claim of pod `web-0` (see [`request`]), attached with
+/// [`ATTACHED_MAC`].
+async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::Claim) {
+    source
+        .activate(&request().pod, claim, ATTACHED_MAC)
+        .await
+        .unwrap();
+}
+
 /// Answers the activation of the FlatNetworkIP `name`: the patch that
 /// labels it with the node, then the one that applies the Active status
-/// with `mac`.
-async fn answer_activation(handle: &mut Handle, name: &str, mac: &str) {
+/// with [`ATTACHED_MAC`].
+async fn answer_activation(handle: &mut Handle, name: &str) {
     let path = format!("{IPS}/{name}");
     let (uri, body) = answer_ok(handle, "PATCH", &path, &flip(Some("192.0.2.10"))).await;
     assert!(uri.contains("fieldManager=flatnet-agent"), "{uri}");
@@ -177,7 +189,7 @@ async fn answer_activation(handle: &mut Handle, name: &str, mac: &str) {
     assert!(uri.contains(&format!("{name}/status")), "{uri}");
     assert_eq!(
         body["status"],
-        json!({"phase": "Active", "mac": mac, "node": "node-1"})
+        json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
     );
 }
 
@@ -288,7 +300,7 @@ async fn a_missing_subnet_is_subnet_not_found() {
 async fn activate_labels_the_node_and_applies_the_active_status() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        answer_activation(&mut handle, "web-0", "02:00:00:00:00:09").await;
+        answer_activation(&mut handle, "web-0").await;
         handle
     });
     let claim = flatnet_agent::desired::Claim {
@@ -296,10 +308,7 @@ async fn activate_labels_the_node_and_applies_the_active_status() {
         addresses: Vec::new(),
         mac: None,
     };
-    source
-        .activate(&request().pod, &claim, [2, 0, 0, 0, 0, 9])
-        .await
-        .unwrap();
+    activate(&source, &claim).await;
     server.await.unwrap();
 }
 
@@ -341,7 +350,7 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
         answer_subnet(&mut handle, "lan6", "2001:db8::/64", "2001:db8::1").await;
         // Activation: label and status on both records.
         for name in ["web-0", "web-0.ipv6"] {
-            answer_activation(&mut handle, name, "02:00:00:00:00:09").await;
+            answer_activation(&mut handle, name).await;
         }
         handle
     });
@@ -360,10 +369,7 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
         Some([2, 0, 0, 0, 0, 7]),
         "the first record's MAC"
     );
-    source
-        .activate(&request().pod, &claim, [2, 0, 0, 0, 0, 9])
-        .await
-        .unwrap();
+    activate(&source, &claim).await;
     server.await.unwrap();
 }
 
