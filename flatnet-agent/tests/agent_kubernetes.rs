@@ -100,6 +100,31 @@ fn json_body(value: &Value) -> Body {
     Body::from(serde_json::to_vec(value).unwrap())
 }
 
+/// [`answer`] with 200 OK and `value` as the response.
+async fn answer_ok(
+    handle: &mut Handle,
+    method: &str,
+    path: &str,
+    value: &Value,
+) -> (String, Value) {
+    answer(handle, method, path, StatusCode::OK, json_body(value)).await
+}
+
+/// Takes the next request (the watch) and never answers it; returns it
+/// with the handle, keeping both alive until the server task is aborted.
+async fn never_answer(
+    mut handle: Handle,
+) -> (
+    Handle,
+    Option<(
+        Request<Body>,
+        tower_test::mock::SendResponse<Response<Body>>,
+    )>,
+) {
+    let pending = handle.next_request().await;
+    (handle, pending)
+}
+
 /// Answers the next request, a list of FlatNetworkIPs, with `items`;
 /// returns the request's URI.
 async fn answer_list(handle: &mut Handle, items: Vec<Value>) -> String {
@@ -126,6 +151,46 @@ async fn allocate_by_watch(handle: &mut Handle, name: &str, pending: Value, allo
     )
     .await;
     assert!(uri.contains("watch=true"), "a watch, not polling: {uri}");
+}
+
+/// Answers the lookup of the FlatNetworkSubnet `name`.
+async fn answer_subnet(handle: &mut Handle, name: &str, cidr: &str, gateway: &str) {
+    let path = format!("{SUBNETS}/{name}");
+    answer_ok(handle, "GET", &path, &subnet(name, cidr, gateway)).await;
+}
+
+/// The MAC address of the interface [`activate`] reports as attached.
+const ATTACHED_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+
+/// Activates the claim of pod `web-0` (see [`request`]), attached with
+/// [`ATTACHED_MAC`].
+async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::Claim) {
+    source
+        .activate(&request().pod, claim, ATTACHED_MAC)
+        .await
+        .unwrap();
+}
+
+/// Answers the activation of the FlatNetworkIP `name`: the patch that
+/// labels it with the node, then the one that applies the Active status
+/// with [`ATTACHED_MAC`].
+async fn answer_activation(handle: &mut Handle, name: &str) {
+    let path = format!("{IPS}/{name}");
+    let (uri, body) = answer_ok(handle, "PATCH", &path, &flip(Some("192.0.2.10"))).await;
+    assert!(uri.contains("fieldManager=flatnet-agent"), "{uri}");
+    assert_eq!(body["metadata"]["name"], name);
+    assert_eq!(
+        body["metadata"]["labels"]["flatnetwork.pandaria.io/node"],
+        "node-1"
+    );
+    let status_path = format!("{path}/status");
+    let (uri, body) = answer_ok(handle, "PATCH", &status_path, &flip(Some("192.0.2.10"))).await;
+    assert!(uri.contains("force=true"), "{uri}");
+    assert!(uri.contains(&format!("{name}/status")), "{uri}");
+    assert_eq!(
+        body["status"],
+        json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
+    );
 }
 
 /// Answers the next request (a GET of `path`) with 404.
@@ -167,20 +232,7 @@ async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
     let server = tokio::spawn(async move {
         allocate_by_watch(&mut handle, "web-0", flip(None), flip(Some("192.0.2.10"))).await;
         not_found(&mut handle, &format!("{IPS}/web-0.ipv6")).await;
-        let subnet = json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1",
-            "kind": "FlatNetworkSubnet",
-            "metadata": {"name": "lan4", "namespace": "cattle-flat-network"},
-            "spec": {"flatMode": "macvlan", "master": "eth0", "cidr": "192.0.2.0/24", "gateway": "192.0.2.1"}
-        });
-        answer(
-            &mut handle,
-            "GET",
-            &format!("{SUBNETS}/lan4"),
-            StatusCode::OK,
-            json_body(&subnet),
-        )
-        .await;
+        answer_subnet(&mut handle, "lan4", "192.0.2.0/24", "192.0.2.1").await;
         handle
     });
     let claim = source.claim(&request()).await.unwrap();
@@ -198,9 +250,8 @@ async fn no_allocation_in_time_is_try_again_later_naming_the_object() {
     let (source, mut handle) = source(Duration::from_millis(300));
     let server = tokio::spawn(async move {
         answer_list(&mut handle, vec![]).await;
-        // The watch never reports an allocation; keep the handle alive.
-        let pending = handle.next_request().await;
-        (handle, pending)
+        // The watch never reports an allocation.
+        never_answer(handle).await
     });
     let error = source.claim(&request()).await.unwrap_err().to_cni();
     assert_eq!(error.code, ErrorCode::TryAgainLater);
@@ -219,8 +270,7 @@ async fn an_object_of_another_pod_is_not_taken() {
         let mut stale = flip(Some("192.0.2.10"));
         stale["spec"]["podId"] = json!("uid-of-an-earlier-pod");
         answer_list(&mut handle, vec![stale]).await;
-        let pending = handle.next_request().await;
-        (handle, pending)
+        never_answer(handle).await
     });
     let error = source.claim(&request()).await.unwrap_err().to_cni();
     assert_eq!(error.code, ErrorCode::TryAgainLater, "{}", error.msg);
@@ -250,32 +300,7 @@ async fn a_missing_subnet_is_subnet_not_found() {
 async fn activate_labels_the_node_and_applies_the_active_status() {
     let (source, mut handle) = source(Duration::from_secs(30));
     let server = tokio::spawn(async move {
-        let (uri, body) = answer(
-            &mut handle,
-            "PATCH",
-            &format!("{IPS}/web-0"),
-            StatusCode::OK,
-            json_body(&flip(Some("192.0.2.10"))),
-        )
-        .await;
-        assert!(uri.contains("fieldManager=flatnet-agent"), "{uri}");
-        assert_eq!(
-            body["metadata"]["labels"]["flatnetwork.pandaria.io/node"],
-            "node-1"
-        );
-        let (uri, body) = answer(
-            &mut handle,
-            "PATCH",
-            &format!("{IPS}/web-0/status"),
-            StatusCode::OK,
-            json_body(&flip(Some("192.0.2.10"))),
-        )
-        .await;
-        assert!(uri.contains("force=true"), "{uri}");
-        assert_eq!(
-            body["status"],
-            json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
-        );
+        answer_activation(&mut handle, "web-0").await;
         handle
     });
     let claim = flatnet_agent::desired::Claim {
@@ -283,10 +308,7 @@ async fn activate_labels_the_node_and_applies_the_active_status() {
         addresses: Vec::new(),
         mac: None,
     };
-    source
-        .activate(&request().pod, &claim, [2, 0, 0, 0, 0, 9])
-        .await
-        .unwrap();
+    activate(&source, &claim).await;
     server.await.unwrap();
 }
 
@@ -296,14 +318,7 @@ async fn readiness_follows_the_first_successful_api_call() {
     assert!(source.readiness().is_err());
     let server = tokio::spawn(async move {
         let empty = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": []});
-        answer(
-            &mut handle,
-            "GET",
-            SUBNETS,
-            StatusCode::OK,
-            json_body(&empty),
-        )
-        .await;
+        answer_ok(&mut handle, "GET", SUBNETS, &empty).await;
         handle
     });
     source.sync().await.unwrap();
@@ -317,12 +332,11 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
     let server = tokio::spawn(async move {
         answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
         // The operator made the IPv6 record but has not allocated it yet.
-        answer(
+        answer_ok(
             &mut handle,
             "GET",
             &format!("{IPS}/web-0.ipv6"),
-            StatusCode::OK,
-            json_body(&flip6(None)),
+            &flip6(None),
         )
         .await;
         allocate_by_watch(
@@ -332,43 +346,11 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
             flip6(Some("2001:db8::10")),
         )
         .await;
-        for (name, cidr, gateway) in [
-            ("lan4", "192.0.2.0/24", "192.0.2.1"),
-            ("lan6", "2001:db8::/64", "2001:db8::1"),
-        ] {
-            answer(
-                &mut handle,
-                "GET",
-                &format!("{SUBNETS}/{name}"),
-                StatusCode::OK,
-                json_body(&subnet(name, cidr, gateway)),
-            )
-            .await;
-        }
+        answer_subnet(&mut handle, "lan4", "192.0.2.0/24", "192.0.2.1").await;
+        answer_subnet(&mut handle, "lan6", "2001:db8::/64", "2001:db8::1").await;
         // Activation: label and status on both records.
         for name in ["web-0", "web-0.ipv6"] {
-            let (_, body) = answer(
-                &mut handle,
-                "PATCH",
-                &format!("{IPS}/{name}"),
-                StatusCode::OK,
-                json_body(&flip(Some("192.0.2.10"))),
-            )
-            .await;
-            assert_eq!(body["metadata"]["name"], name);
-            let (uri, body) = answer(
-                &mut handle,
-                "PATCH",
-                &format!("{IPS}/{name}/status"),
-                StatusCode::OK,
-                json_body(&flip(Some("192.0.2.10"))),
-            )
-            .await;
-            assert!(uri.contains(&format!("{name}/status")), "{uri}");
-            assert_eq!(
-                body["status"],
-                json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
-            );
+            answer_activation(&mut handle, name).await;
         }
         handle
     });
@@ -387,10 +369,7 @@ async fn a_dual_stack_pod_waits_for_both_records_and_activates_both() {
         Some([2, 0, 0, 0, 0, 7]),
         "the first record's MAC"
     );
-    source
-        .activate(&request().pod, &claim, [2, 0, 0, 0, 0, 9])
-        .await
-        .unwrap();
+    activate(&source, &claim).await;
     server.await.unwrap();
 }
 
@@ -401,8 +380,7 @@ async fn a_dual_stack_pod_whose_ipv6_record_is_never_allocated_names_it() {
         answer_list(&mut handle, vec![flip(Some("192.0.2.10"))]).await;
         // The network configuration names two subnets: no lookup needed.
         answer_list(&mut handle, vec![flip6(None)]).await;
-        let pending = handle.next_request().await;
-        (handle, pending)
+        never_answer(handle).await
     });
     let mut request = request();
     request.subnet = Some("lan4,lan6".into());

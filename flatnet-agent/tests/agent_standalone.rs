@@ -8,50 +8,55 @@ mod support;
 
 use std::{
     io::Write,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use flatnet_agent::crash_point::CRASH_AT_ENV;
 use serde_json::{Value, json};
-use support::{TestNetns, TestPinRoot, privileged, run, unique_name, veth_pair};
+use support::{
+    TestNetns, agent::StandaloneAgent, has_link, lan::SimulatedLan, ping, privileged, unique_name,
+    veth_pair,
+};
 
 const LAN_V4: &str = "192.0.2.1";
 const LAN_V6: &str = "2001:db8::1";
+/// Every pod's flat interface.
+const IFNAME: &str = "eth1";
 /// Route settings of the `routed4`/`routed6` subnets.
 const ROUTE_SETTINGS: &str = "{addPodIPToHost: true, addNodeCIDR: true, addClusterCIDR: true, \
                               addServiceCIDR: true, flatNetworkDefaultGateway: true}";
 
-/// The LAN, the node, the agent's directories and (while running) the agent.
+/// The LAN, the node, and the agent with its directories.
 struct Node {
+    /// First field: the agent stops before the namespaces go.
+    agent: StandaloneAgent,
     node: TestNetns,
     lan: TestNetns,
     master: String,
-    dir: tempfile::TempDir,
-    pin: TestPinRoot,
-    agent: Option<Child>,
+    _dir: tempfile::TempDir,
 }
 
 impl Node {
     fn new() -> Self {
-        let node = TestNetns::new("fan-");
-        let lan = TestNetns::new("fal-");
-        let master = unique_name("up");
-        veth_pair(&node, &master, &lan, "lan0");
-        node.ip(&["link", "set", &master, "up"]);
-        lan.ip(&["link", "set", "lan0", "up"]);
-        lan.ip(&["addr", "add", &format!("{LAN_V4}/24"), "dev", "lan0"]);
-        lan.ip(&[
-            "addr",
-            "add",
-            &format!("{LAN_V6}/64"),
-            "dev",
-            "lan0",
-            "nodad",
-        ]);
+        let SimulatedLan { node, lan, master } =
+            SimulatedLan::new("fa", &[&format!("{LAN_V4}/24"), &format!("{LAN_V6}/64")]);
         let dir = tempfile::tempdir().unwrap();
-        let state = format!(
+        let cni_bin_dir = dir.path().join("bin").display().to_string();
+        let agent = StandaloneAgent::new(
+            dir.path(),
+            &node,
+            &[
+                "--cni-bin-dir",
+                &cni_bin_dir,
+                "--arp-policy",
+                "arping",
+                "--conflict-probe-ms",
+                "500",
+            ],
+        );
+        agent.write_state(&format!(
             r#"
 subnets:
   - name: lan4
@@ -132,27 +137,35 @@ networks:
   - {{name: ipvlan-l3, subnets: [ipl3]}}
   - {{name: vlan, subnets: [vlan100]}}
 "#
-        );
-        std::fs::write(dir.path().join("state.yaml"), state).unwrap();
+        ));
         Self {
+            agent,
             node,
             lan,
             master,
-            dir,
-            pin: TestPinRoot::new(),
-            agent: None,
+            _dir: dir,
         }
     }
 
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("run/agent.sock")
+    /// The node for `test`, or `None` (the skip printed) without the
+    /// privileges it needs.
+    fn for_test(test: &str) -> Option<Self> {
+        privileged(test).then(Self::new)
+    }
+
+    /// [`Node::for_test`] with its agent started.
+    fn running_for_test(test: &str) -> Option<Self> {
+        let mut node = Self::for_test(test)?;
+        node.start();
+        Some(node)
+    }
+
+    fn socket(&self) -> std::path::PathBuf {
+        self.agent.socket()
     }
 
     fn allocations(&self) -> Value {
-        match std::fs::read(self.dir.path().join("state/allocations.json")) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
-            Err(_) => json!({"allocations": []}),
-        }
+        self.agent.allocations()
     }
 
     fn allocated(&self) -> Vec<String> {
@@ -167,9 +180,7 @@ networks:
     }
 
     fn records(&self) -> usize {
-        std::fs::read_dir(self.dir.path().join("records"))
-            .map(|d| d.count())
-            .unwrap_or(0)
+        self.agent.records()
     }
 
     /// Starts the agent and waits until its socket answers STATUS.
@@ -179,191 +190,154 @@ networks:
 
     /// Starts the agent; with `crash_at`, it aborts at that test crash point.
     fn start_crashing_at(&mut self, crash_at: Option<&str>) {
-        let d = self.dir.path();
-        let arg = |p: &str| d.join(p).display().to_string();
-        let child = Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-            .args(["--log-level", "debug", "run", "--standalone"])
-            .args(["--state-file", &arg("state.yaml")])
-            .args(["--state-dir", &arg("state")])
-            .args(["--record-dir", &arg("records")])
-            .args(["--lease-dir", &arg("leases")])
-            .args(["--socket", &arg("run/agent.sock")])
-            .args(["--cni-bin-dir", &arg("bin")])
-            .args(["--cni-binary", env!("CARGO_BIN_EXE_flatnet-cni")])
-            .args(["--pin-root", &self.pin.path.display().to_string()])
-            .args(["--host-netns", &self.node.path().display().to_string()])
-            .args(["--arp-policy", "arping", "--conflict-probe-ms", "500"])
-            .envs(crash_at.map(|step| (CRASH_AT_ENV, step)))
-            .stdin(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(d.join("agent.log"))
-                    .unwrap(),
-            )
-            .spawn()
-            .expect("start flatnet-agent");
-        self.agent = Some(child);
-        // Not a timing assertion: a bound on waiting for start-up, generous
-        // because loading the programs under software emulation (the VM
-        // stage) takes far longer than on hardware.
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            if self.cni("STATUS", "flat4", "", None, "eth1").0 {
-                return;
-            }
-            if let Some(status) = self.agent.as_mut().unwrap().try_wait().unwrap() {
-                panic!("flatnet-agent exited during start-up: {status}");
-            }
-            assert!(Instant::now() < deadline, "flatnet-agent did not start");
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        self.agent
+            .start(crash_at.map(|step| (CRASH_AT_ENV, step)), |agent| {
+                run_cni(&agent.socket(), "STATUS", "flat4", "", None, json!({})).0
+            });
     }
 
     /// Stops the agent with SIGTERM and waits for it.
     fn stop(&mut self) {
-        if let Some(mut child) = self.agent.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let status = child.wait().unwrap();
-            assert!(status.success(), "flatnet-agent exited with {status}");
-        }
+        self.agent.stop();
     }
 
-    /// Runs flatnet-cni; returns (success, stdout JSON).
+    /// Runs flatnet-cni for the pod's `eth1`; returns (success, stdout JSON).
     fn cni(
         &self,
         command: &str,
         network: &str,
         container: &str,
         pod: Option<&TestNetns>,
-        ifname: &str,
     ) -> (bool, Value) {
-        self.cni_with(command, network, container, pod, ifname, json!({}))
-    }
-
-    fn cni_with(
-        &self,
-        command: &str,
-        network: &str,
-        container: &str,
-        pod: Option<&TestNetns>,
-        ifname: &str,
-        extra: Value,
-    ) -> (bool, Value) {
-        let mut config = json!({
-            "cniVersion": "1.1.0",
-            "name": network,
-            "type": "flatnet-cni",
-            "agentTimeoutSeconds": 30,
-        });
-        for (k, v) in extra.as_object().unwrap() {
-            config[k] = v.clone();
-        }
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flatnet-cni"));
-        cmd.env_clear()
-            .env("CNI_COMMAND", command)
-            .env("FLATNET_AGENT_SOCKET", self.socket())
-            .env(
-                "CNI_ARGS",
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container}"),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        if !container.is_empty() {
-            cmd.env("CNI_CONTAINERID", container)
-                .env("CNI_IFNAME", ifname);
-        }
-        if let Some(pod) = pod {
-            cmd.env("CNI_NETNS", pod.path());
-        }
-        let mut child = cmd.spawn().unwrap();
-        // flatnet-cni may answer (e.g. "agent not running") and exit before
-        // reading its input; its output says what happened, so a broken
-        // pipe here is not an error.
-        let written = child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(config.to_string().as_bytes());
-        if let Err(e) = written {
-            assert_eq!(
-                e.kind(),
-                std::io::ErrorKind::BrokenPipe,
-                "write CNI config: {e}"
-            );
-        }
-        let out = child.wait_with_output().unwrap();
-        let stdout: Value = if out.stdout.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-                panic!(
-                    "{command}: stdout is not JSON ({e}): {}",
-                    String::from_utf8_lossy(&out.stdout)
-                )
-            })
-        };
-        (out.status.success(), stdout)
+        run_cni(&self.socket(), command, network, container, pod, json!({}))
     }
 
     fn add(&self, network: &str, container: &str, pod: &TestNetns) -> Value {
-        let (ok, out) = self.cni("ADD", network, container, Some(pod), "eth1");
+        let (ok, out) = self.cni("ADD", network, container, Some(pod));
         assert!(ok, "ADD {network} {container} failed: {out}");
         out
     }
 
+    /// CHECK of an attachment against the result its ADD returned.
+    fn check(&self, network: &str, container: &str, pod: &TestNetns, result: &Value) {
+        let prev = json!({"prevResult": result});
+        let (ok, out) = run_cni(&self.socket(), "CHECK", network, container, Some(pod), prev);
+        assert!(ok, "CHECK {network} {container}: {out}");
+    }
+
     fn del(&self, network: &str, container: &str, pod: Option<&TestNetns>) {
-        let (ok, out) = self.cni("DEL", network, container, pod, "eth1");
+        let (ok, out) = self.cni("DEL", network, container, pod);
         assert!(ok, "DEL {network} {container} failed: {out}");
     }
 
     fn gc(&self, network: &str, valid: &[&str]) -> (bool, Value) {
         let valid: Vec<Value> = valid
             .iter()
-            .map(|c| json!({"containerID": c, "ifname": "eth1"}))
+            .map(|c| json!({"containerID": c, "ifname": IFNAME}))
             .collect();
-        self.cni_with(
-            "GC",
-            network,
-            "",
-            None,
-            "eth1",
-            json!({"cni.dev/valid-attachments": valid}),
+        let extra = json!({"cni.dev/valid-attachments": valid});
+        run_cni(&self.socket(), "GC", network, "", None, extra)
+    }
+
+    /// Asserts that `pod` has no flat interface and the agent neither an
+    /// address nor a record left; `context` names the case.
+    fn assert_nothing_left(&self, pod: &TestNetns, context: &str) {
+        assert!(!has_link(pod, IFNAME), "{context}: interface left behind");
+        assert!(
+            self.allocated().is_empty(),
+            "{context}: {:?}",
+            self.allocated()
+        );
+        assert_eq!(self.records(), 0, "{context}: records left behind");
+    }
+}
+
+/// Runs flatnet-cni against the agent on `socket` (for the pod's `eth1`
+/// when `container` is given); returns (success, stdout JSON).
+fn run_cni(
+    socket: &Path,
+    command: &str,
+    network: &str,
+    container: &str,
+    pod: Option<&TestNetns>,
+    extra: Value,
+) -> (bool, Value) {
+    let mut config = json!({
+        "cniVersion": "1.1.0",
+        "name": network,
+        "type": "flatnet-cni",
+        "agentTimeoutSeconds": 30,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flatnet-cni"));
+    cmd.env_clear()
+        .env("CNI_COMMAND", command)
+        .env("FLATNET_AGENT_SOCKET", socket)
+        .env(
+            "CNI_ARGS",
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container}"),
         )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if !container.is_empty() {
+        cmd.env("CNI_CONTAINERID", container)
+            .env("CNI_IFNAME", IFNAME);
+    }
+    if let Some(pod) = pod {
+        cmd.env("CNI_NETNS", pod.path());
+    }
+    let mut child = cmd.spawn().unwrap();
+    // flatnet-cni may answer (e.g. "agent not running") and exit before
+    // reading its input; its output says what happened, so a broken
+    // pipe here is not an error.
+    let written = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(config.to_string().as_bytes());
+    if let Err(e) = written {
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "write CNI config: {e}"
+        );
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout: Value = if out.stdout.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{command}: stdout is not JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    };
+    (out.status.success(), stdout)
+}
+
+/// Waits until `done` holds (a bound on waiting for the agent's round,
+/// not a timing check); `what` says what never happened.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log =
-                std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
-            eprintln!("flatnet-agent log:\n{log}");
-        }
-        if let Some(mut child) = self.agent.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+/// Asserts that `family`'s routes in `ns` include every one of `expected`.
+fn assert_routes(ns: &TestNetns, family: &str, expected: &[&str]) {
+    let routes = ns.ip(&[family, "route", "show"]);
+    for expected in expected {
+        assert!(
+            routes.contains(expected),
+            "{} lacks {expected:?}:\n{routes}",
+            ns.name
+        );
     }
-}
-
-fn has_link(ns: &TestNetns, name: &str) -> bool {
-    Command::new("ip")
-        .args(["-n", &ns.name, "link", "show", "dev", name])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn ping(ns: &TestNetns, target: &str) {
-    let mut args = vec!["netns", "exec", &ns.name, "ping", "-c", "1", "-W", "5"];
-    if target.contains(':') {
-        args.push("-6");
-    }
-    args.push(target);
-    run("ip", &args);
 }
 
 fn addresses(result: &Value) -> Vec<String> {
@@ -375,19 +349,23 @@ fn addresses(result: &Value) -> Vec<String> {
         .collect()
 }
 
-fn code(out: &Value) -> u64 {
-    out["code"]
+/// Asserts that a flatnet-cni call failed with CNI error code `expected`
+/// (`context` names the call); returns the error.
+fn assert_error((ok, out): (bool, Value), expected: u64, context: &str) -> Value {
+    assert!(!ok, "{context}: succeeded: {out}");
+    let code = out["code"]
         .as_u64()
-        .unwrap_or_else(|| panic!("not an error: {out}"))
+        .unwrap_or_else(|| panic!("{context}: not an error: {out}"));
+    assert_eq!(code, expected, "{context}: {out}");
+    out
 }
 
 #[test]
 fn add_check_del_for_ipv4_ipv6_and_dual_stack() {
-    if !privileged("add_check_del_for_ipv4_ipv6_and_dual_stack") {
+    let Some(mut node) = Node::running_for_test("add_check_del_for_ipv4_ipv6_and_dual_stack")
+    else {
         return;
-    }
-    let mut node = Node::new();
-    node.start();
+    };
     for (network, expected, targets) in [
         ("flat4", vec!["192.0.2.10/24"], vec![LAN_V4]),
         ("flat6", vec!["2001:db8::10/64"], vec![LAN_V6]),
@@ -402,31 +380,17 @@ fn add_check_del_for_ipv4_ipv6_and_dual_stack() {
         let result = node.add(network, &container, &pod);
         assert_eq!(addresses(&result), expected, "{network}: {result}");
         assert_eq!(result["interfaces"][0]["name"], "eth1");
-        assert!(has_link(&pod, "eth1"));
+        assert!(has_link(&pod, IFNAME));
         for target in targets {
             ping(&pod, target);
         }
         // A repeated ADD returns the same result.
         assert_eq!(node.add(network, &container, &pod), result);
 
-        let (ok, out) = node.cni_with(
-            "CHECK",
-            network,
-            &container,
-            Some(&pod),
-            "eth1",
-            json!({"prevResult": result}),
-        );
-        assert!(ok, "CHECK {network}: {out}");
+        node.check(network, &container, &pod, &result);
 
         node.del(network, &container, Some(&pod));
-        assert!(!has_link(&pod, "eth1"), "{network}: interface left behind");
-        assert!(
-            node.allocated().is_empty(),
-            "{network}: {:?}",
-            node.allocated()
-        );
-        assert_eq!(node.records(), 0);
+        node.assert_nothing_left(&pod, network);
         node.del(network, &container, Some(&pod));
         node.del(network, &container, None);
     }
@@ -435,11 +399,9 @@ fn add_check_del_for_ipv4_ipv6_and_dual_stack() {
 
 #[test]
 fn two_pods_reach_each_other_and_the_lan() {
-    if !privileged("two_pods_reach_each_other_and_the_lan") {
+    let Some(mut node) = Node::running_for_test("two_pods_reach_each_other_and_the_lan") else {
         return;
-    }
-    let mut node = Node::new();
-    node.start();
+    };
     let (a, b) = (TestNetns::new("fap-"), TestNetns::new("fap-"));
     let ra = node.add("flat4", "ca", &a);
     let rb = node.add("flat4", "cb", &b);
@@ -449,7 +411,7 @@ fn two_pods_reach_each_other_and_the_lan() {
     ping(&b, "192.0.2.10");
     ping(&a, LAN_V4);
     // The pod addresses are watched for conflicts on the master.
-    let maps = flatnet_agent::datapath::PinnedMaps::open(&node.pin.path);
+    let maps = flatnet_agent::datapath::PinnedMaps::open(&node.agent.pin.path);
     let mut maps = maps.expect("pinned maps");
     let watched: Vec<String> = maps
         .managed_addrs()
@@ -468,18 +430,16 @@ fn two_pods_reach_each_other_and_the_lan() {
 
 #[test]
 fn gc_removes_attachments_not_listed() {
-    if !privileged("gc_removes_attachments_not_listed") {
+    let Some(mut node) = Node::running_for_test("gc_removes_attachments_not_listed") else {
         return;
-    }
-    let mut node = Node::new();
-    node.start();
+    };
     let (a, b) = (TestNetns::new("fap-"), TestNetns::new("fap-"));
     node.add("flat4", "keep", &a);
     node.add("flat4", "stale", &b);
     let (ok, out) = node.gc("flat4", &["keep"]);
     assert!(ok, "GC: {out}");
-    assert!(has_link(&a, "eth1"));
-    assert!(!has_link(&b, "eth1"), "GC left the stale interface");
+    assert!(has_link(&a, IFNAME));
+    assert!(!has_link(&b, IFNAME), "GC left the stale interface");
     assert_eq!(node.allocated(), ["192.0.2.10"]);
     assert_eq!(node.records(), 1);
     // GC of another network touches nothing of this one.
@@ -492,113 +452,99 @@ fn gc_removes_attachments_not_listed() {
 
 #[test]
 fn bad_requests_give_clear_errors_and_leave_nothing() {
-    if !privileged("bad_requests_give_clear_errors_and_leave_nothing") {
+    let Some(mut node) = Node::running_for_test("bad_requests_give_clear_errors_and_leave_nothing")
+    else {
         return;
-    }
-    let mut node = Node::new();
-    node.start();
+    };
     let pod = TestNetns::new("fap-");
 
-    let (ok, out) = node.cni("ADD", "nope", "c1", Some(&pod), "eth1");
-    assert!(!ok);
-    assert_eq!(code(&out), 104, "{out}");
+    let out = assert_error(
+        node.cni("ADD", "nope", "c1", Some(&pod)),
+        104,
+        "unknown network",
+    );
     assert!(out["msg"].as_str().unwrap().contains("\"nope\""), "{out}");
 
-    let (ok, out) = node.cni("ADD", "nomaster", "c2", Some(&pod), "eth1");
-    assert!(!ok);
-    assert_eq!(code(&out), 105, "{out}");
+    let out = assert_error(
+        node.cni("ADD", "nomaster", "c2", Some(&pod)),
+        105,
+        "no master",
+    );
     assert!(out["msg"].as_str().unwrap().contains("nosuch0"), "{out}");
 
-    let (ok, out) = node.cni_with(
+    let missing_subnet = json!({"subnet": "missing"});
+    let outcome = run_cni(
+        &node.socket(),
         "ADD",
         "flat4",
         "c3",
         Some(&pod),
-        "eth1",
-        json!({"subnet": "missing"}),
+        missing_subnet,
     );
-    assert!(!ok);
-    assert_eq!(code(&out), 104, "{out}");
+    assert_error(outcome, 104, "unknown subnet");
 
-    assert!(!has_link(&pod, "eth1"));
-    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
-    assert_eq!(node.records(), 0);
+    node.assert_nothing_left(&pod, "after bad requests");
     node.stop();
 }
 
 #[test]
 fn an_address_already_on_the_lan_is_refused() {
-    if !privileged("an_address_already_on_the_lan_is_refused") {
+    let Some(mut node) = Node::running_for_test("an_address_already_on_the_lan_is_refused") else {
         return;
-    }
-    let mut node = Node::new();
-    node.start();
+    };
     // The LAN host already uses the first address of each range.
-    node.lan
-        .ip(&["addr", "add", "192.0.2.10/24", "dev", "lan0"]);
-    node.lan
-        .ip(&["addr", "add", "2001:db8::10/64", "dev", "lan0", "nodad"]);
+    node.lan.add_address("lan0", "192.0.2.10/24");
+    node.lan.add_address("lan0", "2001:db8::10/64");
     for network in ["flat4", "flat6"] {
         let pod = TestNetns::new("fap-");
-        let (ok, out) = node.cni("ADD", network, "c1", Some(&pod), "eth1");
-        assert!(!ok, "{network}: ADD succeeded: {out}");
-        assert_eq!(code(&out), 106, "{network}: {out}");
+        let out = assert_error(node.cni("ADD", network, "c1", Some(&pod)), 106, network);
         let msg = out["msg"].as_str().unwrap();
         assert!(msg.contains("2.10") || msg.contains("db8::10"), "{msg}");
-        assert!(!has_link(&pod, "eth1"), "{network}: interface left behind");
-        assert!(
-            node.allocated().is_empty(),
-            "{network}: {:?}",
-            node.allocated()
-        );
-        assert_eq!(node.records(), 0);
+        node.assert_nothing_left(&pod, network);
     }
     node.stop();
 }
 
 #[test]
 fn agent_down_and_restarted_between_add_and_del() {
-    if !privileged("agent_down_and_restarted_between_add_and_del") {
+    let Some(mut node) = Node::for_test("agent_down_and_restarted_between_add_and_del") else {
         return;
-    }
-    let mut node = Node::new();
+    };
     let pod = TestNetns::new("fap-");
-    let (ok, out) = node.cni("ADD", "flat4", "c1", Some(&pod), "eth1");
-    assert!(!ok);
-    assert_eq!(code(&out), 11, "agent down: {out}");
+    assert_error(node.cni("ADD", "flat4", "c1", Some(&pod)), 11, "agent down");
 
     node.start();
     let result = node.add("dual", "c1", &pod);
     let before = node.allocations();
     node.stop();
     assert!(!node.socket().exists(), "socket removed on shutdown");
-    assert!(has_link(&pod, "eth1"), "the pod keeps its interface");
+    assert!(has_link(&pod, IFNAME), "the pod keeps its interface");
     node.start();
     assert_eq!(node.allocations(), before, "allocation file intact");
     assert_eq!(node.add("dual", "c1", &pod), result, "ADD after restart");
     node.del("dual", "c1", Some(&pod));
-    assert!(!has_link(&pod, "eth1"));
+    assert!(!has_link(&pod, IFNAME));
     assert!(node.allocated().is_empty());
     node.stop();
 }
 
 #[test]
 fn status_reports_ready() {
-    if !privileged("status_reports_ready") {
+    let Some(mut node) = Node::running_for_test("status_reports_ready") else {
         return;
-    }
-    let mut node = Node::new();
-    node.start();
-    let (ok, out) = node.cni("STATUS", "flat4", "", None, "eth1");
+    };
+    let (ok, out) = node.cni("STATUS", "flat4", "", None);
     assert!(ok, "{out}");
     assert!(
-        Path::new(&node.dir.path().join("bin/flatnet-cni")).exists(),
+        node.agent.path("bin/flatnet-cni").exists(),
         "flatnet-cni installed"
     );
     node.stop();
-    let (ok, out) = node.cni("STATUS", "flat4", "", None, "eth1");
-    assert!(!ok);
-    assert_eq!(code(&out), 11, "{out}");
+    assert_error(
+        node.cni("STATUS", "flat4", "", None),
+        11,
+        "STATUS, agent stopped",
+    );
     let _ = &node.master;
 }
 
@@ -626,10 +572,9 @@ fn kernel_has(test: &str, ns: &TestNetns, feature: &str, args: &[&str]) -> bool 
 #[test]
 fn ipvlan_l2_l3_and_vlan_through_the_cni() {
     const TEST: &str = "ipvlan_l2_l3_and_vlan_through_the_cni";
-    if !privileged(TEST) {
+    let Some(mut node) = Node::for_test(TEST) else {
         return;
-    }
-    let mut node = Node::new();
+    };
     // Masters of the ipvlan subnets, each a veth to the LAN host.
     let (l2_master, l3_master) = (format!("{}a", node.master), format!("{}b", node.master));
     for (master, lan_if, lan_addr) in [
@@ -639,7 +584,7 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         veth_pair(&node.node, master, &node.lan, lan_if);
         node.node.ip(&["link", "set", master, "up"]);
         node.lan.ip(&["link", "set", lan_if, "up"]);
-        node.lan.ip(&["addr", "add", lan_addr, "dev", lan_if]);
+        node.lan.add_address(lan_if, lan_addr);
     }
     let probe = ["ipvprobe", "link", "lan1", "type", "ipvlan"];
     if !kernel_has(TEST, &node.lan, "ipvlan", &probe) {
@@ -653,8 +598,7 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         return;
     }
     node.lan.ip(&["link", "set", "lan0.100", "up"]);
-    node.lan
-        .ip(&["addr", "add", "203.0.113.1/24", "dev", "lan0.100"]);
+    node.lan.add_address("lan0.100", "203.0.113.1/24");
     node.start();
 
     // ipvlan L2: the pod resolves the LAN host itself.
@@ -663,11 +607,9 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
     let result = node.add("ipvlan-l2", &container, &pod);
     assert_eq!(addresses(&result), vec!["198.51.100.10/25"], "{result}");
     ping(&pod, "198.51.100.1");
-    let prev = json!({"prevResult": result});
-    let (ok, out) = node.cni_with("CHECK", "ipvlan-l2", &container, Some(&pod), "eth1", prev);
-    assert!(ok, "CHECK ipvlan-l2: {out}");
+    node.check("ipvlan-l2", &container, &pod, &result);
     node.del("ipvlan-l2", &container, Some(&pod));
-    assert!(!has_link(&pod, "eth1"));
+    assert!(!has_link(&pod, IFNAME));
 
     // ipvlan L3: the pod does no ARP; the LAN host's ARP for the pod's
     // address is answered by the uplink program on the master.
@@ -684,9 +626,7 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
         neigh.contains(master_mac.trim()),
         "LAN host's entry {neigh} should hold the master's MAC {master_mac}"
     );
-    let prev = json!({"prevResult": result});
-    let (ok, out) = node.cni_with("CHECK", "ipvlan-l3", &container, Some(&pod), "eth1", prev);
-    assert!(ok, "CHECK ipvlan-l3: {out}");
+    node.check("ipvlan-l3", &container, &pod, &result);
     node.del("ipvlan-l3", &container, Some(&pod));
 
     // macvlan on a VLAN: flatnet creates <master>.100, shares it, and
@@ -723,15 +663,8 @@ fn ipvlan_l2_l3_and_vlan_through_the_cni() {
 /// node's end of that veth.
 fn with_primary(node: &Node, pod: &TestNetns) -> String {
     let n = &node.node;
-    n.ip(&["addr", "add", "192.0.2.2/24", "dev", &node.master]);
-    n.ip(&[
-        "addr",
-        "add",
-        "2001:db8::2/64",
-        "dev",
-        &node.master,
-        "nodad",
-    ]);
+    n.add_address(&node.master, "192.0.2.2/24");
+    n.add_address(&node.master, "2001:db8::2/64");
     n.ip(&["route", "add", "default", "via", LAN_V4]);
     n.ip(&["-6", "route", "add", "default", "via", LAN_V6]);
     let node_end = unique_name("pv");
@@ -740,8 +673,8 @@ fn with_primary(node: &Node, pod: &TestNetns) -> String {
         (pod, "eth0", "10.99.0.2/24", "fd99::2/64"),
         (n, node_end.as_str(), "10.99.0.1/24", "fd99::1/64"),
     ] {
-        ns.ip(&["addr", "add", v4, "dev", ifname]);
-        ns.ip(&["addr", "add", v6, "dev", ifname, "nodad"]);
+        ns.add_address(ifname, v4);
+        ns.add_address(ifname, v6);
         ns.ip(&["link", "set", ifname, "up"]);
     }
     pod.ip(&["route", "add", "default", "via", "10.99.0.1"]);
@@ -754,12 +687,24 @@ fn node_routes(node: &Node, family: &str) -> String {
     node.node.ip(&[family, "route", "show", "proto", "241"])
 }
 
+/// Asserts that the node has no flatnet route of either family left.
+fn assert_no_node_routes(node: &Node) {
+    for (family, name) in [("-4", "IPv4"), ("-6", "IPv6")] {
+        assert_eq!(
+            node_routes(node, family).trim(),
+            "",
+            "{name} node route removed"
+        );
+    }
+}
+
 #[test]
 fn route_settings_reach_the_pod_from_its_node_in_both_families() {
-    if !privileged("route_settings_reach_the_pod_from_its_node_in_both_families") {
+    let Some(mut node) =
+        Node::for_test("route_settings_reach_the_pod_from_its_node_in_both_families")
+    else {
         return;
-    }
-    let mut node = Node::new();
+    };
     let pod = TestNetns::new("fap-");
     let node_end = with_primary(&node, &pod);
     node.start();
@@ -770,32 +715,32 @@ fn route_settings_reach_the_pod_from_its_node_in_both_families() {
         "{result}"
     );
 
-    let pod4 = pod.ip(&["-4", "route", "show"]);
-    for expected in [
-        "default via 192.0.2.1 dev eth1",
-        // addClusterCIDR / addServiceCIDR (the agent's defaults).
-        "10.42.0.0/16 via 10.99.0.1 dev eth0",
-        "10.43.0.0/16 via 10.99.0.1 dev eth0",
-        // addNodeCIDR: the node's network is the flat subnet itself, so
-        // only the node's address goes through the primary network.
-        "192.0.2.2 via 10.99.0.1 dev eth0",
-        // A subnet route through the primary interface.
-        "198.18.0.0/15 dev eth0",
-    ] {
-        assert!(pod4.contains(expected), "pod lacks {expected:?}:\n{pod4}");
-    }
-    assert!(
-        pod4.contains("192.0.2.0/24 dev eth1"),
-        "the flat subnet stays on the flat interface:\n{pod4}"
+    assert_routes(
+        &pod,
+        "-4",
+        &[
+            "default via 192.0.2.1 dev eth1",
+            // addClusterCIDR / addServiceCIDR (the agent's defaults).
+            "10.42.0.0/16 via 10.99.0.1 dev eth0",
+            "10.43.0.0/16 via 10.99.0.1 dev eth0",
+            // addNodeCIDR: the node's network is the flat subnet itself, so
+            // only the node's address goes through the primary network.
+            "192.0.2.2 via 10.99.0.1 dev eth0",
+            // A subnet route through the primary interface.
+            "198.18.0.0/15 dev eth0",
+            // The flat subnet stays on the flat interface.
+            "192.0.2.0/24 dev eth1",
+        ],
     );
-    let pod6 = pod.ip(&["-6", "route", "show"]);
-    for expected in [
-        "default via 2001:db8::1 dev eth1",
-        "2001:db8::2 via fd99::1 dev eth0",
-        "2001:db8:99::/48 dev eth0",
-    ] {
-        assert!(pod6.contains(expected), "pod lacks {expected:?}:\n{pod6}");
-    }
+    assert_routes(
+        &pod,
+        "-6",
+        &[
+            "default via 2001:db8::1 dev eth1",
+            "2001:db8::2 via fd99::1 dev eth0",
+            "2001:db8:99::/48 dev eth0",
+        ],
+    );
 
     // addPodIPToHost: node routes through the pod's primary network.
     assert_eq!(
@@ -811,102 +756,69 @@ fn route_settings_reach_the_pod_from_its_node_in_both_families() {
     ping(&node.node, "192.0.2.30");
     ping(&node.node, "2001:db8::30");
 
-    let (ok, out) = node.cni_with(
-        "CHECK",
-        "routed",
-        "c-routes",
-        Some(&pod),
-        "eth1",
-        json!({"prevResult": result}),
-    );
-    assert!(ok, "CHECK: {out}");
+    node.check("routed", "c-routes", &pod, &result);
 
     node.del("routed", "c-routes", Some(&pod));
-    assert!(!has_link(&pod, "eth1"));
-    assert_eq!(
-        node_routes(&node, "-4").trim(),
-        "",
-        "IPv4 node route removed"
-    );
-    assert_eq!(
-        node_routes(&node, "-6").trim(),
-        "",
-        "IPv6 node route removed"
-    );
+    assert!(!has_link(&pod, IFNAME));
+    assert_no_node_routes(&node);
     assert!(node.allocated().is_empty(), "{:?}", node.allocated());
     node.stop();
 }
 
 #[test]
 fn a_route_through_a_missing_pod_interface_is_refused_by_name() {
-    if !privileged("a_route_through_a_missing_pod_interface_is_refused_by_name") {
+    let Some(mut node) =
+        Node::for_test("a_route_through_a_missing_pod_interface_is_refused_by_name")
+    else {
         return;
-    }
-    let mut node = Node::new();
+    };
     let pod = TestNetns::new("fap-");
     node.start();
-    let (ok, out) = node.cni("ADD", "badroute", "c-bad", Some(&pod), "eth1");
-    assert!(!ok);
-    assert_eq!(code(&out), 105, "{out}");
+    let out = assert_error(
+        node.cni("ADD", "badroute", "c-bad", Some(&pod)),
+        105,
+        "bad route",
+    );
     let msg = out["msg"].as_str().unwrap();
     assert!(
         msg.contains("dev eth7") && msg.contains("badroute") && msg.contains("spec.routes"),
         "{msg}"
     );
-    assert!(!has_link(&pod, "eth1"), "interface removed");
-    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
-    assert_eq!(node.records(), 0);
+    node.assert_nothing_left(&pod, "refused ADD");
     node.stop();
 }
 
 #[test]
 fn an_add_killed_midway_is_undone_at_restart_and_then_succeeds() {
-    if !privileged("an_add_killed_midway_is_undone_at_restart_and_then_succeeds") {
+    let Some(mut node) =
+        Node::for_test("an_add_killed_midway_is_undone_at_restart_and_then_succeeds")
+    else {
         return;
-    }
-    let mut node = Node::new();
+    };
     let pod = TestNetns::new("fap-");
     with_primary(&node, &pod);
     node.start_crashing_at(Some("add-attached"));
-    let (ok, out) = node.cni("ADD", "routed", "c-crash", Some(&pod), "eth1");
-    assert!(!ok);
-    assert_eq!(code(&out), 11, "the runtime is told to retry: {out}");
-    let status = node.agent.take().unwrap().wait().unwrap();
+    let outcome = node.cni("ADD", "routed", "c-crash", Some(&pod));
+    assert_error(outcome, 11, "the runtime is told to retry");
+    let status = node.agent.wait_for_exit();
     assert!(
         !status.success(),
         "the agent died at the crash point: {status}"
     );
     // What the dead agent left: the interface, node routes, a pending
     // record and the allocation.
-    assert!(has_link(&pod, "eth1"));
+    assert!(has_link(&pod, IFNAME));
     assert_ne!(node_routes(&node, "-4").trim(), "");
     assert_eq!(node.records(), 1);
     assert_eq!(node.allocated().len(), 2);
 
     node.start();
-    assert!(!has_link(&pod, "eth1"), "half-made interface removed");
-    assert_eq!(
-        node_routes(&node, "-4").trim(),
-        "",
-        "IPv4 node route removed"
-    );
-    assert_eq!(
-        node_routes(&node, "-6").trim(),
-        "",
-        "IPv6 node route removed"
-    );
-    assert_eq!(node.records(), 0, "pending record removed");
-    assert!(node.allocated().is_empty(), "{:?}", node.allocated());
-    for (family, expected) in [
-        ("-4", "default via 10.99.0.1 dev eth0"),
-        ("-6", "default via fd99::1 dev eth0"),
-    ] {
-        let routes = pod.ip(&[family, "route", "show"]);
-        assert!(
-            routes.contains(expected),
-            "primary default route restored:\n{routes}"
-        );
-    }
+    // The half-made interface, the pending record and the allocation are removed.
+    node.assert_nothing_left(&pod, "undone at restart");
+    assert_no_node_routes(&node);
+    // The primary default routes are restored.
+    assert_routes(&pod, "-4", &["default via 10.99.0.1 dev eth0"]);
+    assert_routes(&pod, "-6", &["default via fd99::1 dev eth0"]);
 
     // The runtime's retry of the same ADD succeeds.
     let result = node.add("routed", "c-crash", &pod);
@@ -917,7 +829,7 @@ fn an_add_killed_midway_is_undone_at_restart_and_then_succeeds() {
     );
     ping(&node.node, "192.0.2.30");
     node.del("routed", "c-crash", Some(&pod));
-    assert!(!has_link(&pod, "eth1"));
+    assert!(!has_link(&pod, IFNAME));
     assert!(node.allocated().is_empty());
     node.stop();
 }
@@ -973,19 +885,15 @@ fn wait_for_policy(
     what: &str,
     done: impl Fn(&flatnet_agent::datapath::InstalledPolicy) -> bool,
 ) {
-    let maps = flatnet_agent::datapath::PolicyMaps::open(&node.pin.path).expect("policy maps");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !done(&maps.installed().unwrap()) {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never installed {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let maps =
+        flatnet_agent::datapath::PolicyMaps::open(&node.agent.pin.path).expect("policy maps");
+    wait_until(&format!("the agent never installed {what}"), || {
+        done(&maps.installed().unwrap())
+    });
 }
 
 fn denied(node: &Node) -> u64 {
-    let maps = flatnet_agent::datapath::PolicyMaps::open(&node.pin.path).unwrap();
+    let maps = flatnet_agent::datapath::PolicyMaps::open(&node.agent.pin.path).unwrap();
     maps.stats().unwrap().0["denied_no_rule"]
 }
 
@@ -999,14 +907,17 @@ fn allows_port(installed: &flatnet_agent::datapath::InstalledPolicy, port: u16) 
 
 #[test]
 fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
-    if !privileged("state_file_policy_is_enforced_reloaded_and_survives_a_restart") {
+    let Some(mut node) =
+        Node::for_test("state_file_policy_is_enforced_reloaded_and_survives_a_restart")
+    else {
         return;
-    }
+    };
     let (allowed, later, never) = (7001, 7002, 7003);
-    let mut node = Node::new();
-    let state_path = node.dir.path().join("state.yaml");
-    let base = std::fs::read_to_string(&state_path).unwrap();
-    std::fs::write(&state_path, format!("{base}{}", web_policy(&[allowed]))).unwrap();
+    // The node's subnets and networks, followed by `policy`.
+    let base = std::fs::read_to_string(node.agent.state_file()).unwrap();
+    let with_policy = |policy: &str| format!("{base}{policy}");
+    node.agent
+        .write_state(&with_policy(&web_policy(&[allowed])));
     node.start();
     let (web, client) = (TestNetns::new("faw-"), TestNetns::new("fac-"));
     node.add("flat4", "web", &web);
@@ -1018,7 +929,7 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     wait_for_policy(&node, "the web policy", |p| {
         p.subjects.iter().any(|s| s.addr.to_string() == web_addr) && allows_port(p, allowed)
     });
-    let filters = web.exec("tc", &["filter", "show", "dev", "eth1", "ingress"]);
+    let filters = web.exec("tc", &["filter", "show", "dev", IFNAME, "ingress"]);
     assert!(
         filters.contains("policy_ingress"),
         "attached on ADD: {filters}"
@@ -1028,44 +939,31 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
 
     // Edit the state file: the agent reloads it and allows the port,
     // without re-attaching anything.
-    std::fs::write(
-        &state_path,
-        format!("{base}{}", web_policy(&[allowed, later])),
-    )
-    .unwrap();
+    node.agent
+        .write_state(&with_policy(&web_policy(&[allowed, later])));
     wait_for_policy(&node, "the edited policy", |p| allows_port(p, later));
     assert!(tcp_works(&client, web_addr, later));
     assert_eq!(
-        web.exec("tc", &["filter", "show", "dev", "eth1", "ingress"]),
+        web.exec("tc", &["filter", "show", "dev", IFNAME, "ingress"]),
         filters,
         "same filters, same program"
     );
 
     // A bad edit is rejected and the policy stays.
-    let log = node.dir.path().join("agent.log");
-    std::fs::write(
-        &state_path,
-        format!("{base}policies: [{{kind: nonsense}}]\n"),
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !std::fs::read_to_string(&log)
-        .unwrap()
-        .contains("the edit is rejected")
-    {
-        assert!(Instant::now() < deadline, "the bad edit was not reported");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let log = node.agent.log_file();
+    node.agent
+        .write_state(&with_policy("policies: [{kind: nonsense}]\n"));
+    let logged = |text: &str| std::fs::read_to_string(&log).unwrap().matches(text).count();
+    wait_until("the bad edit was not reported", || {
+        logged("the edit is rejected") > 0
+    });
     assert!(
         tcp_works(&client, web_addr, later),
         "the policy in force stays"
     );
     assert!(!tcp_works(&client, web_addr, never));
-    std::fs::write(
-        &state_path,
-        format!("{base}{}", web_policy(&[allowed, later])),
-    )
-    .unwrap();
+    node.agent
+        .write_state(&with_policy(&web_policy(&[allowed, later])));
 
     // Restart the agent under a stream of allowed connections.
     let denied_before = denied(&node);
@@ -1090,19 +988,9 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     node.start();
     // The restarted agent's first round rewrites the entries with its own
     // rule ids; wait for it, then stop the flow.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_to_string(&log)
-        .unwrap()
-        .matches("network policy applied")
-        .count()
-        < 3
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the restarted agent applied nothing"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the restarted agent applied nothing", || {
+        logged("network policy applied") >= 3
+    });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (ok, failed) = flow.join().unwrap();
     assert!(ok > 0, "the flow ran");

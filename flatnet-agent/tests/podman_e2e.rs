@@ -13,12 +13,15 @@ use std::{
     io::{BufRead, BufReader, Write},
     net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde_json::{Value, json};
-use support::{REQUIRE_PRIVILEGED, TestNetns, TestPinRoot, privileged, report_skip, unique_name};
+use support::{
+    REQUIRE_PRIVILEGED, TestNetns, agent::StandaloneAgent, lan::SimulatedLan, privileged,
+    report_skip, unique_name,
+};
 
 const LAN_HOST: &str = "192.0.2.1";
 const FIRST_ADDRESS: &str = "192.0.2.10";
@@ -217,26 +220,33 @@ impl Drop for PodmanCleanup<'_> {
     }
 }
 
-/// The LAN host, the node with the master, and a standalone agent. The
-/// agent stops before the namespaces go (fields drop after `drop`).
+/// The LAN host, the node with the master, and a standalone agent that
+/// installs flatnet-cni and the network's conflist.
 struct Lan {
+    /// First field: the agent stops before the namespaces go.
+    agent: StandaloneAgent,
     _node: TestNetns,
     lan: TestNetns,
-    dir: PathBuf,
-    _pin: TestPinRoot,
-    agent: Child,
 }
 
 impl Lan {
     fn start(dir: &Path) -> Self {
-        let node = TestNetns::new("fpn-");
-        let lan = TestNetns::new("fpl-");
-        let master = unique_name("pm");
-        support::veth_pair(&node, &master, &lan, "lan0");
-        node.ip(&["link", "set", &master, "up"]);
-        lan.ip(&["link", "set", "lan0", "up"]);
-        lan.ip(&["addr", "add", &format!("{LAN_HOST}/24"), "dev", "lan0"]);
-        let state = format!(
+        let SimulatedLan { node, lan, master } =
+            SimulatedLan::new("fp", &[&format!("{LAN_HOST}/24")]);
+        let arg = |p: &str| dir.join(p).display().to_string();
+        let mut agent = StandaloneAgent::new(
+            dir,
+            &node,
+            &[
+                "--cni-bin-dir",
+                &arg("cni/bin"),
+                "--cni-conf-dir",
+                &arg("cni/net.d"),
+                "--cni-network-name",
+                NETWORK,
+            ],
+        );
+        agent.write_state(&format!(
             r#"
 subnets:
   - name: lan4
@@ -249,85 +259,18 @@ subnets:
 networks:
   - {{name: {NETWORK}, subnets: [lan4]}}
 "#
-        );
-        std::fs::write(dir.join("state.yaml"), state).unwrap();
-        let pin = TestPinRoot::new();
-        let arg = |p: &str| dir.join(p).display().to_string();
-        let agent = Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-            .args(["--log-level", "debug", "run", "--standalone"])
-            .args(["--state-file", &arg("state.yaml")])
-            .args(["--state-dir", &arg("state")])
-            .args(["--record-dir", &arg("records")])
-            .args(["--lease-dir", &arg("leases")])
-            .args(["--socket", &arg("run/agent.sock")])
-            .args(["--cni-bin-dir", &arg("cni/bin")])
-            .args(["--cni-binary", env!("CARGO_BIN_EXE_flatnet-cni")])
-            .args(["--cni-conf-dir", &arg("cni/net.d")])
-            .args(["--cni-network-name", NETWORK])
-            .args(["--pin-root", &pin.path.display().to_string()])
-            .args(["--host-netns", &node.path().display().to_string()])
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-            .spawn()
-            .expect("start flatnet-agent");
-        let mut lan = Self {
+        ));
+        agent.start(None, status_ok);
+        Self {
+            agent,
             _node: node,
             lan,
-            dir: dir.to_path_buf(),
-            _pin: pin,
-            agent,
-        };
-        lan.wait_until_serving();
-        lan
-    }
-
-    /// Waits until the agent answers STATUS through the flatnet-cni and the
-    /// conflist it installed.
-    fn wait_until_serving(&mut self) {
-        // Not a timing assertion: a bound on waiting for start-up.
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            if self.status_ok() {
-                return;
-            }
-            if let Some(status) = self.agent.try_wait().unwrap() {
-                panic!("flatnet-agent exited during start-up: {status}");
-            }
-            assert!(Instant::now() < deadline, "flatnet-agent did not start");
-            std::thread::sleep(Duration::from_millis(200));
         }
-    }
-
-    fn status_ok(&self) -> bool {
-        let Ok(conflist) = std::fs::read(self.dir.join("cni/net.d/10-flatnet.conflist")) else {
-            return false;
-        };
-        let conflist: Value = serde_json::from_slice(&conflist).unwrap();
-        let mut config = conflist["plugins"][0].clone();
-        config["cniVersion"] = json!("1.1.0");
-        config["name"] = conflist["name"].clone();
-        let mut child = Command::new(self.dir.join("cni/bin/flatnet-cni"))
-            .env_clear()
-            .env("CNI_COMMAND", "STATUS")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let _ = child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(config.to_string().as_bytes());
-        child.wait().unwrap().success()
     }
 
     /// The agent's standalone allocations: (container ID, ifname, address).
     fn allocations(&self) -> Vec<(String, String, String)> {
-        let Ok(bytes) = std::fs::read(self.dir.join("state/allocations.json")) else {
-            return Vec::new();
-        };
-        let file: Value = serde_json::from_slice(&bytes).unwrap();
-        file["allocations"]
+        self.agent.allocations()["allocations"]
             .as_array()
             .unwrap()
             .iter()
@@ -339,9 +282,7 @@ networks:
     }
 
     fn records(&self) -> usize {
-        std::fs::read_dir(self.dir.join("records"))
-            .map(|d| d.count())
-            .unwrap_or(0)
+        self.agent.records()
     }
 
     /// A TCP server on the LAN host answering one line with `pong <line>`.
@@ -364,15 +305,29 @@ networks:
     }
 }
 
-impl Drop for Lan {
-    fn drop(&mut self) {
-        let _ = self.agent.kill();
-        let _ = self.agent.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
-            eprintln!("flatnet-agent log:\n{log}");
-        }
-    }
+/// Whether the agent answers STATUS through the flatnet-cni and the
+/// conflist it installed.
+fn status_ok(agent: &StandaloneAgent) -> bool {
+    let Ok(conflist) = std::fs::read(agent.path("cni/net.d/10-flatnet.conflist")) else {
+        return false;
+    };
+    let conflist: Value = serde_json::from_slice(&conflist).unwrap();
+    let mut config = conflist["plugins"][0].clone();
+    config["cniVersion"] = json!("1.1.0");
+    config["name"] = conflist["name"].clone();
+    let mut child = Command::new(agent.path("cni/bin/flatnet-cni"))
+        .env_clear()
+        .env("CNI_COMMAND", "STATUS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(config.to_string().as_bytes());
+    child.wait().unwrap().success()
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PolicyDrops, PolicyMaps, PolicyRuleIds},
-    policy::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
+    policy::{FlatPod, MultiNetworkPolicy},
 };
 use flatnet_common::policy::{Direction, PolicyStat};
 use support::{
@@ -17,6 +17,7 @@ use support::{
         self, ICMP, ICMPV6, SCTP, TCP, UDP, eth, ext8, frag6, icmp, icmp_error, ipv4, ipv6, ports,
         v4, v6,
     },
+    policy::{app_pod, compile_cleanly},
     privileged,
 };
 
@@ -49,17 +50,10 @@ const WEB_POLICY: &str = r#"{
 }"#;
 
 fn pods() -> Vec<FlatPod> {
-    let pod = |name: &str, app: &str, ips: &[&str], local| FlatPod {
-        namespace: "a".into(),
-        name: name.into(),
-        labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
-        ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-        local,
-    };
     vec![
-        pod("web", "web", &["10.0.0.1", "fd00::1"], true),
-        pod("db", "db", &["10.0.0.2", "fd00::2"], true),
-        pod("other", "other", &["10.0.0.3", "fd00::3"], true),
+        app_pod("web", "web", &["10.0.0.1", "fd00::1"], true),
+        app_pod("db", "db", &["10.0.0.2", "fd00::2"], true),
+        app_pod("other", "other", &["10.0.0.3", "fd00::3"], true),
     ]
 }
 
@@ -71,8 +65,10 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(policies: &[&str]) -> Self {
-        Self::logging(policies, false)
+    /// The fixture with [`WEB_POLICY`] installed for `test`, or `None` (the
+    /// skip printed) without the privileges it needs.
+    fn web_for_test(test: &str) -> Option<Self> {
+        privileged(test).then(|| Self::logging(&[WEB_POLICY], false))
     }
 
     /// A fixture whose programs log (kernel logs) or not.
@@ -101,18 +97,7 @@ impl Fixture {
             .iter()
             .map(|p| serde_json::from_str(p).expect("policy JSON"))
             .collect();
-        let pods = pods();
-        let compiled = compile(PolicyInputs {
-            policies: &policies,
-            networks: &NetworkNames::default(),
-            namespaces: &BTreeMap::new(),
-            pods: &pods,
-        });
-        assert!(
-            compiled.diagnostics.is_empty(),
-            "{:?}",
-            compiled.diagnostics
-        );
+        let compiled = compile_cleanly(&policies, &pods());
         self.maps
             .apply(&compiled, &mut self.ids)
             .expect("apply policy");
@@ -140,75 +125,47 @@ impl Fixture {
 
 #[test]
 fn test_run_allows_and_denies_by_prefix_protocol_and_port() {
-    if !privileged("test_run_allows_and_denies_by_prefix_protocol_and_port") {
+    let Some(mut f) =
+        Fixture::web_for_test("test_run_allows_and_denies_by_prefix_protocol_and_port")
+    else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
-    let web = "10.0.0.1";
+    };
+    let (web, lan) = ("10.0.0.1", "192.168.1.1");
+    // To web's `port` from `src` port 40000; to fd00::1 (web) over IPv6.
+    let to_web = |src, protocol, port| v4(src, web, protocol, 40000, port);
+    let to_web6 = |src, protocol, port| v6(src, "fd00::1", protocol, 40000, port);
     let cases = [
+        (to_web(lan, TCP, 80), PASS, "TCP 80, start of the range"),
+        (to_web(lan, TCP, 90), PASS, "TCP 90, end of the range"),
+        (to_web(lan, TCP, 91), DROP, "TCP 91, past endPort"),
+        (to_web(lan, TCP, 79), DROP, "TCP 79, before the range"),
+        (to_web(lan, UDP, 53), PASS, "UDP 53"),
+        (to_web(lan, UDP, 80), DROP, "UDP 80: only TCP"),
+        (to_web(lan, SCTP, 5000), PASS, "SCTP 5000"),
+        (v4(lan, web, ICMP, 7, 0), DROP, "ICMP has no port"),
+        (to_web("192.168.5.5", TCP, 80), DROP, "except block"),
         (
-            v4("192.168.1.1", web, TCP, 40000, 80),
-            PASS,
-            "TCP 80, start of the range",
-        ),
-        (
-            v4("192.168.1.1", web, TCP, 40000, 90),
-            PASS,
-            "TCP 90, end of the range",
-        ),
-        (
-            v4("192.168.1.1", web, TCP, 40000, 91),
-            DROP,
-            "TCP 91, past endPort",
-        ),
-        (
-            v4("192.168.1.1", web, TCP, 40000, 79),
-            DROP,
-            "TCP 79, before the range",
-        ),
-        (v4("192.168.1.1", web, UDP, 40000, 53), PASS, "UDP 53"),
-        (
-            v4("192.168.1.1", web, UDP, 40000, 80),
-            DROP,
-            "UDP 80: only TCP",
-        ),
-        (v4("192.168.1.1", web, SCTP, 40000, 5000), PASS, "SCTP 5000"),
-        (v4("192.168.1.1", web, ICMP, 7, 0), DROP, "ICMP has no port"),
-        (v4("192.168.5.5", web, TCP, 40000, 80), DROP, "except block"),
-        (
-            v4("192.168.6.5", web, TCP, 40000, 80),
+            to_web("192.168.6.5", TCP, 80),
             PASS,
             "next to the except block",
         ),
-        (
-            v4("172.16.0.1", web, TCP, 40000, 80),
-            DROP,
-            "outside every peer",
-        ),
+        (to_web("172.16.0.1", TCP, 80), DROP, "outside every peer"),
         (v4("10.0.0.2", web, ICMP, 7, 0), PASS, "db pod: everything"),
-        (
-            v4("10.0.0.2", web, TCP, 40000, 22),
-            PASS,
-            "db pod: everything",
-        ),
-        (v4("10.0.0.3", web, TCP, 40000, 80), DROP, "other pod"),
-        (
-            v6("fd00::2", "fd00::1", TCP, 40000, 22),
-            PASS,
-            "db pod over IPv6",
-        ),
+        (to_web("10.0.0.2", TCP, 22), PASS, "db pod: everything"),
+        (to_web("10.0.0.3", TCP, 80), DROP, "other pod"),
+        (to_web6("fd00::2", TCP, 22), PASS, "db pod over IPv6"),
         (
             v6("fd00::2", "fd00::1", ICMPV6, 9, 0),
             PASS,
             "db pod ICMPv6 echo",
         ),
         (
-            v6("fd00::99", "fd00::1", TCP, 40000, 80),
+            to_web6("fd00::99", TCP, 80),
             DROP,
             "IPv4 ipBlock never matches IPv6",
         ),
         (
-            v4("192.168.1.1", "10.0.0.3", TCP, 40000, 9999),
+            v4(lan, "10.0.0.3", TCP, 40000, 9999),
             PASS,
             "pod without policy",
         ),
@@ -253,10 +210,9 @@ fn test_run_allows_and_denies_by_prefix_protocol_and_port() {
 
 #[test]
 fn test_run_replies_of_allowed_flows_pass() {
-    if !privileged("test_run_replies_of_allowed_flows_pass") {
+    let Some(mut f) = Fixture::web_for_test("test_run_replies_of_allowed_flows_pass") else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let reply = v4("10.0.0.9", "10.0.0.1", TCP, 5432, 40000);
     assert_eq!(f.ingress(&reply), DROP, "no flow yet: not a reply");
     assert_eq!(
@@ -351,10 +307,10 @@ fn icmp6_error(
 
 #[test]
 fn test_run_icmpv4_errors_about_tracked_flows_pass() {
-    if !privileged("test_run_icmpv4_errors_about_tracked_flows_pass") {
+    let Some(mut f) = Fixture::web_for_test("test_run_icmpv4_errors_about_tracked_flows_pass")
+    else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let (web, remote, router) = ("10.0.0.1", "10.0.0.9", "10.0.0.254");
     let out = (web, remote, 40000, 5432);
     // Destination unreachable quoting the IP header and 8 bytes of TCP.
@@ -405,10 +361,10 @@ fn test_run_icmpv4_errors_about_tracked_flows_pass() {
 
 #[test]
 fn test_run_icmpv6_errors_about_tracked_flows_pass() {
-    if !privileged("test_run_icmpv6_errors_about_tracked_flows_pass") {
+    let Some(mut f) = Fixture::web_for_test("test_run_icmpv6_errors_about_tracked_flows_pass")
+    else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let (web, resolver, router) = ("fd00::1", "fd00::53", "fd00::fe");
     let out = (web, resolver, 5555, 53);
     // Packet too big quoting the IP header and the UDP header.
@@ -457,10 +413,10 @@ fn test_run_icmpv6_errors_about_tracked_flows_pass() {
 
 #[test]
 fn test_run_fragments_follow_their_first_fragment() {
-    if !privileged("test_run_fragments_follow_their_first_fragment") {
+    let Some(mut f) = Fixture::web_for_test("test_run_fragments_follow_their_first_fragment")
+    else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let src = "192.168.1.1".parse().unwrap();
     let web = "10.0.0.1".parse().unwrap();
     let first = eth(0x0800, &ipv4(src, web, TCP, 7, 0x2000, &ports(40000, 80)));
@@ -507,10 +463,10 @@ fn test_run_fragments_follow_their_first_fragment() {
 
 #[test]
 fn test_run_malformed_truncated_and_non_ip_frames() {
-    if !privileged("test_run_malformed_truncated_and_non_ip_frames") {
+    let Some(mut f) = Fixture::web_for_test("test_run_malformed_truncated_and_non_ip_frames")
+    else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let allowed = v4("192.168.1.1", "10.0.0.1", TCP, 40000, 80);
     assert_eq!(f.ingress(&allowed), PASS);
 
@@ -580,10 +536,9 @@ fn test_run_malformed_truncated_and_non_ip_frames() {
 
 #[test]
 fn test_run_policy_updates_change_only_maps() {
-    if !privileged("test_run_policy_updates_change_only_maps") {
+    let Some(mut f) = Fixture::web_for_test("test_run_policy_updates_change_only_maps") else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let http = v4("192.168.1.1", "10.0.0.1", TCP, 40000, 80);
     let from_db = v4("10.0.0.2", "10.0.0.1", TCP, 40000, 22);
     assert_eq!(f.ingress(&http), PASS);
@@ -637,10 +592,10 @@ fn digest_of(f: &Fixture, addr: &str) -> Option<String> {
 
 #[test]
 fn test_run_tracked_flows_pass_until_the_policy_changes() {
-    if !privileged("test_run_tracked_flows_pass_until_the_policy_changes") {
+    let Some(mut f) = Fixture::web_for_test("test_run_tracked_flows_pass_until_the_policy_changes")
+    else {
         return;
-    }
-    let mut f = Fixture::new(&[WEB_POLICY]);
+    };
     let http = v4("192.168.1.1", "10.0.0.1", TCP, 40000, 80);
     assert_eq!(f.ingress(&http), PASS, "first packet: judged by the rules");
     assert_eq!(f.ingress(&http), PASS, "second packet: tracked");

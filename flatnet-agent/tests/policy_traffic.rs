@@ -7,7 +7,6 @@
 mod support;
 
 use std::{
-    collections::BTreeMap,
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     thread,
@@ -17,10 +16,14 @@ use std::{
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PolicyMaps, PolicyRuleIds},
     netns::run_in_netns,
-    policy::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
+    policy::MultiNetworkPolicy,
 };
 use flatnet_common::policy::PolicyStat;
-use support::{TestNetns, TestPinRoot, privileged, veth_pair};
+use support::{
+    TestNetns, TestPinRoot,
+    policy::{app_pod, compile_cleanly},
+    privileged, veth_pair,
+};
 
 const WEB: &str = "10.9.0.1";
 const CLIENT: &str = "10.9.0.2";
@@ -116,25 +119,11 @@ impl Lab {
     }
 
     fn apply(&mut self, policies: &[MultiNetworkPolicy]) {
-        let pod = |name: &str, app: &str, ip: &str| FlatPod {
-            namespace: "a".into(),
-            name: name.into(),
-            labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
-            ips: vec![ip.parse().unwrap()],
-            local: true,
-        };
-        let pods = [pod("web", "web", WEB), pod("client", "client", CLIENT)];
-        let compiled = compile(PolicyInputs {
-            policies,
-            networks: &NetworkNames::default(),
-            namespaces: &BTreeMap::new(),
-            pods: &pods,
-        });
-        assert!(
-            compiled.diagnostics.is_empty(),
-            "{:?}",
-            compiled.diagnostics
-        );
+        let pods = [
+            app_pod("web", "web", &[WEB], true),
+            app_pod("client", "client", &[CLIENT], true),
+        ];
+        let compiled = compile_cleanly(policies, &pods);
         self.maps.apply(&compiled, &mut self.ids).expect("apply");
     }
 }

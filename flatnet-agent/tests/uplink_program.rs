@@ -62,13 +62,7 @@ impl Topology {
         node.ip(&["link", "set", &node_if, "up"]);
 
         let pin = TestPinRoot::new();
-        let mut datapath = Datapath::load(&DatapathConfig {
-            pin_root: pin.path.clone(),
-        })
-        .expect("load eBPF object");
-        run_in_netns(&node.path(), || datapath.attach_uplink(&node_if))
-            .expect("enter node netns")
-            .expect("attach uplink program");
+        let datapath = load_and_attach(&pin.path, &node, &node_if);
         lan.ip(&["link", "set", &lan_if, "up"]);
         Self {
             lan,
@@ -78,6 +72,24 @@ impl Topology {
             pin,
             datapath,
         }
+    }
+
+    /// Loads the datapath again over the same pins and re-attaches it, as
+    /// a restarted or upgraded agent does.
+    fn reload_and_attach(&self) -> Datapath {
+        load_and_attach(&self.pin.path, &self.node, &self.node_if)
+    }
+
+    /// Asserts that the uplink carries exactly one program filter.
+    fn assert_one_uplink_filter(&self) {
+        let filters = self
+            .node
+            .exec("tc", &["filter", "show", "dev", &self.node_if, "ingress"]);
+        assert_eq!(
+            filters.matches("uplink_ingress").count(),
+            2,
+            "one filter (name shown twice per line): {filters}"
+        );
     }
 
     /// Sends raw frames from the LAN side.
@@ -119,6 +131,23 @@ impl Topology {
         }
         last
     }
+}
+
+/// The datapath configuration with its pins under `pin_root`.
+fn pinned_at(pin_root: &Path) -> DatapathConfig {
+    DatapathConfig {
+        pin_root: pin_root.to_path_buf(),
+    }
+}
+
+/// Loads the datapath with its pins under `pin_root` and attaches the
+/// uplink program to `node_if` in `node`.
+fn load_and_attach(pin_root: &Path, node: &TestNetns, node_if: &str) -> Datapath {
+    let mut datapath = Datapath::load(&pinned_at(pin_root)).expect("load eBPF object");
+    run_in_netns(&node.path(), || datapath.attach_uplink(node_if))
+        .expect("enter node netns")
+        .expect("attach uplink program");
+    datapath
 }
 
 fn arp(op: ArpOperation, target: Ipv4Addr) -> Vec<u8> {
@@ -268,26 +297,12 @@ fn counts_real_arping_and_ping6_and_pins_with_btf() {
         return;
     }
     let topo = Topology::new(true);
-    topo.node
-        .ip(&["addr", "add", "192.0.2.1/24", "dev", &topo.node_if]);
-    topo.node.ip(&[
-        "addr",
-        "add",
-        "2001:db8::1/64",
-        "dev",
-        &topo.node_if,
-        "nodad",
-    ]);
-    topo.lan
-        .ip(&["addr", "add", "192.0.2.2/24", "dev", &topo.lan_if]);
-    topo.lan.ip(&[
-        "addr",
-        "add",
-        "2001:db8::2/64",
-        "dev",
-        &topo.lan_if,
-        "nodad",
-    ]);
+    for address in ["192.0.2.1/24", "2001:db8::1/64"] {
+        topo.node.add_address(&topo.node_if, address);
+    }
+    for address in ["192.0.2.2/24", "2001:db8::2/64"] {
+        topo.lan.add_address(&topo.lan_if, address);
+    }
 
     topo.lan.exec(
         "arping",
@@ -354,21 +369,8 @@ fn reloading_adopts_pinned_counters() {
 
     // A second load (as a restarted agent does) reuses the pinned map and
     // re-attaching replaces the filter instead of adding a second one.
-    let mut reloaded = Datapath::load(&DatapathConfig {
-        pin_root: topo.pin.path.clone(),
-    })
-    .expect("reload");
-    run_in_netns(&topo.node.path(), || reloaded.attach_uplink(&topo.node_if))
-        .unwrap()
-        .expect("re-attach");
-    let filters = topo
-        .node
-        .exec("tc", &["filter", "show", "dev", &topo.node_if, "ingress"]);
-    assert_eq!(
-        filters.matches("uplink_ingress").count(),
-        2,
-        "one filter (name shown twice per line): {filters}"
-    );
+    let reloaded = topo.reload_and_attach();
+    topo.assert_one_uplink_filter();
     topo.send_from_lan(&[request]);
     thread::sleep(Duration::from_millis(100));
     assert_eq!(
@@ -405,13 +407,14 @@ fn responder_datapath(pin: &TestPinRoot, ifindex: u32) -> Datapath {
 
 /// [`responder_datapath`] with the programs' kernel logging on or off.
 fn responder_datapath_logging(pin: &TestPinRoot, ifindex: u32, kernel_logs: bool) -> Datapath {
-    let mut datapath = Datapath::load_with_kernel_logs(
-        &DatapathConfig {
-            pin_root: pin.path.clone(),
-        },
-        kernel_logs,
-    )
-    .expect("load eBPF object");
+    let mut datapath = Datapath::load_with_kernel_logs(&pinned_at(&pin.path), kernel_logs)
+        .expect("load eBPF object");
+    answer_for_owned_addresses(&mut datapath, ifindex);
+    datapath
+}
+
+/// Lists both owned addresses on `ifindex` in the responder, with NODE_MAC.
+fn answer_for_owned_addresses(datapath: &mut Datapath, ifindex: u32) {
     let mut responders = datapath.responders().expect("responder maps");
     responders
         .insert(ifindex, OWNED_V4.into(), NODE_MAC)
@@ -419,7 +422,6 @@ fn responder_datapath_logging(pin: &TestPinRoot, ifindex: u32, kernel_logs: bool
     responders
         .insert(ifindex, owned_v6().into(), NODE_MAC)
         .unwrap();
-    datapath
 }
 
 fn arp_request_for(target: Ipv4Addr) -> Vec<u8> {
@@ -610,47 +612,19 @@ fn lan_host_resolves_listed_addresses_through_the_program() {
         return;
     }
     let mut topo = Topology::new(true);
-    topo.lan
-        .ip(&["addr", "add", "192.0.2.10/24", "dev", &topo.lan_if]);
-    topo.lan.ip(&[
-        "addr",
-        "add",
-        "2001:db8::10/64",
-        "dev",
-        &topo.lan_if,
-        "nodad",
-    ]);
+    for address in ["192.0.2.10/24", "2001:db8::10/64"] {
+        topo.lan.add_address(&topo.lan_if, address);
+    }
     let ifindex = topo.node_ifindex();
 
     // Nothing is listed yet: the node's kernel has no such address, nobody answers.
-    let silent = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.lan.name,
-            "arping",
-            "-c",
-            "1",
-            "-w",
-            "1",
-            "-I",
-            &topo.lan_if,
-            "192.0.2.50",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        !silent.status.success(),
-        "an unlisted address must not be answered"
+    let answered = topo.lan.try_exec(
+        "arping",
+        &["-c", "1", "-w", "1", "-I", &topo.lan_if, "192.0.2.50"],
     );
+    assert!(!answered, "an unlisted address must not be answered");
 
-    let mut responders = topo.datapath.responders().unwrap();
-    responders
-        .insert(ifindex, OWNED_V4.into(), NODE_MAC)
-        .unwrap();
-    responders
-        .insert(ifindex, owned_v6().into(), NODE_MAC)
-        .unwrap();
+    answer_for_owned_addresses(&mut topo.datapath, ifindex);
 
     let arping = topo.lan.exec(
         "arping",
@@ -668,19 +642,8 @@ fn lan_host_resolves_listed_addresses_through_the_program() {
         "ndisc6 output: {ndisc}"
     );
     // The LAN host's kernel accepts the answer: its neighbour table points at the node.
-    let _ = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.lan.name,
-            "ping",
-            "-c",
-            "1",
-            "-W",
-            "1",
-            "192.0.2.50",
-        ])
-        .output();
+    topo.lan
+        .try_exec("ping", &["-c", "1", "-W", "1", "192.0.2.50"]);
     let neigh = topo.lan.ip(&["neigh", "show", "192.0.2.50"]);
     assert!(
         neigh.contains("02:00:5e:00:00:bb"),
@@ -712,6 +675,38 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Watches MANAGED_V4 on loopback for conflicts, owned by OWNER_MAC.
+fn watch_managed_v4(datapath: &mut Datapath) {
+    datapath
+        .managed_addrs()
+        .unwrap()
+        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
+        .unwrap();
+}
+
+/// Runs `flatnet-agent inspect <args> --pin-root <pin_root>`.
+fn inspect(args: &[&str], pin_root: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
+        .arg("inspect")
+        .args(args)
+        .arg("--pin-root")
+        .arg(pin_root)
+        .output()
+        .unwrap()
+}
+
+/// [`inspect`] that must succeed; returns its output.
+fn inspect_ok(args: &[&str], pin_root: &Path) -> Vec<u8> {
+    let out = inspect(args, pin_root);
+    assert!(
+        out.status.success(),
+        "inspect {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
     arp_frame(
         mac,
@@ -731,15 +726,11 @@ fn test_run_reports_foreign_claims_on_managed_addresses() {
     let rt = runtime();
     let _entered = rt.enter();
     let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
-    .unwrap();
-    let mut managed = datapath.managed_addrs().unwrap();
-    managed
-        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
-        .unwrap();
-    managed
+    let mut datapath = Datapath::load(&pinned_at(&pin.path)).unwrap();
+    watch_managed_v4(&mut datapath);
+    datapath
+        .managed_addrs()
+        .unwrap()
         .insert(LOOPBACK_IFINDEX, managed_v6().into(), OWNER_MAC)
         .unwrap();
     let mut monitor = datapath.conflict_monitor().unwrap();
@@ -820,8 +811,7 @@ fn rogue_lan_host_triggers_conflict_report() {
     }
     let rt = runtime();
     let mut topo = Topology::new(false);
-    topo.lan
-        .ip(&["addr", "add", "192.0.2.60/24", "dev", &topo.lan_if]);
+    topo.lan.add_address(&topo.lan_if, "192.0.2.60/24");
     let ifindex = topo.node_ifindex();
     topo.datapath
         .managed_addrs()
@@ -835,21 +825,10 @@ fn rogue_lan_host_triggers_conflict_report() {
 
     // The rogue host announces the managed address as its own.
     // (No reply is expected, so arping's exit status says nothing.)
-    let _ = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.lan.name,
-            "arping",
-            "-U",
-            "-c",
-            "1",
-            "-I",
-            &topo.lan_if,
-            "192.0.2.60",
-        ])
-        .output()
-        .expect("run arping");
+    topo.lan.try_exec(
+        "arping",
+        &["-U", "-c", "1", "-I", &topo.lan_if, "192.0.2.60"],
+    );
     let conflict = rt
         .block_on(async { tokio::time::timeout(Duration::from_secs(10), monitor.next()).await })
         .expect("conflict within 10 s")
@@ -880,23 +859,10 @@ fn inspect_reads_the_pinned_tables() {
     }
     let pin = TestPinRoot::new();
     let mut datapath = responder_datapath(&pin, LOOPBACK_IFINDEX);
-    datapath
-        .managed_addrs()
-        .unwrap()
-        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
-        .unwrap();
+    watch_managed_v4(&mut datapath);
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-        .args(["inspect", "addresses", "--output", "json", "--pin-root"])
-        .arg(&pin.path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = inspect_ok(&["addresses", "--output", "json"], &pin.path);
+    let rows: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let rows: Vec<(String, String, String, String)> = rows
         .as_array()
         .unwrap()
@@ -936,13 +902,8 @@ fn inspect_reads_the_pinned_tables() {
         ]
     );
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-        .args(["inspect", "counters", "--pin-root"])
-        .arg(&pin.path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let table = String::from_utf8_lossy(&out.stdout);
+    let out = inspect_ok(&["counters"], &pin.path);
+    let table = String::from_utf8_lossy(&out);
     assert!(
         table.contains("arp_request") && table.contains("ANSWERS SENT"),
         "{table}"
@@ -951,11 +912,7 @@ fn inspect_reads_the_pinned_tables() {
     // A pin root without flatnet maps gives an error that says what to do.
     let empty = TestPinRoot::new();
     std::fs::create_dir_all(&empty.path).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-        .args(["inspect", "addresses", "--pin-root"])
-        .arg(&empty.path)
-        .output()
-        .unwrap();
+    let out = inspect(&["addresses"], &empty.path);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is the agent running"));
 }
@@ -997,13 +954,7 @@ fn reattaching_under_traffic_answers_every_request() {
         });
         scope.spawn(|| {
             for _ in 0..REATTACHES {
-                let mut restarted = Datapath::load(&DatapathConfig {
-                    pin_root: topo.pin.path.clone(),
-                })
-                .unwrap();
-                run_in_netns(&topo.node.path(), || restarted.attach_uplink(&topo.node_if))
-                    .unwrap()
-                    .unwrap();
+                topo.reload_and_attach();
             }
             reattaching.store(false, Ordering::SeqCst);
         });
@@ -1018,14 +969,7 @@ fn reattaching_under_traffic_answers_every_request() {
         "every request met a program"
     );
     assert_eq!(answered, sent, "every request was answered");
-    let filters = topo
-        .node
-        .exec("tc", &["filter", "show", "dev", &topo.node_if, "ingress"]);
-    assert_eq!(
-        filters.matches("uplink_ingress").count(),
-        2,
-        "one filter: {filters}"
-    );
+    topo.assert_one_uplink_filter();
 }
 
 #[test]
@@ -1038,11 +982,7 @@ fn test_run_kernel_logs_answers_and_conflicts_as_tracing_events() {
     let pin = TestPinRoot::new();
     let logs = support::with_kernel_log_capture(|| {
         let mut datapath = responder_datapath_logging(&pin, LOOPBACK_IFINDEX, true);
-        datapath
-            .managed_addrs()
-            .unwrap()
-            .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
-            .unwrap();
+        watch_managed_v4(&mut datapath);
         let mut logs = datapath
             .kernel_logs()
             .unwrap()
@@ -1093,15 +1033,8 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
         return;
     }
     let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
-    .unwrap();
-    datapath
-        .managed_addrs()
-        .unwrap()
-        .insert(LOOPBACK_IFINDEX, MANAGED_V4.into(), OWNER_MAC)
-        .unwrap();
+    let mut datapath = Datapath::load(&pinned_at(&pin.path)).unwrap();
+    watch_managed_v4(&mut datapath);
     // The owner's own announcement is no conflict.
     datapath
         .test_run_uplink(&gratuitous_arp(OWNER_MAC, MANAGED_V4), 1)
@@ -1132,17 +1065,8 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
     );
 
     // `inspect conflicts` and `inspect all` read the pins without the agent.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-        .args(["inspect", "conflicts", "-o", "json", "--pin-root"])
-        .arg(&pin.path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = inspect_ok(&["conflicts", "-o", "json"], &pin.path);
+    let rows: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let row = &rows[0];
     assert_eq!(row["addr"], "192.0.2.60");
     assert_eq!(row["interface"], "lo");
@@ -1151,17 +1075,8 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
     assert_eq!(row["count"], 3);
     assert_eq!(row["kind"], "gratuitous_arp");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-        .args(["inspect", "all", "--pin-root"])
-        .arg(&pin.path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8_lossy(&out.stdout);
+    let out = inspect_ok(&["all"], &pin.path);
+    let table = String::from_utf8_lossy(&out);
     for expected in [
         "== addresses",
         "conflict-watch",
@@ -1172,12 +1087,8 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
     ] {
         assert!(table.contains(expected), "{expected} missing:\n{table}");
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flatnet-agent"))
-        .args(["inspect", "all", "-o", "json", "--pin-root"])
-        .arg(&pin.path)
-        .output()
-        .unwrap();
-    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = inspect_ok(&["all", "-o", "json"], &pin.path);
+    let all: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(all["conflicts"][0]["count"], 3);
     assert_eq!(all["addresses"][0]["table"], "conflict-watch");
     assert!(all["policy"]["stats"].is_object() || all["policy"]["stats"].is_array());
@@ -1205,9 +1116,7 @@ fn loading_replaces_a_pinned_map_of_another_layout() {
         return;
     }
     let pin = TestPinRoot::new();
-    let config = DatapathConfig {
-        pin_root: pin.path.clone(),
-    };
+    let config = pinned_at(&pin.path);
     drop(Datapath::load(&config).expect("first load"));
     let before = pinned_map_ids(&pin.path);
 
@@ -1284,10 +1193,7 @@ fn reloading_adopts_every_pinned_map_with_its_entries() {
     let before = pinned_map_ids(&pin.path);
 
     // Unchanged maps, ring buffers included, are adopted as they are.
-    let mut reloaded = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
-    .expect("reload");
+    let mut reloaded = Datapath::load(&pinned_at(&pin.path)).expect("reload");
     assert_eq!(pinned_map_ids(&pin.path), before);
     // The entry written before the reload still answers.
     let out = reloaded
@@ -1302,9 +1208,7 @@ fn loading_refuses_a_pin_it_cannot_inspect() {
         return;
     }
     let pin = TestPinRoot::new();
-    let config = DatapathConfig {
-        pin_root: pin.path.clone(),
-    };
+    let config = pinned_at(&pin.path);
     drop(Datapath::load(&config).expect("first load"));
     // Something that is not a map where the connection-tracking map belongs.
     let ct_path = map_pin_path(&pin.path, MAP_POLICY_CT);

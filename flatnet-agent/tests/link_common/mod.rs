@@ -15,7 +15,8 @@ use flatnet_agent::{
     netns::run_in_netns,
 };
 
-use crate::support::{TestNetns, run, unique_name, veth_pair};
+use crate::support::{TestNetns, lan::SimulatedLan, unique_name};
+pub use crate::support::{has_link, ping};
 
 /// LAN host addresses; they are the pods' gateways.
 pub const LAN_V4: &str = "192.0.2.1";
@@ -31,21 +32,8 @@ pub struct Lan {
 
 impl Lan {
     pub fn new() -> Self {
-        let node = TestNetns::new("fln-");
-        let lan = TestNetns::new("fll-");
-        let master = unique_name("up");
-        veth_pair(&node, &master, &lan, "lan0");
-        node.ip(&["link", "set", &master, "up"]);
-        lan.ip(&["link", "set", "lan0", "up"]);
-        lan.ip(&["addr", "add", &format!("{LAN_V4}/24"), "dev", "lan0"]);
-        lan.ip(&[
-            "addr",
-            "add",
-            &format!("{LAN_V6}/64"),
-            "dev",
-            "lan0",
-            "nodad",
-        ]);
+        let SimulatedLan { node, lan, master } =
+            SimulatedLan::new("fl", &[&format!("{LAN_V4}/24"), &format!("{LAN_V6}/64")]);
         let lease_dir = std::env::temp_dir().join(unique_name("flv-"));
         Self {
             node,
@@ -103,26 +91,6 @@ impl Drop for Lan {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.lease_dir);
     }
-}
-
-/// Whether the namespace has a link of that name.
-pub fn has_link(ns: &TestNetns, name: &str) -> bool {
-    std::process::Command::new("ip")
-        .args(["-n", &ns.name, "link", "show", "dev", name])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-/// Pings `target` once from `ns` (`ping -6` for IPv6).
-pub fn ping(ns: &TestNetns, target: &str) {
-    let family = if target.contains(':') { "-6" } else { "-4" };
-    run(
-        "ip",
-        &[
-            "netns", "exec", &ns.name, "ping", family, "-c", "1", "-W", "5", target,
-        ],
-    );
 }
 
 /// An `AF_PACKET` socket receiving every frame of one interface, opened

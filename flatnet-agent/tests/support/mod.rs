@@ -1,8 +1,12 @@
 //! Helpers for privileged tests: fresh network namespaces, veth pairs and
 //! private pin directories, all removed again on drop.
+// Every test binary compiles this module; each uses only some of it.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod frames;
+pub mod lan;
+pub mod policy;
 
 use std::{
     path::{Path, PathBuf},
@@ -92,6 +96,28 @@ impl TestNetns {
         run("ip", &full)
     }
 
+    /// Runs a program inside the namespace whose failure is part of what
+    /// the test looks at; returns whether it succeeded.
+    pub fn try_exec(&self, program: &str, args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
+            .status
+            .success()
+    }
+
+    /// Adds `address` (with prefix length) to `ifname`; an IPv6 one skips
+    /// duplicate address detection.
+    pub fn add_address(&self, ifname: &str, address: &str) {
+        let mut args = vec!["addr", "add", address, "dev", ifname];
+        if address.contains(':') {
+            args.push("nodad");
+        }
+        self.ip(&args);
+    }
+
     /// Sets a sysctl inside the namespace.
     pub fn sysctl(&self, key: &str, value: &str) {
         self.exec("sysctl", &["-qw", &format!("{key}={value}")]);
@@ -113,6 +139,26 @@ pub fn veth_pair(a: &TestNetns, a_name: &str, b: &TestNetns, b_name: &str) {
         &[
             "link", "add", a_name, "netns", &a.name, "type", "veth", "peer", "name", b_name,
             "netns", &b.name,
+        ],
+    );
+}
+
+/// Whether the namespace has a link of that name.
+pub fn has_link(ns: &TestNetns, name: &str) -> bool {
+    Command::new("ip")
+        .args(["-n", &ns.name, "link", "show", "dev", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Pings `target` once from `ns` (`ping -6` for IPv6).
+pub fn ping(ns: &TestNetns, target: &str) {
+    let family = if target.contains(':') { "-6" } else { "-4" };
+    run(
+        "ip",
+        &[
+            "netns", "exec", &ns.name, "ping", family, "-c", "1", "-W", "5", target,
         ],
     );
 }

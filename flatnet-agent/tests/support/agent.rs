@@ -1,0 +1,162 @@
+//! A real `flatnet-agent run --standalone` process with its files under one
+//! directory and a private pin root; killed on drop, its log printed when
+//! the test fails.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+use crate::support::{TestNetns, TestPinRoot};
+
+/// A standalone agent working on a node namespace. Its files (state file,
+/// state, record and lease directories, socket, log) live under `dir`.
+pub struct StandaloneAgent {
+    dir: PathBuf,
+    pub pin: TestPinRoot,
+    host_netns: PathBuf,
+    /// Arguments after the common ones, e.g. the CNI directories.
+    args: Vec<String>,
+    process: Option<Child>,
+}
+
+impl StandaloneAgent {
+    /// An agent (not started yet) with its files under `dir`, working on
+    /// `node`, started with `args` besides the common ones.
+    pub fn new(dir: &Path, node: &TestNetns, args: &[&str]) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            pin: TestPinRoot::new(),
+            host_netns: node.path(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            process: None,
+        }
+    }
+
+    /// `path` under the agent's directory.
+    pub fn path(&self, path: &str) -> PathBuf {
+        self.dir.join(path)
+    }
+
+    /// The desired-state file the agent reads (and watches).
+    pub fn state_file(&self) -> PathBuf {
+        self.path("state.yaml")
+    }
+
+    /// Writes the desired-state file.
+    pub fn write_state(&self, yaml: &str) {
+        std::fs::write(self.state_file(), yaml).unwrap();
+    }
+
+    /// The socket flatnet-cni talks to.
+    pub fn socket(&self) -> PathBuf {
+        self.path("run/agent.sock")
+    }
+
+    /// The agent's log (stderr of every run, appended).
+    pub fn log_file(&self) -> PathBuf {
+        self.path("agent.log")
+    }
+
+    /// Starts the agent, with `env` set for it, and waits until `serving`
+    /// says it answers.
+    pub fn start(&mut self, env: Option<(&str, &str)>, serving: impl Fn(&Self) -> bool) {
+        let arg = |p: &str| self.path(p).display().to_string();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .unwrap();
+        let child = Command::new(package_binary(option_env!("CARGO_BIN_EXE_flatnet-agent")))
+            .args(["--log-level", "debug", "run", "--standalone"])
+            .arg("--state-file")
+            .arg(self.state_file())
+            .args(["--state-dir", &arg("state")])
+            .args(["--record-dir", &arg("records")])
+            .args(["--lease-dir", &arg("leases")])
+            .arg("--socket")
+            .arg(self.socket())
+            .args([
+                "--cni-binary",
+                package_binary(option_env!("CARGO_BIN_EXE_flatnet-cni")),
+            ])
+            .args(["--pin-root", &self.pin.path.display().to_string()])
+            .args(["--host-netns", &self.host_netns.display().to_string()])
+            .args(&self.args)
+            .envs(env)
+            .stdin(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start flatnet-agent");
+        self.process = Some(child);
+        // Not a timing assertion: a bound on waiting for start-up, generous
+        // because loading the programs under software emulation (the VM
+        // stage) takes far longer than on hardware.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !serving(self) {
+            if let Some(status) = self.process_mut().try_wait().unwrap() {
+                panic!("flatnet-agent exited during start-up: {status}");
+            }
+            assert!(Instant::now() < deadline, "flatnet-agent did not start");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn process_mut(&mut self) -> &mut Child {
+        self.process.as_mut().expect("flatnet-agent is running")
+    }
+
+    /// Stops the agent with SIGTERM and checks it exits successfully.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.process.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let status = child.wait().unwrap();
+            assert!(status.success(), "flatnet-agent exited with {status}");
+        }
+    }
+
+    /// Waits for the agent to exit on its own (e.g. at a crash point).
+    pub fn wait_for_exit(&mut self) -> ExitStatus {
+        let mut child = self.process.take().expect("flatnet-agent is running");
+        child.wait().unwrap()
+    }
+
+    /// The standalone allocation file; no allocations when it is not there yet.
+    pub fn allocations(&self) -> Value {
+        match std::fs::read(self.path("state/allocations.json")) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+            Err(_) => json!({"allocations": []}),
+        }
+    }
+
+    /// How many attachment records the agent keeps.
+    pub fn records(&self) -> usize {
+        std::fs::read_dir(self.path("records"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+/// A binary of this package. Cargo names them to integration tests only;
+/// this module is also compiled into examples and benchmarks, which do not
+/// start an agent.
+fn package_binary(path: Option<&'static str>) -> &'static str {
+    path.expect("the package's binaries are known to integration tests only")
+}
+
+impl Drop for StandaloneAgent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.process.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+            eprintln!("flatnet-agent log:\n{log}");
+        }
+    }
+}
