@@ -920,15 +920,26 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
         .write_state(&with_policy(&web_policy(&[allowed])));
     node.start();
     let (web, client) = (TestNetns::new("faw-"), TestNetns::new("fac-"));
-    node.add("flat4", "web", &web);
-    node.add("flat4", "client", &client);
     let web_addr = "192.0.2.10";
+    node.add("flat4", "web", &web);
+    // The ADD answers only once the tables judge the new pod: it is
+    // isolated from its first packet, with nothing to wait for here.
+    let installed = flatnet_agent::datapath::PolicyMaps::open(&node.agent.pin.path)
+        .expect("policy maps")
+        .installed()
+        .unwrap();
+    assert!(
+        installed
+            .subjects
+            .iter()
+            .any(|s| s.addr.to_string() == web_addr)
+            && allows_port(&installed, allowed),
+        "web isolated when its ADD answered: {installed:?}"
+    );
+    node.add("flat4", "client", &client);
     for port in [allowed, later, never] {
         tcp_server(&web, web_addr, port);
     }
-    wait_for_policy(&node, "the web policy", |p| {
-        p.subjects.iter().any(|s| s.addr.to_string() == web_addr) && allows_port(p, allowed)
-    });
     let filters = web.exec("tc", &["filter", "show", "dev", IFNAME, "ingress"]);
     assert!(
         filters.contains("policy_ingress"),
