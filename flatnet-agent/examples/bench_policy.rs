@@ -159,21 +159,12 @@ fn measure_new_flows(
     src: Ipv4Addr,
     first_port: u16,
 ) -> anyhow::Result<(u32, u32)> {
-    let cost = |datapath: &mut Datapath, first: u16| {
-        let mut values = (first..first + NEW_FLOWS)
-            .map(|port| {
-                let frame = tcp_frame_from_port(src, port, POD, 80);
-                Ok(datapath
-                    .test_run_policy(Direction::Ingress, &frame, 1)?
-                    .duration_ns)
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        values.sort_unstable();
-        anyhow::Ok(values[values.len() / 2])
+    let frames = |first: u16| {
+        (first..first + NEW_FLOWS).map(move |port| tcp_frame_from_port(src, port, POD, 80))
     };
     Ok((
-        cost(quiet, first_port)?,
-        cost(logging, first_port + NEW_FLOWS)?,
+        median_of_single_runs(quiet, frames(first_port))?,
+        median_of_single_runs(logging, frames(first_port + NEW_FLOWS))?,
     ))
 }
 
@@ -184,18 +175,27 @@ fn measure_one_at_a_time(
     logging: &mut Datapath,
     frame: &[u8],
 ) -> anyhow::Result<(u32, u32)> {
-    let cost = |datapath: &mut Datapath| {
-        let mut values = (0..NEW_FLOWS)
-            .map(|_| {
-                Ok(datapath
-                    .test_run_policy(Direction::Ingress, frame, 1)?
-                    .duration_ns)
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        values.sort_unstable();
-        anyhow::Ok(values[values.len() / 2])
-    };
-    Ok((cost(quiet)?, cost(logging)?))
+    let frames = || (0..NEW_FLOWS).map(|_| frame.to_vec());
+    Ok((
+        median_of_single_runs(quiet, frames())?,
+        median_of_single_runs(logging, frames())?,
+    ))
+}
+
+/// The ingress policy program's median cost over `frames`, one run each.
+fn median_of_single_runs(
+    datapath: &mut Datapath,
+    frames: impl Iterator<Item = Vec<u8>>,
+) -> anyhow::Result<u32> {
+    let mut values = frames
+        .map(|frame| {
+            Ok(datapath
+                .test_run_policy(Direction::Ingress, &frame, 1)?
+                .duration_ns)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    values.sort_unstable();
+    Ok(values[values.len() / 2])
 }
 
 fn median(mut sample: impl FnMut() -> anyhow::Result<u32>) -> anyhow::Result<u32> {

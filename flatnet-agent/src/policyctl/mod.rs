@@ -403,14 +403,20 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_of_changes_is_compiled_once() {
+    /// A controller for the default network installing into a recorder.
+    fn recording_controller() -> (PolicyController<Recorder>, Recorder) {
         let recorder = Recorder::default();
         let controller = PolicyController::new(
             recorder.clone(),
             NetworkNames::default(),
             PolicyMetrics::default(),
         );
+        (controller, recorder)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_changes_is_compiled_once() {
+        let (controller, recorder) = recording_controller();
         let (trigger, changes) = PolicyTrigger::new();
         let snapshots = Arc::new(Mutex::new(0));
         let counted = Arc::clone(&snapshots);
@@ -462,12 +468,7 @@ mod tests {
         policies: Vec<MultiNetworkPolicy>,
         attached: Arc<Mutex<bool>>,
     ) -> (PolicyTrigger, Recorder) {
-        let recorder = Recorder::default();
-        let controller = PolicyController::new(
-            recorder.clone(),
-            NetworkNames::default(),
-            PolicyMetrics::default(),
-        );
+        let (controller, recorder) = recording_controller();
         let (trigger, changes) = PolicyTrigger::new();
         tokio::spawn(controller.run(
             changes,
@@ -548,12 +549,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_incomplete_source_installs_nothing() {
-        let recorder = Recorder::default();
-        let controller = PolicyController::new(
-            recorder.clone(),
-            NetworkNames::default(),
-            PolicyMetrics::default(),
-        );
+        let (controller, recorder) = recording_controller();
         let (trigger, changes) = PolicyTrigger::new();
         let task = tokio::spawn(controller.run(changes, || None, NoEvents));
         trigger.changed();
