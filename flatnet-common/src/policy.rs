@@ -331,7 +331,7 @@ pub enum CtKind {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtEntry {
-    /// `bpf_ktime_get_ns` when the entry was last written.
+    /// `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC_COARSE) when the entry was last written.
     pub last_seen_ns: u64,
     /// For [`CtKind::Allowed`]: the pod's [`PolicySubject::policy_digest`]
     /// when the flow was allowed; 0 for replies.
@@ -421,7 +421,7 @@ impl CtEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FragEntry {
-    /// `bpf_ktime_get_ns` when the first fragment was allowed.
+    /// `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC_COARSE) when the first fragment was allowed.
     pub last_seen_ns: u64,
 }
 

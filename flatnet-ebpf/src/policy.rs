@@ -21,10 +21,12 @@
 //! programs need to decide lives in maps, so a policy update never touches
 //! the attachment.
 
+use core::ptr::NonNull;
+
 use aya_ebpf::{
     bindings::{TC_ACT_PIPE, TC_ACT_SHOT},
     btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::{btf_map, classifier},
     programs::TcContext,
 };
@@ -287,13 +289,28 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
         Direction::Ingress => (flow.dst, flow.src),
         Direction::Egress => (flow.src, flow.dst),
     };
+    let now = flow_clock_ns();
+    let later_fragment = matches!(packet.fragment, Fragment::Later { .. });
+    let entry = if packet.l4_complete && !later_fragment {
+        live_ct_entry(flow, direction, now)
+    } else {
+        None
+    };
+    // Replies pass whatever the subject's policy says now, so they are
+    // settled before that policy is even looked up.
+    if let Some(entry) = entry
+        && pass_reply(entry, now)
+    {
+        remember_fragment(packet, direction, now);
+        bump(PolicyStat::AllowedReply);
+        return TC_ACT_PIPE;
+    }
+
     // SAFETY: the value is copied out at once.
     let policy = unsafe { POLICY_SUBJECTS.get(PolicySubjectKey { addr: subject }) }
         .copied()
         .unwrap_or_default();
     let isolated = policy.is_isolated(direction);
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
 
     if let Fragment::Later { id } = packet.fragment {
         if !isolated {
@@ -311,25 +328,18 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
         return drop_packet(ctx, direction, DropReason::Fragment, flow);
     }
 
-    if packet.l4_complete {
-        match tracked(flow, direction, now, policy.policy_digest) {
-            CtVerdict::Reply => {
-                remember_fragment(packet, direction, now);
-                bump(PolicyStat::AllowedReply);
-                return TC_ACT_PIPE;
-            }
-            CtVerdict::Allowed { rule } => {
-                remember_fragment(packet, direction, now);
-                if rule == CT_NO_RULE {
-                    bump(PolicyStat::AllowedNotIsolated);
-                } else {
-                    count_rule(rule, ctx.len());
-                    bump(PolicyStat::AllowedByRule);
-                }
-                return TC_ACT_PIPE;
-            }
-            CtVerdict::Stale => {}
+    if let Some(entry) = entry
+        && let CtVerdict::Allowed { rule } =
+            allowed_flow(entry, flow, direction, now, policy.policy_digest)
+    {
+        remember_fragment(packet, direction, now);
+        if rule == CT_NO_RULE {
+            bump(PolicyStat::AllowedNotIsolated);
+        } else {
+            count_rule(rule, ctx.len());
+            bump(PolicyStat::AllowedByRule);
         }
+        return TC_ACT_PIPE;
     }
     if !isolated {
         if packet.l4_complete {
@@ -378,23 +388,62 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
     }
 }
 
-/// What connection tracking says about the packet when the subject's
-/// policy digest is `policy_digest` ([`CtVerdict::Stale`] when the flow is
-/// not tracked). A live entry is refreshed, at most once per refresh
-/// interval; refreshing an allowed flow also keeps its replies' entry alive,
-/// so a flow whose replies are rare keeps them.
+/// The clock of connection tracking and fragments. Their timeouts are
+/// seconds long, so the tick-grained coarse clock does, and it is cheaper
+/// to read than the precise one on every packet.
 #[inline(always)]
-fn tracked(flow: &Flow, direction: Direction, now: u64, policy_digest: u64) -> CtVerdict {
-    let key = flow.ct_key(direction);
-    let Some(entry) = POLICY_CT.get_ptr_mut(key) else {
-        return CtVerdict::Stale;
-    };
+fn flow_clock_ns() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_coarse_ns() }
+}
+
+/// The live connection-tracking entry of the packet's flow, if any.
+///
+/// `NonNull`, whose `None` is the null pointer: an `Option` of a raw pointer
+/// carries an uninitialised pointer when `None`. A BPF function of its own:
+/// inlined into `decide`, LLVM spilled a register left uninitialised on the
+/// neighbour-discovery path, which the verifier rejects.
+#[inline(never)]
+fn live_ct_entry(flow: &Flow, direction: Direction, now: u64) -> Option<NonNull<CtEntry>> {
+    let entry = NonNull::new(POLICY_CT.get_ptr_mut(flow.ct_key(direction))?)?;
+    // SAFETY: the pointer from the lookup is valid for this run.
+    unsafe { entry.as_ref().alive(flow.protocol, now) }.then_some(entry)
+}
+
+/// Whether `entry` lets a reply through; a live reply entry is refreshed,
+/// at most once per refresh interval.
+#[inline(always)]
+fn pass_reply(entry: NonNull<CtEntry>, now: u64) -> bool {
+    let entry = entry.as_ptr();
     // SAFETY: the pointer from the lookup is valid for this run; a racing
     // refresh writes the same kind of timestamp.
-    let (verdict, refresh) = unsafe {
-        if !(*entry).alive(flow.protocol, now) {
-            return CtVerdict::Stale;
+    unsafe {
+        if (*entry).verdict(0) != CtVerdict::Reply {
+            return false;
         }
+        if (*entry).needs_refresh(now) {
+            (*entry).last_seen_ns = now;
+        }
+    }
+    true
+}
+
+/// What the live entry of an allowed flow says when the subject's policy
+/// digest is `policy_digest` ([`CtVerdict::Stale`]: judge the packet
+/// again). A flow still allowed is refreshed, at most once per refresh
+/// interval, and with it its replies' entry, so a flow whose replies are
+/// rare keeps them.
+#[inline(always)]
+fn allowed_flow(
+    entry: NonNull<CtEntry>,
+    flow: &Flow,
+    direction: Direction,
+    now: u64,
+    policy_digest: u64,
+) -> CtVerdict {
+    let entry = entry.as_ptr();
+    // SAFETY: as in `pass_reply`.
+    let (verdict, refresh) = unsafe {
         let verdict = (*entry).verdict(policy_digest);
         let refresh = (*entry).needs_refresh(now) && verdict != CtVerdict::Stale;
         if refresh {
@@ -402,7 +451,7 @@ fn tracked(flow: &Flow, direction: Direction, now: u64, policy_digest: u64) -> C
         }
         (verdict, refresh)
     };
-    if refresh && matches!(verdict, CtVerdict::Allowed { .. }) {
+    if refresh {
         let _ = POLICY_CT.insert(flow.reply_ct_key(direction), CtEntry::reply(now), 0);
     }
     verdict
@@ -452,8 +501,7 @@ fn is_related(
     {
         return false;
     }
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = flow_clock_ns();
     // SAFETY: the value is copied out at once.
     unsafe { POLICY_CT.get(key.0) }.is_some_and(|e| {
         e.alive(key.0.protocol, now) && e.verdict(subject.policy_digest) != CtVerdict::Stale
