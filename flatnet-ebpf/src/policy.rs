@@ -452,7 +452,7 @@ fn allowed_flow(
         (verdict, refresh)
     };
     if refresh {
-        let _ = POLICY_CT.insert(flow.reply_ct_key(direction), CtEntry::reply(now), 0);
+        track_replies(flow, direction, now);
     }
     verdict
 }
@@ -601,8 +601,15 @@ fn remember(packet: &Packet, direction: Direction, now: u64, policy_digest: u64,
         CtEntry::allowed(now, policy_digest, rule),
         0,
     );
-    let _ = POLICY_CT.insert(flow.reply_ct_key(direction), CtEntry::reply(now), 0);
+    track_replies(flow, direction, now);
     remember_fragment(packet, direction, now);
+}
+
+/// Lets the replies of `flow` through, whatever the policy says, for the
+/// flow timeout from `now`.
+#[inline(always)]
+fn track_replies(flow: &Flow, direction: Direction, now: u64) {
+    let _ = POLICY_CT.insert(flow.reply_ct_key(direction), CtEntry::reply(now), 0);
 }
 
 #[inline(always)]

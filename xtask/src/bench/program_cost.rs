@@ -1,0 +1,139 @@
+//! What attached eBPF programs cost on real traffic, from the kernel's own
+//! run-time accounting (`kernel.bpf_stats_enabled`): per program, how often
+//! it ran and for how long, cold caches and all, which BPF_PROG_TEST_RUN
+//! on one frame in a loop cannot show.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::{Netns, sh};
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// A program attached with tc to a device.
+pub struct AttachedProgram {
+    /// Where it runs, for example `eth0 (pod a) egress`.
+    pub hook: String,
+    /// The program's name.
+    pub name: String,
+    id: u64,
+}
+
+/// The programs tc runs on `device` in `netns` (`bpftool net show`);
+/// `label` names the device in [`AttachedProgram::hook`].
+pub fn attached(netns: &Netns, device: &str, label: &str) -> anyhow::Result<Vec<AttachedProgram>> {
+    let out = netns
+        .command("bpftool")
+        .args(["--json", "net", "show", "dev", device])
+        .output()
+        .context("run bpftool net show")?;
+    let shown: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("bpftool net show: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let mut programs = Vec::new();
+    for entry in shown.as_array().into_iter().flatten() {
+        for filter in entry["tc"].as_array().into_iter().flatten() {
+            let direction = filter["kind"]
+                .as_str()
+                .and_then(|kind| kind.strip_prefix("clsact/"))
+                .unwrap_or("?");
+            programs.push(AttachedProgram {
+                hook: format!("{label} {direction}"),
+                name: filter["name"].as_str().unwrap_or("?").to_owned(),
+                id: filter["id"]
+                    .as_u64()
+                    .context("bpftool net show without a program id")?,
+            });
+        }
+    }
+    Ok(programs)
+}
+
+/// One program's share of a measured stretch of traffic.
+pub struct ProgramCost<'a> {
+    pub program: &'a AttachedProgram,
+    pub runs: u64,
+    pub run_time: Duration,
+    pub wall: Duration,
+}
+
+impl ProgramCost<'_> {
+    pub fn runs_per_second(&self) -> f64 {
+        self.runs as f64 / self.wall.as_secs_f64()
+    }
+
+    pub fn ns_per_run(&self) -> f64 {
+        self.run_time.as_nanos() as f64 / self.runs.max(1) as f64
+    }
+
+    /// Run time as a share of one CPU over the stretch (0..=1 per CPU).
+    pub fn cpu_share(&self) -> f64 {
+        self.run_time.as_secs_f64() / self.wall.as_secs_f64()
+    }
+}
+
+/// Runs `work` with the accounting on and returns its result with what
+/// each of `programs` cost meanwhile. The accounting adds two clock reads
+/// to every program run, so it is on only for `work`, and set back to what
+/// it was afterwards.
+pub fn measure<'a, T>(
+    programs: &'a [AttachedProgram],
+    work: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Vec<ProgramCost<'a>>)> {
+    let _accounting = Accounting::enable()?;
+    let before = programs
+        .iter()
+        .map(|p| run_totals(p.id))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let start = Instant::now();
+    let result = work()?;
+    let wall = start.elapsed();
+    let mut costs = Vec::new();
+    for (program, (runs_before, time_before)) in programs.iter().zip(before) {
+        let (runs, time) = run_totals(program.id)?;
+        costs.push(ProgramCost {
+            program,
+            runs: runs - runs_before,
+            run_time: Duration::from_nanos(time - time_before),
+            wall,
+        });
+    }
+    Ok((result, costs))
+}
+
+/// A program's run count and total run time in nanoseconds so far (both
+/// absent from `bpftool prog show` until it first ran with accounting on).
+fn run_totals(id: u64) -> anyhow::Result<(u64, u64)> {
+    let shown: Value = serde_json::from_str(&sh(
+        "bpftool",
+        &["--json", "prog", "show", "id", &id.to_string()],
+    )?)
+    .context("bpftool prog show output")?;
+    Ok((
+        shown["run_cnt"].as_u64().unwrap_or(0),
+        shown["run_time_ns"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// `kernel.bpf_stats_enabled` on while alive, the previous value after.
+struct Accounting {
+    previous: String,
+}
+
+impl Accounting {
+    fn enable() -> anyhow::Result<Self> {
+        let previous = std::fs::read_to_string(STATS_SYSCTL)
+            .with_context(|| format!("read {STATS_SYSCTL}"))?;
+        std::fs::write(STATS_SYSCTL, "1").with_context(|| format!("write {STATS_SYSCTL}"))?;
+        Ok(Self {
+            previous: previous.trim().to_owned(),
+        })
+    }
+}
+
+impl Drop for Accounting {
+    fn drop(&mut self) {
+        let _ = std::fs::write(STATS_SYSCTL, &self.previous);
+    }
+}
