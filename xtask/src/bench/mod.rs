@@ -4,6 +4,7 @@
 mod cni;
 mod conflicts;
 mod policy;
+mod program_cost;
 mod report;
 mod throughput;
 

@@ -20,8 +20,10 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::{
-    Netns, PinRoot, apt_install, build_release_binaries, machine, median, package_version, report,
-    sh,
+    Netns, PinRoot, apt_install, build_release_binaries, machine, median, package_version,
+    percentile,
+    program_cost::{self, AttachedProgram, ProgramCost},
+    report, sh,
 };
 
 /// Options of `cargo xtask bench throughput`.
@@ -69,58 +71,39 @@ impl Programs<'_> {
     }
 
     fn attach(&self) -> anyhow::Result<()> {
-        let node = self.node.path().display().to_string();
         let pin = self.pin();
-        self.agent(&[
-            "datapath",
-            "attach",
-            "--interface",
-            MASTER,
-            "--netns",
-            &node,
-            "--pin-root",
-            &pin,
-        ])?;
-        for pod in self.pods {
-            let netns = pod.path().display().to_string();
-            self.agent(&[
-                "datapath",
-                "policy",
-                "attach",
-                "--interface",
-                "eth0",
-                "--netns",
-                &netns,
-                "--pin-root",
-                &pin,
-            ])?;
+        self.on_every_hook("attach", &["--pin-root", &pin])
+    }
+
+    fn detach(&self) -> anyhow::Result<()> {
+        self.on_every_hook("detach", &[])
+    }
+
+    /// `flatnet-agent datapath [policy] <verb> --interface .. --netns ..
+    /// <extra>` for the uplink program on the master, then the policy
+    /// programs on each pod's interface.
+    fn on_every_hook(&self, verb: &str, extra: &[&str]) -> anyhow::Result<()> {
+        let hooks = std::iter::once((vec!["datapath", verb], MASTER, self.node)).chain(
+            self.pods
+                .iter()
+                .map(|pod| (vec!["datapath", "policy", verb], "eth0", *pod)),
+        );
+        for (mut args, interface, netns) in hooks {
+            let netns = netns.path().display().to_string();
+            args.extend(["--interface", interface, "--netns", &netns]);
+            args.extend(extra);
+            self.agent(&args)?;
         }
         Ok(())
     }
 
-    fn detach(&self) -> anyhow::Result<()> {
-        let node = self.node.path().display().to_string();
-        self.agent(&[
-            "datapath",
-            "detach",
-            "--interface",
-            MASTER,
-            "--netns",
-            &node,
-        ])?;
-        for pod in self.pods {
-            let netns = pod.path().display().to_string();
-            self.agent(&[
-                "datapath",
-                "policy",
-                "detach",
-                "--interface",
-                "eth0",
-                "--netns",
-                &netns,
-            ])?;
+    /// The programs attached now, each named by where it runs.
+    fn attached(&self) -> anyhow::Result<Vec<AttachedProgram>> {
+        let mut programs = program_cost::attached(self.node, MASTER, "master")?;
+        for (pod, label) in self.pods.iter().zip(["eth0 of pod a", "eth0 of pod b"]) {
+            programs.extend(program_cost::attached(pod, "eth0", label)?);
         }
-        Ok(())
+        Ok(programs)
     }
 
     /// Installs the policy: both pods isolated both ways, TCP to the iperf3
@@ -227,6 +210,27 @@ fn iperf(path: &Flow, seconds: u32) -> anyhow::Result<f64> {
         .context("iperf3 output without end.sum_received.bits_per_second")
 }
 
+/// The rows of the cost table for one path's accounted run.
+fn cost_rows(path: &str, gbps: f64, costs: &[ProgramCost]) -> String {
+    let mut rows = String::new();
+    for cost in costs.iter().filter(|cost| cost.runs > 0) {
+        rows += &format!(
+            "| {path} | {} ({}) | {:.0} | {:.0} | {:.1} % |\n",
+            cost.program.name,
+            cost.program.hook,
+            cost.runs_per_second(),
+            cost.ns_per_run(),
+            100.0 * cost.cpu_share(),
+        );
+    }
+    let total: f64 = costs.iter().map(ProgramCost::cpu_share).sum();
+    rows += &format!(
+        "| {path} | all programs, at {gbps:.2} Gbit/s | | | {:.1} % |\n",
+        100.0 * total
+    );
+    rows
+}
+
 /// A macvlan pod on the master, `eth0` with `address`.
 fn macvlan_pod(node: &Netns, name: String, link: &str, address: &str) -> anyhow::Result<Netns> {
     let pod = Netns::new(name)?;
@@ -245,7 +249,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     if args.repetitions == 0 || args.seconds == 0 {
         bail!("--repetitions and --seconds must be at least 1");
     }
-    apt_install(&["iperf3"])?;
+    apt_install(&["iperf3", "bpftool"])?;
     let binaries = build_release_binaries()?;
     let machine = machine();
 
@@ -319,6 +323,19 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
             }
         }
     }
+    // One more run per path with the programs, under the kernel's run-time
+    // accounting (not among the samples: the accounting itself costs).
+    programs.attach()?;
+    let attached = programs.attached()?;
+    let mut cost_table = String::from(
+        "| path | program (where it runs) | runs per second | ns per run | share of one CPU |\n\
+         | --- | --- | ---: | ---: | ---: |\n",
+    );
+    for path in &paths {
+        let (gbps, costs) = program_cost::measure(&attached, || iperf(path, args.seconds))?;
+        println!("    {} / programs, accounted: {gbps:.2} Gbit/s", path.label);
+        cost_table += &cost_rows(path.label, gbps, &costs);
+    }
     let policy_check = sh(
         &binaries.agent,
         &["datapath", "policy", "show", "--pin-root", &programs.pin()],
@@ -327,17 +344,29 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     let mut table = String::from(
-        "| path | no programs (Gbit/s) | programs (Gbit/s) | ratio |\n| --- | ---: | ---: | ---: |\n",
+        "| path | no programs (Gbit/s) | programs (Gbit/s) | ratio of medians | paired ratio: median (middle half) |\n\
+         | --- | ---: | ---: | ---: | ---: |\n",
     );
     for (path, out) in paths.iter().zip(&samples) {
         let (off, on) = (median(&out[0]), median(&out[1]));
+        // Each repetition ran both modes back to back: their ratio cancels
+        // what drifts slower than a repetition.
+        let mut paired: Vec<f64> = out[1]
+            .iter()
+            .zip(&out[0])
+            .map(|(on, off)| on / off)
+            .collect();
+        paired.sort_by(f64::total_cmp);
         table += &format!(
-            "| {} | {off:.2} | {on:.2} | {:.1} % |\n",
+            "| {} | {off:.2} | {on:.2} | {:.1} % | {:.1} % ({:.1}-{:.1} %) |\n",
             path.label,
-            100.0 * on / off
+            100.0 * on / off,
+            100.0 * median(&paired),
+            100.0 * percentile(&paired, 0.25),
+            100.0 * percentile(&paired, 0.75),
         );
     }
-    print!("{table}");
+    print!("{table}\n{cost_table}");
     println!("policy counters after the run:\n{policy_check}");
     if args.no_write {
         return Ok(());
@@ -355,9 +384,19 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
          TCP {IPERF_PORT} within 192.0.2.0/24: the first packet of each flow takes the\n\
          full judgement (subject, LPM prefix, port match), its later packets and\n\
          replies one connection-tracking lookup. \"No programs\": all of them detached.\n\
-         Pod-to-pod traffic crosses the two policy programs; pod-to-LAN traffic\n\
-         crosses one policy program each way and the uplink program on ingress.\n\n\
-         {table}",
+         Every frame crosses the sender's egress and the receiver's ingress\n\
+         policy program, and the uplink program when it enters the master: pod to\n\
+         LAN on the way back, pod to pod both ways (a macvlan in bridge mode hands a\n\
+         frame for a sibling to the master's receive path first, for its taps).\n\
+         \"Paired ratio\": each repetition ran both modes back to back, so their\n\
+         ratio cancels what drifts slower than that; its median, and the 25th to\n\
+         75th percentile.\n\n\
+         {table}\n\
+         What the programs cost on the way: one more run per path with the\n\
+         programs and the kernel's eBPF run-time accounting on\n\
+         (`kernel.bpf_stats_enabled`, read with Debian's `bpftool` {}; it adds two\n\
+         clock reads to every run, which the figures include).\n\n\
+         {cost_table}",
         package_version("iperf3"),
         machine,
         args.seconds,
@@ -367,6 +406,7 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
                 format!("iperf3 client on CPU {client}, server on CPU {server}"),
             None => "one CPU".to_owned(),
         },
+        package_version("bpftool"),
     );
     report::write_section("throughput", &section)
 }
