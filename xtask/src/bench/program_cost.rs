@@ -31,6 +31,11 @@ pub fn attached(netns: &Netns, device: &str, label: &str) -> anyhow::Result<Vec<
         .context("run bpftool net show")?;
     let shown: Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("bpftool net show: {}", String::from_utf8_lossy(&out.stderr)))?;
+    tc_programs(&shown, label)
+}
+
+/// The tc programs in `bpftool --json net show` output.
+fn tc_programs(shown: &Value, label: &str) -> anyhow::Result<Vec<AttachedProgram>> {
     let mut programs = Vec::new();
     for entry in shown.as_array().into_iter().flatten() {
         for filter in entry["tc"].as_array().into_iter().flatten() {
@@ -135,5 +140,59 @@ impl Accounting {
 impl Drop for Accounting {
     fn drop(&mut self) {
         let _ = std::fs::write(STATS_SYSCTL, &self.previous);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tc_programs_are_read_from_bpftool_net_show() {
+        // As printed by Debian's bpftool 7.1 for a pod interface.
+        let shown: Value = serde_json::from_str(
+            r#"[{"xdp":[],"tc":[
+                {"devname":"eth0","ifindex":3,"kind":"clsact/ingress","name":"policy_ingress","id":5117},
+                {"devname":"eth0","ifindex":3,"kind":"clsact/egress","name":"policy_egress","id":5118}
+            ],"flow_dissector":[]}]"#,
+        )
+        .unwrap();
+        let programs = tc_programs(&shown, "eth0 of pod a").unwrap();
+        let read: Vec<_> = programs
+            .iter()
+            .map(|p| (p.hook.as_str(), p.name.as_str(), p.id))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("eth0 of pod a ingress", "policy_ingress", 5117),
+                ("eth0 of pod a egress", "policy_egress", 5118),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_filter_without_program_id_is_an_error() {
+        let shown: Value =
+            serde_json::from_str(r#"[{"tc":[{"kind":"clsact/ingress","name":"x"}]}]"#).unwrap();
+        assert!(tc_programs(&shown, "eth0").is_err());
+    }
+
+    #[test]
+    fn cost_figures_follow_from_runs_and_time() {
+        let program = AttachedProgram {
+            hook: "master ingress".into(),
+            name: "uplink_ingress".into(),
+            id: 1,
+        };
+        let cost = ProgramCost {
+            program: &program,
+            runs: 20_000,
+            run_time: Duration::from_millis(10),
+            wall: Duration::from_secs(2),
+        };
+        assert_eq!(cost.runs_per_second(), 10_000.0);
+        assert_eq!(cost.ns_per_run(), 500.0);
+        assert_eq!(cost.cpu_share(), 0.005);
     }
 }
