@@ -297,13 +297,14 @@ impl<S: PolicySink> PolicyController<S> {
         }
     }
 
-    /// Compiles and installs one snapshot. Diagnostics not reported for
-    /// the same policy before are logged and handed to `events`.
+    /// Compiles and installs one snapshot; returns how many policies for
+    /// the flat network are now in force. Diagnostics not reported for the
+    /// same policy before are logged and handed to `events`.
     pub async fn apply(
         &mut self,
         snapshot: &PolicySnapshot,
         events: &mut impl DiagnosticEvents,
-    ) -> Result<CompiledPolicy, DatapathError> {
+    ) -> Result<usize, DatapathError> {
         let started = std::time::Instant::now();
         let compiled = compile(PolicyInputs {
             policies: &snapshot.policies,
@@ -345,7 +346,7 @@ impl<S: PolicySink> PolicyController<S> {
                 events.publish(policy, &news.messages).await;
             }
         }
-        Ok(compiled)
+        Ok(in_force)
     }
 
     /// The policies of `snapshot` for the flat network.
@@ -378,7 +379,7 @@ impl<S: PolicySink> PolicyController<S> {
                 continue;
             };
             match self.apply(&current, &mut events).await {
-                Ok(_) => changes.installed(&current, self.policies_in_force(&current)),
+                Ok(in_force) => changes.installed(&current, in_force),
                 Err(error) => {
                     tracing::error!(%error, "cannot install the network policy; the previous tables stay in force until the next change");
                 }
