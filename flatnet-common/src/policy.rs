@@ -386,11 +386,18 @@ impl CtEntry {
         }
     }
 
+    /// Whether the entry lets the replies of an allowed flow through, which
+    /// does not depend on the pod's policy.
+    #[inline(always)]
+    pub const fn is_reply(&self) -> bool {
+        self.kind == CtKind::Reply as u8
+    }
+
     /// What the entry says about a packet of its key when the pod's policy
     /// digest is `policy_digest` (liveness is checked apart, [`Self::alive`]).
     #[inline(always)]
     pub const fn verdict(&self, policy_digest: u64) -> CtVerdict {
-        if self.kind == CtKind::Reply as u8 {
+        if self.is_reply() {
             CtVerdict::Reply
         } else if self.kind == CtKind::Allowed as u8 && self.policy_digest == policy_digest {
             CtVerdict::Allowed { rule: self.rule }
@@ -1062,6 +1069,8 @@ mod tests {
 
     #[test]
     fn ct_verdicts() {
+        assert!(CtEntry::reply(1).is_reply());
+        assert!(!CtEntry::allowed(1, 0, CT_NO_RULE).is_reply());
         assert_eq!(CtEntry::reply(1).verdict(0), CtVerdict::Reply);
         assert_eq!(
             CtEntry::reply(1).verdict(42),

@@ -418,7 +418,7 @@ fn pass_reply(entry: NonNull<CtEntry>, now: u64) -> bool {
     // SAFETY: the pointer from the lookup is valid for this run; a racing
     // refresh writes the same kind of timestamp.
     unsafe {
-        if (*entry).verdict(0) != CtVerdict::Reply {
+        if !(*entry).is_reply() {
             return false;
         }
         if (*entry).needs_refresh(now) {

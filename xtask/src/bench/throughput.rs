@@ -382,8 +382,9 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
          on both pod interfaces, attached with `flatnet-agent datapath attach` and\n\
          `datapath policy attach`; a policy isolates both pods both ways and allows\n\
          TCP {IPERF_PORT} within 192.0.2.0/24: the first packet of each flow takes the\n\
-         full judgement (subject, LPM prefix, port match), its later packets and\n\
-         replies one connection-tracking lookup. \"No programs\": all of them detached.\n\
+         full judgement (subject, LPM prefix, port match), its later packets one\n\
+         connection-tracking lookup and the subject lookup, its replies the\n\
+         connection-tracking lookup alone. \"No programs\": all of them detached.\n\
          Every frame crosses the sender's egress and the receiver's ingress\n\
          policy program, and the uplink program when it enters the master: pod to\n\
          LAN on the way back, pod to pod both ways (a macvlan in bridge mode hands a\n\
