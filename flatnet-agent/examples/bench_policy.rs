@@ -24,7 +24,7 @@ use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PolicyMaps, PolicyRuleIds},
     policy::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
 };
-use flatnet_common::policy::Direction;
+use flatnet_common::{policy::Direction, verdict};
 
 /// Runs per measurement; the kernel reports the mean time per run.
 const REPEAT: u32 = 1_000_000;
@@ -126,8 +126,8 @@ fn verdict_of(datapath: &mut Datapath, frame: &[u8]) -> anyhow::Result<&'static 
             .test_run_policy(Direction::Ingress, frame, 1)?
             .verdict
         {
-            2 => "drop",
-            3 => "pass",
+            verdict::DROP => "drop",
+            verdict::PASS => "pass",
             _ => "other",
         },
     )

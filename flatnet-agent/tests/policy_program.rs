@@ -21,8 +21,7 @@ use support::{
     privileged,
 };
 
-const PASS: u32 = 3; // TC_ACT_PIPE
-const DROP: u32 = 2; // TC_ACT_SHOT
+use flatnet_common::verdict::{DROP, PASS};
 
 /// The policy of pod a/web (10.0.0.1, fd00::1), isolated both ways:
 /// - ingress from 192.168.0.0/16 except 192.168.5.0/24 on TCP 80-90, UDP 53, SCTP 5000;
@@ -103,18 +102,18 @@ impl Fixture {
             .expect("apply policy");
     }
 
-    fn run(&mut self, direction: Direction, frame: &[u8]) -> u32 {
+    fn run(&mut self, direction: Direction, frame: &[u8]) -> i32 {
         self.datapath
             .test_run_policy(direction, frame, 1)
             .expect("BPF_PROG_TEST_RUN")
             .verdict
     }
 
-    fn ingress(&mut self, frame: &[u8]) -> u32 {
+    fn ingress(&mut self, frame: &[u8]) -> i32 {
         self.run(Direction::Ingress, frame)
     }
 
-    fn egress(&mut self, frame: &[u8]) -> u32 {
+    fn egress(&mut self, frame: &[u8]) -> i32 {
         self.run(Direction::Egress, frame)
     }
 

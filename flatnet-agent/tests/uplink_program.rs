@@ -388,8 +388,7 @@ fn reloading_adopts_pinned_counters() {
 // ---------------------------------------------------------------------------
 
 /// TC verdicts (include/uapi/linux/pkt_cls.h).
-const TC_ACT_PIPE: u32 = 3;
-const TC_ACT_REDIRECT: u32 = 7;
+use flatnet_common::verdict::{PASS, REDIRECT};
 /// `BPF_PROG_TEST_RUN` runs TC programs as if on loopback.
 const LOOPBACK_IFINDEX: u32 = 1;
 const NODE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xbb];
@@ -489,7 +488,7 @@ fn test_run_answers_arp_only_for_listed_addresses() {
 
     let request = arp_request_for(OWNED_V4);
     let out = datapath.test_run_uplink(&request, 1).unwrap();
-    assert_eq!(out.verdict, TC_ACT_REDIRECT, "answered and sent back");
+    assert_eq!(out.verdict, REDIRECT, "answered and sent back");
     let reply = &out.frame;
     assert_eq!(reply.len(), request.len());
     assert_eq!(&reply[..6], &LAN_MAC, "to the requester");
@@ -504,7 +503,7 @@ fn test_run_answers_arp_only_for_listed_addresses() {
     // In-frame 802.1Q tag: answered, tag kept.
     let tagged = vlan_tagged(&request, 0x8100, 100);
     let out = datapath.test_run_uplink(&tagged, 1).unwrap();
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.verdict, REDIRECT);
     assert_eq!(&out.frame[12..16], &[0x81, 0x00, 0x00, 100], "tag kept");
     assert_eq!(&out.frame[24..26], &[0, 2], "ARP reply after the tag");
 
@@ -528,7 +527,7 @@ fn test_run_answers_arp_only_for_listed_addresses() {
     ];
     for frame in not_answered {
         let out = datapath.test_run_uplink(&frame, 1).unwrap();
-        assert_eq!(out.verdict, TC_ACT_PIPE, "frame {frame:02x?}");
+        assert_eq!(out.verdict, PASS, "frame {frame:02x?}");
         assert_eq!(out.frame, frame, "frame modified");
     }
 
@@ -540,10 +539,7 @@ fn test_run_answers_arp_only_for_listed_addresses() {
             .remove(LOOPBACK_IFINDEX, OWNED_V4.into())
             .unwrap()
     );
-    assert_eq!(
-        datapath.test_run_uplink(&request, 1).unwrap().verdict,
-        TC_ACT_PIPE
-    );
+    assert_eq!(datapath.test_run_uplink(&request, 1).unwrap().verdict, PASS);
     assert_eq!(datapath.responder_stats().unwrap().arp_replies, 2);
 }
 
@@ -561,7 +557,7 @@ fn test_run_answers_neighbor_solicitations() {
     let out = datapath
         .test_run_uplink(&solicitation(requester, target), 1)
         .unwrap();
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.verdict, REDIRECT);
     assert_eq!(out.frame.len(), 14 + 40 + 32);
     assert_eq!(
         assert_advertisement(&out.frame, target, requester, LAN_MAC),
@@ -573,14 +569,14 @@ fn test_run_answers_neighbor_solicitations() {
     bare.truncate(14 + 40 + 24);
     bare[14 + 5] = 24; // IPv6 payload length
     let out = datapath.test_run_uplink(&bare, 1).unwrap();
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.verdict, REDIRECT);
     assert_advertisement(&out.frame, target, requester, LAN_MAC);
 
     // Duplicate address detection: unsolicited, to all nodes.
     let out = datapath
         .test_run_uplink(&solicitation(Ipv6Addr::UNSPECIFIED, target), 1)
         .unwrap();
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.verdict, REDIRECT);
     let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
     assert_eq!(
         assert_advertisement(&out.frame, target, all_nodes, [0x33, 0x33, 0, 0, 0, 1]),
@@ -597,7 +593,7 @@ fn test_run_answers_neighbor_solicitations() {
     ];
     for frame in not_answered {
         let out = datapath.test_run_uplink(&frame, 1).unwrap();
-        assert_eq!(out.verdict, TC_ACT_PIPE, "frame {frame:02x?}");
+        assert_eq!(out.verdict, PASS, "frame {frame:02x?}");
         assert_eq!(out.frame, frame, "frame modified");
     }
     assert_eq!(
@@ -749,10 +745,7 @@ fn test_run_reports_foreign_claims_on_managed_addresses() {
         )
         .unwrap(),
     ] {
-        assert_eq!(
-            datapath.test_run_uplink(&frame, 1).unwrap().verdict,
-            TC_ACT_PIPE
-        );
+        assert_eq!(datapath.test_run_uplink(&frame, 1).unwrap().verdict, PASS);
     }
     assert_eq!(monitor.try_next(), None, "no conflict yet");
 
@@ -990,7 +983,7 @@ fn test_run_kernel_logs_answers_and_conflicts_as_tracing_events() {
         let out = datapath
             .test_run_uplink(&arp_request_for(OWNED_V4), 1)
             .unwrap();
-        assert_eq!(out.verdict, TC_ACT_REDIRECT);
+        assert_eq!(out.verdict, REDIRECT);
         datapath
             .test_run_uplink(&gratuitous_arp(ROGUE_MAC, MANAGED_V4), 1)
             .unwrap();
@@ -1023,7 +1016,7 @@ fn test_run_kernel_logs_answers_and_conflicts_as_tracing_events() {
             .test_run_uplink(&arp_request_for(OWNED_V4), 1)
             .unwrap()
             .verdict,
-        TC_ACT_REDIRECT
+        REDIRECT
     );
 }
 
@@ -1049,7 +1042,7 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
     let out = datapath
         .test_run_uplink(&vlan_tagged(&rogue, 0x8100, 100), 1)
         .unwrap();
-    assert_eq!(out.verdict, TC_ACT_PIPE);
+    assert_eq!(out.verdict, PASS);
     let recent = datapath.recent_conflicts().unwrap();
     assert_eq!(recent.len(), 1, "{recent:?}");
     let entry = recent[0];
@@ -1199,7 +1192,7 @@ fn reloading_adopts_every_pinned_map_with_its_entries() {
     let out = reloaded
         .test_run_uplink(&arp_request_for(OWNED_V4), 1)
         .unwrap();
-    assert_eq!(out.verdict, TC_ACT_REDIRECT);
+    assert_eq!(out.verdict, REDIRECT);
 }
 
 #[test]

@@ -13,6 +13,7 @@ pub mod frame_counter;
 pub mod pin;
 pub mod policy;
 pub mod responder;
+pub mod verdict;
 
 #[cfg(feature = "k8s")]
 pub mod k8s;

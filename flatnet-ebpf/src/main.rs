@@ -11,6 +11,10 @@ mod log;
 mod policy;
 mod uplink;
 
+/// The verdict for a frame flatnet has no objection to (see
+/// [`flatnet_common::verdict::PASS`]).
+const TC_PASS: i32 = flatnet_common::verdict::PASS;
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

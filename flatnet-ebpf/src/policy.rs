@@ -24,7 +24,7 @@
 use core::ptr::NonNull;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_PIPE, TC_ACT_SHOT},
+    bindings::TC_ACT_SHOT,
     btf_maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::{btf_map, classifier},
@@ -43,8 +43,11 @@ use flatnet_common::{
     },
 };
 
-use crate::headers::{
-    ETH_P_ARP, ETH_P_IPV6, IPV6_HDR_LEN, ParseError, l3_protocol, load_into, read_be16, read_u8,
+use crate::{
+    TC_PASS,
+    headers::{
+        ETH_P_ARP, ETH_P_IPV6, IPV6_HDR_LEN, ParseError, l3_protocol, load_into, read_be16, read_u8,
+    },
 };
 
 const ETH_P_IP: u16 = 0x0800;
@@ -131,7 +134,7 @@ fn enforce(ctx: &TcContext, direction: Direction) -> i32 {
     match parse(ctx) {
         Parsed::Pass(stat) => {
             bump(stat);
-            TC_ACT_PIPE
+            TC_PASS
         }
         Parsed::Malformed(src, dst) => {
             let flow = Flow {
@@ -303,7 +306,7 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
     {
         remember_fragment(packet, direction, now);
         bump(PolicyStat::AllowedReply);
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
 
     // SAFETY: the value is copied out at once.
@@ -315,7 +318,7 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
     if let Fragment::Later { id } = packet.fragment {
         if !isolated {
             bump(PolicyStat::AllowedNotIsolated);
-            return TC_ACT_PIPE;
+            return TC_PASS;
         }
         let key = frag_key(flow, id, direction);
         // SAFETY: the value is copied out at once.
@@ -323,7 +326,7 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
             .is_some_and(|e| now.saturating_sub(e.last_seen_ns) < FRAG_TIMEOUT_NS);
         if alive {
             bump(PolicyStat::AllowedFragment);
-            return TC_ACT_PIPE;
+            return TC_PASS;
         }
         return drop_packet(ctx, direction, DropReason::Fragment, flow);
     }
@@ -339,14 +342,14 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
             count_rule(rule, ctx.len());
             bump(PolicyStat::AllowedByRule);
         }
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
     if !isolated {
         if packet.l4_complete {
             remember(packet, direction, now, policy.policy_digest, CT_NO_RULE);
         }
         bump(PolicyStat::AllowedNotIsolated);
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
     if !packet.l4_complete {
         return drop_packet(ctx, direction, DropReason::Malformed, flow);
@@ -364,7 +367,7 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
         )
     {
         bump(PolicyStat::AllowedRelated);
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
     let key = Key::new(
         LPM_FIXED_BITS + 128,
@@ -382,7 +385,7 @@ fn decide(ctx: &TcContext, direction: Direction, packet: &Packet) -> i32 {
             count_rule(rule, ctx.len());
             remember(packet, direction, now, policy.policy_digest, rule);
             bump(PolicyStat::AllowedByRule);
-            TC_ACT_PIPE
+            TC_PASS
         }
         None => drop_packet(ctx, direction, DropReason::NoRule, flow),
     }

@@ -9,7 +9,7 @@
 //! foreign MAC claims a managed address are reported through a ring buffer.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_PIPE, TC_ACT_REDIRECT},
+    bindings::TC_ACT_REDIRECT,
     btf_maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_change_tail},
     macros::{btf_map, classifier},
@@ -29,9 +29,12 @@ use flatnet_common::{
     },
 };
 
-use crate::headers::{
-    ETH_P_8021AD, ETH_P_8021Q, ETH_P_ARP, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_HDR_LEN, ParseError,
-    l3_protocol, read_be16, read_u8,
+use crate::{
+    TC_PASS,
+    headers::{
+        ETH_P_8021AD, ETH_P_8021Q, ETH_P_ARP, ETH_P_IPV6, IPPROTO_ICMPV6, IPV6_HDR_LEN, ParseError,
+        l3_protocol, read_be16, read_u8,
+    },
 };
 
 #[btf_map]
@@ -117,7 +120,7 @@ fn judge(ctx: &TcContext) -> u64 {
     // A frame we cannot parse or answer is passed on, never dropped.
     match try_uplink_ingress(ctx) {
         Ok((verdict, claim)) => verdict | if claim { CLAIM_PENDING } else { 0 },
-        Err(_) => TC_ACT_PIPE as u32 as u64,
+        Err(_) => TC_PASS as u32 as u64,
     }
 }
 
@@ -125,7 +128,7 @@ fn judge(ctx: &TcContext) -> u64 {
 /// and whether a claim was noted for [`handle_claim`].
 #[inline(always)]
 fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
-    let pass = TC_ACT_PIPE as u32 as u64;
+    let pass = TC_PASS as u32 as u64;
     let Some((kind, l3)) = classify(ctx)? else {
         return Ok((pass, false));
     };
@@ -296,7 +299,7 @@ fn ingress_ifindex(ctx: &TcContext) -> u32 {
 #[inline(always)]
 fn answer_arp(ctx: &TcContext, l3: usize, ifindex: u32, request: &[u8; ARP_LEN]) -> i32 {
     let Some(question) = arp_question(request) else {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     };
     let key = ArpResponderKey {
         ifindex,
@@ -304,12 +307,12 @@ fn answer_arp(ctx: &TcContext, l3: usize, ifindex: u32, request: &[u8; ARP_LEN])
     };
     // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
     let Some(entry) = (unsafe { ARP_RESPONDER.get(key) }).copied() else {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     };
     let reply = arp_reply(request, entry.mac);
     let eth = ethernet_addresses(question.requester_mac, entry.mac);
     if ctx.store(0, &eth, 0).is_err() || ctx.store(l3, &reply, 0).is_err() {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
     bump(ResponderStat::ArpReplies);
     crate::log::defer(
@@ -331,13 +334,13 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
         ctx.load::<[u8; IPV6_LEN]>(l3),
         ctx.load::<[u8; NS_LEN]>(l3 + IPV6_LEN),
     ) else {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     };
     let Some(question) = ndp_question(&ip6, &ns) else {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     };
     let Ok(requester_mac) = ctx.load::<[u8; 6]>(ETH_SRC_OFFSET) else {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     };
     let key = NdpResponderKey {
         ifindex,
@@ -345,7 +348,7 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
     };
     // SAFETY: the entry is copied out immediately; the agent may replace it concurrently.
     let Some(entry) = (unsafe { NDP_RESPONDER.get(key) }).copied() else {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     };
     let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
     let mut reply_dst = [0u8; 16];
@@ -356,7 +359,7 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
     let new_len = (l3 + IPV6_LEN + NA_LEN) as u32;
     // SAFETY: the context pointer is valid; the helper checks the length.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, new_len, 0) } != 0 {
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
     if ctx.store(0, &eth, 0).is_err()
         || ctx.store(l3, &reply_ip6, 0).is_err()
@@ -364,7 +367,7 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
     {
         // The frame was already resized: it is no longer a valid
         // solicitation; it goes on and the stack drops it.
-        return TC_ACT_PIPE;
+        return TC_PASS;
     }
     bump(ResponderStat::NeighborAdvertisements);
     crate::log::defer(
@@ -400,7 +403,7 @@ fn send_back(ifindex: u32) -> i32 {
     if verdict == i64::from(TC_ACT_REDIRECT) {
         TC_ACT_REDIRECT
     } else {
-        TC_ACT_PIPE
+        TC_PASS
     }
 }
 

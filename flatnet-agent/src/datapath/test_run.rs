@@ -38,8 +38,9 @@ struct TestRunAttr {
 /// What one test run returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TestRunOutput {
-    /// The program's return value (the TC verdict).
-    pub verdict: u32,
+    /// The program's return value, a TC verdict (see
+    /// [`flatnet_common::verdict`]).
+    pub verdict: i32,
     /// The frame after the program ran.
     pub frame: Vec<u8>,
     /// Average run time per repetition, as measured by the kernel.
@@ -73,7 +74,8 @@ pub(super) fn run(program: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> io::Res
     }
     out.truncate(attr.data_size_out as usize);
     Ok(TestRunOutput {
-        verdict: attr.retval,
+        // The kernel returns the program's int as u32.
+        verdict: attr.retval as i32,
         frame: out,
         duration_ns: attr.duration,
     })
