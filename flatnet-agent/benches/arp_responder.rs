@@ -69,10 +69,7 @@ fn main() {
 
     // The program: TARGET listed in the responder table of the uplink.
     let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
-    .unwrap();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
     let ifindex = node
         .exec("cat", &["/sys/class/net/up0/ifindex"])
         .trim()
@@ -97,7 +94,7 @@ fn main() {
         .test_run_uplink(&request, 1_000_000)
         .unwrap()
         .duration_ns;
-    run_in_netns(&node.path(), || detach_uplink("up0"))
+    run_in_netns(&node.path(), || detach_uplink(&pin.path, "up0"))
         .unwrap()
         .unwrap();
 

@@ -102,10 +102,8 @@ async fn measure(count: usize, interval: Duration) -> anyhow::Result<Timeline> {
     rogue.ip(&["link", "set", &rogue_if, "up"]);
 
     let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&DatapathConfig {
-        pin_root: pin.path.clone(),
-    })
-    .context("load the eBPF object (run `cargo xtask build-ebpf`)")?;
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path))
+        .context("load the eBPF object (run `cargo xtask build-ebpf`)")?;
     let ifindex = run_in_netns(&node.path(), || -> anyhow::Result<u32> {
         datapath.attach_uplink(&uplink)?;
         Ok(nix::net::if_::if_nametoindex(uplink.as_str())?)

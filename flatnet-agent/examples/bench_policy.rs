@@ -51,9 +51,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn run(pin_root: &std::path::Path) -> anyhow::Result<()> {
-    let config = DatapathConfig {
-        pin_root: pin_root.to_path_buf(),
-    };
+    let config = DatapathConfig::pinned_at(pin_root);
     // The same object twice, kernel logs off and on; the second adopts the
     // maps the first pinned, so both see the same tables.
     let mut quiet = Datapath::load_with_kernel_logs(&config, false)?;

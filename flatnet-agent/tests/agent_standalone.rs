@@ -13,11 +13,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::programs::TcAttachType;
 use flatnet_agent::crash_point::CRASH_AT_ENV;
+use flatnet_agent::datapath::AttachMechanism;
 use serde_json::{Value, json};
 use support::{
-    TestNetns, agent::StandaloneAgent, has_link, lan::SimulatedLan, ping, privileged, unique_name,
-    veth_pair,
+    TestNetns, agent::StandaloneAgent, has_link, lan::SimulatedLan, ping, privileged,
+    tc_hooks::attached_programs, unique_name, veth_pair,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -940,10 +942,10 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     for port in [allowed, later, never] {
         tcp_server(&web, web_addr, port);
     }
-    let filters = web.exec("tc", &["filter", "show", "dev", IFNAME, "ingress"]);
+    let programs = attached_programs(&web, IFNAME, TcAttachType::Ingress);
     assert!(
-        filters.contains("policy_ingress"),
-        "attached on ADD: {filters}"
+        matches!(programs.as_slice(), [one] if one.name == "policy_ingress"),
+        "attached on ADD: {programs:?}"
     );
     assert!(tcp_works(&client, web_addr, allowed));
     assert!(!tcp_works(&client, web_addr, later), "not allowed yet");
@@ -955,9 +957,9 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     wait_for_policy(&node, "the edited policy", |p| allows_port(p, later));
     assert!(tcp_works(&client, web_addr, later));
     assert_eq!(
-        web.exec("tc", &["filter", "show", "dev", IFNAME, "ingress"]),
-        filters,
-        "same filters, same program"
+        attached_programs(&web, IFNAME, TcAttachType::Ingress),
+        programs,
+        "the same program, attached the same way"
     );
 
     // A bad edit is rejected and the policy stays.
@@ -1008,11 +1010,35 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     assert_eq!(failed, 0, "an allowed connection failed across the restart");
     assert_eq!(denied(&node), denied_before, "nothing was dropped");
 
-    // Still enforced after the restart.
+    // Still enforced after the restart, by the restarted agent's program
+    // in the same place.
     assert!(tcp_works(&client, web_addr, later));
     assert!(!tcp_works(&client, web_addr, never));
     assert!(denied(&node) > denied_before);
+    let restarted = attached_programs(&web, IFNAME, TcAttachType::Ingress);
+    assert!(
+        matches!(restarted.as_slice(), [one] if one.name == "policy_ingress"
+            && one.mechanism == programs[0].mechanism
+            && one.id != programs[0].id),
+        "replaced in place: {programs:?} -> {restarted:?}"
+    );
+    let links = node.agent.pin.path.join(flatnet_agent::datapath::LINKS_DIR);
+    let pod_links = || -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(&links)
+            .into_iter()
+            .flatten()
+            .map(|entry| entry.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().contains("policy_"))
+            .collect()
+    };
+    let pinned = match programs[0].mechanism {
+        AttachMechanism::Tcx => 4,
+        AttachMechanism::Netlink => 0,
+    };
+    assert_eq!(pod_links().len(), pinned, "two pods, two links each");
     node.del("flat4", "web", Some(&web));
     node.del("flat4", "client", Some(&client));
+    // The pods' interfaces are gone, and so are the pins of their links.
+    assert_eq!(pod_links(), Vec::<std::ffi::OsString>::new());
     node.stop();
 }

@@ -73,13 +73,9 @@ impl Fixture {
     /// A fixture whose programs log (kernel logs) or not.
     fn logging(policies: &[&str], kernel_logs: bool) -> Self {
         let pin = TestPinRoot::new();
-        let datapath = Datapath::load_with_kernel_logs(
-            &DatapathConfig {
-                pin_root: pin.path.clone(),
-            },
-            kernel_logs,
-        )
-        .expect("load eBPF object");
+        let datapath =
+            Datapath::load_with_kernel_logs(&DatapathConfig::pinned_at(&pin.path), kernel_logs)
+                .expect("load eBPF object");
         let maps = datapath.policy_maps().expect("open policy maps");
         let mut fixture = Self {
             datapath,

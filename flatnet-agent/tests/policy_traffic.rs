@@ -96,10 +96,8 @@ impl Lab {
         }
 
         let pin = TestPinRoot::new();
-        let mut datapath = Datapath::load(&DatapathConfig {
-            pin_root: pin.path.clone(),
-        })
-        .expect("load eBPF object");
+        let mut datapath =
+            Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load eBPF object");
         for pod in [&web, &client] {
             run_in_netns(&pod.path(), || datapath.attach_policy("eth1"))
                 .expect("enter pod netns")

@@ -7,17 +7,26 @@
 mod support;
 
 use std::{
-    net::Ipv4Addr, net::Ipv6Addr, os::unix::fs::PermissionsExt, path::Path, thread, time::Duration,
+    net::Ipv4Addr,
+    net::Ipv6Addr,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    thread,
+    time::Duration,
 };
 
-use aya::maps::{MapData, MapInfo};
+use aya::{
+    maps::{MapData, MapInfo},
+    programs::TcAttachType,
+};
 use aya_obj::generated::bpf_map_type;
 
 use etherparse::ArpOperation;
 use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::{
     datapath::{
-        Datapath, DatapathConfig, DatapathError, FrameCounters, detach_uplink, map_pin_path,
+        AttachMechanism, Datapath, DatapathConfig, DatapathError, FrameCounters, LINKS_DIR,
+        TcAttach, detach_uplink, kernel_has_tcx, map_pin_path,
     },
     netns::run_in_netns,
     packet::{
@@ -26,10 +35,14 @@ use flatnet_agent::{
 };
 use flatnet_common::{
     FrameKind,
-    pin::{MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS},
+    pin::{MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS, PROG_UPLINK_INGRESS},
     policy::Direction,
 };
-use support::{TestNetns, TestPinRoot, privileged, veth_pair};
+use support::{
+    TestNetns, TestPinRoot, privileged,
+    tc_hooks::{Attached, attached_programs},
+    veth_pair,
+};
 
 const LAN_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x01];
 
@@ -77,19 +90,45 @@ impl Topology {
     /// Loads the datapath again over the same pins and re-attaches it, as
     /// a restarted or upgraded agent does.
     fn reload_and_attach(&self) -> Datapath {
-        load_and_attach(&self.pin.path, &self.node, &self.node_if)
+        self.reload_and_attach_with(TcAttach::Auto)
     }
 
-    /// Asserts that the uplink carries exactly one program filter.
-    fn assert_one_uplink_filter(&self) {
-        let filters = self
-            .node
-            .exec("tc", &["filter", "show", "dev", &self.node_if, "ingress"]);
-        assert_eq!(
-            filters.matches("uplink_ingress").count(),
-            2,
-            "one filter (name shown twice per line): {filters}"
-        );
+    /// [`Topology::reload_and_attach`] with programs attached as `tc_attach` says.
+    fn reload_and_attach_with(&self, tc_attach: TcAttach) -> Datapath {
+        let config = DatapathConfig {
+            tc_attach,
+            ..DatapathConfig::pinned_at(&self.pin.path)
+        };
+        load_and_attach_with(&config, &self.node, &self.node_if)
+    }
+
+    /// The names of the TCX link pins.
+    fn link_pins(&self) -> Vec<String> {
+        match std::fs::read_dir(self.pin.path.join(LINKS_DIR)) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => panic!("read the link pins: {e}"),
+        }
+    }
+
+    /// Asserts that the uplink carries exactly one program, attached the
+    /// way the datapath attaches, and returns it.
+    fn assert_one_uplink_program(&self) -> Attached {
+        let programs = attached_programs(&self.node, &self.node_if, TcAttachType::Ingress);
+        match programs.as_slice() {
+            [one]
+                if one.name == PROG_UPLINK_INGRESS
+                    && one.mechanism == self.datapath.attach_mechanism() =>
+            {
+                one.clone()
+            }
+            _ => panic!(
+                "expected the uplink program alone, through {}: {programs:?}",
+                self.datapath.attach_mechanism()
+            ),
+        }
     }
 
     /// Sends raw frames from the LAN side.
@@ -133,17 +172,14 @@ impl Topology {
     }
 }
 
-/// The datapath configuration with its pins under `pin_root`.
-fn pinned_at(pin_root: &Path) -> DatapathConfig {
-    DatapathConfig {
-        pin_root: pin_root.to_path_buf(),
-    }
-}
-
 /// Loads the datapath with its pins under `pin_root` and attaches the
 /// uplink program to `node_if` in `node`.
 fn load_and_attach(pin_root: &Path, node: &TestNetns, node_if: &str) -> Datapath {
-    let mut datapath = Datapath::load(&pinned_at(pin_root)).expect("load eBPF object");
+    load_and_attach_with(&DatapathConfig::pinned_at(pin_root), node, node_if)
+}
+
+fn load_and_attach_with(config: &DatapathConfig, node: &TestNetns, node_if: &str) -> Datapath {
+    let mut datapath = Datapath::load(config).expect("load eBPF object");
     run_in_netns(&node.path(), || datapath.attach_uplink(node_if))
         .expect("enter node netns")
         .expect("attach uplink program");
@@ -280,11 +316,17 @@ fn counts_injected_arp_and_ndp_frames_exactly() {
     );
 
     // Once detached, frames are no longer counted.
-    let detached = run_in_netns(&topo.node.path(), || detach_uplink(&topo.node_if)).unwrap();
+    let detached = run_in_netns(&topo.node.path(), || {
+        detach_uplink(&topo.pin.path, &topo.node_if)
+    })
+    .unwrap();
     assert!(detached.expect("detach"), "program was attached");
     topo.send_from_lan(&[arp_request, ns]);
     assert_eq!(topo.settled_counters(), counters, "counted after detach");
-    let again = run_in_netns(&topo.node.path(), || detach_uplink(&topo.node_if)).unwrap();
+    let again = run_in_netns(&topo.node.path(), || {
+        detach_uplink(&topo.pin.path, &topo.node_if)
+    })
+    .unwrap();
     assert!(
         !again.expect("second detach"),
         "second detach finds nothing"
@@ -370,7 +412,7 @@ fn reloading_adopts_pinned_counters() {
     // A second load (as a restarted agent does) reuses the pinned map and
     // re-attaching replaces the filter instead of adding a second one.
     let reloaded = topo.reload_and_attach();
-    topo.assert_one_uplink_filter();
+    topo.assert_one_uplink_program();
     topo.send_from_lan(&[request]);
     thread::sleep(Duration::from_millis(100));
     assert_eq!(
@@ -381,6 +423,103 @@ fn reloading_adopts_pinned_counters() {
             .packets,
         3
     );
+}
+
+#[test]
+fn attaches_through_tcx_where_the_kernel_has_it_and_switches_in_place() {
+    if !privileged("attaches_through_tcx_where_the_kernel_has_it_and_switches_in_place") {
+        return;
+    }
+    let topo = Topology::new(false);
+    let first = topo.assert_one_uplink_program();
+    let forced_tcx = DatapathConfig {
+        tc_attach: TcAttach::Tcx,
+        ..DatapathConfig::pinned_at(&topo.pin.path)
+    };
+    if !kernel_has_tcx() {
+        // Linux 6.1: netlink, and asking for TCX is refused with advice.
+        assert_eq!(first.mechanism, AttachMechanism::Netlink);
+        assert!(topo.link_pins().is_empty());
+        let error = Datapath::load(&forced_tcx).err().expect("TCX refused");
+        assert!(
+            matches!(error, DatapathError::TcxUnsupported)
+                && error.to_string().contains("--tc-attach netlink"),
+            "{error}"
+        );
+    } else {
+        assert_eq!(first.mechanism, AttachMechanism::Tcx);
+        let pins = topo.link_pins();
+        assert!(
+            matches!(pins.as_slice(), [one] if one.ends_with(&format!("-{}-uplink_ingress", topo.node_ifindex()))),
+            "one link pinned, named after netns, interface and program: {pins:?}"
+        );
+        // A restarted agent puts its program into the pinned link.
+        let _reloaded = topo.reload_and_attach_with(TcAttach::Tcx);
+        let second = topo.assert_one_uplink_program();
+        assert_ne!(second.id, first.id, "the program was replaced");
+        assert_eq!(topo.link_pins(), pins, "in the same link");
+
+        // Netlink replaces the link, and TCX the filter again.
+        let _netlink = topo.reload_and_attach_with(TcAttach::Netlink);
+        let programs = attached_programs(&topo.node, &topo.node_if, TcAttachType::Ingress);
+        assert!(
+            matches!(programs.as_slice(), [one] if one.mechanism == AttachMechanism::Netlink),
+            "{programs:?}"
+        );
+        assert!(topo.link_pins().is_empty(), "{:?}", topo.link_pins());
+        let _tcx = topo.reload_and_attach_with(TcAttach::Tcx);
+        topo.assert_one_uplink_program();
+    }
+
+    // Detaching removes the program and its pin, whichever way it was attached.
+    let detached = run_in_netns(&topo.node.path(), || {
+        detach_uplink(&topo.pin.path, &topo.node_if)
+    })
+    .unwrap();
+    assert!(detached.expect("detach"));
+    assert_eq!(
+        attached_programs(&topo.node, &topo.node_if, TcAttachType::Ingress),
+        Vec::new()
+    );
+    assert!(topo.link_pins().is_empty());
+}
+
+#[test]
+fn pins_of_links_whose_interface_is_gone_are_removed() {
+    if !privileged("pins_of_links_whose_interface_is_gone_are_removed") {
+        return;
+    }
+    let mut topo = Topology::new(false);
+    let pod = TestNetns::new("fl-pod");
+    veth_pair(&pod, "eth1", &topo.node, "pod-peer");
+    run_in_netns(&pod.path(), || topo.datapath.attach_policy("eth1"))
+        .unwrap()
+        .expect("attach the policy programs");
+    let attached = topo.link_pins();
+    let expected = if kernel_has_tcx() { 3 } else { 0 };
+    assert_eq!(
+        attached.len(),
+        expected,
+        "uplink + policy ingress/egress: {attached:?}"
+    );
+
+    // Nothing is defunct while the interfaces exist.
+    assert_eq!(
+        topo.datapath.remove_defunct_links().unwrap(),
+        Vec::<PathBuf>::new()
+    );
+    // The pod's interface is deleted (as a CNI DEL does).
+    pod.ip(&["link", "del", "eth1"]);
+    let removed = topo.datapath.remove_defunct_links().unwrap();
+    assert_eq!(removed.len(), expected.saturating_sub(1), "{removed:?}");
+    assert!(
+        removed
+            .iter()
+            .all(|pin| pin.to_string_lossy().contains("policy_")),
+        "only the pod's links: {removed:?}"
+    );
+    topo.assert_one_uplink_program();
+    assert_eq!(topo.link_pins().len(), expected.min(1));
 }
 
 // ---------------------------------------------------------------------------
@@ -406,8 +545,9 @@ fn responder_datapath(pin: &TestPinRoot, ifindex: u32) -> Datapath {
 
 /// [`responder_datapath`] with the programs' kernel logging on or off.
 fn responder_datapath_logging(pin: &TestPinRoot, ifindex: u32, kernel_logs: bool) -> Datapath {
-    let mut datapath = Datapath::load_with_kernel_logs(&pinned_at(&pin.path), kernel_logs)
-        .expect("load eBPF object");
+    let mut datapath =
+        Datapath::load_with_kernel_logs(&DatapathConfig::pinned_at(&pin.path), kernel_logs)
+            .expect("load eBPF object");
     answer_for_owned_addresses(&mut datapath, ifindex);
     datapath
 }
@@ -722,7 +862,7 @@ fn test_run_reports_foreign_claims_on_managed_addresses() {
     let rt = runtime();
     let _entered = rt.enter();
     let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&pinned_at(&pin.path)).unwrap();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
     watch_managed_v4(&mut datapath);
     datapath
         .managed_addrs()
@@ -929,7 +1069,8 @@ fn reattaching_under_traffic_answers_every_request() {
     let sent = AtomicU64::new(0);
 
     // One thread keeps asking from the LAN for as long as another reloads
-    // the datapath and re-attaches, as a restarting or upgraded agent does.
+    // the datapath and re-attaches, as a restarting or upgraded agent does,
+    // switching between netlink and (where the kernel has it) TCX each time.
     thread::scope(|scope| {
         scope.spawn(|| {
             run_in_netns(&topo.lan.path(), || {
@@ -946,10 +1087,23 @@ fn reattaching_under_traffic_answers_every_request() {
             .unwrap();
         });
         scope.spawn(|| {
-            for _ in 0..REATTACHES {
-                topo.reload_and_attach();
+            // Stops the sender even when an attach panics.
+            struct StopSending<'a>(&'a AtomicBool);
+            impl Drop for StopSending<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::SeqCst);
+                }
             }
-            reattaching.store(false, Ordering::SeqCst);
+            let _stop = StopSending(&reattaching);
+            for round in 0..REATTACHES {
+                // The last round attaches as `topo.datapath` does.
+                let odd = round % 2 == 1;
+                topo.reload_and_attach_with(if odd {
+                    TcAttach::Auto
+                } else {
+                    TcAttach::Netlink
+                });
+            }
         });
     });
 
@@ -962,7 +1116,7 @@ fn reattaching_under_traffic_answers_every_request() {
         "every request met a program"
     );
     assert_eq!(answered, sent, "every request was answered");
-    topo.assert_one_uplink_filter();
+    topo.assert_one_uplink_program();
 }
 
 #[test]
@@ -1026,7 +1180,7 @@ fn test_run_records_recent_conflicts_with_vlan_and_count() {
         return;
     }
     let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&pinned_at(&pin.path)).unwrap();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
     watch_managed_v4(&mut datapath);
     // The owner's own announcement is no conflict.
     datapath
@@ -1109,7 +1263,7 @@ fn loading_replaces_a_pinned_map_of_another_layout() {
         return;
     }
     let pin = TestPinRoot::new();
-    let config = pinned_at(&pin.path);
+    let config = DatapathConfig::pinned_at(&pin.path);
     drop(Datapath::load(&config).expect("first load"));
     let before = pinned_map_ids(&pin.path);
 
@@ -1186,7 +1340,7 @@ fn reloading_adopts_every_pinned_map_with_its_entries() {
     let before = pinned_map_ids(&pin.path);
 
     // Unchanged maps, ring buffers included, are adopted as they are.
-    let mut reloaded = Datapath::load(&pinned_at(&pin.path)).expect("reload");
+    let mut reloaded = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("reload");
     assert_eq!(pinned_map_ids(&pin.path), before);
     // The entry written before the reload still answers.
     let out = reloaded
@@ -1201,7 +1355,7 @@ fn loading_refuses_a_pin_it_cannot_inspect() {
         return;
     }
     let pin = TestPinRoot::new();
-    let config = pinned_at(&pin.path);
+    let config = DatapathConfig::pinned_at(&pin.path);
     drop(Datapath::load(&config).expect("first load"));
     // Something that is not a map where the connection-tracking map belongs.
     let ct_path = map_pin_path(&pin.path, MAP_POLICY_CT);

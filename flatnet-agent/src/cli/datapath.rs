@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use flatnet_agent::{
-    datapath::{BPFFS_MOUNT_POINT, Datapath, DatapathConfig, detach_uplink, mount_bpffs},
+    datapath::{BPFFS_MOUNT_POINT, Datapath, DatapathConfig, TcAttach, detach_uplink, mount_bpffs},
     netns::run_in_netns,
 };
 use flatnet_common::pin::PIN_ROOT;
@@ -15,6 +15,24 @@ pub struct PinArgs {
     /// Directory on the BPF filesystem for pinned maps.
     #[arg(long, env = "FLATNET_BPF_PIN_ROOT", default_value = PIN_ROOT)]
     pub pin_root: PathBuf,
+}
+
+impl PinArgs {
+    /// The datapath configuration: these pins, programs attached as `attach` says.
+    pub fn config(&self, attach: &AttachArgs) -> DatapathConfig {
+        DatapathConfig {
+            pin_root: self.pin_root.clone(),
+            tc_attach: attach.tc_attach,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// How programs are attached: `tcx` (Linux 6.6+), `netlink` (clsact
+    /// filters, any kernel) or `auto` (TCX where the kernel has it).
+    #[arg(long, env = "FLATNET_TC_ATTACH", default_value = "auto")]
+    pub tc_attach: TcAttach,
 }
 
 #[derive(Args, Debug)]
@@ -45,11 +63,15 @@ pub enum DatapathCommand {
         target: TargetArgs,
         #[command(flatten)]
         pin: PinArgs,
+        #[command(flatten)]
+        attach: AttachArgs,
     },
     /// Detach the uplink program from an interface (pinned maps are kept).
     Detach {
         #[command(flatten)]
         target: TargetArgs,
+        #[command(flatten)]
+        pin: PinArgs,
     },
     /// Mount the BPF filesystem on /sys/fs/bpf unless it is mounted (the
     /// chart's init container runs this).
@@ -62,22 +84,25 @@ pub enum DatapathCommand {
 impl DatapathCommand {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
-            DatapathCommand::Attach { target, pin } => {
-                let mut datapath = Datapath::load(&DatapathConfig {
-                    pin_root: pin.pin_root,
-                })?;
+            DatapathCommand::Attach {
+                target,
+                pin,
+                attach,
+            } => {
+                let mut datapath = Datapath::load(&pin.config(&attach))?;
                 let interface = &target.interface;
                 target
                     .run(|ifname| datapath.attach_uplink(ifname))?
                     .with_context(|| format!("attach uplink program to {interface}"))?;
                 println!(
-                    "uplink program attached to {interface}; maps pinned under {}",
+                    "uplink program attached to {interface} ({}); maps pinned under {}",
+                    datapath.attach_mechanism(),
                     datapath.pin_root().display()
                 );
             }
-            DatapathCommand::Detach { target } => {
+            DatapathCommand::Detach { target, pin } => {
                 let interface = &target.interface;
-                if target.run(detach_uplink)?? {
+                if target.run(|ifname| detach_uplink(&pin.pin_root, ifname))?? {
                     println!("uplink program detached from {interface}");
                 } else {
                     println!("no flatnet uplink program was attached to {interface}");

@@ -14,7 +14,7 @@ use flatnet_agent::{
 use serde::Deserialize;
 
 use super::{
-    datapath::{PinArgs, TargetArgs},
+    datapath::{AttachArgs, PinArgs, TargetArgs},
     inspect::Output,
 };
 
@@ -26,11 +26,15 @@ pub enum PolicyCommand {
         target: TargetArgs,
         #[command(flatten)]
         pin: PinArgs,
+        #[command(flatten)]
+        attach: AttachArgs,
     },
     /// Detach the policy programs from a pod interface (tables are kept).
     Detach {
         #[command(flatten)]
         target: TargetArgs,
+        #[command(flatten)]
+        pin: PinArgs,
     },
     /// Compile MultiNetworkPolicies and install the tables in the pinned maps.
     Apply {
@@ -77,19 +81,24 @@ enum PolicyFile {
 impl PolicyCommand {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
-            PolicyCommand::Attach { target, pin } => {
-                let mut datapath = Datapath::load(&DatapathConfig {
-                    pin_root: pin.pin_root,
-                })?;
+            PolicyCommand::Attach {
+                target,
+                pin,
+                attach,
+            } => {
+                let mut datapath = Datapath::load(&pin.config(&attach))?;
                 let interface = target.interface.clone();
                 target
                     .run(|ifname| datapath.attach_policy(ifname))?
                     .with_context(|| format!("attach policy programs to {interface}"))?;
-                println!("policy programs attached to {interface}");
+                println!(
+                    "policy programs attached to {interface} ({})",
+                    datapath.attach_mechanism()
+                );
             }
-            PolicyCommand::Detach { target } => {
+            PolicyCommand::Detach { target, pin } => {
                 let interface = target.interface.clone();
-                if target.run(detach_policy)?? {
+                if target.run(|ifname| detach_policy(&pin.pin_root, ifname))?? {
                     println!("policy programs detached from {interface}");
                 } else {
                     println!("no flatnet policy program was attached to {interface}");
@@ -122,9 +131,7 @@ impl PolicyCommand {
                     tracing::warn!("{diagnostic}");
                 }
                 // Loading the object creates (or adopts) the pinned maps.
-                let _datapath = Datapath::load(&DatapathConfig {
-                    pin_root: pin.pin_root.clone(),
-                })?;
+                let _datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.pin_root))?;
                 let mut maps = PolicyMaps::open(&pin.pin_root)?;
                 // A one-shot command has no earlier ids: rules get ids no entry uses.
                 let report = maps.apply(&compiled, &mut PolicyRuleIds::default())?;

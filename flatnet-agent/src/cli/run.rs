@@ -36,6 +36,8 @@ pub struct RunArgs {
     /// Directory on the BPF filesystem for pinned maps.
     #[arg(long, env = "FLATNET_BPF_PIN_ROOT", default_value = PIN_ROOT)]
     pin_root: PathBuf,
+    #[command(flatten)]
+    attach: super::datapath::AttachArgs,
     /// Directory of the attachment records.
     #[arg(long, env = "FLATNET_RECORD_DIR", default_value = DEFAULT_RECORD_DIR)]
     record_dir: PathBuf,
@@ -195,8 +197,14 @@ impl RunArgs {
     {
         let mut datapath = Datapath::load(&DatapathConfig {
             pin_root: self.pin_root.clone(),
+            tc_attach: self.attach.tc_attach,
         })
         .context("load the flatnet eBPF programs")?;
+        tracing::info!(
+            mechanism = %datapath.attach_mechanism(),
+            "programs are attached through {}",
+            datapath.attach_mechanism()
+        );
         let monitor = datapath
             .conflict_monitor()
             .context("open the conflict monitor")?;

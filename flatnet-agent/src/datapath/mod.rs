@@ -5,9 +5,10 @@
 //! the BPF filesystem (default [`flatnet_common::pin::PIN_ROOT`]) and
 //! adopted when they already exist and still have the layout the object
 //! defines, so a restarted agent keeps the state of the previous one
-//! (see `pin_layout` for pins left by another version). Programs are attached through netlink (clsact), which
-//! works on every supported kernel (6.1+) and keeps the filter in place when
-//! the agent exits.
+//! (see `pin_layout` for pins left by another version). Programs are
+//! attached through TCX links pinned under `<pin root>/links/` on Linux 6.6
+//! and later, and through netlink (clsact) before; either way the
+//! attachment stays in place when the agent exits (see `tc`).
 
 mod bpffs;
 mod conflicts;
@@ -18,6 +19,8 @@ mod pinned;
 mod policy;
 mod responder;
 mod tc;
+mod tc_netlink;
+mod tcx;
 mod test_run;
 mod uplink;
 
@@ -42,6 +45,8 @@ pub use policy::{
     detach_policy,
 };
 pub use responder::{ResponderStats, Responders};
+pub use tc::{AttachMechanism, TcAttach, kernel_has_tcx};
+pub use tcx::LINKS_DIR;
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
 
@@ -74,6 +79,20 @@ pub enum DatapathError {
         /// The error from aya.
         #[source]
         source: aya::programs::ProgramError,
+    },
+    /// TCX was asked for on a kernel without it.
+    #[error(
+        "TCX attachment needs Linux 6.6 or later; use `--tc-attach netlink` (or `auto`) on this kernel"
+    )]
+    TcxUnsupported,
+    /// A pinned TCX link could not be created, opened, read or removed.
+    #[error("TCX link pinned at {path}: {source}")]
+    PinLink {
+        /// The pin (or its directory).
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
     },
     /// A TC (qdisc/filter) operation failed.
     #[error("tc on {interface}: {source}; does the interface exist in this network namespace?")]
@@ -140,18 +159,29 @@ pub enum DatapathError {
     },
 }
 
-/// Where pinned objects live.
+/// Where pinned objects live and how programs are attached.
 #[derive(Clone, Debug)]
 pub struct DatapathConfig {
-    /// Directory on bpffs holding the pinned maps. Created root-only (0700).
+    /// Directory on bpffs holding the pinned maps and links. Created
+    /// root-only (0700).
     pub pin_root: PathBuf,
+    /// TCX, netlink, or whichever the kernel supports best.
+    pub tc_attach: TcAttach,
+}
+
+impl DatapathConfig {
+    /// Pins under `pin_root`, programs attached the best way the kernel has.
+    pub fn pinned_at(pin_root: impl Into<PathBuf>) -> Self {
+        Self {
+            pin_root: pin_root.into(),
+            tc_attach: TcAttach::Auto,
+        }
+    }
 }
 
 impl Default for DatapathConfig {
     fn default() -> Self {
-        Self {
-            pin_root: PathBuf::from(PIN_ROOT),
-        }
+        Self::pinned_at(PIN_ROOT)
     }
 }
 
@@ -159,6 +189,7 @@ impl Default for DatapathConfig {
 pub struct Datapath {
     ebpf: Ebpf,
     pin_root: PathBuf,
+    mechanism: AttachMechanism,
     /// Whether the programs were loaded with kernel logging on.
     kernel_logs: bool,
 }
@@ -180,6 +211,7 @@ impl Datapath {
         config: &DatapathConfig,
         kernel_logs: bool,
     ) -> Result<Self, DatapathError> {
+        let mechanism = config.tc_attach.resolve_here()?;
         bpffs::ensure_pin_root(&config.pin_root)?;
         let pins: Vec<_> = PINNED_MAPS
             .iter()
@@ -195,6 +227,7 @@ impl Datapath {
         Ok(Self {
             ebpf,
             pin_root: config.pin_root.clone(),
+            mechanism,
             kernel_logs,
         })
     }
@@ -204,11 +237,16 @@ impl Datapath {
         &self.pin_root
     }
 
+    /// How this datapath attaches programs.
+    pub fn attach_mechanism(&self) -> AttachMechanism {
+        self.mechanism
+    }
+
     /// Attaches the uplink ingress program to `interface` in the calling
     /// thread's network namespace, replacing an earlier flatnet attachment.
     /// The attachment outlives this process.
     pub fn attach_uplink(&mut self, interface: &str) -> Result<(), DatapathError> {
-        uplink::attach(&mut self.ebpf, interface)
+        uplink::attach(&mut self.ebpf, &self.pin_root, self.mechanism, interface)
     }
 
     /// Attaches the policy programs (ingress and egress) to the pod
@@ -216,7 +254,14 @@ impl Datapath {
     /// replacing earlier flatnet policy attachments. Policy updates only
     /// change maps ([`PolicyMaps`]); the attachment stays.
     pub fn attach_policy(&mut self, interface: &str) -> Result<(), DatapathError> {
-        policy::attach(&mut self.ebpf, interface)
+        policy::attach(&mut self.ebpf, &self.pin_root, self.mechanism, interface)
+    }
+
+    /// Removes the pins of TCX links whose interface is gone (a deleted
+    /// pod's interface takes its programs with it, but their pins stay).
+    /// Returns the pins removed.
+    pub fn remove_defunct_links(&self) -> Result<Vec<PathBuf>, DatapathError> {
+        tcx::remove_defunct(&self.pin_root)
     }
 
     /// The policy maps of this datapath (opened through their pins).

@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use super::{
     DatapathError, map_error, map_pin_path,
-    tc::{self, Slot},
+    tc::{self, AttachMechanism, Slot},
 };
 use crate::policy::{CompiledPolicy, RuleRef, tables};
 
@@ -65,19 +65,25 @@ fn slot(direction: Direction) -> Slot {
 /// Attaches both policy programs to the pod interface `interface` in the
 /// calling thread's network namespace, replacing earlier flatnet policy
 /// attachments. The attachments outlive the process.
-pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathError> {
+pub(super) fn attach(
+    ebpf: &mut Ebpf,
+    pin_root: &Path,
+    mechanism: AttachMechanism,
+    interface: &str,
+) -> Result<(), DatapathError> {
     for direction in [Direction::Ingress, Direction::Egress] {
-        tc::attach_or_replace(ebpf, interface, slot(direction))?;
+        tc::attach_or_replace(ebpf, pin_root, mechanism, interface, slot(direction))?;
     }
     Ok(())
 }
 
 /// Removes flatnet's policy programs from `interface` (calling thread's
-/// network namespace). Returns whether anything was attached.
-pub fn detach_policy(interface: &str) -> Result<bool, DatapathError> {
+/// network namespace; TCX links pinned under `pin_root`). Returns whether
+/// anything was attached.
+pub fn detach_policy(pin_root: &Path, interface: &str) -> Result<bool, DatapathError> {
     let mut any = false;
     for direction in [Direction::Ingress, Direction::Egress] {
-        any |= tc::detach(interface, slot(direction))?;
+        any |= tc::detach(pin_root, interface, slot(direction))?;
     }
     Ok(any)
 }

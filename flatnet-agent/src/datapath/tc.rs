@@ -1,80 +1,141 @@
-//! Attaching flatnet's TC classifiers: loaded on first use, attached through
-//! netlink (clsact) at a fixed priority and handle per program, replaced in
-//! place on re-attach, detached by name.
-//!
-//! Netlink rather than TCX: it exists on Linux 6.1, and the filter stays when
-//! the agent exits, so traffic is never left without the program. Because a
-//! program always sits at its own priority and handle, a restarted or
-//! upgraded agent swaps the program atomically: there is no window in which
-//! the interface has no program (for policy, no window without enforcement).
+//! Attaching flatnet's TC classifiers, through TCX links where the kernel
+//! has them (Linux 6.6 and later, see `tcx`) and through netlink cls_bpf
+//! filters otherwise (see `tc_netlink`). Either way an attachment outlives
+//! the agent, a re-attach swaps the program in place, and attaching with one
+//! mechanism removes what the other left (after the new attachment is in
+//! place, so the interface is never without the program).
 
-use std::io;
+use std::{fmt, path::Path, str::FromStr};
 
 use aya::{
     Ebpf,
-    programs::{
-        ProgramError, SchedClassifier, TcAttachType,
-        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
-    },
+    programs::{ProgramError, SchedClassifier, TcAttachType},
+    util::KernelVersion,
 };
 
-use super::DatapathError;
+use super::{DatapathError, tc_netlink, tcx};
 
 /// Where one program sits on an interface.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Slot {
-    /// Program name (also how it is found for detaching).
+    /// Program name (also how a netlink filter is found for detaching).
     pub program: &'static str,
     /// Ingress or egress.
     pub attach_type: TcAttachType,
-    /// TC filter priority (lower runs first).
+    /// Netlink filter priority (lower runs first); TCX links go last.
     pub priority: u16,
 }
 
-/// The filter handle flatnet uses at every priority it owns.
-const HANDLE: TcHandle = TcHandle::new(0, 1);
+/// How programs are attached, as configured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TcAttach {
+    /// TCX where the kernel has it (6.6 and later), netlink otherwise.
+    #[default]
+    Auto,
+    /// TCX links; loading fails on kernels without TCX.
+    Tcx,
+    /// Netlink cls_bpf filters in a clsact qdisc.
+    Netlink,
+}
+
+/// The first kernel with TCX.
+const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
+
+impl TcAttach {
+    /// The mechanism to use on a kernel with (`kernel_has_tcx`) or without TCX.
+    pub fn resolve(self, kernel_has_tcx: bool) -> Result<AttachMechanism, DatapathError> {
+        match (self, kernel_has_tcx) {
+            (Self::Netlink, _) | (Self::Auto, false) => Ok(AttachMechanism::Netlink),
+            (Self::Tcx | Self::Auto, true) => Ok(AttachMechanism::Tcx),
+            (Self::Tcx, false) => Err(DatapathError::TcxUnsupported),
+        }
+    }
+
+    /// The mechanism to use on the running kernel.
+    pub(super) fn resolve_here(self) -> Result<AttachMechanism, DatapathError> {
+        self.resolve(kernel_has_tcx())
+    }
+}
+
+impl FromStr for TcAttach {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "tcx" => Ok(Self::Tcx),
+            "netlink" => Ok(Self::Netlink),
+            other => Err(format!(
+                "unknown TC attach mode {other:?}: expected auto, tcx or netlink"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for TcAttach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Tcx => "tcx",
+            Self::Netlink => "netlink",
+        })
+    }
+}
+
+/// Whether the running kernel has TCX. An unreadable version counts as
+/// old: netlink works everywhere.
+pub fn kernel_has_tcx() -> bool {
+    KernelVersion::current().is_ok_and(|v| v >= TCX_KERNEL)
+}
+
+/// How programs are attached on this kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMechanism {
+    /// Pinned TCX links.
+    Tcx,
+    /// Netlink cls_bpf filters.
+    Netlink,
+}
+
+impl fmt::Display for AttachMechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Tcx => "tcx",
+            Self::Netlink => "netlink",
+        })
+    }
+}
 
 /// Loads `slot.program` if needed and attaches it to `interface` in the
-/// calling thread's network namespace, replacing the program already in the
-/// slot, if any. The attachment outlives this process.
+/// calling thread's network namespace with `mechanism`, replacing the
+/// program already in the slot (with either mechanism).
 pub(super) fn attach_or_replace(
     ebpf: &mut Ebpf,
+    pin_root: &Path,
+    mechanism: AttachMechanism,
     interface: &str,
     slot: Slot,
 ) -> Result<(), DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: slot.program,
-        interface: interface.to_owned(),
-        source,
-    };
-    ensure_clsact(interface)?;
     let program = loaded_classifier(ebpf, slot.program)?;
-    let options = TcAttachOptions::Netlink(NlOptions {
-        priority: slot.priority,
-        handle: HANDLE,
-        classid: None,
-    });
-    let link_id = match program.attach_with_options(interface, slot.attach_type, options) {
-        Ok(id) => id,
-        Err(ProgramError::TcError(TcError::NetlinkError(e)))
-            if e.raw_os_error() == Some(libc::EEXIST) =>
-        {
-            let existing = SchedClassifierLink::attached(
-                interface,
-                slot.attach_type,
-                slot.priority,
-                HANDLE,
-                None,
-            )
-            .map_err(|e| tc_error(interface, TcError::IoError(e)))?;
-            program.attach_to_link(existing).map_err(program_error)?
+    match mechanism {
+        AttachMechanism::Tcx => {
+            tcx::attach_or_replace(program, pin_root, interface, slot)?;
+            tc_netlink::detach(interface, slot)?;
         }
-        Err(e) => return Err(program_error(e)),
-    };
-    let link = program.take_link(link_id).map_err(program_error)?;
-    // Dropping the link would detach the filter; it must outlive the agent.
-    std::mem::forget(link);
+        AttachMechanism::Netlink => {
+            tc_netlink::attach_or_replace(program, interface, slot)?;
+            tcx::detach(pin_root, interface, slot)?;
+        }
+    }
     Ok(())
+}
+
+/// Removes `slot.program` from `interface`, whichever way it was attached.
+/// Returns whether anything was attached.
+pub(super) fn detach(pin_root: &Path, interface: &str, slot: Slot) -> Result<bool, DatapathError> {
+    let filter = tc_netlink::detach(interface, slot)?;
+    let link = tcx::detach(pin_root, interface, slot)?;
+    Ok(filter || link)
 }
 
 /// The TC classifier `name` of the object, loaded into the kernel on first use.
@@ -98,37 +159,36 @@ pub(super) fn loaded_classifier<'e>(
     Ok(program)
 }
 
-/// Removes every filter running `slot.program` from `interface`. Returns
-/// whether anything was attached.
-pub(super) fn detach(interface: &str, slot: Slot) -> Result<bool, DatapathError> {
-    match tc::qdisc_detach_program(interface, slot.attach_type, slot.program) {
-        Ok(()) => Ok(true),
-        Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {
-            // NotFound means either "no such filter" or "no such interface".
-            if nix::net::if_::if_nametoindex(interface).is_ok() {
-                Ok(false)
-            } else {
-                Err(tc_error(interface, TcError::IoError(e)))
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_prefers_tcx_where_the_kernel_has_it() {
+        assert_eq!(TcAttach::Auto.resolve(true).unwrap(), AttachMechanism::Tcx);
+        assert_eq!(
+            TcAttach::Auto.resolve(false).unwrap(),
+            AttachMechanism::Netlink
+        );
+    }
+
+    #[test]
+    fn forced_mechanisms_are_kept_or_refused() {
+        assert_eq!(
+            TcAttach::Netlink.resolve(true).unwrap(),
+            AttachMechanism::Netlink
+        );
+        assert_eq!(TcAttach::Tcx.resolve(true).unwrap(), AttachMechanism::Tcx);
+        let error = TcAttach::Tcx.resolve(false).unwrap_err();
+        assert!(error.to_string().contains("6.6"), "{error}");
+    }
+
+    #[test]
+    fn modes_parse_and_print_alike() {
+        for mode in [TcAttach::Auto, TcAttach::Tcx, TcAttach::Netlink] {
+            assert_eq!(mode.to_string().parse::<TcAttach>().unwrap(), mode);
         }
-        // Without a clsact qdisc there can be no filter.
-        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-        Err(e) => Err(tc_error(interface, e)),
-    }
-}
-
-fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
-    match tc::qdisc_add_clsact(interface) {
-        Ok(()) => Ok(()),
-        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        Err(TcError::AlreadyAttached) => Ok(()),
-        Err(e) => Err(tc_error(interface, e)),
-    }
-}
-
-fn tc_error(interface: &str, source: TcError) -> DatapathError {
-    DatapathError::Tc {
-        interface: interface.to_owned(),
-        source,
+        let error = "clsact".parse::<TcAttach>().unwrap_err();
+        assert!(error.contains("auto, tcx or netlink"), "{error}");
     }
 }

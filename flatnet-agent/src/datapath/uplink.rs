@@ -1,5 +1,7 @@
 //! Attaching the uplink ingress program to master / VLAN interfaces.
 
+use std::path::Path;
+
 use aya::{
     Ebpf,
     programs::{SchedClassifier, TcAttachType},
@@ -8,7 +10,7 @@ use flatnet_common::pin::{PROG_UPLINK_INGRESS, UPLINK_TC_PRIORITY};
 
 use super::{
     DatapathError,
-    tc::{self, Slot},
+    tc::{self, AttachMechanism, Slot},
 };
 
 const SLOT: Slot = Slot {
@@ -19,8 +21,13 @@ const SLOT: Slot = Slot {
 
 /// Attaches the uplink program on `interface` ingress, replacing an earlier
 /// flatnet uplink program in place.
-pub(super) fn attach(ebpf: &mut Ebpf, interface: &str) -> Result<(), DatapathError> {
-    tc::attach_or_replace(ebpf, interface, SLOT)
+pub(super) fn attach(
+    ebpf: &mut Ebpf,
+    pin_root: &Path,
+    mechanism: AttachMechanism,
+    interface: &str,
+) -> Result<(), DatapathError> {
+    tc::attach_or_replace(ebpf, pin_root, mechanism, interface, SLOT)
 }
 
 /// The uplink program, loaded into the kernel on first use.
@@ -28,8 +35,9 @@ pub(super) fn loaded_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Da
     tc::loaded_classifier(ebpf, PROG_UPLINK_INGRESS)
 }
 
-/// Removes flatnet's uplink program from `interface` ingress. Returns whether
-/// anything was attached.
-pub fn detach_uplink(interface: &str) -> Result<bool, DatapathError> {
-    tc::detach(interface, SLOT)
+/// Removes flatnet's uplink program from `interface` ingress (calling
+/// thread's network namespace; TCX links pinned under `pin_root`). Returns
+/// whether anything was attached.
+pub fn detach_uplink(pin_root: &Path, interface: &str) -> Result<bool, DatapathError> {
+    tc::detach(pin_root, interface, SLOT)
 }

@@ -166,6 +166,8 @@ impl<S: DesiredState> AgentService<S> {
                     }
                 }
             }
+            // Pods deleted while the agent was down left their pins.
+            inner.remove_defunct_links();
             Ok(())
         })
         .await
@@ -611,6 +613,7 @@ impl<S: DesiredState> Inner<S> {
                 errors.push(error.to_string());
             }
         }
+        self.remove_defunct_links();
         // The address stays allocated while the interface may still use it.
         if errors.is_empty()
             && let Err(error) = self.desired.release(&record.network, &record.key).await
@@ -632,6 +635,20 @@ impl<S: DesiredState> Inner<S> {
         tracing::info!(key = %record.key, pod = %record.pod, "attachment removed");
         self.policy_changed();
         Ok(())
+    }
+
+    /// A deleted pod interface takes its programs with it, but the pins of
+    /// their TCX links stay until removed.
+    fn remove_defunct_links(&self) {
+        let tables = self.datapath.lock().expect("datapath lock poisoned");
+        match tables.datapath.remove_defunct_links() {
+            Ok(removed) => {
+                for pin in removed {
+                    tracing::debug!(pin = %pin.display(), "removed the pin of a defunct TCX link");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot remove the pins of defunct TCX links"),
+        }
     }
 
     async fn release_quietly(&self, record: &AttachmentRecord) {

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod frames;
 pub mod lan;
 pub mod policy;
+pub mod tc_hooks;
 
 use std::{
     path::{Path, PathBuf},

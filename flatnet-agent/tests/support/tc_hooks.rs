@@ -1,0 +1,53 @@
+//! What runs on an interface's TC hooks, whichever way it was attached.
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use flatnet_agent::{
+    datapath::{AttachMechanism, kernel_has_tcx},
+    netns::run_in_netns,
+};
+
+use super::TestNetns;
+
+/// One program on a hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    pub mechanism: AttachMechanism,
+    pub name: String,
+    /// The kernel's program id: a replaced program has a new one.
+    pub id: u32,
+}
+
+/// The programs on `dev`'s `hook` in `ns`: TCX links in the order they
+/// run, then netlink (cls_bpf) filters.
+pub fn attached_programs(ns: &TestNetns, dev: &str, hook: TcAttachType) -> Vec<Attached> {
+    let mut programs = Vec::new();
+    if kernel_has_tcx() {
+        let (_, infos) = run_in_netns(&ns.path(), || SchedClassifier::query_tcx(dev, hook))
+            .expect("enter netns")
+            .expect("query the TCX programs");
+        programs.extend(infos.iter().map(|info| Attached {
+            mechanism: AttachMechanism::Tcx,
+            name: info.name_as_str().expect("program name").to_owned(),
+            id: info.id(),
+        }));
+    }
+    let hook_name = match hook {
+        TcAttachType::Ingress => "ingress",
+        TcAttachType::Egress => "egress",
+        TcAttachType::Custom(_) => panic!("flatnet attaches to ingress and egress only"),
+    };
+    // `... bpf chain 0 handle 0x1 <section> direct-action ... id 42 name <program> tag ...`
+    let filters = ns.exec("tc", &["filter", "show", "dev", dev, hook_name]);
+    programs.extend(filters.lines().filter_map(|line| {
+        let after = |key: &str| {
+            let mut words = line.split_whitespace().skip_while(|word| *word != key);
+            words.nth(1)
+        };
+        Some(Attached {
+            mechanism: AttachMechanism::Netlink,
+            name: after("name")?.to_owned(),
+            id: after("id")?.parse().expect("program id"),
+        })
+    }));
+    programs
+}
