@@ -1022,7 +1022,7 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
             && one.id != programs[0].id),
         "replaced in place: {programs:?} -> {restarted:?}"
     );
-    let links = node.agent.pin.path.join(flatnet_agent::datapath::LINKS_DIR);
+    let links = node.agent.pin.path.join(flatnet_common::pin::LINKS_DIR);
     let pod_links = || -> Vec<std::ffi::OsString> {
         std::fs::read_dir(&links)
             .into_iter()

@@ -25,8 +25,8 @@ use etherparse::ArpOperation;
 use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::{
     datapath::{
-        AttachMechanism, Datapath, DatapathConfig, DatapathError, FrameCounters, LINKS_DIR,
-        TcAttach, detach_uplink, kernel_has_tcx, map_pin_path,
+        AttachMechanism, Datapath, DatapathConfig, DatapathError, FrameCounters, TcAttach,
+        detach_uplink, kernel_has_tcx, map_pin_path,
     },
     netns::run_in_netns,
     packet::{
@@ -35,7 +35,7 @@ use flatnet_agent::{
 };
 use flatnet_common::{
     FrameKind,
-    pin::{MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS, PROG_UPLINK_INGRESS},
+    pin::{LINKS_DIR, MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS, PROG_UPLINK_INGRESS},
     policy::Direction,
 };
 use support::{

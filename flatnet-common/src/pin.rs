@@ -6,6 +6,10 @@
 /// Directory under the BPF filesystem holding every pinned flatnet object.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/flatnet";
 
+/// Directory under the pin root holding the TCX links (Linux 6.6+), one per
+/// program and interface, named `<netns inode>-<ifindex>-<program>`.
+pub const LINKS_DIR: &str = "links";
+
 /// Per-CPU array of [`crate::FrameCounter`] indexed by [`crate::FrameKind`]:
 /// ARP and NDP frames seen on uplink ingress.
 pub const MAP_FRAME_COUNTERS: &str = "FRAME_COUNTERS";

@@ -46,7 +46,6 @@ pub use policy::{
 };
 pub use responder::{ResponderStats, Responders};
 pub use tc::{AttachMechanism, TcAttach, kernel_has_tcx};
-pub use tcx::LINKS_DIR;
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
 

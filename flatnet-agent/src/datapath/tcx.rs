@@ -27,10 +27,9 @@ use aya::programs::{
 };
 use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_link_info};
 
-use super::{DatapathError, tc::Slot};
+use flatnet_common::pin::LINKS_DIR;
 
-/// Directory under the pin root holding the pinned links.
-pub const LINKS_DIR: &str = "links";
+use super::{DatapathError, tc::Slot};
 
 /// Attaches `slot.program` to `interface` (calling thread's network
 /// namespace) through a pinned TCX link, or puts it into the link already

@@ -3,12 +3,17 @@
 //! it ran and for how long, cold caches and all, which BPF_PROG_TEST_RUN
 //! on one frame in a loop cannot show.
 
-use std::time::{Duration, Instant};
+use std::{
+    os::unix::fs::MetadataExt,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
 use serde_json::Value;
 
 use super::{Netns, sh};
+use flatnet_common::pin::LINKS_DIR;
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
@@ -21,9 +26,16 @@ pub struct AttachedProgram {
     id: u64,
 }
 
-/// The programs tc runs on `device` in `netns` (`bpftool net show`);
-/// `label` names the device in [`AttachedProgram::hook`].
-pub fn attached(netns: &Netns, device: &str, label: &str) -> anyhow::Result<Vec<AttachedProgram>> {
+/// The programs on `device` in `netns`: netlink filters as `bpftool net
+/// show` lists them, TCX links through flatnet's pins under `pin_root`
+/// (Debian's bpftool 7.1 predates TCX in `net show`). `label` names the
+/// device in [`AttachedProgram::hook`].
+pub fn attached(
+    netns: &Netns,
+    device: &str,
+    label: &str,
+    pin_root: &Path,
+) -> anyhow::Result<Vec<AttachedProgram>> {
     let out = netns
         .command("bpftool")
         .args(["--json", "net", "show", "dev", device])
@@ -31,7 +43,63 @@ pub fn attached(netns: &Netns, device: &str, label: &str) -> anyhow::Result<Vec<
         .context("run bpftool net show")?;
     let shown: Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("bpftool net show: {}", String::from_utf8_lossy(&out.stderr)))?;
-    tc_programs(&shown, label)
+    let mut programs = tc_programs(&shown, label)?;
+    programs.extend(tcx_links(netns, device, label, pin_root)?);
+    Ok(programs)
+}
+
+/// The TCX links the agent pinned for `device`.
+fn tcx_links(
+    netns: &Netns,
+    device: &str,
+    label: &str,
+    pin_root: &Path,
+) -> anyhow::Result<Vec<AttachedProgram>> {
+    let dir = pin_root.join(LINKS_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("read {}", dir.display())),
+    };
+    let netns_inode = std::fs::metadata(netns.path())?.ino();
+    let shown: Value = serde_json::from_str(&netns.ip(&["-j", "link", "show", "dev", device])?)
+        .context("ip -j link show")?;
+    let ifindex = shown[0]["ifindex"]
+        .as_u64()
+        .context("ip -j link show without ifindex")?;
+    let mut programs = Vec::new();
+    for entry in entries {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let Some(program) = linked_program(&name, netns_inode, ifindex) else {
+            continue;
+        };
+        let link: Value = serde_json::from_str(&sh(
+            "bpftool",
+            &[
+                "--json",
+                "link",
+                "show",
+                "pinned",
+                &dir.join(&name).display().to_string(),
+            ],
+        )?)
+        .context("bpftool link show")?;
+        programs.push(AttachedProgram {
+            // flatnet's programs are named after their hook.
+            hook: format!("{label} {}", program.rsplit('_').next().unwrap_or("?")),
+            name: program.to_owned(),
+            id: link["prog_id"]
+                .as_u64()
+                .context("bpftool link show without a program id")?,
+        });
+    }
+    Ok(programs)
+}
+
+/// The program of a link pin named `<netns inode>-<ifindex>-<program>`,
+/// when it is for that namespace and interface.
+fn linked_program(pin: &str, netns_inode: u64, ifindex: u64) -> Option<&str> {
+    pin.strip_prefix(&format!("{netns_inode}-{ifindex}-"))
 }
 
 /// The tc programs in `bpftool --json net show` output.
@@ -168,6 +236,22 @@ mod tests {
                 ("eth0 of pod a ingress", "policy_ingress", 5117),
                 ("eth0 of pod a egress", "policy_egress", 5118),
             ]
+        );
+    }
+
+    #[test]
+    fn link_pins_name_namespace_interface_and_program() {
+        assert_eq!(
+            linked_program("4026532177-2-policy_egress", 4026532177, 2),
+            Some("policy_egress")
+        );
+        assert_eq!(
+            linked_program("4026532177-12-policy_egress", 4026532177, 2),
+            None
+        );
+        assert_eq!(
+            linked_program("4026532178-2-policy_egress", 4026532177, 2),
+            None
         );
     }
 

@@ -76,7 +76,8 @@ impl Programs<'_> {
     }
 
     fn detach(&self) -> anyhow::Result<()> {
-        self.on_every_hook("detach", &[])
+        let pin = self.pin();
+        self.on_every_hook("detach", &["--pin-root", &pin])
     }
 
     /// `flatnet-agent datapath [policy] <verb> --interface .. --netns ..
@@ -99,9 +100,10 @@ impl Programs<'_> {
 
     /// The programs attached now, each named by where it runs.
     fn attached(&self) -> anyhow::Result<Vec<AttachedProgram>> {
-        let mut programs = program_cost::attached(self.node, MASTER, "master")?;
+        let pin = &self.pin.0;
+        let mut programs = program_cost::attached(self.node, MASTER, "master", pin)?;
         for (pod, label) in self.pods.iter().zip(["eth0 of pod a", "eth0 of pod b"]) {
-            programs.extend(program_cost::attached(pod, "eth0", label)?);
+            programs.extend(program_cost::attached(pod, "eth0", label, pin)?);
         }
         Ok(programs)
     }
