@@ -57,6 +57,7 @@ pub(super) fn attach_or_replace(
         // Defunct: its interface is gone and the index was handed out again.
         remove_pin(&path)?;
     }
+    create_links_dir(&path)?;
     let id = program
         .attach_with_options(
             interface,
@@ -125,25 +126,33 @@ pub(super) fn remove_defunct(pin_root: &Path) -> Result<Vec<PathBuf>, DatapathEr
 }
 
 /// `<pin root>/links/<netns inode>-<ifindex>-<program>`, for the calling
-/// thread's network namespace; creates the directory (root-only).
+/// thread's network namespace.
 fn link_pin_path(pin_root: &Path, ifindex: u32, program: &str) -> Result<PathBuf, DatapathError> {
-    let dir = pin_root.join(LINKS_DIR);
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|source| DatapathError::PinLink {
-            path: dir.clone(),
-            source,
-        })?;
     // setns(2) is per thread, so the thread's view, not the process's.
     let netns = fs::metadata("/proc/thread-self/ns/net")
         .map_err(|source| DatapathError::PinLink {
-            path: dir.clone(),
+            path: PathBuf::from("/proc/thread-self/ns/net"),
             source,
         })?
         .ino();
-    Ok(dir.join(format!("{netns}-{ifindex}-{program}")))
+    Ok(pin_root
+        .join(LINKS_DIR)
+        .join(format!("{netns}-{ifindex}-{program}")))
+}
+
+/// Creates the directory of `pin` (root-only) unless it exists.
+fn create_links_dir(pin: &Path) -> Result<(), DatapathError> {
+    let dir = pin
+        .parent()
+        .expect("a link pin lies in the links directory");
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| DatapathError::PinLink {
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 fn ifindex(interface: &str) -> Result<u32, DatapathError> {

@@ -7,7 +7,9 @@
 //! uplink program on the master and the policy programs on both pod
 //! interfaces, with a policy that isolates both pods and allows the iperf3
 //! port, so every packet is judged by the policy (the first of each flow in
-//! full, the others through connection tracking).
+//! full, the others through connection tracking). The programs are measured
+//! attached both ways the agent attaches them: netlink (clsact filters) and,
+//! on Linux 6.6 and later, TCX links.
 
 use std::{
     path::Path,
@@ -53,6 +55,47 @@ struct Flow<'a> {
     server_address: &'static str,
 }
 
+/// How the programs are attached, if at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mechanism {
+    None,
+    Netlink,
+    Tcx,
+}
+
+impl Mechanism {
+    /// The agent's `--tc-attach` value.
+    fn tc_attach(self) -> &'static str {
+        match self {
+            Mechanism::None => unreachable!("nothing to attach"),
+            Mechanism::Netlink => "netlink",
+            Mechanism::Tcx => "tcx",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Mechanism::None => "no programs",
+            Mechanism::Netlink => "programs, netlink",
+            Mechanism::Tcx => "programs, TCX",
+        }
+    }
+
+    /// The modes measured on a kernel of `release` (`6.18.4-...`): TCX
+    /// only where the kernel has it (6.6 and later).
+    fn measured_on(release: &str) -> Vec<Mechanism> {
+        let mut numbers = release
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+        if version >= (6, 6) {
+            vec![Mechanism::None, Mechanism::Netlink, Mechanism::Tcx]
+        } else {
+            vec![Mechanism::None, Mechanism::Netlink]
+        }
+    }
+}
+
 /// Attaches and detaches the programs with the agent's CLI.
 struct Programs<'a> {
     agent: &'a Path,
@@ -70,9 +113,12 @@ impl Programs<'_> {
         self.pin.0.display().to_string()
     }
 
-    fn attach(&self) -> anyhow::Result<()> {
+    fn attach(&self, mechanism: Mechanism) -> anyhow::Result<()> {
         let pin = self.pin();
-        self.on_every_hook("attach", &["--pin-root", &pin])
+        self.on_every_hook(
+            "attach",
+            &["--pin-root", &pin, "--tc-attach", mechanism.tc_attach()],
+        )
     }
 
     fn detach(&self) -> anyhow::Result<()> {
@@ -213,6 +259,20 @@ fn iperf(path: &Flow, seconds: u32) -> anyhow::Result<f64> {
 }
 
 /// The rows of the cost table for one path's accounted run.
+/// `on / off`: ratio of medians; median of the per-repetition ratios and
+/// their middle half.
+fn ratio_cell(on: &[f64], off: &[f64]) -> String {
+    let mut paired: Vec<f64> = on.iter().zip(off).map(|(on, off)| on / off).collect();
+    paired.sort_by(f64::total_cmp);
+    format!(
+        "{:.1} %; {:.1} % ({:.1}-{:.1} %)",
+        100.0 * median(on) / median(off),
+        100.0 * median(&paired),
+        100.0 * percentile(&paired, 0.25),
+        100.0 * percentile(&paired, 0.75),
+    )
+}
+
 fn cost_rows(path: &str, gbps: f64, costs: &[ProgramCost]) -> String {
     let mut rows = String::new();
     for cost in costs.iter().filter(|cost| cost.runs > 0) {
@@ -280,7 +340,10 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
         node: &node,
         pods: [&pod_a, &pod_b],
     };
-    programs.attach()?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let modes = Mechanism::measured_on(release.trim());
+    let best = *modes.last().expect("at least two modes");
+    programs.attach(best)?;
     programs.apply_policy(&dir)?;
 
     let _servers = [
@@ -299,35 +362,31 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
             server_address: LAN_HOST,
         },
     ];
-    // [path][0 = no programs, 1 = programs]
-    let mut samples = vec![[Vec::new(), Vec::new()]; paths.len()];
+    // [path][mode], modes as in `modes`.
+    let mut samples = vec![vec![Vec::new(); modes.len()]; paths.len()];
     println!(
-        "==> bench throughput: {} × {} s per path and mode, alternating",
+        "==> bench throughput: {} × {} s per path and mode, rotating",
         args.repetitions, args.seconds
     );
     for rep in 0..args.repetitions {
-        // Alternate which mode goes first.
-        let modes = if rep % 2 == 0 { [1, 0] } else { [0, 1] };
-        for mode in modes {
-            if mode == 1 {
-                programs.attach()?;
-            } else {
-                programs.detach()?;
+        // Rotate which mode goes first, so none always follows another.
+        for step in 0..modes.len() {
+            let index = (rep + step) % modes.len();
+            let mode = modes[index];
+            match mode {
+                Mechanism::None => programs.detach()?,
+                attached => programs.attach(attached)?,
             }
             for (path, out) in paths.iter().zip(&mut samples) {
                 let gbps = iperf(path, args.seconds)?;
-                println!(
-                    "    {} / {}: {gbps:.2} Gbit/s",
-                    path.label,
-                    if mode == 1 { "programs" } else { "no programs" }
-                );
-                out[mode].push(gbps);
+                println!("    {} / {}: {gbps:.2} Gbit/s", path.label, mode.label());
+                out[index].push(gbps);
             }
         }
     }
     // One more run per path with the programs, under the kernel's run-time
     // accounting (not among the samples: the accounting itself costs).
-    programs.attach()?;
+    programs.attach(best)?;
     let attached = programs.attached()?;
     let mut cost_table = String::from(
         "| path | program (where it runs) | runs per second | ns per run | share of one CPU |\n\
@@ -345,28 +404,28 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     programs.detach()?;
     let _ = std::fs::remove_dir_all(&dir);
 
-    let mut table = String::from(
-        "| path | no programs (Gbit/s) | programs (Gbit/s) | ratio of medians | paired ratio: median (middle half) |\n\
-         | --- | ---: | ---: | ---: | ---: |\n",
-    );
-    for (path, out) in paths.iter().zip(&samples) {
-        let (off, on) = (median(&out[0]), median(&out[1]));
-        // Each repetition ran both modes back to back: their ratio cancels
-        // what drifts slower than a repetition.
-        let mut paired: Vec<f64> = out[1]
-            .iter()
-            .zip(&out[0])
-            .map(|(on, off)| on / off)
-            .collect();
-        paired.sort_by(f64::total_cmp);
+    let mut table = String::from("| path |");
+    for mode in &modes {
+        table += &format!(" {} (Gbit/s) |", mode.label());
+    }
+    for mode in &modes[1..] {
         table += &format!(
-            "| {} | {off:.2} | {on:.2} | {:.1} % | {:.1} % ({:.1}-{:.1} %) |\n",
-            path.label,
-            100.0 * on / off,
-            100.0 * median(&paired),
-            100.0 * percentile(&paired, 0.25),
-            100.0 * percentile(&paired, 0.75),
+            " {} / none: medians; paired median (middle half) |",
+            mode.label()
         );
+    }
+    table += "\n| --- |";
+    table += &" ---: |".repeat(2 * modes.len() - 1);
+    table += "\n";
+    for (path, out) in paths.iter().zip(&samples) {
+        table += &format!("| {} |", path.label);
+        for runs in out {
+            table += &format!(" {:.2} |", median(runs));
+        }
+        for runs in &out[1..] {
+            table += &format!(" {} |", ratio_cell(runs, &out[0]));
+        }
+        table += "\n";
     }
     print!("{table}\n{cost_table}");
     println!("policy counters after the run:\n{policy_check}");
@@ -379,10 +438,11 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
          {}). {}.\n\n\
          Two macvlan pods (bridge mode) on one master, a veth in a node namespace\n\
          whose peer is a LAN host namespace; one iperf3 TCP stream for {} s, median of\n\
-         {} runs per path and mode, modes alternating in one run; {}. \"Programs\": the\n\
+         {} runs per path and mode, modes rotating in one run; {}. \"Programs\": the\n\
          uplink program on the master and the policy programs (ingress and egress)\n\
          on both pod interfaces, attached with `flatnet-agent datapath attach` and\n\
-         `datapath policy attach`; a policy isolates both pods both ways and allows\n\
+         `datapath policy attach`, through netlink (clsact filters, cls_bpf) and,\n\
+         on Linux 6.6 and later, through TCX links (`--tc-attach`); a policy isolates both pods both ways and allows\n\
          TCP {IPERF_PORT} within 192.0.2.0/24: the first packet of each flow takes the\n\
          full judgement (subject, LPM prefix, port match), its later packets one\n\
          connection-tracking lookup and the subject lookup, its replies the\n\
@@ -391,12 +451,13 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
          policy program, and the uplink program when it enters the master: pod to\n\
          LAN on the way back, pod to pod both ways (a macvlan in bridge mode hands a\n\
          frame for a sibling to the master's receive path first, for its taps).\n\
-         \"Paired ratio\": each repetition ran both modes back to back, so their\n\
-         ratio cancels what drifts slower than that; its median, and the 25th to\n\
-         75th percentile.\n\n\
+         \"Paired\": each repetition ran every mode back to back, so the ratio\n\
+         within a repetition cancels what drifts slower than that; its median,\n\
+         and the 25th to 75th percentile.\n\n\
          {table}\n\
          What the programs cost on the way: one more run per path with the\n\
-         programs and the kernel's eBPF run-time accounting on\n\
+         programs attached as the agent attaches them on this kernel ({}) and\n\
+         the kernel's eBPF run-time accounting on\n\
          (`kernel.bpf_stats_enabled`, read with Debian's `bpftool` {}; it adds two\n\
          clock reads to every run, which the figures include).\n\n\
          {cost_table}",
@@ -409,7 +470,34 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
                 format!("iperf3 client on CPU {client}, server on CPU {server}"),
             None => "one CPU".to_owned(),
         },
+        best.label(),
         package_version("bpftool"),
     );
     report::write_section("throughput", &section)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcx_is_measured_from_linux_6_6() {
+        let tcx = |release| Mechanism::measured_on(release).contains(&Mechanism::Tcx);
+        assert!(tcx("6.18.44-fc-v595"));
+        assert!(tcx("6.6.0"));
+        assert!(!tcx("6.1.0-41-amd64"));
+        assert!(!tcx("5.15.0"));
+        assert_eq!(
+            Mechanism::measured_on("6.1.0")[..2],
+            [Mechanism::None, Mechanism::Netlink]
+        );
+    }
+
+    #[test]
+    fn ratio_cells_give_medians_and_paired_ratios() {
+        let off = [10.0, 8.0, 12.0, 10.0];
+        let on = [9.0, 8.0, 12.0, 9.5];
+        // medians 10.0 and 9.5; pairs 90 %, 100 %, 100 %, 95 %.
+        assert_eq!(ratio_cell(&on, &off), "95.0 %; 100.0 % (90.0-100.0 %)");
+    }
 }
