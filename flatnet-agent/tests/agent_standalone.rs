@@ -18,8 +18,13 @@ use flatnet_agent::crash_point::CRASH_AT_ENV;
 use flatnet_agent::datapath::AttachMechanism;
 use serde_json::{Value, json};
 use support::{
-    TestNetns, agent::StandaloneAgent, has_link, lan::SimulatedLan, ping, privileged,
-    tc_hooks::attached_programs, unique_name, veth_pair,
+    TestNetns,
+    agent::StandaloneAgent,
+    has_link,
+    lan::SimulatedLan,
+    ping, privileged,
+    tc_hooks::{attached_programs, link_pins},
+    unique_name, veth_pair,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -1022,13 +1027,10 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
             && one.id != programs[0].id),
         "replaced in place: {programs:?} -> {restarted:?}"
     );
-    let links = node.agent.pin.path.join(flatnet_common::pin::LINKS_DIR);
-    let pod_links = || -> Vec<std::ffi::OsString> {
-        std::fs::read_dir(&links)
+    let pod_links = || -> Vec<String> {
+        link_pins(&node.agent.pin.path)
             .into_iter()
-            .flatten()
-            .map(|entry| entry.unwrap().file_name())
-            .filter(|name| name.to_string_lossy().contains("policy_"))
+            .filter(|name| name.contains("policy_"))
             .collect()
     };
     let pinned = match programs[0].mechanism {
@@ -1039,6 +1041,6 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     node.del("flat4", "web", Some(&web));
     node.del("flat4", "client", Some(&client));
     // The pods' interfaces are gone, and so are the pins of their links.
-    assert_eq!(pod_links(), Vec::<std::ffi::OsString>::new());
+    assert_eq!(pod_links(), Vec::<String>::new());
     node.stop();
 }

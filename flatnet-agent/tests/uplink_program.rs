@@ -35,12 +35,12 @@ use flatnet_agent::{
 };
 use flatnet_common::{
     FrameKind,
-    pin::{LINKS_DIR, MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS, PROG_UPLINK_INGRESS},
+    pin::{MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS, PROG_UPLINK_INGRESS},
     policy::Direction,
 };
 use support::{
     TestNetns, TestPinRoot, privileged,
-    tc_hooks::{Attached, attached_programs},
+    tc_hooks::{self, Attached, attached_programs},
     veth_pair,
 };
 
@@ -104,13 +104,7 @@ impl Topology {
 
     /// The names of the TCX link pins.
     fn link_pins(&self) -> Vec<String> {
-        match std::fs::read_dir(self.pin.path.join(LINKS_DIR)) {
-            Ok(entries) => entries
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => panic!("read the link pins: {e}"),
-        }
+        tc_hooks::link_pins(&self.pin.path)
     }
 
     /// Asserts that the uplink carries exactly one program, attached the

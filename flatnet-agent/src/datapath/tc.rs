@@ -138,16 +138,24 @@ pub(super) fn detach(pin_root: &Path, interface: &str, slot: Slot) -> Result<boo
     Ok(filter || link)
 }
 
+/// Turns an aya error about `program` on `interface` into ours.
+pub(super) fn program_error<'i>(
+    program: &'static str,
+    interface: &'i str,
+) -> impl Fn(ProgramError) -> DatapathError + Copy + 'i {
+    move |source| DatapathError::Program {
+        program,
+        interface: interface.to_owned(),
+        source,
+    }
+}
+
 /// The TC classifier `name` of the object, loaded into the kernel on first use.
 pub(super) fn loaded_classifier<'e>(
     ebpf: &'e mut Ebpf,
     name: &'static str,
 ) -> Result<&'e mut SchedClassifier, DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: name,
-        interface: String::new(),
-        source,
-    };
+    let program_error = program_error(name, "");
     let program: &mut SchedClassifier = ebpf
         .program_mut(name)
         .ok_or_else(|| program_error(ProgramError::NotLoaded))?

@@ -15,7 +15,10 @@ use aya::programs::{
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
 };
 
-use super::{DatapathError, tc::Slot};
+use super::{
+    DatapathError,
+    tc::{Slot, program_error},
+};
 
 /// The filter handle flatnet uses at every priority it owns.
 const HANDLE: TcHandle = TcHandle::new(0, 1);
@@ -28,11 +31,7 @@ pub(super) fn attach_or_replace(
     interface: &str,
     slot: Slot,
 ) -> Result<(), DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: slot.program,
-        interface: interface.to_owned(),
-        source,
-    };
+    let program_error = program_error(slot.program, interface);
     ensure_clsact(interface)?;
     let options = TcAttachOptions::Netlink(NlOptions {
         priority: slot.priority,

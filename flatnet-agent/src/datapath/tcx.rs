@@ -29,7 +29,10 @@ use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_link_info};
 
 use flatnet_common::pin::LINKS_DIR;
 
-use super::{DatapathError, tc::Slot};
+use super::{
+    DatapathError,
+    tc::{self, Slot},
+};
 
 /// Attaches `slot.program` to `interface` (calling thread's network
 /// namespace) through a pinned TCX link, or puts it into the link already
@@ -40,11 +43,7 @@ pub(super) fn attach_or_replace(
     interface: &str,
     slot: Slot,
 ) -> Result<(), DatapathError> {
-    let program_error = |source| DatapathError::Program {
-        program: slot.program,
-        interface: interface.to_owned(),
-        source,
-    };
+    let program_error = tc::program_error(slot.program, interface);
     let ifindex = ifindex(interface)?;
     let path = link_pin_path(pin_root, ifindex, slot.program)?;
     if let Some(link) = open_pinned(&path)? {

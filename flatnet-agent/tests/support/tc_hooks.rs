@@ -6,6 +6,10 @@ use flatnet_agent::{
     netns::run_in_netns,
 };
 
+use std::path::Path;
+
+use flatnet_common::pin::LINKS_DIR;
+
 use super::TestNetns;
 
 /// One program on a hook.
@@ -50,4 +54,16 @@ pub fn attached_programs(ns: &TestNetns, dev: &str, hook: TcAttachType) -> Vec<A
         })
     }));
     programs
+}
+
+/// The names of the TCX link pins under `pin_root` (none when the
+/// directory does not exist: nothing was attached through TCX).
+pub fn link_pins(pin_root: &Path) -> Vec<String> {
+    match std::fs::read_dir(pin_root.join(LINKS_DIR)) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("read the link pins: {e}"),
+    }
 }
