@@ -1,6 +1,8 @@
 //! End-to-end tests of the CNI path: the real `flatnet-cni` binary talks to a
 //! real [`AgentServer`] on a temporary socket, served by a recording handler.
 
+mod support;
+
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -471,6 +473,111 @@ fn input_errors_have_their_spec_codes() {
     );
 }
 
+/// `env` with `key` set to `value`.
+fn with_var<'a>(
+    env: Vec<(&'a str, &'a str)>,
+    key: &'a str,
+    value: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    env.into_iter()
+        .map(|(k, v)| if k == key { (k, value) } else { (k, v) })
+        .collect()
+}
+
+#[test]
+fn names_no_add_accepts_are_refused_and_their_del_succeeds_without_the_agent() {
+    let agent = TestAgent::start(Behaviour::Succeed);
+    let socket = socket_str(&agent);
+    let stdin = config("1.0.0").to_string();
+    let long_id = "c".repeat(300);
+    for (key, value) in [
+        ("CNI_CONTAINERID", long_id.as_str()),
+        ("CNI_CONTAINERID", "../../x"),
+        ("CNI_IFNAME", "a/b"),
+    ] {
+        for command in ["ADD", "CHECK"] {
+            let mut stdin = config("1.0.0");
+            stdin["prevResult"] = json!({"cniVersion": "1.0.0"});
+            let env = with_var(cni_env(command, socket), key, value);
+            let msg = run_cni(&env, stdin.to_string().as_bytes()).expect_error(4);
+            assert!(msg.contains(key), "{msg}");
+        }
+        let run = run_cni(
+            &with_var(cni_env("DEL", socket), key, value),
+            stdin.as_bytes(),
+        );
+        assert!(run.exit_ok, "DEL {key}={value}: {}", run.stdout);
+        assert_eq!(run.stdout, "", "DEL prints nothing on success");
+    }
+    assert!(agent.calls().is_empty(), "{:?}", agent.calls());
+}
+
+/// Sends `request` (the JSON of a CNI request) straight to the agent socket,
+/// as a peer other than flatnet-cni could.
+fn send_raw(agent: &TestAgent, request: Value) -> AgentResponse {
+    let mut stream = UnixStream::connect(&agent.socket).unwrap();
+    let body = json!({"protocol": 1, "timeoutMs": 5000, "request": request});
+    write_frame(&mut stream, body.to_string().as_bytes()).unwrap();
+    serde_json::from_slice(&read_frame(&mut stream).unwrap()).unwrap()
+}
+
+#[test]
+fn the_agent_refuses_names_that_would_leave_its_record_directory() {
+    let agent = TestAgent::start(Behaviour::Succeed);
+    let request = |command: &str, container_id: &str, ifname: &str, mac: &str| {
+        json!({
+            "command": command,
+            "attachment": {"containerId": container_id, "ifname": ifname, "args": {}},
+            "netns": NETNS,
+            "config": {"cniVersion": "1.0.0", "name": "flat-net", "type": "flatnet-cni",
+                       "runtimeConfig": {"mac": mac}},
+        })
+    };
+    let long_id = "c".repeat(300);
+    let good_mac = "0a:00:00:00:00:09";
+    for (container_id, ifname, mac, code) in [
+        ("../../x", "eth1", good_mac, 4),
+        ("ctr1", "a/b", good_mac, 4),
+        ("ctr1", "..", good_mac, 4),
+        (long_id.as_str(), "eth1", good_mac, 4),
+        ("ctr1", "eth1", "zz", 7),
+    ] {
+        let response = send_raw(&agent, request("ADD", container_id, ifname, mac));
+        let AgentResponse::Failure { error } = response else {
+            panic!("ADD {container_id} {ifname} {mac}: {response:?}");
+        };
+        assert_eq!(error.code.code(), code, "{error}");
+        if code == 4 {
+            let response = send_raw(&agent, request("DEL", container_id, ifname, good_mac));
+            assert_eq!(response, AgentResponse::Success { result: None });
+        }
+    }
+    assert!(agent.calls().is_empty(), "{:?}", agent.calls());
+    let response = send_raw(&agent, request("ADD", "ctr1", "eth1", good_mac));
+    assert!(
+        matches!(response, AgentResponse::Success { .. }),
+        "{response:?}"
+    );
+}
+
+#[test]
+fn a_runtime_mac_that_does_not_parse_is_error_7() {
+    let agent = TestAgent::start(Behaviour::Succeed);
+    let socket = socket_str(&agent);
+    for bad in [
+        "zz",
+        "0a:00:00:00:00",
+        "01:00:5e:00:00:01",
+        "00:00:00:00:00:00",
+    ] {
+        let mut stdin = config("1.0.0");
+        stdin["runtimeConfig"] = json!({"mac": bad});
+        let msg = run_cni(&cni_env("ADD", socket), stdin.to_string().as_bytes()).expect_error(7);
+        assert!(msg.contains("runtimeConfig.mac"), "{msg}");
+    }
+    assert!(agent.calls().is_empty(), "{:?}", agent.calls());
+}
+
 #[test]
 fn handler_errors_pass_through_unchanged() {
     let error = CniError::new(
@@ -536,6 +643,57 @@ fn socket_is_root_only() {
         .mode()
         & 0o777;
     assert_eq!(dir_mode, 0o700);
+}
+
+#[test]
+fn another_uid_is_refused_even_through_an_opened_socket_mode() {
+    if !support::privileged("another_uid_is_refused_even_through_an_opened_socket_mode") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let agent = TestAgent::start(Behaviour::Succeed);
+    // Every obstacle but the peer check removed: the path is reachable and
+    // the socket writable by anyone.
+    let mut dir = agent.socket.parent();
+    while let Some(d) = dir.filter(|d| d.starts_with(agent.dir.path())) {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir = d.parent();
+    }
+    std::fs::set_permissions(&agent.socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The plugin binary where the other uid can run it.
+    let binary = agent.dir.path().join("flatnet-cni");
+    std::fs::copy(env!("CARGO_BIN_EXE_flatnet-cni"), &binary).unwrap();
+
+    let mut child = Command::new(&binary)
+        .env_clear()
+        .envs(cni_env("ADD", socket_str(&agent)))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(config("1.0.0").to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let run = Run {
+        exit_ok: output.status.success(),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+    };
+    let msg = run.expect_error(5);
+    assert!(msg.contains("serves only uid 0"), "{msg}");
+    assert!(agent.calls().is_empty(), "{:?}", agent.calls());
+    // The same request from root is served.
+    let run = run_cni(
+        &cni_env("ADD", socket_str(&agent)),
+        config("1.0.0").to_string().as_bytes(),
+    );
+    assert!(run.exit_ok, "{}", run.stdout);
 }
 
 #[test]

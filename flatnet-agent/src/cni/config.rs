@@ -9,10 +9,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use flatnet_common::k8s::ipam::Mac;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::error::{CniError, ErrorCode};
+use super::names::is_cni_identifier;
 use super::result::{CniResult, IpWithPrefix};
 use super::version::CniVersion;
 
@@ -63,6 +65,24 @@ pub struct RuntimeConfig {
     /// Other capabilities (`portMappings`, `bandwidth`, ...), passed through.
     #[serde(flatten)]
     pub other: Map<String, Value>,
+}
+
+impl RuntimeConfig {
+    /// The MAC asked for, parsed by the project's one MAC parser; error 7
+    /// when it is not a usable unicast MAC.
+    pub fn requested_mac(&self) -> Result<Option<Mac>, CniError> {
+        self.mac
+            .as_deref()
+            .map(|text| {
+                Mac::parse(text).map_err(|reason| {
+                    CniError::new(
+                        ErrorCode::InvalidNetworkConfig,
+                        format!("runtimeConfig.mac: {reason}"),
+                    )
+                })
+            })
+            .transpose()
+    }
 }
 
 /// One entry of `cni.dev/valid-attachments` (GC): an attachment that is
@@ -193,7 +213,9 @@ impl NetworkConfig {
         self.valid_attachments.is_some() || self.attachments_alias.is_some()
     }
 
-    fn validate(&self) -> Result<(), CniError> {
+    /// The checks [`NetworkConfig::decode`] makes, for a configuration
+    /// that arrived another way (the agent socket).
+    pub fn validate(&self) -> Result<(), CniError> {
         if !is_valid_network_name(&self.name) {
             return Err(CniError::new(
                 ErrorCode::InvalidNetworkConfig,
@@ -239,6 +261,9 @@ impl NetworkConfig {
                 level,
                 &LOG_LEVELS.join(", "),
             ));
+        }
+        if let Some(runtime) = &self.runtime_config {
+            runtime.requested_mac()?;
         }
         if let Some(subnet) = &self.subnet
             && subnet.is_empty()
@@ -341,13 +366,6 @@ fn field_error(object: &Value, version: CniVersion, error: serde_json::Error) ->
 /// CNI network names: a letter or digit, then letters, digits, `_`, `.`, `-`.
 pub fn is_valid_network_name(name: &str) -> bool {
     is_cni_identifier(name)
-}
-
-/// The identifier rule the specification uses for network names and container IDs.
-pub(crate) fn is_cni_identifier(text: &str) -> bool {
-    let mut chars = text.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 #[cfg(test)]

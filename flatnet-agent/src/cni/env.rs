@@ -8,6 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::error::{CniError, ErrorCode};
+use super::names::{check_container_id, check_ifname};
 
 /// A CNI command (`CNI_COMMAND`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -118,7 +119,8 @@ impl CniEnv {
     ///
     /// Errors (all code 4): `CNI_COMMAND` missing or unknown, a variable the
     /// command requires missing (all missing ones are listed), a variable that
-    /// is not UTF-8, or a container ID / interface name the specification forbids.
+    /// is not UTF-8, or a container ID / interface name the specification
+    /// forbids (except for DEL, see [`super::request::Invocation::parse`]).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<CniEnv, CniError> {
         let read = |name: &str| -> Result<Option<String>, CniError> {
             match lookup(name) {
@@ -159,12 +161,16 @@ impl CniEnv {
         }
 
         let container_id = read(CONTAINER_ID)?;
-        if let Some(id) = &container_id {
-            validate_container_id(id)?;
-        }
         let ifname = read(IFNAME)?;
-        if let Some(name) = &ifname {
-            validate_interface_name(name)?;
+        // DEL of names no ADD could have used succeeds (nothing to delete),
+        // so it is left to [`super::request::Invocation::parse`].
+        if command != CniCommand::Del {
+            if let Some(id) = &container_id {
+                check_container_id(id)?;
+            }
+            if let Some(name) = &ifname {
+                check_ifname(name)?;
+            }
         }
         Ok(CniEnv {
             command,
@@ -186,46 +192,6 @@ impl CniEnv {
     /// Reads the process environment.
     pub fn from_process() -> Result<CniEnv, CniError> {
         Self::from_lookup(|name| std::env::var_os(name))
-    }
-}
-
-/// Container IDs follow the same rule as network names.
-fn validate_container_id(id: &str) -> Result<(), CniError> {
-    if super::config::is_cni_identifier(id) {
-        Ok(())
-    } else {
-        Err(CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!(
-                "CNI_CONTAINERID {id:?} is invalid: it must start with a letter or digit and contain only letters, digits, '_', '.' and '-'"
-            ),
-        ))
-    }
-}
-
-/// Linux interface names: 1 to 15 bytes, not `.` or `..`, no `/`, `:` or whitespace.
-fn validate_interface_name(name: &str) -> Result<(), CniError> {
-    const MAX_LEN: usize = 15;
-    let problem = if name.len() > MAX_LEN {
-        Some("is longer than 15 bytes")
-    } else if name == "." || name == ".." {
-        Some("is reserved")
-    } else if name
-        .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
-        Some("contains '/', ':' or whitespace")
-    } else {
-        None
-    };
-    match problem {
-        None => Ok(()),
-        Some(problem) => Err(CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!(
-                "CNI_IFNAME {name:?} {problem}; set the interface name in the pod's networks annotation to a valid Linux name"
-            ),
-        )),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod args;
 pub mod config;
 pub mod env;
 pub mod error;
+pub mod names;
 pub mod plugin;
 pub mod request;
 pub mod result;
@@ -17,7 +18,8 @@ pub use config::{Dns, NetworkConfig, RuntimeConfig, ValidAttachment};
 pub use env::{CniCommand, CniEnv};
 pub use error::{CniError, ErrorCode};
 pub use request::{
-    AttachRequest, Attachment, CniRequest, DetachRequest, GcRequest, Invocation, StatusRequest,
+    Admission, AttachRequest, Attachment, CniRequest, DetachRequest, GcRequest, Invocation,
+    StatusRequest,
 };
 pub use result::{CniResult, Interface, IpConfig, IpWithPrefix, Route};
 pub use version::{CniVersion, VersionInfo};

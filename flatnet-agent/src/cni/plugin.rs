@@ -112,6 +112,10 @@ fn execute(
             return Ok(Some(serde_json::json!(info)));
         }
         Invocation::Request(request) => request,
+        Invocation::NothingToDelete(reason) => {
+            tracing::info!(reason = %reason.msg, "DEL of an attachment that cannot exist: nothing to do");
+            return Ok(None);
+        }
     };
     let endpoint = AgentEndpoint::resolve(request.config(), lookup(AGENT_SOCKET_ENV));
     tracing::info!(request = %request.describe(), socket = %endpoint.socket.display(), "forwarding to the agent");

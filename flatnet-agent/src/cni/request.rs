@@ -10,6 +10,7 @@ use super::args::CniArgs;
 use super::config::{NetworkConfig, ValidAttachment};
 use super::env::{CniCommand, CniEnv};
 use super::error::{CniError, ErrorCode};
+use super::names::check_attachment;
 use super::version::CniVersion;
 
 /// Identity of one attachment: a container's interface on a network.
@@ -146,6 +147,44 @@ pub enum Invocation {
     /// Anything else, forwarded to the agent (boxed: it is large and
     /// VERSION is not).
     Request(Box<CniRequest>),
+    /// DEL of a container ID or interface name that no ADD accepts: nothing
+    /// can exist, so DEL succeeds without asking the agent (a runtime
+    /// retries a failed DEL forever). The error says why, for the log.
+    NothingToDelete(CniError),
+}
+
+/// What the agent does with a request read from its socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Serve it.
+    Serve,
+    /// A DEL of names no ADD accepts: answer success without work; the
+    /// error says why, for the log.
+    NothingToDelete(CniError),
+}
+
+impl CniRequest {
+    /// The agent's checks of a request from its socket, the same flatnet-cni
+    /// made (a peer may not be flatnet-cni): the container ID and interface
+    /// name of ADD, CHECK and DEL (they become file names) and the network
+    /// configuration. Errors carry the codes flatnet-cni would give.
+    pub fn admit(&self) -> Result<Admission, CniError> {
+        self.config().validate()?;
+        match self {
+            CniRequest::Add(r) | CniRequest::Check(r) => {
+                check_attachment(&r.attachment.container_id, &r.attachment.ifname)?;
+            }
+            CniRequest::Del(r) => {
+                if let Err(reason) =
+                    check_attachment(&r.attachment.container_id, &r.attachment.ifname)
+                {
+                    return Ok(Admission::NothingToDelete(reason));
+                }
+            }
+            CniRequest::Status(_) | CniRequest::Gc(_) => {}
+        }
+        Ok(Admission::Serve)
+    }
 }
 
 impl Invocation {
@@ -205,11 +244,18 @@ impl Invocation {
                     config,
                 })
             }
-            CniCommand::Del => CniRequest::Del(DetachRequest {
-                attachment: attachment(),
-                netns: env.netns.clone(),
-                config,
-            }),
+            CniCommand::Del => {
+                let attachment = attachment();
+                if let Err(reason) = check_attachment(&attachment.container_id, &attachment.ifname)
+                {
+                    return Ok(Invocation::NothingToDelete(reason));
+                }
+                CniRequest::Del(DetachRequest {
+                    attachment,
+                    netns: env.netns.clone(),
+                    config,
+                })
+            }
             CniCommand::Status => {
                 if !version.has_status_and_gc() {
                     return Err(too_old(CniVersion::V1_1_0));
@@ -380,6 +426,72 @@ mod tests {
                 ifname: "eth1".into()
             }]
         );
+    }
+
+    #[test]
+    fn del_of_names_no_add_accepts_has_nothing_to_delete() {
+        let long = "c".repeat(300);
+        for (id, ifname) in [
+            (long.as_str(), "eth1"),
+            ("ctr1", "a/b"),
+            ("../../x", "eth1"),
+        ] {
+            let map: HashMap<&str, &str> = HashMap::from([
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_CONTAINERID", id),
+                ("CNI_IFNAME", ifname),
+            ]);
+            let env = CniEnv::from_lookup(|k| map.get(k).map(OsString::from)).unwrap();
+            let config = json!({"cniVersion": "1.0.0", "name": "n", "type": "t"});
+            let parsed = Invocation::parse(&env, config.to_string().as_bytes()).unwrap();
+            let Invocation::NothingToDelete(reason) = parsed else {
+                panic!("{id} {ifname}: {parsed:?}");
+            };
+            assert_eq!(reason.code, ErrorCode::InvalidEnvironment);
+        }
+    }
+
+    #[test]
+    fn the_agent_admits_only_what_flatnet_cni_would_send() {
+        let mut add = request(
+            "ADD",
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "t"}),
+        );
+        assert_eq!(add.admit(), Ok(Admission::Serve));
+        let CniRequest::Add(inner) = &mut add else {
+            panic!("not an ADD")
+        };
+        inner.attachment.container_id = "../../x".into();
+        assert_eq!(add.admit().unwrap_err().code, ErrorCode::InvalidEnvironment);
+        let CniRequest::Add(inner) = &mut add else {
+            panic!("not an ADD")
+        };
+        inner.attachment.container_id = "ctr1".into();
+        inner.attachment.ifname = "a/b".into();
+        assert_eq!(add.admit().unwrap_err().code, ErrorCode::InvalidEnvironment);
+
+        let mut del = request(
+            "DEL",
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "t"}),
+        );
+        let CniRequest::Del(inner) = &mut del else {
+            panic!("not a DEL")
+        };
+        inner.attachment.container_id = "c".repeat(300);
+        assert!(matches!(del.admit(), Ok(Admission::NothingToDelete(_))));
+
+        let bad_mac = request(
+            "ADD",
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "t",
+                   "runtimeConfig": {"mac": "0a:00:00:00:00:09"}}),
+        );
+        assert_eq!(bad_mac.admit(), Ok(Admission::Serve));
+        let CniRequest::Add(mut inner) = bad_mac else {
+            panic!("not an ADD")
+        };
+        inner.config.runtime_config.as_mut().unwrap().mac = Some("zz".into());
+        let error = CniRequest::Add(inner).admit().unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidNetworkConfig, "{error}");
     }
 
     #[test]

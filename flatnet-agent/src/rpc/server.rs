@@ -16,7 +16,7 @@ use super::frame::{read_frame_async, write_frame_async};
 use super::handler::CniHandler;
 use super::protocol::{AgentRequest, AgentResponse, PROTOCOL_VERSION, ProtocolProbe};
 use crate::cni::plugin::DEFAULT_AGENT_SOCKET;
-use crate::cni::{CniError, CniRequest, ErrorCode};
+use crate::cni::{Admission, CniError, CniRequest, ErrorCode};
 
 /// Mode of the socket file: only root (the runtime's user) may connect.
 pub const SOCKET_MODE: u32 = 0o600;
@@ -221,7 +221,17 @@ async fn serve_connection<H: CniHandler>(
     config: Arc<ServerConfig>,
 ) {
     let response = match read_request(&mut stream, &config).await {
-        Ok(request) => run_request(handler, request, config.max_request_time).await,
+        Ok(request) => match request.request.admit() {
+            Ok(Admission::Serve) => run_request(handler, request, config.max_request_time).await,
+            Ok(Admission::NothingToDelete(reason)) => {
+                tracing::info!(request = %request.request.describe(), reason = %reason.msg, "DEL of an attachment that cannot exist: nothing to do");
+                AgentResponse::Success { result: None }
+            }
+            Err(error) => {
+                tracing::warn!(request = %request.request.describe(), code = error.code.code(), msg = %error.msg, "refused an invalid CNI request");
+                AgentResponse::Failure { error }
+            }
+        },
         Err(None) => return,
         Err(Some(response)) => response,
     };

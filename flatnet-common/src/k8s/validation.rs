@@ -164,14 +164,48 @@ impl LinkMode {
     }
 }
 
+/// Highest usable 802.1Q VLAN id (4095 is reserved).
+pub const MAX_VLAN_ID: u16 = 4094;
+
 /// The host interface pod interfaces hang off: `master`, or the VLAN
 /// sub-interface `master.vlan`. Subnets on the same parent link are siblings.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Carried from the subnet's validation to netlink and into the agent's
+/// attachment records (`{"master": "eth0", "vlan": 100}`).
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ParentLink {
     /// Host interface name (`spec.master`).
     pub master: String,
     /// VLAN ID, `0` for none (`spec.vlan`).
     pub vlan: u16,
+}
+
+impl ParentLink {
+    /// The name of the node interface pod interfaces are created on:
+    /// `master`, or `<master>.<vlan>`, the VLAN interface flatnet makes.
+    pub fn ifname(&self) -> String {
+        self.to_string()
+    }
+
+    /// The rules of `spec.master` and `spec.vlan`: `master` is an
+    /// interface name, `vlan` is 0 (none) or 1 to [`MAX_VLAN_ID`], and
+    /// [`ParentLink::ifname`] is an interface name too.
+    pub fn check(&self) -> Result<(), SubnetError> {
+        if check_ifname(&self.master).is_err() {
+            return Err(SubnetError::Master(self.master.clone()));
+        }
+        if self.vlan > MAX_VLAN_ID {
+            return Err(SubnetError::Vlan(i64::from(self.vlan)));
+        }
+        if check_ifname(&self.ifname()).is_err() {
+            return Err(SubnetError::VlanLinkName {
+                master: self.master.clone(),
+                vlan: self.vlan,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for ParentLink {
@@ -468,39 +502,88 @@ fn or_default<T: core::str::FromStr>(name: &str, default: T) -> Option<T> {
     }
 }
 
-/// Linux accepts 1..=15 bytes, not `.` or `..`, without `/`, `:` or whitespace.
-fn is_valid_ifname(name: &str) -> bool {
-    (1..=15).contains(&name.len())
-        && name != "."
-        && name != ".."
-        && !name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+/// Longest Linux interface name in bytes (`IFNAMSIZ` - 1).
+pub const MAX_IFNAME_LEN: usize = 15;
+
+/// Why a text is not a Linux interface name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IfnameError {
+    /// The empty name.
+    #[error("is empty")]
+    Empty,
+    /// More than [`MAX_IFNAME_LEN`] bytes.
+    #[error("{name:?} is {} bytes, longer than the 15 Linux allows", .name.len())]
+    TooLong {
+        /// The name.
+        name: String,
+    },
+    /// `.` or `..`.
+    #[error("{0:?} is reserved")]
+    Reserved(String),
+    /// A byte the kernel refuses: `/`, `:`, white space or NUL.
+    #[error(
+        "{name:?} contains {byte:?}, which Linux refuses in interface names ('/', ':', white space)"
+    )]
+    Character {
+        /// The name.
+        name: String,
+        /// The refused character (as the byte the kernel sees).
+        byte: char,
+    },
+}
+
+/// The kernel's rule for interface names (`dev_valid_name`): 1 to 15
+/// bytes, not `.` or `..`, and no `/`, `:` or byte the kernel's `isspace`
+/// accepts (tab to carriage return, space, and 0xa0, which occurs inside
+/// UTF-8 sequences). NUL is refused as well: netlink would cut the name there.
+/// The one rule for every interface name flatnet takes from outside.
+pub fn check_ifname(name: &str) -> Result<(), IfnameError> {
+    if name.is_empty() {
+        return Err(IfnameError::Empty);
+    }
+    if name.len() > MAX_IFNAME_LEN {
+        return Err(IfnameError::TooLong {
+            name: name.to_owned(),
+        });
+    }
+    if name == "." || name == ".." {
+        return Err(IfnameError::Reserved(name.to_owned()));
+    }
+    let refused = |&b: &u8| matches!(b, b'/' | b':' | b'\0' | b'\t'..=b'\r' | b' ' | 0xa0);
+    match name.bytes().find(refused) {
+        Some(byte) => Err(IfnameError::Character {
+            name: name.to_owned(),
+            byte: char::from(byte),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn parse_parent(spec: &FlatNetworkSubnetSpec, errors: &mut Vec<SubnetError>) -> Option<ParentLink> {
-    let master_ok = is_valid_ifname(&spec.master);
+    let master_ok = check_ifname(&spec.master).is_ok();
     if !master_ok {
         errors.push(SubnetError::Master(spec.master.clone()));
     }
-    let vlan = match u16::try_from(spec.vlan) {
-        Ok(vlan) if vlan <= 4094 => vlan,
-        _ => {
-            errors.push(SubnetError::Vlan(spec.vlan));
-            return None;
-        }
-    };
-    if master_ok && vlan != 0 && format!("{}.{vlan}", spec.master).len() > 15 {
-        errors.push(SubnetError::VlanLinkName {
-            master: spec.master.clone(),
-            vlan,
-        });
+    let Some(vlan) = u16::try_from(spec.vlan)
+        .ok()
+        .filter(|vlan| *vlan <= MAX_VLAN_ID)
+    else {
+        errors.push(SubnetError::Vlan(spec.vlan));
         return None;
-    }
-    master_ok.then(|| ParentLink {
+    };
+    let parent = ParentLink {
         master: spec.master.clone(),
         vlan,
-    })
+    };
+    match parent.check() {
+        Ok(()) => Some(parent),
+        // Reported above.
+        Err(SubnetError::Master(_)) => None,
+        Err(error) => {
+            errors.push(error);
+            None
+        }
+    }
 }
 
 fn check_gateway(gateway: Option<IpAddr>, cidr: Cidr, errors: &mut Vec<SubnetError>) {
@@ -849,6 +932,68 @@ mod tests {
             errors(&spec("bridge", "10.0.0.0/24")),
             [SubnetError::FlatMode("bridge".into())]
         );
+    }
+
+    #[test]
+    fn interface_names_follow_the_kernel_rule() {
+        for good in [
+            "eth0",
+            "enp0s31f6.4094",
+            "...",
+            "a",
+            "é1",
+            "abcdefghijklmno",
+        ] {
+            assert_eq!(check_ifname(good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "abcdefghijklmnop",
+            "eth/0",
+            "eth:0",
+            "eth 0",
+            "eth\t0",
+            "eth\n0",
+            "eth\x0b0",
+            "eth\x000",
+            // U+00A0 is C2 A0 in UTF-8, and the kernel's isspace(0xa0) holds.
+            "eth\u{a0}0",
+            // So is every other character with an A0 byte (U+0120 is C4 A0).
+            "eth\u{120}",
+        ] {
+            assert!(check_ifname(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            check_ifname("eth/0").unwrap_err().to_string(),
+            "\"eth/0\" contains '/', which Linux refuses in interface names ('/', ':', white space)"
+        );
+    }
+
+    #[test]
+    fn parent_links_name_their_interface_and_check_like_the_spec() {
+        let parent = |master: &str, vlan: u16| ParentLink {
+            master: master.into(),
+            vlan,
+        };
+        assert_eq!(parent("eth0", 0).ifname(), "eth0");
+        assert_eq!(parent("eth0", 100).ifname(), "eth0.100");
+        assert_eq!(parent("eth0", 4094).check(), Ok(()));
+        assert_eq!(
+            parent("eth/0", 0).check(),
+            Err(SubnetError::Master("eth/0".into()))
+        );
+        assert_eq!(parent("eth0", 4095).check(), Err(SubnetError::Vlan(4095)));
+        assert_eq!(
+            parent("enp0s31f6abc", 4094).check(),
+            Err(SubnetError::VlanLinkName {
+                master: "enp0s31f6abc".into(),
+                vlan: 4094
+            })
+        );
+        let json = serde_json::to_value(parent("eth0", 7)).unwrap();
+        assert_eq!(json, serde_json::json!({"master": "eth0", "vlan": 7}));
     }
 
     #[test]
