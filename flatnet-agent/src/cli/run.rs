@@ -10,7 +10,7 @@ use flatnet_agent::{
     desired::{
         DesiredState,
         kubernetes::Kubernetes,
-        standalone::{Standalone, StateFile},
+        standalone::{Standalone, StateSource},
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
@@ -111,8 +111,14 @@ pub struct RunArgs {
 
 /// Where the policy controller reads policies from.
 enum PolicySource {
-    /// The state file's policy sections and the attachment records.
-    Standalone(PathBuf),
+    /// The state file's policy sections and the attachment records,
+    /// starting from the text of the state file in force.
+    Standalone {
+        /// The state file, followed.
+        path: PathBuf,
+        /// The text in force (the last good copy's when the file is rejected).
+        text: String,
+    },
     /// Watches on the Kubernetes API.
     Kubernetes(kube::Client),
 }
@@ -141,12 +147,18 @@ impl RunArgs {
             );
         }
         self.install_cni()?;
+        let metrics = Arc::new(Metrics::default());
         if self.standalone {
             let state_file = self.state_file.as_deref().expect("clap requires it");
-            let state = StateFile::load(state_file)?;
-            let desired = Standalone::open(state, &self.state_dir)?;
-            let source = PolicySource::Standalone(state_file.to_owned());
-            self.serve(node_name, desired, source, |_| async {}).await
+            let rejected = metrics.state_file_rejected.clone();
+            let state = StateSource::new(state_file, &self.state_dir, rejected);
+            let desired = Standalone::following(state, &self.state_dir)?;
+            let source = PolicySource::Standalone {
+                path: state_file.to_owned(),
+                text: desired.state_text().await,
+            };
+            self.serve(node_name, desired, source, metrics, |_| async {})
+                .await
         } else {
             let client = kube::Client::try_default()
                 .await
@@ -154,7 +166,7 @@ impl RunArgs {
             let wait = Duration::from_secs(self.allocation_wait_seconds);
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
             let source = PolicySource::Kubernetes(client);
-            self.serve(node_name, desired, source, |service| async move {
+            self.serve(node_name, desired, source, metrics, |service| async move {
                 sync_until_reachable(service.desired()).await;
             })
             .await
@@ -188,6 +200,7 @@ impl RunArgs {
         node_name: String,
         desired: S,
         policy_source: PolicySource,
+        metrics: Arc<Metrics>,
         after_start: F,
     ) -> anyhow::Result<()>
     where
@@ -215,7 +228,6 @@ impl RunArgs {
             tokio::spawn(logs.forward());
         }
         let records = Records::open(&self.record_dir)?;
-        let metrics = Arc::new(Metrics::default());
         let policy_maps = PolicyMaps::open(&self.pin_root).context("open the policy maps")?;
         let config = ServiceConfig {
             node_name: node_name.clone(),
@@ -247,9 +259,10 @@ impl RunArgs {
         let (trigger, changes) = PolicyTrigger::new();
         service.set_policy_trigger(trigger.clone());
         match policy_source {
-            PolicySource::Standalone(path) => {
-                let policies = StandalonePolicies::open(&path, records, metrics.policy.clone())
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+            PolicySource::Standalone { path, text } => {
+                let policies =
+                    StandalonePolicies::open_from(&path, text, records, metrics.policy.clone())
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let networks = policies.networks(&self.policy_networks);
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
                 tokio::spawn(policyctl::standalone::run(

@@ -24,6 +24,8 @@ use tokio::sync::Mutex;
 use super::{
     AttachmentKey, Claim, ClaimRequest, DesiredState, DesiredStateError, NamedSubnet, PodRef,
 };
+use prometheus_client::metrics::gauge::Gauge;
+
 use crate::{atomic_file::write_atomic, datapath::Conflict, packet::MacAddr};
 
 /// The state file: subnets, and which CNI networks use them.
@@ -96,27 +98,160 @@ pub struct ValidState {
     networks: BTreeMap<String, Vec<String>>,
 }
 
+fn read_text(path: &Path) -> Result<String, StateFileError> {
+    std::fs::read_to_string(path).map_err(|source| StateFileError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Name of the copy of the last state file that validated, inside the
+/// state directory.
+pub const LAST_GOOD_STATE_FILE: &str = "state.last-good.yaml";
+
+/// A state file with the text it was read from.
+#[derive(Clone, Debug)]
+pub struct LoadedState {
+    /// The file's text.
+    pub text: String,
+    /// Its validated content.
+    pub state: ValidState,
+}
+
+/// The state file the agent follows, and the copy of the last version of
+/// it that validated: a rejected edit left on disk does not stop the next
+/// start, which runs from the copy instead, loudly.
+#[derive(Debug)]
+pub struct StateSource {
+    path: PathBuf,
+    last_good: PathBuf,
+    /// 1 while the file on disk is rejected and an older version is in force.
+    rejected: Gauge,
+    /// The text last rejected, so each rejection is logged once.
+    last_rejected: std::sync::Mutex<Option<String>>,
+}
+
+impl StateSource {
+    /// The state file at `path`; its last good copy lives in `state_dir`.
+    pub fn new(path: &Path, state_dir: &Path, rejected: Gauge) -> Self {
+        Self {
+            path: path.to_owned(),
+            last_good: state_dir.join(LAST_GOOD_STATE_FILE),
+            rejected,
+            last_rejected: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The state file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The state to start from: the file's; when the file is rejected, the
+    /// last good copy's (an error is logged and `rejected` set). Without a
+    /// usable copy, the file's error.
+    pub fn load_at_start(&self) -> Result<LoadedState, StateFileError> {
+        let error = match self.load(&self.path) {
+            Ok(loaded) => {
+                self.accepted(&loaded);
+                return Ok(loaded);
+            }
+            Err(error) => error,
+        };
+        match self.load(&self.last_good) {
+            Ok(loaded) => {
+                tracing::error!(
+                    %error,
+                    last_good = %self.last_good.display(),
+                    "the state file is rejected; starting from its last good copy. Fix the file: the agent applies it once it validates"
+                );
+                self.rejected.set(1);
+                *self.last_rejected.lock().expect("state source lock") = read_text(&self.path).ok();
+                Ok(loaded)
+            }
+            Err(_) => Err(error),
+        }
+    }
+
+    /// The file again, when its text differs from `current`'s: `Some` when
+    /// it validates (it becomes the last good copy), `None` when it is
+    /// unchanged or rejected (logged once, `rejected` set).
+    pub fn reload(&self, current: &str) -> Option<LoadedState> {
+        let text = match read_text(&self.path) {
+            Ok(text) => text,
+            Err(error) => {
+                self.reject(&error, String::new());
+                return None;
+            }
+        };
+        if text == current {
+            self.rejected.set(0);
+            return None;
+        }
+        match StateFile::load_text(&self.path, &text) {
+            Ok(state) => {
+                let loaded = LoadedState { text, state };
+                self.accepted(&loaded);
+                Some(loaded)
+            }
+            Err(error) => {
+                self.reject(&error, text);
+                None
+            }
+        }
+    }
+
+    fn load(&self, path: &Path) -> Result<LoadedState, StateFileError> {
+        let text = read_text(path)?;
+        let state = StateFile::load_text(path, &text)?;
+        Ok(LoadedState { text, state })
+    }
+
+    fn accepted(&self, loaded: &LoadedState) {
+        self.rejected.set(0);
+        *self.last_rejected.lock().expect("state source lock") = None;
+        if let Err(error) = write_atomic(&self.last_good, loaded.text.as_bytes()) {
+            tracing::warn!(%error, path = %self.last_good.display(), "cannot keep a copy of the state file");
+        }
+    }
+
+    fn reject(&self, error: &dyn std::fmt::Display, text: String) {
+        self.rejected.set(1);
+        let mut last = self.last_rejected.lock().expect("state source lock");
+        if last.as_ref() != Some(&text) {
+            tracing::error!(%error, "the state file edit is rejected; the subnets and networks in force stay");
+            *last = Some(text);
+        }
+    }
+}
+
 impl StateFile {
     /// Reads and validates a state file.
     pub fn load(path: &Path) -> Result<ValidState, StateFileError> {
-        Self::read(path)?
+        Self::load_text(path, &read_text(path)?)
+    }
+
+    /// Reads and parses a state file, without validating it.
+    pub fn read(path: &Path) -> Result<StateFile, StateFileError> {
+        Self::parse(path, &read_text(path)?)
+    }
+
+    /// Parses the text of the state file at `path`, without validating it.
+    pub fn parse(path: &Path, text: &str) -> Result<StateFile, StateFileError> {
+        serde_yaml::from_str(text).map_err(|source| StateFileError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Parses and validates the text of the state file at `path`.
+    fn load_text(path: &Path, text: &str) -> Result<ValidState, StateFileError> {
+        Self::parse(path, text)?
             .validate()
             .map_err(|problems| StateFileError::Invalid {
                 path: path.to_owned(),
                 problems,
             })
-    }
-
-    /// Reads and parses a state file, without validating it.
-    pub fn read(path: &Path) -> Result<StateFile, StateFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| StateFileError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        serde_yaml::from_str(&text).map_err(|source| StateFileError::Parse {
-            path: path.to_owned(),
-            source,
-        })
     }
 
     /// Checks every subnet with `validate_subnet`, subnets sharing a parent
@@ -298,14 +433,28 @@ pub enum AllocationStoreError {
     },
 }
 
+/// Standalone desired state could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    /// Neither the state file nor its last good copy is usable.
+    #[error(transparent)]
+    State(#[from] StateFileError),
+    /// The allocation file is unusable.
+    #[error(transparent)]
+    Store(#[from] AllocationStoreError),
+}
+
 struct Store {
+    /// The subnets and networks in force, and the text they came from.
+    state: LoadedState,
     file: AllocationFile,
     pools: BTreeMap<String, Pool>,
 }
 
 /// Standalone desired state.
 pub struct Standalone {
-    state: ValidState,
+    /// The state file followed, if any; its changes apply from the next ADD.
+    source: Option<StateSource>,
     path: PathBuf,
     store: Mutex<Store>,
     _lock: Flock<File>,
@@ -342,11 +491,46 @@ impl Standalone {
         };
         let pools = build_pools(&state, &file);
         Ok(Self {
-            state,
+            source: None,
             path,
-            store: Mutex::new(Store { file, pools }),
+            store: Mutex::new(Store {
+                state: LoadedState {
+                    text: String::new(),
+                    state,
+                },
+                file,
+                pools,
+            }),
             _lock: lock,
         })
+    }
+
+    /// Opens the allocation file in `state_dir` with the state `source`
+    /// starts from, and follows the file: an edit that validates applies
+    /// from the next ADD (new networks and subnets, changed ranges).
+    pub fn following(source: StateSource, state_dir: &Path) -> Result<Self, StandaloneError> {
+        let loaded = source.load_at_start()?;
+        let mut standalone = Self::open(loaded.state.clone(), state_dir)?;
+        standalone.store.get_mut().state = loaded;
+        standalone.source = Some(source);
+        Ok(standalone)
+    }
+
+    /// Applies the state file when it changed and validates; the pools are
+    /// rebuilt from the allocation file, which stays the truth.
+    fn follow_state_file(&self, store: &mut Store) {
+        let Some(source) = &self.source else { return };
+        if let Some(loaded) = source.reload(&store.state.text) {
+            store.pools = build_pools(&loaded.state, &store.file);
+            store.state = loaded;
+            tracing::info!(path = %source.path().display(), "state file changed: its subnets and networks are in force");
+        }
+    }
+
+    /// The text of the state file in force (empty when opened from a
+    /// state without a file).
+    pub async fn state_text(&self) -> String {
+        self.store.lock().await.state.text.clone()
     }
 
     /// A copy of the allocations.
@@ -422,10 +606,15 @@ impl DesiredState for Standalone {
     }
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
-        let subnets = self
-            .state
-            .subnets_for(&request.network, request.subnet.as_deref())?;
         let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        let subnets: Vec<(NamedSubnet, ValidSubnet)> = store
+            .state
+            .state
+            .subnets_for(&request.network, request.subnet.as_deref())?
+            .into_iter()
+            .cloned()
+            .collect();
         let mut file = store.file.clone();
         let mut addresses = Vec::new();
         let mut taken = Vec::new();
@@ -655,6 +844,86 @@ networks:
         wanted.requested_ips.pop();
         let got = store.claim(&wanted).await.unwrap();
         assert_eq!(got.addresses[0], "192.0.2.5/29".parse::<IpNet>().unwrap());
+    }
+
+    /// A state source on `STATE` (written to `dir/state.yaml`) and its gauge.
+    fn followed(dir: &Path) -> (StateSource, Gauge) {
+        std::fs::write(dir.join("state.yaml"), STATE).unwrap();
+        let rejected = Gauge::default();
+        let source = StateSource::new(
+            &dir.join("state.yaml"),
+            &dir.join("state"),
+            rejected.clone(),
+        );
+        (source, rejected)
+    }
+
+    #[tokio::test]
+    async fn a_network_added_while_running_is_served_from_the_next_add() {
+        let dir = tempfile::tempdir().unwrap();
+        let (source, rejected) = followed(dir.path());
+        let store = Standalone::following(source, &dir.path().join("state")).unwrap();
+        let a = store.claim(&request("flat", "a")).await.unwrap();
+        let error = store.claim(&request("late", "b")).await.unwrap_err();
+        assert_eq!(error.to_cni().code, crate::cni::ErrorCode::SubnetNotFound);
+
+        let added = STATE.replace(
+            "networks:\n",
+            "networks:\n  - {name: late, subnets: [lan6]}\n",
+        );
+        std::fs::write(dir.path().join("state.yaml"), &added).unwrap();
+        let b = store.claim(&request("late", "b")).await.unwrap();
+        assert_eq!(b.addresses, ["2001:db8::2/64".parse::<IpNet>().unwrap()]);
+        // The pools were rebuilt from the allocation file: `a` keeps its address.
+        assert_eq!(store.claim(&request("flat", "a")).await.unwrap(), a);
+        let c = store.claim(&request("flat", "c")).await.unwrap();
+        assert_ne!(c.addresses, a.addresses);
+        assert_eq!(rejected.get(), 0);
+        assert_eq!(store.state_text().await, added);
+    }
+
+    #[tokio::test]
+    async fn a_rejected_edit_keeps_the_state_in_force_and_does_not_stop_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        let (source, rejected) = followed(dir.path());
+        let store = Standalone::following(source, &state_dir).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(state_dir.join(LAST_GOOD_STATE_FILE)).unwrap(),
+            STATE
+        );
+        let broken = STATE.replace("cidr: 192.0.2.0/29", "cidr: 192.0.2.0/99");
+        std::fs::write(dir.path().join("state.yaml"), &broken).unwrap();
+        store.claim(&request("flat", "a")).await.unwrap();
+        assert_eq!(rejected.get(), 1, "the rejection is visible");
+        assert_eq!(store.state_text().await, STATE);
+        drop(store);
+
+        // The next start runs from the last good copy, loudly.
+        let rejected = Gauge::default();
+        let source = StateSource::new(&dir.path().join("state.yaml"), &state_dir, rejected.clone());
+        let store = Standalone::following(source, &state_dir).unwrap();
+        assert_eq!(rejected.get(), 1);
+        assert_eq!(store.state_text().await, STATE);
+        store.claim(&request("dual", "b")).await.unwrap();
+        assert_eq!(rejected.get(), 1, "the file on disk is still rejected");
+
+        // Fixed: applied, and the gauge clears.
+        let fixed = STATE.replace("192.0.2.0/29", "192.0.2.0/28");
+        std::fs::write(dir.path().join("state.yaml"), &fixed).unwrap();
+        store.claim(&request("flat", "c")).await.unwrap();
+        assert_eq!(rejected.get(), 0);
+        assert_eq!(store.state_text().await, fixed);
+        drop(store);
+
+        // Without a good copy, a rejected file still stops the start.
+        std::fs::remove_file(state_dir.join(LAST_GOOD_STATE_FILE)).unwrap();
+        std::fs::write(dir.path().join("state.yaml"), &broken).unwrap();
+        let source = StateSource::new(&dir.path().join("state.yaml"), &state_dir, Gauge::default());
+        assert!(matches!(
+            Standalone::following(source, &state_dir),
+            Err(StandaloneError::State(StateFileError::Invalid { .. }))
+        ));
     }
 
     #[test]

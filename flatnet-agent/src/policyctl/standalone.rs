@@ -198,7 +198,20 @@ impl StandalonePolicies {
     /// Reads the policy section of the state file at `path` (checked as a
     /// whole); an error names every problem.
     pub fn open(path: &Path, records: Records, metrics: PolicyMetrics) -> Result<Self, String> {
-        let (text, file, section) = read(path)?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the state file {}: {e}", path.display()))?;
+        Self::open_from(path, text, records, metrics)
+    }
+
+    /// [`StandalonePolicies::open`] starting from `text`, the state file
+    /// version in force (its last good copy when the file is rejected).
+    pub fn open_from(
+        path: &Path,
+        text: String,
+        records: Records,
+        metrics: PolicyMetrics,
+    ) -> Result<Self, String> {
+        let (file, section) = parse(path, &text)?;
         Ok(Self {
             path: path.to_owned(),
             records,
@@ -254,11 +267,12 @@ impl StandalonePolicies {
             return false;
         }
         current.text = text;
-        match read(&self.path) {
-            Ok((_, file, section)) => {
+        match parse(&self.path, &current.text) {
+            Ok((file, section)) => {
                 self.metrics.source_problem.set(0);
                 if links_of(&file) != current.links {
-                    tracing::warn!(path = %self.path.display(), "subnets or networks in the state file changed; they take effect when the agent restarts");
+                    tracing::info!(path = %self.path.display(), "subnets or networks in the state file changed; they take effect from the next CNI ADD");
+                    current.links = links_of(&file);
                 }
                 let changes = current.section.changes(&section);
                 if changes.is_empty() {
@@ -277,12 +291,10 @@ impl StandalonePolicies {
     }
 }
 
-/// Reads, parses and checks the state file (all of it: a file the agent
-/// could not start with is not taken on reload either).
-fn read(path: &Path) -> Result<(String, StateFile, PolicySection), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the state file {}: {e}", path.display()))?;
-    let file = StateFile::read(path).map_err(|e| e.to_string())?;
+/// Parses and checks the text of the state file (all of it: a file the
+/// agent could not start with is not taken on reload either).
+fn parse(path: &Path, text: &str) -> Result<(StateFile, PolicySection), String> {
+    let file = StateFile::parse(path, text).map_err(|e| e.to_string())?;
     let mut problems = file.validate().err().unwrap_or_default();
     let section = PolicySection::from_state(&file).map_err(|p| {
         problems.extend(p);
@@ -295,7 +307,7 @@ fn read(path: &Path) -> Result<(String, StateFile, PolicySection), String> {
             problems.join("; ")
         ));
     }
-    Ok((text, file, section))
+    Ok((file, section))
 }
 
 fn links_of(file: &StateFile) -> String {

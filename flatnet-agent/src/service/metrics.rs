@@ -13,6 +13,9 @@ use prometheus_client::{
 pub struct Metrics {
     registry: Registry,
     conflicts: Counter,
+    /// Standalone: 1 while the state file on disk is rejected and an older
+    /// version (the last good copy) is in force.
+    pub state_file_rejected: Gauge,
     /// Network-policy controller metrics.
     pub policy: PolicyMetrics,
 }
@@ -87,11 +90,18 @@ impl Default for Metrics {
             "Foreign ARP/NDP claims of pod addresses seen on the uplinks",
             conflicts.clone(),
         );
+        let state_file_rejected = Gauge::default();
+        registry.register(
+            "state_file_rejected",
+            "1 while the standalone state file is rejected and its last good version is in force",
+            state_file_rejected.clone(),
+        );
         let policy = PolicyMetrics::default();
         policy.register(&mut registry);
         Self {
             registry,
             conflicts,
+            state_file_rejected,
             policy,
         }
     }
