@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     atomic_file::{create_private_dir, remove_if_exists, write_atomic},
     desired::{AttachmentKey, NamedSubnet, PodRef},
-    link::{HostRoute, PrimaryDefaults},
+    link::{HostRoute, ParentLink, PrimaryDefaults},
 };
 
 /// Default record directory.
@@ -89,12 +89,34 @@ pub struct AttachmentRecord {
     /// before the interface is made so removing it restores them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_defaults: Option<PrimaryDefaults>,
+    /// The node interface the pod interface hangs off, from the validated
+    /// subnets at ADD. Absent in records of earlier versions: see
+    /// [`AttachmentRecord::parent_link`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
 }
 
 impl AttachmentRecord {
     /// The bare addresses.
     pub fn ips(&self) -> Vec<IpAddr> {
         self.addresses.iter().map(IpNet::addr).collect()
+    }
+
+    /// The parent link teardown releases: the recorded one, or for a record
+    /// of an earlier version (which kept only the subnet specs) that of its
+    /// first subnet, validated. `None` when neither is known: the pod side
+    /// is still removed, no VLAN interface is released.
+    pub fn parent_link(&self) -> Option<ParentLink> {
+        self.parent.clone().or_else(|| {
+            let valid = self.subnets.first()?.validate();
+            match valid {
+                Ok(valid) => Some(valid.parent),
+                Err(error) => {
+                    tracing::warn!(key = %self.key, %error, "the record's subnet is invalid; its VLAN interface, if any, stays");
+                    None
+                }
+            }
+        })
     }
 }
 
@@ -123,8 +145,9 @@ impl Records {
         })
     }
 
-    /// The file of `key`. Container IDs and interface names contain no `/`
-    /// and are never `.` or `..` (flatnet-cni checks), so the name is safe.
+    /// The file of `key`. Container IDs and interface names contain no `/`,
+    /// IDs start with a letter or digit and the name fits `NAME_MAX`: the
+    /// agent admits no other request ([`crate::cni::names`]).
     fn path(&self, key: &AttachmentKey) -> PathBuf {
         self.dir
             .join(format!("{}@{}.json", key.container_id, key.ifname))
@@ -231,7 +254,40 @@ mod tests {
             uplink: None,
             host_route: None,
             primary_defaults: None,
+            parent: Some(ParentLink {
+                master: "eth9".into(),
+                vlan: 7,
+            }),
         }
+    }
+
+    #[test]
+    fn records_of_the_previous_version_still_name_their_parent_link() {
+        // Written by the version before `parent`: only the subnet spec.
+        let old: AttachmentRecord = serde_json::from_value(serde_json::json!({
+            "containerId": "c", "ifname": "eth1", "network": "flat", "netns": "/run/netns/p",
+            "phase": "ready", "addresses": ["192.0.2.5/24"],
+            "subnets": [{"name": "lan", "spec": {"flatMode": "macvlan", "master": "eth9",
+                                                 "vlan": 7, "cidr": "192.0.2.0/24"}}],
+        }))
+        .unwrap();
+        assert_eq!(old.parent, None);
+        let expected = ParentLink {
+            master: "eth9".into(),
+            vlan: 7,
+        };
+        assert_eq!(old.parent_link(), Some(expected.clone()));
+
+        let new = record("n");
+        let json = serde_json::to_value(&new).unwrap();
+        assert_eq!(
+            json["parent"],
+            serde_json::json!({"master": "eth9", "vlan": 7})
+        );
+        assert_eq!(new.parent_link(), Some(expected));
+        let mut invalid = old;
+        invalid.subnets[0].spec.vlan = 5000;
+        assert_eq!(invalid.parent_link(), None);
     }
 
     #[test]

@@ -216,7 +216,26 @@ networks:
         container: &str,
         pod: Option<&TestNetns>,
     ) -> (bool, Value) {
-        run_cni(&self.socket(), command, network, container, pod, json!({}))
+        let netns = pod.map(TestNetns::path);
+        self.cni_in(command, network, container, netns.as_deref())
+    }
+
+    /// [`Node::cni`] with any `CNI_NETNS`.
+    fn cni_in(
+        &self,
+        command: &str,
+        network: &str,
+        container: &str,
+        netns: Option<&Path>,
+    ) -> (bool, Value) {
+        run_cni(
+            &self.socket(),
+            command,
+            network,
+            container,
+            netns,
+            json!({}),
+        )
     }
 
     fn add(&self, network: &str, container: &str, pod: &TestNetns) -> Value {
@@ -228,7 +247,15 @@ networks:
     /// CHECK of an attachment against the result its ADD returned.
     fn check(&self, network: &str, container: &str, pod: &TestNetns, result: &Value) {
         let prev = json!({"prevResult": result});
-        let (ok, out) = run_cni(&self.socket(), "CHECK", network, container, Some(pod), prev);
+        let netns = pod.path();
+        let (ok, out) = run_cni(
+            &self.socket(),
+            "CHECK",
+            network,
+            container,
+            Some(&netns),
+            prev,
+        );
         assert!(ok, "CHECK {network} {container}: {out}");
     }
 
@@ -260,13 +287,14 @@ networks:
 }
 
 /// Runs flatnet-cni against the agent on `socket` (for the pod's `eth1`
-/// when `container` is given); returns (success, stdout JSON).
+/// when `container` is given, in namespace `netns`); returns (success,
+/// stdout JSON).
 fn run_cni(
     socket: &Path,
     command: &str,
     network: &str,
     container: &str,
-    pod: Option<&TestNetns>,
+    netns: Option<&Path>,
     extra: Value,
 ) -> (bool, Value) {
     let mut config = json!({
@@ -292,8 +320,8 @@ fn run_cni(
         cmd.env("CNI_CONTAINERID", container)
             .env("CNI_IFNAME", IFNAME);
     }
-    if let Some(pod) = pod {
-        cmd.env("CNI_NETNS", pod.path());
+    if let Some(netns) = netns {
+        cmd.env("CNI_NETNS", netns);
     }
     let mut child = cmd.spawn().unwrap();
     // flatnet-cni may answer (e.g. "agent not running") and exit before
@@ -485,12 +513,146 @@ fn bad_requests_give_clear_errors_and_leave_nothing() {
         "ADD",
         "flat4",
         "c3",
-        Some(&pod),
+        Some(&pod.path()),
         missing_subnet,
     );
     assert_error(outcome, 104, "unknown subnet");
 
     node.assert_nothing_left(&pod, "after bad requests");
+    node.stop();
+}
+
+#[test]
+fn a_netns_that_is_no_network_namespace_is_refused_and_del_and_gc_succeed() {
+    let Some(mut node) =
+        Node::for_test("a_netns_that_is_no_network_namespace_is_refused_and_del_and_gc_succeed")
+    else {
+        return;
+    };
+    let file = node.agent.path("not-a-netns");
+    std::fs::write(&file, b"").unwrap();
+    let dir = node.agent.path("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+
+    // An ADD an earlier version left pending with such a namespace: the
+    // restart undoes it instead of failing on it forever.
+    let records = flatnet_agent::records::Records::open(&node.agent.path("records")).unwrap();
+    records.save(&pending_record("old", &file)).unwrap();
+    node.start();
+    wait_until("the interrupted ADD is undone at start", || {
+        node.records() == 0
+    });
+
+    let pod = TestNetns::new("fap-");
+    for netns in [file.as_path(), dir.as_path(), Path::new("/dev/null")] {
+        let context = netns.display().to_string();
+        for _ in 0..2 {
+            let out = assert_error(node.cni_in("ADD", "flat4", "c1", Some(netns)), 4, &context);
+            let msg = out["msg"].as_str().unwrap();
+            assert!(msg.contains("is not a network namespace"), "{msg}");
+            assert!(msg.contains(&context), "{msg}");
+            node.assert_nothing_left(&pod, &context);
+        }
+        let (ok, out) = node.cni_in("DEL", "flat4", "c1", Some(netns));
+        assert!(ok, "DEL in {context}: {out}");
+        let (ok, out) = node.gc("flat4", &[]);
+        assert!(ok, "GC: {out}");
+    }
+    // The container still gets its interface once the runtime gets it right.
+    node.add("flat4", "c1", &pod);
+    assert_eq!(node.allocated(), ["192.0.2.10"]);
+    node.del("flat4", "c1", Some(&pod));
+    node.assert_nothing_left(&pod, "after the real ADD");
+    node.stop();
+}
+
+/// A pending record of `container` on `flat4` (subnet `lan4`) in `netns`,
+/// as an ADD leaves it before the interface is made.
+fn pending_record(container: &str, netns: &Path) -> flatnet_agent::records::AttachmentRecord {
+    serde_json::from_value(json!({
+        "containerId": container,
+        "ifname": IFNAME,
+        "network": "flat4",
+        "netns": netns,
+        "phase": "pending",
+        "subnets": [{"name": "lan4", "spec": {"flatMode": "macvlan", "master": "eth9", "cidr": "192.0.2.0/24"}}],
+        "addresses": ["192.0.2.10/24"],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn an_add_on_another_network_does_not_replace_the_attachment() {
+    let Some(mut node) =
+        Node::running_for_test("an_add_on_another_network_does_not_replace_the_attachment")
+    else {
+        return;
+    };
+    let pod = TestNetns::new("fap-");
+    let result = node.add("dual", "c1", &pod);
+    let before = node.allocated();
+    assert_eq!(before, ["192.0.2.10", "2001:db8::10"]);
+
+    let out = assert_error(
+        node.cni("ADD", "flat4", "c1", Some(&pod)),
+        4,
+        "ADD on another network",
+    );
+    let msg = out["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("already attached to network \"dual\""),
+        "{msg}"
+    );
+    assert_eq!(node.allocated(), before, "allocations kept");
+    assert_eq!(node.records(), 1);
+    node.check("dual", "c1", &pod, &result);
+    ping(&pod, LAN_V6);
+
+    // DEL of the refused network leaves the attachment alone too.
+    node.del("flat4", "c1", Some(&pod));
+    assert_eq!(node.allocated(), before);
+    node.del("dual", "c1", Some(&pod));
+    node.assert_nothing_left(&pod, "after DEL");
+    node.stop();
+}
+
+#[test]
+fn state_file_edits_apply_at_the_next_add_and_a_rejected_one_does_not_stop_a_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "state_file_edits_apply_at_the_next_add_and_a_rejected_one_does_not_stop_a_restart",
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("fap-");
+    assert_error(
+        node.cni("ADD", "late", "c1", Some(&pod)),
+        104,
+        "network not mapped yet",
+    );
+    let state = std::fs::read_to_string(node.agent.state_file()).unwrap();
+    let mapped = state.replace(
+        "networks:\n",
+        "networks:\n  - {name: late, subnets: [lan4]}\n",
+    );
+    assert_ne!(mapped, state);
+    node.agent.write_state(&mapped);
+    let result = node.add("late", "c1", &pod);
+    assert_eq!(addresses(&result), ["192.0.2.10/24"]);
+
+    // A broken edit is rejected: what is in force stays, and a restart
+    // starts from the last good version instead of refusing to start.
+    node.agent.write_state("subnets: [this is not a subnet");
+    let other = TestNetns::new("fap-");
+    let second = node.add("late", "c2", &other);
+    assert_eq!(addresses(&second), ["192.0.2.11/24"]);
+    node.del("late", "c2", Some(&other));
+    node.stop();
+    node.start();
+    let log = std::fs::read_to_string(node.agent.log_file()).unwrap();
+    assert!(log.contains("starting from its last good copy"), "{log}");
+    assert_eq!(node.add("late", "c1", &pod), result, "ADD after restart");
+    node.del("late", "c1", Some(&pod));
+    node.assert_nothing_left(&pod, "after DEL");
     node.stop();
 }
 

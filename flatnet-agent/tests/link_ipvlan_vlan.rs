@@ -130,9 +130,9 @@ async fn vlan_interface_is_created_shared_and_removed_with_its_last_pod() {
     let a = TestNetns::new("flp-");
     let b = TestNetns::new("flp-");
     let mut spec_a = lan.spec(&a, &["192.0.2.100/24"]);
-    spec_a.vlan = 100;
+    spec_a.parent.vlan = 100;
     let mut spec_b = lan.spec(&b, &["192.0.2.101/24"]);
-    spec_b.vlan = 100;
+    spec_b.parent.vlan = 100;
 
     let attachment = match attachments.attach(&spec_a).await {
         Ok(attachment) => attachment,
@@ -213,7 +213,7 @@ async fn vlan_interface_made_by_the_admin_is_kept() {
     let attachments = lan.attachments();
     let pod = TestNetns::new("flp-");
     let mut spec = lan.spec(&pod, &["192.0.2.110/24"]);
-    spec.vlan = 200;
+    spec.parent.vlan = 200;
     attachments.attach(&spec).await.unwrap();
     let details = lan.node.ip(&["-d", "link", "show", "dev", &vlan_name]);
     assert!(details.contains(",UP"), "set up for the pod: {details}");

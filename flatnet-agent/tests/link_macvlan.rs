@@ -183,7 +183,7 @@ async fn missing_master_is_named_and_nothing_is_left() {
     let lan = Lan::new();
     let pod = TestNetns::new("flp-");
     let mut spec = lan.spec(&pod, &["192.0.2.40/24"]);
-    spec.master = "eth9".into();
+    spec.parent.master = "eth9".into();
     let err = lan.attachments().attach(&spec).await.unwrap_err();
     assert!(matches!(err, LinkError::MasterNotFound { .. }), "{err}");
     assert_eq!(

@@ -18,7 +18,10 @@ use super::{
     Attachment, Attachments, LinkError,
     announce::{announce, enable_kernel_notify},
     netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route, open_netns_file},
-    spec::{ArpPolicy, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode, ValidSpec},
+    spec::{
+        ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode,
+        ValidSpec,
+    },
     vlan::{self, VlanLock},
 };
 
@@ -69,15 +72,21 @@ pub(super) async fn attach(
     }
 }
 
+/// The spec's master in the node namespace; missing, an error naming the
+/// subnet to fix.
+pub(super) async fn find_master(host: &Netlink, spec: &AttachmentSpec) -> Result<Link, LinkError> {
+    host.link_by_name(&spec.parent.master)
+        .await?
+        .ok_or_else(|| LinkError::MasterNotFound {
+            master: spec.parent.master.clone(),
+            subnet: spec.subnet.clone(),
+        })
+}
+
 impl Setup<'_> {
     async fn run(&mut self) -> Result<Attachment, LinkError> {
         let spec = self.valid.spec();
-        let master = self.host.link_by_name(&spec.master).await?.ok_or_else(|| {
-            LinkError::MasterNotFound {
-                master: spec.master.clone(),
-                subnet: spec.subnet.clone(),
-            }
-        })?;
+        let master = find_master(&self.host, spec).await?;
         let parent = self.parent(master).await?;
         let parent_mtu = parent.mtu.unwrap_or(u32::MAX);
         if let Some(mtu) = spec.mtu.filter(|mtu| *mtu > parent_mtu) {
@@ -154,7 +163,7 @@ impl Setup<'_> {
     /// on it (created when missing, under the VLAN lock held until the end).
     async fn parent(&mut self, master: Link) -> Result<Link, LinkError> {
         let spec = self.valid.spec();
-        if spec.vlan == 0 {
+        if spec.parent.vlan == 0 {
             return Ok(master);
         }
         let name = self.valid.parent().to_owned();
@@ -163,7 +172,7 @@ impl Setup<'_> {
         self.vlan_lock = Some(lock);
         self.undo.push(Undo::ReleaseVlan { name: name.clone() });
         let (link, created) =
-            vlan::ensure(&self.host, &master, &name, spec.vlan, &spec.subnet).await?;
+            vlan::ensure(&self.host, &master, &name, spec.parent.vlan, &spec.subnet).await?;
         if created {
             tracing::info!(vlan = %name, "created VLAN interface");
         }

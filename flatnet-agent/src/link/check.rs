@@ -6,7 +6,9 @@ use netlink_packet_route::link::{InfoData, InfoIpVlan, InfoKind, InfoMacVlan, Ip
 
 use super::{
     Attachments, LinkError,
-    attach::{default_net, family_name, ipvlan_flag, ipvlan_mode, macvlan_mode, node_route},
+    attach::{
+        default_net, family_name, find_master, ipvlan_flag, ipvlan_mode, macvlan_mode, node_route,
+    },
     netlink::{Link, Netlink, Route},
     spec::{LinkMode, ValidSpec, format_mac},
 };
@@ -14,14 +16,8 @@ use super::{
 pub(super) async fn check(config: &Attachments, valid: &ValidSpec) -> Result<(), LinkError> {
     let spec = valid.spec();
     let host = Netlink::open(config.host_netns.as_deref())?;
-    let master =
-        host.link_by_name(&spec.master)
-            .await?
-            .ok_or_else(|| LinkError::MasterNotFound {
-                master: spec.master.clone(),
-                subnet: spec.subnet.clone(),
-            })?;
-    let parent = if spec.vlan == 0 {
+    let master = find_master(&host, spec).await?;
+    let parent = if spec.parent.vlan == 0 {
         master
     } else {
         host.link_by_name(valid.parent())

@@ -7,12 +7,14 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::netns::is_netns;
+
 use super::{
     AttachmentSpec, Attachments, HostRoute, LinkError, PrimaryDefaults,
     attach::default_net,
     attach::node_route,
     netlink::{Netlink, Route},
-    spec::{check_ifname, vlan_ifname},
+    spec::{ParentLink, check_ifname},
     vlan::{self, VlanLock},
 };
 
@@ -24,11 +26,9 @@ pub struct DetachSpec {
     pub netns: Option<PathBuf>,
     /// The pod interface.
     pub ifname: String,
-    /// The master and VLAN id when the interface sat on a VLAN (`vlan` 0:
-    /// no VLAN to release).
-    pub master: String,
-    /// 802.1Q VLAN id, 0 for none.
-    pub vlan: u16,
+    /// The node interface the pod interface sat on; its VLAN interface
+    /// (if any) is released. `None` when not known (nothing to release).
+    pub parent: Option<ParentLink>,
     /// The node route to remove, if one was added.
     pub host_route: Option<HostRoute>,
     /// Default routes to put back on the primary interface for each family
@@ -45,8 +45,7 @@ impl From<&AttachmentSpec> for DetachSpec {
         Self {
             netns: Some(spec.netns.clone()),
             ifname: spec.ifname.clone(),
-            master: spec.master.clone(),
-            vlan: spec.vlan,
+            parent: Some(spec.parent.clone()),
             host_route: spec.host_route.clone(),
             primary_defaults: None,
             addresses: spec.addresses.iter().map(|a| a.addr()).collect(),
@@ -80,8 +79,8 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
     {
         errors.push(e);
     }
-    if spec.vlan != 0 {
-        let name = vlan_ifname(&spec.master, spec.vlan);
+    if let Some(parent) = spec.parent.as_ref().filter(|p| p.vlan != 0) {
+        let name = parent.ifname();
         let released = async {
             let lock = VlanLock::acquire(&config.lease_dir, &name).await?;
             if let Some(netns) = &spec.netns {
@@ -97,10 +96,13 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
 }
 
 /// Deletes the pod interface and returns the addresses it had. A missing
-/// namespace or interface is not an error: there is nothing to remove.
+/// namespace or interface is not an error: there is nothing to remove. Nor
+/// is a namespace path that names no network namespace (a runtime's
+/// unmounted `/var/run/netns` file, or a bad `CNI_NETNS` of an earlier
+/// version): nothing flatnet made can be in it.
 async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, LinkError> {
-    if !netns.exists() {
-        tracing::debug!(netns = %netns.display(), "pod namespace already gone");
+    if !is_netns(netns) {
+        tracing::debug!(netns = %netns.display(), "pod namespace gone or unusable");
         return Ok(Vec::new());
     }
     let pod = match Netlink::open(Some(netns)) {
@@ -177,7 +179,7 @@ async fn restore_primary_defaults(
     netns: &Path,
     defaults: &PrimaryDefaults,
 ) -> Result<(), LinkError> {
-    if defaults.gateways.is_empty() || !netns.exists() {
+    if defaults.gateways.is_empty() || !is_netns(netns) {
         return Ok(());
     }
     let pod = Netlink::open(Some(netns))?;

@@ -26,8 +26,8 @@ pub use error::LinkError;
 pub use netlink::FLATNET_ROUTE_PROTOCOL;
 pub use spec::{
     ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
-    MAX_VLAN_ID, MacvlanMode, PrimaryDefaults, PrimaryRoutes, RouteSpec, ValidSpec, check_ifname,
-    format_mac, parse_mac, vlan_ifname,
+    MAX_VLAN_ID, MacvlanMode, ParentLink, PrimaryDefaults, PrimaryRoutes, RouteSpec, ValidSpec,
+    check_ifname, format_mac, parse_mac,
 };
 pub use vlan::{DEFAULT_LEASE_DIR, VLAN_ALIAS};
 
@@ -77,8 +77,12 @@ impl Attachments {
     /// routes, node routes, announcements. On failure everything created is
     /// removed again before the error is returned.
     pub async fn attach(&self, spec: &AttachmentSpec) -> Result<Attachment, LinkError> {
-        let valid = spec.validate()?;
-        attach::attach(self, &valid).await
+        self.attach_valid(&spec.validate()?).await
+    }
+
+    /// [`Attachments::attach`] for a spec the caller validated already.
+    pub async fn attach_valid(&self, valid: &ValidSpec) -> Result<Attachment, LinkError> {
+        attach::attach(self, valid).await
     }
 
     /// Verifies that the pod interface matches `spec`; the error lists

@@ -7,16 +7,16 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use flatnet_common::k8s::validation::{IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode};
+pub use flatnet_common::k8s::validation::{
+    IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN, MAX_VLAN_ID, MacvlanMode, ParentLink,
+};
 use ipnet::IpNet;
+
+use flatnet_common::k8s::validation::SubnetError;
 
 use super::LinkError;
 use crate::packet::MacAddr;
 
-/// Linux interface names are at most 15 bytes (`IFNAMSIZ` - 1).
-pub const MAX_IFNAME_LEN: usize = 15;
-/// Highest usable 802.1Q VLAN id (4095 is reserved).
-pub const MAX_VLAN_ID: u16 = 4094;
 /// Smallest MTU the kernel accepts for IPv4 (RFC 791).
 const MIN_MTU_IPV4: u32 = 68;
 /// Smallest MTU IPv6 allows (RFC 8200 §5).
@@ -120,10 +120,9 @@ pub struct PrimaryDefaults {
 pub struct AttachmentSpec {
     /// Name of the FlatNetworkSubnet, used in messages that tell what to fix.
     pub subnet: String,
-    /// The node's physical interface.
-    pub master: String,
-    /// 802.1Q VLAN id; 0 means untagged (the child sits on `master`).
-    pub vlan: u16,
+    /// The node interface the child is made on: the master, or its VLAN
+    /// interface (`vlan` 0 means untagged, the child sits on `master`).
+    pub parent: ParentLink,
     /// macvlan or ipvlan, with mode and flag.
     pub kind: LinkMode,
     /// The pod's network namespace file.
@@ -182,33 +181,10 @@ impl ValidSpec {
     }
 }
 
-/// The name of the VLAN interface flatnet uses for `vlan` on `master`.
-pub fn vlan_ifname(master: &str, vlan: u16) -> String {
-    format!("{master}.{vlan}")
-}
-
-/// Checks a Linux interface name: 1 to 15 bytes, no `/`, `:`, whitespace,
-/// and not `.` or `..`.
+/// Checks a Linux interface name by the project's one rule
+/// ([`flatnet_common::k8s::validation::check_ifname`], the kernel's).
 pub fn check_ifname(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("is empty".into());
-    }
-    if name.len() > MAX_IFNAME_LEN {
-        return Err(format!(
-            "{name:?} is {} bytes, longer than the {MAX_IFNAME_LEN} Linux allows",
-            name.len()
-        ));
-    }
-    if name == "." || name == ".." {
-        return Err(format!("{name:?} is not a valid interface name"));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| *c == '/' || *c == ':' || c.is_whitespace() || c.is_control())
-    {
-        return Err(format!("{name:?} contains {c:?}"));
-    }
-    Ok(())
+    flatnet_common::k8s::validation::check_ifname(name).map_err(|e| e.to_string())
 }
 
 impl AttachmentSpec {
@@ -220,25 +196,11 @@ impl AttachmentSpec {
             reason,
         };
         check_ifname(&self.ifname).map_err(|r| invalid("ifname", r))?;
-        check_ifname(&self.master).map_err(|r| invalid("master", r))?;
-        if self.vlan > MAX_VLAN_ID {
-            return Err(invalid(
-                "vlan",
-                format!("{} is out of range 0..={MAX_VLAN_ID}", self.vlan),
-            ));
-        }
-        let parent = if self.vlan == 0 {
-            self.master.clone()
-        } else {
-            let name = vlan_ifname(&self.master, self.vlan);
-            check_ifname(&name).map_err(|r| {
-                invalid(
-                    "master",
-                    format!("VLAN interface name {r}; use a shorter master name"),
-                )
-            })?;
-            name
-        };
+        self.parent.check().map_err(|e| match e {
+            SubnetError::Vlan(_) => invalid("vlan", e.to_string()),
+            _ => invalid("master", e.to_string()),
+        })?;
+        let parent = self.parent.ifname();
         check_path(&self.netns).map_err(|r| invalid("netns", r))?;
         self.validate_mac().map_err(|r| invalid("mac", r))?;
         self.validate_addresses()
@@ -452,8 +414,10 @@ mod tests {
     fn spec() -> AttachmentSpec {
         AttachmentSpec {
             subnet: "lan".into(),
-            master: "eth0".into(),
-            vlan: 0,
+            parent: ParentLink {
+                master: "eth0".into(),
+                vlan: 0,
+            },
             kind: LinkMode::Macvlan(MacvlanMode::Bridge),
             netns: "/run/netns/pod".into(),
             ifname: "eth1".into(),
@@ -481,18 +445,18 @@ mod tests {
         let valid = spec().validate().unwrap();
         assert_eq!(valid.parent(), "eth0");
         let mut vlan = spec();
-        vlan.vlan = 100;
+        vlan.parent.vlan = 100;
         assert_eq!(vlan.validate().unwrap().parent(), "eth0.100");
     }
 
     #[test]
     fn vlan_name_over_15_bytes_is_rejected_with_the_fix() {
         let mut s = spec();
-        s.master = "enp0s31f6abcde".into();
-        s.vlan = 4094;
+        s.parent.master = "enp0s31f6abcde".into();
+        s.parent.vlan = 4094;
         let err = s.validate().unwrap_err();
         assert!(err.to_string().contains("shorter master name"), "{err}");
-        s.vlan = 4095;
+        s.parent.vlan = 4095;
         assert_eq!(field_of(s.validate().unwrap_err()), "vlan");
     }
 

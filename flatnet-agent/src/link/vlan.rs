@@ -100,7 +100,7 @@ impl VlanLock {
                 .path();
             let netns = fs::read(&path).map_err(|source| io_error("read", &path, source))?;
             let netns = PathBuf::from(OsString::from_vec(netns));
-            if netns.exists() {
+            if crate::netns::is_netns(&netns) {
                 live += 1;
             } else {
                 tracing::info!(lease = %path.display(), "removing stale VLAN lease");
@@ -225,15 +225,20 @@ mod tests {
     #[tokio::test]
     async fn leases_count_only_live_namespaces() {
         let dir = std::env::temp_dir().join(format!("flatnet-lease-test-{}", std::process::id()));
-        let live_ns = dir.join("ns-live");
+        // This process's network namespace is live.
+        let live_ns = PathBuf::from("/proc/self/ns/net");
+        // A file that is no network namespace (an unmounted netns file)
+        // counts as gone.
+        let not_netns = dir.join("ns-unmounted");
         fs::create_dir_all(&dir).unwrap();
-        fs::write(&live_ns, b"").unwrap();
+        fs::write(&not_netns, b"").unwrap();
         let lock = VlanLock::acquire(&dir, "eth0.7").await.unwrap();
         assert_eq!(lock.live_leases().unwrap(), 0);
         lock.add_lease(&live_ns, "eth1").unwrap();
         lock.add_lease(&dir.join("ns-gone"), "eth1").unwrap();
+        lock.add_lease(&not_netns, "eth1").unwrap();
         assert_eq!(lock.live_leases().unwrap(), 1);
-        // The stale lease was removed, the live one stays.
+        // The stale leases were removed, the live one stays.
         assert_eq!(fs::read_dir(dir.join("eth0.7")).unwrap().count(), 1);
         lock.remove_lease(&live_ns, "eth1").unwrap();
         lock.remove_lease(&live_ns, "eth1").unwrap();

@@ -126,6 +126,7 @@ mod tests {
             }),
             host_route: None,
             primary_defaults: None,
+            parent: None,
         }
     }
 

@@ -22,6 +22,8 @@ use std::{
     time::Duration,
 };
 
+use flatnet_common::k8s::validation::ValidSubnet;
+
 use crate::{
     cni::{
         AttachRequest, CniError, CniResult, DetachRequest, ErrorCode, GcRequest, NetworkConfig,
@@ -30,7 +32,7 @@ use crate::{
     datapath::{ConflictMonitor, Datapath},
     desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
-    netns::run_in_netns,
+    netns::{is_netns, open_netns, run_in_netns},
     policyctl::{self, PodTables, PolicyTrigger},
     probe,
     records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
@@ -158,7 +160,7 @@ impl<S: DesiredState> AgentService<S> {
                         }
                         // Replaces the programs in place: the pod interface
                         // is never without policy enforcement.
-                        if record.netns.exists()
+                        if is_netns(&record.netns)
                             && let Err(error) = inner.attach_policy(&record)
                         {
                             tracing::error!(key = %record.key, %error, "cannot re-attach the policy programs");
@@ -220,6 +222,13 @@ fn pod_of(attachment: &crate::cni::Attachment) -> PodRef {
     }
 }
 
+fn join_ips(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn link_error(error: &LinkError) -> CniError {
     CniError::new(ErrorCode::InterfaceSetup, error.to_string())
 }
@@ -252,10 +261,28 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 
 impl<S: DesiredState> Inner<S> {
     async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
+        // Before anything is claimed: a pending record with a namespace
+        // nothing can enter would outlive every later request.
+        open_netns(&request.netns)
+            .map_err(|e| CniError::new(ErrorCode::InvalidEnvironment, e.to_string()))?;
         let key = key_of(&request.attachment);
         let _guard = self.locks.lock(&key).await;
         let config = &request.config;
         if let Some(record) = self.records.load(&key).map_err(internal)? {
+            if record.network != config.name {
+                return Err(CniError::new(
+                    ErrorCode::InvalidEnvironment,
+                    format!(
+                        "CNI_IFNAME {} of container {} is already attached to network {:?} ({}); \
+                         DEL it from that network first, or give network {:?} another interface name",
+                        key.ifname,
+                        key.container_id,
+                        record.network,
+                        join_ips(&record.ips()),
+                        config.name
+                    ),
+                ));
+            }
             if record.phase == RecordPhase::Ready
                 && record.netns == request.netns
                 && record.network == config.name
@@ -269,11 +296,11 @@ impl<S: DesiredState> Inner<S> {
                     &config.dns,
                 ));
             }
-            tracing::info!(key = %key, "replacing an earlier, unfinished or different attachment");
+            tracing::info!(key = %key, "replacing an earlier or unfinished attachment of the same network");
             self.teardown(&record, true).await?;
         }
 
-        let claim_request = claim_request(&request, key.clone());
+        let claim_request = claim_request(&request, key.clone())?;
         let claim = self
             .desired
             .claim(&claim_request)
@@ -293,7 +320,17 @@ impl<S: DesiredState> Inner<S> {
             uplink: None,
             host_route: None,
             primary_defaults: None,
+            parent: None,
         };
+        // Validated once; the parent link goes into the record for teardown.
+        let subnets = match spec::valid_subnets(&record) {
+            Ok(subnets) => subnets,
+            Err(error) => {
+                self.release_quietly(&record).await;
+                return Err(error);
+            }
+        };
+        record.parent = subnets.first().map(|s| s.parent.clone());
         if let Err(error) = self.read_primary_network(&mut record).await {
             self.release_quietly(&record).await;
             return Err(link_error(&error));
@@ -302,7 +339,10 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
-        match self.set_up(&mut record, &claim, &config.dns).await {
+        match self
+            .set_up(&mut record, &subnets, &claim, &config.dns)
+            .await
+        {
             Ok(result) => Ok(result),
             Err((error, created_interface)) => {
                 if let Err(undo) = self.teardown(&record, created_interface).await {
@@ -341,13 +381,13 @@ impl<S: DesiredState> Inner<S> {
     async fn set_up(
         &self,
         record: &mut AttachmentRecord,
+        subnets: &[ValidSubnet],
         claim: &Claim,
         dns: &crate::cni::Dns,
     ) -> Result<CniResult, (CniError, bool)> {
-        let subnets = spec::valid_subnets(record).map_err(|e| (e, false))?;
         let attachment =
-            spec::attachment_spec(record, &subnets, &self.config.spec).map_err(|e| (e, false))?;
-        attachment.validate().map_err(|e| {
+            spec::attachment_spec(record, subnets, &self.config.spec).map_err(|e| (e, false))?;
+        let valid = attachment.validate().map_err(|e| {
             (
                 CniError::new(ErrorCode::InvalidNetworkConfig, e.to_string()),
                 false,
@@ -357,7 +397,7 @@ impl<S: DesiredState> Inner<S> {
             .await
             .map_err(|e| (e, false))?;
 
-        let made = match self.config.attachments.attach(&attachment).await {
+        let made = match self.config.attachments.attach_valid(&valid).await {
             Ok(made) => made,
             // The pod's existing interface is not ours: leave it alone.
             Err(error @ LinkError::AlreadyExists { .. }) => {
@@ -408,10 +448,7 @@ impl<S: DesiredState> Inner<S> {
         if wait.is_zero() {
             return Ok(());
         }
-        let parent = match attachment.vlan {
-            0 => attachment.master.clone(),
-            vlan => crate::link::vlan_ifname(&attachment.master, vlan),
-        };
+        let parent = attachment.parent.ifname();
         let addrs = record.ips();
         let host = self.config.attachments.host_netns.clone();
         let probed = {
@@ -589,22 +626,11 @@ impl<S: DesiredState> Inner<S> {
             errors.push(error.msg);
         }
         if delete_interface {
-            let (master, vlan) = record
-                .subnets
-                .first()
-                .map(|s| {
-                    (
-                        s.spec.master.clone(),
-                        u16::try_from(s.spec.vlan).unwrap_or(0),
-                    )
-                })
-                .unwrap_or_default();
             let netns = Some(record.netns.clone()).filter(|p: &PathBuf| p.exists());
             let detach = DetachSpec {
                 netns,
                 ifname: record.key.ifname.clone(),
-                master,
-                vlan,
+                parent: record.parent_link(),
                 host_route: record.host_route.clone(),
                 primary_defaults: record.primary_defaults.clone(),
                 addresses: record.ips(),
@@ -661,10 +687,14 @@ impl<S: DesiredState> Inner<S> {
         let key = key_of(&request.attachment);
         let _guard = self.locks.lock(&key).await;
         match self.records.load(&key).map_err(internal)? {
-            Some(record) => self.teardown(&record, true).await,
-            // Nothing was created; an allocation may exist if the agent
-            // stopped between claim and record.
-            None => self
+            Some(record) if record.network == request.config.name => {
+                self.teardown(&record, true).await
+            }
+            // The interface belongs to another network (the runtime cleaning
+            // up after an ADD refused for that reason): only this network's
+            // allocation, if any, goes. Otherwise nothing was created; an
+            // allocation may exist if the agent stopped between claim and record.
+            _ => self
                 .desired
                 .release(&request.config.name, &key)
                 .await
@@ -788,10 +818,14 @@ impl<S: DesiredState> Inner<S> {
 }
 
 /// What ADD asks the desired state for.
-fn claim_request(request: &AttachRequest, key: AttachmentKey) -> ClaimRequest {
+fn claim_request(request: &AttachRequest, key: AttachmentKey) -> Result<ClaimRequest, CniError> {
     let config: &NetworkConfig = &request.config;
     let runtime = config.runtime_config.as_ref();
-    ClaimRequest {
+    let requested_mac = match runtime {
+        Some(runtime) => runtime.requested_mac()?.map(|mac| mac.0),
+        None => None,
+    };
+    Ok(ClaimRequest {
         network: config.name.clone(),
         subnet: config.subnet.clone(),
         key,
@@ -799,8 +833,8 @@ fn claim_request(request: &AttachRequest, key: AttachmentKey) -> ClaimRequest {
         requested_ips: runtime
             .map(|r| r.ips.iter().map(|ip| ip.addr).collect())
             .unwrap_or_default(),
-        requested_mac: runtime.and_then(|r| r.mac.as_deref()).and_then(parse_mac),
-    }
+        requested_mac,
+    })
 }
 
 /// Runs `work` in the node namespace `host` (the calling thread's when `None`).

@@ -166,8 +166,7 @@ pub fn attachment_spec(
     };
     Ok(AttachmentSpec {
         subnet: names.join(","),
-        master: first.parent.master.clone(),
-        vlan: first.parent.vlan,
+        parent: first.parent.clone(),
         kind,
         netns: record.netns.clone(),
         ifname: ifname.clone(),
@@ -283,6 +282,7 @@ mod tests {
             uplink: None,
             host_route: None,
             primary_defaults: None,
+            parent: None,
         }
     }
 
@@ -325,7 +325,7 @@ mod tests {
             ..SpecSettings::default()
         };
         let spec = attachment_spec(&record, &subnets, &settings).unwrap();
-        assert_eq!((spec.master.as_str(), spec.vlan), ("eth9", 7));
+        assert_eq!((spec.parent.master.as_str(), spec.parent.vlan), ("eth9", 7));
         assert!(spec.default_route);
         assert_eq!(spec.mac, Some([2, 0, 0, 0, 0, 5]));
         assert_eq!(spec.mtu, Some(1400));

@@ -11,7 +11,9 @@ use std::{
 };
 
 use flatnet_agent::{
-    link::{AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkMode, MacvlanMode},
+    link::{
+        AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkMode, MacvlanMode, ParentLink,
+    },
     netns::run_in_netns,
 };
 
@@ -69,8 +71,10 @@ impl Lan {
         }
         AttachmentSpec {
             subnet: "lan".into(),
-            master: self.master.clone(),
-            vlan: 0,
+            parent: ParentLink {
+                master: self.master.clone(),
+                vlan: 0,
+            },
             kind: LinkMode::Macvlan(MacvlanMode::Bridge),
             netns: pod.path(),
             ifname: "eth1".into(),
