@@ -283,10 +283,7 @@ impl<S: DesiredState> Inner<S> {
                     ),
                 ));
             }
-            if record.phase == RecordPhase::Ready
-                && record.netns == request.netns
-                && record.network == config.name
-            {
+            if record.phase == RecordPhase::Ready && record.netns == request.netns {
                 // A repeated ADD: the same answer.
                 let subnets = spec::valid_subnets(&record)?;
                 let attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
