@@ -22,12 +22,11 @@ fn main() {
 
     if let Some(explicit) = env::var_os("FLATNET_EBPF_OBJECT") {
         let object = PathBuf::from(explicit);
-        if !object.is_file() {
-            panic!(
-                "FLATNET_EBPF_OBJECT={} does not exist; {HOW_TO_BUILD}",
-                object.display()
-            );
-        }
+        assert!(
+            object.is_file(),
+            "FLATNET_EBPF_OBJECT={} does not exist; {HOW_TO_BUILD}",
+            object.display()
+        );
         emit(&object);
         return;
     }

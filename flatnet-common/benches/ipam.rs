@@ -76,7 +76,7 @@ fn fill(c: &mut Criterion) {
                     pool
                 },
                 BatchSize::LargeInput,
-            )
+            );
         });
     }
     // The baseline is quadratic in the fill level, so it fills 8192 only;
@@ -93,7 +93,7 @@ fn fill(c: &mut Criterion) {
                 pool
             },
             BatchSize::LargeInput,
-        )
+        );
     });
     group.finish();
 }
@@ -118,13 +118,13 @@ fn allocate_at_fill_level(c: &mut Criterion) {
                 b.iter(|| {
                     let ip = pool.allocate_auto().expect("free address");
                     pool.release(black_box(ip));
-                })
+                });
             });
             group.bench_function(BenchmarkId::new("linear", &id), |b| {
                 b.iter(|| {
                     let ip = linear.allocate().expect("free address");
                     linear.release(black_box(ip));
-                })
+                });
             });
         }
     }

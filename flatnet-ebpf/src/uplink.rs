@@ -120,7 +120,7 @@ fn judge(ctx: &TcContext) -> u64 {
     // A frame we cannot parse or answer is passed on, never dropped.
     match try_uplink_ingress(ctx) {
         Ok((verdict, claim)) => verdict | if claim { CLAIM_PENDING } else { 0 },
-        Err(_) => TC_PASS as u32 as u64,
+        Err(_) => u64::from(TC_PASS as u32),
     }
 }
 
@@ -128,7 +128,7 @@ fn judge(ctx: &TcContext) -> u64 {
 /// and whether a claim was noted for [`handle_claim`].
 #[inline(always)]
 fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
-    let pass = TC_PASS as u32 as u64;
+    let pass = u64::from(TC_PASS as u32);
     let Some((kind, l3)) = classify(ctx)? else {
         return Ok((pass, false));
     };
@@ -139,7 +139,10 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
             let claimed = arp_claim(&arp).is_some_and(|claim| note_claim(ifindex, &claim));
             if kind == FrameKind::ArpRequest {
-                return Ok((answer_arp(ctx, l3, ifindex, &arp) as u32 as u64, claimed));
+                return Ok((
+                    u64::from(answer_arp(ctx, l3, ifindex, &arp) as u32),
+                    claimed,
+                ));
             }
             Ok((pass, claimed))
         }

@@ -220,7 +220,7 @@ fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec the call writes.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 

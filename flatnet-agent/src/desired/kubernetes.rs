@@ -89,7 +89,7 @@ impl Kubernetes {
         Ok(())
     }
 
-    fn pod_names<'a>(&self, pod: &'a PodRef) -> Result<(&'a str, &'a str), DesiredStateError> {
+    fn pod_names(pod: &PodRef) -> Result<(&str, &str), DesiredStateError> {
         match (pod.namespace.as_deref(), pod.name.as_deref()) {
             (Some(ns), Some(name)) => Ok((ns, name)),
             _ => Err(DesiredStateError::InvalidRequest(
@@ -257,7 +257,7 @@ impl DesiredState for Kubernetes {
     }
 
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
-        let (namespace, name) = self.pod_names(&request.pod)?;
+        let (namespace, name) = Self::pod_names(&request.pod)?;
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let uid = request.pod.uid.as_deref();
         // One bound for the whole claim, both records of a dual-stack pod included.
@@ -312,7 +312,7 @@ impl DesiredState for Kubernetes {
         claim: &Claim,
         mac: MacAddr,
     ) -> Result<(), DesiredStateError> {
-        let (namespace, pod_name) = self.pod_names(pod)?;
+        let (namespace, pod_name) = Self::pod_names(pod)?;
         let mut names = vec![pod_name.to_owned()];
         if claim.subnets.len() > 1 {
             names.push(secondary_name(pod_name));
@@ -349,7 +349,7 @@ impl DesiredState for Kubernetes {
         pod: &PodRef,
         conflict: &Conflict,
     ) -> Result<(), DesiredStateError> {
-        let (namespace, name) = self.pod_names(pod)?;
+        let (namespace, name) = Self::pod_names(pod)?;
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let unavailable = |e: kube::Error| {
             DesiredStateError::Unavailable(format!(

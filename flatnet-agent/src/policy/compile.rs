@@ -300,7 +300,7 @@ fn resolve_peer(
             object: rule_ref.to_string(),
             policy: Some(rule_ref.policy_key()),
             message,
-        })
+        });
     };
     let has_selector = peer.pod_selector.is_some() || peer.namespace_selector.is_some();
     if let Some(block) = &peer.ip_block {

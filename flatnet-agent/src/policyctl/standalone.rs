@@ -167,7 +167,7 @@ fn diff<K: Ord, V: PartialEq>(
         match old.get(key) {
             None => out.push(format!("{what} {} added", name(key))),
             Some(previous) if previous != value => {
-                out.push(format!("{what} {} changed", name(key)))
+                out.push(format!("{what} {} changed", name(key)));
             }
             Some(_) => {}
         }

@@ -976,7 +976,7 @@ mod tests {
                 ..Default::default()
             },
             Route {
-                dev: "".into(),
+                dev: String::new(),
                 dst: "192.168.0.0".into(),
                 ..Default::default()
             },

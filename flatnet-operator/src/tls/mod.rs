@@ -281,7 +281,7 @@ pub fn load(resolver: &ReloadingResolver, metrics: &Metrics, secret: &Secret) {
             }
         }
         Err(error) => {
-            warn!(%error, "the webhook Secret holds no usable certificate; keeping the previous one")
+            warn!(%error, "the webhook Secret holds no usable certificate; keeping the previous one");
         }
     }
 }

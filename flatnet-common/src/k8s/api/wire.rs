@@ -52,6 +52,10 @@ pub mod optional {
     }
 
     /// Writes the address text; pair with `skip_serializing_if = "Option::is_none"`.
+    #[expect(
+        clippy::ref_option,
+        reason = "serde's `serialize_with` passes a reference to the field"
+    )]
     pub fn serialize<S: Serializer>(ip: &Option<IpAddr>, ser: S) -> Result<S::Ok, S::Error> {
         match ip {
             Some(ip) => ser.collect_str(ip),

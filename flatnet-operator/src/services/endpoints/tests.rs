@@ -275,7 +275,7 @@ fn pods_resolving_different_ports_get_separate_slices() {
 
 #[test]
 fn large_services_are_split_at_the_slice_limit() {
-    let pods: Vec<Pod> = (0..MAX_ENDPOINTS_PER_SLICE + 1)
+    let pods: Vec<Pod> = (0..=MAX_ENDPOINTS_PER_SLICE)
         .map(|i| {
             let ip = format!("10.1.{}.{}", i / 250, i % 250 + 1);
             pod(&format!("p{i:04}"))
