@@ -164,7 +164,7 @@ fn run(shape: &Shape, ops: Vec<Op>) -> Result<(), TestCaseError> {
         &usage.used_ip,
         &used_ranges::compress(expected.iter().copied())
     );
-    prop_assert_eq!(usage.used_ip_count, expected.len() as i64);
+    prop_assert_eq!(usage.used_ip_count, i64::try_from(expected.len()).unwrap());
     let expanded: Vec<IpAddr> = usage
         .used_ip
         .iter()

@@ -105,7 +105,8 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
     if outcome & CLAIM_PENDING != 0 {
         handle_claim(&ctx);
     }
-    let mut verdict = outcome as u32 as i32;
+    // The low 32 bits carry the verdict's bit pattern.
+    let mut verdict = (outcome as u32).cast_signed();
     if outcome & ANSWER_SOLICITATION != 0 {
         let l3 = ((outcome >> L3_SHIFT) & 0xffff) as usize;
         verdict = answer_neighbor_solicitation(&ctx, l3);
@@ -120,7 +121,7 @@ fn judge(ctx: &TcContext) -> u64 {
     // A frame we cannot parse or answer is passed on, never dropped.
     match try_uplink_ingress(ctx) {
         Ok((verdict, claim)) => verdict | if claim { CLAIM_PENDING } else { 0 },
-        Err(_) => u64::from(TC_PASS as u32),
+        Err(_) => u64::from(TC_PASS.cast_unsigned()),
     }
 }
 
@@ -128,7 +129,7 @@ fn judge(ctx: &TcContext) -> u64 {
 /// and whether a claim was noted for [`handle_claim`].
 #[inline(always)]
 fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
-    let pass = u64::from(TC_PASS as u32);
+    let pass = u64::from(TC_PASS.cast_unsigned());
     let Some((kind, l3)) = classify(ctx)? else {
         return Ok((pass, false));
     };
@@ -140,7 +141,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let claimed = arp_claim(&arp).is_some_and(|claim| note_claim(ifindex, &claim));
             if kind == FrameKind::ArpRequest {
                 return Ok((
-                    u64::from(answer_arp(ctx, l3, ifindex, &arp) as u32),
+                    u64::from(answer_arp(ctx, l3, ifindex, &arp).cast_unsigned()),
                     claimed,
                 ));
             }

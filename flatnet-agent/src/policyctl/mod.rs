@@ -325,10 +325,10 @@ impl<S: PolicySink> PolicyController<S> {
         };
         let in_force = self.policies_in_force(snapshot);
         self.metrics.applies.inc();
-        self.metrics.policies.set(in_force as i64);
+        self.metrics.policies.set(gauge(in_force));
         self.metrics
             .diagnostics
-            .set(compiled.diagnostics.len() as i64);
+            .set(gauge(compiled.diagnostics.len()));
         if report.entries_written + report.entries_removed > 0 {
             tracing::info!(
                 policies = in_force,
@@ -386,6 +386,11 @@ impl<S: PolicySink> PolicyController<S> {
             }
         }
     }
+}
+
+/// A count as a gauge value (saturating: no count comes near `i64::MAX`).
+fn gauge(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
