@@ -18,7 +18,7 @@ use aya_ebpf::{
 use flatnet_common::{
     FrameCounter, FrameKind,
     conflict::{
-        AddrKey, CONFLICT_RING_BYTES, Claim, ClaimKind, ConflictEvent, MANAGED_MAX_ENTRIES,
+        AddrKey, AddressClaim, CONFLICT_RING_BYTES, ClaimKind, ConflictEvent, MANAGED_MAX_ENTRIES,
         ManagedAddr, RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, arp_claim, ndp_claim,
         should_report, vlan_id,
     },
@@ -171,7 +171,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
 
 /// Notes `claim` for [`handle_claim`]; false when there is no slot.
 #[inline(always)]
-fn note_claim(ifindex: u32, claim: &Claim) -> bool {
+fn note_claim(ifindex: u32, claim: &AddressClaim) -> bool {
     let Some(slot) = PENDING_CLAIM.get_ptr_mut(0) else {
         return false;
     };

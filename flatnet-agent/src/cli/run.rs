@@ -14,8 +14,8 @@ use flatnet_agent::{
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
-    policy::{NetworkNames, api::DEFAULT_NETWORK_NAME},
-    policyctl::{
+    policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
+    policy_controller::{
         self, PinnedPolicy, PolicyController, PolicyTrigger, standalone::StandalonePolicies,
     },
     records::{DEFAULT_RECORD_DIR, Records},
@@ -252,7 +252,7 @@ impl RunArgs {
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let networks = policies.networks(&self.policy_networks);
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
-                tokio::spawn(policyctl::standalone::run(
+                tokio::spawn(policy_controller::standalone::run(
                     Arc::new(policies),
                     controller,
                     trigger,
@@ -264,7 +264,7 @@ impl RunArgs {
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
                 let policy_metrics = metrics.policy.clone();
                 tokio::spawn(async move {
-                    policyctl::kubernetes::run(
+                    policy_controller::kubernetes::run(
                         client,
                         &node_name,
                         controller,

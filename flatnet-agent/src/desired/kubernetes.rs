@@ -30,7 +30,8 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    AttachmentKey, Claim, ClaimRequest, DesiredState, DesiredStateError, NamedSubnet, PodRef,
+    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
+    PodRef,
 };
 use crate::{
     datapath::Conflict,
@@ -256,7 +257,7 @@ impl DesiredState for Kubernetes {
         "kubernetes"
     }
 
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<DesiredInterface, DesiredStateError> {
         let (namespace, name) = Self::pod_names(&request.pod)?;
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let uid = request.pod.uid.as_deref();
@@ -273,7 +274,7 @@ impl DesiredState for Kubernetes {
                     .await?,
             );
         }
-        let mut claim = Claim {
+        let mut claim = DesiredInterface {
             subnets: Vec::new(),
             addresses: Vec::new(),
             mac: None,
@@ -309,7 +310,7 @@ impl DesiredState for Kubernetes {
     async fn activate(
         &self,
         pod: &PodRef,
-        claim: &Claim,
+        claim: &DesiredInterface,
         mac: MacAddr,
     ) -> Result<(), DesiredStateError> {
         let (namespace, pod_name) = Self::pod_names(pod)?;

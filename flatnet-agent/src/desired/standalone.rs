@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::{
-    AttachmentKey, Claim, ClaimRequest, DesiredState, DesiredStateError, NamedSubnet, PodRef,
+    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
+    PodRef,
 };
 use crate::{atomic_file::write_atomic, datapath::Conflict, packet::MacAddr};
 
@@ -38,16 +39,16 @@ pub struct StateFile {
     #[serde(default)]
     pub networks: Vec<NetworkMapping>,
     /// MultiNetworkPolicies enforced on the pods (reloaded on change, see
-    /// `policyctl::standalone`).
+    /// `policy_controller::standalone`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub policies: Vec<crate::policy::MultiNetworkPolicy>,
+    pub policies: Vec<crate::policy_compiler::MultiNetworkPolicy>,
     /// Namespace name → labels, for namespace selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub namespaces: BTreeMap<String, crate::policy::selector::Labels>,
+    pub namespaces: BTreeMap<String, crate::policy_compiler::selector::Labels>,
     /// `namespace/name` of a pod (`K8S_POD_NAMESPACE`/`K8S_POD_NAME`) →
     /// its labels, for pod selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub pods: BTreeMap<String, crate::policy::selector::Labels>,
+    pub pods: BTreeMap<String, crate::policy_compiler::selector::Labels>,
 }
 
 /// A CNI network (the `name` of a network configuration) and its subnets.
@@ -421,7 +422,7 @@ impl DesiredState for Standalone {
         "standalone"
     }
 
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<DesiredInterface, DesiredStateError> {
         let subnets = self
             .state
             .subnets_for(&request.network, request.subnet.as_deref())?;
@@ -489,7 +490,7 @@ impl DesiredState for Standalone {
             }
             store.file = file;
         }
-        Ok(Claim {
+        Ok(DesiredInterface {
             subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),
             addresses,
             mac: request.requested_mac,
@@ -499,7 +500,7 @@ impl DesiredState for Standalone {
     async fn activate(
         &self,
         _pod: &PodRef,
-        _claim: &Claim,
+        _claim: &DesiredInterface,
         _mac: MacAddr,
     ) -> Result<(), DesiredStateError> {
         Ok(())

@@ -31,7 +31,7 @@ use super::{
         record_name,
     },
 };
-use crate::services::endpoints::is_flat_pod;
+use crate::flat_services::endpoints::is_flat_pod;
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";

@@ -26,7 +26,7 @@ use kube::{
 use crate::{
     annotations::{MANAGED_BY, MANAGED_BY_FLATNET},
     config::WebhookSettings,
-    services::FIELD_MANAGER,
+    flat_services::FIELD_MANAGER,
 };
 
 /// Path the webhooks post their reviews to.

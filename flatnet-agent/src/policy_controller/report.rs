@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::policy::{Diagnostic, MultiNetworkPolicy};
+use crate::policy_compiler::{Diagnostic, MultiNetworkPolicy};
 
 /// At most this many policies get Events per round, so a cluster-wide
 /// change cannot flood the API server.

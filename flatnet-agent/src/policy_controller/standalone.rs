@@ -27,7 +27,7 @@ use tokio::{
 use super::{NoEvents, PolicyController, PolicySink, PolicySnapshot, PolicyTrigger};
 use crate::{
     desired::standalone::StateFile,
-    policy::{
+    policy_compiler::{
         FlatPod, MultiNetworkPolicy, NetworkNames, api::DEFAULT_NETWORK_NAME,
         api::POLICY_FOR_ANNOTATION, selector::Labels,
     },

@@ -30,7 +30,8 @@ use super::{
     report::DiagnosticEvents,
 };
 use crate::{
-    desired::kubernetes::FIELD_MANAGER, policy::MultiNetworkPolicy, service::metrics::PolicyMetrics,
+    desired::kubernetes::FIELD_MANAGER, policy_compiler::MultiNetworkPolicy,
+    service::metrics::PolicyMetrics,
 };
 
 /// Longest Event note (the API server rejects longer ones).

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{Resource, ResourceExt, runtime::watcher};
 
 use super::PolicySnapshot;
-use crate::policy::{FlatPod, MultiNetworkPolicy, selector::Labels};
+use crate::policy_compiler::{FlatPod, MultiNetworkPolicy, selector::Labels};
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
 type ObjectKey = (String, String);

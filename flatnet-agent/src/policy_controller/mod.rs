@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::{
     datapath::{ApplyReport, DatapathError, PolicyMaps, PolicyRuleIds},
-    policy::{
+    policy_compiler::{
         CompiledPolicy, FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile,
         selector::Labels,
     },
