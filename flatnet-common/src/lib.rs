@@ -16,6 +16,6 @@ pub mod responder;
 pub mod verdict;
 
 #[cfg(feature = "k8s")]
-pub mod k8s;
+pub use flatnet_k8s as k8s;
 
 pub use frame_counter::{FrameCounter, FrameKind};

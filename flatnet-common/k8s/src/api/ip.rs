@@ -131,7 +131,7 @@ impl FlatNetworkIP {
             return owner.name.clone();
         }
         let name = self.name_any();
-        name.strip_suffix(crate::k8s::keys::SECONDARY_RECORD_SUFFIX)
+        name.strip_suffix(crate::keys::SECONDARY_RECORD_SUFFIX)
             .map_or(name.clone(), str::to_owned)
     }
 }

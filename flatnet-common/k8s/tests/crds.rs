@@ -1,14 +1,13 @@
 //! The committed CRD chart must match the Rust API types.
-#![cfg(feature = "k8s")]
 
-use flatnet_common::k8s::{api, crd_yaml};
+use flatnet_k8s::{api, crd_yaml};
 use kube::CustomResourceExt;
 
 #[test]
 fn committed_crds_match_the_api_types() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../charts/flatnet-crd/templates/crds.yaml"
+        "/../../charts/flatnet-crd/templates/crds.yaml"
     );
     let committed = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
     assert!(

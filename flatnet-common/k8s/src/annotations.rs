@@ -23,7 +23,7 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use crate::k8s::{
+use crate::{
     ipam::{Family, Mac, MacError},
     keys::annotation,
 };

@@ -5,7 +5,7 @@
 use std::{collections::HashSet, hint::black_box, net::IpAddr};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
     ipam::{Pool, from_u128, to_u128},
     validation::{ValidSubnet, validate_subnet},
@@ -31,7 +31,7 @@ struct LinearPool {
 impl LinearPool {
     fn new(subnet: &ValidSubnet) -> Self {
         let mut excluded = HashSet::from([subnet.cidr.first()]);
-        if subnet.cidr.family() == flatnet_common::k8s::ipam::Family::V4 {
+        if subnet.cidr.family() == flatnet_k8s::ipam::Family::V4 {
             excluded.insert(subnet.cidr.last());
         }
         Self {

@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, fmt, str::FromStr};
 
-use crate::k8s::{api::FlatNetworkSubnet, validation::ParentLink};
+use crate::{api::FlatNetworkSubnet, validation::ParentLink};
 
 /// A unicast Ethernet MAC address. Displays lower-case, colon-separated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -165,7 +165,7 @@ pub fn choose_mac(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::k8s::api::{FlatNetworkSubnetSpec, FlatNetworkSubnetStatus};
+    use crate::api::{FlatNetworkSubnetSpec, FlatNetworkSubnetStatus};
 
     fn mac(text: &str) -> Mac {
         Mac::parse(text).unwrap()

@@ -121,7 +121,7 @@ pub fn reuse_recorded(recorded: Recorded<'_>, request: Request<'_>, pool: &Pool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::k8s::{
+    use crate::{
         api::{FlatNetworkSubnetSpec, IpRange},
         validation::validate_subnet,
     };

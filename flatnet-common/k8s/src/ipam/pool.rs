@@ -7,7 +7,7 @@ use super::{
     intervals::IntervalSet,
     used_ranges,
 };
-use crate::k8s::{
+use crate::{
     api::IpRange,
     validation::{ValidSubnet, has_broadcast_address, has_network_address},
 };
@@ -354,7 +354,7 @@ fn saturating_i64(value: u128) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::k8s::{
+    use crate::{
         api::{FlatNetworkSubnetSpec, IpRange},
         validation::validate_subnet,
     };

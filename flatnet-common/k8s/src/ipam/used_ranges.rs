@@ -10,7 +10,7 @@ use super::{
     cidr::{Family, from_u128, to_u128},
     intervals::IntervalSet,
 };
-use crate::k8s::api::IpRange;
+use crate::api::IpRange;
 
 /// Compresses addresses (any order, duplicates allowed) into `usedIP` form.
 pub fn compress(addresses: impl IntoIterator<Item = IpAddr>) -> Vec<IpRange> {

@@ -10,7 +10,7 @@
 
 use std::{fmt, net::IpAddr};
 
-use crate::k8s::{
+use crate::{
     api::{FlatNetworkSubnetSpec, Route},
     ipam::{Cidr, Family, to_u128},
 };
@@ -264,7 +264,7 @@ pub enum SubnetError {
     },
     /// `cidr` does not parse.
     #[error("spec.cidr: {0}")]
-    Cidr(#[from] crate::k8s::ipam::CidrError),
+    Cidr(#[from] crate::ipam::CidrError),
     /// `gateway` is outside the CIDR or of the other family.
     #[error(
         "spec.gateway {gateway} is not inside spec.cidr {cidr}: use an address of the subnet or leave it empty"
@@ -337,7 +337,7 @@ pub enum SubnetError {
         /// Position in `spec.routes`.
         index: usize,
         /// Why it does not parse.
-        source: crate::k8s::ipam::CidrError,
+        source: crate::ipam::CidrError,
     },
     /// A route's `via` or `src` is of the other family than `dst`.
     #[error(
@@ -739,7 +739,7 @@ fn conflict_with(subnet: &ValidSubnet, sibling: &ValidSubnet) -> Option<SubnetCo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::k8s::api::IpRange;
+    use crate::api::IpRange;
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()

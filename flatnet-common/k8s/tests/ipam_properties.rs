@@ -1,11 +1,10 @@
 //! Property tests of the IPAM pool: random allocate / request / mark /
 //! release sequences, checked against a plain set model, on small and large
 //! pools of both families.
-#![cfg(feature = "k8s")]
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkSubnetSpec, IpRange},
     ipam::{Cidr, Family, Pool, PoolError, from_u128, to_u128, used_ranges},
     validation::{ValidSubnet, validate_subnet},
