@@ -58,7 +58,7 @@ fn main() {
             object.display()
         ),
     };
-    let excluded = workspace.join("flatnet-common/src/k8s");
+    let excluded = workspace.join("flatnet-common/k8s/src");
     if let Some((newest, path)) = newest_source(&sources, &excluded)
         && newest > built
     {

@@ -24,9 +24,9 @@ use flatnet_agent::{
     desired::standalone::StateFile,
     policy_compiler::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
 };
-use flatnet_common::{
-    k8s::{api::FlatNetworkSubnet, ipam::Pool, keys::annotation, validation::validate_subnet},
-    policy::{Direction, proto},
+use flatnet_common::policy::{Direction, proto};
+use flatnet_k8s::{
+    api::FlatNetworkSubnet, ipam::Pool, keys::annotation, validation::validate_subnet,
 };
 use serde_json::Value;
 

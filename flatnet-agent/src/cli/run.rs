@@ -22,7 +22,8 @@ use flatnet_agent::{
     rpc::{AgentServer, ServerConfig},
     service::{AgentService, Metrics, ServiceConfig, SpecSettings},
 };
-use flatnet_common::{k8s::env, pin::PIN_ROOT};
+use flatnet_common::pin::PIN_ROOT;
+use flatnet_k8s::env;
 use ipnet::IpNet;
 
 #[derive(Args, Debug)]

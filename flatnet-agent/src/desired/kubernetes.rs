@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, label},
 };

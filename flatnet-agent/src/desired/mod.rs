@@ -9,7 +9,7 @@ pub mod standalone;
 
 use std::{fmt, future::Future, net::IpAddr};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
     validation::{InvalidSubnet, ValidSubnet, validate_subnet},
 };

@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     ipam::{Family, Pool},
     validation::{ValidSubnet, check_siblings},
 };

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use flatnet_common::k8s::validation::{IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode};
+pub use flatnet_k8s::validation::{IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode};
 use ipnet::IpNet;
 
 use super::LinkError;

@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use flatnet_common::k8s::{api::FlatNetworkIP, keys::annotation};
+use flatnet_k8s::{api::FlatNetworkIP, keys::annotation};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{Resource, ResourceExt, runtime::watcher};
 

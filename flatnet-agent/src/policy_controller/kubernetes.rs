@@ -12,7 +12,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use flatnet_common::k8s::api::FlatNetworkIP;
+use flatnet_k8s::api::FlatNetworkIP;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::{PodRequest, parse_pod_request},
     api::{FlatNetworkIP, FlatNetworkSubnet, phase},
     ipam::{Cidr, Family},

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, future::Future};
 
-use flatnet_common::k8s::api::{IpRange, Route, RouteSettings};
+use flatnet_k8s::api::{IpRange, Route, RouteSettings};
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 

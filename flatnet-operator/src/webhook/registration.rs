@@ -113,7 +113,7 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
             webhook(
                 SUBNET_WEBHOOK,
                 vec![rule(
-                    flatnet_common::k8s::api::GROUP,
+                    flatnet_k8s::api::GROUP,
                     &["v1"],
                     &["flatnetworksubnets"],
                     &["CREATE", "UPDATE", "DELETE"],
