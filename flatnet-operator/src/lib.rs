@@ -10,7 +10,6 @@
 
 pub mod admin;
 pub mod allocation;
-pub mod annotations;
 pub mod cidr;
 pub mod config;
 pub mod flat_services;

@@ -81,6 +81,17 @@ pub mod label {
     pub const ENDPOINTSLICE_SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
     /// On EndpointSlices: the controller that owns the slice.
     pub const ENDPOINTSLICE_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
-    /// [`ENDPOINTSLICE_MANAGED_BY`] value; the original's, so existing slices are adopted.
-    pub const ENDPOINTSLICE_MANAGED_BY_VALUE: &str = "rancher-flat-network-controller";
+    /// [`ENDPOINTSLICE_MANAGED_BY`] value on the slices flatnet writes; any
+    /// value but the built-in controller's makes that controller leave them
+    /// alone. (rancher-flat-network wrote `rancher-flat-network-controller`.)
+    pub const ENDPOINTSLICE_MANAGED_BY_VALUE: &str = "flatnet.pandaria.io";
+    /// On EndpointSlices: the Service the slice belongs to.
+    pub const ENDPOINTSLICE_SERVICE_NAME: &str = "kubernetes.io/service-name";
+    /// Standard label naming the tool that manages an object.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// [`MANAGED_BY`] value on the objects flatnet-operator creates.
+    pub const MANAGED_BY_FLATNET: &str = "flatnet-operator";
+    /// On flat Services and their slices: the original Service, so events on
+    /// them map back to the Service to reconcile.
+    pub const PARENT_SERVICE: &str = "flatnet.pandaria.io/parent-service";
 }

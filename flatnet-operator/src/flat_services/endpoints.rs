@@ -21,11 +21,7 @@ use kube::ResourceExt;
 use serde::Deserialize;
 
 use super::flat_service::short_hash;
-use crate::annotations::{
-    ENDPOINTSLICE_MANAGED_BY, ENDPOINTSLICE_MANAGER, ENDPOINTSLICE_SERVICE_NAME,
-    FLAT_NETWORK_SERVICE, FLAT_NETWORK_SERVICE_DISABLED, MULTUS_NETWORK_STATUS, PARENT_SERVICE,
-    POD_IP, POD_SELECTED_IP, POD_SUBNET,
-};
+use flatnet_k8s::keys::{annotation, label};
 
 /// Most endpoints the API server accepts in one EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
@@ -35,7 +31,7 @@ pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
 #[must_use]
 pub fn is_flat_pod(pod: &Pod) -> bool {
     let annotations = pod.annotations();
-    [POD_IP, POD_SUBNET]
+    [annotation::IP, annotation::SUBNET]
         .iter()
         .all(|key| annotations.get(*key).is_some_and(|v| !v.trim().is_empty()))
 }
@@ -44,8 +40,8 @@ pub fn is_flat_pod(pod: &Pod) -> bool {
 #[must_use]
 pub fn opts_out(pod: &Pod) -> bool {
     pod.annotations()
-        .get(FLAT_NETWORK_SERVICE)
-        .is_some_and(|v| v == FLAT_NETWORK_SERVICE_DISABLED)
+        .get(annotation::FLAT_NETWORK_SERVICE)
+        .is_some_and(|v| v == annotation::FLAT_NETWORK_SERVICE_DISABLED)
 }
 
 /// Address family of an EndpointSlice.
@@ -116,10 +112,10 @@ pub enum FlatAddresses {
 /// not there, so the label is not used then.
 #[must_use]
 pub fn flat_addresses(pod: &Pod, attachment: &str) -> FlatAddresses {
-    let Some(status) = pod.annotations().get(MULTUS_NETWORK_STATUS) else {
+    let Some(status) = pod.annotations().get(annotation::MULTUS_NETWORK_STATUS) else {
         return pod
             .labels()
-            .get(POD_SELECTED_IP)
+            .get(label::SELECTED_IP)
             .and_then(|label| decode_selected_ip(label))
             .map_or(FlatAddresses::NotYet, |ip| FlatAddresses::Found(vec![ip]));
     };
@@ -127,7 +123,8 @@ pub fn flat_addresses(pod: &Pod, attachment: &str) -> FlatAddresses {
         Ok(entries) => entries,
         Err(e) => {
             return FlatAddresses::Invalid(format!(
-                "{MULTUS_NETWORK_STATUS} is not valid JSON: {e}"
+                "{} is not valid JSON: {e}",
+                annotation::MULTUS_NETWORK_STATUS
             ));
         }
     };
@@ -143,7 +140,8 @@ pub fn flat_addresses(pod: &Pod, attachment: &str) -> FlatAddresses {
             Ok(addr) => addrs.push(addr),
             Err(_) => {
                 return FlatAddresses::Invalid(format!(
-                    "{MULTUS_NETWORK_STATUS} entry {:?} has the address {ip:?}",
+                    "{} entry {:?} has the address {ip:?}",
+                    annotation::MULTUS_NETWORK_STATUS,
                     entry.name
                 ));
             }
@@ -391,12 +389,15 @@ fn slice(
             name: Some(name),
             namespace: original.namespace(),
             labels: Some(BTreeMap::from([
-                (ENDPOINTSLICE_SERVICE_NAME.to_owned(), flat_name.to_owned()),
                 (
-                    ENDPOINTSLICE_MANAGED_BY.to_owned(),
-                    ENDPOINTSLICE_MANAGER.to_owned(),
+                    label::ENDPOINTSLICE_SERVICE_NAME.to_owned(),
+                    flat_name.to_owned(),
                 ),
-                (PARENT_SERVICE.to_owned(), original.name_any()),
+                (
+                    label::ENDPOINTSLICE_MANAGED_BY.to_owned(),
+                    label::ENDPOINTSLICE_MANAGED_BY_VALUE.to_owned(),
+                ),
+                (label::PARENT_SERVICE.to_owned(), original.name_any()),
             ])),
             owner_references: Some(vec![flat_owner.clone()]),
             ..ObjectMeta::default()

@@ -8,7 +8,7 @@ use k8s_openapi::{
 };
 use kube::{Resource, ResourceExt};
 
-use crate::annotations::{MANAGED_BY, MANAGED_BY_FLATNET, MULTUS_NETWORKS, PARENT_SERVICE};
+use flatnet_k8s::keys::{annotation, label};
 
 /// Suffix of every flat Service name, as in the original.
 pub const FLAT_SERVICE_SUFFIX: &str = "-flat-network";
@@ -46,7 +46,7 @@ pub fn short_hash(text: &str) -> String {
 /// True when the Service was created by flatnet (it is never a parent itself).
 #[must_use]
 pub fn is_managed_by_flatnet(service: &Service) -> bool {
-    service.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGED_BY_FLATNET)
+    service.labels().get(label::MANAGED_BY).map(String::as_str) == Some(label::MANAGED_BY_FLATNET)
 }
 
 /// The flat Service flatnet applies for `original`.
@@ -83,11 +83,14 @@ pub fn desired_flat_service(original: &Service, attachment: &str) -> Option<Serv
             name: Some(name),
             namespace: original.namespace(),
             labels: Some(BTreeMap::from([
-                (MANAGED_BY.to_owned(), MANAGED_BY_FLATNET.to_owned()),
-                (PARENT_SERVICE.to_owned(), original.name_any()),
+                (
+                    label::MANAGED_BY.to_owned(),
+                    label::MANAGED_BY_FLATNET.to_owned(),
+                ),
+                (label::PARENT_SERVICE.to_owned(), original.name_any()),
             ])),
             annotations: Some(BTreeMap::from([(
-                MULTUS_NETWORKS.to_owned(),
+                annotation::MULTUS_NETWORKS.to_owned(),
                 attachment.to_owned(),
             )])),
             owner_references: Some(vec![owner]),

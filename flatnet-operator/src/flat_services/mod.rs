@@ -29,14 +29,17 @@ use self::{
     endpoints::{desired_slices, is_flat_pod, opts_out},
     flat_service::{desired_flat_service, flat_service_name, is_managed_by_flatnet},
 };
-use crate::{
-    admin::Health,
-    annotations::{
-        ENDPOINTSLICE_MANAGED_BY, ENDPOINTSLICE_MANAGER, ENDPOINTSLICE_SERVICE_NAME, MANAGED_BY,
-        MANAGED_BY_FLATNET, PARENT_SERVICE,
-    },
-    metrics::Metrics,
-};
+use crate::{admin::Health, metrics::Metrics};
+use flatnet_k8s::keys::label;
+
+/// The label selector of the EndpointSlices flatnet writes.
+fn flat_slices_label() -> String {
+    format!(
+        "{}={}",
+        label::ENDPOINTSLICE_MANAGED_BY,
+        label::ENDPOINTSLICE_MANAGED_BY_VALUE
+    )
+}
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "service";
@@ -210,10 +213,17 @@ pub async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &namespace);
     let current = slices
         .list_metadata(&ListParams::default().labels(&format!(
-            "{ENDPOINTSLICE_SERVICE_NAME}={flat_name},{ENDPOINTSLICE_MANAGED_BY}={ENDPOINTSLICE_MANAGER}"
+            "{}={flat_name},{}",
+            label::ENDPOINTSLICE_SERVICE_NAME,
+            flat_slices_label()
         )))
         .await
-        .map_err(Error::kube("list", "EndpointSlices of Service", &namespace, &flat_name))?;
+        .map_err(Error::kube(
+            "list",
+            "EndpointSlices of Service",
+            &namespace,
+            &flat_name,
+        ))?;
     for slice in &desired.slices {
         let slice_name = slice.name_any();
         slices
@@ -321,7 +331,7 @@ fn selects(service: &Service, labels: &BTreeMap<String, String>) -> bool {
 
 /// The parent Service named by a flat EndpointSlice's label.
 fn parent_of_slice(slice: &EndpointSlice) -> Option<ObjectRef<Service>> {
-    let parent = slice.labels().get(PARENT_SERVICE)?;
+    let parent = slice.labels().get(label::PARENT_SERVICE)?;
     let namespace = slice.namespace()?;
     Some(ObjectRef::new(parent).within(&namespace))
 }
@@ -347,7 +357,11 @@ pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: Can
     let drained = controller
         .owns(
             Api::<Service>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_FLATNET}")),
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                label::MANAGED_BY,
+                label::MANAGED_BY_FLATNET
+            )),
         )
         .watches(
             Api::<Pod>::all(client.clone()),
@@ -356,9 +370,7 @@ pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: Can
         )
         .watches(
             Api::<EndpointSlice>::all(client),
-            watcher::Config::default().labels(&format!(
-                "{ENDPOINTSLICE_MANAGED_BY}={ENDPOINTSLICE_MANAGER}"
-            )),
+            watcher::Config::default().labels(&flat_slices_label()),
             |slice| parent_of_slice(&slice),
         )
         .with_config(controller::Config::default().concurrency(workers))

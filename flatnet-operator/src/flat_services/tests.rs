@@ -375,7 +375,10 @@ fn pod_events_map_to_the_services_selecting_flat_pods() {
 fn slice_events_map_to_the_parent_service() {
     let mut slice = EndpointSlice::default();
     slice.metadata.namespace = Some(NS.into());
-    slice.metadata.labels = Some(BTreeMap::from([(PARENT_SERVICE.into(), "web".into())]));
+    slice.metadata.labels = Some(BTreeMap::from([(
+        label::PARENT_SERVICE.into(),
+        "web".into(),
+    )]));
     assert_eq!(
         parent_of_slice(&slice),
         Some(ObjectRef::new("web").within(NS))

@@ -28,11 +28,11 @@ fn addresses(slice: &EndpointSlice) -> Vec<String> {
 fn flat_pod_needs_both_annotations_non_empty() {
     assert!(is_flat_pod(&pod("a").flat()));
     assert!(!is_flat_pod(&pod("a")));
-    assert!(!is_flat_pod(&pod("a").annotated(POD_IP, "auto")));
+    assert!(!is_flat_pod(&pod("a").annotated(annotation::IP, "auto")));
     assert!(!is_flat_pod(
         &pod("a")
-            .annotated(POD_IP, "auto")
-            .annotated(POD_SUBNET, " ")
+            .annotated(annotation::IP, "auto")
+            .annotated(annotation::SUBNET, " ")
     ));
 }
 
@@ -44,7 +44,7 @@ fn network_status_entry_is_found_by_attachment_name_in_any_namespace() {
         FlatAddresses::Found(vec!["192.168.1.10".parse().unwrap()])
     );
     let bare = pod("a").annotated(
-        MULTUS_NETWORK_STATUS,
+        annotation::MULTUS_NETWORK_STATUS,
         r#"[{"name":"rancher-flat-network","ips":["fd00::5"]}]"#,
     );
     assert_eq!(
@@ -52,7 +52,7 @@ fn network_status_entry_is_found_by_attachment_name_in_any_namespace() {
         FlatAddresses::Found(vec!["fd00::5".parse().unwrap()])
     );
     let other_ns = pod("a").annotated(
-        MULTUS_NETWORK_STATUS,
+        annotation::MULTUS_NETWORK_STATUS,
         r#"[{"name":"kube-system/rancher-flat-network","ips":["192.168.1.11"]}]"#,
     );
     assert!(matches!(
@@ -64,18 +64,18 @@ fn network_status_entry_is_found_by_attachment_name_in_any_namespace() {
 #[test]
 fn network_status_without_the_attachment_is_not_yet() {
     let p = pod("a").annotated(
-        MULTUS_NETWORK_STATUS,
+        annotation::MULTUS_NETWORK_STATUS,
         r#"[{"name":"cbr0","ips":["10.42.0.7"],"default":true}]"#,
     );
     assert_eq!(flat_addresses(&p, NAD), FlatAddresses::NotYet);
     let no_ips = pod("a").annotated(
-        MULTUS_NETWORK_STATUS,
+        annotation::MULTUS_NETWORK_STATUS,
         r#"[{"name":"shop/rancher-flat-network"}]"#,
     );
     assert_eq!(flat_addresses(&no_ips, NAD), FlatAddresses::NotYet);
     // A similar but different name is another attachment.
     let similar = pod("a").annotated(
-        MULTUS_NETWORK_STATUS,
+        annotation::MULTUS_NETWORK_STATUS,
         r#"[{"name":"shop/rancher-flat-network2","ips":["1.2.3.4"]}]"#,
     );
     assert_eq!(flat_addresses(&similar, NAD), FlatAddresses::NotYet);
@@ -84,14 +84,14 @@ fn network_status_without_the_attachment_is_not_yet() {
 #[test]
 fn malformed_network_status_is_invalid_not_an_error() {
     for bad in ["", "{", r#"{"name":"x"}"#, r#"[{"ips":["1.2.3.4"]}]"#] {
-        let p = pod("a").annotated(MULTUS_NETWORK_STATUS, bad);
+        let p = pod("a").annotated(annotation::MULTUS_NETWORK_STATUS, bad);
         assert!(
             matches!(flat_addresses(&p, NAD), FlatAddresses::Invalid(_)),
             "{bad:?}"
         );
     }
     let bad_ip = pod("a").annotated(
-        MULTUS_NETWORK_STATUS,
+        annotation::MULTUS_NETWORK_STATUS,
         r#"[{"name":"rancher-flat-network","ips":["10.0.0.300"]}]"#,
     );
     let FlatAddresses::Invalid(reason) = flat_addresses(&bad_ip, NAD) else {
@@ -107,12 +107,12 @@ fn selected_ip_label_is_the_fallback_only_without_network_status() {
         .labels
         .as_mut()
         .unwrap()
-        .insert(POD_SELECTED_IP.into(), "fd00.1..5".into());
+        .insert(label::SELECTED_IP.into(), "fd00.1..5".into());
     assert_eq!(
         flat_addresses(&p, NAD),
         FlatAddresses::Found(vec!["fd00:1::5".parse().unwrap()])
     );
-    let with_status = p.annotated(MULTUS_NETWORK_STATUS, "[]");
+    let with_status = p.annotated(annotation::MULTUS_NETWORK_STATUS, "[]");
     assert_eq!(flat_addresses(&with_status, NAD), FlatAddresses::NotYet);
     assert_eq!(
         decode_selected_ip("192.168.1.4"),
@@ -185,8 +185,14 @@ fn one_slice_per_family_with_the_flat_addresses() {
     let name = v4.metadata.name.as_deref().unwrap();
     assert!(name.starts_with("web-flat-network-ipv4-"), "{name}");
     let labels = v4.metadata.labels.as_ref().unwrap();
-    assert_eq!(labels[ENDPOINTSLICE_SERVICE_NAME], "web-flat-network");
-    assert_eq!(labels[ENDPOINTSLICE_MANAGED_BY], "flatnet.pandaria.io");
+    assert_eq!(
+        labels[label::ENDPOINTSLICE_SERVICE_NAME],
+        "web-flat-network"
+    );
+    assert_eq!(
+        labels[label::ENDPOINTSLICE_MANAGED_BY],
+        "flatnet.pandaria.io"
+    );
     assert_eq!(
         v4.metadata.owner_references.as_ref().unwrap()[0].name,
         "web-flat-network"
@@ -222,7 +228,7 @@ fn pods_without_address_finished_or_not_flat_are_left_out() {
         done,
         pod("broken")
             .flat()
-            .annotated(MULTUS_NETWORK_STATUS, "{oops"),
+            .annotated(annotation::MULTUS_NETWORK_STATUS, "{oops"),
         pod("ok").flat().with_flat_ips(&["192.168.1.10"]),
     ];
     let desired = slices_of(&service("web"), &pods);
@@ -316,7 +322,7 @@ proptest! {
 
     #[test]
     fn arbitrary_network_status_text_never_panics(text in ".*") {
-        let p = pod("a").annotated(MULTUS_NETWORK_STATUS, &text);
+        let p = pod("a").annotated(annotation::MULTUS_NETWORK_STATUS, &text);
         let _ = flat_addresses(&p, NAD);
     }
 }
