@@ -1,5 +1,11 @@
 //! Locates the eBPF object built by `cargo xtask build-ebpf` and refuses to
 //! build the agent against a missing or stale one.
+//!
+//! Not `aya-build`: it would build the eBPF crate from inside this script
+//! (a nested cargo on the pinned nightly with rust-src and bpf-linker for
+//! every agent build, check and clippy run), so the explicit
+//! `cargo xtask build-ebpf` step, `FLATNET_EBPF_OBJECT` and the stale-object
+//! error would go.
 
 use std::{
     env, fs,
@@ -22,12 +28,11 @@ fn main() {
 
     if let Some(explicit) = env::var_os("FLATNET_EBPF_OBJECT") {
         let object = PathBuf::from(explicit);
-        if !object.is_file() {
-            panic!(
-                "FLATNET_EBPF_OBJECT={} does not exist; {HOW_TO_BUILD}",
-                object.display()
-            );
-        }
+        assert!(
+            object.is_file(),
+            "FLATNET_EBPF_OBJECT={} does not exist; {HOW_TO_BUILD}",
+            object.display()
+        );
         emit(&object);
         return;
     }
@@ -37,8 +42,9 @@ fn main() {
         .unwrap_or_else(|| workspace.join("target"));
     let object = target_dir.join("bpfel-unknown-none/release/flatnet-ebpf");
 
-    // Everything that feeds the kernel object. The `k8s` module of
-    // flatnet-common never reaches the kernel, so it does not make it stale.
+    // Everything that feeds the kernel object. The crates nested in
+    // flatnet-common/ (flatnet-k8s, flatnet-packet-socket) are user space
+    // only and lie outside these paths.
     let sources = [
         workspace.join("flatnet-ebpf/src"),
         workspace.join("flatnet-ebpf/Cargo.toml"),
@@ -59,8 +65,7 @@ fn main() {
             object.display()
         ),
     };
-    let excluded = workspace.join("flatnet-common/src/k8s");
-    if let Some((newest, path)) = newest_source(&sources, &excluded)
+    if let Some((newest, path)) = newest_source(&sources)
         && newest > built
     {
         panic!(
@@ -76,14 +81,11 @@ fn emit(object: &Path) {
     println!("cargo:rustc-env=FLATNET_EBPF_OBJECT={}", object.display());
 }
 
-/// The most recently modified file among `roots` (recursively), skipping `excluded`.
-fn newest_source(roots: &[PathBuf], excluded: &Path) -> Option<(SystemTime, PathBuf)> {
+/// The most recently modified file among `roots` (recursively).
+fn newest_source(roots: &[PathBuf]) -> Option<(SystemTime, PathBuf)> {
     let mut newest: Option<(SystemTime, PathBuf)> = None;
     let mut pending: Vec<PathBuf> = roots.to_vec();
     while let Some(path) = pending.pop() {
-        if path.starts_with(excluded) {
-            continue;
-        }
         let Ok(meta) = fs::metadata(&path) else {
             continue;
         };

@@ -10,7 +10,6 @@ mod support;
 
 use std::{
     net::Ipv4Addr,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     thread,
     time::{Duration, Instant},
 };
@@ -19,10 +18,11 @@ use etherparse::ArpOperation;
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, detach_uplink},
     netns::run_in_netns,
-    packet::{BROADCAST, RawSocket, arp_frame},
+    packet::{BROADCAST, RawSocket, Receive, arp_frame},
 };
 use support::{TestNetns, TestPinRoot, veth_pair};
 
+const ETHERTYPE_ARP: u16 = 0x0806;
 const REQUESTS: u64 = 60_000;
 const BURST: u64 = 20;
 const LAN_MAC: [u8; 6] = [0x02, 0, 0x5e, 0, 0, 0x01];
@@ -161,75 +161,34 @@ fn measure(lan: &TestNetns, request: &[u8]) -> Measurement {
     .unwrap()
 }
 
-/// An AF_PACKET socket receiving the ARP frames of one interface.
+/// A raw socket receiving the ARP frames of one interface.
 struct ArpReceiver {
-    fd: OwnedFd,
+    socket: RawSocket,
 }
 
 impl ArpReceiver {
+    /// No reply within this long: no more are coming.
+    const QUIET: Duration = Duration::from_millis(300);
+
     fn open(ifname: &str) -> Self {
-        let protocol = (libc::ETH_P_ARP as u16).to_be();
-        // SAFETY: plain socket(2); checked below.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                i32::from(protocol),
-            )
-        };
-        assert!(raw >= 0, "socket: {}", std::io::Error::last_os_error());
-        // SAFETY: fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let ifindex = nix::net::if_::if_nametoindex(ifname).unwrap() as i32;
-        // SAFETY: zeroed sockaddr_ll is valid; fields set below.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = protocol;
-        addr.sll_ifindex = ifindex;
-        let addr_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-        // SAFETY: valid address of the given length.
-        let rc = unsafe { libc::bind(raw, (&raw const addr).cast(), addr_len) };
-        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
-        let timeout = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 300_000,
-        };
-        let buffer: libc::c_int = 8 << 20;
-        // SAFETY: valid option values of the given lengths.
-        unsafe {
-            libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&raw const timeout).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            );
-            libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&raw const buffer).cast(),
-                4,
-            );
-        }
-        Self { fd }
+        let socket = RawSocket::open_receiving(ifname, Receive::EtherType(ETHERTYPE_ARP)).unwrap();
+        // Room for the bursts of replies while the counter catches up.
+        socket.set_receive_buffer(8 << 20).unwrap();
+        Self { socket }
     }
 
     /// Counts incoming ARP replies for TARGET until `expected` arrived or
-    /// none came within the receive timeout; returns the count and the time
-    /// of the last one.
+    /// none came within [`Self::QUIET`]; returns the count and the time of
+    /// the last one.
     fn count_replies(&self, expected: u64) -> (u64, Instant) {
         let mut buf = [0u8; 128];
         let mut replies = 0;
         let mut last = Instant::now();
         while replies < expected {
-            // SAFETY: buffer valid for its length.
-            let n =
-                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
+            let Ok(Some(received)) = self.socket.receive(&mut buf, Self::QUIET) else {
                 break; // Timed out: no more replies are coming.
-            }
-            let frame = &buf[..n as usize];
+            };
+            let frame = &buf[..received.len];
             // The socket also sees our own requests; count only replies for TARGET.
             if frame.len() >= 42 && frame[20..22] == [0, 2] && frame[28..32] == TARGET.octets() {
                 replies += 1;

@@ -329,6 +329,10 @@ fn summary(from: &[Option<Instant>], to: &[Option<Instant>]) -> String {
 }
 
 /// The `p`-th percentile (0..=1) by nearest rank of sorted samples.
+#[expect(
+    clippy::cast_sign_loss,
+    reason = "`p` and the length are not negative, so neither is the rank"
+)]
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]

@@ -22,7 +22,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use anyhow::{Context, bail};
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PolicyMaps, PolicyRuleIds},
-    policy::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
+    policy_compiler::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
 };
 use flatnet_common::{policy::Direction, verdict};
 

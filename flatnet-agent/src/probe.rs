@@ -4,15 +4,15 @@
 //! IPv6) and listens briefly for an answer from another MAC.
 
 use std::{
-    io,
     net::{IpAddr, Ipv4Addr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     time::{Duration, Instant},
 };
 
 use etherparse::{ArpOperation, Icmpv6Type, LinkSlice, NetSlice, SlicedPacket, TransportSlice};
 
-use crate::packet::{BROADCAST, FrameError, MacAddr, arp_frame, dad_probe_frame};
+use crate::packet::{
+    BROADCAST, FrameError, MacAddr, RawSocket, RawSocketError, Receive, arp_frame, dad_probe_frame,
+};
 
 /// Another host answered for an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,16 +34,9 @@ pub enum ProbeError {
         /// The errno.
         source: nix::Error,
     },
-    /// A socket operation failed.
-    #[error("{op} on the probe socket of {interface}: {source}")]
-    Io {
-        /// The operation.
-        op: &'static str,
-        /// Interface name.
-        interface: String,
-        /// The cause.
-        source: io::Error,
-    },
+    /// The probe socket failed.
+    #[error("probe socket: {0}")]
+    Socket(#[from] RawSocketError),
     /// A probe frame could not be built.
     #[error(transparent)]
     Frame(#[from] FrameError),
@@ -73,8 +66,8 @@ pub fn probe(
     addrs: &[IpAddr],
     wait: Duration,
 ) -> Result<Option<ForeignClaim>, ProbeError> {
-    let (ifindex, own_mac) = interface_info(interface)?;
-    let socket = ProbeSocket::open(interface, ifindex)?;
+    let (_, own_mac) = interface_info(interface)?;
+    let socket = probe_socket(interface)?;
     let frames = addrs
         .iter()
         .map(|addr| probe_frame(own_mac, *addr))
@@ -97,10 +90,14 @@ pub fn probe(
             }
         }
         let slice = if resent { wait } else { wait / 2 };
-        let Some(len) = socket.receive(&mut buffer, slice.saturating_sub(elapsed))? else {
+        let Some(received) = socket.receive(&mut buffer, slice.saturating_sub(elapsed))? else {
             continue;
         };
-        if let Some(claim) = parse_answer(&buffer[..len], addrs, own_mac) {
+        // Copies of our own probes are no answer.
+        if received.outgoing {
+            continue;
+        }
+        if let Some(claim) = parse_answer(&buffer[..received.len], addrs, own_mac) {
             return Ok(Some(claim));
         }
     }
@@ -151,163 +148,13 @@ pub fn parse_answer(frame: &[u8], addrs: &[IpAddr], own_mac: MacAddr) -> Option<
     })
 }
 
-/// An `AF_PACKET` socket on one interface that sends frames and receives
-/// every ARP and IPv6 frame arriving on it.
-struct ProbeSocket {
-    fd: OwnedFd,
-    ifindex: i32,
-    interface: String,
-}
-
-impl ProbeSocket {
-    fn open(interface: &str, ifindex: u32) -> Result<Self, ProbeError> {
-        let io_error = |op| ProbeError::Io {
-            op,
-            interface: interface.to_owned(),
-            source: io::Error::last_os_error(),
-        };
-        let protocol = (libc::ETH_P_ALL as u16).to_be();
-        // SAFETY: plain socket(2) call; the result is checked before use.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                i32::from(protocol),
-            )
-        };
-        if raw < 0 {
-            return Err(io_error("socket"));
-        }
-        // SAFETY: `raw` is a freshly created descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_protocol = protocol;
-        addr.sll_ifindex = ifindex as i32;
-        // SAFETY: `addr` is a valid sockaddr_ll of the given length.
-        let bound = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&raw const addr).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if bound < 0 {
-            return Err(io_error("bind"));
-        }
-        // Neighbour advertisements answering DAD go to the all-nodes group.
-        // SAFETY: packet_mreq is plain old data; zeroed is a valid value.
-        let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
-        mreq.mr_ifindex = ifindex as i32;
-        mreq.mr_type = libc::PACKET_MR_ALLMULTI as u16;
-        // SAFETY: `mreq` is valid for its size.
-        let joined = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_ADD_MEMBERSHIP,
-                (&raw const mreq).cast(),
-                std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
-            )
-        };
-        if joined < 0 {
-            return Err(io_error("PACKET_ADD_MEMBERSHIP"));
-        }
-        Ok(Self {
-            fd,
-            ifindex: ifindex as i32,
-            interface: interface.to_owned(),
-        })
-    }
-
-    fn send(&self, frame: &[u8]) -> Result<(), ProbeError> {
-        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = self.ifindex;
-        addr.sll_halen = 6;
-        addr.sll_addr[..6].copy_from_slice(&frame[..6]);
-        // SAFETY: `frame` and `addr` are valid for the lengths given.
-        let sent = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&raw const addr).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
-            return Err(self.io_error("sendto"));
-        }
-        Ok(())
-    }
-
-    /// One incoming frame (outgoing copies are skipped), or `None` when
-    /// nothing arrived within `wait`.
-    fn receive(&self, buffer: &mut [u8], wait: Duration) -> Result<Option<usize>, ProbeError> {
-        let timeout = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
-        let mut fds = [libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: `fds` is a valid array of one pollfd.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout) };
-        if ready == 0 {
-            return Ok(None);
-        }
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                return Ok(None);
-            }
-            return Err(ProbeError::Io {
-                op: "poll",
-                interface: self.interface.clone(),
-                source: error,
-            });
-        }
-        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
-        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        // SAFETY: `buffer` and `from` are valid for the lengths given.
-        let len = unsafe {
-            libc::recvfrom(
-                self.fd.as_raw_fd(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                libc::MSG_DONTWAIT,
-                (&raw mut from).cast(),
-                &raw mut from_len,
-            )
-        };
-        if len < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::WouldBlock {
-                return Ok(None);
-            }
-            return Err(ProbeError::Io {
-                op: "recvfrom",
-                interface: self.interface.clone(),
-                source: error,
-            });
-        }
-        if from.sll_pkttype == libc::PACKET_OUTGOING {
-            return Ok(None);
-        }
-        Ok(Some(len as usize))
-    }
-
-    fn io_error(&self, op: &'static str) -> ProbeError {
-        ProbeError::Io {
-            op,
-            interface: self.interface.clone(),
-            source: io::Error::last_os_error(),
-        }
-    }
+/// A raw socket on `interface` that sends probes and receives every frame
+/// arriving on it, neighbour advertisements to all nodes (the answers to
+/// duplicate address detection) included.
+fn probe_socket(interface: &str) -> Result<RawSocket, RawSocketError> {
+    let socket = RawSocket::open_receiving(interface, Receive::All)?;
+    socket.receive_all_multicast()?;
+    Ok(socket)
 }
 
 #[cfg(test)]

@@ -164,7 +164,7 @@ const ATTACHED_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
 
 /// Activates the claim of pod `web-0` (see [`request`]), attached with
 /// [`ATTACHED_MAC`].
-async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::Claim) {
+async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::DesiredInterface) {
     source
         .activate(&request().pod, claim, ATTACHED_MAC)
         .await
@@ -303,7 +303,7 @@ async fn activate_labels_the_node_and_applies_the_active_status() {
         answer_activation(&mut handle, "web-0").await;
         handle
     });
-    let claim = flatnet_agent::desired::Claim {
+    let claim = flatnet_agent::desired::DesiredInterface {
         subnets: Vec::new(),
         addresses: Vec::new(),
         mac: None,

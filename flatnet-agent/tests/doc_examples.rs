@@ -22,11 +22,11 @@ use std::{
 use flatnet_agent::{
     cni::config::NetworkConfig,
     desired::standalone::StateFile,
-    policy::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
+    policy_compiler::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile},
 };
-use flatnet_common::{
-    k8s::{api::FlatNetworkSubnet, ipam::Pool, keys::annotation, validation::validate_subnet},
-    policy::{Direction, proto},
+use flatnet_common::policy::{Direction, proto};
+use flatnet_k8s::{
+    api::FlatNetworkSubnet, ipam::Pool, keys::annotation, validation::validate_subnet,
 };
 use serde_json::Value;
 
@@ -184,7 +184,7 @@ fn check_policies(example: &str, documents: &[(String, Value)]) -> Option<Checke
 #[derive(Debug)]
 struct CheckedPolicy {
     pods: Vec<FlatPod>,
-    compiled: flatnet_agent::policy::CompiledPolicy,
+    compiled: flatnet_agent::policy_compiler::CompiledPolicy,
 }
 
 impl CheckedPolicy {

@@ -95,9 +95,10 @@ fn tools(test: &str) -> Option<PathBuf> {
         "{test}: {} (bash .ci/provision installs them)",
         missing.join(", ")
     );
-    if tools_required() {
-        panic!("{why}; CI or {REQUIRE_PRIVILEGED} requires this test to run");
-    }
+    assert!(
+        !tools_required(),
+        "{why}; CI or {REQUIRE_PRIVILEGED} requires this test to run"
+    );
     report_skip(&why);
     None
 }

@@ -14,8 +14,8 @@ use std::{
 
 use flatnet_agent::{
     datapath::{ApplyReport, DatapathError},
-    policy::{CompiledPolicy, NetworkNames},
-    policyctl::{PolicyController, PolicySink, PolicyTrigger, kubernetes},
+    policy_compiler::{CompiledPolicy, NetworkNames},
+    policy_controller::{PolicyController, PolicySink, PolicyTrigger, kubernetes},
     service::metrics::PolicyMetrics,
 };
 use http::{Request, Response, StatusCode};

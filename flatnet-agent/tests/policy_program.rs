@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PolicyDrops, PolicyMaps, PolicyRuleIds},
-    policy::{FlatPod, MultiNetworkPolicy},
+    policy_compiler::{FlatPod, MultiNetworkPolicy},
 };
 use flatnet_common::policy::{Direction, PolicyStat};
 use support::{

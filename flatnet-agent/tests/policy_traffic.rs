@@ -16,7 +16,7 @@ use std::{
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PolicyMaps, PolicyRuleIds},
     netns::run_in_netns,
-    policy::MultiNetworkPolicy,
+    policy_compiler::MultiNetworkPolicy,
 };
 use flatnet_common::policy::PolicyStat;
 use support::{

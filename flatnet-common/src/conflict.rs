@@ -158,7 +158,7 @@ impl ClaimKind {
 
 /// A claim on an address seen in one frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Claim {
+pub struct AddressClaim {
     /// The address claimed (IPv4-mapped for IPv4).
     pub addr: [u8; 16],
     /// The MAC it was claimed with.
@@ -190,7 +190,7 @@ pub struct ConflictEvent {
 /// The claim an ARP frame makes, if any: replies, gratuitous announcements
 /// and probes. Ordinary requests only ask.
 #[inline(always)]
-pub fn arp_claim(arp: &[u8; ARP_LEN]) -> Option<Claim> {
+pub fn arp_claim(arp: &[u8; ARP_LEN]) -> Option<AddressClaim> {
     // Ethernet / IPv4 / 6 / 4 only.
     if arp[0] != 0 || arp[1] != 1 || arp[2] != 8 || arp[3] != 0 || arp[4] != 6 || arp[5] != 4 {
         return None;
@@ -208,7 +208,7 @@ pub fn arp_claim(arp: &[u8; ARP_LEN]) -> Option<Claim> {
     if ip == [0; 4] {
         return None;
     }
-    Some(Claim {
+    Some(AddressClaim {
         addr: AddrKey::v4(0, ip).addr,
         mac,
         kind,
@@ -225,7 +225,7 @@ pub fn ndp_claim(
     icmp: &[u8; NS_LEN],
     option: &[u8; 8],
     eth_src: [u8; 6],
-) -> Option<Claim> {
+) -> Option<AddressClaim> {
     // Valid NDP only: hop limit 255, code 0 (RFC 4861 §7.1).
     if ip6[6] != 58 || ip6[7] != 255 || icmp[1] != 0 {
         return None;
@@ -246,7 +246,7 @@ pub fn ndp_claim(
     } else {
         eth_src
     };
-    Some(Claim { addr, mac, kind })
+    Some(AddressClaim { addr, mac, kind })
 }
 
 /// Whether a claim by `claimed_mac` on an address owned by `owner_mac`
@@ -299,7 +299,7 @@ mod tests {
         let mapped = AddrKey::v4(0, ip).addr;
         assert_eq!(
             arp_claim(&arp(2, ip, [192, 0, 2, 1])),
-            Some(Claim {
+            Some(AddressClaim {
                 addr: mapped,
                 mac: FOREIGN,
                 kind: ClaimKind::ArpReply

@@ -2,11 +2,9 @@
 //!
 //! Everything here is `#![no_std]` and `#[repr(C)]` without implicit padding,
 //! so the kernel and user space agree on every byte. The `user` feature adds
-//! `aya::Pod` impls; the `k8s` feature (std) holds the API types and IPAM
-//! engine shared by the operator and the agent.
-// `k8s` is user-space only and needs std throughout; every other build stays
-// `no_std` so the kernel programs can depend on this crate.
-#![cfg_attr(not(feature = "k8s"), no_std)]
+//! `aya::Pod` impls. The Kubernetes core (std) is the crate beside this one,
+//! `flatnet-k8s` in `flatnet-common/k8s`.
+#![no_std]
 
 pub mod conflict;
 pub mod frame_counter;
@@ -14,8 +12,5 @@ pub mod pin;
 pub mod policy;
 pub mod responder;
 pub mod verdict;
-
-#[cfg(feature = "k8s")]
-pub mod k8s;
 
 pub use frame_counter::{FrameCounter, FrameKind};

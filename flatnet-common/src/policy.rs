@@ -659,7 +659,7 @@ pub fn parse_ipv4(h: &[u8; IPV4_MIN_LEN]) -> Option<Ipv4Info> {
     let flags_offset = u16::from_be_bytes([h[6], h[7]]);
     let more_fragments = flags_offset & 0x2000 != 0;
     let offset = flags_offset & 0x1fff;
-    let id = u16::from_be_bytes([h[4], h[5]]) as u32;
+    let id = u32::from(u16::from_be_bytes([h[4], h[5]]));
     let fragment = if offset != 0 {
         Fragment::Later { id }
     } else if more_fragments {
@@ -779,7 +779,7 @@ pub fn icmp_ports(protocol: u8, h: &[u8; 8]) -> Option<(u16, u16)> {
     match (protocol, h[0]) {
         (proto::ICMP, 8) | (proto::ICMPV6, 128) => Some((id, 0)),
         (proto::ICMP, 0) | (proto::ICMPV6, 129) => Some((0, id)),
-        (proto::ICMP, _) | (proto::ICMPV6, _) => Some((0, 0)),
+        (proto::ICMP | proto::ICMPV6, _) => Some((0, 0)),
         _ => None,
     }
 }
@@ -809,6 +809,10 @@ pub const fn is_ipv6_control(icmp_type: u8) -> bool {
 }
 
 #[cfg(feature = "user")]
+#[expect(
+    clippy::undocumented_unsafe_blocks,
+    reason = "one SAFETY comment covers every impl of this module"
+)]
 mod pod_impls {
     use super::*;
     // SAFETY (all): repr(C), no implicit padding (sizes checked in the

@@ -18,7 +18,7 @@ use aya_ebpf::{
 use flatnet_common::{
     FrameCounter, FrameKind,
     conflict::{
-        AddrKey, CONFLICT_RING_BYTES, Claim, ClaimKind, ConflictEvent, MANAGED_MAX_ENTRIES,
+        AddrKey, AddressClaim, CONFLICT_RING_BYTES, ClaimKind, ConflictEvent, MANAGED_MAX_ENTRIES,
         ManagedAddr, RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, arp_claim, ndp_claim,
         should_report, vlan_id,
     },
@@ -105,7 +105,8 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
     if outcome & CLAIM_PENDING != 0 {
         handle_claim(&ctx);
     }
-    let mut verdict = outcome as u32 as i32;
+    // The low 32 bits carry the verdict's bit pattern.
+    let mut verdict = (outcome as u32).cast_signed();
     if outcome & ANSWER_SOLICITATION != 0 {
         let l3 = ((outcome >> L3_SHIFT) & 0xffff) as usize;
         verdict = answer_neighbor_solicitation(&ctx, l3);
@@ -120,7 +121,7 @@ fn judge(ctx: &TcContext) -> u64 {
     // A frame we cannot parse or answer is passed on, never dropped.
     match try_uplink_ingress(ctx) {
         Ok((verdict, claim)) => verdict | if claim { CLAIM_PENDING } else { 0 },
-        Err(_) => TC_PASS as u32 as u64,
+        Err(_) => u64::from(TC_PASS.cast_unsigned()),
     }
 }
 
@@ -128,7 +129,7 @@ fn judge(ctx: &TcContext) -> u64 {
 /// and whether a claim was noted for [`handle_claim`].
 #[inline(always)]
 fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
-    let pass = TC_PASS as u32 as u64;
+    let pass = u64::from(TC_PASS.cast_unsigned());
     let Some((kind, l3)) = classify(ctx)? else {
         return Ok((pass, false));
     };
@@ -139,7 +140,10 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
             let claimed = arp_claim(&arp).is_some_and(|claim| note_claim(ifindex, &claim));
             if kind == FrameKind::ArpRequest {
-                return Ok((answer_arp(ctx, l3, ifindex, &arp) as u32 as u64, claimed));
+                return Ok((
+                    u64::from(answer_arp(ctx, l3, ifindex, &arp).cast_unsigned()),
+                    claimed,
+                ));
             }
             Ok((pass, claimed))
         }
@@ -167,7 +171,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
 
 /// Notes `claim` for [`handle_claim`]; false when there is no slot.
 #[inline(always)]
-fn note_claim(ifindex: u32, claim: &Claim) -> bool {
+fn note_claim(ifindex: u32, claim: &AddressClaim) -> bool {
     let Some(slot) = PENDING_CLAIM.get_ptr_mut(0) else {
         return false;
     };

@@ -8,7 +8,7 @@
 use std::{hint::black_box, sync::Arc, time::Duration};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{
         FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, phase,
     },

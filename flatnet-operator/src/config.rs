@@ -12,7 +12,7 @@ use std::{
 
 use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use flatnet_common::k8s::ipam::StatefulSetAddressPolicy;
+use flatnet_k8s::ipam::StatefulSetAddressPolicy;
 
 use crate::cidr::{Cidr, CidrError};
 

@@ -26,7 +26,7 @@ use std::{
     sync::Arc,
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::parse_pod_request,
     api::{FlatNetworkIP, FlatNetworkSubnet},
     ipam::Pool,

@@ -19,7 +19,7 @@ use k8s_openapi::{
 use kube::client::Body;
 use serde_json::{Value, json};
 
-use crate::annotations::{FLAT_NETWORK_SERVICE, MULTUS_NETWORK_STATUS, POD_IP, POD_SUBNET};
+use flatnet_k8s::keys::annotation;
 
 /// Namespace of every fixture.
 pub const NS: &str = "shop";
@@ -117,7 +117,8 @@ pub trait PodExt {
 
 impl PodExt for Pod {
     fn flat(self) -> Self {
-        self.annotated(POD_IP, "auto").annotated(POD_SUBNET, "net1")
+        self.annotated(annotation::IP, "auto")
+            .annotated(annotation::SUBNET, "net1")
     }
 
     fn with_flat_ips(self, ips: &[&str]) -> Self {
@@ -125,7 +126,7 @@ impl PodExt for Pod {
             {"name": "cbr0", "interface": "eth0", "ips": ["10.42.0.7"], "default": true},
             {"name": "shop/rancher-flat-network", "interface": "eth1", "ips": ips},
         ]);
-        self.annotated(MULTUS_NETWORK_STATUS, &status.to_string())
+        self.annotated(annotation::MULTUS_NETWORK_STATUS, &status.to_string())
     }
 
     fn annotated(mut self, key: &str, value: &str) -> Self {
@@ -149,7 +150,7 @@ impl PodExt for Pod {
     }
 
     fn opted_out(self) -> Self {
-        self.annotated(FLAT_NETWORK_SERVICE, "disabled")
+        self.annotated(annotation::FLAT_NETWORK_SERVICE, "disabled")
     }
 }
 

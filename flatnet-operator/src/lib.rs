@@ -10,15 +10,14 @@
 
 pub mod admin;
 pub mod allocation;
-pub mod annotations;
 pub mod cidr;
 pub mod config;
+pub mod flat_services;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod nad;
 pub mod runtime;
-pub mod services;
 pub mod telemetry;
 pub mod tls;
 pub mod webhook;

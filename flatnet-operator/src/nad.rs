@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, instrument, warn};
 
-use crate::{cidr::Cidr, config::CniSettings, metrics::Metrics, services::FIELD_MANAGER};
+use crate::{cidr::Cidr, config::CniSettings, flat_services::FIELD_MANAGER, metrics::Metrics};
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "nad";

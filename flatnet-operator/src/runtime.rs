@@ -10,9 +10,10 @@ use crate::{
     admin::{self, AdminState, Health},
     allocation,
     config::{Config, Election},
+    flat_services,
     leader::{self, Outcome},
     metrics::Metrics,
-    nad, services,
+    nad,
     tls::{self, resolver::ReloadingResolver},
     webhook,
 };
@@ -180,7 +181,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         resync: config.resync,
     });
 
-    let ctx = Arc::new(services::Context {
+    let ctx = Arc::new(flat_services::Context {
         client: client.clone(),
         metrics: Arc::clone(&metrics),
         attachment: config.network_attachment.clone(),
@@ -210,7 +211,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             // When one controller ends, the others are stopped too: one
             // ending on its own ends the leadership term (the process restarts).
             let services = cancel_when_done(
-                services::run(ctx, workers, service_health, stop.clone()),
+                flat_services::run(ctx, workers, service_health, stop.clone()),
                 stop.clone(),
             );
             let allocation = cancel_when_done(

@@ -12,7 +12,7 @@ use e2e_support::{Converge, cluster_configured};
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     keys::SUBNET_NAMESPACE,
 };

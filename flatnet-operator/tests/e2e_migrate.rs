@@ -11,7 +11,7 @@ use e2e_support::cluster_configured;
 
 use std::time::Duration;
 
-use flatnet_common::k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
 use flatnet_operator::migrate::{backup, kinds, migration, v1};
 use k8s_openapi::{
     api::{apps::v1::Deployment, core::v1::Namespace},

@@ -12,7 +12,7 @@ use e2e_support::{Converge, cluster_configured};
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use flatnet_operator::{admin::Health, metrics::Metrics, services};
+use flatnet_operator::{admin::Health, flat_services, metrics::Metrics};
 use k8s_openapi::api::{
     core::v1::{Namespace, Pod, Service},
     discovery::v1::EndpointSlice,
@@ -100,13 +100,13 @@ async fn flat_service_and_slices_follow_the_pods() {
         .expect("create namespace");
 
     let stop = CancellationToken::new();
-    let ctx = Arc::new(services::Context {
+    let ctx = Arc::new(flat_services::Context {
         client: client.clone(),
         metrics: Arc::new(Metrics::new()),
         attachment: "rancher-flat-network".into(),
         resync: Duration::from_secs(600),
     });
-    let controller = tokio::spawn(services::run(
+    let controller = tokio::spawn(flat_services::run(
         ctx,
         2,
         Arc::new(Health::default()),

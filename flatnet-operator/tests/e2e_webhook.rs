@@ -15,7 +15,7 @@ use e2e_support::cluster_configured;
 
 use std::time::Duration;
 
-use flatnet_common::k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
 use flatnet_operator::{config::Cli, runtime};
 use k8s_openapi::{
     api::{

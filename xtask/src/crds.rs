@@ -11,7 +11,7 @@ const CRDS_PATH: &str = "charts/flatnet-crd/templates/crds.yaml";
 /// is stale.
 pub fn run(check: bool) -> anyhow::Result<()> {
     let path = workspace_root().join(CRDS_PATH);
-    let generated = flatnet_common::k8s::crd_yaml();
+    let generated = flatnet_k8s::crd_yaml();
     if check {
         let committed =
             fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;

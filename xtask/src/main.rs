@@ -39,6 +39,8 @@ enum Command {
     BenchPolicy,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
+    /// Check licenses, duplicate crates and sources against deny.toml (offline).
+    Deny,
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
     Lab(lab::LabArgs),
     /// Everything CI checks: formatting, eBPF build, clippy, all tests.
@@ -55,6 +57,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(command) => bench::run(command),
         Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),
         Command::Clippy => tasks::clippy(),
+        Command::Deny => tasks::deny(),
         Command::Lab(args) => lab::run(&args),
         Command::Test(args) => tasks::test(&args),
         Command::VmTest(args) => vm::run(args),

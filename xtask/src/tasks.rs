@@ -1,4 +1,4 @@
-//! Composite developer tasks: lint and test.
+//! Composite developer tasks: lint, dependency checks and test.
 
 use clap::Args;
 
@@ -30,6 +30,17 @@ pub fn clippy() -> anyhow::Result<()> {
     cargo.args(["clippy", "--all-targets", "--", "-D", "warnings"]);
     workspace::run("clippy (user space)", &mut cargo)?;
     ebpf::clippy()
+}
+
+/// The checks of `deny.toml` that need no network: licenses, banned and
+/// duplicate crates, sources. Advisories need the RustSec database, fetched
+/// from GitHub, so they are left to `cargo deny check advisories` where it
+/// can be reached.
+pub fn deny() -> anyhow::Result<()> {
+    let mut cargo = workspace::cargo(None);
+    cargo.args(["deny", "check", "licenses", "bans", "sources"]);
+    workspace::run("cargo deny (licenses, bans, sources)", &mut cargo)
+        .map_err(|e| e.context("cargo-deny is installed by `bash .ci/provision`"))
 }
 
 /// Privileged tests that need kernel features this host may lack (ipvlan,
@@ -96,6 +107,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
 
     ebpf::build()?;
     clippy()?;
+    deny()?;
     charts::check()?;
 
     let mut tests = workspace::cargo(None);

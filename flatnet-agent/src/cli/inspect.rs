@@ -220,8 +220,9 @@ fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec the call writes.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    // The monotonic clock is never negative.
+    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
 }
 
 fn interface_name(ifindex: u32) -> String {

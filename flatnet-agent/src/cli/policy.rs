@@ -9,7 +9,9 @@ use flatnet_agent::{
         Datapath, DatapathConfig, InstalledPolicy, PolicyDrops, PolicyMaps, PolicyRuleIds,
         PolicyStats, detach_policy,
     },
-    policy::{FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile, selector::Labels},
+    policy_compiler::{
+        FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile, selector::Labels,
+    },
 };
 use serde::Deserialize;
 
@@ -49,7 +51,7 @@ pub enum PolicyCommand {
         namespaces: Option<PathBuf>,
         /// Network names `policy-for` must mention (`name` or `namespace/name`).
         #[arg(long = "network", env = "FLATNET_POLICY_NETWORKS", value_delimiter = ',',
-              default_value = flatnet_agent::policy::api::DEFAULT_NETWORK_NAME)]
+              default_value = flatnet_agent::policy_compiler::api::DEFAULT_NETWORK_NAME)]
         networks: Vec<String>,
         #[command(flatten)]
         pin: PinArgs,

@@ -14,15 +14,16 @@ use flatnet_agent::{
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
-    policy::{NetworkNames, api::DEFAULT_NETWORK_NAME},
-    policyctl::{
+    policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
+    policy_controller::{
         self, PinnedPolicy, PolicyController, PolicyTrigger, standalone::StandalonePolicies,
     },
     records::{DEFAULT_RECORD_DIR, Records},
     rpc::{AgentServer, ServerConfig},
     service::{AgentService, Metrics, ServiceConfig, SpecSettings},
 };
-use flatnet_common::{k8s::env, pin::PIN_ROOT};
+use flatnet_common::pin::PIN_ROOT;
+use flatnet_k8s::env;
 use ipnet::IpNet;
 
 #[derive(Args, Debug)]
@@ -265,7 +266,7 @@ impl RunArgs {
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let networks = policies.networks(&self.policy_networks);
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
-                tokio::spawn(policyctl::standalone::run(
+                tokio::spawn(policy_controller::standalone::run(
                     Arc::new(policies),
                     controller,
                     trigger,
@@ -277,7 +278,7 @@ impl RunArgs {
                 let controller = PolicyController::new(sink, networks, metrics.policy.clone());
                 let policy_metrics = metrics.policy.clone();
                 tokio::spawn(async move {
-                    policyctl::kubernetes::run(
+                    policy_controller::kubernetes::run(
                         client,
                         &node_name,
                         controller,

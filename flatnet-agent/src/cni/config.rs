@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use flatnet_common::k8s::ipam::Mac;
+use flatnet_k8s::ipam::Mac;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

@@ -8,7 +8,7 @@ use super::error::{CniError, ErrorCode};
 /// is written through `.<id>@<ifname>.json.tmp`, which must fit a file name
 /// (255 bytes) with the longest interface name.
 pub const MAX_CONTAINER_ID_LEN: usize =
-    255 - flatnet_common::k8s::validation::MAX_IFNAME_LEN - ".@.json.tmp".len();
+    255 - flatnet_k8s::validation::MAX_IFNAME_LEN - ".@.json.tmp".len();
 
 /// The specification's rule for container IDs and network names: a letter
 /// or digit, then letters, digits, `_`, `.` and `-`.
@@ -40,7 +40,7 @@ pub fn check_container_id(id: &str) -> Result<(), CniError> {
 
 /// Checks `CNI_IFNAME` by the kernel's rule. Error 4.
 pub fn check_ifname(name: &str) -> Result<(), CniError> {
-    flatnet_common::k8s::validation::check_ifname(name).map_err(|reason| {
+    flatnet_k8s::validation::check_ifname(name).map_err(|reason| {
         CniError::new(
             ErrorCode::InvalidEnvironment,
             format!(

@@ -238,6 +238,10 @@ fn serialize_kind<S: serde::Serializer>(kind: &ClaimKind, s: S) -> Result<S::Ok,
     s.serialize_str(kind.name())
 }
 
+#[expect(
+    clippy::ref_option,
+    reason = "serde's `serialize_with` passes a reference to the field"
+)]
 fn serialize_optional_kind<S: serde::Serializer>(
     kind: &Option<ClaimKind>,
     s: S,

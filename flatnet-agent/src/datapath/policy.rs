@@ -39,7 +39,7 @@ use super::{
     DatapathError, map_error, map_pin_path,
     tc::{self, AttachMechanism, Slot},
 };
-use crate::policy::{CompiledPolicy, RuleRef, tables};
+use crate::policy_compiler::{CompiledPolicy, RuleRef, tables};
 
 /// The program enforcing `direction`.
 pub fn program_name(direction: Direction) -> &'static str {

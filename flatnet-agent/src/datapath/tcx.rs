@@ -215,7 +215,7 @@ fn link_info(link: BorrowedFd<'_>) -> io::Result<bpf_link_info> {
     // SAFETY: all-zero is a valid value of this plain C struct.
     let mut info: bpf_link_info = unsafe { std::mem::zeroed() };
     let mut attr = InfoAttr {
-        bpf_fd: link.as_raw_fd() as u32,
+        bpf_fd: link.as_raw_fd().cast_unsigned(),
         info_len: std::mem::size_of::<bpf_link_info>() as u32,
         info: (&raw mut info) as u64,
     };
@@ -237,7 +237,7 @@ fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
         _padding: u32,
     }
     let mut attr = DetachAttr {
-        link_fd: link.as_raw_fd() as u32,
+        link_fd: link.as_raw_fd().cast_unsigned(),
         _padding: 0,
     };
     bpf(bpf_cmd::BPF_LINK_DETACH, &raw mut attr, size_of_val(&attr))

@@ -51,7 +51,7 @@ pub struct TestRunOutput {
 pub(super) fn run(program: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> io::Result<TestRunOutput> {
     let mut out = vec![0u8; frame.len() + OUTPUT_SLACK];
     let mut attr = TestRunAttr {
-        prog_fd: program.as_raw_fd() as u32,
+        prog_fd: program.as_raw_fd().cast_unsigned(),
         data_size_in: frame.len() as u32,
         data_size_out: out.len() as u32,
         data_in: frame.as_ptr() as u64,
@@ -75,7 +75,7 @@ pub(super) fn run(program: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> io::Res
     out.truncate(attr.data_size_out as usize);
     Ok(TestRunOutput {
         // The kernel returns the program's int as u32.
-        verdict: attr.retval as i32,
+        verdict: attr.retval.cast_signed(),
         frame: out,
         duration_ns: attr.duration,
     })

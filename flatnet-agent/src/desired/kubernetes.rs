@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, label},
 };
@@ -30,7 +30,8 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    AttachmentKey, Claim, ClaimRequest, DesiredState, DesiredStateError, NamedSubnet, PodRef,
+    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
+    PodRef,
 };
 use crate::{
     datapath::Conflict,
@@ -89,7 +90,7 @@ impl Kubernetes {
         Ok(())
     }
 
-    fn pod_names<'a>(&self, pod: &'a PodRef) -> Result<(&'a str, &'a str), DesiredStateError> {
+    fn pod_names(pod: &PodRef) -> Result<(&str, &str), DesiredStateError> {
         match (pod.namespace.as_deref(), pod.name.as_deref()) {
             (Some(ns), Some(name)) => Ok((ns, name)),
             _ => Err(DesiredStateError::InvalidRequest(
@@ -256,8 +257,8 @@ impl DesiredState for Kubernetes {
         "kubernetes"
     }
 
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
-        let (namespace, name) = self.pod_names(&request.pod)?;
+    async fn claim(&self, request: &ClaimRequest) -> Result<DesiredInterface, DesiredStateError> {
+        let (namespace, name) = Self::pod_names(&request.pod)?;
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let uid = request.pod.uid.as_deref();
         // One bound for the whole claim, both records of a dual-stack pod included.
@@ -273,7 +274,7 @@ impl DesiredState for Kubernetes {
                     .await?,
             );
         }
-        let mut claim = Claim {
+        let mut claim = DesiredInterface {
             subnets: Vec::new(),
             addresses: Vec::new(),
             mac: None,
@@ -309,10 +310,10 @@ impl DesiredState for Kubernetes {
     async fn activate(
         &self,
         pod: &PodRef,
-        claim: &Claim,
+        claim: &DesiredInterface,
         mac: MacAddr,
     ) -> Result<(), DesiredStateError> {
-        let (namespace, pod_name) = self.pod_names(pod)?;
+        let (namespace, pod_name) = Self::pod_names(pod)?;
         let mut names = vec![pod_name.to_owned()];
         if claim.subnets.len() > 1 {
             names.push(secondary_name(pod_name));
@@ -349,7 +350,7 @@ impl DesiredState for Kubernetes {
         pod: &PodRef,
         conflict: &Conflict,
     ) -> Result<(), DesiredStateError> {
-        let (namespace, name) = self.pod_names(pod)?;
+        let (namespace, name) = Self::pod_names(pod)?;
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let unavailable = |e: kube::Error| {
             DesiredStateError::Unavailable(format!(

@@ -9,7 +9,7 @@ pub mod standalone;
 
 use std::{fmt, future::Future, net::IpAddr};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
     validation::{InvalidSubnet, ValidSubnet, validate_subnet},
 };
@@ -101,7 +101,7 @@ pub struct ClaimRequest {
 
 /// The desired flat interface of one attachment.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Claim {
+pub struct DesiredInterface {
     /// One subnet per address family, all on the same parent link and mode.
     pub subnets: Vec<NamedSubnet>,
     /// One address per subnet, with the subnet's prefix length.
@@ -167,14 +167,14 @@ pub trait DesiredState: Send + Sync + 'static {
     fn claim(
         &self,
         request: &ClaimRequest,
-    ) -> impl Future<Output = Result<Claim, DesiredStateError>> + Send;
+    ) -> impl Future<Output = Result<DesiredInterface, DesiredStateError>> + Send;
 
     /// The interface is up with `mac`: record it (Kubernetes: status
     /// `Active`, MAC and node).
     fn activate(
         &self,
         pod: &PodRef,
-        claim: &Claim,
+        claim: &DesiredInterface,
         mac: MacAddr,
     ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
 

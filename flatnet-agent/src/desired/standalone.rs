@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     ipam::{Family, Pool},
     validation::{ValidSubnet, check_siblings},
 };
@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::{
-    AttachmentKey, Claim, ClaimRequest, DesiredState, DesiredStateError, NamedSubnet, PodRef,
+    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
+    PodRef,
 };
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -40,16 +41,16 @@ pub struct StateFile {
     #[serde(default)]
     pub networks: Vec<NetworkMapping>,
     /// MultiNetworkPolicies enforced on the pods (reloaded on change, see
-    /// `policyctl::standalone`).
+    /// `policy_controller::standalone`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub policies: Vec<crate::policy::MultiNetworkPolicy>,
+    pub policies: Vec<crate::policy_compiler::MultiNetworkPolicy>,
     /// Namespace name → labels, for namespace selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub namespaces: BTreeMap<String, crate::policy::selector::Labels>,
+    pub namespaces: BTreeMap<String, crate::policy_compiler::selector::Labels>,
     /// `namespace/name` of a pod (`K8S_POD_NAMESPACE`/`K8S_POD_NAME`) →
     /// its labels, for pod selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub pods: BTreeMap<String, crate::policy::selector::Labels>,
+    pub pods: BTreeMap<String, crate::policy_compiler::selector::Labels>,
 }
 
 /// A CNI network (the `name` of a network configuration) and its subnets.
@@ -151,14 +152,14 @@ impl StateSource {
     /// last good copy's (an error is logged and `rejected` set). Without a
     /// usable copy, the file's error.
     pub fn load_at_start(&self) -> Result<LoadedState, StateFileError> {
-        let error = match self.load(&self.path) {
+        let error = match Self::load(&self.path) {
             Ok(loaded) => {
                 self.accepted(&loaded);
                 return Ok(loaded);
             }
             Err(error) => error,
         };
-        match self.load(&self.last_good) {
+        match Self::load(&self.last_good) {
             Ok(loaded) => {
                 tracing::error!(
                     %error,
@@ -201,7 +202,7 @@ impl StateSource {
         }
     }
 
-    fn load(&self, path: &Path) -> Result<LoadedState, StateFileError> {
+    fn load(path: &Path) -> Result<LoadedState, StateFileError> {
         let text = read_text(path)?;
         let state = StateFile::load_text(path, &text)?;
         Ok(LoadedState { text, state })
@@ -605,7 +606,7 @@ impl DesiredState for Standalone {
         "standalone"
     }
 
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, DesiredStateError> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<DesiredInterface, DesiredStateError> {
         let mut store = self.store.lock().await;
         self.follow_state_file(&mut store);
         let subnets: Vec<(NamedSubnet, ValidSubnet)> = store
@@ -678,7 +679,7 @@ impl DesiredState for Standalone {
             }
             store.file = file;
         }
-        Ok(Claim {
+        Ok(DesiredInterface {
             subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),
             addresses,
             mac: request.requested_mac,
@@ -688,7 +689,7 @@ impl DesiredState for Standalone {
     async fn activate(
         &self,
         _pod: &PodRef,
-        _claim: &Claim,
+        _claim: &DesiredInterface,
         _mac: MacAddr,
     ) -> Result<(), DesiredStateError> {
         Ok(())

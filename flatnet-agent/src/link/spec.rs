@@ -7,12 +7,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use flatnet_common::k8s::validation::{
+pub use flatnet_k8s::validation::{
     IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN, MAX_VLAN_ID, MacvlanMode, ParentLink,
 };
 use ipnet::IpNet;
 
-use flatnet_common::k8s::validation::SubnetError;
+use flatnet_k8s::validation::SubnetError;
 
 use super::LinkError;
 use crate::packet::MacAddr;
@@ -182,9 +182,9 @@ impl ValidSpec {
 }
 
 /// Checks a Linux interface name by the project's one rule
-/// ([`flatnet_common::k8s::validation::check_ifname`], the kernel's).
+/// ([`flatnet_k8s::validation::check_ifname`], the kernel's).
 pub fn check_ifname(name: &str) -> Result<(), String> {
-    flatnet_common::k8s::validation::check_ifname(name).map_err(|e| e.to_string())
+    flatnet_k8s::validation::check_ifname(name).map_err(|e| e.to_string())
 }
 
 impl AttachmentSpec {

@@ -2,13 +2,13 @@
 //!
 //! Used to announce pod addresses (gratuitous ARP, unsolicited neighbour
 //! advertisements) without any external binary, and by tests to inject
-//! exact frames.
+//! exact frames. The socket itself is `flatnet-packet-socket`'s, re-exported
+//! here.
 
 mod frames;
-mod raw_socket;
 
+pub use flatnet_packet_socket::{RawSocket, RawSocketError, Receive, Received};
 pub use frames::{
     BROADCAST, FrameError, MacAddr, NdpMessage, arp_frame, dad_probe_frame, ipv6_multicast_mac,
     ndp_frame, solicited_node,
 };
-pub use raw_socket::{RawSocket, RawSocketError};

@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use flatnet_common::k8s::validation::ValidSubnet;
+use flatnet_k8s::validation::ValidSubnet;
 
 use crate::{
     cni::{
@@ -30,10 +30,10 @@ use crate::{
         StatusRequest,
     },
     datapath::{ConflictMonitor, Datapath},
-    desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
+    desired::{AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::{is_netns, open_netns, run_in_netns},
-    policyctl::{self, PodTables, PolicyTrigger},
+    policy_controller::{self, PodTables, PolicyTrigger},
     probe,
     records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
     rpc::CniHandler,
@@ -379,7 +379,7 @@ impl<S: DesiredState> Inner<S> {
         &self,
         record: &mut AttachmentRecord,
         subnets: &[ValidSubnet],
-        claim: &Claim,
+        claim: &DesiredInterface,
         dns: &crate::cni::Dns,
     ) -> Result<CniResult, (CniError, bool)> {
         let attachment =
@@ -564,18 +564,22 @@ impl<S: DesiredState> Inner<S> {
 
     /// Tells the policy controller about a new pod and waits until the
     /// policy tables judge it as its policies say, so the pod's first
-    /// packets are already isolated. After [`policyctl::ADD_WAIT_LIMIT`]
+    /// packets are already isolated. After [`policy_controller::ADD_WAIT_LIMIT`]
     /// the ADD answers anyway (the tables follow with the next round).
     async fn policy_in_force_for(&self, record: &AttachmentRecord) {
         let Some(trigger) = self.policy_trigger.get() else {
             return;
         };
-        let pod = policyctl::record_pod_addresses(record);
-        if trigger.pod_attached(&pod, policyctl::ADD_WAIT_LIMIT).await == PodTables::TimedOut {
+        let pod = policy_controller::record_pod_addresses(record);
+        if trigger
+            .pod_attached(&pod, policy_controller::ADD_WAIT_LIMIT)
+            .await
+            == PodTables::TimedOut
+        {
             self.metrics.policy.add_wait_timeouts.inc();
             tracing::warn!(
                 pod = %record.pod,
-                limit = ?policyctl::ADD_WAIT_LIMIT,
+                limit = ?policy_controller::ADD_WAIT_LIMIT,
                 "the network-policy tables do not include this pod yet; it is not isolated until they do"
             );
         }

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::RouteSettings,
     validation::{LinkMode, ValidSubnet},
 };
@@ -253,7 +253,7 @@ fn route(dst: IpWithPrefix, gw: Option<IpAddr>) -> Route {
 
 #[cfg(test)]
 mod tests {
-    use flatnet_common::k8s::api::{FlatNetworkSubnetSpec, Route as SubnetRoute};
+    use flatnet_k8s::api::{FlatNetworkSubnetSpec, Route as SubnetRoute};
 
     use super::*;
     use crate::{

@@ -4,8 +4,6 @@
 #![allow(dead_code)]
 
 use std::{
-    io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -15,6 +13,7 @@ use flatnet_agent::{
         AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkMode, MacvlanMode, ParentLink,
     },
     netns::run_in_netns,
+    packet::{RawSocket, Receive},
 };
 
 use crate::support::{TestNetns, lan::SimulatedLan, unique_name};
@@ -97,61 +96,21 @@ impl Drop for Lan {
     }
 }
 
-/// An `AF_PACKET` socket receiving every frame of one interface, opened
-/// inside a namespace.
+/// A raw socket receiving every frame of one interface, opened inside a
+/// namespace.
 pub struct Capture {
-    fd: OwnedFd,
+    socket: RawSocket,
 }
 
 impl Capture {
     pub fn open(ns: &TestNetns, ifname: &str) -> Self {
         let ifname = ifname.to_owned();
-        run_in_netns(&ns.path(), move || {
-            let index = nix::net::if_::if_nametoindex(ifname.as_str()).expect("capture interface");
-            let protocol = (libc::ETH_P_ALL as u16).to_be();
-            // SAFETY: plain socket(2); checked below.
-            let raw = unsafe {
-                libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    i32::from(protocol),
-                )
-            };
-            assert!(raw >= 0, "socket: {}", io::Error::last_os_error());
-            // SAFETY: freshly created descriptor we own.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            // SAFETY: sockaddr_ll is plain data.
-            let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            addr.sll_family = libc::AF_PACKET as u16;
-            addr.sll_protocol = protocol;
-            addr.sll_ifindex = index as i32;
-            // SAFETY: valid address of the given length.
-            let rc = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&raw const addr).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                )
-            };
-            assert_eq!(rc, 0, "bind: {}", io::Error::last_os_error());
-            // Short receive timeout so the collecting loop can check its deadline.
-            let timeout = libc::timeval {
-                tv_sec: 0,
-                tv_usec: 200_000,
-            };
-            // SAFETY: valid option value.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&raw const timeout).cast(),
-                    std::mem::size_of::<libc::timeval>() as u32,
-                )
-            };
-            Self { fd }
+        let socket = run_in_netns(&ns.path(), move || {
+            RawSocket::open_receiving(&ifname, Receive::All)
         })
         .expect("enter namespace")
+        .expect("capture socket");
+        Self { socket }
     }
 
     /// Collects frames until `done` says the collection is complete, or a
@@ -162,17 +121,13 @@ impl Capture {
         let mut frames = Vec::new();
         let mut buffer = [0u8; 2048];
         while !done(&frames) && Instant::now() < deadline {
-            // SAFETY: buffer valid for its length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    buffer.as_mut_ptr().cast(),
-                    buffer.len(),
-                    0,
-                )
-            };
-            if n > 0 {
-                frames.push(buffer[..n as usize].to_vec());
+            // A short wait, so the loop checks its deadline.
+            let received = self
+                .socket
+                .receive(&mut buffer, Duration::from_millis(200))
+                .expect("receive");
+            if let Some(received) = received.filter(|r| r.len > 0) {
+                frames.push(buffer[..received.len].to_vec());
             }
         }
         frames

@@ -112,7 +112,7 @@ impl StandaloneAgent {
     /// Stops the agent with SIGTERM and checks it exits successfully.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.process.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let pid = nix::unistd::Pid::from_raw(child.id().cast_signed());
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let status = child.wait().unwrap();
             assert!(status.success(), "flatnet-agent exited with {status}");

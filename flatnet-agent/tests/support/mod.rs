@@ -26,9 +26,10 @@ pub fn privileged(test: &str) -> bool {
         return true;
     }
     let reason = "needs root (network namespaces, netlink, BPF)";
-    if std::env::var_os(REQUIRE_PRIVILEGED).is_some() {
-        panic!("{test}: {reason}, and {REQUIRE_PRIVILEGED} is set");
-    }
+    assert!(
+        std::env::var_os(REQUIRE_PRIVILEGED).is_none(),
+        "{test}: {reason}, and {REQUIRE_PRIVILEGED} is set"
+    );
     report_skip(&format!("{test}: {reason}"));
     false
 }
@@ -189,9 +190,10 @@ pub const REQUIRE_KERNEL_FEATURES: &str = "FLATNET_REQUIRE_KERNEL_FEATURES";
 /// Reports that `test` cannot run because the kernel lacks `feature`:
 /// prints the skip, or panics when [`REQUIRE_KERNEL_FEATURES`] is set.
 pub fn skip_for_missing_kernel_feature(test: &str, feature: &str) {
-    if std::env::var_os(REQUIRE_KERNEL_FEATURES).is_some() {
-        panic!("{test}: kernel lacks {feature}, and {REQUIRE_KERNEL_FEATURES} is set");
-    }
+    assert!(
+        std::env::var_os(REQUIRE_KERNEL_FEATURES).is_none(),
+        "{test}: kernel lacks {feature}, and {REQUIRE_KERNEL_FEATURES} is set"
+    );
     report_skip(&format!("{test}: kernel lacks {feature}"));
 }
 

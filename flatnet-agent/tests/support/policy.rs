@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use flatnet_agent::policy::{
+use flatnet_agent::policy_compiler::{
     CompiledPolicy, FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile,
 };
 

@@ -31,7 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{
         CONDITION_READY, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, phase,
         set_condition,
@@ -53,7 +53,7 @@ use super::{
     key_of,
     mac_ledger::{self, Claim},
 };
-use flatnet_common::k8s::validation::ParentLink;
+use flatnet_k8s::validation::ParentLink;
 use tracing::warn;
 
 /// Attempts at one subnet write before giving up for a backoff.
@@ -113,7 +113,7 @@ pub fn choose(
     pool: &mut Pool,
     claimed_by_older: impl Fn(IpAddr) -> bool,
 ) -> Result<Choice, PoolError> {
-    use flatnet_common::k8s::ipam::{Recorded, Request, Reuse, reuse_recorded};
+    use flatnet_k8s::ipam::{Recorded, Request, Reuse, reuse_recorded};
     let current = record.status.as_ref().and_then(|s| s.addr);
     let reuse = reuse_recorded(
         Recorded {
@@ -656,7 +656,7 @@ pub async fn release(
         let (mut v4, mut v6) = used_ranges::to_intervals(&status.used_ip);
         let mut changed = false;
         for addr in &addrs {
-            let value = flatnet_common::k8s::ipam::to_u128(*addr);
+            let value = flatnet_k8s::ipam::to_u128(*addr);
             let set = if addr.is_ipv4() { &mut v4 } else { &mut v6 };
             changed |= set.remove(value, value) > 0;
         }
@@ -666,9 +666,9 @@ pub async fn release(
         if !changed {
             return Ok(());
         }
-        let mut used = used_ranges::from_intervals(flatnet_common::k8s::ipam::Family::V4, &v4);
+        let mut used = used_ranges::from_intervals(flatnet_k8s::ipam::Family::V4, &v4);
         used.extend(used_ranges::from_intervals(
-            flatnet_common::k8s::ipam::Family::V6,
+            flatnet_k8s::ipam::Family::V6,
             &v6,
         ));
         status.used_ip_count = i64::try_from(v4.len() + v6.len()).unwrap_or(i64::MAX);
@@ -730,7 +730,7 @@ pub const CONTENTION_RETRY: Duration = Duration::from_millis(200);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flatnet_common::k8s::api::{FlatNetworkIPSpec, FlatNetworkSubnetSpec};
+    use flatnet_k8s::api::{FlatNetworkIPSpec, FlatNetworkSubnetSpec};
 
     fn pool() -> Pool {
         let valid = validate_subnet(

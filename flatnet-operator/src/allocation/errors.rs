@@ -1,6 +1,6 @@
 //! Reconcile failures of the allocation controllers.
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::AnnotationError,
     ipam::{MacsTaken, PoolError},
 };

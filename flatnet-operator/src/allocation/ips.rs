@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Instant};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
     ipam::Pool,
     keys::SUBNET_NAMESPACE,

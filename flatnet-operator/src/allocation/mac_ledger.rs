@@ -22,7 +22,7 @@ use std::{
     hash::{BuildHasher, Hasher},
 };
 
-use flatnet_common::k8s::{ipam::Mac, keys::SUBNET_NAMESPACE, validation::ParentLink};
+use flatnet_k8s::{ipam::Mac, keys::SUBNET_NAMESPACE, validation::ParentLink};
 use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{Api, api::PostParams};
 

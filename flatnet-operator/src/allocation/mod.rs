@@ -33,7 +33,7 @@ use std::{
     time::Duration,
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     ipam::StatefulSetAddressPolicy,
 };
@@ -264,7 +264,7 @@ pub async fn run(
             |record| {
                 Some(
                     ObjectRef::<FlatNetworkSubnet>::new(&record.spec.subnet)
-                        .within(flatnet_common::k8s::keys::SUBNET_NAMESPACE),
+                        .within(flatnet_k8s::keys::SUBNET_NAMESPACE),
                 )
             },
         )

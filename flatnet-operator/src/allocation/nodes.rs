@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
     ipam::StatefulSetAddressPolicy,
 };

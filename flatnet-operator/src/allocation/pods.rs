@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::{PodRequest, parse_pod_request},
     api::{FlatNetworkIP, FlatNetworkSubnet, phase},
     ipam::{Cidr, Family},
@@ -31,7 +31,7 @@ use super::{
         record_name,
     },
 };
-use crate::services::endpoints::is_flat_pod;
+use crate::flat_services::endpoints::is_flat_pod;
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";

@@ -13,7 +13,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::{PodRequest, SubnetRequest},
     api::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkSubnet},
     ipam::{PodController, StatefulSetAddressPolicy, fate_on_pod_deletion},
@@ -34,7 +34,7 @@ pub const FINALIZER: &str = "flatnetwork.pandaria.io/release-address";
 pub const LEGACY_FINALIZER: &str = "wrangler.cattle.io/rancher-flat-network-ip-remove";
 
 /// Suffix of a dual-stack pod's second (IPv6) record.
-pub use flatnet_common::k8s::keys::SECONDARY_RECORD_SUFFIX as SECONDARY_SUFFIX;
+pub use flatnet_k8s::keys::SECONDARY_RECORD_SUFFIX as SECONDARY_SUFFIX;
 
 /// Longest object name Kubernetes accepts.
 const MAX_NAME_LEN: usize = 253;
@@ -71,8 +71,8 @@ pub fn pod_controller(pod: &Pod) -> PodController {
 /// the policy keeps StatefulSet addresses, else the pod, so the record is
 /// garbage-collected with whichever should take the address away.
 pub fn record_owner(pod: &Pod, policy: StatefulSetAddressPolicy) -> OwnerReference {
-    let keep = fate_on_pod_deletion(pod_controller(pod), policy)
-        == flatnet_common::k8s::ipam::RecordFate::Keep;
+    let keep =
+        fate_on_pod_deletion(pod_controller(pod), policy) == flatnet_k8s::ipam::RecordFate::Keep;
     if keep
         && let Some(set) = pod
             .owner_references()
@@ -274,7 +274,7 @@ pub fn desired_pod_labels(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flatnet_common::k8s::annotations::parse_pod_request;
+    use flatnet_k8s::annotations::parse_pod_request;
     use k8s_openapi::api::core::v1::PodSpec;
     use proptest::prelude::*;
 

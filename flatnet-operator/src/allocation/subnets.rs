@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{
         CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange, phase,
         set_condition,

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::parse_pod_request,
     api::{
         FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, FlatNetworkSubnetSpec,
@@ -1311,7 +1311,7 @@ async fn mac_race(seed: u64) {
         server.insert(&k8s_openapi::api::core::v1::ConfigMap {
             metadata: ObjectMeta {
                 name: Some(super::mac_ledger::ledger_name(
-                    &flatnet_common::k8s::validation::ParentLink {
+                    &flatnet_k8s::validation::ParentLink {
                         master: "eth0".into(),
                         vlan: 0,
                     },

@@ -23,7 +23,7 @@ use super::{
     kinds::{self, Kind},
     v1,
 };
-use flatnet_common::k8s::keys;
+use flatnet_k8s::keys;
 
 /// Metadata fields the API server assigns; never written to a backup.
 const SERVER_FIELDS: [&str; 6] = [

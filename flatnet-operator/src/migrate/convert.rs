@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkSubnet, FlatNetworkSubnetSpec, IpRange, Route, RouteSettings},
     keys::{self, annotation},
 };

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use flatnet_common::k8s::{api::FlatNetworkSubnet, keys};
+use flatnet_k8s::{api::FlatNetworkSubnet, keys};
 use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api, Client,

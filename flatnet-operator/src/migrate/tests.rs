@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, future::Future};
 
-use flatnet_common::k8s::api::{IpRange, Route, RouteSettings};
+use flatnet_k8s::api::{IpRange, Route, RouteSettings};
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
@@ -154,7 +154,7 @@ fn subnet_conversion_maps_every_v1_field() {
 fn unparsable_values_are_reported_not_dropped_silently() {
     let mut subnet = v1_subnet();
     subnet.spec.gateway = "10.10.0.x".into();
-    subnet.spec.ranges[1].range_end = "".into();
+    subnet.spec.ranges[1].range_end = String::new();
     subnet.spec.routes[0].dst = "not-an-address".into();
     subnet.spec.routes[1].gw = "bad".into();
     subnet.spec.pod_default_gateway.service_cidr.clear();

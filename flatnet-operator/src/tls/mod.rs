@@ -27,12 +27,8 @@ use self::{
     cert::{CertError, Material, Renewal},
     resolver::ReloadingResolver,
 };
-use crate::{
-    annotations::{MANAGED_BY, MANAGED_BY_FLATNET},
-    config::WebhookSettings,
-    metrics::Metrics,
-    webhook::registration,
-};
+use crate::{config::WebhookSettings, metrics::Metrics, webhook::registration};
+use flatnet_k8s::keys::label;
 
 /// Secret key of the serving certificate.
 pub const TLS_CRT: &str = "tls.crt";
@@ -114,7 +110,7 @@ fn secret_with(base: Option<Secret>, settings: &WebhookSettings, material: &Mate
         .metadata
         .labels
         .get_or_insert_with(BTreeMap::new)
-        .insert(MANAGED_BY.into(), MANAGED_BY_FLATNET.into());
+        .insert(label::MANAGED_BY.into(), label::MANAGED_BY_FLATNET.into());
     secret.type_ = Some("kubernetes.io/tls".into());
     let bytes = |text: &str| ByteString(text.as_bytes().to_vec());
     secret.data = Some(BTreeMap::from([
@@ -281,7 +277,7 @@ pub fn load(resolver: &ReloadingResolver, metrics: &Metrics, secret: &Secret) {
             }
         }
         Err(error) => {
-            warn!(%error, "the webhook Secret holds no usable certificate; keeping the previous one")
+            warn!(%error, "the webhook Secret holds no usable certificate; keeping the previous one");
         }
     }
 }

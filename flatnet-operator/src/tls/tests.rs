@@ -96,8 +96,8 @@ async fn first_run_registers_the_new_ca_then_creates_the_secret() {
     assert_eq!(ca_bundle_of(&patch.body), [bundle.clone(), bundle]);
     assert_eq!(create.body["type"], "kubernetes.io/tls");
     assert_eq!(
-        create.body["metadata"]["labels"][MANAGED_BY],
-        MANAGED_BY_FLATNET
+        create.body["metadata"]["labels"][label::MANAGED_BY],
+        label::MANAGED_BY_FLATNET
     );
     let material = material_of(&serde_json::from_value(create.body.clone()).unwrap()).unwrap();
     assert!(matches!(

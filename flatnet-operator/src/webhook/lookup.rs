@@ -4,7 +4,7 @@
 //! every lookup is a direct API call (the API server's watch cache serves
 //! the lists).
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     keys::SUBNET_NAMESPACE,
 };

@@ -19,7 +19,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     annotations::{PodRequest, parse_pod_request},
     api::{FlatNetworkIP, FlatNetworkSubnet},
     ipam::{Mac, Pool},

@@ -23,11 +23,8 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
 };
 
-use crate::{
-    annotations::{MANAGED_BY, MANAGED_BY_FLATNET},
-    config::WebhookSettings,
-    services::FIELD_MANAGER,
-};
+use crate::{config::WebhookSettings, flat_services::FIELD_MANAGER};
+use flatnet_k8s::keys::label;
 
 /// Path the webhooks post their reviews to.
 pub const VALIDATE_PATH: &str = "/validate";
@@ -104,8 +101,8 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
         metadata: ObjectMeta {
             name: Some(settings.configuration.clone()),
             labels: Some(BTreeMap::from([(
-                MANAGED_BY.to_owned(),
-                MANAGED_BY_FLATNET.to_owned(),
+                label::MANAGED_BY.to_owned(),
+                label::MANAGED_BY_FLATNET.to_owned(),
             )])),
             ..ObjectMeta::default()
         },
@@ -113,7 +110,7 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
             webhook(
                 SUBNET_WEBHOOK,
                 vec![rule(
-                    flatnet_common::k8s::api::GROUP,
+                    flatnet_k8s::api::GROUP,
                     &["v1"],
                     &["flatnetworksubnets"],
                     &["CREATE", "UPDATE", "DELETE"],
@@ -154,8 +151,8 @@ pub async fn apply(
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let name = desired.name_any();
     if let Some(existing) = api.get_opt(&name).await? {
-        let ours =
-            existing.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGED_BY_FLATNET);
+        let ours = existing.labels().get(label::MANAGED_BY).map(String::as_str)
+            == Some(label::MANAGED_BY_FLATNET);
         if !ours {
             tracing::info!(configuration = %name, "replacing a webhook configuration flatnet does not manage");
             api.delete(&name, &DeleteParams::default()).await?;

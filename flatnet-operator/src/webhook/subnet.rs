@@ -12,7 +12,7 @@
 //! as is any update of a subnet being deleted, so the controller's own
 //! writes never depend on the webhook.
 
-use flatnet_common::k8s::{
+use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     ipam::{Pool, PoolError},
     keys::SUBNET_NAMESPACE,

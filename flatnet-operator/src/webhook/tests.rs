@@ -577,7 +577,7 @@ fn bad_subnets() -> Vec<Case> {
             "ranges-shrink-in-use",
             subnet("net1", net1_spec()),
             with_spec("net1", |s| {
-                s["ranges"] = json!([{"from": "10.1.0.10", "to": "10.1.0.50"}])
+                s["ranges"] = json!([{"from": "10.1.0.10", "to": "10.1.0.50"}]);
             }),
             deny(
                 "subnet_in_use",
@@ -950,7 +950,7 @@ fn good() -> Vec<Case> {
             "widen-ranges-in-use",
             subnet("net1", net1_spec()),
             with_spec("net1", |s| {
-                s["ranges"] = json!([{"from": "10.1.0.100", "to": "10.1.0.250"}])
+                s["ranges"] = json!([{"from": "10.1.0.100", "to": "10.1.0.250"}]);
             }),
             None,
         ),

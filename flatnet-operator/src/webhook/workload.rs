@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use flatnet_common::k8s::keys::annotation;
+use flatnet_k8s::keys::annotation;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::DynamicObject;
 

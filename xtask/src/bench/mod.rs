@@ -222,6 +222,10 @@ fn machine() -> String {
 }
 
 /// The `p`-th percentile (0..=1) by nearest rank of sorted samples.
+#[expect(
+    clippy::cast_sign_loss,
+    reason = "`p` and the length are not negative, so neither is the rank"
+)]
 fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     assert!(!sorted.is_empty(), "percentile of no samples");
     let rank = (p * sorted.len() as f64).ceil() as usize;

@@ -1,21 +1,25 @@
-//! Capturing the frames a namespace's interface receives (a raw `AF_PACKET`
-//! socket, no tool needed) and recognising address announcements in them.
+//! Capturing the frames a namespace's interface receives (flatnet's raw
+//! `AF_PACKET` socket, no tool needed) and recognising address announcements
+//! in them.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread,
+    time::Duration,
 };
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use flatnet_packet_socket::{RawSocket, Receive};
 
 use super::netns::in_netns;
 
-const ETH_P_ALL: u16 = 0x0003;
+/// How long one receive waits before the capture thread looks at `stop` again.
+const POLL: Duration = Duration::from_millis(50);
+
 const ETHERTYPE_ARP: u16 = 0x0806;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const ICMPV6: u8 = 58;
@@ -31,7 +35,7 @@ pub struct Capture {
 impl Capture {
     /// Starts capturing the ARP and IPv6 frames `ifname` in `netns` receives.
     pub fn start(netns: &str, ifname: &str) -> anyhow::Result<Self> {
-        let socket = in_netns(netns, || open_packet_socket(ifname))?
+        let socket = in_netns(netns, || RawSocket::open_receiving(ifname, Receive::All))?
             .with_context(|| format!("open a packet socket on {ifname} in {netns}"))?;
         let frames = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -40,13 +44,12 @@ impl Capture {
             move || {
                 let mut buf = vec![0u8; 2048];
                 while !stop.load(Ordering::SeqCst) {
-                    // SAFETY: recv into a buffer of the given length; the
-                    // socket has a receive timeout so the loop sees `stop`.
-                    let n = unsafe {
-                        libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
+                    // A bounded wait, so the loop sees `stop`.
+                    let Ok(Some(received)) = socket.receive(&mut buf, POLL) else {
+                        continue;
                     };
-                    if n > 14 {
-                        let frame = &buf[..n as usize];
+                    if received.len > 14 {
+                        let frame = &buf[..received.len];
                         if matches!(ethertype(frame), ETHERTYPE_ARP | ETHERTYPE_IPV6) {
                             frames.lock().expect("capture lock").push(frame.to_vec());
                         }
@@ -88,57 +91,6 @@ impl Drop for Capture {
             let _ = thread.join();
         }
     }
-}
-
-fn open_packet_socket(ifname: &str) -> anyhow::Result<OwnedFd> {
-    let protocol = ETH_P_ALL.to_be();
-    // SAFETY: plain socket(2) call; the descriptor is owned right away.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(protocol)) };
-    if fd < 0 {
-        bail!("socket(AF_PACKET): {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-    let name = std::ffi::CString::new(ifname)?;
-    // SAFETY: a NUL-terminated name; resolved in this thread's namespace.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if index == 0 {
-        bail!("no interface {ifname}");
-    }
-    // SAFETY: sockaddr_ll is plain data; zeroed is a valid start.
-    let mut address: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    address.sll_family = libc::AF_PACKET as u16;
-    address.sll_protocol = protocol;
-    address.sll_ifindex = index as i32;
-    // SAFETY: bind with a correctly sized sockaddr_ll.
-    let bound = unsafe {
-        libc::bind(
-            socket.as_raw_fd(),
-            (&raw const address).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        )
-    };
-    if bound != 0 {
-        bail!("bind to {ifname}: {}", std::io::Error::last_os_error());
-    }
-    let timeout = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 50_000,
-    };
-    // SAFETY: SO_RCVTIMEO with a timeval of the right size.
-    let set = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&raw const timeout).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        )
-    };
-    if set != 0 {
-        bail!("SO_RCVTIMEO: {}", std::io::Error::last_os_error());
-    }
-    Ok(socket)
 }
 
 fn ethertype(frame: &[u8]) -> u16 {

@@ -261,7 +261,7 @@ networks:
         body.lines()
             .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
             .find_map(|value| value.trim().parse::<f64>().ok())
-            .map(|v| v as u64)
+            .map(metric_count)
             .with_context(|| format!("no {name} in the /metrics of {}", self.netns))
     }
 
@@ -288,7 +288,7 @@ networks:
             return Ok(());
         };
         // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
             if let Some(status) = child.try_wait()? {
@@ -345,4 +345,13 @@ impl Drop for Node {
 fn free_local_port() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").context("find a free local port")?;
     Ok(listener.local_addr()?)
+}
+
+/// A Prometheus counter or gauge value as a count.
+#[expect(
+    clippy::cast_sign_loss,
+    reason = "the lab reads counters and sizes, which are never negative"
+)]
+fn metric_count(value: f64) -> u64 {
+    value as u64
 }

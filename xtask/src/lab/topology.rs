@@ -163,7 +163,7 @@ fn lab_root_links() -> Vec<String> {
 /// Processes (other than this one) whose command line names the lab's work
 /// directory: the lab's agents.
 fn lab_processes() -> Vec<i32> {
-    let own = std::process::id() as i32;
+    let own = std::process::id().cast_signed();
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };

@@ -1,0 +1,113 @@
+//! The committed CRD chart must match the Rust API types.
+
+use flatnet_k8s::{api, crd_yaml};
+use kube::CustomResourceExt;
+
+#[test]
+fn committed_crds_match_the_api_types() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../charts/flatnet-crd/templates/crds.yaml"
+    );
+    let committed = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    assert!(
+        committed == crd_yaml(),
+        "{path} is out of date: run `cargo xtask crds` and commit the result"
+    );
+}
+
+#[test]
+fn crds_have_the_original_names_and_keep_policy() {
+    let subnet = api::FlatNetworkSubnet::crd();
+    let ip = api::FlatNetworkIP::crd();
+    assert_eq!(
+        subnet.metadata.name.as_deref(),
+        Some("flatnetworksubnets.flatnetwork.pandaria.io")
+    );
+    assert_eq!(
+        ip.metadata.name.as_deref(),
+        Some("flatnetworkips.flatnetwork.pandaria.io")
+    );
+    assert_eq!(
+        subnet.spec.names.short_names.as_deref(),
+        Some(
+            &[
+                "flatnetworksubnet".to_owned(),
+                "flsubnet".into(),
+                "flsubnets".into()
+            ][..]
+        )
+    );
+    assert_eq!(
+        ip.spec.names.short_names.as_deref(),
+        Some(&["flatnetworkip".to_owned(), "flip".into(), "flips".into()][..])
+    );
+    for crd in [&subnet, &ip] {
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let keep = crd
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("helm.sh/resource-policy"));
+        assert_eq!(keep.map(String::as_str), Some("keep"));
+        let version = &crd.spec.versions[0];
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+}
+
+/// Looks up `spec.versions[0].schema` at a path of property names.
+fn schema_at(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    path: &[&str],
+) -> serde_json::Value {
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .unwrap()
+        .open_api_v3_schema
+        .as_ref()
+        .unwrap();
+    let mut value = serde_json::to_value(schema).unwrap();
+    for name in path {
+        value = value["properties"][name].clone();
+    }
+    value
+}
+
+#[test]
+fn schema_validates_what_the_original_did_not() {
+    let crd = api::FlatNetworkSubnet::crd();
+    assert_eq!(
+        schema_at(&crd, &["spec", "flatMode"])["enum"],
+        serde_json::json!(["macvlan", "ipvlan"])
+    );
+    assert_eq!(schema_at(&crd, &["spec", "vlan"])["maximum"], 4094.0);
+    assert_eq!(schema_at(&crd, &["spec", "vlan"])["minimum"], 0.0);
+    assert_eq!(
+        schema_at(&crd, &["spec"])["required"],
+        serde_json::json!(["cidr", "flatMode", "master"])
+    );
+    let conditions = schema_at(&crd, &["status", "conditions"]);
+    assert_eq!(conditions["x-kubernetes-list-type"], "map");
+    let columns: Vec<String> = crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "FlatMode", "Mode", "CIDR", "Master", "VLAN", "Used", "Total", "Phase", "Age"
+        ]
+    );
+    // A default that fails its own field's schema makes the API server
+    // reject the CRD; none is emitted.
+    assert!(!crd_yaml().contains("default:"));
+}
