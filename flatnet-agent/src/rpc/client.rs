@@ -53,9 +53,16 @@ impl AgentConnection for SocketAgent {
             .map_err(|e| connect_error(&endpoint.socket, e))?;
         let exchange = |stream: &mut UnixStream| -> Result<Vec<u8>, FrameError> {
             stream.set_write_timeout(Some(remaining(deadline)?))?;
-            write_frame(stream, &body)?;
+            let sent = write_frame(stream, &body);
             stream.set_read_timeout(Some(remaining(deadline)?))?;
-            read_frame(stream)
+            // The agent may answer a connection it refuses (another uid)
+            // before reading the request, then close it: the write then
+            // fails, but the refusal is waiting to be read.
+            match (sent, read_frame(stream)) {
+                (_, Ok(answer)) => Ok(answer),
+                (Err(write_error), Err(_)) => Err(write_error),
+                (Ok(()), Err(read_error)) => Err(read_error),
+            }
         };
         let answer = exchange(&mut stream).map_err(|e| exchange_error(endpoint, request, e))?;
         let response: AgentResponse = serde_json::from_slice(&answer).map_err(|e| {
