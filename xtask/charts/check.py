@@ -440,7 +440,9 @@ class CliSurface:
 
     def _crawl(self, path: tuple[str, ...]) -> None:
         text = self._help(path)
-        flags: dict[str, tuple[str | None, list[str] | None]] = {}
+        # Each option's text: its own line and, when clap puts the help on
+        # the next lines (long descriptions), the lines up to the next option.
+        options: list[tuple[str, str]] = []
         section = None
         subcommands = []
         for line in text.splitlines():
@@ -454,12 +456,17 @@ class CliSurface:
                 continue
             match = self.OPTION.match(line)
             if match:
-                env = self.ENV.search(match.group(2))
-                values = self.VALUES.search(match.group(2))
-                flags[match.group(1)] = (
-                    env.group(1) if env else None,
-                    [v.strip() for v in values.group(1).split(",")] if values else None,
-                )
+                options.append((match.group(1), match.group(2)))
+            elif options and line.strip():
+                options[-1] = (options[-1][0], options[-1][1] + " " + line.strip())
+        flags: dict[str, tuple[str | None, list[str] | None]] = {}
+        for flag, described in options:
+            env = self.ENV.search(described)
+            values = self.VALUES.search(described)
+            flags[flag] = (
+                env.group(1) if env else None,
+                [v.strip() for v in values.group(1).split(",")] if values else None,
+            )
         self.commands[path] = flags
         for sub in subcommands:
             self._crawl((*path, sub))
@@ -484,23 +491,27 @@ def check_against_binaries(
     obj: dict[str, Any],
     where: str,
     clis: dict[str, CliSurface],
-    images: dict[str, str],
+    images: dict[str, str] | None,
     problems: Problems,
 ) -> None:
-    """The chart's containers run what the built images and binaries accept."""
+    """The chart's containers run what the built images and binaries accept.
+
+    `images`: the references the default values must render (None for
+    values that name other images on purpose)."""
     spec = pod_spec(obj)
     if spec is None:
         return
     component = component_of(obj)
-    if component not in images:
+    if component not in clis:
         return
     for container in containers(spec):
         here = f"{where} container {container['name']}"
-        problems.check(
-            container["image"] == images[component],
-            here,
-            f"image {container['image']} is not the image `cargo xtask images` builds ({images[component]})",
-        )
+        if images is not None:
+            problems.check(
+                container["image"] == images[component],
+                here,
+                f"image {container['image']} is not the image `cargo xtask images` builds ({images[component]})",
+            )
         words = (container.get("command") or []) + (container.get("args") or [])
         # No command: the image's own, the component's binary.
         binary = f"flatnet-{component}"
@@ -537,7 +548,7 @@ def check_against_binaries(
 # component, change). Each proves that a renamed flag or variable fails here.
 CLI_REJECTS = [
     ("a renamed environment variable", "agent", lambda c: c["env"].append({"name": "FLATNET_TC_ATTACHED", "value": "auto"})),
-    ("an unknown value of a fixed-set variable", "agent", lambda c: c["env"].append({"name": "FLATNET_TC_ATTACH", "value": "xdp"})),
+    ("an unknown value of a fixed-set variable", "agent", lambda c: c["env"].append({"name": "FLATNET_LOG_FORMAT", "value": "xml"})),
     ("an unknown subcommand", "agent", lambda c: c.__setitem__("command", ["flatnet-agent", "serve"])),
     ("an unknown flag", "agent", lambda c: c.__setitem__("args", ["--socket-path=/run/x"])),
     ("a renamed operator variable", "operator", lambda c: c["env"].append({"name": "FLATNET_WEBHOOK_PORTS", "value": "1"})),
@@ -645,7 +656,9 @@ def check_chart(
                 check_rbac(obj, f"{where} {name}", problems)
                 check_pod_security(obj, f"{where} {name}", problems)
                 check_env_and_commands(obj, f"{where} {name}", docs, problems)
-                check_against_binaries(obj, f"{where} {name}", clis, images, problems)
+                check_against_binaries(
+                    obj, f"{where} {name}", clis, images if values is None else None, problems
+                )
             if chart.name == "flatnet" and values is None:
                 check_cli_rejects(objects, clis, images, problems)
                 if dump is not None:

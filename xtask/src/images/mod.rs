@@ -288,18 +288,20 @@ fn image(
     let bin_dir = binary_dir(root);
     for binary in component.binaries() {
         let path = bin_dir.join(binary);
-        let bytes = fs::read(&path).with_context(|| {
-            format!(
-                "read {} (build it with `cargo xtask images`)",
-                path.display()
-            )
-        })?;
+        ensure!(
+            path.is_file(),
+            "{} is missing (build it with `cargo xtask images`)",
+            path.display()
+        );
         ensure!(
             ldd::shared_libraries(&path)?.is_empty(),
             "{} is dynamically linked; the images need static binaries",
             path.display()
         );
-        flatnet.add(&format!("usr/local/bin/{binary}"), Node::File(0o755, bytes));
+        flatnet.add(
+            &format!("usr/local/bin/{binary}"),
+            Node::File(0o755, stripped(root, &path)?),
+        );
     }
     layers.push(flatnet);
     let (user, path) = match component {
@@ -341,6 +343,23 @@ fn image(
         },
         layers,
     })
+}
+
+/// The binary without its symbol table (a fifth of its size), as `strip`
+/// writes it; the build's own copy keeps its symbols.
+fn stripped(root: &Path, binary: &Path) -> anyhow::Result<Vec<u8>> {
+    let dir = root.join(IMAGE_DIR).join("stripped");
+    fs::create_dir_all(&dir)?;
+    let out = dir.join(binary.file_name().context("a binary has a name")?);
+    workspace::run(
+        "strip",
+        Command::new("strip")
+            .arg("--strip-all")
+            .arg("-o")
+            .arg(&out)
+            .arg(binary),
+    )?;
+    fs::read(&out).with_context(|| format!("read {}", out.display()))
 }
 
 /// `bpftool` and `ip` with the shared libraries they load, at the paths
