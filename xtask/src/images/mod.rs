@@ -34,6 +34,10 @@ pub const CHART: &str = "charts/flatnet";
 const OPERATOR_USER: &str = "65532:65532";
 /// Debugging tools carried by the agent image, with the libraries they load.
 const AGENT_TOOLS: &[&str] = &["/usr/sbin/bpftool", "/usr/bin/ip"];
+/// The CA bundle of Debian's ca-certificates: the Kubernetes client (rustls
+/// with the system's roots) refuses to start without one, even when the
+/// cluster's own CA is given.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Options of `cargo xtask images`.
 #[derive(Args, Default, Clone)]
@@ -279,7 +283,12 @@ fn image(
     component: Component,
     source: &Source,
 ) -> anyhow::Result<Image> {
-    let mut layers = Vec::new();
+    let mut base = Layer::new("CA certificates (Debian ca-certificates)");
+    let bundle = fs::read(CA_BUNDLE).with_context(|| {
+        format!("read {CA_BUNDLE} (`bash .ci/provision` installs ca-certificates)")
+    })?;
+    base.add(CA_BUNDLE, Node::File(0o644, bundle));
+    let mut layers = vec![base];
     if component == Component::Agent {
         layers.push(tools_layer()?);
     }

@@ -81,12 +81,12 @@ pub fn run() -> anyhow::Result<()> {
     remove_everything();
     let _cleanup = Cleanup;
     timed(
-        "agent image serves CNI ADD/DEL through the flatnet-cni it installed",
-        || agent(&chart, &rendered),
-    )?;
-    timed(
         "operator image answers /healthz and /readyz, non-root, read-only root",
         || operator(&chart, &rendered),
+    )?;
+    timed(
+        "agent image serves CNI ADD/DEL through the flatnet-cni it installed",
+        || agent(&chart, &rendered),
     )
 }
 
@@ -380,8 +380,9 @@ impl Cni {
     fn call(&self, command: &str) -> anyhow::Result<Value> {
         // The conflist names the socket as the container sees it (the same
         // path as on a node); here the node's directory lies under WORK_DIR.
+        // 1.1.0: the version with STATUS, which the plugin offers.
         let config = json!({
-            "cniVersion": "1.0.0",
+            "cniVersion": "1.1.0",
             "name": self.network,
             "type": "flatnet-cni",
             "agentSocket": self.socket,
