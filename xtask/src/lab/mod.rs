@@ -120,7 +120,9 @@ impl Step {
     /// What the step checks (progress line and report).
     fn checks(self) -> &'static str {
         match self {
-            Step::Build => "eBPF object, flatnet-agent and flatnet-cni (debug) are built",
+            Step::Build => {
+                "eBPF object, flatnet-agent and flatnet-cni (debug) are built (--images: the agent image)"
+            }
             Step::Leftovers => "nothing of an earlier lab run is left (fnlab- names, pins, agents)",
             Step::Topology => "switch (bridge), LAN host, rogue host, node1 and node2 are cabled",
             Step::Agents => {

@@ -258,6 +258,20 @@ networks:
             }
             let status = self.cni(bins, "STATUS", DUAL_NETWORK, None, json!({}));
             if status.is_ok() && self.http_get("/readyz").is_ok_and(|b| b.contains("ready")) {
+                if let Some(container) = &self.container {
+                    // What answered is the agent in its podman container.
+                    let running = process::run(
+                        "podman",
+                        &["inspect", "--format", "{{.State.Running}}", container],
+                    )?;
+                    if running.trim() != "true" {
+                        bail!("{container} is not running, yet something answered");
+                    }
+                    println!(
+                        "[lab]       {}: agent in podman container {container}",
+                        self.netns
+                    );
+                }
                 return Ok(());
             }
             if Instant::now() > deadline {
