@@ -65,6 +65,7 @@ pub fn run(args: &ReleaseArgs) -> anyhow::Result<PathBuf> {
             .arg("--destination")
             .arg(&dir),
     )?;
+    let revision = git(&root, &["rev-parse", "HEAD"])?;
     let mut images = Vec::new();
     for component in Component::ALL {
         let archive = chart.archive(&root, component);
@@ -74,12 +75,18 @@ pub fn run(args: &ReleaseArgs) -> anyhow::Result<PathBuf> {
                 archive.display()
             )
         })?;
-        let digest = oci::manifest_digest(&bytes)?;
+        let (digest, labels) = oci::describe(&bytes)?;
+        let built_from = labels.get(images::REVISION_LABEL).map(String::as_str);
+        ensure!(
+            built_from == Some(revision.as_str()),
+            "{} was built from commit {}, HEAD is {revision}: run `cargo xtask images` again",
+            archive.display(),
+            built_from.unwrap_or("(unknown)")
+        );
         let name = archive.file_name().expect("a file name");
         fs::write(dir.join(name), &bytes)?;
         images.push((chart.reference(component), digest, bytes.len() as u64));
     }
-    let revision = git(&root, &["rev-parse", "HEAD"])?;
     fs::write(
         dir.join("RELEASE-NOTES.md"),
         notes(&root, &chart.app_version, &revision, &images)?,

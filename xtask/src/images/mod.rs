@@ -30,6 +30,8 @@ pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
 pub const IMAGE_DIR: &str = "target/images";
 /// The chart whose `appVersion` and image repositories the images follow.
 pub const CHART: &str = "charts/flatnet";
+/// The image label naming the commit the image was built from.
+pub const REVISION_LABEL: &str = "org.opencontainers.image.revision";
 /// The operator's user: the chart's `runAsUser`/`runAsGroup`.
 const OPERATOR_USER: &str = "65532:65532";
 /// Debugging tools carried by the agent image, with the libraries they load.
@@ -324,10 +326,7 @@ fn image(
             "org.opencontainers.image.version".into(),
             chart.app_version.clone(),
         ),
-        (
-            "org.opencontainers.image.revision".into(),
-            source.revision.clone(),
-        ),
+        (REVISION_LABEL.into(), source.revision.clone()),
         (
             "org.opencontainers.image.source".into(),
             env!("CARGO_PKG_REPOSITORY").into(),

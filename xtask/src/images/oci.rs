@@ -211,20 +211,35 @@ pub fn write(image: &Image) -> std::io::Result<Written> {
     })
 }
 
-/// The manifest digest an `oci-archive` names in its index.
-pub fn manifest_digest(archive: &[u8]) -> std::io::Result<String> {
-    let invalid = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned());
+/// What an `oci-archive` says about its image: the manifest digest its
+/// index names and the manifest's annotations (the image labels).
+pub fn describe(archive: &[u8]) -> std::io::Result<(String, BTreeMap<String, String>)> {
+    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let mut files = BTreeMap::new();
     for entry in tar::Archive::new(archive).entries()? {
         let mut entry = entry?;
-        if entry.path()?.as_os_str() == "index.json" {
-            let index: Value = serde_json::from_reader(&mut entry)?;
-            return index["manifests"][0]["digest"]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| invalid("index.json names no manifest"));
-        }
+        let path = entry.path()?.display().to_string();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut bytes)?;
+        files.insert(path, bytes);
     }
-    Err(invalid("no index.json in the archive"))
+    let json = |path: &str| -> std::io::Result<Value> {
+        let bytes = files
+            .get(path)
+            .ok_or_else(|| invalid(format!("no {path} in the archive")))?;
+        Ok(serde_json::from_slice(bytes)?)
+    };
+    let index = json("index.json")?;
+    let digest = index["manifests"][0]["digest"]
+        .as_str()
+        .ok_or_else(|| invalid("index.json names no manifest".into()))?
+        .to_owned();
+    let manifest = json(&format!(
+        "blobs/sha256/{}",
+        digest.trim_start_matches("sha256:")
+    ))?;
+    let annotations = serde_json::from_value(manifest["annotations"].clone()).unwrap_or_default();
+    Ok((digest, annotations))
 }
 
 fn layer_tar(layer: &Layer, mtime: u64) -> std::io::Result<Vec<u8>> {
@@ -358,10 +373,9 @@ mod tests {
         let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
         let manifest = &index["manifests"][0];
         assert_eq!(manifest["digest"], written.manifest_digest);
-        assert_eq!(
-            manifest_digest(&written.archive).unwrap(),
-            written.manifest_digest
-        );
+        let (digest, annotations) = describe(&written.archive).unwrap();
+        assert_eq!(digest, written.manifest_digest);
+        assert_eq!(annotations["a"], "b");
         assert_eq!(
             manifest["annotations"][REF_NAME],
             "docker.io/flatnet/test:0.1.0"
