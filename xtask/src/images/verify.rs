@@ -365,6 +365,29 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
         process::ip(POD, &["link", "show", "eth0"]).is_err(),
         "eth0 is still in the pod after DEL"
     );
+    // The debugging tools the image carries work inside it, with its privileges.
+    let counters = format!("{PIN_ROOT}/FRAME_COUNTERS");
+    let map = checked(podman().args([
+        "exec",
+        AGENT_CONTAINER,
+        "bpftool",
+        "map",
+        "show",
+        "pinned",
+        &counters,
+    ]))?;
+    ensure!(
+        map.contains("name FRAME_COUNTERS"),
+        "bpftool in the image: {map}"
+    );
+    // On the host network, podman exec stays in the caller's namespace: the node's here.
+    let uplink = checked(
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{NODE}"))
+            .args(["podman", "--runtime", "runc", "exec", AGENT_CONTAINER])
+            .args(["ip", "-br", "link", "show", "uplink"]),
+    )?;
+    ensure!(uplink.starts_with("uplink"), "ip in the image: {uplink}");
     stop_cleanly(AGENT_CONTAINER)
 }
 
