@@ -43,8 +43,9 @@ pub struct Mount {
     pub path: String,
     /// What is mounted there.
     pub source: MountSource,
-    /// `HostToContainer` (rslave) propagation.
-    pub host_to_container: bool,
+    /// The `mountPropagation` as podman's bind option: `rslave` for
+    /// `HostToContainer`, `rshared` for `Bidirectional`, none otherwise.
+    pub propagation: Option<&'static str>,
 }
 
 /// Where a mount comes from.
@@ -136,7 +137,11 @@ impl ChartContainer {
             mounts.push(Mount {
                 path: mount["mountPath"].as_str().unwrap_or_default().to_owned(),
                 source,
-                host_to_container: mount["mountPropagation"] == "HostToContainer",
+                propagation: match mount["mountPropagation"].as_str() {
+                    Some("HostToContainer") => Some("rslave"),
+                    Some("Bidirectional") => Some("rshared"),
+                    _ => None,
+                },
             });
         }
         Ok(Self {
@@ -203,11 +208,10 @@ impl ChartContainer {
         for mount in &self.mounts {
             match &mount.source {
                 MountSource::Host(path) => {
-                    let propagation = if mount.host_to_container {
-                        ":rslave"
-                    } else {
-                        ""
-                    };
+                    let propagation = mount
+                        .propagation
+                        .map(|p| format!(":{p}"))
+                        .unwrap_or_default();
                     args.extend([
                         "--volume".into(),
                         format!("{}:{}{propagation}", host_path(path), mount.path),

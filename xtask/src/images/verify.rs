@@ -4,6 +4,8 @@
 //! ([`ChartContainer`]): same image, command, environment, user,
 //! capabilities, read-only root and host paths.
 //!
+//! - The agent's `mount-bpffs` init container, privileged as in the chart,
+//!   must find bpffs mounted and exit 0.
 //! - The agent, on the host network of a node (a network namespace with a
 //!   veth uplink to a LAN host), installs `flatnet-cni` and its conflist
 //!   into the node's CNI directories; that installed plugin, run on the
@@ -51,6 +53,7 @@ const LAN: &str = "fnimg-lan";
 const POD: &str = "fnimg-pod";
 const OPERATOR_NETNS: &str = "fnimg-op";
 const AGENT_CONTAINER: &str = "fnimg-agent";
+const INIT_CONTAINER: &str = "fnimg-mount-bpffs";
 const OPERATOR_CONTAINER: &str = "fnimg-operator";
 /// Host side of the chart's host paths, the state file and the kubeconfig.
 const WORK_DIR: &str = "/run/fnimg";
@@ -112,7 +115,7 @@ impl Drop for Cleanup {
 }
 
 fn remove_everything() {
-    for container in [AGENT_CONTAINER, OPERATOR_CONTAINER] {
+    for container in [INIT_CONTAINER, AGENT_CONTAINER, OPERATOR_CONTAINER] {
         let _ = podman()
             .args(["rm", "--force", "--time", "0", container])
             .output();
@@ -297,6 +300,7 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
     args.extend(container.command.iter().cloned());
     // Standalone: the desired state comes from the file, not a cluster.
     args.extend(["--standalone", "--state-file", STATE_FILE].map(str::to_owned));
+    init_container(rendered, &host)?;
     // The node's host network is the namespace podman runs in.
     let mut start = Command::new("nsenter");
     start
@@ -389,6 +393,24 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
     )?;
     ensure!(uplink.starts_with("uplink"), "ip in the image: {uplink}");
     stop_cleanly(AGENT_CONTAINER)
+}
+
+/// The chart's `mount-bpffs` init container, run as rendered (privileged,
+/// bpffs mounted back to the host): bpffs is mounted on this machine, so it
+/// must say so and exit 0.
+fn init_container(rendered: &Path, host: &impl Fn(&str) -> String) -> anyhow::Result<()> {
+    let init = ChartContainer::read(rendered, "DaemonSet", "agent", "mount-bpffs")?;
+    let mut args = init.podman_args(INIT_CONTAINER, host, &BTreeMap::new(), &BTreeMap::new())?;
+    args.push(qualify(&init.image));
+    args.extend(init.command.iter().cloned());
+    checked(podman().args(&args))?;
+    let code = checked(podman().args(["wait", INIT_CONTAINER]))?;
+    let output = logs(INIT_CONTAINER);
+    ensure!(
+        code == "0" && output.contains("already mounted"),
+        "mount-bpffs exited with {code}: {output}"
+    );
+    Ok(())
 }
 
 /// The plugin the agent installed, called as a runtime on the node does.
