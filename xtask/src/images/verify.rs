@@ -9,7 +9,8 @@
 //! - The agent, on the host network of a node (a network namespace with a
 //!   veth uplink to a LAN host), installs `flatnet-cni` and its conflist
 //!   into the node's CNI directories; that installed plugin, run on the
-//!   node, then adds a pod (address, traffic to the LAN host) and deletes it.
+//!   node, then adds a pod (address, its gratuitous ARP on the LAN, traffic
+//!   to the LAN host) and deletes it.
 //!   The agent runs standalone, as no cluster is reachable here.
 //! - The operator, pointed at a minimal API server that reports the leader
 //!   Lease held by another replica, answers `/healthz` and `/readyz` as a
@@ -44,7 +45,7 @@ use super::{
 };
 use crate::{
     charts,
-    lab::{netns, process},
+    lab::{capture::Capture, netns, parse_mac, process},
     workspace,
 };
 
@@ -352,6 +353,7 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
         "the installed conflist does not name flatnet-cni and the chart's socket: {conflist}"
     );
 
+    let capture = Capture::start(LAN, "eth0")?;
     let added = cni.call("ADD")?;
     let address = added["ips"][0]["address"].as_str().unwrap_or_default();
     ensure!(
@@ -363,6 +365,25 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
         shown.contains(&format!("inet {POD_ADDRESS}/24")),
         "eth0 of the pod: {shown}"
     );
+    // The chart's arp_notify policy on a read-only /proc/sys: the agent
+    // announces the address itself.
+    let mac = added["interfaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|i| i["mac"].as_str().and_then(parse_mac))
+        .with_context(|| format!("no interface MAC in the ADD result {added}"))?;
+    let address: std::net::Ipv4Addr = POD_ADDRESS.parse()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !capture.saw_gratuitous_arp(mac, address) {
+        ensure!(
+            Instant::now() < deadline,
+            "the LAN host received no gratuitous ARP for {POD_ADDRESS} (policy {})",
+            chart_env(&container, "FLAT_NETWORK_CNI_ARP_POLICY")?
+        );
+        process::sleep(Duration::from_millis(100))?;
+    }
+    drop(capture);
     netns::ping(POD, LAN_HOST)?;
     cni.call("DEL")?;
     ensure!(

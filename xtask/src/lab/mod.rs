@@ -10,7 +10,7 @@
 //! the command fail. Everything is removed at the end, also after Ctrl-C or
 //! SIGTERM, and leftovers of a killed run are removed at the start.
 
-mod capture;
+pub(crate) mod capture;
 pub(crate) mod netns;
 mod node;
 mod policy;
@@ -669,7 +669,7 @@ fn socket(ip: &str, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
+pub(crate) fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let bytes: Vec<u8> = text
         .split(':')
         .map(|b| u8::from_str_radix(b, 16).ok())
