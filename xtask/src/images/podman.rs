@@ -8,6 +8,26 @@ use std::{collections::BTreeMap, fs, path::Path};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
+/// Host paths of the chart that stay the host's own when its containers are
+/// run here, as on a node: the runtime's named network namespaces and the
+/// BPF filesystem. The others are mapped to scratch directories.
+const SHARED_HOST_PATHS: &[&str] = &["/run/netns", "/sys/fs/bpf"];
+
+/// Where a chart host path lies here: itself when shared (see
+/// [`SHARED_HOST_PATHS`]), else the same path below `scratch`.
+pub fn host_path_below(scratch: &Path) -> impl Fn(&str) -> String + Copy + '_ {
+    move |path: &str| {
+        if SHARED_HOST_PATHS.contains(&path) {
+            path.to_owned()
+        } else {
+            scratch
+                .join(path.trim_start_matches('/'))
+                .display()
+                .to_string()
+        }
+    }
+}
+
 /// One container of a rendered workload, with what its pod adds.
 #[derive(Debug, Clone)]
 pub struct ChartContainer {
@@ -160,6 +180,17 @@ impl ChartContainer {
         })
     }
 
+    /// Creates the host directory of every `hostPath` mount, as the
+    /// kubelet does for the chart's `DirectoryOrCreate` volumes.
+    pub fn create_host_dirs(&self, host_path: impl Fn(&str) -> String) -> std::io::Result<()> {
+        for mount in &self.mounts {
+            if let MountSource::Host(path) = &mount.source {
+                fs::create_dir_all(host_path(path))?;
+            }
+        }
+        Ok(())
+    }
+
     /// `podman run` options (the image and command follow) for a
     /// container named `name`. `host_path` maps each hostPath to the
     /// directory used for it here; `pod_env` gives the `valueFrom`
@@ -299,6 +330,14 @@ mod tests {
         }
         assert_eq!(container.image, "flatnet/flatnet-agent:0.1.0");
         assert_eq!(container.command, ["flatnet-agent", "run"]);
+    }
+
+    #[test]
+    fn shared_host_paths_stay_and_others_move_below_the_scratch_directory() {
+        let host = host_path_below(Path::new("/run/x"));
+        assert_eq!(host("/run/netns"), "/run/netns");
+        assert_eq!(host("/sys/fs/bpf"), "/sys/fs/bpf");
+        assert_eq!(host("/opt/cni/bin"), "/run/x/opt/cni/bin");
     }
 
     #[test]

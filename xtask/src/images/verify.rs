@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 use super::{
     ChartImages, Component,
-    podman::{ChartContainer, MountSource},
+    podman::{ChartContainer, host_path_below},
     qualify,
 };
 use crate::{
@@ -60,9 +60,6 @@ const OPERATOR_CONTAINER: &str = "fnimg-operator";
 const WORK_DIR: &str = "/run/fnimg";
 /// Pin root of the agent under test, beside any real agent's.
 const PIN_ROOT: &str = "/sys/fs/bpf/fnimg";
-/// Host paths shared with the host itself, as on a node: the runtime's
-/// named network namespaces and the BPF filesystem.
-const SHARED_HOST_PATHS: &[&str] = &["/run/netns", "/sys/fs/bpf"];
 const LAN_HOST: &str = "192.0.2.1";
 const POD_ADDRESS: &str = "192.0.2.10";
 /// Where the standalone state file is mounted in the agent container.
@@ -263,19 +260,9 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
     process::ip(LAN, &["link", "set", "eth0", "up"])?;
 
     let work = Path::new(WORK_DIR);
-    let host = |path: &str| -> String {
-        if SHARED_HOST_PATHS.contains(&path) {
-            path.to_owned()
-        } else {
-            format!("{WORK_DIR}/host{path}")
-        }
-    };
-    for mount in &container.mounts {
-        if let MountSource::Host(path) = &mount.source {
-            // The kubelet creates them (DirectoryOrCreate).
-            fs::create_dir_all(host(path))?;
-        }
-    }
+    let scratch = work.join("host");
+    let host = host_path_below(&scratch);
+    container.create_host_dirs(host)?;
     let network = "flatnet";
     let state = work.join("state.yaml");
     fs::write(
@@ -537,13 +524,12 @@ fn operator(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
         answers(OPERATOR_NETNS, admin, "/readyz", "ready")
     })?;
     let lease_path = format!("/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{lease}");
-    ensure!(
-        api.requests()
-            .iter()
-            .any(|r| r.starts_with(&format!("GET {lease_path}"))),
-        "the operator never read its Lease {lease_path}; it asked: {:?}",
-        api.requests()
-    );
+    // Ready comes before the first election round: wait for the Lease read.
+    let read_lease = format!("GET {lease_path}");
+    wait_for(OPERATOR_CONTAINER, "a read of its Lease", || {
+        api.requests().iter().any(|r| r.starts_with(&read_lease))
+    })
+    .with_context(|| format!("the stub API server was asked: {:?}", api.requests()))?;
 
     let pid = container_state(OPERATOR_CONTAINER, "Pid")?;
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;

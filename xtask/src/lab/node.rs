@@ -21,7 +21,7 @@ use super::{
         IPVLAN_UPLINK, LAN_HOST_IPVLAN_V4, LAN_HOST_V4, LAN_HOST_V6, PIN_DIR, UPLINK, WORK_DIR,
     },
 };
-use crate::images::podman::{ChartContainer, MountSource};
+use crate::images::podman::{ChartContainer, host_path_below};
 
 /// The dual-stack macvlan network of every node.
 pub const DUAL_NETWORK: &str = "lab-dual";
@@ -51,22 +51,9 @@ impl AgentImage {
     /// with the lab's work and pin directories mounted where the agent's
     /// flags point.
     fn command(&self, node: &Node, args: &[String]) -> anyhow::Result<Command> {
-        let host_dir = |path: &str| -> String {
-            if SHARED_HOST_PATHS.contains(&path) {
-                path.to_owned()
-            } else {
-                node.dir
-                    .join("host")
-                    .join(path.trim_start_matches('/'))
-                    .display()
-                    .to_string()
-            }
-        };
-        for mount in &self.chart.mounts {
-            if let MountSource::Host(path) = &mount.source {
-                fs::create_dir_all(host_dir(path))?;
-            }
-        }
+        let scratch = node.dir.join("host");
+        let host_dir = host_path_below(&scratch);
+        self.chart.create_host_dirs(host_dir)?;
         let mut options = self.chart.podman_args(
             &container_name(node.netns),
             host_dir,
@@ -90,9 +77,6 @@ impl AgentImage {
         Ok(command)
     }
 }
-
-/// Host paths of the chart shared with the host itself, as on a node.
-const SHARED_HOST_PATHS: &[&str] = &["/run/netns", "/sys/fs/bpf"];
 
 /// The podman container of a node's agent.
 fn container_name(netns: &str) -> String {
