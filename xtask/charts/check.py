@@ -15,7 +15,17 @@ For each chart and each values set (the defaults, then every
    the values reach the objects;
 5. checks that every environment variable and subcommand the chart gives a
    flatnet component is one the component documents (docs/<component>.md)
-   or defines (its clap `env = "..."` attributes).
+   or defines (its clap `env = "..."` attributes);
+6. checks every flatnet container against the binaries themselves
+   (`--binaries`): the image is the one `cargo xtask images` builds, the
+   command is a subcommand the binary has, every flag and environment
+   variable is one that subcommand accepts (read from the clap-generated
+   `-h` output, so a renamed flag fails here) and every value of a variable
+   with a fixed set of values is one of them.
+
+With `--dump FILE`, the objects rendered from the flatnet chart's default
+values are also written to FILE (JSON), for the image tests that run the
+chart's containers under podman.
 
 Every problem is collected and printed; the exit status is 1 if any was found.
 """
@@ -24,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import pathlib
 import re
+import subprocess
 import sys
 from typing import Any, Iterator
 
@@ -79,12 +91,19 @@ SCHEMA_REJECTS = [
 class Problems:
     """Collects every problem so one run reports all of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = True) -> None:
         self.items: list[str] = []
+        self.verbose = verbose
+
+    @classmethod
+    def quiet(cls) -> "Problems":
+        """Collects without printing (for checks expected to find something)."""
+        return cls(verbose=False)
 
     def add(self, where: str, message: str) -> None:
         self.items.append(f"{where}: {message}")
-        print(f"  FAIL {where}: {message}")
+        if self.verbose:
+            print(f"  FAIL {where}: {message}")
 
     def check(self, condition: bool, where: str, message: str) -> None:
         if not condition:
@@ -389,6 +408,170 @@ def check_values_reach_objects(
         )
 
 
+# --- the binaries' command lines ------------------------------------------
+
+
+class CliSurface:
+    """What a binary accepts, read from clap's `-h` output of every subcommand.
+
+    `commands` maps a subcommand path (`("run",)`, `()` for the binary
+    itself) to its flags: `--name` -> (environment variable or None,
+    allowed values or None).
+    """
+
+    OPTION = re.compile(r"^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)(.*)$")
+    ENV = re.compile(r"\[env: ([A-Za-z_][A-Za-z0-9_]*)=")
+    VALUES = re.compile(r"\[possible values: ([^\]]+)\]")
+
+    def __init__(self, binary: pathlib.Path) -> None:
+        self.binary = binary
+        self.commands: dict[tuple[str, ...], dict[str, tuple[str | None, list[str] | None]]] = {}
+        self._crawl(())
+
+    def _help(self, path: tuple[str, ...]) -> str:
+        # An empty environment: clap prints the current value of each env
+        # variable, which must not leak into what is compared.
+        result = subprocess.run(
+            [str(self.binary), *path, "-h"], capture_output=True, text=True, env={}, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{self.binary.name} {' '.join(path)} -h failed: {result.stderr}")
+        return result.stdout
+
+    def _crawl(self, path: tuple[str, ...]) -> None:
+        text = self._help(path)
+        # Each option's text: its own line and, when clap puts the help on
+        # the next lines (long descriptions), the lines up to the next option.
+        options: list[tuple[str, str]] = []
+        section = None
+        subcommands = []
+        for line in text.splitlines():
+            if line and not line[0].isspace():
+                section = line.rstrip(":")
+                continue
+            if section == "Commands":
+                words = line.split()
+                if words and words[0] != "help":
+                    subcommands.append(words[0])
+                continue
+            match = self.OPTION.match(line)
+            if match:
+                options.append((match.group(1), match.group(2)))
+            elif options and line.strip():
+                options[-1] = (options[-1][0], options[-1][1] + " " + line.strip())
+        flags: dict[str, tuple[str | None, list[str] | None]] = {}
+        for flag, described in options:
+            env = self.ENV.search(described)
+            values = self.VALUES.search(described)
+            flags[flag] = (
+                env.group(1) if env else None,
+                [v.strip() for v in values.group(1).split(",")] if values else None,
+            )
+        self.commands[path] = flags
+        for sub in subcommands:
+            self._crawl((*path, sub))
+
+    def split(self, words: list[str]) -> tuple[tuple[str, ...], list[str]]:
+        """The longest known subcommand path at the start of `words`, and the rest."""
+        path: tuple[str, ...] = ()
+        rest = list(words)
+        while rest and (*path, rest[0]) in self.commands:
+            path = (*path, rest.pop(0))
+        return path, rest
+
+    def accepted(self, path: tuple[str, ...]) -> dict[str, tuple[str | None, list[str] | None]]:
+        """Flags of the subcommand and of its parents (clap's global flags)."""
+        flags: dict[str, tuple[str | None, list[str] | None]] = {}
+        for depth in range(len(path) + 1):
+            flags.update(self.commands.get(path[:depth], {}))
+        return flags
+
+
+def check_against_binaries(
+    obj: dict[str, Any],
+    where: str,
+    clis: dict[str, CliSurface],
+    images: dict[str, str] | None,
+    problems: Problems,
+) -> None:
+    """The chart's containers run what the built images and binaries accept.
+
+    `images`: the references the default values must render (None for
+    values that name other images on purpose)."""
+    spec = pod_spec(obj)
+    if spec is None:
+        return
+    component = component_of(obj)
+    if component not in clis:
+        return
+    for container in containers(spec):
+        here = f"{where} container {container['name']}"
+        if images is not None:
+            problems.check(
+                container["image"] == images[component],
+                here,
+                f"image {container['image']} is not the image `cargo xtask images` builds ({images[component]})",
+            )
+        words = (container.get("command") or []) + (container.get("args") or [])
+        # No command: the image's own, the component's binary.
+        binary = f"flatnet-{component}"
+        if words and words[0] != binary:
+            problems.add(here, f"runs {words[0]!r}, not {binary}")
+            continue
+        cli = clis[component]
+        path, rest = cli.split(words[1:])
+        flags = cli.accepted(path)
+        line = " ".join([binary, *path])
+        for word in rest:
+            flag = word.split("=", 1)[0]
+            if word.startswith("--"):
+                problems.check(flag in flags, here, f"`{line}` has no flag {flag}")
+            else:
+                problems.add(here, f"`{line}` has no subcommand {word!r}")
+        by_env = {env: values for env, values in flags.values() if env}
+        for env in container.get("env") or []:
+            name = env["name"]
+            if name not in by_env:
+                problems.add(here, f"`{line}` reads no environment variable {name} (not in its -h output)")
+                continue
+            allowed = by_env[name]
+            value = env.get("value")
+            if allowed is not None and value is not None:
+                problems.check(
+                    value in allowed,
+                    here,
+                    f"{name}={value!r} is not one of the values `{line}` accepts: {', '.join(allowed)}",
+                )
+
+
+# Changes to a rendered container the binary check must refuse: (description,
+# component, change). Each proves that a renamed flag or variable fails here.
+CLI_REJECTS = [
+    ("a renamed environment variable", "agent", lambda c: c["env"].append({"name": "FLATNET_TC_ATTACHED", "value": "auto"})),
+    ("an unknown value of a fixed-set variable", "agent", lambda c: c["env"].append({"name": "FLATNET_LOG_FORMAT", "value": "xml"})),
+    ("an unknown subcommand", "agent", lambda c: c.__setitem__("command", ["flatnet-agent", "serve"])),
+    ("an unknown flag", "agent", lambda c: c.__setitem__("args", ["--socket-path=/run/x"])),
+    ("a renamed operator variable", "operator", lambda c: c["env"].append({"name": "FLATNET_WEBHOOK_PORTS", "value": "1"})),
+    ("another image", "operator", lambda c: c.__setitem__("image", "flatnet/flatnet-operator:latest")),
+]
+
+
+def check_cli_rejects(
+    objects: dict[tuple[str, str], dict[str, Any]],
+    clis: dict[str, CliSurface],
+    images: dict[str, str],
+    problems: Problems,
+) -> None:
+    """Each entry of CLI_REJECTS, applied to the default render, is reported."""
+    for description, component, change in CLI_REJECTS:
+        workload = next(o for o in objects.values() if pod_spec(o) is not None and component_of(o) == component)
+        mutated = copy.deepcopy(workload)
+        change(pod_spec(mutated)["containers"][0])
+        found = Problems.quiet()
+        check_against_binaries(mutated, "mutation", clis, images, found)
+        problems.check(bool(found.items), f"binary check [{description}]", "was not reported")
+
+
 # --- driving ----------------------------------------------------------------
 
 
@@ -426,7 +609,14 @@ def validate_objects(objects: dict[tuple[str, str], dict[str, Any]], where: str,
             problems.add(f"{where} {name}", err.message)
 
 
-def check_chart(chart_dir: pathlib.Path, docs: Documented, problems: Problems) -> tuple[int, int]:
+def check_chart(
+    chart_dir: pathlib.Path,
+    docs: Documented,
+    clis: dict[str, CliSurface],
+    images: dict[str, str],
+    dump: pathlib.Path | None,
+    problems: Problems,
+) -> tuple[int, int]:
     """Checks one chart with each of its values sets; returns how many passed and failed."""
     value_sets: list[tuple[str, dict[str, Any] | None]] = [("default values", None)]
     for path in sorted((chart_dir / "ci").glob("*-values.yaml")):
@@ -466,6 +656,13 @@ def check_chart(chart_dir: pathlib.Path, docs: Documented, problems: Problems) -
                 check_rbac(obj, f"{where} {name}", problems)
                 check_pod_security(obj, f"{where} {name}", problems)
                 check_env_and_commands(obj, f"{where} {name}", docs, problems)
+                check_against_binaries(
+                    obj, f"{where} {name}", clis, images if values is None else None, problems
+                )
+            if chart.name == "flatnet" and values is None:
+                check_cli_rejects(objects, clis, images, problems)
+                if dump is not None:
+                    dump.write_text(json.dumps(list(objects.values()), indent=1, sort_keys=True))
             if chart.name == "flatnet":
                 merged = deep_merge(defaults, values or {})
                 check_values_reach_objects(objects, merged, app_version, where, problems)
@@ -491,15 +688,37 @@ def check_chart(chart_dir: pathlib.Path, docs: Documented, problems: Problems) -
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=pathlib.Path, required=True, help="workspace root")
+    parser.add_argument(
+        "--binaries", type=pathlib.Path, required=True, help="directory of the built flatnet binaries"
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="COMPONENT=REFERENCE",
+        help="the image `cargo xtask images` builds for a component (agent, operator)",
+    )
+    parser.add_argument("--dump", type=pathlib.Path, help="write the default render of the flatnet chart here")
     args = parser.parse_args()
     root: pathlib.Path = args.root.resolve()
     print(f"helm-c {helm.helm_c_version()}, Helm SDK {helm.helm_sdk_version()}, Kubernetes schemas {KUBE_VERSION}")
     problems = Problems()
     docs = Documented(root)
+    clis = {}
+    for component in ("agent", "operator"):
+        path = args.binaries / f"flatnet-{component}"
+        clis[component] = CliSurface(path)
+        envs = sum(1 for flags in clis[component].commands.values() for env, _ in flags.values() if env)
+        print(f"{path.name}: {len(clis[component].commands)} commands, {envs} env variables read from {path}")
+        problems.check(envs > 0, str(path), "no [env: ...] in its -h output: not understood")
+    images = dict(item.split("=", 1) for item in args.image)
+    if set(images) != {"agent", "operator"}:
+        print("--image agent=... and --image operator=... are required", file=sys.stderr)
+        return 2
     passed = failed = 0
     for chart_dir in sorted((root / "charts").iterdir()):
         if (chart_dir / "Chart.yaml").exists():
-            chart_passed, chart_failed = check_chart(chart_dir, docs, problems)
+            chart_passed, chart_failed = check_chart(chart_dir, docs, clis, images, args.dump, problems)
             passed += chart_passed
             failed += chart_failed
     if problems.items:

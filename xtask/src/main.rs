@@ -4,7 +4,9 @@ mod bench;
 mod charts;
 mod crds;
 mod ebpf;
+mod images;
 mod lab;
+mod release;
 mod tasks;
 mod test_report;
 mod vm;
@@ -27,10 +29,13 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Lint, render and validate the Helm charts (Helm library, Kubernetes 1.28 schemas).
+    /// Lint, render and validate the Helm charts (Helm library, Kubernetes 1.28 schemas)
+    /// and check their command lines against the built binaries.
     Charts,
     /// Build the eBPF object (release, with BTF) that the agent embeds.
     BuildEbpf,
+    /// Build the operator and agent images into target/images/ and load them into podman.
+    Images(images::ImagesArgs),
     /// Benchmarks (root): cni, throughput, policy, conflicts; each updates docs/benchmarks.md.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -43,6 +48,8 @@ enum Command {
     Deny,
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
     Lab(lab::LabArgs),
+    /// Package a release into target/flatnet-<version>/: charts, images, checksums, notes.
+    Release(release::ReleaseArgs),
     /// Everything CI checks: formatting, eBPF build, clippy, all tests.
     Test(tasks::TestArgs),
     /// Run privileged test binaries inside a VM booted from Debian's 6.1 kernel.
@@ -52,13 +59,15 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { check } => crds::run(check),
-        Command::Charts => charts::check(),
+        Command::Charts => charts::check(&charts::binaries()?),
         Command::BuildEbpf => ebpf::build(),
+        Command::Images(args) => images::run(&args),
         Command::Bench(command) => bench::run(command),
         Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),
         Command::Clippy => tasks::clippy(),
         Command::Deny => tasks::deny(),
         Command::Lab(args) => lab::run(&args),
+        Command::Release(args) => release::run(&args).map(drop),
         Command::Test(args) => tasks::test(&args),
         Command::VmTest(args) => vm::run(args),
     }

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::{
-    charts, ebpf, lab,
+    ebpf, images, lab, release,
     test_report::{Totals, run_tests},
     workspace,
 };
@@ -108,7 +108,10 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     ebpf::build()?;
     clippy()?;
     deny()?;
-    charts::check()?;
+    // One release build serves the images, the chart check against the
+    // binaries and the release, so a broken release cannot land.
+    images::run(&images::ImagesArgs::default())?;
+    release::run(&release::ReleaseArgs { skip_images: true })?;
 
     let mut tests = workspace::cargo(None);
     tests.args(["test", "--all-targets"]);
@@ -124,7 +127,10 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     .and_then(|()| vm_tests(&mut totals))
     // The lab is the smoke test of the whole data plane; an interrupted
     // lab must leave nothing behind.
+    .and_then(|()| count(&mut totals, images::verify::run()))
     .and_then(|()| count(&mut totals, lab::run(&lab::LabArgs::default())))
+    // The same lab with each node's agent run by podman from its image.
+    .and_then(|()| count(&mut totals, lab::run(&lab::LabArgs::with_images())))
     .and_then(|()| count(&mut totals, lab::interrupted_run_leaves_nothing()))
     .and_then(|()| count(&mut totals, vm_lab()));
     // One closing line over every suite, printed last whatever happened.

@@ -36,12 +36,16 @@ impl Default for AnnounceSettings {
 
 /// Makes the kernel announce the interface's addresses itself when it comes
 /// up (`arp_notify` for IPv4, `ndisc_notify` for IPv6). Call before link up.
+///
+/// Returns `false` when `/proc/sys` is read-only, as in a container without
+/// privileges (the chart's agent): the caller then sends the announcements
+/// itself, which has the same effect on the LAN.
 pub(crate) fn enable_kernel_notify(
     netns: &Path,
     ifname: &str,
     ipv4: bool,
     ipv6: bool,
-) -> Result<(), LinkError> {
+) -> Result<bool, LinkError> {
     let mut writes = Vec::new();
     if ipv4 {
         writes.push(format!("/proc/sys/net/ipv4/conf/{ifname}/arp_notify"));
@@ -51,13 +55,26 @@ pub(crate) fn enable_kernel_notify(
     }
     // /proc/sys/net shows the namespace of the thread that opens it.
     run_in_netns(netns, || {
-        writes.iter().try_for_each(|path| {
-            fs::write(path, b"1").map_err(|source| LinkError::Io {
-                op: "write sysctl",
-                path: path.into(),
-                source,
-            })
-        })
+        for path in &writes {
+            match fs::write(path, b"1") {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+                    tracing::debug!(
+                        path,
+                        "/proc/sys is read-only; announcing with frames instead"
+                    );
+                    return Ok(false);
+                }
+                Err(source) => {
+                    return Err(LinkError::Io {
+                        op: "write sysctl",
+                        path: path.into(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(true)
     })?
 }
 

@@ -109,10 +109,10 @@ impl Setup<'_> {
             })?;
         let pod = self.pod.insert(pod);
 
-        if spec.arp_policy == ArpPolicy::ArpNotify {
+        let kernel_notifies = spec.arp_policy == ArpPolicy::ArpNotify && {
             let has = |v4: bool| spec.addresses.iter().any(|a| a.addr().is_ipv4() == v4);
-            enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?;
-        }
+            enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?
+        };
         for address in &spec.addresses {
             pod.add_address(link.index, &spec.ifname, *address).await?;
         }
@@ -127,7 +127,8 @@ impl Setup<'_> {
         if let Some(host_route) = &spec.host_route {
             self.add_host_routes(host_route, &parent).await?;
         }
-        if spec.arp_policy == ArpPolicy::Arping && spec.kind.announces() {
+        // With arp_notify on a read-only /proc/sys, the agent announces too.
+        if !kernel_notifies && spec.kind.announces() {
             let mac = link.mac.unwrap_or_default();
             announce(
                 &spec.netns,

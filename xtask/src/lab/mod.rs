@@ -10,11 +10,11 @@
 //! the command fail. Everything is removed at the end, also after Ctrl-C or
 //! SIGTERM, and leftovers of a killed run are removed at the start.
 
-mod capture;
-mod netns;
+pub(crate) mod capture;
+pub(crate) mod netns;
 mod node;
 mod policy;
-mod process;
+pub(crate) mod process;
 mod report;
 mod topology;
 
@@ -30,13 +30,13 @@ use serde_json::json;
 use self::{
     capture::Capture,
     netns::{EchoServer, expect_tcp, ping},
-    node::{Binaries, DUAL_NETWORK, IPVLAN_NETWORK, Node},
+    node::{AgentImage, Binaries, DUAL_NETWORK, IPVLAN_NETWORK, Node},
     policy::{ALLOWED_PORT, BLOCKED_PORT, PolicyPod},
     process::{Interrupted, interrupted},
     report::{Outcome, Report, StepRecord},
     topology::{LAN_HOST, LAN_HOST_IPVLAN_V4, LAN_HOST_V4, LAN_HOST_V6, NODE1, NODE2, ROGUE},
 };
-use crate::{ebpf, workspace};
+use crate::{charts, ebpf, images, images::podman::ChartContainer, workspace};
 
 /// Options of `cargo xtask lab`.
 #[derive(Args, Debug, Default)]
@@ -49,6 +49,21 @@ pub struct LabArgs {
     /// (where cargo cannot run, such as inside the test VM).
     #[arg(long)]
     pub skip_build: bool,
+    /// Run each node's agent from the agent image under podman, as the
+    /// chart runs it (capabilities, read-only root, host network), built
+    /// by `cargo xtask images` (with --skip-build: the images already loaded).
+    #[arg(long)]
+    pub images: bool,
+}
+
+impl LabArgs {
+    /// The lab with the agents run from their image.
+    pub fn with_images() -> Self {
+        Self {
+            images: true,
+            ..Self::default()
+        }
+    }
 }
 
 /// The lab's steps, in order.
@@ -105,7 +120,9 @@ impl Step {
     /// What the step checks (progress line and report).
     fn checks(self) -> &'static str {
         match self {
-            Step::Build => "eBPF object, flatnet-agent and flatnet-cni (debug) are built",
+            Step::Build => {
+                "eBPF object, flatnet-agent and flatnet-cni (debug) are built (--images: the agent image)"
+            }
             Step::Leftovers => "nothing of an earlier lab run is left (fnlab- names, pins, agents)",
             Step::Topology => "switch (bridge), LAN host, rogue host, node1 and node2 are cabled",
             Step::Agents => {
@@ -164,6 +181,7 @@ const POD_C: &str = "fnlab-pod-c";
 #[derive(Default)]
 struct Lab {
     skip_build: bool,
+    images: bool,
     report: Report,
     bins: Option<Binaries>,
     nodes: Vec<Node>,
@@ -184,6 +202,7 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     process::install_handler(topology::remove_everything)?;
     let mut lab = Lab {
         skip_build: args.skip_build,
+        images: args.images,
         ..Lab::default()
     };
     let steps_done = lab.exercise(args.interrupt_after);
@@ -299,6 +318,9 @@ impl Lab {
     }
 
     fn build(&mut self) -> anyhow::Result<()> {
+        if self.images {
+            return self.build_images();
+        }
         if !self.skip_build {
             ebpf::build()?;
             let mut build = workspace::cargo(None);
@@ -309,6 +331,7 @@ impl Lab {
         let bins = Binaries {
             agent: dir.join("flatnet-agent"),
             cni: dir.join("flatnet-cni"),
+            image: None,
         };
         for binary in [&bins.agent, &bins.cni] {
             if !binary.is_file() {
@@ -316,6 +339,29 @@ impl Lab {
             }
         }
         self.bins = Some(bins);
+        Ok(())
+    }
+
+    /// The agent image, loaded into podman, and the chart's agent container
+    /// (rendered by the chart check, which also checks it against the binaries).
+    fn build_images(&mut self) -> anyhow::Result<()> {
+        let root = workspace::root();
+        if !self.skip_build {
+            images::run(&images::ImagesArgs::default())?;
+            charts::check(&images::binary_dir(&root))?;
+        }
+        let chart = images::ChartImages::read(&root)?;
+        let container =
+            ChartContainer::read(&root.join(charts::RENDERED), "DaemonSet", "agent", "agent")?;
+        let dir = images::binary_dir(&root);
+        self.bins = Some(Binaries {
+            agent: dir.join("flatnet-agent"),
+            cni: dir.join("flatnet-cni"),
+            image: Some(AgentImage {
+                reference: chart.qualified_reference(images::Component::Agent),
+                chart: container,
+            }),
+        });
         Ok(())
     }
 
@@ -623,7 +669,7 @@ fn socket(ip: &str, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
+pub(crate) fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let bytes: Vec<u8> = text
         .split(':')
         .map(|b| u8::from_str_radix(b, 16).ok())

@@ -45,6 +45,23 @@ pub fn in_netns<T: Send>(netns: &str, work: impl FnOnce() -> T + Send) -> anyhow
     })
 }
 
+/// `GET path` on `address` over HTTP/1.0 from the calling thread's
+/// namespace; the body of a 200 answer.
+pub fn http_get(address: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("HTTP response without a header end")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_owned())
+}
+
 /// A TCP echo server (one byte per connection) inside a namespace, on every
 /// address of the namespace, IPv4 and IPv6; stopped when dropped.
 pub struct EchoServer {

@@ -3,9 +3,9 @@
 //! admin address), and pods attached through the real `flatnet-cni`.
 
 use std::{
+    collections::BTreeMap,
     fs,
-    io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -15,11 +15,13 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use super::{
+    netns,
     process::{self, POLL},
     topology::{
         IPVLAN_UPLINK, LAN_HOST_IPVLAN_V4, LAN_HOST_V4, LAN_HOST_V6, PIN_DIR, UPLINK, WORK_DIR,
     },
 };
+use crate::images::podman::{ChartContainer, host_path_below};
 
 /// The dual-stack macvlan network of every node.
 pub const DUAL_NETWORK: &str = "lab-dual";
@@ -31,6 +33,64 @@ pub const IPVLAN_NETWORK: &str = "lab-ipvlan";
 pub struct Binaries {
     pub agent: PathBuf,
     pub cni: PathBuf,
+    /// Run the agent from its image instead (`cargo xtask lab --images`).
+    pub image: Option<AgentImage>,
+}
+
+/// The agent image and the chart's agent container it is run as.
+#[derive(Clone)]
+pub struct AgentImage {
+    /// The reference loaded into podman.
+    pub reference: String,
+    /// The chart's container: user, capabilities, read-only root, mounts.
+    pub chart: ChartContainer,
+}
+
+impl AgentImage {
+    /// `podman run` of the image on `node`'s network, as the chart runs it,
+    /// with the lab's work and pin directories mounted where the agent's
+    /// flags point.
+    fn command(&self, node: &Node, args: &[String]) -> anyhow::Result<Command> {
+        let scratch = node.dir.join("host");
+        let host_dir = host_path_below(&scratch);
+        self.chart.create_host_dirs(host_dir)?;
+        let mut options = self.chart.podman_args(
+            &container_name(node.netns),
+            host_dir,
+            &BTreeMap::from([("NODE_NAME", node.netns.to_owned())]),
+            &BTreeMap::new(),
+        )?;
+        // Attached (podman relays SIGTERM and the logs) and removed on exit.
+        options.retain(|arg| arg != "--detach");
+        options.push("--rm".into());
+        for dir in [WORK_DIR, PIN_DIR] {
+            options.extend(["--volume".into(), format!("{dir}:{dir}")]);
+        }
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net=/run/netns/{}", node.netns))
+            .args(["podman", "--runtime", "runc"])
+            .args(options)
+            .arg(&self.reference)
+            .arg("flatnet-agent")
+            .args(args);
+        Ok(command)
+    }
+}
+
+/// The podman container of a node's agent.
+fn container_name(netns: &str) -> String {
+    format!("{netns}-agent")
+}
+
+/// Removes the agent containers of the lab's nodes (after a killed run).
+pub fn remove_containers(nodes: &[&str]) {
+    for netns in nodes {
+        let _ = Command::new("podman")
+            .args(["--runtime", "runc", "rm", "--force", "--time", "0"])
+            .arg(container_name(netns))
+            .output();
+    }
 }
 
 /// One node's agent and the paths it owns.
@@ -43,6 +103,8 @@ pub struct Node {
     pub pin_root: PathBuf,
     admin: SocketAddr,
     agent: Option<Child>,
+    /// The agent's podman container, when run from the image.
+    container: Option<String>,
 }
 
 impl Node {
@@ -57,6 +119,7 @@ impl Node {
             pin_root: Path::new(PIN_DIR).join(short),
             admin: free_local_port()?,
             agent: None,
+            container: None,
         };
         fs::create_dir_all(&node.dir)?;
         fs::create_dir_all(&node.pin_root)?;
@@ -126,31 +189,42 @@ networks:
     pub fn start(&mut self, bins: &Binaries) -> anyhow::Result<()> {
         fs::write(self.state_file_path(), self.state_file())?;
         let log = fs::File::create(self.dir.join("agent.log"))?;
-        let child = Command::new(&bins.agent)
-            .args(["--log-level", "info", "run", "--standalone"])
-            .args(["--node-name", self.netns])
-            .args([
-                "--state-file",
-                &self.state_file_path().display().to_string(),
-            ])
-            .args(["--state-dir", &self.path("state")])
-            .args(["--record-dir", &self.path("records")])
-            .args(["--lease-dir", &self.path("leases")])
-            .args(["--socket", &self.path("agent.sock")])
-            .args(["--cni-bin-dir", &self.path("bin")])
-            .arg("--cni-binary")
-            .arg(&bins.cni)
-            .arg("--pin-root")
-            .arg(&self.pin_root)
-            .args(["--host-netns", &format!("/run/netns/{}", self.netns)])
-            .args(["--admin-address", &self.admin.to_string()])
-            .args(["--arp-policy", "arping"])
+        let mut args: Vec<String> = ["--log-level", "info", "run", "--standalone"]
+            .map(str::to_owned)
+            .to_vec();
+        let mut flag = |name: &str, value: String| args.extend([name.to_owned(), value]);
+        flag("--node-name", self.netns.to_owned());
+        flag("--state-file", self.state_file_path().display().to_string());
+        flag("--state-dir", self.path("state"));
+        flag("--record-dir", self.path("records"));
+        flag("--lease-dir", self.path("leases"));
+        flag("--socket", self.path("agent.sock"));
+        flag("--cni-bin-dir", self.path("bin"));
+        flag("--pin-root", self.pin_root.display().to_string());
+        flag("--admin-address", self.admin.to_string());
+        flag("--arp-policy", "arping".to_owned());
+        let mut command = match &bins.image {
+            // The image installs its own flatnet-cni; the container is on
+            // the node's network already.
+            Some(image) => image.command(self, &args)?,
+            None => {
+                let mut command = Command::new(&bins.agent);
+                command
+                    .args(&args)
+                    .arg("--cni-binary")
+                    .arg(&bins.cni)
+                    .args(["--host-netns", &format!("/run/netns/{}", self.netns)]);
+                command
+            }
+        };
+        let child = command
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("start {}", bins.agent.display()))?;
+            .with_context(|| format!("start {:?}", command.get_program()))?;
         self.agent = Some(child);
+        self.container = bins.image.as_ref().map(|_| container_name(self.netns));
         Ok(())
     }
 
@@ -168,6 +242,20 @@ networks:
             }
             let status = self.cni(bins, "STATUS", DUAL_NETWORK, None, json!({}));
             if status.is_ok() && self.http_get("/readyz").is_ok_and(|b| b.contains("ready")) {
+                if let Some(container) = &self.container {
+                    // What answered is the agent in its podman container.
+                    let running = process::run(
+                        "podman",
+                        &["inspect", "--format", "{{.State.Running}}", container],
+                    )?;
+                    if running.trim() != "true" {
+                        bail!("{container} is not running, yet something answered");
+                    }
+                    println!(
+                        "[lab]       {}: agent in podman container {container}",
+                        self.netns
+                    );
+                }
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -201,7 +289,11 @@ networks:
         for (key, value) in extra.as_object().into_iter().flatten() {
             config[key] = value.clone();
         }
-        let mut cni = Command::new(&bins.cni);
+        // From the image, the agent installs its own flatnet-cni.
+        let mut cni = match bins.image {
+            Some(_) => Command::new(self.dir.join("bin/flatnet-cni")),
+            None => Command::new(&bins.cni),
+        };
         cni.env_clear()
             .env("CNI_COMMAND", command)
             .env("FLATNET_AGENT_SOCKET", self.path("agent.sock"))
@@ -237,22 +329,11 @@ networks:
 
     /// `GET path` on the agent's admin address; the body.
     pub fn http_get(&self, path: &str) -> anyhow::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.admin
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let (head, body) = response
-            .split_once("\r\n\r\n")
-            .context("HTTP response without a header end")?;
-        if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-            bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+        match self.container {
+            // From the image, the agent listens on the node's network.
+            Some(_) => netns::in_netns(self.netns, || netns::http_get(self.admin, path))?,
+            None => netns::http_get(self.admin, path),
         }
-        Ok(body.to_owned())
     }
 
     /// The value of a counter in the agent's `/metrics`.
@@ -301,7 +382,10 @@ networks:
             }
             std::thread::sleep(POLL);
         };
-        if !status.success() {
+        if status.success() {
+            // podman removed the container (--rm) as the agent exited.
+            self.container = None;
+        } else {
             bail!(
                 "flatnet-agent on {} exited with {status}:\n{}",
                 self.netns,
@@ -316,6 +400,9 @@ networks:
         if let Some(mut child) = self.agent.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if self.container.take().is_some() {
+            remove_containers(&[self.netns]);
         }
     }
 

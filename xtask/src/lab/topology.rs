@@ -94,6 +94,8 @@ pub fn create_netns(name: &str) -> anyhow::Result<()> {
 /// them every link and pod interface), pins and the work directory.
 /// Never fails; what it could not remove shows up in [`leftovers`].
 pub fn remove_everything() {
+    // Agents run from their image (`--images`) live in podman containers.
+    super::node::remove_containers(&[NODE1, NODE2]);
     let agents = lab_processes();
     for &pid in &agents {
         // SAFETY: kill(2) on a pid whose command line names the lab's paths.

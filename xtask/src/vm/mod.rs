@@ -23,7 +23,7 @@ mod bzimage;
 mod cpio;
 mod initramfs;
 mod kernel;
-mod ldd;
+pub(crate) mod ldd;
 mod modules;
 mod plan;
 mod prepare;
