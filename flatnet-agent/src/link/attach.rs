@@ -13,6 +13,9 @@ use netlink_packet_route::{
     route::RouteProtocol,
 };
 use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkUnspec};
+use tracing::Instrument;
+
+use crate::service::phases::{phase, timed};
 
 use super::{
     Attachment, Attachments, LinkError,
@@ -54,7 +57,9 @@ pub(super) async fn attach(
     let mut setup = Setup {
         config,
         valid,
-        host: Netlink::open(config.host_netns.as_deref())?,
+        host: timed("attach.host_socket", || {
+            Netlink::open(config.host_netns.as_deref())
+        })?,
         pod: None,
         vlan_lock: None,
         undo: Vec::new(),
@@ -72,13 +77,19 @@ pub(super) async fn attach(
 impl Setup<'_> {
     async fn run(&mut self) -> Result<Attachment, LinkError> {
         let spec = self.valid.spec();
-        let master = self.host.link_by_name(&spec.master).await?.ok_or_else(|| {
-            LinkError::MasterNotFound {
+        let master = self
+            .host
+            .link_by_name(&spec.master)
+            .instrument(phase("attach.master"))
+            .await?
+            .ok_or_else(|| LinkError::MasterNotFound {
                 master: spec.master.clone(),
                 subnet: spec.subnet.clone(),
-            }
-        })?;
-        let parent = self.parent(master).await?;
+            })?;
+        let parent = self
+            .parent(master)
+            .instrument(phase("attach.parent"))
+            .await?;
         let parent_mtu = parent.mtu.unwrap_or(u32::MAX);
         if let Some(mtu) = spec.mtu.filter(|mtu| *mtu > parent_mtu) {
             return Err(LinkError::MtuTooLarge {
@@ -89,7 +100,10 @@ impl Setup<'_> {
             });
         }
 
-        let pod = self.create_child(&parent).await?;
+        let pod = self
+            .create_child(&parent)
+            .instrument(phase("attach.create"))
+            .await?;
         let pod_netns = pod.netns().to_owned();
         let link = pod
             .link_by_name(&spec.ifname)
@@ -104,19 +118,29 @@ impl Setup<'_> {
             let has = |v4: bool| spec.addresses.iter().any(|a| a.addr().is_ipv4() == v4);
             enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?;
         }
-        for address in &spec.addresses {
-            pod.add_address(link.index, &spec.ifname, *address).await?;
+        async {
+            for address in &spec.addresses {
+                pod.add_address(link.index, &spec.ifname, *address).await?;
+            }
+            Ok::<_, LinkError>(())
         }
+        .instrument(phase("attach.addresses"))
+        .await?;
         pod.set_link(
             "set up",
             &spec.ifname,
             LinkUnspec::new_with_index(link.index).up().build(),
         )
+        .instrument(phase("attach.up"))
         .await?;
 
-        self.add_pod_routes(link.index).await?;
+        self.add_pod_routes(link.index)
+            .instrument(phase("attach.routes"))
+            .await?;
         if let Some(host_route) = &spec.host_route {
-            self.add_host_routes(host_route, &parent).await?;
+            self.add_host_routes(host_route, &parent)
+                .instrument(phase("attach.host_routes"))
+                .await?;
         }
         if spec.arp_policy == ArpPolicy::Arping && spec.kind.announces() {
             let mac = link.mac.unwrap_or_default();
@@ -127,6 +151,7 @@ impl Setup<'_> {
                 &spec.addresses,
                 self.config.announce,
             )
+            .instrument(phase("attach.announce"))
             .await?;
         }
 
@@ -134,6 +159,7 @@ impl Setup<'_> {
         let pod = self.pod.as_ref().expect("opened above");
         let link = pod
             .link_by_name(&spec.ifname)
+            .instrument(phase("attach.read_back"))
             .await?
             .ok_or_else(|| LinkError::NotFound {
                 ifname: spec.ifname.clone(),
@@ -179,7 +205,7 @@ impl Setup<'_> {
     /// Returns the pod's netlink handle.
     async fn create_child(&mut self, parent: &Link) -> Result<Netlink, LinkError> {
         let spec = self.valid.spec();
-        let pod = Netlink::open(Some(&spec.netns))?;
+        let pod = timed("attach.pod_socket", || Netlink::open(Some(&spec.netns)))?;
         let taken = || LinkError::AlreadyExists {
             ifname: spec.ifname.clone(),
             netns: spec.netns.display().to_string(),

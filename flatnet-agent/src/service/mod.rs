@@ -12,6 +12,7 @@
 mod conflicts;
 mod locks;
 pub mod metrics;
+pub mod phases;
 pub mod spec;
 
 use std::{
@@ -38,7 +39,9 @@ use crate::{
 };
 
 pub use metrics::Metrics;
+use phases::timed;
 pub use spec::SpecSettings;
+use tracing::Instrument;
 
 /// Settings of the CNI service.
 #[derive(Clone, Debug)]
@@ -227,7 +230,7 @@ fn link_error(error: &LinkError) -> CniError {
 impl<S: DesiredState> CniHandler for AgentService<S> {
     async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
         let inner = Arc::clone(&self.inner);
-        spawn(async move { inner.add(request).await }).await
+        spawn(async move { inner.add(request).await }.instrument(phases::command("add"))).await
     }
 
     async fn check(&self, request: AttachRequest) -> Result<(), CniError> {
@@ -236,7 +239,7 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 
     async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
         let inner = Arc::clone(&self.inner);
-        spawn(async move { inner.del(request).await }).await
+        spawn(async move { inner.del(request).await }.instrument(phases::command("del"))).await
     }
 
     async fn status(&self, _request: StatusRequest) -> Result<(), CniError> {
@@ -253,9 +256,14 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 impl<S: DesiredState> Inner<S> {
     async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
         let key = key_of(&request.attachment);
-        let _guard = self.locks.lock(&key).await;
+        let _guard = self
+            .locks
+            .lock(&key)
+            .instrument(phases::phase("lock"))
+            .await;
         let config = &request.config;
-        if let Some(record) = self.records.load(&key).map_err(internal)? {
+        let earlier = timed("record_load", || self.records.load(&key)).map_err(internal)?;
+        if let Some(record) = earlier {
             if record.phase == RecordPhase::Ready
                 && record.netns == request.netns
                 && record.network == config.name
@@ -277,6 +285,7 @@ impl<S: DesiredState> Inner<S> {
         let claim = self
             .desired
             .claim(&claim_request)
+            .instrument(phases::phase("claim"))
             .await
             .map_err(|e| e.to_cni())?;
         let mut record = AttachmentRecord {
@@ -294,11 +303,15 @@ impl<S: DesiredState> Inner<S> {
             host_route: None,
             primary_defaults: None,
         };
-        if let Err(error) = self.read_primary_network(&mut record).await {
+        if let Err(error) = self
+            .read_primary_network(&mut record)
+            .instrument(phases::phase("primary_network"))
+            .await
+        {
             self.release_quietly(&record).await;
             return Err(link_error(&error));
         }
-        if let Err(error) = self.records.save(&record) {
+        if let Err(error) = timed("record_pending", || self.records.save(&record)) {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
@@ -354,10 +367,17 @@ impl<S: DesiredState> Inner<S> {
             )
         })?;
         self.probe(&attachment, record)
+            .instrument(phases::phase("probe"))
             .await
             .map_err(|e| (e, false))?;
 
-        let made = match self.config.attachments.attach(&attachment).await {
+        let attached = self
+            .config
+            .attachments
+            .attach(&attachment)
+            .instrument(phases::phase("link_attach"))
+            .await;
+        let made = match attached {
             Ok(made) => made,
             // The pod's existing interface is not ours: leave it alone.
             Err(error @ LinkError::AlreadyExists { .. }) => {
@@ -376,23 +396,28 @@ impl<S: DesiredState> Inner<S> {
         };
         let uplink = self
             .uplink_record(&made.parent, owner_mac, !attachment.kind.announces())
+            .instrument(phases::phase("uplink_info"))
             .await
             .map_err(|e| (e, true))?;
         record.mac = Some(format_mac(mac));
         record.uplink = Some(uplink.clone());
-        self.records.save(record).map_err(|e| (internal(e), true))?;
+        timed("record_attached", || self.records.save(record)).map_err(|e| (internal(e), true))?;
         self.program_tables(record, &uplink)
+            .instrument(phases::phase("tables"))
             .await
             .map_err(|e| (e, true))?;
-        self.attach_policy(record).map_err(|e| (e, true))?;
+        timed("policy_attach", || self.attach_policy(record)).map_err(|e| (e, true))?;
         self.desired
             .activate(&record.pod, claim, mac)
+            .instrument(phases::phase("activate"))
             .await
             .map_err(|e| (e.to_cni(), true))?;
         record.phase = RecordPhase::Ready;
-        self.records.save(record).map_err(|e| (internal(e), true))?;
+        timed("record_ready", || self.records.save(record)).map_err(|e| (internal(e), true))?;
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
-        self.policy_in_force_for(record).await;
+        self.policy_in_force_for(record)
+            .instrument(phases::phase("policy_wait"))
+            .await;
         Ok(spec::cni_result(&attachment, record.mac.as_deref(), dns))
     }
 
@@ -585,7 +610,7 @@ impl<S: DesiredState> Inner<S> {
         delete_interface: bool,
     ) -> Result<(), CniError> {
         let mut errors = Vec::new();
-        if let Err(error) = self.remove_tables(record) {
+        if let Err(error) = timed("tables_remove", || self.remove_tables(record)) {
             errors.push(error.msg);
         }
         if delete_interface {
@@ -609,14 +634,24 @@ impl<S: DesiredState> Inner<S> {
                 primary_defaults: record.primary_defaults.clone(),
                 addresses: record.ips(),
             };
-            if let Err(error) = self.config.attachments.detach(&detach).await {
+            let detached = self
+                .config
+                .attachments
+                .detach(&detach)
+                .instrument(phases::phase("link_detach"))
+                .await;
+            if let Err(error) = detached {
                 errors.push(error.to_string());
             }
         }
-        self.remove_defunct_links();
+        timed("defunct_pins", || self.remove_defunct_links());
         // The address stays allocated while the interface may still use it.
         if errors.is_empty()
-            && let Err(error) = self.desired.release(&record.network, &record.key).await
+            && let Err(error) = self
+                .desired
+                .release(&record.network, &record.key)
+                .instrument(phases::phase("release"))
+                .await
         {
             errors.push(error.to_string());
         }
@@ -631,7 +666,7 @@ impl<S: DesiredState> Inner<S> {
                 ),
             ));
         }
-        self.records.remove(&record.key).map_err(internal)?;
+        timed("record_remove", || self.records.remove(&record.key)).map_err(internal)?;
         tracing::info!(key = %record.key, pod = %record.pod, "attachment removed");
         self.policy_changed();
         Ok(())
@@ -659,8 +694,12 @@ impl<S: DesiredState> Inner<S> {
 
     async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
         let key = key_of(&request.attachment);
-        let _guard = self.locks.lock(&key).await;
-        match self.records.load(&key).map_err(internal)? {
+        let _guard = self
+            .locks
+            .lock(&key)
+            .instrument(phases::phase("lock"))
+            .await;
+        match timed("record_load", || self.records.load(&key)).map_err(internal)? {
             Some(record) => self.teardown(&record, true).await,
             // Nothing was created; an allocation may exist if the agent
             // stopped between claim and record.
