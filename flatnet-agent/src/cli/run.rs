@@ -145,16 +145,23 @@ impl RunArgs {
             let state_file = self.state_file.as_deref().expect("clap requires it");
             let state = StateFile::load(state_file)?;
             let desired = Standalone::open(state, &self.state_dir)?;
+            let records = Records::open(&self.record_dir)?;
+            desired
+                .adopt_records(&records.all()?)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             let source = PolicySource::Standalone(state_file.to_owned());
-            self.serve(node_name, desired, source, |_| async {}).await
+            self.serve(node_name, desired, records, source, |_| async {})
+                .await
         } else {
             let client = kube::Client::try_default()
                 .await
                 .context("connect to the Kubernetes API (in-cluster, or KUBECONFIG); use --standalone without Kubernetes")?;
             let wait = Duration::from_secs(self.allocation_wait_seconds);
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
+            let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client);
-            self.serve(node_name, desired, source, |service| async move {
+            self.serve(node_name, desired, records, source, |service| async move {
                 sync_until_reachable(service.desired()).await;
             })
             .await
@@ -187,6 +194,7 @@ impl RunArgs {
         self,
         node_name: String,
         desired: S,
+        records: Records,
         policy_source: PolicySource,
         after_start: F,
     ) -> anyhow::Result<()>
@@ -214,7 +222,6 @@ impl RunArgs {
         {
             tokio::spawn(logs.forward());
         }
-        let records = Records::open(&self.record_dir)?;
         let metrics = Arc::new(Metrics::default());
         let policy_maps = PolicyMaps::open(&self.pin_root).context("open the policy maps")?;
         let config = ServiceConfig {
