@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use support::{
     TestNetns,
     agent::StandaloneAgent,
-    has_link,
+    eventually, has_link,
     lan::SimulatedLan,
     ping, privileged,
     tc_hooks::{attached_programs, link_pins},
@@ -232,9 +232,15 @@ networks:
         assert!(ok, "CHECK {network} {container}: {out}");
     }
 
+    /// DEL, then waits for the work that follows its answer.
     fn del(&self, network: &str, container: &str, pod: Option<&TestNetns>) {
+        let had_record = self.agent.has_record(container);
         let (ok, out) = self.cni("DEL", network, container, pod);
         assert!(ok, "DEL {network} {container} failed: {out}");
+        eventually(&format!("DEL {network} {container} finishing"), || {
+            !self.agent.has_record(container)
+                && pod.is_none_or(|pod| !had_record || !has_link(pod, IFNAME))
+        });
     }
 
     fn gc(&self, network: &str, valid: &[&str]) -> (bool, Value) {

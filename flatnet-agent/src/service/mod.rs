@@ -16,9 +16,9 @@ pub mod phases;
 pub mod spec;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     net::IpAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -80,7 +80,17 @@ struct Inner<S> {
     owners: conflicts::Owners,
     /// Told when attachments change, so the policy controller recompiles.
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
+    /// Pending moves of policy programs into TCX links, by attachment.
+    upgrades: Mutex<HashMap<AttachmentKey, tokio::task::AbortHandle>>,
 }
+
+/// Where DEL sends its answer.
+type Answer = tokio::sync::oneshot::Sender<Result<(), CniError>>;
+
+/// How long after its ADD a pod's policy programs move from filters into
+/// TCX links: a pod deleted sooner never makes the kernel wait for the
+/// links' RCU grace periods (which it does holding RTNL).
+const TCX_UPGRADE_DELAY: Duration = Duration::from_secs(1);
 
 /// The loaded data plane and the uplinks its program is attached to.
 struct DatapathTables {
@@ -111,6 +121,7 @@ impl<S: DesiredState> AgentService<S> {
                 limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
                 owners: conflicts::Owners::default(),
                 policy_trigger: std::sync::OnceLock::new(),
+                upgrades: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -170,7 +181,7 @@ impl<S: DesiredState> AgentService<S> {
                 }
             }
             // Pods deleted while the agent was down left their pins.
-            inner.remove_defunct_links();
+            inner.remove_defunct_links(None);
             Ok(())
         })
         .await
@@ -191,17 +202,65 @@ impl<S: DesiredState> AgentService<S> {
     }
 }
 
+impl<S: DesiredState> Inner<S> {
+    /// Moves the policy programs of `key` from the filters its ADD
+    /// attached into TCX links, [`TCX_UPGRADE_DELAY`] later unless a DEL
+    /// comes first. TCX runs the programs for less per packet; the links
+    /// replace the filters only once in place, so the pod is never without
+    /// its policy.
+    fn upgrade_policy_later(self: &Arc<Self>, key: AttachmentKey) {
+        let inner = Arc::clone(self);
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(TCX_UPGRADE_DELAY).await;
+            let _guard = inner.locks.lock(&task_key).await;
+            inner
+                .upgrades
+                .lock()
+                .expect("upgrade table poisoned")
+                .remove(&task_key);
+            let record = match inner.records.load(&task_key) {
+                Ok(Some(record)) if record.phase == RecordPhase::Ready && record.netns.exists() => {
+                    record
+                }
+                _ => return,
+            };
+            let worker = Arc::clone(&inner);
+            let moved = tokio::task::spawn_blocking(move || worker.attach_policy(&record))
+                .await
+                .map_err(internal)
+                .and_then(|attached| attached);
+            if let Err(error) = moved {
+                tracing::warn!(key = %task_key, %error, "cannot move the policy programs into TCX links; the filters stay");
+            }
+        });
+        let previous = self
+            .upgrades
+            .lock()
+            .expect("upgrade table poisoned")
+            .insert(key, task.abort_handle());
+        if let Some(previous) = previous {
+            previous.abort();
+        }
+    }
+}
+
 /// Runs `work` in its own task: dropping the caller (deadline) does not
 /// cancel it, and a panic becomes error 100.
 async fn spawn<T: Send + 'static>(
     work: impl Future<Output = Result<T, CniError>> + Send + 'static,
 ) -> Result<T, CniError> {
-    tokio::spawn(work).await.unwrap_or_else(|error| {
-        Err(CniError::new(
-            ErrorCode::AgentInternal,
-            format!("flatnet-agent failed internally: {error}; see the flatnet-agent log"),
-        ))
-    })
+    tokio::spawn(work)
+        .await
+        .unwrap_or_else(|error| Err(task_failed(&error)))
+}
+
+/// Error 100 for a task that panicked or was cancelled.
+fn task_failed(error: &tokio::task::JoinError) -> CniError {
+    CniError::new(
+        ErrorCode::AgentInternal,
+        format!("flatnet-agent failed internally: {error}; see the flatnet-agent log"),
+    )
 }
 
 fn internal(error: impl std::fmt::Display) -> CniError {
@@ -230,7 +289,18 @@ fn link_error(error: &LinkError) -> CniError {
 impl<S: DesiredState> CniHandler for AgentService<S> {
     async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
         let inner = Arc::clone(&self.inner);
-        spawn(async move { inner.add(request).await }.instrument(phases::command("add"))).await
+        let key = key_of(&request.attachment);
+        spawn(
+            async move {
+                let (result, upgrade) = inner.add(request).await?;
+                if upgrade {
+                    inner.upgrade_policy_later(key);
+                }
+                Ok(result)
+            }
+            .instrument(phases::command("add")),
+        )
+        .await
     }
 
     async fn check(&self, request: AttachRequest) -> Result<(), CniError> {
@@ -239,7 +309,19 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 
     async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
         let inner = Arc::clone(&self.inner);
-        spawn(async move { inner.del(request).await }.instrument(phases::command("del"))).await
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        // The work goes on after the answer (deleting the interface); it
+        // always sends one, so a dropped sender means it failed.
+        let work = tokio::spawn(
+            async move { inner.del(request, answer).await }.instrument(phases::command("del")),
+        );
+        match answered.await {
+            Ok(result) => result,
+            Err(_) => Err(match work.await {
+                Err(error) => task_failed(&error),
+                Ok(()) => internal("DEL ended without an answer; see the flatnet-agent log"),
+            }),
+        }
     }
 
     async fn status(&self, _request: StatusRequest) -> Result<(), CniError> {
@@ -254,7 +336,9 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 }
 
 impl<S: DesiredState> Inner<S> {
-    async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
+    /// ADD; also says whether the policy programs are to move into TCX
+    /// links after the answer ([`Self::upgrade_policy_later`]).
+    async fn add(&self, request: AttachRequest) -> Result<(CniResult, bool), CniError> {
         let key = key_of(&request.attachment);
         let _guard = self
             .locks
@@ -271,10 +355,9 @@ impl<S: DesiredState> Inner<S> {
                 // A repeated ADD: the same answer.
                 let subnets = spec::valid_subnets(&record)?;
                 let attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
-                return Ok(spec::cni_result(
-                    &attachment,
-                    record.mac.as_deref(),
-                    &config.dns,
+                return Ok((
+                    spec::cni_result(&attachment, record.mac.as_deref(), &config.dns),
+                    false,
                 ));
             }
             tracing::info!(key = %key, "replacing an earlier, unfinished or different attachment");
@@ -356,7 +439,7 @@ impl<S: DesiredState> Inner<S> {
         record: &mut AttachmentRecord,
         claim: &Claim,
         dns: &crate::cni::Dns,
-    ) -> Result<CniResult, (CniError, bool)> {
+    ) -> Result<(CniResult, bool), (CniError, bool)> {
         let subnets = spec::valid_subnets(record).map_err(|e| (e, false))?;
         let attachment =
             spec::attachment_spec(record, &subnets, &self.config.spec).map_err(|e| (e, false))?;
@@ -406,7 +489,8 @@ impl<S: DesiredState> Inner<S> {
             .instrument(phases::phase("tables"))
             .await
             .map_err(|e| (e, true))?;
-        timed("policy_attach", || self.attach_policy(record)).map_err(|e| (e, true))?;
+        let upgrade =
+            timed("policy_attach", || self.attach_policy_at_once(record)).map_err(|e| (e, true))?;
         self.desired
             .activate(&record.pod, claim, mac)
             .instrument(phases::phase("activate"))
@@ -418,7 +502,10 @@ impl<S: DesiredState> Inner<S> {
         self.policy_in_force_for(record)
             .instrument(phases::phase("policy_wait"))
             .await;
-        Ok(spec::cni_result(&attachment, record.mac.as_deref(), dns))
+        Ok((
+            spec::cni_result(&attachment, record.mac.as_deref(), dns),
+            upgrade,
+        ))
     }
 
     /// Asks the LAN whether the addresses are in use, from the parent
@@ -553,6 +640,23 @@ impl<S: DesiredState> Inner<S> {
             })
     }
 
+    /// [`Self::attach_policy`] on the answer path: through filters, which
+    /// take effect at once (see [`Datapath::attach_policy_at_once`]).
+    /// Returns whether the programs are to move into TCX links later.
+    fn attach_policy_at_once(&self, record: &AttachmentRecord) -> Result<bool, CniError> {
+        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        let datapath = &mut tables.datapath;
+        let ifname = &record.key.ifname;
+        run_in_netns(&record.netns, || datapath.attach_policy_at_once(ifname))
+            .map_err(internal)?
+            .map_err(|e| {
+                internal(format!(
+                    "policy programs on {ifname} of {}: {e}",
+                    record.pod
+                ))
+            })
+    }
+
     /// Tells the policy controller about a new pod and waits until the
     /// policy tables judge it as its policies say, so the pod's first
     /// packets are already isolated. After [`policyctl::ADD_WAIT_LIMIT`]
@@ -644,7 +748,9 @@ impl<S: DesiredState> Inner<S> {
                 errors.push(error.to_string());
             }
         }
-        timed("defunct_pins", || self.remove_defunct_links());
+        timed("defunct_pins", || {
+            self.remove_defunct_links(Some(&record.netns))
+        });
         // The address stays allocated while the interface may still use it.
         if errors.is_empty()
             && let Err(error) = self
@@ -673,10 +779,16 @@ impl<S: DesiredState> Inner<S> {
     }
 
     /// A deleted pod interface takes its programs with it, but the pins of
-    /// their TCX links stay until removed.
-    fn remove_defunct_links(&self) {
+    /// their TCX links stay until removed: those of the pod namespace at
+    /// `netns` (one DEL), or all (a restart; also when that namespace is
+    /// already gone and its pins cannot be told apart).
+    fn remove_defunct_links(&self, netns: Option<&Path>) {
         let tables = self.datapath.lock().expect("datapath lock poisoned");
-        match tables.datapath.remove_defunct_links() {
+        let removed = match netns.filter(|netns| netns.exists()) {
+            Some(netns) => tables.datapath.remove_defunct_links_in(netns),
+            None => tables.datapath.remove_defunct_links(),
+        };
+        match removed {
             Ok(removed) => {
                 for pin in removed {
                     tracing::debug!(pin = %pin.display(), "removed the pin of a defunct TCX link");
@@ -692,22 +804,71 @@ impl<S: DesiredState> Inner<S> {
         }
     }
 
-    async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
+    /// DEL. Answers (through `answer`) once the pod's addresses are out of
+    /// the data-plane tables. Deleting the interface (the kernel waits for
+    /// RCU callbacks on every link deletion, 15 to 40 ms, and the runtime
+    /// deletes the pod's namespace anyway), releasing the address and
+    /// removing the record follow under the attachment's lock, so a later
+    /// ADD, DEL or GC of it waits for them, and the address is not handed
+    /// out again while the interface may still use it. Should they fail,
+    /// the record stays and GC or the next DEL retries.
+    async fn del(&self, request: DetachRequest, answer: Answer) {
         let key = key_of(&request.attachment);
+        if let Some(upgrade) = self
+            .upgrades
+            .lock()
+            .expect("upgrade table poisoned")
+            .remove(&key)
+        {
+            upgrade.abort();
+        }
+        let until_answer = phases::phase("until_answer");
         let _guard = self
             .locks
             .lock(&key)
             .instrument(phases::phase("lock"))
             .await;
-        match timed("record_load", || self.records.load(&key)).map_err(internal)? {
-            Some(record) => self.teardown(&record, true).await,
+        let record = match timed("record_load", || self.records.load(&key)).map_err(internal) {
+            Ok(Some(record)) => record,
             // Nothing was created; an allocation may exist if the agent
             // stopped between claim and record.
-            None => self
-                .desired
-                .release(&request.config.name, &key)
-                .await
-                .map_err(|e| e.to_cni()),
+            Ok(None) => {
+                let released = self
+                    .desired
+                    .release(&request.config.name, &key)
+                    .instrument(phases::phase("release"))
+                    .await
+                    .map_err(|e| e.to_cni());
+                let _ = answer.send(released);
+                return;
+            }
+            Err(error) => {
+                let _ = answer.send(Err(error));
+                return;
+            }
+        };
+        let answer = match timed("tables_remove", || self.remove_tables(&record)) {
+            Ok(()) => {
+                let _ = answer.send(Ok(()));
+                drop(until_answer);
+                None
+            }
+            // Answer with the outcome of the whole teardown instead.
+            Err(error) => {
+                tracing::warn!(key = %record.key, %error, "cannot remove the pod's table entries; retrying in the teardown");
+                Some(answer)
+            }
+        };
+        let result = self.teardown(&record, true).await;
+        match answer {
+            Some(answer) => {
+                let _ = answer.send(result);
+            }
+            None => {
+                if let Err(error) = result {
+                    tracing::error!(key = %record.key, %error, "DEL answered, but removing the attachment failed; GC or the next DEL retries");
+                }
+            }
         }
     }
 

@@ -153,6 +153,20 @@ pub fn has_link(ns: &TestNetns, name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Waits, at most 10 s, until `done` holds. DEL answers once the pod's
+/// addresses are out of the tables; deleting its interface, releasing the
+/// address and removing the record follow right after.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen within 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Pings `target` once from `ns` (`ping -6` for IPv6).
 pub fn ping(ns: &TestNetns, target: &str) {
     let family = if target.contains(':') { "-6" } else { "-4" };

@@ -128,12 +128,14 @@ impl Breakdown {
                 "| {upper} | whole command as the runtime sees it (client mean) | {} | 1 |\n",
                 ms(client_mean)
             );
+            // DEL answers before its work ends (see docs/cni.md).
+            let answered = self.mean(command, "until_answer").unwrap_or(total);
             out += &format!(
-                "| {upper} | plugin exec + RPC (client mean − agent total) | {} | 1 |\n",
-                ms(client_mean.saturating_sub(secs(total)))
+                "| {upper} | plugin exec + RPC (client mean − agent time to the answer) | {} | 1 |\n",
+                ms(client_mean.saturating_sub(secs(answered)))
             );
             out += &format!(
-                "| {upper} | total (agent handler) | {} | 1 |\n",
+                "| {upper} | total (agent handler, to the end of its work) | {} | 1 |\n",
                 ms(secs(total))
             );
             for (phase, mean, runs) in rows {
