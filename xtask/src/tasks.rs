@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::{
-    charts, ebpf, lab,
+    bench, charts, ebpf, lab,
     test_report::{Totals, run_tests},
     workspace,
 };
@@ -114,7 +114,10 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     // lab must leave nothing behind.
     .and_then(|()| count(&mut totals, lab::run(&lab::LabArgs::default())))
     .and_then(|()| count(&mut totals, lab::interrupted_run_leaves_nothing()))
-    .and_then(|()| count(&mut totals, vm_lab()));
+    .and_then(|()| count(&mut totals, vm_lab()))
+    // CNI ADD/DEL latency against the reference plugin, same run: fails
+    // only on a regression of 2x or more.
+    .and_then(|()| count(&mut totals, bench::cni_quick()));
     // One closing line over every suite, printed last whatever happened.
     println!("{}", totals.summary());
     outcome

@@ -50,6 +50,19 @@ pub struct CniArgs {
     quick: bool,
 }
 
+impl CniArgs {
+    /// `--quick`, as `cargo xtask test` runs it.
+    pub fn quick() -> Self {
+        Self {
+            iterations: QUICK_ITERATIONS,
+            parallel_adds: 1,
+            parallel: 1,
+            no_write: true,
+            quick: true,
+        }
+    }
+}
+
 /// `--quick`: sequential pairs per plugin.
 const QUICK_ITERATIONS: usize = 50;
 /// `--quick` fails when flatnet's p50 exceeds the reference's by this factor.

@@ -48,6 +48,11 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The CNI latency guard CI runs: `cargo xtask bench cni --quick`.
+pub fn cni_quick() -> anyhow::Result<()> {
+    run(BenchCommand::Cni(cni::CniArgs::quick()))
+}
+
 /// Release builds of `flatnet-agent` and `flatnet-cni`, what a node runs.
 struct ReleaseBinaries {
     agent: PathBuf,
