@@ -172,6 +172,8 @@ impl Setup<'_> {
             mac: link.mac.unwrap_or_default(),
             mtu: link.mtu.unwrap_or(parent_mtu),
             sandbox: spec.netns.clone(),
+            parent_index: parent.index,
+            parent_mac: parent.mac.unwrap_or_default(),
             parent: parent.name,
         })
     }

@@ -477,11 +477,7 @@ impl<S: DesiredState> Inner<S> {
             // ipvlan children share the parent's MAC; the parent's is read below.
             LinkMode::Ipvlan(..) => None,
         };
-        let uplink = self
-            .uplink_record(&made.parent, owner_mac, !attachment.kind.announces())
-            .instrument(phases::phase("uplink_info"))
-            .await
-            .map_err(|e| (e, true))?;
+        let uplink = Self::uplink_record(&made, owner_mac, !attachment.kind.announces());
         record.mac = Some(format_mac(mac));
         record.uplink = Some(uplink.clone());
         timed("record_attached", || self.records.save(record)).map_err(|e| (internal(e), true))?;
@@ -562,27 +558,19 @@ impl<S: DesiredState> Inner<S> {
         }
     }
 
-    /// Index and MAC of the uplink in the node namespace.
-    async fn uplink_record(
-        &self,
-        parent: &str,
+    /// The uplink of `made` as the tables list it (index and MAC as the
+    /// attach read them, no further look-up).
+    fn uplink_record(
+        made: &crate::link::Attachment,
         owner_mac: Option<[u8; 6]>,
         responder: bool,
-    ) -> Result<UplinkRecord, CniError> {
-        let host = self.config.attachments.host_netns.clone();
-        let name = parent.to_owned();
-        let (ifindex, parent_mac) =
-            tokio::task::spawn_blocking(move || in_netns(host, || probe::interface_info(&name)))
-                .await
-                .map_err(internal)?
-                .map_err(internal)?
-                .map_err(internal)?;
-        Ok(UplinkRecord {
-            ifname: parent.to_owned(),
-            ifindex,
-            owner_mac: format_mac(owner_mac.unwrap_or(parent_mac)),
+    ) -> UplinkRecord {
+        UplinkRecord {
+            ifname: made.parent.clone(),
+            ifindex: made.parent_index,
+            owner_mac: format_mac(owner_mac.unwrap_or(made.parent_mac)),
             responder,
-        })
+        }
     }
 
     /// Attaches the uplink program (once per uplink) and lists the pod's
