@@ -9,6 +9,7 @@
 //! dropped at its deadline still finishes or rolls back, and the runtime's
 //! DEL that follows waits for it.
 
+mod activity;
 mod conflicts;
 mod locks;
 pub mod metrics;
@@ -82,6 +83,8 @@ struct Inner<S> {
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
     /// Pending moves of policy programs into TCX links, by attachment.
     upgrades: Mutex<HashMap<AttachmentKey, tokio::task::AbortHandle>>,
+    /// Commands waiting for their answer (the moves wait for none).
+    activity: Arc<activity::Activity>,
 }
 
 /// Where DEL sends its answer.
@@ -122,6 +125,7 @@ impl<S: DesiredState> AgentService<S> {
                 owners: conflicts::Owners::default(),
                 policy_trigger: std::sync::OnceLock::new(),
                 upgrades: Mutex::new(HashMap::new()),
+                activity: Arc::default(),
             }),
         }
     }
@@ -205,14 +209,17 @@ impl<S: DesiredState> AgentService<S> {
 impl<S: DesiredState> Inner<S> {
     /// Moves the policy programs of `key` from the filters its ADD
     /// attached into TCX links, [`TCX_UPGRADE_DELAY`] later unless a DEL
-    /// comes first. TCX runs the programs for less per packet; the links
-    /// replace the filters only once in place, so the pod is never without
-    /// its policy.
+    /// comes first, one pod at a time and only while no CNI command waits
+    /// for its answer (each move holds RTNL and the data-plane lock through
+    /// two RCU grace periods). TCX runs the programs for less per packet;
+    /// the links replace the filters only once in place, so the pod is
+    /// never without its policy.
     fn upgrade_policy_later(self: &Arc<Self>, key: AttachmentKey) {
         let inner = Arc::clone(self);
         let task_key = key.clone();
         let task = tokio::spawn(async move {
             tokio::time::sleep(TCX_UPGRADE_DELAY).await;
+            let _turn = inner.activity.background_turn().await;
             let _guard = inner.locks.lock(&task_key).await;
             inner
                 .upgrades
@@ -290,6 +297,7 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
     async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
         let inner = Arc::clone(&self.inner);
         let key = key_of(&request.attachment);
+        let _busy = self.inner.activity.busy();
         spawn(
             async move {
                 let (result, upgrade) = inner.add(request).await?;
@@ -309,6 +317,7 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 
     async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
         let inner = Arc::clone(&self.inner);
+        let _busy = self.inner.activity.busy();
         let (answer, answered) = tokio::sync::oneshot::channel();
         // The work goes on after the answer (deleting the interface); it
         // always sends one, so a dropped sender means it failed.
