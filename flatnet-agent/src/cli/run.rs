@@ -244,7 +244,8 @@ impl RunArgs {
             records.clone(),
             datapath,
             Arc::clone(&metrics),
-        );
+        )
+        .context("open the pinned table maps")?;
         service
             .recover()
             .await

@@ -293,6 +293,12 @@ impl Datapath {
         tcx::remove_defunct(&self.pin_root, Some(inode))
     }
 
+    /// The table maps of this datapath, opened again through their pins
+    /// (usable apart from the programs).
+    pub fn pinned_maps(&self) -> Result<PinnedMaps, DatapathError> {
+        PinnedMaps::open(&self.pin_root)
+    }
+
     /// The policy maps of this datapath (opened through their pins).
     pub fn policy_maps(&self) -> Result<PolicyMaps, DatapathError> {
         PolicyMaps::open(&self.pin_root)

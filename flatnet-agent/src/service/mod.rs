@@ -29,7 +29,7 @@ use crate::{
         AttachRequest, CniError, CniResult, DetachRequest, ErrorCode, GcRequest, NetworkConfig,
         StatusRequest,
     },
-    datapath::{ConflictMonitor, Datapath},
+    datapath::{ConflictMonitor, Datapath, DatapathError, PinnedMaps},
     desired::{AttachmentKey, Claim, ClaimRequest, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::run_in_netns,
@@ -75,6 +75,9 @@ struct Inner<S> {
     desired: S,
     records: Records,
     datapath: Mutex<DatapathTables>,
+    /// The address tables, through their pins: apart from the programs, so
+    /// listing or removing a pod's addresses never waits for an attach.
+    maps: Mutex<PinnedMaps>,
     locks: locks::KeyLocks,
     metrics: Arc<Metrics>,
     limiter: conflicts::RateLimiter,
@@ -109,8 +112,9 @@ impl<S: DesiredState> AgentService<S> {
         records: Records,
         datapath: Datapath,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, DatapathError> {
+        let maps = datapath.pinned_maps()?;
+        Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 desired,
@@ -126,8 +130,9 @@ impl<S: DesiredState> AgentService<S> {
                 policy_trigger: std::sync::OnceLock::new(),
                 upgrades: Mutex::new(HashMap::new()),
                 activity: Arc::default(),
+                maps: Mutex::new(maps),
             }),
-        }
+        })
     }
 
     /// Has `trigger` told whenever an attachment is added or removed (the
@@ -593,27 +598,26 @@ impl<S: DesiredState> Inner<S> {
         let owner =
             parse_mac(&uplink.owner_mac).ok_or_else(|| internal("bad owner MAC in record"))?;
         let host = self.config.attachments.host_netns.clone();
-        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
-        if !tables.uplinks.contains(&uplink.ifname) {
-            let name = uplink.ifname.clone();
-            let datapath = &mut tables.datapath;
-            in_netns(host, || datapath.attach_uplink(&name))
-                .map_err(internal)?
-                .map_err(internal)?;
-            tables.uplinks.insert(uplink.ifname.clone());
-            tracing::info!(uplink = %uplink.ifname, "uplink program attached");
+        {
+            let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+            if !tables.uplinks.contains(&uplink.ifname) {
+                let name = uplink.ifname.clone();
+                let datapath = &mut tables.datapath;
+                in_netns(host, || datapath.attach_uplink(&name))
+                    .map_err(internal)?
+                    .map_err(internal)?;
+                tables.uplinks.insert(uplink.ifname.clone());
+                tracing::info!(uplink = %uplink.ifname, "uplink program attached");
+            }
         }
+        let mut maps = self.maps.lock().expect("table maps lock poisoned");
         for addr in record.ips() {
             if uplink.responder {
-                tables
-                    .datapath
-                    .responders()
+                maps.responders()
                     .and_then(|mut r| r.insert(uplink.ifindex, addr, owner))
                     .map_err(internal)?;
             }
-            tables
-                .datapath
-                .managed_addrs()
+            maps.managed_addrs()
                 .and_then(|mut m| m.insert(uplink.ifindex, addr, owner))
                 .map_err(internal)?;
         }
@@ -684,18 +688,14 @@ impl<S: DesiredState> Inner<S> {
         let Some(uplink) = &record.uplink else {
             return Ok(());
         };
-        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        let mut maps = self.maps.lock().expect("table maps lock poisoned");
         for addr in record.ips() {
             if uplink.responder {
-                tables
-                    .datapath
-                    .responders()
+                maps.responders()
                     .and_then(|mut r| r.remove(uplink.ifindex, addr))
                     .map_err(internal)?;
             }
-            tables
-                .datapath
-                .managed_addrs()
+            maps.managed_addrs()
                 .and_then(|mut m| m.remove(uplink.ifindex, addr))
                 .map_err(internal)?;
         }
