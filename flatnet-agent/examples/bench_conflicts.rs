@@ -145,7 +145,7 @@ async fn measure(count: usize, interval: Duration) -> anyhow::Result<Timeline> {
         records,
         datapath,
         Arc::clone(&metrics),
-    );
+    )?;
     let watcher = tokio::spawn({
         let service = service.clone();
         async move { service.watch_conflicts(monitor).await }

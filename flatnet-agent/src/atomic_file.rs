@@ -11,6 +11,17 @@ use std::{
 /// `fsync`, `rename` and an `fsync` of the directory, creating the directory
 /// (mode 0700) when missing.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, true)
+}
+
+/// [`write_atomic`] without the two `fsync`s (two file-system commits,
+/// about 5 ms): readers still see the old or the new content, but a crash
+/// may bring the old one back. For files rebuilt from durable state.
+pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -23,10 +34,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
     }
     fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Creates `dir` and its parents with mode 0700 when missing.

@@ -6,6 +6,7 @@ pub mod crash_point;
 pub mod datapath;
 pub mod desired;
 pub mod install;
+pub mod journal;
 pub mod link;
 pub mod netns;
 pub mod packet;

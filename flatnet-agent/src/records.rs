@@ -1,26 +1,33 @@
-//! Attachment records: one file per attachment under the record directory
-//! (default `/var/lib/flatnet/attachments`), written before anything is
-//! created for the attachment and deleted after everything is removed, so
-//! DEL, GC and a restarted agent know what exists even without the runtime's
-//! help.
+//! Attachment records: one per attachment, in a journal under the record
+//! directory (default `/var/lib/flatnet/attachments`), written before
+//! anything is created for the attachment and removed after everything is
+//! removed, so DEL, GC and a restarted agent know what exists even without
+//! the runtime's help. Each change is on disk before the call returns, at
+//! the cost of one `fdatasync` (see [`crate::journal`]).
 
 use std::{
+    collections::BTreeMap,
     io,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    atomic_file::{create_private_dir, remove_if_exists, write_atomic},
+    atomic_file::{create_private_dir, remove_if_exists},
     desired::{AttachmentKey, NamedSubnet, PodRef},
+    journal::{Journal, JournalError},
     link::{HostRoute, ParentLink, PrimaryDefaults},
 };
 
 /// Default record directory.
 pub const DEFAULT_RECORD_DIR: &str = "/var/lib/flatnet/attachments";
+
+/// The journal file in the record directory.
+const JOURNAL_FILE: &str = "records.journal";
 
 /// How far an attachment got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,68 +137,94 @@ pub struct RecordError {
     pub reason: String,
 }
 
-/// The record directory.
+/// The records of one agent. Clones share the journal; open one record
+/// directory once per process.
 #[derive(Clone, Debug)]
 pub struct Records {
-    dir: PathBuf,
+    journal: Arc<Mutex<Journal<AttachmentKey, AttachmentRecord>>>,
 }
 
 impl Records {
-    /// Uses `dir`, creating it (mode 0700) when missing.
+    /// Uses `dir`, creating it (mode 0700) when missing. Records of older
+    /// agents (one `<containerId>@<ifname>.json` file each) move into the
+    /// journal; unreadable ones are logged and left in place.
     pub fn open(dir: &Path) -> Result<Self, RecordError> {
         create_private_dir(dir).map_err(|e| error(dir, &e))?;
+        let legacy = legacy_files(dir)?;
+        let adopted = legacy
+            .iter()
+            .map(|(_, record)| (record.key.clone(), record.clone()))
+            .collect();
+        let journal = Journal::open(&dir.join(JOURNAL_FILE), adopted).map_err(journal_error)?;
+        for (path, _) in &legacy {
+            remove_if_exists(path).map_err(|e| error(path, &e))?;
+        }
         Ok(Self {
-            dir: dir.to_owned(),
+            journal: Arc::new(Mutex::new(journal)),
         })
     }
 
-    /// The file of `key`. Container IDs and interface names contain no `/`,
-    /// IDs start with a letter or digit and the name fits `NAME_MAX`: the
-    /// agent admits no other request ([`crate::cni::names`]).
-    fn path(&self, key: &AttachmentKey) -> PathBuf {
-        self.dir
-            .join(format!("{}@{}.json", key.container_id, key.ifname))
+    /// The records in `dir`, read without changing anything (for tools and
+    /// tests next to a running agent).
+    pub fn read(dir: &Path) -> Result<Vec<AttachmentRecord>, RecordError> {
+        let journal: BTreeMap<AttachmentKey, AttachmentRecord> =
+            Journal::read(&dir.join(JOURNAL_FILE)).map_err(journal_error)?;
+        Ok(journal.into_values().collect())
     }
 
-    /// Writes (replaces) a record.
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal<AttachmentKey, AttachmentRecord>> {
+        self.journal.lock().expect("record journal lock poisoned")
+    }
+
+    /// Writes (replaces) a record; on disk when this returns.
     pub fn save(&self, record: &AttachmentRecord) -> Result<(), RecordError> {
-        let path = self.path(&record.key);
-        let bytes = serde_json::to_vec_pretty(record).expect("records serialize");
-        write_atomic(&path, &bytes).map_err(|e| error(&path, &e))
+        self.journal()
+            .put(record.key.clone(), record.clone())
+            .map_err(journal_error)
     }
 
     /// The record of `key`, if any.
     pub fn load(&self, key: &AttachmentKey) -> Result<Option<AttachmentRecord>, RecordError> {
-        read(&self.path(key))
+        Ok(self.journal().get(key).cloned())
     }
 
     /// Deletes the record of `key`; a missing record is not an error.
     pub fn remove(&self, key: &AttachmentKey) -> Result<(), RecordError> {
-        let path = self.path(key);
-        remove_if_exists(&path).map_err(|e| error(&path, &e))
+        self.journal().remove(key).map_err(journal_error)
     }
 
-    /// Every record; unreadable files are logged and skipped.
+    /// Every record, in key order.
     pub fn all(&self) -> Result<Vec<AttachmentRecord>, RecordError> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|e| error(&self.dir, &e))?;
-        let mut records = Vec::new();
-        for entry in entries {
-            let path = entry.map_err(|e| error(&self.dir, &e))?.path();
-            let is_record = path.extension().is_some_and(|e| e == "json")
-                && !path
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'));
-            if !is_record {
-                continue;
-            }
-            match read(&path) {
-                Ok(Some(record)) => records.push(record),
-                Ok(None) => {}
-                Err(error) => tracing::warn!(%error, "skipping an unreadable attachment record"),
-            }
+        Ok(self.journal().entries().values().cloned().collect())
+    }
+}
+
+/// The record files of agents before the journal, with their paths.
+fn legacy_files(dir: &Path) -> Result<Vec<(PathBuf, AttachmentRecord)>, RecordError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| error(dir, &e))?;
+    let mut records = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| error(dir, &e))?.path();
+        let is_record = path.extension().is_some_and(|e| e == "json")
+            && !path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+        if !is_record {
+            continue;
         }
-        records.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(records)
+        match read(&path) {
+            Ok(Some(record)) => records.push((path, record)),
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "skipping an unreadable attachment record"),
+        }
+    }
+    Ok(records)
+}
+
+fn journal_error(e: JournalError) -> RecordError {
+    RecordError {
+        path: e.path,
+        reason: e.reason,
     }
 }
 
@@ -233,11 +266,10 @@ fn error(path: &Path, e: &io::Error) -> RecordError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(container: &str) -> AttachmentRecord {
-        AttachmentRecord {
+impl AttachmentRecord {
+    /// A pending record of `container`'s `eth1` for tests.
+    pub(crate) fn example(container: &str) -> Self {
+        Self {
             key: AttachmentKey {
                 container_id: container.into(),
                 ifname: "eth1".into(),
@@ -259,6 +291,15 @@ mod tests {
                 vlan: 7,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(container: &str) -> AttachmentRecord {
+        AttachmentRecord::example(container)
     }
 
     #[test]
@@ -299,12 +340,46 @@ mod tests {
         records.save(&a).unwrap();
         b.phase = RecordPhase::Ready;
         records.save(&b).unwrap();
-        std::fs::write(dir.path().join("r/garbage.json"), "{").unwrap();
         assert_eq!(records.all().unwrap(), [a.clone(), b.clone()]);
+        assert_eq!(
+            Records::read(&dir.path().join("r")).unwrap(),
+            [a.clone(), b.clone()],
+            "on disk"
+        );
         assert_eq!(records.load(&b.key).unwrap(), Some(b.clone()));
         records.remove(&a.key).unwrap();
         records.remove(&a.key).unwrap();
         assert_eq!(records.load(&a.key).unwrap(), None);
         assert_eq!(b.ips(), ["192.0.2.5".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn record_files_of_older_agents_move_into_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut a, b) = (record("a"), record("b"));
+        a.phase = RecordPhase::Ready;
+        for r in [&a, &b] {
+            std::fs::write(
+                dir.path()
+                    .join(format!("{}@{}.json", r.key.container_id, r.key.ifname)),
+                serde_json::to_vec_pretty(r).unwrap(),
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.path().join("garbage.json"), "{").unwrap();
+        let records = Records::open(dir.path()).unwrap();
+        assert_eq!(records.all().unwrap(), [a.clone(), b.clone()]);
+        drop(records);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["garbage.json", JOURNAL_FILE],
+            "moved, unreadable kept"
+        );
+        assert_eq!(Records::open(dir.path()).unwrap().all().unwrap(), [a, b]);
     }
 }

@@ -10,12 +10,12 @@ use std::{
     io::Write,
     path::Path,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use aya::programs::TcAttachType;
 use flatnet_agent::crash_point::CRASH_AT_ENV;
-use flatnet_agent::datapath::AttachMechanism;
+use flatnet_agent::datapath::{AttachMechanism, kernel_has_tcx};
 use serde_json::{Value, json};
 use support::{
     TestNetns,
@@ -24,7 +24,7 @@ use support::{
     lan::SimulatedLan,
     ping, privileged,
     tc_hooks::{attached_programs, link_pins},
-    unique_name, veth_pair,
+    unique_name, veth_pair, wait_until,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -259,9 +259,15 @@ networks:
         assert!(ok, "CHECK {network} {container}: {out}");
     }
 
+    /// DEL, then waits for the work that follows its answer.
     fn del(&self, network: &str, container: &str, pod: Option<&TestNetns>) {
+        let had_record = self.agent.has_record(container);
         let (ok, out) = self.cni("DEL", network, container, pod);
         assert!(ok, "DEL {network} {container} failed: {out}");
+        wait_until(&format!("DEL {network} {container} never finished"), || {
+            !self.agent.has_record(container)
+                && pod.is_none_or(|pod| !had_record || !has_link(pod, IFNAME))
+        });
     }
 
     fn gc(&self, network: &str, valid: &[&str]) -> (bool, Value) {
@@ -351,16 +357,6 @@ fn run_cni(
         })
     };
     (out.status.success(), stdout)
-}
-
-/// Waits until `done` holds (a bound on waiting for the agent's round,
-/// not a timing check); `what` says what never happened.
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Asserts that `family`'s routes in `ns` include every one of `expected`.
@@ -608,9 +604,12 @@ fn an_add_on_another_network_does_not_replace_the_attachment() {
     node.check("dual", "c1", &pod, &result);
     ping(&pod, LAN_V6);
 
-    // DEL of the refused network leaves the attachment alone too.
-    node.del("flat4", "c1", Some(&pod));
+    // DEL of the refused network leaves the attachment alone too (it
+    // answers after its own work: there is nothing to wait for).
+    let (ok, out) = node.cni("DEL", "flat4", "c1", Some(&pod));
+    assert!(ok, "DEL of the refused network failed: {out}");
     assert_eq!(node.allocated(), before);
+    assert_eq!(node.records(), 1);
     node.del("dual", "c1", Some(&pod));
     node.assert_nothing_left(&pod, "after DEL");
     node.stop();
@@ -1114,6 +1113,20 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
         matches!(programs.as_slice(), [one] if one.name == "policy_ingress"),
         "attached on ADD: {programs:?}"
     );
+    // ADD attaches filters (no RCU wait); a second later the same program
+    // moves into a TCX link where the kernel has them.
+    let settled = if kernel_has_tcx() {
+        AttachMechanism::Tcx
+    } else {
+        AttachMechanism::Netlink
+    };
+    wait_until("the policy program never moved into a TCX link", || {
+        matches!(
+            attached_programs(&web, IFNAME, TcAttachType::Ingress).as_slice(),
+            [one] if one.mechanism == settled && one.id == programs[0].id
+        )
+    });
+    let programs = attached_programs(&web, IFNAME, TcAttachType::Ingress);
     assert!(tcp_works(&client, web_addr, allowed));
     assert!(!tcp_works(&client, web_addr, later), "not allowed yet");
 

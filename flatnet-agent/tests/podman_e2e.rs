@@ -424,6 +424,8 @@ fn podman_container_on_a_flatnet_network_reaches_the_lan() {
 
     // DEL: removing the container releases the address and the record.
     podman.run(&["rm", "--force", "--time", "0", &name]);
+    // DEL answers first; the record and the address go right after.
+    support::wait_until("the agent never finished the DEL", || lan.records() == 0);
     assert_eq!(lan.allocations(), vec![]);
     assert_eq!(lan.records(), 0);
 }

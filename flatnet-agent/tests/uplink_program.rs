@@ -504,7 +504,14 @@ fn pins_of_links_whose_interface_is_gone_are_removed() {
     );
     // The pod's interface is deleted (as a CNI DEL does).
     pod.ip(&["link", "del", "eth1"]);
-    let removed = topo.datapath.remove_defunct_links().unwrap();
+    // A DEL looks at its pod's namespace only: none of the node's pins.
+    assert_eq!(
+        topo.datapath
+            .remove_defunct_links_in(&topo.node.path())
+            .unwrap(),
+        Vec::<PathBuf>::new()
+    );
+    let removed = topo.datapath.remove_defunct_links_in(&pod.path()).unwrap();
     assert_eq!(removed.len(), expected.saturating_sub(1), "{removed:?}");
     assert!(
         removed
@@ -514,6 +521,11 @@ fn pins_of_links_whose_interface_is_gone_are_removed() {
     );
     topo.assert_one_uplink_program();
     assert_eq!(topo.link_pins().len(), expected.min(1));
+    assert_eq!(
+        topo.datapath.remove_defunct_links().unwrap(),
+        Vec::<PathBuf>::new(),
+        "the namespace's sweep left nothing defunct"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::{
-    ebpf, images, lab, release,
+    bench, ebpf, images, lab, release,
     test_report::{Totals, run_tests},
     workspace,
 };
@@ -132,7 +132,10 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     // The same lab with each node's agent run by podman from its image.
     .and_then(|()| count(&mut totals, lab::run(&lab::LabArgs::with_images())))
     .and_then(|()| count(&mut totals, lab::interrupted_run_leaves_nothing()))
-    .and_then(|()| count(&mut totals, vm_lab()));
+    .and_then(|()| count(&mut totals, vm_lab()))
+    // CNI ADD/DEL latency against the reference plugin, same run: fails
+    // only on a regression of 2x or more.
+    .and_then(|()| count(&mut totals, bench::cni_quick()));
     // One closing line over every suite, printed last whatever happened.
     println!("{}", totals.summary());
     outcome

@@ -1,7 +1,8 @@
 //! Log set-up shared by every subcommand.
 
 use clap::{Args, ValueEnum};
-use tracing_subscriber::EnvFilter;
+use flatnet_agent::service::phases::PhaseTimings;
+use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
@@ -36,12 +37,16 @@ impl LoggingArgs {
             );
             EnvFilter::new("info")
         });
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        match self.log_format {
-            LogFormat::Text => builder.init(),
-            LogFormat::Json => builder.json().init(),
-        }
+        // The log filter applies to the log layer only: CNI phase timings
+        // are recorded whatever the log level.
+        let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let log = match self.log_format {
+            LogFormat::Text => log.with_filter(filter).boxed(),
+            LogFormat::Json => log.json().with_filter(filter).boxed(),
+        };
+        tracing_subscriber::registry()
+            .with(log)
+            .with(PhaseTimings)
+            .init();
     }
 }

@@ -154,11 +154,16 @@ impl RunArgs {
             let rejected = metrics.state_file_rejected.clone();
             let state = StateSource::new(state_file, &self.state_dir, rejected);
             let desired = Standalone::following(state, &self.state_dir)?;
+            let records = Records::open(&self.record_dir)?;
+            desired
+                .adopt_records(&records.all()?)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             let source = PolicySource::Standalone {
                 path: state_file.to_owned(),
                 text: desired.state_text().await,
             };
-            self.serve(node_name, desired, source, metrics, |_| async {})
+            self.serve(node_name, desired, records, source, metrics, |_| async {})
                 .await
         } else {
             let client = kube::Client::try_default()
@@ -166,10 +171,18 @@ impl RunArgs {
                 .context("connect to the Kubernetes API (in-cluster, or KUBECONFIG); use --standalone without Kubernetes")?;
             let wait = Duration::from_secs(self.allocation_wait_seconds);
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
+            let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client);
-            self.serve(node_name, desired, source, metrics, |service| async move {
-                sync_until_reachable(service.desired()).await;
-            })
+            self.serve(
+                node_name,
+                desired,
+                records,
+                source,
+                metrics,
+                |service| async move {
+                    sync_until_reachable(service.desired()).await;
+                },
+            )
             .await
         }
     }
@@ -200,6 +213,7 @@ impl RunArgs {
         self,
         node_name: String,
         desired: S,
+        records: Records,
         policy_source: PolicySource,
         metrics: Arc<Metrics>,
         after_start: F,
@@ -228,7 +242,6 @@ impl RunArgs {
         {
             tokio::spawn(logs.forward());
         }
-        let records = Records::open(&self.record_dir)?;
         let policy_maps = PolicyMaps::open(&self.pin_root).context("open the policy maps")?;
         let config = ServiceConfig {
             node_name: node_name.clone(),
@@ -250,7 +263,8 @@ impl RunArgs {
             records.clone(),
             datapath,
             Arc::clone(&metrics),
-        );
+        )
+        .context("open the pinned table maps")?;
         service
             .recover()
             .await

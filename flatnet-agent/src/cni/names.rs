@@ -4,9 +4,10 @@
 
 use super::error::{CniError, ErrorCode};
 
-/// Longest accepted container ID: the agent's record file of an attachment
-/// is written through `.<id>@<ifname>.json.tmp`, which must fit a file name
-/// (255 bytes) with the longest interface name.
+/// Longest accepted container ID: an attachment key must fit a file name
+/// (255 bytes) as `.<id>@<ifname>.json.tmp` with the longest interface name,
+/// as the record files of earlier agents (migrated into the journal) were
+/// named, and hostile input stays small.
 pub const MAX_CONTAINER_ID_LEN: usize =
     255 - flatnet_k8s::validation::MAX_IFNAME_LEN - ".@.json.tmp".len();
 

@@ -256,11 +256,47 @@ impl Datapath {
         policy::attach(&mut self.ebpf, &self.pin_root, self.mechanism, interface)
     }
 
+    /// [`Self::attach_policy`] through netlink (clsact filters) whatever
+    /// the mechanism: a new TCX link waits for an RCU grace period while
+    /// holding RTNL (about 13 ms per program), a filter does not. Returns
+    /// whether [`Self::attach_policy`] should follow later to move the
+    /// programs into TCX links (it replaces the filters only once the links
+    /// are in place).
+    pub fn attach_policy_at_once(&mut self, interface: &str) -> Result<bool, DatapathError> {
+        policy::attach(
+            &mut self.ebpf,
+            &self.pin_root,
+            AttachMechanism::Netlink,
+            interface,
+        )?;
+        Ok(self.mechanism != AttachMechanism::Netlink)
+    }
+
     /// Removes the pins of TCX links whose interface is gone (a deleted
     /// pod's interface takes its programs with it, but their pins stay).
     /// Returns the pins removed.
     pub fn remove_defunct_links(&self) -> Result<Vec<PathBuf>, DatapathError> {
-        tcx::remove_defunct(&self.pin_root)
+        tcx::remove_defunct(&self.pin_root, None)
+    }
+
+    /// [`Self::remove_defunct_links`] for the links in the network
+    /// namespace at `netns` only: what one pod's DEL leaves, without
+    /// looking at every other pod's pins.
+    pub fn remove_defunct_links_in(&self, netns: &Path) -> Result<Vec<PathBuf>, DatapathError> {
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(netns)
+            .map_err(|source| DatapathError::PinLink {
+                path: netns.to_path_buf(),
+                source,
+            })?
+            .ino();
+        tcx::remove_defunct(&self.pin_root, Some(inode))
+    }
+
+    /// The table maps of this datapath, opened again through their pins
+    /// (usable apart from the programs).
+    pub fn pinned_maps(&self) -> Result<PinnedMaps, DatapathError> {
+        PinnedMaps::open(&self.pin_root)
     }
 
     /// The policy maps of this datapath (opened through their pins).

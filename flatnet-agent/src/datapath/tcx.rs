@@ -96,9 +96,15 @@ pub(super) fn detach(pin_root: &Path, interface: &str, slot: Slot) -> Result<boo
     Ok(live)
 }
 
-/// Removes the pins of links whose interface no longer exists (in any
-/// namespace). Returns the pins removed.
-pub(super) fn remove_defunct(pin_root: &Path) -> Result<Vec<PathBuf>, DatapathError> {
+/// Removes the pins of links whose interface no longer exists, in the
+/// network namespace of inode `netns` or, with `None`, in any. Returns the
+/// pins removed.
+pub(super) fn remove_defunct(
+    pin_root: &Path,
+    netns: Option<u64>,
+) -> Result<Vec<PathBuf>, DatapathError> {
+    // Pins are named `<netns inode>-...`: one namespace's are found by name.
+    let prefix = netns.map(|inode| format!("{inode}-"));
     let dir = pin_root.join(LINKS_DIR);
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
@@ -113,6 +119,13 @@ pub(super) fn remove_defunct(pin_root: &Path) -> Result<Vec<PathBuf>, DatapathEr
                 source,
             })?
             .path();
+        let in_scope = prefix.as_ref().is_none_or(|prefix| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with(prefix.as_str()))
+        });
+        if !in_scope {
+            continue;
+        }
         let Some(link) = open_pinned(&path)? else {
             continue;
         };

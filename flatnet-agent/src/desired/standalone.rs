@@ -27,7 +27,12 @@ use super::{
 };
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::{atomic_file::write_atomic, datapath::Conflict, packet::MacAddr};
+use crate::{
+    atomic_file::{write_atomic, write_atomic_unsynced},
+    datapath::Conflict,
+    packet::MacAddr,
+    records::AttachmentRecord,
+};
 
 /// The state file: subnets, and which CNI networks use them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -539,14 +544,68 @@ impl Standalone {
         self.store.lock().await.file.allocations.clone()
     }
 
+    /// Writes the allocation file, without waiting for the disk: an
+    /// allocation is durable through the attachment record ADD writes
+    /// before it creates anything, and [`Self::adopt_records`] rebuilds
+    /// the file from the records at start-up.
     fn save(&self, file: &AllocationFile) -> Result<(), DesiredStateError> {
+        self.write(file, false)
+    }
+
+    fn write(&self, file: &AllocationFile, durable: bool) -> Result<(), DesiredStateError> {
         let bytes = serde_json::to_vec_pretty(file).expect("allocations serialize");
-        write_atomic(&self.path, &bytes).map_err(|e| {
+        let written = if durable {
+            write_atomic(&self.path, &bytes)
+        } else {
+            write_atomic_unsynced(&self.path, &bytes)
+        };
+        written.map_err(|e| {
             DesiredStateError::Storage(format!(
                 "cannot write the allocation file {}: {e}",
                 self.path.display()
             ))
         })
+    }
+
+    /// Makes the allocations those of the attachment records (the durable
+    /// state): an allocation without a record is from an ADD that never
+    /// wrote one (so never answered) or a removal the file lost in a crash;
+    /// a record's address missing from the file is a claim the file lost.
+    /// Call once at start-up, before serving.
+    pub async fn adopt_records(
+        &self,
+        records: &[AttachmentRecord],
+    ) -> Result<(), DesiredStateError> {
+        let mut store = self.store.lock().await;
+        let allocations: Vec<Allocation> = records
+            .iter()
+            .flat_map(|record| {
+                record
+                    .subnets
+                    .iter()
+                    .zip(&record.addresses)
+                    .map(|(subnet, address)| Allocation {
+                        network: record.network.clone(),
+                        key: record.key.clone(),
+                        subnet: subnet.name.clone(),
+                        address: address.addr(),
+                        pod: record.pod.clone(),
+                    })
+            })
+            .collect();
+        for gone in store
+            .file
+            .allocations
+            .iter()
+            .filter(|a| !allocations.contains(a))
+        {
+            tracing::info!(address = %gone.address, key = %gone.key, "allocation without an attachment record released");
+        }
+        let file = AllocationFile { allocations };
+        self.write(&file, true)?;
+        store.pools = build_pools(&store.state.state, &file);
+        store.file = file;
+        Ok(())
     }
 
     async fn release_where(
@@ -953,5 +1012,36 @@ networks:
         ] {
             assert!(problems.contains(needle), "{needle:?} not in {problems}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_records_decide_what_is_allocated_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        // In the file only: its ADD never wrote a record.
+        store.claim(&request("flat", "orphan")).await.unwrap();
+        drop(store);
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        // Recorded only: the file lost the claim.
+        let record = AttachmentRecord {
+            key: request("flat", "kept").key,
+            subnets: vec![state().subnets["lan4"].0.clone()],
+            addresses: vec!["192.0.2.6/29".parse().unwrap()],
+            ..AttachmentRecord::example("kept")
+        };
+        store.adopt_records(&[record]).await.unwrap();
+        let left: Vec<_> = store
+            .allocations()
+            .await
+            .into_iter()
+            .map(|a| (a.key.container_id, a.address))
+            .collect();
+        assert_eq!(left, [("kept".to_owned(), "192.0.2.6".parse().unwrap())]);
+        // The orphan's address is free again; the record's is not.
+        let next = store.claim(&request("flat", "next")).await.unwrap();
+        assert_eq!(next.addresses, ["192.0.2.2/29".parse::<IpNet>().unwrap()]);
+        drop(store);
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        assert_eq!(store.allocations().await.len(), 2, "written durably");
     }
 }

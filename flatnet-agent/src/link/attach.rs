@@ -13,6 +13,9 @@ use netlink_packet_route::{
     route::RouteProtocol,
 };
 use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkUnspec};
+use tracing::Instrument;
+
+use crate::service::phases::{phase, timed};
 
 use super::{
     Attachment, Attachments, LinkError,
@@ -57,7 +60,9 @@ pub(super) async fn attach(
     let mut setup = Setup {
         config,
         valid,
-        host: Netlink::open(config.host_netns.as_deref())?,
+        host: timed("attach.host_socket", || {
+            Netlink::open(config.host_netns.as_deref())
+        })?,
         pod: None,
         vlan_lock: None,
         undo: Vec::new(),
@@ -86,8 +91,13 @@ pub(super) async fn find_master(host: &Netlink, spec: &AttachmentSpec) -> Result
 impl Setup<'_> {
     async fn run(&mut self) -> Result<Attachment, LinkError> {
         let spec = self.valid.spec();
-        let master = find_master(&self.host, spec).await?;
-        let parent = self.parent(master).await?;
+        let master = find_master(&self.host, spec)
+            .instrument(phase("attach.master"))
+            .await?;
+        let parent = self
+            .parent(master)
+            .instrument(phase("attach.parent"))
+            .await?;
         let parent_mtu = parent.mtu.unwrap_or(u32::MAX);
         if let Some(mtu) = spec.mtu.filter(|mtu| *mtu > parent_mtu) {
             return Err(LinkError::MtuTooLarge {
@@ -98,7 +108,10 @@ impl Setup<'_> {
             });
         }
 
-        let pod = self.create_child(&parent).await?;
+        let pod = self
+            .create_child(&parent)
+            .instrument(phase("attach.create"))
+            .await?;
         let pod_netns = pod.netns().to_owned();
         let link = pod
             .link_by_name(&spec.ifname)
@@ -113,19 +126,29 @@ impl Setup<'_> {
             let has = |v4: bool| spec.addresses.iter().any(|a| a.addr().is_ipv4() == v4);
             enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?
         };
-        for address in &spec.addresses {
-            pod.add_address(link.index, &spec.ifname, *address).await?;
+        async {
+            for address in &spec.addresses {
+                pod.add_address(link.index, &spec.ifname, *address).await?;
+            }
+            Ok::<_, LinkError>(())
         }
+        .instrument(phase("attach.addresses"))
+        .await?;
         pod.set_link(
             "set up",
             &spec.ifname,
             LinkUnspec::new_with_index(link.index).up().build(),
         )
+        .instrument(phase("attach.up"))
         .await?;
 
-        self.add_pod_routes(link.index).await?;
+        self.add_pod_routes(link.index)
+            .instrument(phase("attach.routes"))
+            .await?;
         if let Some(host_route) = &spec.host_route {
-            self.add_host_routes(host_route, &parent).await?;
+            self.add_host_routes(host_route, &parent)
+                .instrument(phase("attach.host_routes"))
+                .await?;
         }
         // With arp_notify on a read-only /proc/sys, the agent announces too.
         if !kernel_notifies && spec.kind.announces() {
@@ -137,6 +160,7 @@ impl Setup<'_> {
                 &spec.addresses,
                 self.config.announce,
             )
+            .instrument(phase("attach.announce"))
             .await?;
         }
 
@@ -144,6 +168,7 @@ impl Setup<'_> {
         let pod = self.pod.as_ref().expect("opened above");
         let link = pod
             .link_by_name(&spec.ifname)
+            .instrument(phase("attach.read_back"))
             .await?
             .ok_or_else(|| LinkError::NotFound {
                 ifname: spec.ifname.clone(),
@@ -156,6 +181,8 @@ impl Setup<'_> {
             mac: link.mac.unwrap_or_default(),
             mtu: link.mtu.unwrap_or(parent_mtu),
             sandbox: spec.netns.clone(),
+            parent_index: parent.index,
+            parent_mac: parent.mac.unwrap_or_default(),
             parent: parent.name,
         })
     }
@@ -189,7 +216,7 @@ impl Setup<'_> {
     /// Returns the pod's netlink handle.
     async fn create_child(&mut self, parent: &Link) -> Result<Netlink, LinkError> {
         let spec = self.valid.spec();
-        let pod = Netlink::open(Some(&spec.netns))?;
+        let pod = timed("attach.pod_socket", || Netlink::open(Some(&spec.netns)))?;
         let taken = || LinkError::AlreadyExists {
             ifname: spec.ifname.clone(),
             netns: spec.netns.display().to_string(),

@@ -7,7 +7,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::netns::is_netns;
+use tracing::Instrument;
+
+use crate::{
+    netns::is_netns,
+    service::phases::{phase, timed},
+};
 
 use super::{
     AttachmentSpec, Attachments, HostRoute, LinkError, PrimaryDefaults,
@@ -59,12 +64,17 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
         field: "ifname",
         reason,
     })?;
-    let host = Netlink::open(config.host_netns.as_deref())?;
+    let host = timed("detach.host_socket", || {
+        Netlink::open(config.host_netns.as_deref())
+    })?;
     let mut errors = Vec::new();
     let mut addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
 
     if let Some(netns) = &spec.netns {
-        match delete_pod_link(netns, &spec.ifname).await {
+        let deleted = delete_pod_link(netns, &spec.ifname)
+            .instrument(phase("detach.pod_link"))
+            .await;
+        match deleted {
             Ok(found) => addresses.extend(found),
             Err(e) => errors.push(e),
         }
@@ -75,7 +85,9 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
         }
     }
     if let Some(route) = &spec.host_route
-        && let Err(e) = delete_host_routes(&host, route, &addresses).await
+        && let Err(e) = delete_host_routes(&host, route, &addresses)
+            .instrument(phase("detach.host_routes"))
+            .await
     {
         errors.push(e);
     }
@@ -105,7 +117,7 @@ async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, Link
         tracing::debug!(netns = %netns.display(), "pod namespace gone or unusable");
         return Ok(Vec::new());
     }
-    let pod = match Netlink::open(Some(netns)) {
+    let pod = match timed("detach.pod_socket", || Netlink::open(Some(netns))) {
         Ok(pod) => pod,
         // Removed between the check and the open.
         Err(LinkError::Netns(crate::netns::NetnsError::Open { source, .. }))
@@ -124,7 +136,9 @@ async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, Link
         .into_iter()
         .map(|a| a.addr())
         .collect();
-    pod.delete_link(link.index, ifname).await?;
+    pod.delete_link(link.index, ifname)
+        .instrument(phase("detach.delete"))
+        .await?;
     tracing::info!(%ifname, netns = %netns.display(), "detached");
     Ok(addresses)
 }

@@ -48,6 +48,10 @@ pub struct Attachment {
     pub sandbox: PathBuf,
     /// The node interface it hangs off (`master` or `<master>.<vlan>`).
     pub parent: String,
+    /// The parent's index in the node's namespace.
+    pub parent_index: u32,
+    /// The parent's MAC address.
+    pub parent_mac: MacAddr,
 }
 
 /// The attachment layer of one node.

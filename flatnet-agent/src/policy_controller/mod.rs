@@ -42,10 +42,6 @@ pub use report::{DiagnosticEvents, DiagnosticLog, NoEvents};
 /// burst of changes (a rollout, a relist) is compiled once.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// The debounce while a CNI ADD waits for its pod's tables: just enough to
-/// compile the ADDs of a burst together.
-pub const WAITING_DEBOUNCE: Duration = Duration::from_millis(2);
-
 /// How long a CNI ADD waits for the tables of its pod before it answers
 /// anyway (with a warning and `flatnet_agent_policy_add_wait_timeouts_total`).
 pub const ADD_WAIT_LIMIT: Duration = Duration::from_secs(3);
@@ -183,8 +179,9 @@ impl PolicyTrigger {
     }
 
     /// Signals that a pod was attached and waits, at most `limit`, until the
-    /// installed tables judge it as its policies say. Waiting ADDs cut the
-    /// debounce short ([`WAITING_DEBOUNCE`]), so this takes one compile.
+    /// installed tables judge it as its policies say. A waiting ADD ends
+    /// the debounce at once, so this takes one compile; ADDs arriving
+    /// while it runs share the next.
     pub async fn pod_attached(&self, pod: &[LocalPodAddress], limit: Duration) -> PodTables {
         let mut installed = self.installed.clone();
         if installed.borrow_and_update().covers(pod) {
@@ -216,9 +213,9 @@ impl PolicyTrigger {
 }
 
 impl PolicyChanges {
-    /// Waits for a change, then for `debounce` (or [`WAITING_DEBOUNCE`]
-    /// once a CNI ADD waits), and consumes every change signalled
-    /// meanwhile. `false` when every trigger is gone.
+    /// Waits for a change, then for `debounce` (cut short as soon as a CNI
+    /// ADD waits: its answer waits for this round), and consumes every
+    /// change signalled meanwhile. `false` when every trigger is gone.
     async fn next_round(&mut self, debounce: Duration) -> bool {
         if self.receiver.changed().await.is_err() {
             return false;
@@ -226,7 +223,6 @@ impl PolicyChanges {
         let deadline = tokio::time::Instant::now() + debounce;
         loop {
             if self.waiting.load(Ordering::SeqCst) > 0 {
-                tokio::time::sleep(WAITING_DEBOUNCE.min(debounce)).await;
                 break;
             }
             tokio::select! {
@@ -522,8 +518,10 @@ mod tests {
                 .contains_key(&"10.0.0.1".parse::<IpAddr>().unwrap()),
             "the round that answered the wait isolates the pod"
         );
-        // The paused clock makes this exact: the wait skipped the debounce.
+        // The paused clock makes this exact: the wait skipped the debounce,
+        // and no timer at all stood between the ADD and its round.
         assert!(started.elapsed() < DEBOUNCE, "{:?}", started.elapsed());
+        assert_eq!(started.elapsed(), Duration::ZERO);
 
         // Known already: answered at once (one more round still follows).
         let outcome = trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await;

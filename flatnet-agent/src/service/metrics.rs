@@ -98,6 +98,11 @@ impl Default for Metrics {
         );
         let policy = PolicyMetrics::default();
         policy.register(&mut registry);
+        registry.register(
+            "cni_phase_seconds",
+            "Wall time of each phase of CNI commands (phase total: the whole command in the agent)",
+            super::phases::PHASE_SECONDS.clone(),
+        );
         Self {
             registry,
             conflicts,

@@ -9,15 +9,17 @@
 //! dropped at its deadline still finishes or rolls back, and the runtime's
 //! DEL that follows waits for it.
 
+mod activity;
 mod conflicts;
 mod locks;
 pub mod metrics;
+pub mod phases;
 pub mod spec;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     net::IpAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -29,7 +31,7 @@ use crate::{
         AttachRequest, CniError, CniResult, DetachRequest, ErrorCode, GcRequest, NetworkConfig,
         StatusRequest,
     },
-    datapath::{ConflictMonitor, Datapath},
+    datapath::{ConflictMonitor, Datapath, DatapathError, PinnedMaps},
     desired::{AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::{is_netns, open_netns, run_in_netns},
@@ -40,7 +42,9 @@ use crate::{
 };
 
 pub use metrics::Metrics;
+use phases::timed;
 pub use spec::SpecSettings;
+use tracing::Instrument;
 
 /// Settings of the CNI service.
 #[derive(Clone, Debug)]
@@ -73,13 +77,28 @@ struct Inner<S> {
     desired: S,
     records: Records,
     datapath: Mutex<DatapathTables>,
+    /// The address tables, through their pins: apart from the programs, so
+    /// listing or removing a pod's addresses never waits for an attach.
+    maps: Mutex<PinnedMaps>,
     locks: locks::KeyLocks,
     metrics: Arc<Metrics>,
     limiter: conflicts::RateLimiter,
     owners: conflicts::Owners,
     /// Told when attachments change, so the policy controller recompiles.
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
+    /// Pending moves of policy programs into TCX links, by attachment.
+    upgrades: Mutex<HashMap<AttachmentKey, tokio::task::AbortHandle>>,
+    /// Commands waiting for their answer (the moves wait for none).
+    activity: Arc<activity::Activity>,
 }
+
+/// Where DEL sends its answer.
+type Answer = tokio::sync::oneshot::Sender<Result<(), CniError>>;
+
+/// How long after its ADD a pod's policy programs move from filters into
+/// TCX links: a pod deleted sooner never makes the kernel wait for the
+/// links' RCU grace periods (which it does holding RTNL).
+const TCX_UPGRADE_DELAY: Duration = Duration::from_secs(1);
 
 /// The loaded data plane and the uplinks its program is attached to.
 struct DatapathTables {
@@ -95,8 +114,9 @@ impl<S: DesiredState> AgentService<S> {
         records: Records,
         datapath: Datapath,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, DatapathError> {
+        let maps = datapath.pinned_maps()?;
+        Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 desired,
@@ -110,8 +130,11 @@ impl<S: DesiredState> AgentService<S> {
                 limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
                 owners: conflicts::Owners::default(),
                 policy_trigger: std::sync::OnceLock::new(),
+                upgrades: Mutex::new(HashMap::new()),
+                activity: Arc::default(),
+                maps: Mutex::new(maps),
             }),
-        }
+        })
     }
 
     /// Has `trigger` told whenever an attachment is added or removed (the
@@ -169,7 +192,7 @@ impl<S: DesiredState> AgentService<S> {
                 }
             }
             // Pods deleted while the agent was down left their pins.
-            inner.remove_defunct_links();
+            inner.remove_defunct_links(None);
             Ok(())
         })
         .await
@@ -190,17 +213,89 @@ impl<S: DesiredState> AgentService<S> {
     }
 }
 
+impl<S: DesiredState> Inner<S> {
+    /// Moves the policy programs of `key` from the filters its ADD
+    /// attached into TCX links, [`TCX_UPGRADE_DELAY`] later unless a DEL
+    /// comes first, one pod at a time and only while no CNI command waits
+    /// for its answer (each move holds RTNL and the data-plane lock through
+    /// two RCU grace periods). TCX runs the programs for less per packet;
+    /// the links replace the filters only once in place, so the pod is
+    /// never without its policy.
+    fn upgrade_policy_later(self: &Arc<Self>, key: AttachmentKey) {
+        let inner = Arc::clone(self);
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(TCX_UPGRADE_DELAY).await;
+            let _turn = inner.activity.background_turn().await;
+            let _guard = inner.locks.lock(&task_key).await;
+            inner
+                .upgrades
+                .lock()
+                .expect("upgrade table poisoned")
+                .remove(&task_key);
+            let record = match inner.records.load(&task_key) {
+                Ok(Some(record)) if record.phase == RecordPhase::Ready && record.netns.exists() => {
+                    record
+                }
+                _ => return,
+            };
+            let worker = Arc::clone(&inner);
+            let moved = tokio::task::spawn_blocking(move || worker.attach_policy(&record))
+                .await
+                .map_err(internal)
+                .and_then(|attached| attached);
+            if let Err(error) = moved {
+                tracing::warn!(key = %task_key, %error, "cannot move the policy programs into TCX links; the filters stay");
+            }
+        });
+        let previous = self
+            .upgrades
+            .lock()
+            .expect("upgrade table poisoned")
+            .insert(key, task.abort_handle());
+        if let Some(previous) = previous {
+            previous.abort();
+        }
+    }
+}
+
 /// Runs `work` in its own task: dropping the caller (deadline) does not
 /// cancel it, and a panic becomes error 100.
 async fn spawn<T: Send + 'static>(
     work: impl Future<Output = Result<T, CniError>> + Send + 'static,
 ) -> Result<T, CniError> {
-    tokio::spawn(work).await.unwrap_or_else(|error| {
-        Err(CniError::new(
-            ErrorCode::AgentInternal,
-            format!("flatnet-agent failed internally: {error}; see the flatnet-agent log"),
-        ))
+    tokio::spawn(work)
+        .await
+        .unwrap_or_else(|error| Err(task_failed(&error)))
+}
+
+/// Runs `work` on a blocking thread with a runtime of its own. Deleting a
+/// link blocks the sending thread in the kernel until RCU callbacks ran
+/// (15-40 ms): on the agent's few runtime threads, a handful of DELs would
+/// stall every other request.
+async fn on_own_thread<T: Send + 'static, E: std::fmt::Display>(
+    work: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<T, String> {
+    // Its phases stay those of the calling command.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime for the work: {e}"))?
+            .block_on(work.instrument(span))
+            .map_err(|e| e.to_string())
     })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Error 100 for a task that panicked or was cancelled.
+fn task_failed(error: &tokio::task::JoinError) -> CniError {
+    CniError::new(
+        ErrorCode::AgentInternal,
+        format!("flatnet-agent failed internally: {error}; see the flatnet-agent log"),
+    )
 }
 
 fn internal(error: impl std::fmt::Display) -> CniError {
@@ -236,7 +331,19 @@ fn link_error(error: &LinkError) -> CniError {
 impl<S: DesiredState> CniHandler for AgentService<S> {
     async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
         let inner = Arc::clone(&self.inner);
-        spawn(async move { inner.add(request).await }).await
+        let key = key_of(&request.attachment);
+        let _busy = self.inner.activity.busy();
+        spawn(
+            async move {
+                let (result, upgrade) = inner.add(request).await?;
+                if upgrade {
+                    inner.upgrade_policy_later(key);
+                }
+                Ok(result)
+            }
+            .instrument(phases::command("add")),
+        )
+        .await
     }
 
     async fn check(&self, request: AttachRequest) -> Result<(), CniError> {
@@ -245,7 +352,20 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 
     async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
         let inner = Arc::clone(&self.inner);
-        spawn(async move { inner.del(request).await }).await
+        let _busy = self.inner.activity.busy();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        // The work goes on after the answer (deleting the interface); it
+        // always sends one, so a dropped sender means it failed.
+        let work = tokio::spawn(
+            async move { inner.del(request, answer).await }.instrument(phases::command("del")),
+        );
+        match answered.await {
+            Ok(result) => result,
+            Err(_) => Err(match work.await {
+                Err(error) => task_failed(&error),
+                Ok(()) => internal("DEL ended without an answer; see the flatnet-agent log"),
+            }),
+        }
     }
 
     async fn status(&self, _request: StatusRequest) -> Result<(), CniError> {
@@ -260,15 +380,22 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
 }
 
 impl<S: DesiredState> Inner<S> {
-    async fn add(&self, request: AttachRequest) -> Result<CniResult, CniError> {
+    /// ADD; also says whether the policy programs are to move into TCX
+    /// links after the answer ([`Self::upgrade_policy_later`]).
+    async fn add(&self, request: AttachRequest) -> Result<(CniResult, bool), CniError> {
         // Before anything is claimed: a pending record with a namespace
         // nothing can enter would outlive every later request.
         open_netns(&request.netns)
             .map_err(|e| CniError::new(ErrorCode::InvalidEnvironment, e.to_string()))?;
         let key = key_of(&request.attachment);
-        let _guard = self.locks.lock(&key).await;
+        let _guard = self
+            .locks
+            .lock(&key)
+            .instrument(phases::phase("lock"))
+            .await;
         let config = &request.config;
-        if let Some(record) = self.records.load(&key).map_err(internal)? {
+        let earlier = timed("record_load", || self.records.load(&key)).map_err(internal)?;
+        if let Some(record) = earlier {
             if record.network != config.name {
                 return Err(CniError::new(
                     ErrorCode::InvalidEnvironment,
@@ -287,10 +414,9 @@ impl<S: DesiredState> Inner<S> {
                 // A repeated ADD: the same answer.
                 let subnets = spec::valid_subnets(&record)?;
                 let attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
-                return Ok(spec::cni_result(
-                    &attachment,
-                    record.mac.as_deref(),
-                    &config.dns,
+                return Ok((
+                    spec::cni_result(&attachment, record.mac.as_deref(), &config.dns),
+                    false,
                 ));
             }
             tracing::info!(key = %key, "replacing an earlier or unfinished attachment of the same network");
@@ -301,6 +427,7 @@ impl<S: DesiredState> Inner<S> {
         let claim = self
             .desired
             .claim(&claim_request)
+            .instrument(phases::phase("claim"))
             .await
             .map_err(|e| e.to_cni())?;
         let mut record = AttachmentRecord {
@@ -328,11 +455,15 @@ impl<S: DesiredState> Inner<S> {
             }
         };
         record.parent = subnets.first().map(|s| s.parent.clone());
-        if let Err(error) = self.read_primary_network(&mut record).await {
+        if let Err(error) = self
+            .read_primary_network(&mut record)
+            .instrument(phases::phase("primary_network"))
+            .await
+        {
             self.release_quietly(&record).await;
             return Err(link_error(&error));
         }
-        if let Err(error) = self.records.save(&record) {
+        if let Err(error) = timed("record_pending", || self.records.save(&record)) {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
@@ -381,7 +512,7 @@ impl<S: DesiredState> Inner<S> {
         subnets: &[ValidSubnet],
         claim: &DesiredInterface,
         dns: &crate::cni::Dns,
-    ) -> Result<CniResult, (CniError, bool)> {
+    ) -> Result<(CniResult, bool), (CniError, bool)> {
         let attachment =
             spec::attachment_spec(record, subnets, &self.config.spec).map_err(|e| (e, false))?;
         let valid = attachment.validate().map_err(|e| {
@@ -391,10 +522,17 @@ impl<S: DesiredState> Inner<S> {
             )
         })?;
         self.probe(&attachment, record)
+            .instrument(phases::phase("probe"))
             .await
             .map_err(|e| (e, false))?;
 
-        let made = match self.config.attachments.attach_valid(&valid).await {
+        let attached = self
+            .config
+            .attachments
+            .attach_valid(&valid)
+            .instrument(phases::phase("link_attach"))
+            .await;
+        let made = match attached {
             Ok(made) => made,
             // The pod's existing interface is not ours: leave it alone.
             Err(error @ LinkError::AlreadyExists { .. }) => {
@@ -411,26 +549,31 @@ impl<S: DesiredState> Inner<S> {
             // ipvlan children share the parent's MAC; the parent's is read below.
             LinkMode::Ipvlan(..) => None,
         };
-        let uplink = self
-            .uplink_record(&made.parent, owner_mac, !attachment.kind.announces())
-            .await
-            .map_err(|e| (e, true))?;
+        let uplink = Self::uplink_record(&made, owner_mac, !attachment.kind.announces());
         record.mac = Some(format_mac(mac));
         record.uplink = Some(uplink.clone());
-        self.records.save(record).map_err(|e| (internal(e), true))?;
+        timed("record_attached", || self.records.save(record)).map_err(|e| (internal(e), true))?;
         self.program_tables(record, &uplink)
+            .instrument(phases::phase("tables"))
             .await
             .map_err(|e| (e, true))?;
-        self.attach_policy(record).map_err(|e| (e, true))?;
+        let upgrade =
+            timed("policy_attach", || self.attach_policy_at_once(record)).map_err(|e| (e, true))?;
         self.desired
             .activate(&record.pod, claim, mac)
+            .instrument(phases::phase("activate"))
             .await
             .map_err(|e| (e.to_cni(), true))?;
         record.phase = RecordPhase::Ready;
-        self.records.save(record).map_err(|e| (internal(e), true))?;
+        timed("record_ready", || self.records.save(record)).map_err(|e| (internal(e), true))?;
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
-        self.policy_in_force_for(record).await;
-        Ok(spec::cni_result(&attachment, record.mac.as_deref(), dns))
+        self.policy_in_force_for(record)
+            .instrument(phases::phase("policy_wait"))
+            .await;
+        Ok((
+            spec::cni_result(&attachment, record.mac.as_deref(), dns),
+            upgrade,
+        ))
     }
 
     /// Asks the LAN whether the addresses are in use, from the parent
@@ -484,27 +627,19 @@ impl<S: DesiredState> Inner<S> {
         }
     }
 
-    /// Index and MAC of the uplink in the node namespace.
-    async fn uplink_record(
-        &self,
-        parent: &str,
+    /// The uplink of `made` as the tables list it (index and MAC as the
+    /// attach read them, no further look-up).
+    fn uplink_record(
+        made: &crate::link::Attachment,
         owner_mac: Option<[u8; 6]>,
         responder: bool,
-    ) -> Result<UplinkRecord, CniError> {
-        let host = self.config.attachments.host_netns.clone();
-        let name = parent.to_owned();
-        let (ifindex, parent_mac) =
-            tokio::task::spawn_blocking(move || in_netns(host, || probe::interface_info(&name)))
-                .await
-                .map_err(internal)?
-                .map_err(internal)?
-                .map_err(internal)?;
-        Ok(UplinkRecord {
-            ifname: parent.to_owned(),
-            ifindex,
-            owner_mac: format_mac(owner_mac.unwrap_or(parent_mac)),
+    ) -> UplinkRecord {
+        UplinkRecord {
+            ifname: made.parent.clone(),
+            ifindex: made.parent_index,
+            owner_mac: format_mac(owner_mac.unwrap_or(made.parent_mac)),
             responder,
-        })
+        }
     }
 
     /// Attaches the uplink program (once per uplink) and lists the pod's
@@ -518,27 +653,26 @@ impl<S: DesiredState> Inner<S> {
         let owner =
             parse_mac(&uplink.owner_mac).ok_or_else(|| internal("bad owner MAC in record"))?;
         let host = self.config.attachments.host_netns.clone();
-        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
-        if !tables.uplinks.contains(&uplink.ifname) {
-            let name = uplink.ifname.clone();
-            let datapath = &mut tables.datapath;
-            in_netns(host, || datapath.attach_uplink(&name))
-                .map_err(internal)?
-                .map_err(internal)?;
-            tables.uplinks.insert(uplink.ifname.clone());
-            tracing::info!(uplink = %uplink.ifname, "uplink program attached");
+        {
+            let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+            if !tables.uplinks.contains(&uplink.ifname) {
+                let name = uplink.ifname.clone();
+                let datapath = &mut tables.datapath;
+                in_netns(host, || datapath.attach_uplink(&name))
+                    .map_err(internal)?
+                    .map_err(internal)?;
+                tables.uplinks.insert(uplink.ifname.clone());
+                tracing::info!(uplink = %uplink.ifname, "uplink program attached");
+            }
         }
+        let mut maps = self.maps.lock().expect("table maps lock poisoned");
         for addr in record.ips() {
             if uplink.responder {
-                tables
-                    .datapath
-                    .responders()
+                maps.responders()
                     .and_then(|mut r| r.insert(uplink.ifindex, addr, owner))
                     .map_err(internal)?;
             }
-            tables
-                .datapath
-                .managed_addrs()
+            maps.managed_addrs()
                 .and_then(|mut m| m.insert(uplink.ifindex, addr, owner))
                 .map_err(internal)?;
         }
@@ -553,6 +687,23 @@ impl<S: DesiredState> Inner<S> {
         let datapath = &mut tables.datapath;
         let ifname = &record.key.ifname;
         run_in_netns(&record.netns, || datapath.attach_policy(ifname))
+            .map_err(internal)?
+            .map_err(|e| {
+                internal(format!(
+                    "policy programs on {ifname} of {}: {e}",
+                    record.pod
+                ))
+            })
+    }
+
+    /// [`Self::attach_policy`] on the answer path: through filters, which
+    /// take effect at once (see [`Datapath::attach_policy_at_once`]).
+    /// Returns whether the programs are to move into TCX links later.
+    fn attach_policy_at_once(&self, record: &AttachmentRecord) -> Result<bool, CniError> {
+        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        let datapath = &mut tables.datapath;
+        let ifname = &record.key.ifname;
+        run_in_netns(&record.netns, || datapath.attach_policy_at_once(ifname))
             .map_err(internal)?
             .map_err(|e| {
                 internal(format!(
@@ -596,18 +747,14 @@ impl<S: DesiredState> Inner<S> {
         let Some(uplink) = &record.uplink else {
             return Ok(());
         };
-        let mut tables = self.datapath.lock().expect("datapath lock poisoned");
+        let mut maps = self.maps.lock().expect("table maps lock poisoned");
         for addr in record.ips() {
             if uplink.responder {
-                tables
-                    .datapath
-                    .responders()
+                maps.responders()
                     .and_then(|mut r| r.remove(uplink.ifindex, addr))
                     .map_err(internal)?;
             }
-            tables
-                .datapath
-                .managed_addrs()
+            maps.managed_addrs()
                 .and_then(|mut m| m.remove(uplink.ifindex, addr))
                 .map_err(internal)?;
         }
@@ -623,7 +770,7 @@ impl<S: DesiredState> Inner<S> {
         delete_interface: bool,
     ) -> Result<(), CniError> {
         let mut errors = Vec::new();
-        if let Err(error) = self.remove_tables(record) {
+        if let Err(error) = timed("tables_remove", || self.remove_tables(record)) {
             errors.push(error.msg);
         }
         if delete_interface {
@@ -636,14 +783,24 @@ impl<S: DesiredState> Inner<S> {
                 primary_defaults: record.primary_defaults.clone(),
                 addresses: record.ips(),
             };
-            if let Err(error) = self.config.attachments.detach(&detach).await {
-                errors.push(error.to_string());
+            let attachments = self.config.attachments.clone();
+            let detached = on_own_thread(async move { attachments.detach(&detach).await })
+                .instrument(phases::phase("link_detach"))
+                .await;
+            if let Err(error) = detached {
+                errors.push(error);
             }
         }
-        self.remove_defunct_links();
+        timed("defunct_pins", || {
+            self.remove_defunct_links(Some(&record.netns));
+        });
         // The address stays allocated while the interface may still use it.
         if errors.is_empty()
-            && let Err(error) = self.desired.release(&record.network, &record.key).await
+            && let Err(error) = self
+                .desired
+                .release(&record.network, &record.key)
+                .instrument(phases::phase("release"))
+                .await
         {
             errors.push(error.to_string());
         }
@@ -658,17 +815,23 @@ impl<S: DesiredState> Inner<S> {
                 ),
             ));
         }
-        self.records.remove(&record.key).map_err(internal)?;
+        timed("record_remove", || self.records.remove(&record.key)).map_err(internal)?;
         tracing::info!(key = %record.key, pod = %record.pod, "attachment removed");
         self.policy_changed();
         Ok(())
     }
 
     /// A deleted pod interface takes its programs with it, but the pins of
-    /// their TCX links stay until removed.
-    fn remove_defunct_links(&self) {
+    /// their TCX links stay until removed: those of the pod namespace at
+    /// `netns` (one DEL), or all (a restart; also when that namespace is
+    /// already gone and its pins cannot be told apart).
+    fn remove_defunct_links(&self, netns: Option<&Path>) {
         let tables = self.datapath.lock().expect("datapath lock poisoned");
-        match tables.datapath.remove_defunct_links() {
+        let removed = match netns.filter(|netns| netns.exists()) {
+            Some(netns) => tables.datapath.remove_defunct_links_in(netns),
+            None => tables.datapath.remove_defunct_links(),
+        };
+        match removed {
             Ok(removed) => {
                 for pin in removed {
                     tracing::debug!(pin = %pin.display(), "removed the pin of a defunct TCX link");
@@ -684,22 +847,73 @@ impl<S: DesiredState> Inner<S> {
         }
     }
 
-    async fn del(&self, request: DetachRequest) -> Result<(), CniError> {
+    /// DEL. Answers (through `answer`) once the pod's addresses are out of
+    /// the data-plane tables. Deleting the interface (the kernel waits for
+    /// RCU callbacks on every link deletion, 15 to 40 ms, and the runtime
+    /// deletes the pod's namespace anyway), releasing the address and
+    /// removing the record follow under the attachment's lock, so a later
+    /// ADD, DEL or GC of it waits for them, and the address is not handed
+    /// out again while the interface may still use it. Should they fail,
+    /// the record stays and GC or the next DEL retries.
+    async fn del(&self, request: DetachRequest, answer: Answer) {
         let key = key_of(&request.attachment);
-        let _guard = self.locks.lock(&key).await;
-        match self.records.load(&key).map_err(internal)? {
-            Some(record) if record.network == request.config.name => {
-                self.teardown(&record, true).await
-            }
+        if let Some(upgrade) = self
+            .upgrades
+            .lock()
+            .expect("upgrade table poisoned")
+            .remove(&key)
+        {
+            upgrade.abort();
+        }
+        let until_answer = phases::phase("until_answer");
+        let _guard = self
+            .locks
+            .lock(&key)
+            .instrument(phases::phase("lock"))
+            .await;
+        let record = match timed("record_load", || self.records.load(&key)).map_err(internal) {
+            Ok(Some(record)) if record.network == request.config.name => record,
             // The interface belongs to another network (the runtime cleaning
             // up after an ADD refused for that reason): only this network's
             // allocation, if any, goes. Otherwise nothing was created; an
             // allocation may exist if the agent stopped between claim and record.
-            _ => self
-                .desired
-                .release(&request.config.name, &key)
-                .await
-                .map_err(|e| e.to_cni()),
+            Ok(_) => {
+                let released = self
+                    .desired
+                    .release(&request.config.name, &key)
+                    .instrument(phases::phase("release"))
+                    .await
+                    .map_err(|e| e.to_cni());
+                let _ = answer.send(released);
+                return;
+            }
+            Err(error) => {
+                let _ = answer.send(Err(error));
+                return;
+            }
+        };
+        let answer = match timed("tables_remove", || self.remove_tables(&record)) {
+            Ok(()) => {
+                let _ = answer.send(Ok(()));
+                drop(until_answer);
+                None
+            }
+            // Answer with the outcome of the whole teardown instead.
+            Err(error) => {
+                tracing::warn!(key = %record.key, %error, "cannot remove the pod's table entries; retrying in the teardown");
+                Some(answer)
+            }
+        };
+        let result = self.teardown(&record, true).await;
+        match answer {
+            Some(answer) => {
+                let _ = answer.send(result);
+            }
+            None => {
+                if let Err(error) = result {
+                    tracing::error!(key = %record.key, %error, "DEL answered, but removing the attachment failed; GC or the next DEL retries");
+                }
+            }
         }
     }
 

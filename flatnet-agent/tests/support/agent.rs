@@ -134,9 +134,15 @@ impl StandaloneAgent {
     }
 
     /// How many attachment records the agent keeps.
+    /// Whether the agent has a record of `container`.
+    pub fn has_record(&self, container: &str) -> bool {
+        flatnet_agent::records::Records::read(&self.path("records"))
+            .is_ok_and(|records| records.iter().any(|r| r.key.container_id == container))
+    }
+
     pub fn records(&self) -> usize {
-        std::fs::read_dir(self.path("records"))
-            .map(|d| d.count())
+        flatnet_agent::records::Records::read(&self.path("records"))
+            .map(|records| records.len())
             .unwrap_or(0)
     }
 }

@@ -154,6 +154,16 @@ pub fn has_link(ns: &TestNetns, name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Waits until `done` holds (a bound on waiting for the agent, not a
+/// timing check); `what` says what never happened.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Pings `target` once from `ns` (`ping -6` for IPv6).
 pub fn ping(ns: &TestNetns, target: &str) {
     let family = if target.contains(':') { "-6" } else { "-4" };

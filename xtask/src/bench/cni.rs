@@ -10,6 +10,7 @@
 
 use std::{
     io::Write,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
@@ -19,6 +20,8 @@ use std::{
 use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
+
+mod phases;
 
 use super::{
     Netns, PinRoot, ReleaseBinaries, apt_install, build_release_binaries, command_in_netns,
@@ -40,7 +43,30 @@ pub struct CniArgs {
     /// Print the table only; leave docs/benchmarks.md alone.
     #[arg(long)]
     no_write: bool,
+    /// The regression guard CI runs: 50 interleaved ADD+DEL per plugin, no
+    /// parallel phase, nothing written; fails when flatnet's ADD or DEL
+    /// p50 is more than twice the reference's in the same run.
+    #[arg(long)]
+    quick: bool,
 }
+
+impl CniArgs {
+    /// `--quick`, as `cargo xtask test` runs it.
+    pub fn quick() -> Self {
+        Self {
+            iterations: QUICK_ITERATIONS,
+            parallel_adds: 1,
+            parallel: 1,
+            no_write: true,
+            quick: true,
+        }
+    }
+}
+
+/// `--quick`: sequential pairs per plugin.
+const QUICK_ITERATIONS: usize = 50;
+/// `--quick` fails when flatnet's p50 exceeds the reference's by this factor.
+const QUICK_GUARD_RATIO: f64 = 2.0;
 
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 const MASTER: &str = "bench0";
@@ -63,6 +89,8 @@ struct Plugin {
 struct Measured {
     add: Vec<Duration>,
     del: Vec<Duration>,
+    /// VERSION: the plugin's start-up and exit, no work.
+    version: Vec<Duration>,
     adds_per_second: f64,
     dels_per_second: f64,
 }
@@ -70,6 +98,17 @@ struct Measured {
 impl Plugin {
     /// Runs one CNI command for attachment `index` in `pod`; returns its duration.
     fn exec(&self, command: &str, index: usize, pod: &Path) -> anyhow::Result<Duration> {
+        self.exec_config(command, index, pod, (self.config)(index))
+    }
+
+    /// Runs one CNI command with `config` on stdin; returns its duration.
+    fn exec_config(
+        &self,
+        command: &str,
+        index: usize,
+        pod: &Path,
+        config: Value,
+    ) -> anyhow::Result<Duration> {
         let mut cmd = match &self.netns {
             Some(netns) => command_in_netns(&self.binary, netns)?,
             None => Command::new(&self.binary),
@@ -83,16 +122,21 @@ impl Plugin {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let config = (self.config)(index).to_string();
+        let config = config.to_string();
         let started = Instant::now();
         let mut child = cmd
             .spawn()
             .with_context(|| format!("run {}", self.binary.display()))?;
-        child
+        // A plugin may exit without reading (the reference on VERSION).
+        match child
             .stdin
             .take()
             .expect("piped")
-            .write_all(config.as_bytes())?;
+            .write_all(config.as_bytes())
+        {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+            _ => {}
+        }
         let out = child.wait_with_output()?;
         let elapsed = started.elapsed();
         if !out.status.success() {
@@ -120,6 +164,8 @@ struct Agent {
     child: Child,
     socket: PathBuf,
     installed_cni: PathBuf,
+    /// `/metrics` and friends (the phase histograms).
+    admin: SocketAddr,
 }
 
 impl Agent {
@@ -136,6 +182,7 @@ impl Agent {
         );
         std::fs::write(dir.join("state.yaml"), state)?;
         let arg = |p: &str| dir.join(p).display().to_string();
+        let admin = free_local_address()?;
         let child = Command::new(&binaries.agent)
             .args(["run", "--standalone"])
             .args(["--state-file", &arg("state.yaml")])
@@ -150,6 +197,7 @@ impl Agent {
             .arg(&pin.0)
             .arg("--host-netns")
             .arg(node.path())
+            .args(["--admin-address", &admin.to_string()])
             // The reference plugin has no conflict probe; see the notes.
             .args(["--conflict-probe-ms", "0"])
             .stdin(Stdio::null())
@@ -160,6 +208,7 @@ impl Agent {
             child,
             socket: dir.join("agent.sock"),
             installed_cni: dir.join("bin/flatnet-cni"),
+            admin,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !agent.ready() {
@@ -206,9 +255,15 @@ impl Drop for Agent {
     }
 }
 
-/// Runs the benchmark and writes its section.
+/// Runs the benchmark and writes its section (`--quick`: checks the
+/// ratios instead).
 pub fn run(args: &CniArgs) -> anyhow::Result<()> {
-    if args.iterations == 0 || args.parallel_adds == 0 || args.parallel == 0 {
+    let iterations = if args.quick {
+        QUICK_ITERATIONS
+    } else {
+        args.iterations
+    };
+    if iterations == 0 || args.parallel_adds == 0 || args.parallel == 0 {
         bail!("--iterations, --parallel-adds and --parallel must be at least 1");
     }
     if args.parallel_adds > 1792 {
@@ -234,8 +289,117 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     let dir = tempfile_dir("flatnet-bench-cni")?;
     let pin = PinRoot::new("bench-cni");
     let agent = Agent::start(&binaries, &dir, &node, &pin)?;
+    let plugins = plugins(&agent, &node);
+    if !plugins[1].binary.exists() {
+        bail!("{} is missing", plugins[1].binary.display());
+    }
+
+    let mut results: Vec<Measured> = plugins.iter().map(|_| Measured::default()).collect();
+    println!(
+        "==> bench cni: {iterations} sequential ADD+DEL per plugin (interleaved){}",
+        if args.quick {
+            String::new()
+        } else {
+            format!(
+                ", then {} ADDs and DELs {} at a time",
+                args.parallel_adds, args.parallel
+            )
+        }
+    );
+    let mut phases_before = None;
+    for i in 0..WARM_UP + iterations {
+        if i == WARM_UP {
+            phases_before = Some(phases::scrape(agent.admin)?);
+        }
+        // Alternate who goes first, so neither always runs right after the other.
+        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for p in order {
+            let pod = pods(i..i + 1)?;
+            let version = plugins[p].exec_config(
+                "VERSION",
+                i,
+                &pod[0].path(),
+                json!({"cniVersion": "1.0.0"}),
+            )?;
+            let add = plugins[p].exec("ADD", i, &pod[0].path())?;
+            let del = plugins[p].exec("DEL", i, &pod[0].path())?;
+            if i >= WARM_UP {
+                results[p].add.push(add);
+                results[p].del.push(del);
+                results[p].version.push(version);
+            }
+        }
+    }
+    let phases = phases::Breakdown::between(
+        &phases_before.expect("scraped after the warm-up"),
+        &phases::scrape(agent.admin)?,
+    );
+    if !args.quick {
+        for (plugin, measured) in plugins.iter().zip(&mut results) {
+            let pods = pods(0..args.parallel_adds)?;
+            let paths: Vec<PathBuf> = pods.iter().map(Netns::path).collect();
+            measured.adds_per_second = parallel_rate(plugin, "ADD", &paths, args.parallel)?;
+            measured.dels_per_second = parallel_rate(plugin, "DEL", &paths, args.parallel)?;
+        }
+    }
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+    for m in &mut results {
+        m.add.sort();
+        m.del.sort();
+        m.version.sort();
+    }
+
+    let ratios = Ratios::of(&results[0], &results[1]);
+    let breakdown = phases.table(&results[0]);
+    if args.quick {
+        print!("{}", latency_table(&plugins, &results));
+        print!("{breakdown}");
+        println!("{ratios}");
+        return ratios.guard();
+    }
+    let table = table(&plugins, &results, args.parallel);
+    print!("{table}");
+    print!("{breakdown}");
+    println!("{ratios}");
+    if args.no_write {
+        return Ok(());
+    }
+    let section = format!(
+        "## CNI ADD and DEL: flatnet vs the reference macvlan plugin\n\n\
+         Command: `cargo xtask bench cni` (root; installs Debian's\n\
+         `containernetworking-plugins` {} for the reference).\n\
+         {}.\n\n\
+         Each ADD and DEL is one execution of the plugin binary, timed from spawn\n\
+         to exit as a runtime sees it, with cniVersion 1.0.0, IPv4, a fresh pod\n\
+         namespace per ADD, and the same master for both plugins: a veth in a\n\
+         node namespace whose peer is a LAN namespace. flatnet is a release\n\
+         `flatnet-agent run --standalone` (allocating from its state file) with\n\
+         the `flatnet-cni` it installed; the reference is `macvlan` (bridge\n\
+         mode) with `static` IPAM, run inside the node namespace. The two run\n\
+         interleaved in one process: {iterations} sequential ADD+DEL pairs each (after {WARM_UP}\n\
+         unmeasured), then {} ADDs and as many DELs with {} at a time.\n\
+         The agent runs with `--conflict-probe-ms 0`: the reference has no\n\
+         conflict probe, and the probe's default 500 ms of listening for an\n\
+         answer would be added to every flatnet ADD.\n\n{table}\n{ratios}\n\n\
+         ### Where flatnet's ADD and DEL spend their time\n\n\
+         Mean wall time per phase over the sequential pairs, from the agent's\n\
+         `flatnet_agent_cni_phase_seconds` histograms scraped before and after\n\
+         them in the same run. `total` is the agent's handler; nested phases\n\
+         (`attach.*`, `detach.*`) are part of `link_attach` and `link_detach`.\n\
+         VERSION is the plugin binary starting and exiting with no work.\n\n{breakdown}",
+        package_version("containernetworking-plugins"),
+        machine,
+        args.parallel_adds,
+        args.parallel,
+    );
+    report::write_section("cni", &section)
+}
+
+/// flatnet (through the agent) and the reference, on the same master.
+fn plugins(agent: &Agent, node: &Netns) -> [Plugin; 2] {
     let socket = agent.socket.clone();
-    let plugins = [
+    [
         Plugin {
             label: "flatnet (agent + flatnet-cni)",
             binary: agent.installed_cni.clone(),
@@ -256,66 +420,48 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
                        "ipam": {"type": "static", "addresses": [{"address": address}]}})
             }),
         },
-    ];
-    if !plugins[1].binary.exists() {
-        bail!("{} is missing", plugins[1].binary.display());
-    }
+    ]
+}
 
-    let mut results: Vec<Measured> = plugins.iter().map(|_| Measured::default()).collect();
-    println!(
-        "==> bench cni: {} sequential ADD+DEL per plugin (interleaved), then {} ADDs and DELs {} at a time",
-        args.iterations, args.parallel_adds, args.parallel
-    );
-    for i in 0..WARM_UP + args.iterations {
-        // Alternate who goes first, so neither always runs right after the other.
-        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
-        for p in order {
-            let pod = pods(i..i + 1)?;
-            let add = plugins[p].exec("ADD", i, &pod[0].path())?;
-            let del = plugins[p].exec("DEL", i, &pod[0].path())?;
-            if i >= WARM_UP {
-                results[p].add.push(add);
-                results[p].del.push(del);
-            }
+/// flatnet's p50s over the reference's, from one run.
+struct Ratios {
+    add: f64,
+    del: f64,
+}
+
+impl Ratios {
+    fn of(flatnet: &Measured, reference: &Measured) -> Self {
+        let ratio = |a: &[Duration], b: &[Duration]| {
+            percentile(a, 0.5).as_secs_f64() / percentile(b, 0.5).as_secs_f64()
+        };
+        Self {
+            add: ratio(&flatnet.add, &reference.add),
+            del: ratio(&flatnet.del, &reference.del),
         }
     }
-    for (plugin, measured) in plugins.iter().zip(&mut results) {
-        let pods = pods(0..args.parallel_adds)?;
-        let paths: Vec<PathBuf> = pods.iter().map(Netns::path).collect();
-        measured.adds_per_second = parallel_rate(plugin, "ADD", &paths, args.parallel)?;
-        measured.dels_per_second = parallel_rate(plugin, "DEL", &paths, args.parallel)?;
-    }
-    drop(agent);
 
-    let table = table(&plugins, &mut results, args.parallel);
-    print!("{table}");
-    let _ = std::fs::remove_dir_all(&dir);
-    if args.no_write {
-        return Ok(());
+    /// Fails when either p50 is more than [`QUICK_GUARD_RATIO`] times the
+    /// reference's.
+    fn guard(&self) -> anyhow::Result<()> {
+        if self.add > QUICK_GUARD_RATIO || self.del > QUICK_GUARD_RATIO {
+            bail!(
+                "flatnet's CNI latency regressed: {self}; the guard is {QUICK_GUARD_RATIO}x \
+                 (run `cargo xtask bench cni` for the phase breakdown)"
+            );
+        }
+        println!("<== bench cni --quick: within {QUICK_GUARD_RATIO}x of the reference");
+        Ok(())
     }
-    let section = format!(
-        "## CNI ADD and DEL: flatnet vs the reference macvlan plugin\n\n\
-         Command: `cargo xtask bench cni` (root; installs Debian's\n\
-         `containernetworking-plugins` {} for the reference). {}.\n\n\
-         Each ADD and DEL is one execution of the plugin binary, timed from spawn\n\
-         to exit as a runtime sees it, with cniVersion 1.0.0, IPv4, a fresh pod\n\
-         namespace per ADD, and the same master for both plugins: a veth in a\n\
-         node namespace whose peer is a LAN namespace. flatnet is a release\n\
-         `flatnet-agent run --standalone` (allocating from its state file) with\n\
-         the `flatnet-cni` it installed; the reference is `macvlan` (bridge\n\
-         mode) with `static` IPAM, run inside the node namespace. The two run\n\
-         interleaved in one process: {} sequential ADD+DEL pairs each (after {WARM_UP}\n\
-         unmeasured), then {} ADDs and as many DELs with {} at a time.\n\
-         The agent runs with `--conflict-probe-ms 0`: the reference has no\n\
-         conflict probe, and the probe's default 500 ms of listening for an\n\
-         answer would be added to every flatnet ADD.\n\n{table}",
-        package_version("containernetworking-plugins"),
-        machine,
-        args.iterations,
-        args.parallel_adds,
-        args.parallel,
-    );
-    report::write_section("cni", &section)
+}
+
+impl std::fmt::Display for Ratios {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "flatnet / reference, same run: ADD p50 {:.2}x, DEL p50 {:.2}x",
+            self.add, self.del
+        )
+    }
 }
 
 /// Runs `command` for every pod with `parallel` executions at a time;
@@ -350,27 +496,55 @@ fn parallel_rate(
     Ok(pods.len() as f64 / started.elapsed().as_secs_f64())
 }
 
-fn table(plugins: &[Plugin], results: &mut [Measured], parallel: usize) -> String {
-    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// The full table (sorted samples).
+fn table(plugins: &[Plugin], results: &[Measured], parallel: usize) -> String {
     let mut out = format!(
-        "| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 | ADD/s ({parallel} parallel) | DEL/s ({parallel} parallel) |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 | VERSION p50 | ADD/s ({parallel} parallel) | DEL/s ({parallel} parallel) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     );
     for (plugin, m) in plugins.iter().zip(results) {
-        m.add.sort();
-        m.del.sort();
         out += &format!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0} |\n",
             plugin.label,
             ms(percentile(&m.add, 0.5)),
             ms(percentile(&m.add, 0.99)),
             ms(percentile(&m.del, 0.5)),
             ms(percentile(&m.del, 0.99)),
+            ms(percentile(&m.version, 0.5)),
             m.adds_per_second,
             m.dels_per_second,
         );
     }
     out
+}
+
+/// The sequential latencies only (`--quick`).
+fn latency_table(plugins: &[Plugin], results: &[Measured]) -> String {
+    let mut out = "| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 | VERSION p50 |\n\
+                   | --- | ---: | ---: | ---: | ---: | ---: |\n"
+        .to_owned();
+    for (plugin, m) in plugins.iter().zip(results) {
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            plugin.label,
+            ms(percentile(&m.add, 0.5)),
+            ms(percentile(&m.add, 0.99)),
+            ms(percentile(&m.del, 0.5)),
+            ms(percentile(&m.del, 0.99)),
+            ms(percentile(&m.version, 0.5)),
+        );
+    }
+    out
+}
+
+/// A local TCP address nobody listens on (for the agent's admin server).
+fn free_local_address() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
 }
 
 /// A fresh directory under the system's temporary directory.

@@ -48,6 +48,11 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The CNI latency guard CI runs: `cargo xtask bench cni --quick`.
+pub fn cni_quick() -> anyhow::Result<()> {
+    run(BenchCommand::Cni(cni::CniArgs::quick()))
+}
+
 /// Release builds of `flatnet-agent` and `flatnet-cni`, what a node runs.
 struct ReleaseBinaries {
     agent: PathBuf,
@@ -215,10 +220,39 @@ fn machine() -> String {
     let load = load.split_whitespace().next().unwrap_or("?");
     let date = sh("date", &["-u", "+%Y-%m-%d"]).unwrap_or_default();
     format!(
-        "{model}, {cpus} CPUs, Linux {}, load average {load} at the start, {}",
+        "{model}, {cpus} CPUs, Linux {}, load average {load} at the start, {}, commit {}",
         kernel.trim(),
-        date.trim()
+        date.trim(),
+        commit()
     )
+}
+
+/// The commit measured: `HEAD`, marked when the tree has changes outside
+/// docs/ (the figures then belong to no commit exactly).
+fn commit() -> String {
+    let root = workspace::root();
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(&root)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]);
+    let changed = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!docs",
+    ]);
+    if changed.is_empty() {
+        format!("`{head}`")
+    } else {
+        format!("`{head}` with uncommitted changes")
+    }
 }
 
 /// The `p`-th percentile (0..=1) by nearest rank of sorted samples.

@@ -43,7 +43,7 @@ pub fn run() -> anyhow::Result<()> {
          Command: `cargo xtask bench policy` (root). Per-packet cost of one program run\n\
          as measured by the kernel (`BPF_PROG_TEST_RUN` with `repeat`, median of 5 ×\n\
          1,000,000 runs), on an IPv4 TCP frame unless said otherwise, {jit}. Linux {},\n\
-         {cpus} CPUs. Rules are ingress rules allowing TCP 80 from one /32 each; the\n\
+         {cpus} CPUs, commit {}. Rules are ingress rules allowing TCP 80 from one /32 each; the\n\
          lookup is one LPM-trie search whatever the number of rules. The programs track\n\
          allowed flows, so a repeated frame measures a tracked flow's later packets\n\
          (subject lookup, one connection-tracking lookup). Rows marked † measure the\n\
@@ -56,7 +56,8 @@ pub fn run() -> anyhow::Result<()> {
          nobody reading, the log ring buffer (128 KiB) fills after the first few\n\
          thousand records, so the logged rows then measure building a record whose\n\
          reservation fails; policy drops log only within the drop-event budget.\n\n{table}",
-        kernel.trim()
+        kernel.trim(),
+        super::commit()
     );
     report::write_section("policy", &section)
 }

@@ -602,16 +602,32 @@ impl Lab {
         ]
         .into_iter()
         .chain(self.ipvlan_pods.iter().map(|p| (0, p, IPVLAN_NETWORK)));
+        // DEL answers once the pod's addresses are out of the tables; the
+        // interface, the address and the record go right after.
+        let settled = |done: &dyn Fn() -> anyhow::Result<bool>| -> anyhow::Result<bool> {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if done()? {
+                    return Ok(true);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            done()
+        };
         for (node, pod, network) in attached {
             self.nodes[node].cni(bins, "DEL", network, Some(pod.netns), json!({}))?;
-            if process::ip(pod.netns, &["link", "show", "dev", "eth1"]).is_ok() {
-                bail!("CNI DEL left eth1 in {}", pod.netns);
+            let gone = || Ok(process::ip(pod.netns, &["link", "show", "dev", "eth1"]).is_err());
+            if !settled(&gone)? {
+                bail!("CNI DEL left eth1 in {} for 10 s", pod.netns);
             }
         }
         for node in &self.nodes {
-            let left = node.allocations()?;
-            if !left.is_empty() {
-                bail!("{} still allocates {left:?} after DEL", node.netns);
+            if !settled(&|| Ok(node.allocations()?.is_empty()))? {
+                bail!(
+                    "{} still allocates {:?} 10 s after DEL",
+                    node.netns,
+                    node.allocations()?
+                );
             }
         }
         Ok(())
