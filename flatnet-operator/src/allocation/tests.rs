@@ -935,6 +935,12 @@ async fn a_statefulset_pod_gets_its_address_back() {
         ]);
         p
     };
+    // The owner exists, or the garbage collector takes the record.
+    let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": NS, "uid": "uid-set"}
+    }))
+    .unwrap();
+    server.insert(&set);
     // An earlier pod took .2, then a filler took .3.
     let first = set_pod("uid-first");
     let cycle = |p: Pod| {
