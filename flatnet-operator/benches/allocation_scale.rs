@@ -12,6 +12,7 @@
 
 use std::{
     collections::BTreeMap,
+    ops::Range,
     time::{Duration, Instant},
 };
 
@@ -34,31 +35,42 @@ fn realism() -> Realism {
         watch_delay: Duration::from_millis(20),
         watch_spread: Duration::from_millis(30),
         burst: Duration::from_millis(10),
-        history: 50_000,
+        history: 20_000,
         gc_delay: Duration::from_millis(50),
         seed: 1,
     }
 }
 
-/// Live records (no deletionTimestamp) holding an address.
-fn addressed(server: &FakeApiServer) -> usize {
+/// The index `i` of a record named `pod-<i>`.
+fn index(record: &serde_json::Value) -> Option<usize> {
+    record["metadata"]["name"]
+        .as_str()?
+        .strip_prefix("pod-")?
+        .parse()
+        .ok()
+}
+
+/// Live records (no deletionTimestamp) of the pods `live` holding an address.
+fn addressed(server: &FakeApiServer, live: &Range<usize>) -> usize {
     server.count::<FlatNetworkIP>(|v| {
-        v["metadata"]["deletionTimestamp"].is_null() && v["status"]["addr"].is_string()
+        v["metadata"]["deletionTimestamp"].is_null()
+            && v["status"]["addr"].is_string()
+            && index(v).is_some_and(|i| live.contains(&i))
     })
 }
 
-/// Seconds until `want` live records hold an address.
-async fn until_addressed(server: &FakeApiServer, want: usize, started: Instant) -> f64 {
+/// Seconds until the records are exactly those of the pods `live`, all
+/// holding an address (so the records of deleted pods are gone too).
+async fn until_addressed(server: &FakeApiServer, live: Range<usize>, started: Instant) -> f64 {
+    let want = live.len();
     loop {
-        if addressed(server) >= want
-            && server.count::<FlatNetworkIP>(|v| !v["metadata"]["deletionTimestamp"].is_null()) == 0
-        {
+        if server.count::<FlatNetworkIP>(|_| true) == want && addressed(server, &live) == want {
             return started.elapsed().as_secs_f64();
         }
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "not addressed within 600 s: {} of {want}",
-            addressed(server)
+            addressed(server, &live)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -109,7 +121,7 @@ async fn run(pods: usize) {
     for i in 0..pods {
         cluster.create_pod(&format!("pod-{i}"), "scale");
     }
-    let first = until_addressed(&server, pods, started).await;
+    let first = until_addressed(&server, 0..pods, started).await;
     let after_first = server.requests_by_verb();
 
     let started = Instant::now();
@@ -119,7 +131,7 @@ async fn run(pods: usize) {
     for i in pods..pods + pods / 2 {
         cluster.create_pod(&format!("pod-{i}"), "scale");
     }
-    let second = until_addressed(&server, pods, started).await;
+    let second = until_addressed(&server, pods / 2..pods + pods / 2, started).await;
     let after_second = server.requests_by_verb();
 
     let view = cluster.view("scale");

@@ -541,44 +541,47 @@ impl FakeApiServer {
                         return None;
                     }
                     loop {
-                        let (due, expired) = {
+                        // The first change of this kind after the cursor.
+                        let first_due = {
                             let state = server.lock();
-                            let expired = cursor < state.compacted;
-                            let due: Vec<(u64, Value, Instant)> = state
+                            if cursor < state.compacted {
+                                let gone = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
+                                return Some((line(&gone), (cursor, wake, true)));
+                            }
+                            let start = state.changes.partition_point(|c| c.version <= cursor);
+                            state
                                 .changes
-                                .iter()
-                                .filter(|c| c.version > cursor && c.collection == collection)
-                                .map(|c| {
-                                    let matches = namespace.as_ref().is_none_or(|n| *n == c.namespace)
-                                        && selector.iter().all(|(k, want)| {
-                                            c.object["metadata"]["labels"][k].as_str() == Some(want)
-                                        });
-                                    let event = matches.then(|| json!({"type": c.kind, "object": c.object}));
-                                    (c.version, event.unwrap_or(Value::Null), c.at + delay)
-                                })
-                                .collect();
-                            (due, expired)
+                                .range(start..)
+                                .find(|c| c.collection == collection)
+                                .map(|c| c.at + delay)
                         };
-                        if expired {
-                            let gone = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
-                            return Some((line(&gone), (cursor, wake, true)));
-                        }
-                        if let Some((_, _, first_due)) = due.first() {
-                            // A burst: everything due by the first event's time
-                            // plus the burst window.
-                            let until = (*first_due).max(Instant::now()) + burst;
+                        if let Some(first_due) = first_due {
+                            // A burst: every change due by the first one's
+                            // time plus the burst window.
+                            let until = first_due.max(Instant::now()) + burst;
                             if until > ends {
                                 return None;
                             }
                             tokio::time::sleep_until(until).await;
                             let mut chunk = Vec::new();
-                            for (version, event, at) in due.into_iter().take_while(|(_, _, at)| *at <= until) {
-                                let _ = at;
-                                cursor = version;
-                                if !event.is_null() {
-                                    chunk.extend_from_slice(&line(&event));
+                            let state = server.lock();
+                            let start = state.changes.partition_point(|c| c.version <= cursor);
+                            for c in state.changes.range(start..) {
+                                if c.collection == collection {
+                                    if c.at + delay > until {
+                                        break;
+                                    }
+                                    let matches = namespace.as_ref().is_none_or(|n| *n == c.namespace)
+                                        && selector.iter().all(|(k, want)| {
+                                            c.object["metadata"]["labels"][k].as_str() == Some(want)
+                                        });
+                                    if matches {
+                                        chunk.extend_from_slice(&line(&json!({"type": c.kind, "object": c.object})));
+                                    }
                                 }
+                                cursor = c.version;
                             }
+                            drop(state);
                             if chunk.is_empty() {
                                 continue;
                             }
