@@ -62,6 +62,7 @@ fn context(server: &FakeApiServer) -> Arc<Context> {
         backoff: Backoff::default(),
         orphans: OrphanClock::default(),
         nodes: Arc::default(),
+        ledgers: Default::default(),
     })
 }
 

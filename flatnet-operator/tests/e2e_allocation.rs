@@ -14,6 +14,7 @@ use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
+    ipam::used_ranges,
     keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::{admin::Health, allocation, metrics::Metrics};
@@ -94,24 +95,38 @@ async fn addresses(records: &Api<FlatNetworkIP>) -> Vec<(String, IpAddr)> {
         .collect()
 }
 
-#[tokio::test]
-async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_theirs() {
+/// A namespace, a subnet and the controllers running in this process.
+struct Setup {
+    client: Client,
+    ns: String,
+    subnet_name: String,
+    subnets: Api<FlatNetworkSubnet>,
+    pods: Api<Pod>,
+    records: Api<FlatNetworkIP>,
+    stop: CancellationToken,
+    controllers: tokio::task::JoinHandle<()>,
+}
+
+/// Installs what is missing, creates namespace `ns-<suite>-<pid>` and an
+/// Active subnet of `cidr` with gateway `gateway`, and starts the
+/// controllers; `None` without a cluster.
+async fn setup(suite: &str, cidr: &str, gateway: &str) -> Option<Setup> {
     if !cluster_configured() {
         println!("skipped: no cluster (set FLATNET_E2E=1 and KUBECONFIG)");
-        return;
+        return None;
     }
     let client = Client::try_default().await.expect("client from KUBECONFIG");
     install_crds(&client).await;
     ensure_namespace(&client, SUBNET_NAMESPACE).await;
-    let ns = format!("flatnet-e2e-alloc-{}", std::process::id());
+    let ns = format!("flatnet-e2e-{suite}-{}", std::process::id());
     ensure_namespace(&client, &ns).await;
-    let subnet_name = format!("e2e-{}", std::process::id());
+    let subnet_name = format!("e2e-{suite}-{}", std::process::id());
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(client.clone(), SUBNET_NAMESPACE);
     let subnet: FlatNetworkSubnet = serde_json::from_value(json!({
         "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
         "metadata": {"name": subnet_name},
         "spec": {"flatMode": "macvlan", "master": "eth9", "vlan": 3999,
-                 "cidr": "198.18.0.0/23", "gateway": "198.18.0.1"}
+                 "cidr": cidr, "gateway": gateway}
     }))
     .unwrap();
     subnets
@@ -136,20 +151,130 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
         })
         .await;
     assert_eq!(active.metadata.labels.unwrap()["master"], "eth9");
+    Some(Setup {
+        pods: Api::namespaced(client.clone(), &ns),
+        records: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        subnet_name,
+        subnets,
+        stop,
+        controllers,
+    })
+}
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    for i in 0..PODS {
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("p{i}"), "annotations": pod_template(&subnet_name)["annotations"]},
-            "spec": pod_spec(),
-        }))
-        .unwrap();
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .expect("create pod");
+impl Setup {
+    /// Creates pods `p<i>` for every `i` of `range`.
+    async fn create_pods(&self, range: std::ops::Range<usize>) {
+        for i in range {
+            let pod: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("p{i}"), "annotations": pod_template(&self.subnet_name)["annotations"]},
+                "spec": pod_spec(),
+            }))
+            .unwrap();
+            self.pods
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("create pod");
+        }
     }
-    let records: Api<FlatNetworkIP> = Api::namespaced(client.clone(), &ns);
+
+    /// Deletes pods `p<i>` for every `i` of `range`.
+    async fn delete_pods(&self, range: std::ops::Range<usize>) {
+        for i in range {
+            self.pods
+                .delete(&format!("p{i}"), &DeleteParams::default().grace_period(0))
+                .await
+                .expect("delete pod");
+        }
+    }
+
+    /// Waits until `n` records hold an address and the ledger names
+    /// exactly theirs and the gateway.
+    async fn all_addressed(&self, n: usize, gateway: IpAddr) {
+        CONVERGE
+            .eventually("every pod to hold an address", || async {
+                (addresses(&self.records).await.len() == n).then_some(())
+            })
+            .await;
+        CONVERGE
+            .eventually("usedIP to name exactly the live pods' addresses", || {
+                ledger_matches(self, gateway)
+            })
+            .await;
+    }
+
+    /// Stops the controllers and deletes the namespace and the subnet.
+    async fn teardown(self) {
+        let Self {
+            client,
+            ns,
+            subnet_name,
+            subnets,
+            stop,
+            controllers,
+            ..
+        } = self;
+        stop.cancel();
+        controllers.await.expect("controllers");
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .delete(&ns, &DeleteParams::default())
+            .await
+            .expect("delete namespace");
+        CONVERGE
+            .eventually(
+                "the subnet to be deletable once its records are gone",
+                || async {
+                    // The controllers are stopped: release what is left by hand.
+                    for record in Api::<FlatNetworkIP>::all(client.clone())
+                        .list(&ListParams::default())
+                        .await
+                        .ok()?
+                        .items
+                        .into_iter()
+                        .filter(|r| r.spec.subnet == subnet_name)
+                    {
+                        let api: Api<FlatNetworkIP> =
+                            Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
+                        let _ = api
+                            .patch(
+                                record.metadata.name.as_deref()?,
+                                &PatchParams::default(),
+                                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                            )
+                            .await;
+                    }
+                    Some(())
+                },
+            )
+            .await;
+        let _ = subnets
+            .patch(
+                &subnet_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+        let _ = subnets.delete(&subnet_name, &DeleteParams::default()).await;
+    }
+}
+
+#[tokio::test]
+async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_theirs() {
+    let Some(setup) = setup("alloc", "198.18.0.0/23", "198.18.0.1").await else {
+        return;
+    };
+    let (client, ns, subnet_name, subnets, pods, records) = (
+        setup.client.clone(),
+        setup.ns.clone(),
+        setup.subnet_name.clone(),
+        setup.subnets.clone(),
+        setup.pods.clone(),
+        setup.records.clone(),
+    );
+    setup.create_pods(0..PODS).await;
     let held = CONVERGE
         .eventually("every pod's FlatNetworkIP to hold an address", || async {
             let held = addresses(&records).await;
@@ -166,11 +291,7 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
     assert_eq!(used.used_ip_count, i64::try_from(PODS).unwrap() + 1);
 
     // Deleting pods releases their addresses.
-    for i in 0..50 {
-        pods.delete(&format!("p{i}"), &DeleteParams::default().grace_period(0))
-            .await
-            .expect("delete pod");
-    }
+    setup.delete_pods(0..50).await;
     CONVERGE
         .eventually(
             "the records of deleted pods to go and the ledger to shrink",
@@ -217,46 +338,60 @@ async fn pods_get_unique_addresses_released_on_delete_and_statefulsets_keep_thei
         .await;
     assert_eq!(first, second, "the StatefulSet pod lost its address");
 
-    stop.cancel();
-    controllers.await.expect("controllers");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .delete(&ns, &DeleteParams::default())
+    setup.teardown().await;
+}
+
+/// How soon the ledger must follow deleted pods: seconds (the leak this
+/// guards against lasted the 10-minute orphan grace).
+const RELEASE: Converge = Converge {
+    within: Duration::from_secs(5),
+    poll: Duration::from_millis(250),
+};
+
+/// `usedIP` and `usedIPCount` are exactly the live records' addresses plus
+/// the gateway.
+async fn ledger_matches(setup: &Setup, gateway: IpAddr) -> Option<()> {
+    let live: BTreeSet<IpAddr> = setup
+        .records
+        .list(&ListParams::default())
         .await
-        .expect("delete namespace");
-    CONVERGE
+        .ok()?
+        .items
+        .into_iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| r.status?.addr)
+        .collect();
+    let status = setup.subnets.get(&setup.subnet_name).await.ok()?.status?;
+    let mut want = live.clone();
+    want.insert(gateway);
+    let exact = status.used_ip == used_ranges::compress(want.iter().copied())
+        && status.used_ip_count == i64::try_from(want.len()).ok()?;
+    exact.then_some(())
+}
+
+/// The reported scenario: N pods, half deleted, the ledger exact within a
+/// few seconds, then the other half created into the freed addresses.
+#[tokio::test]
+async fn deleting_half_the_pods_frees_their_addresses_within_seconds() {
+    // A /24 with 241 allocatable addresses, as reported.
+    let Some(setup) = setup("churn", "198.18.4.0/24", "198.18.4.1").await else {
+        return;
+    };
+    let gateway: IpAddr = "198.18.4.1".parse().unwrap();
+    let n: usize = std::env::var("FLATNET_E2E_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    setup.create_pods(0..n).await;
+    setup.all_addressed(n, gateway).await;
+    setup.delete_pods(0..n / 2).await;
+    RELEASE
         .eventually(
-            "the subnet to be deletable once its records are gone",
-            || async {
-                // The controllers are stopped: release what is left by hand.
-                for record in Api::<FlatNetworkIP>::all(client.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .filter(|r| r.spec.subnet == subnet_name)
-                {
-                    let api: Api<FlatNetworkIP> =
-                        Api::namespaced(client.clone(), &record.metadata.namespace.clone()?);
-                    let _ = api
-                        .patch(
-                            record.metadata.name.as_deref()?,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                        )
-                        .await;
-                }
-                Some(())
-            },
+            "usedIP/usedIPCount to drop the deleted pods' addresses",
+            || ledger_matches(&setup, gateway),
         )
         .await;
-    let _ = subnets
-        .patch(
-            &subnet_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await;
-    let _ = subnets.delete(&subnet_name, &DeleteParams::default()).await;
+    setup.create_pods(n..n + n / 2).await;
+    setup.all_addressed(n, gateway).await;
+    setup.teardown().await;
 }

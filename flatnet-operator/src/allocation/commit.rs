@@ -6,13 +6,19 @@
 //! two concurrent replaces; the other gets 409 Conflict and starts over from
 //! a fresh read. So:
 //!
-//! 1. [`reserve`]: for a pod asking for fixed MACs, first claim one in
+//! 1. [`reserve_batched`]: a record holding no address and asking for no
+//!    fixed MAC queues its reservation for the subnet's next group commit
+//!    ([`group_commit`](super::group_commit)), which writes the ledger once
+//!    for every reservation and release waiting, with the resourceVersion
+//!    of the ledger kept in memory.
+//!
+//!    [`reserve`]: for a pod asking for fixed MACs, first claim one in
 //!    the MAC ledger of the subnet's parent link ([`mac_ledger`]), with the
 //!    same resourceVersion rule. Then read the subnet from the API server
 //!    (never the cache), build the pool from its `usedIP` plus every record
 //!    of the cache, choose an address, and replace the subnet status with
-//!    the address (and the claimed MAC) added. On 409, repeat from the
-//!    read. If the subnet step fails, the MAC claim is withdrawn.
+//!    exactly that address (and the claimed MAC) added. On 409, repeat from
+//!    the read. If the subnet step fails, the MAC claim is withdrawn.
 //! 2. [`write_record`]: write the record's status (`addr`, `mac`,
 //!    `Pending`), again with its `resourceVersion`, within
 //!    [`Settings::write_deadline`](super::Settings) of the reservation.
@@ -50,6 +56,7 @@ use tracing::debug;
 use super::{
     Context, Error,
     errors::{is_conflict, is_not_found},
+    group_commit::{Committed, Edit},
     key_of,
     mac_ledger::{self, Claim},
 };
@@ -57,7 +64,7 @@ use flatnet_k8s::validation::ParentLink;
 use tracing::warn;
 
 /// Attempts at one subnet write before giving up for a backoff.
-const MAX_ATTEMPTS: u32 = 16;
+pub(crate) const MAX_ATTEMPTS: u32 = 16;
 
 /// Reason of the record's Ready condition while waiting for the node.
 pub const REASON_ALLOCATED: &str = "Allocated";
@@ -183,6 +190,49 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
     result
 }
 
+/// Reserves an address for a record that holds none and asks for no fixed
+/// MAC, batched with the other edits waiting for its subnet
+/// ([`group_commit`](super::group_commit)). The ledger alone decides what
+/// is free: no read of the subnet, no scan of the records.
+///
+/// # Errors
+/// As [`reserve`].
+pub async fn reserve_batched(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
+    let subnet = record.spec.subnet.clone();
+    let edit = Edit::Reserve {
+        candidates: record.spec.addrs.clone(),
+    };
+    match ctx.ledgers.commit(ctx, &subnet, edit).await? {
+        Committed::Reserved {
+            addr,
+            subnet: valid,
+            at,
+        } => Ok(Reservation {
+            subnet,
+            addr,
+            mac: None,
+            newly_reserved: true,
+            mac_newly_listed: false,
+            replaces: None,
+            parent: valid.parent.clone(),
+            mac_claim: None,
+            replaces_mac: None,
+            at,
+        }),
+        // A reservation is always answered with an address.
+        Committed::Released => Err(Error::Contention {
+            subnet,
+            attempts: MAX_ATTEMPTS,
+        }),
+    }
+}
+
+/// Whether `record` takes the batched path: it holds no address (so no
+/// older record can claim the one it has) and asks for no fixed MAC.
+pub fn batchable(record: &FlatNetworkIP) -> bool {
+    record.status.as_ref().and_then(|s| s.addr).is_none() && record.spec.macs.is_empty()
+}
+
 async fn reserve_address(
     ctx: &Context,
     record: &FlatNetworkIP,
@@ -269,12 +319,15 @@ async fn reserve_address(
             return Ok(reservation(false, false));
         }
 
+        // The ledger plus this address only: what the cache says other
+        // records hold steers the choice but is never written, since a
+        // stale cache still shows addresses already released.
+        let mut ledger = Pool::new(&valid);
+        ledger.reserve_ranges(&status.used_ip);
+        let _ = ledger.mark_used(addr);
         let mut updated = subnet.clone();
         let new_status = updated.status.get_or_insert_with(Default::default);
-        let usage = pool.usage();
-        new_status.used_ip = usage.used_ip;
-        new_status.used_ip_count = usage.used_ip_count;
-        new_status.total_ip_count = usage.total_ip_count;
+        super::subnets::set_usage(new_status, &ledger);
         if let Some(mac) = mac_text {
             let mut macs: BTreeSet<String> = new_status.used_mac.drain(..).collect();
             macs.insert(mac);
@@ -303,7 +356,7 @@ async fn reserve_address(
 }
 
 /// The subnet, validated, when it may allocate.
-fn ready_subnet(subnet: &FlatNetworkSubnet) -> Result<ValidSubnet, Error> {
+pub(crate) fn ready_subnet(subnet: &FlatNetworkSubnet) -> Result<ValidSubnet, Error> {
     let name = subnet.name_any();
     let status = subnet.status.clone().unwrap_or_default();
     if status.phase != phase::ACTIVE {
@@ -641,6 +694,24 @@ pub async fn release(
         .collect();
     if addrs.is_empty() && macs.is_empty() {
         return Ok(());
+    }
+    if macs.is_empty() {
+        // Batched with the subnet's other ledger edits; a subnet that cannot
+        // allocate (being deleted, invalid) is edited directly below.
+        match ctx
+            .ledgers
+            .commit(
+                ctx,
+                subnet,
+                Edit::Release {
+                    addrs: addrs.clone(),
+                },
+            )
+            .await
+        {
+            Err(Error::SubnetNotReady { .. }) => {}
+            other => return other.map(|_| ()),
+        }
     }
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     for _ in 0..MAX_ATTEMPTS {

@@ -71,6 +71,14 @@ pub enum Error {
     /// No MAC can be chosen.
     #[error("{0}")]
     Mac(#[from] MacsTaken),
+    /// The subnet's ledger could not be written.
+    #[error("update status of FlatNetworkSubnet {subnet}: {message}")]
+    LedgerWrite {
+        /// The subnet name.
+        subnet: String,
+        /// The API error.
+        message: String,
+    },
     /// Other writers kept changing the subnet; retried later.
     #[error("FlatNetworkSubnet {subnet} changed under every one of {attempts} attempts; retrying")]
     Contention {
@@ -106,7 +114,7 @@ impl Error {
     #[must_use]
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Kube { .. } => "kube_api",
+            Self::Kube { .. } | Self::LedgerWrite { .. } => "kube_api",
             Self::Annotation { .. } | Self::NameTooLong { .. } => "bad_annotation",
             Self::SubnetMissing { .. } => "subnet_missing",
             Self::SubnetNotReady { .. } | Self::WrongFamily { .. } => "subnet_not_ready",
@@ -126,6 +134,7 @@ impl Error {
         !matches!(
             self,
             Self::Kube { .. }
+                | Self::LedgerWrite { .. }
                 | Self::Contention { .. }
                 | Self::MacLedgerContention { .. }
                 | Self::ReservationExpired { .. }

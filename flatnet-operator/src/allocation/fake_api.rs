@@ -1,11 +1,29 @@
 //! An in-memory Kubernetes API server for tests and benchmarks.
 //!
-//! It keeps objects as JSON and implements the semantics the allocation
-//! protocol relies on: `GET`, `LIST` (namespace and equality label
-//! selectors), `POST` (409 when the name exists), `PUT` of an object or its
-//! `status` subresource and JSON merge `PATCH`, all rejecting a stale
+//! It keeps objects as JSON and implements the semantics the controllers
+//! rely on: `GET`, `LIST` (namespace and equality label selectors), `POST`
+//! (409 when the name exists), `PUT` of an object or its `status`
+//! subresource and JSON merge `PATCH`, all rejecting a stale
 //! `metadata.resourceVersion` with 409 Conflict, and `DELETE` that only
-//! marks objects with finalizers. Watches are not served.
+//! marks objects with finalizers (`deletionTimestamp`) and removes them
+//! once the last finalizer goes.
+//!
+//! Like a real server it also serves watches (`?watch=true` from a
+//! resourceVersion), so kube-runtime's reflectors and controllers run
+//! against it unchanged, and with [`Realism`] it behaves as a real server
+//! does where it matters to them:
+//!
+//! - every request takes a per-request latency;
+//! - watch events arrive late and in bursts, each kind with its own delay,
+//!   so events of different kinds arrive reordered and the reflector caches
+//!   lag behind the writes;
+//! - only the newest events are kept: a watch from an older
+//!   resourceVersion gets 410 Gone and the client lists again;
+//! - the garbage collector deletes the dependents of a removed owner
+//!   (`ownerReferences` uid) asynchronously, after a delay.
+//!
+//! It always refuses, as etcd does, to store an object larger than
+//! [`MAX_OBJECT_BYTES`].
 //!
 //! With [`FakeApiServer::with_chaos`] every request yields to the scheduler
 //! a seeded random number of times before and after it is applied, so
@@ -14,26 +32,206 @@
 //! crash or a lost response).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     convert::Infallible,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
+    time::Duration,
 };
 
+use bytes::Bytes;
+use futures::{StreamExt, stream::BoxStream};
 use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::StreamBody;
 use kube::{Resource, client::Body};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 /// Key of a stored object: collection (`group/version/plural`), namespace, name.
 type Key = (String, String, String);
+
+/// The body of every reply: one chunk, or the events of a watch.
+pub type ReplyBody = StreamBody<BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
+
+/// How far the server behaves like a real one (see the module docs).
+#[derive(Clone, Debug)]
+pub struct Realism {
+    /// Time every request takes before it is applied.
+    pub latency: Duration,
+    /// Least delay of a watch event after its write.
+    pub watch_delay: Duration,
+    /// Each kind's watch events are delayed by up to this much more (a
+    /// seeded share per kind), so kinds arrive reordered.
+    pub watch_spread: Duration,
+    /// Watch events are delivered in bursts at most this often.
+    pub burst: Duration,
+    /// Events kept for watches; a watch from before them gets 410 Gone.
+    pub history: usize,
+    /// Delay of the garbage collector.
+    pub gc_delay: Duration,
+    /// Seed of the per-kind delays.
+    pub seed: u64,
+}
+
+impl Default for Realism {
+    /// A server without delays that keeps a long history.
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            watch_delay: Duration::ZERO,
+            watch_spread: Duration::ZERO,
+            burst: Duration::ZERO,
+            history: 1 << 20,
+            gc_delay: Duration::ZERO,
+            seed: 0,
+        }
+    }
+}
+
+impl Realism {
+    /// The watch delay of `collection`: the least delay plus a seeded
+    /// share of the spread.
+    fn delay_of(&self, collection: &str) -> Duration {
+        let hash = collection
+            .bytes()
+            .fold(self.seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let share = u32::try_from(hash % 1001).unwrap_or_default();
+        self.watch_delay + self.watch_spread.mul_f64(f64::from(share) / 1000.0)
+    }
+}
+
+/// One change, as a watch delivers it.
+struct Change {
+    version: u64,
+    collection: String,
+    namespace: String,
+    kind: &'static str,
+    object: Value,
+    at: Instant,
+}
 
 #[derive(Default)]
 struct State {
     objects: BTreeMap<Key, Value>,
     version: u64,
+    /// The newest changes, oldest first.
+    changes: VecDeque<Change>,
+    /// The newest version no longer in `changes`.
+    compacted: u64,
+    /// Uids of removed objects whose dependents the collector must delete.
+    orphaned_owners: Vec<String>,
+    /// The objects naming each uid in their `ownerReferences`.
+    owned_by: HashMap<String, BTreeSet<Key>>,
+    /// The uids of the stored objects.
+    uids: BTreeSet<String>,
+}
+
+/// The uids `value` names in its `ownerReferences`.
+fn owner_uids(value: &Value) -> Vec<String> {
+    value["metadata"]["ownerReferences"]
+        .as_array()
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r["uid"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl State {
+    /// Stores `value` at `key` and logs the change.
+    fn put(&mut self, key: &Key, kind: &'static str, value: Value, history: usize) {
+        self.log(key, kind, &value, history);
+        if let Some(old) = self.objects.insert(key.clone(), value) {
+            self.unindex(key, &old);
+        }
+        let value = &self.objects[key];
+        if let Some(uid) = value["metadata"]["uid"].as_str() {
+            self.uids.insert(uid.to_owned());
+        }
+        for uid in owner_uids(value) {
+            self.owned_by.entry(uid).or_default().insert(key.clone());
+        }
+    }
+
+    fn unindex(&mut self, key: &Key, old: &Value) {
+        for uid in owner_uids(old) {
+            if let Some(keys) = self.owned_by.get_mut(&uid) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.owned_by.remove(&uid);
+                }
+            }
+        }
+    }
+
+    fn log(&mut self, key: &Key, kind: &'static str, object: &Value, history: usize) {
+        self.changes.push_back(Change {
+            version: self.version,
+            collection: key.0.clone(),
+            namespace: key.1.clone(),
+            kind,
+            object: object.clone(),
+            at: Instant::now(),
+        });
+        while self.changes.len() > history.max(1) {
+            if let Some(old) = self.changes.pop_front() {
+                self.compacted = old.version;
+            }
+        }
+    }
+
+    /// Removes `key`, noting its uid for the garbage collector.
+    fn remove(&mut self, key: &Key, history: usize) {
+        if let Some(mut gone) = self.objects.remove(key) {
+            self.unindex(key, &gone);
+            if let Some(uid) = gone["metadata"]["uid"].as_str() {
+                self.uids.remove(uid);
+            }
+            self.version += 1;
+            gone["metadata"]["resourceVersion"] = json!(self.version.to_string());
+            if let Some(uid) = gone["metadata"]["uid"].as_str()
+                && self.owned_by.contains_key(uid)
+            {
+                self.orphaned_owners.push(uid.to_owned());
+            }
+            self.log(key, "DELETED", &gone, history);
+        }
+    }
+
+    /// Deletes `key` as `DELETE` does: marks it when finalizers hold it,
+    /// else removes it. Returns the object as it was answered.
+    fn delete(&mut self, key: &Key, history: usize) -> Option<Value> {
+        let mut stored = self.objects.get(key).cloned()?;
+        if has_finalizers(&stored) {
+            if !is_deleting(&stored) {
+                stored["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+                self.version += 1;
+                stored["metadata"]["resourceVersion"] = json!(self.version.to_string());
+                self.put(key, "MODIFIED", stored.clone(), history);
+            }
+        } else {
+            self.remove(key, history);
+        }
+        Some(stored)
+    }
+
+    /// Keys of the objects owned by `uid`.
+    fn dependents(&self, uid: &str) -> Vec<Key> {
+        self.owned_by
+            .get(uid)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// Seeded disorder applied to every request.
@@ -57,15 +255,28 @@ impl Chaos {
 #[derive(Clone, Default)]
 pub struct FakeApiServer {
     state: Arc<Mutex<State>>,
+    /// Wakes watches: carries the newest version.
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
+    realism: Arc<Realism>,
     chaos: Option<Arc<Mutex<Chaos>>>,
-    requests: Arc<std::sync::atomic::AtomicU64>,
+    requests: Arc<Mutex<HashMap<&'static str, u64>>>,
+    total: Arc<AtomicU64>,
 }
 
 impl FakeApiServer {
-    /// An empty server without chaos.
+    /// An empty server without delays or chaos.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty server with the delays, history and collector of `realism`.
+    #[must_use]
+    pub fn realistic(realism: Realism) -> Self {
+        Self {
+            realism: Arc::new(realism),
+            ..Self::default()
+        }
     }
 
     /// The same objects, served with seeded disorder; `failing_record_writes`
@@ -73,12 +284,11 @@ impl FakeApiServer {
     #[must_use]
     pub fn with_chaos(&self, seed: u64, failing_record_writes: u64) -> Self {
         Self {
-            state: Arc::clone(&self.state),
             chaos: Some(Arc::new(Mutex::new(Chaos {
                 rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
                 failing_record_writes,
             }))),
-            requests: Arc::clone(&self.requests),
+            ..self.clone()
         }
     }
 
@@ -91,7 +301,19 @@ impl FakeApiServer {
     /// Requests served so far.
     #[must_use]
     pub fn requests(&self) -> u64 {
-        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Requests served so far per verb (`get`, `list`, `watch`, `create`,
+    /// `update`, `patch`, `delete`).
+    #[must_use]
+    pub fn requests_by_verb(&self) -> BTreeMap<&'static str, u64> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
     }
 
     /// Stores `object` as if created.
@@ -114,9 +336,34 @@ impl FakeApiServer {
             .as_str()
             .expect("object has a name")
             .to_owned();
+        let key = (collection, namespace, name);
         let mut state = self.lock();
+        let kind = if state.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
         stamp_new(&mut state, &mut value);
-        state.objects.insert((collection, namespace, name), value);
+        state.put(&key, kind, value, self.realism.history);
+        self.wake(&state);
+    }
+
+    /// Deletes object `name` of kind `K` in `namespace` (empty for
+    /// cluster-scoped kinds) as a `DELETE` request does, the garbage
+    /// collector following. Returns whether it existed.
+    pub fn delete<K>(&self, namespace: &str, name: &str) -> bool
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let key = (collection_of::<K>(), namespace.to_owned(), name.to_owned());
+        let existed = {
+            let mut state = self.lock();
+            let existed = state.delete(&key, self.realism.history).is_some();
+            self.wake(&state);
+            existed
+        };
+        self.collect_garbage();
+        existed
     }
 
     /// Every stored object of kind `K`.
@@ -137,8 +384,64 @@ impl FakeApiServer {
             .collect()
     }
 
+    /// How many stored objects of kind `K` satisfy `test` (on their JSON,
+    /// without deserializing them: cheap enough to poll).
+    pub fn count<K>(&self, test: impl Fn(&Value) -> bool) -> usize
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let collection = collection_of::<K>();
+        self.lock()
+            .objects
+            .iter()
+            .filter(|((c, _, _), v)| *c == collection && test(v))
+            .count()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake(&self, state: &State) {
+        self.changed.send_replace(state.version);
+    }
+
+    /// Deletes, after the collector's delay, what removed owners owned.
+    fn collect_garbage(&self) {
+        let owners = std::mem::take(&mut self.lock().orphaned_owners);
+        if owners.is_empty() {
+            return;
+        }
+        let server = self.clone();
+        let collect = async move {
+            tokio::time::sleep(server.realism.gc_delay).await;
+            let mut owners = owners;
+            while !owners.is_empty() {
+                {
+                    let mut state = server.lock();
+                    for uid in &owners {
+                        for key in state.dependents(uid) {
+                            state.delete(&key, server.realism.history);
+                        }
+                    }
+                    server.wake(&state);
+                }
+                owners = std::mem::take(&mut server.lock().orphaned_owners);
+            }
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(collect);
+        }
+    }
+
+    fn count_request(&self, verb: &'static str) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        *self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(verb)
+            .or_insert(0) += 1;
     }
 
     fn roll(&self, modulo: u64) -> u64 {
@@ -161,9 +464,7 @@ impl FakeApiServer {
         })
     }
 
-    async fn serve(self, request: Request<Body>) -> Response<Body> {
-        self.requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    async fn serve(self, request: Request<Body>) -> Response<ReplyBody> {
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
         let query = request.uri().query().unwrap_or_default().to_owned();
@@ -173,10 +474,21 @@ impl FakeApiServer {
             .await
             .map(|b| serde_json::from_slice::<Value>(&b).unwrap_or(Value::Null))
             .unwrap_or(Value::Null);
-        self.disorder().await;
         let Some(target) = Target::parse(&path) else {
-            return reply(StatusCode::NOT_FOUND, status(404, "NotFound", &path));
+            self.count_request("other");
+            return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", &path));
         };
+        let watching = method == Method::GET
+            && target.name.is_none()
+            && query_param(&query, "watch").is_some_and(|w| w == "true" || w == "1");
+        self.count_request(verb_of(&method, &target, watching));
+        if !self.realism.latency.is_zero() {
+            tokio::time::sleep(self.realism.latency).await;
+        }
+        if watching {
+            return self.watch(&target, &query);
+        }
+        self.disorder().await;
         let record_status_write = method == Method::PUT
             && target.collection.ends_with("/flatnetworkips")
             && target.subresource.as_deref() == Some("status");
@@ -185,18 +497,110 @@ impl FakeApiServer {
         if fail && self.roll(2) == 0 {
             return reply(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                status(500, "InternalError", "injected"),
+                &status(500, "InternalError", "injected"),
             );
         }
         let (code, value) = self.apply(&method, &target, &query, body);
+        self.collect_garbage();
         self.disorder().await;
         if fail {
             return reply(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                status(500, "InternalError", "injected"),
+                &status(500, "InternalError", "injected"),
             );
         }
-        reply(code, value)
+        reply(code, &value)
+    }
+
+    /// The events of `target` after the request's resourceVersion, each
+    /// no sooner than its kind's delay after it was written, in bursts;
+    /// 410 Gone when that version is older than the history.
+    fn watch(&self, target: &Target, query: &str) -> Response<ReplyBody> {
+        let since: u64 = query_param(query, "resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| self.lock().version);
+        let selector = label_selector(query);
+        let timeout = query_param(query, "timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .map_or(Duration::from_secs(290), Duration::from_secs);
+        let collection = target.collection.clone();
+        let namespace = target.namespace.clone();
+        let delay = self.realism.delay_of(&collection);
+        let burst = self.realism.burst;
+        let server = self.clone();
+        let ends = Instant::now() + timeout;
+        let events = futures::stream::unfold(
+            (since, server.changed.subscribe(), false),
+            move |(mut cursor, mut wake, gone)| {
+                let server = server.clone();
+                let collection = collection.clone();
+                let namespace = namespace.clone();
+                let selector = selector.clone();
+                async move {
+                    if gone {
+                        return None;
+                    }
+                    loop {
+                        // The first change of this kind after the cursor.
+                        let first_due = {
+                            let state = server.lock();
+                            if cursor < state.compacted {
+                                let gone = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
+                                return Some((line(&gone), (cursor, wake, true)));
+                            }
+                            let start = state.changes.partition_point(|c| c.version <= cursor);
+                            state
+                                .changes
+                                .range(start..)
+                                .find(|c| c.collection == collection)
+                                .map(|c| c.at + delay)
+                        };
+                        if let Some(first_due) = first_due {
+                            // A burst: every change due by the first one's
+                            // time plus the burst window.
+                            let until = first_due.max(Instant::now()) + burst;
+                            if until > ends {
+                                return None;
+                            }
+                            tokio::time::sleep_until(until).await;
+                            let mut chunk = Vec::new();
+                            let state = server.lock();
+                            let start = state.changes.partition_point(|c| c.version <= cursor);
+                            for c in state.changes.range(start..) {
+                                if c.collection == collection {
+                                    if c.at + delay > until {
+                                        break;
+                                    }
+                                    let matches = namespace.as_ref().is_none_or(|n| *n == c.namespace)
+                                        && selector.iter().all(|(k, want)| {
+                                            c.object["metadata"]["labels"][k].as_str() == Some(want)
+                                        });
+                                    if matches {
+                                        chunk.extend_from_slice(&line(&json!({"type": c.kind, "object": c.object})));
+                                    }
+                                }
+                                cursor = c.version;
+                            }
+                            drop(state);
+                            if chunk.is_empty() {
+                                continue;
+                            }
+                            return Some((Bytes::from(chunk), (cursor, wake, false)));
+                        }
+                        tokio::select! {
+                            changed = wake.changed() => if changed.is_err() { return None },
+                            () = tokio::time::sleep_until(ends) => return None,
+                        }
+                    }
+                }
+            },
+        )
+        .map(|chunk| Ok(Frame::data(chunk)));
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(StreamBody::new(events.boxed()))
+            .expect("response builds")
     }
 
     fn apply(
@@ -255,8 +659,18 @@ impl FakeApiServer {
                 if let Some(ns) = &target.namespace {
                     value["metadata"]["namespace"] = json!(ns);
                 }
+                if too_large(&value) {
+                    return too_large_reply();
+                }
                 stamp_new(&mut state, &mut value);
-                state.objects.insert(key(&name), value.clone());
+                // Created after its owner went: the collector deletes it.
+                for uid in owner_uids(&value) {
+                    if !state.uids.contains(&uid) {
+                        state.orphaned_owners.push(uid);
+                    }
+                }
+                state.put(&key(&name), "ADDED", value.clone(), self.realism.history);
+                self.wake(&state);
                 (StatusCode::CREATED, value)
             }
             (Method::PUT | Method::PATCH, Some(name)) => {
@@ -308,31 +722,35 @@ impl FakeApiServer {
                     let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
                     updated["metadata"]["generation"] = json!(generation);
                 }
-                state.version += 1;
-                updated["metadata"]["resourceVersion"] = json!(state.version.to_string());
-                if is_deleting(&updated) && !has_finalizers(&updated) {
-                    state.objects.remove(&key(name));
-                } else {
-                    state.objects.insert(key(name), updated.clone());
+                if too_large(&updated) {
+                    return too_large_reply();
                 }
+                if updated == stored {
+                    // A real server does not bump the version of a no-op write.
+                    return (StatusCode::OK, updated);
+                }
+                if is_deleting(&updated) && !has_finalizers(&updated) {
+                    state.remove(&key(name), self.realism.history);
+                } else {
+                    state.version += 1;
+                    updated["metadata"]["resourceVersion"] = json!(state.version.to_string());
+                    state.put(
+                        &key(name),
+                        "MODIFIED",
+                        updated.clone(),
+                        self.realism.history,
+                    );
+                }
+                self.wake(&state);
                 (StatusCode::OK, updated)
             }
-            (Method::DELETE, Some(name)) => {
-                let Some(mut stored) = state.objects.get(&key(name)).cloned() else {
-                    return not_found(name);
-                };
-                if has_finalizers(&stored) {
-                    if !is_deleting(&stored) {
-                        stored["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
-                        state.version += 1;
-                        stored["metadata"]["resourceVersion"] = json!(state.version.to_string());
-                        state.objects.insert(key(name), stored.clone());
-                    }
-                } else {
-                    state.objects.remove(&key(name));
+            (Method::DELETE, Some(name)) => match state.delete(&key(name), self.realism.history) {
+                Some(stored) => {
+                    self.wake(&state);
+                    (StatusCode::OK, stored)
                 }
-                (StatusCode::OK, stored)
-            }
+                None => not_found(name),
+            },
             _ => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 status(405, "MethodNotAllowed", method.as_str()),
@@ -352,6 +770,24 @@ fn stamp_new(state: &mut State, value: &mut Value) {
         meta["creationTimestamp"] = json!("2025-01-01T00:00:00Z");
     }
     meta["generation"] = json!(1);
+}
+
+/// The largest object etcd stores (its default `--max-request-bytes`).
+pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
+
+fn too_large(value: &Value) -> bool {
+    serde_json::to_vec(value).map_or(true, |v| v.len() > MAX_OBJECT_BYTES)
+}
+
+fn too_large_reply() -> (StatusCode, Value) {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        status(
+            413,
+            "RequestEntityTooLarge",
+            "etcdserver: request is too large",
+        ),
+    )
 }
 
 fn is_deleting(value: &Value) -> bool {
@@ -452,20 +888,49 @@ fn not_found(name: &str) -> (StatusCode, Value) {
     (StatusCode::NOT_FOUND, status(404, "NotFound", name))
 }
 
-fn reply(code: StatusCode, value: Value) -> Response<Body> {
+fn reply(code: StatusCode, value: &Value) -> Response<ReplyBody> {
+    let chunk = Bytes::from(serde_json::to_vec(value).expect("JSON serializes"));
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(Body::from(
-            serde_json::to_vec(&value).expect("JSON serializes"),
+        .body(StreamBody::new(
+            futures::stream::once(async move { Ok(Frame::data(chunk)) }).boxed(),
         ))
         .expect("response builds")
 }
 
+/// One watch event as a line of the stream.
+fn line(event: &Value) -> Bytes {
+    let mut bytes = serde_json::to_vec(event).expect("JSON serializes");
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}
+
+/// The value of `name` in a query string.
+fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// The verb a request is counted under.
+fn verb_of(method: &Method, target: &Target, watching: bool) -> &'static str {
+    match (method.as_str(), target.name.is_some()) {
+        _ if watching => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => "other",
+    }
+}
+
 impl tower::Service<Request<Body>> for FakeApiServer {
-    type Response = Response<Body>;
+    type Response = Response<ReplyBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ReplyBody>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))

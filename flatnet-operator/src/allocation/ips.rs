@@ -116,7 +116,11 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
     let key = key_of(record.namespace().as_deref(), &record.name_any());
     let started = Instant::now();
     let outcome = async {
-        let reservation = commit::reserve(ctx, record).await?;
+        let reservation = if commit::batchable(record) {
+            commit::reserve_batched(ctx, record).await?
+        } else {
+            commit::reserve(ctx, record).await?
+        };
         let written = commit::write_record(ctx, record, &reservation).await?;
         Ok::<_, Error>((reservation, written))
     }

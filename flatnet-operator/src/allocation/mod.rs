@@ -11,6 +11,7 @@
 //!   did not come back.
 //! - [`commit`]: the protocol that makes an allocation durable and unique
 //!   (see `docs/ipam.md`, "Committing an allocation"), with
+//!   [`group_commit`] batching the ledger writes of a subnet and
 //!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
 //!
 //! Only the leader runs them; they share one [`Context`].
@@ -20,6 +21,9 @@ mod errors;
 pub mod events;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_api;
+#[cfg(any(test, feature = "fake-api"))]
+pub mod fake_cluster;
+pub mod group_commit;
 pub mod ips;
 pub mod mac_ledger;
 pub mod nodes;
@@ -125,6 +129,8 @@ pub struct Context {
     pub orphans: subnets::OrphanClock,
     /// Since when each missing node has been seen missing.
     pub nodes: Arc<nodes::NodeClock>,
+    /// The in-memory ledger of each subnet, for group commits.
+    pub ledgers: group_commit::Ledgers,
 }
 
 /// Exponential retry delays per object, reset by a success.
@@ -219,6 +225,7 @@ pub async fn run(
         backoff: Backoff::default(),
         orphans: subnets::OrphanClock::default(),
         nodes: node_clock,
+        ledgers: group_commit::Ledgers::default(),
     });
     {
         let caches = caches.clone();
@@ -305,5 +312,7 @@ async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(
     }
 }
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;

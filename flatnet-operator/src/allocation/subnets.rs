@@ -1,25 +1,28 @@
 //! The subnet controller: validation, labels, the status view of the
 //! address ledger, and deletion only once no record uses the subnet.
 //!
-//! The repair of `status.usedIP` recomputes it from the live records. An
-//! address the ledger holds and no record names is an allocation between
-//! its two writes (or a crash there): it is kept for
-//! [`Settings::orphan_grace`](super::Settings) after this controller first
-//! saw it, then freed. The same holds for the claims of the fixed-MAC
-//! ledger of the subnet's parent link.
+//! The repair of `status.usedIP` starts from the ledger, never from the
+//! cache alone (which lags behind releases). An address the ledger holds
+//! and no record names is an allocation between its two writes (or a crash
+//! there): it is kept for [`Settings::orphan_grace`](super::Settings) after
+//! this controller first saw it, then freed. An address a cached live
+//! record names and the ledger lacks is added only once the record, read
+//! from the API server, confirms it. The same grace holds for the claims
+//! of the fixed-MAC ledger of the subnet's parent link.
 
 use std::{
     collections::{BTreeSet, HashMap},
+    net::IpAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use flatnet_k8s::{
     api::{
-        CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange, phase,
+        CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, phase,
         set_condition,
     },
-    ipam::{Family, Mac, Pool, PoolError, from_u128, to_u128, used_ranges},
+    ipam::{Family, Mac, Pool, from_u128, to_u128, used_ranges},
     keys::{SUBNET_NAMESPACE, label},
     validation::{ParentLink, ValidSubnet, check_siblings, validate_subnet},
 };
@@ -274,41 +277,99 @@ struct Repaired {
     orphans_kept: bool,
 }
 
+/// The address a record names, when it names one.
+fn named_addr(record: &FlatNetworkIP) -> Option<IpAddr> {
+    record.status.as_ref().and_then(|s| s.addr)
+}
+
+/// Addresses that live records of the cache name and the ledger lacks.
+fn missing_from_ledger<'a>(
+    valid: &ValidSubnet,
+    current: &FlatNetworkSubnetStatus,
+    users: &[&'a FlatNetworkIP],
+) -> Vec<(&'a FlatNetworkIP, IpAddr)> {
+    users
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| Some((*r, named_addr(r)?)))
+        .filter(|(_, addr)| {
+            valid.cidr.contains(*addr)
+                && Some(*addr) != valid.gateway
+                && !used_ranges::contains(&current.used_ip, *addr)
+        })
+        .collect()
+}
+
+/// Of the `missing` addresses, those whose record, read from the API server
+/// now, is live and still names them: a cache that lags behind a release
+/// must not put the released address back.
+async fn confirm_missing(
+    missing: Vec<(&FlatNetworkIP, IpAddr)>,
+    ctx: &Context,
+) -> Result<Vec<IpAddr>, Error> {
+    let mut confirmed = Vec::new();
+    for (record, addr) in missing {
+        let namespace = record.namespace().unwrap_or_default();
+        let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+        let fresh = api.get_opt(&record.name_any()).await.map_err(Error::kube(
+            "get",
+            "FlatNetworkIP",
+            &key_of(Some(&namespace), &record.name_any()),
+        ))?;
+        if fresh.is_some_and(|f| {
+            f.metadata.deletion_timestamp.is_none()
+                && f.spec.subnet == record.spec.subnet
+                && named_addr(&f) == Some(addr)
+        }) {
+            confirmed.push(addr);
+        }
+    }
+    Ok(confirmed)
+}
+
+/// The repaired ledger: the current one, less the entries no record has
+/// named for the orphan grace, plus `confirmed` (addresses live records name
+/// that it lacked). Addresses are never added on the word of the cache
+/// alone: it may show a record that has already given its address back.
 fn repaired_status(
     valid: &ValidSubnet,
     current: &FlatNetworkSubnetStatus,
     users: &[&FlatNetworkIP],
+    confirmed: &[IpAddr],
     ctx: &Context,
 ) -> Repaired {
-    let mut pool = Pool::new(valid);
     let mut duplicates = Vec::new();
-    let mut claimed: HashMap<std::net::IpAddr, String> = HashMap::new();
-    for record in users {
-        let Some(addr) = record.status.as_ref().and_then(|s| s.addr) else {
+    let mut claimed: HashMap<IpAddr, String> = HashMap::new();
+    for record in users
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+    {
+        let Some(addr) = named_addr(record) else {
             continue;
         };
         let key = key_of(record.namespace().as_deref(), &record.name_any());
-        if let Err(PoolError::AlreadyUsed { .. }) = pool.mark_used(addr) {
-            duplicates.push(format!(
-                "{addr} is named by {} and {key}",
-                claimed.get(&addr).cloned().unwrap_or_default()
-            ));
+        if let Some(first) = claimed.get(&addr) {
+            duplicates.push(format!("{addr} is named by {first} and {key}"));
+        } else {
+            claimed.insert(addr, key);
         }
-        claimed.entry(addr).or_insert(key);
     }
 
-    // Ledger entries no record names, within the CIDR.
+    // The ledger within the CIDR.
     let family = valid.cidr.family();
     let (v4, v6) = used_ranges::to_intervals(&current.used_ip);
-    let mut unclaimed = if family == Family::V4 { v4 } else { v6 };
+    let mut ledger = if family == Family::V4 { v4 } else { v6 };
     let (first, last) = (valid.cidr.first(), valid.cidr.last());
     if first > 0 {
-        unclaimed.remove(0, first - 1);
+        ledger.remove(0, first - 1);
     }
     if last < u128::MAX {
-        unclaimed.remove(last + 1, u128::MAX);
+        ledger.remove(last + 1, u128::MAX);
     }
-    for addr in pool.used_addresses().collect::<Vec<_>>() {
+    // Entries no record names (a terminating record still names its own
+    // until its release runs).
+    let mut unclaimed = ledger.clone();
+    for addr in users.iter().filter_map(|r| named_addr(r)) {
         let v = to_u128(addr);
         unclaimed.remove(v, v);
     }
@@ -316,23 +377,30 @@ fn repaired_status(
         let v = to_u128(gateway);
         unclaimed.remove(v, v);
     }
-    let ranges: Vec<IpRange> = unclaimed
+    let keys: Vec<String> = unclaimed
         .iter()
-        .map(|r| IpRange::new(from_u128(family, *r.start()), from_u128(family, *r.end())))
-        .collect();
-    let keys: Vec<String> = ranges
-        .iter()
-        .map(|r| format!("{:?}-{:?}", r.from, r.to))
+        .map(|r| {
+            format!(
+                "{:?}-{:?}",
+                from_u128(family, *r.start()),
+                from_u128(family, *r.end())
+            )
+        })
         .collect();
     let young = ctx
         .orphans
         .young(&valid.name, &keys, ctx.settings.orphan_grace);
-    let kept: Vec<IpRange> = ranges
-        .into_iter()
-        .zip(&young)
-        .filter_map(|(r, keep)| keep.then_some(r))
-        .collect();
-    pool.reserve_ranges(&kept);
+    for (range, keep) in unclaimed.iter().zip(&young) {
+        if !keep {
+            ledger.remove(*range.start(), *range.end());
+        }
+    }
+    for addr in confirmed {
+        let v = to_u128(*addr);
+        ledger.insert(v, v);
+    }
+    let mut pool = Pool::new(valid);
+    pool.reserve_ranges(&used_ranges::from_intervals(family, &ledger));
 
     // MACs: those records hold, plus young unclaimed ledger entries.
     let mut macs: BTreeSet<String> = users
@@ -359,22 +427,33 @@ fn repaired_status(
         }
     }
 
-    let usage = pool.usage();
     let mut status = FlatNetworkSubnetStatus {
         phase: phase::ACTIVE.into(),
         failure_message: String::new(),
         gateway: valid.gateway,
         reserved_ip: current.reserved_ip.clone(),
-        used_ip: usage.used_ip,
-        used_ip_count: usage.used_ip_count,
-        total_ip_count: usage.total_ip_count,
         used_mac: macs.into_iter().collect(),
         conditions: current.conditions.clone(),
+        ..FlatNetworkSubnetStatus::default()
     };
     set_condition(
         &mut status.conditions,
         condition(CONDITION_VALID, true, "Valid", String::new()),
     );
+    set_usage(&mut status, &pool);
+    Repaired {
+        status,
+        duplicates,
+        orphans_kept: young.iter().chain(&young_macs).any(|k| *k),
+    }
+}
+
+/// Writes the address view of `pool` into `status`: `usedIP`, the counts
+/// and the Ready condition (Active or Exhausted, with the free count). Every
+/// writer of the ledger uses it, so the subnet controller finds nothing to
+/// rewrite after an allocation.
+pub(crate) fn set_usage(status: &mut FlatNetworkSubnetStatus, pool: &Pool) {
+    let usage = pool.usage();
     let free = usage
         .total_ip_count
         .saturating_sub(pool.used().try_into().unwrap_or(i64::MAX));
@@ -387,11 +466,9 @@ fn repaired_status(
             format!("{free} of {} addresses free", usage.total_ip_count),
         ),
     );
-    Repaired {
-        status,
-        duplicates,
-        orphans_kept: young.iter().chain(&young_macs).any(|k| *k),
-    }
+    status.used_ip = usage.used_ip;
+    status.used_ip_count = usage.used_ip_count;
+    status.total_ip_count = usage.total_ip_count;
 }
 
 fn failed_status(current: &FlatNetworkSubnetStatus, invalid: &Invalid) -> FlatNetworkSubnetStatus {
@@ -452,7 +529,13 @@ async fn update_status(
         let current = fresh.status.clone().unwrap_or_default();
         let (status, action, duplicates) = match &verdict {
             Ok(valid) => {
-                let repaired = repaired_status(valid, &current, users, ctx);
+                let missing = missing_from_ledger(valid, &current, users);
+                let confirmed = if missing.is_empty() {
+                    Vec::new()
+                } else {
+                    confirm_missing(missing, ctx).await?
+                };
+                let repaired = repaired_status(valid, &current, users, &confirmed, ctx);
                 ctx.metrics.set_subnet_usage(
                     &name,
                     repaired.status.total_ip_count,

@@ -1,0 +1,140 @@
+//! The allocation controllers as the operator runs them (watches, caches,
+//! workers) against the fake API server behaving like a real one: late and
+//! bursty watch events, lagging caches, asynchronous garbage collection,
+//! 410 Gone. The invariants of the ledger are checked at every quiet point.
+
+use std::time::Duration;
+
+use super::{
+    Settings,
+    fake_api::{FakeApiServer, Realism},
+    fake_cluster::{FakeCluster, subnet},
+};
+
+/// Subnet of these tests: 241 allocatable addresses, gateway .1.
+const SUBNET: &str = "churn";
+
+/// How long after the last change a quiet point must be reached, and the
+/// ledger be right: seconds, where the leak lasted the orphan grace (10
+/// minutes); generous for a loaded machine.
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// A server that lags as a loaded real one does.
+fn lagging(seed: u64) -> FakeApiServer {
+    FakeApiServer::realistic(Realism {
+        latency: Duration::from_millis(1),
+        watch_delay: Duration::from_millis(5),
+        watch_spread: Duration::from_millis(60),
+        burst: Duration::from_millis(10),
+        history: 400,
+        gc_delay: Duration::from_millis(30),
+        seed,
+    })
+}
+
+async fn started(seed: u64) -> FakeCluster {
+    let server = lagging(seed);
+    server.insert(&subnet(
+        SUBNET,
+        "10.9.0.0/24",
+        Some("10.9.0.1"),
+        &[("10.9.0.10", "10.9.0.250")],
+    ));
+    let cluster = FakeCluster::start(server, Settings::default(), 8);
+    cluster
+        .wait_active(SUBNET, Duration::from_secs(10))
+        .await
+        .unwrap();
+    cluster
+}
+
+/// The scenario: N pods, half deleted, the ledger right within a
+/// few seconds (not after the orphan grace), the other half created.
+#[tokio::test]
+async fn deleting_half_the_pods_frees_their_addresses_at_once() {
+    let cluster = started(7).await;
+    for i in 0..40 {
+        cluster.create_pod(&format!("pod-{i}"), SUBNET);
+    }
+    let full = cluster.settle(SUBNET, SETTLE).await.unwrap();
+    assert_eq!(full.used_ip_count, 41, "40 pods and the gateway");
+    for i in 0..20 {
+        cluster.delete_pod(&format!("pod-{i}"));
+    }
+    let half = cluster.settle(SUBNET, SETTLE).await.unwrap();
+    assert_eq!(half.addressed.len(), 20);
+    assert_eq!(half.used_ip_count, 21, "usedIPCount follows the deletions");
+    for i in 40..60 {
+        cluster.create_pod(&format!("pod-{i}"), SUBNET);
+    }
+    let refilled = cluster.settle(SUBNET, SETTLE).await.unwrap();
+    assert_eq!(refilled.used_ip_count, 41);
+    cluster.stop().await;
+}
+
+/// xorshift64: seeded choices without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        usize::try_from(self.0 % n.max(1) as u64).unwrap_or_default()
+    }
+}
+
+/// `ops` random creations and deletions in bursts of up to `burst`, with
+/// the invariants checked at the quiet point after each burst.
+async fn churn(seed: u64, ops: usize, burst: usize) {
+    println!("churn seed {seed} (FLATNET_CHURN_SEED={seed} replays it)");
+    let cluster = started(seed).await;
+    let mut rng = Rng(seed | 1);
+    let mut live: Vec<String> = Vec::new();
+    let mut next = 0;
+    let mut done = 0;
+    while done < ops {
+        let this_burst = 1 + rng.below(burst);
+        for _ in 0..this_burst {
+            // Mostly creations while few pods live, mostly deletions near
+            // the cap, so addresses are reused over and over.
+            let create = live.len() < 20 || (live.len() < 150 && rng.below(2) == 0);
+            if create {
+                let name = format!("pod-{next}");
+                next += 1;
+                cluster.create_pod(&name, SUBNET);
+                live.push(name);
+            } else {
+                let victim = live.swap_remove(rng.below(live.len()));
+                cluster.delete_pod(&victim);
+            }
+        }
+        done += this_burst;
+        if let Err(broken) = cluster.settle(SUBNET, SETTLE).await {
+            panic!("seed {seed}, after {done} operations: {broken}");
+        }
+    }
+    cluster.stop().await;
+}
+
+fn seed() -> u64 {
+    std::env::var("FLATNET_CHURN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_secs())
+        })
+}
+
+#[tokio::test]
+async fn churn_keeps_the_ledger_exact() {
+    churn(seed(), 600, 40).await;
+}
+
+#[tokio::test]
+#[ignore = "long: 6,000 operations; run with --ignored"]
+async fn long_churn_keeps_the_ledger_exact() {
+    churn(seed(), 6000, 60).await;
+}
