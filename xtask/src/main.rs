@@ -44,7 +44,7 @@ enum Command {
     BenchPolicy,
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
-    /// Check licenses, duplicate crates and sources against deny.toml (offline).
+    /// Check licenses, duplicate crates and sources against .cargo/deny.toml (offline).
     Deny,
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
     Lab(lab::LabArgs),

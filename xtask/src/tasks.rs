@@ -32,13 +32,21 @@ pub fn clippy() -> anyhow::Result<()> {
     ebpf::clippy()
 }
 
-/// The checks of `deny.toml` that need no network: licenses, banned and
+/// The checks of `.cargo/deny.toml` that need no network: licenses, banned and
 /// duplicate crates, sources. Advisories need the RustSec database, fetched
 /// from GitHub, so they are left to `cargo deny check advisories` where it
 /// can be reached.
 pub fn deny() -> anyhow::Result<()> {
     let mut cargo = workspace::cargo(None);
-    cargo.args(["deny", "check", "licenses", "bans", "sources"]);
+    cargo.args([
+        "deny",
+        "--config",
+        ".cargo/deny.toml",
+        "check",
+        "licenses",
+        "bans",
+        "sources",
+    ]);
     workspace::run("cargo deny (licenses, bans, sources)", &mut cargo)
         .map_err(|e| e.context("cargo-deny is installed by `bash .ci/provision`"))
 }
