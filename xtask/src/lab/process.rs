@@ -20,7 +20,13 @@ pub const POLL: Duration = Duration::from_millis(25);
 /// Installs the SIGINT/SIGTERM/SIGHUP handler. The first signal sets the
 /// flag: the running step stops at its next poll and the lab cleans up and
 /// reports. A second signal runs `emergency_cleanup` and exits at once.
+/// Installed once per process: later calls (`cargo xtask test` runs several
+/// labs in one process) keep the first handler.
 pub fn install_handler(emergency_cleanup: fn()) -> anyhow::Result<()> {
+    static INSTALLED: AtomicBool = AtomicBool::new(false);
+    if INSTALLED.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
     ctrlc::set_handler(move || {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
             eprintln!("\n[lab] interrupted again: cleaning up and exiting");
