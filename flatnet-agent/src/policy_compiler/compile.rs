@@ -500,7 +500,8 @@ fn normalize(
     merged
 }
 
-fn policy_key(policy: &MultiNetworkPolicy) -> (String, String) {
+/// A policy's (namespace, name), as diagnostics and reports name it.
+pub fn policy_key(policy: &MultiNetworkPolicy) -> (String, String) {
     (
         policy
             .metadata

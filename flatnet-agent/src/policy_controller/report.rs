@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::policy_compiler::{Diagnostic, MultiNetworkPolicy};
+use crate::policy_compiler::{Diagnostic, MultiNetworkPolicy, compile::policy_key};
 
 /// At most this many policies get Events per round, so a cluster-wide
 /// change cannot flood the API server.
@@ -80,7 +80,7 @@ impl DiagnosticLog {
         let mut current = BTreeMap::new();
         let mut events = 0;
         for (key, (object, messages)) in by_policy {
-            let policy = policies.iter().find(|p| key_of(p) == key);
+            let policy = policies.iter().find(|p| policy_key(p) == key);
             let fingerprint = policy.map(fingerprint).unwrap_or_default();
             let unchanged = self
                 .policies
@@ -111,17 +111,6 @@ impl DiagnosticLog {
         self.others = others;
         out
     }
-}
-
-fn key_of(policy: &MultiNetworkPolicy) -> PolicyKey {
-    (
-        policy
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        policy.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 /// What makes a policy "changed" for reporting: its spec and annotations.
