@@ -508,13 +508,9 @@ fn table(plugins: &[Plugin], results: &[Measured], parallel: usize) -> String {
     );
     for (plugin, m) in plugins.iter().zip(results) {
         out += &format!(
-            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0} |\n",
+            "| {} | {} | {:.0} | {:.0} |\n",
             plugin.label,
-            ms(percentile(&m.add, 0.5)),
-            ms(percentile(&m.add, 0.99)),
-            ms(percentile(&m.del, 0.5)),
-            ms(percentile(&m.del, 0.99)),
-            ms(percentile(&m.version, 0.5)),
+            latency_cells(m),
             m.adds_per_second,
             m.dels_per_second,
         );
@@ -528,17 +524,21 @@ fn latency_table(plugins: &[Plugin], results: &[Measured]) -> String {
                    | --- | ---: | ---: | ---: | ---: | ---: |\n"
         .to_owned();
     for (plugin, m) in plugins.iter().zip(results) {
-        out += &format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
-            plugin.label,
-            ms(percentile(&m.add, 0.5)),
-            ms(percentile(&m.add, 0.99)),
-            ms(percentile(&m.del, 0.5)),
-            ms(percentile(&m.del, 0.99)),
-            ms(percentile(&m.version, 0.5)),
-        );
+        out += &format!("| {} | {} |\n", plugin.label, latency_cells(m));
     }
     out
+}
+
+/// ADD p50/p99, DEL p50/p99 and VERSION p50 as table cells.
+fn latency_cells(m: &Measured) -> String {
+    format!(
+        "{} | {} | {} | {} | {}",
+        ms(percentile(&m.add, 0.5)),
+        ms(percentile(&m.add, 0.99)),
+        ms(percentile(&m.del, 0.5)),
+        ms(percentile(&m.del, 0.99)),
+        ms(percentile(&m.version, 0.5)),
+    )
 }
 
 /// A local TCP address nobody listens on (for the agent's admin server).
