@@ -52,7 +52,7 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
-    /// The Lease could not be set up.
+    /// The Lease could not be set up (logged, then retried).
     #[error(
         "cannot use Lease {namespace}/{name} for leader election ({source}); check the namespace exists and the operator may get, create and patch leases there"
     )]
@@ -250,7 +250,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
 
     match &config.election {
         Election::Disabled => {
-            warn!("CATTLE_DEV_MODE is set: leader election is off, run a single replica");
+            warn!("--leader-election=false: this process always leads, run a single replica");
             metrics.set_leader(true);
             controllers(shutdown.child_token()).await;
             Ok(if shutdown.is_cancelled() {
@@ -267,13 +267,22 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         } => {
             // A replica that does not lead is ready as soon as it serves.
             health.set_ready(true);
-            let (claims, task) = leader::campaign(client, name, namespace, identity, timing)
-                .await
-                .map_err(|source| StartError::Lease {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    source,
-                })?;
+            // As client-go's elector: a Lease that cannot be read or created
+            // yet (API server starting, RBAC not applied) is retried every
+            // CATTLE_ELECTION_RETRY_PERIOD instead of ending the process.
+            let started = leader::retry_every(timing.retry_period, &shutdown, || async {
+                leader::campaign(client.clone(), name, namespace, identity, timing)
+                    .await
+                    .map_err(|source| StartError::Lease {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        source,
+                    })
+            })
+            .await;
+            let Some((claims, task)) = started else {
+                return Ok(Outcome::Shutdown);
+            };
             info!(lease = %format!("{namespace}/{name}"), %identity, "campaigning for leadership");
             let outcome = leader::run_while_leader(
                 claims,
