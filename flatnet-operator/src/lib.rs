@@ -21,6 +21,7 @@ pub mod runtime;
 pub mod telemetry;
 pub mod tls;
 pub mod webhook;
+pub mod workloads;
 
 #[cfg(test)]
 mod doc_examples;

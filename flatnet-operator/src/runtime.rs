@@ -15,7 +15,7 @@ use crate::{
     metrics::Metrics,
     nad,
     tls::{self, resolver::ReloadingResolver},
-    webhook,
+    webhook, workloads,
 };
 
 /// Failure to start the operator.
@@ -192,7 +192,10 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         let client = client.clone();
         let metrics = Arc::clone(&metrics);
         let settings = config.allocation.clone();
+        let resync = config.resync;
         move |stop: CancellationToken| {
+            let workload_client = client.clone();
+            let workload_metrics = Arc::clone(&metrics);
             // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
             let workers = config.workers;
@@ -226,6 +229,16 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 stop.clone(),
             );
             let nads = cancel_when_done(nad::run(nad_ctx, workers, stop.clone()), stop.clone());
+            let workloads = cancel_when_done(
+                workloads::run(
+                    workload_client,
+                    workload_metrics,
+                    resync,
+                    workers,
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let certificates = cancel_when_done(
                 {
                     let stop = stop.clone();
@@ -242,7 +255,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             );
             async move {
                 let ready = tokio::spawn(ready);
-                tokio::join!(services, allocation, nads, certificates);
+                tokio::join!(services, allocation, nads, workloads, certificates);
                 ready.abort();
             }
         }
