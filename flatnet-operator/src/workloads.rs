@@ -19,7 +19,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use flatnet_k8s::{
     annotations::parse_pod_request,
-    api::{FlatNetworkSubnet, IpRange},
+    api::{FlatNetworkSubnet, FlatNetworkSubnetStatus, IpRange},
     ipam::used_ranges,
     keys::{SUBNET_NAMESPACE, annotation, label},
 };
@@ -304,7 +304,14 @@ pub async fn reconcile(subnet: Arc<FlatNetworkSubnet>, ctx: Arc<Context>) -> Res
         .as_ref()
         .map(|s| s.reserved_ip.clone())
         .unwrap_or_default();
-    let wanted = reservations(&name, found.iter().map(|f| &f.request));
+    let mut wanted = reservations(&name, found.iter().map(|f| &f.request));
+    // The migrator's V1 entries are not the workloads': kept as they are.
+    wanted.extend(
+        current
+            .iter()
+            .filter(|(key, _)| FlatNetworkSubnetStatus::is_v1_reservation(key))
+            .map(|(key, ranges)| (key.clone(), ranges.clone())),
+    );
     if let Some(patch) = reservation_patch(&current, &wanted) {
         let api: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
         api.patch_status(&name, &params, &Patch::Merge(patch))

@@ -2,7 +2,7 @@
 //! field, and the commands against a mocked API server that checks each
 //! request (so a dry run provably writes nothing).
 
-use std::{collections::BTreeMap, future::Future};
+use std::{collections::BTreeMap, future::Future, time::Duration};
 
 use flatnet_k8s::api::{IpRange, Route, RouteSettings};
 use k8s_openapi::api::core::v1::Service;
@@ -459,6 +459,23 @@ async fn answer_migrate_listings(api: &mut ApiServerVerifier, subnet: Value) {
         )),
     )
     .await;
+    let v1_ip = json!({"apiVersion": "macvlan.cluster.cattle.io/v1", "kind": "MacvlanIP",
+        "metadata": {"name": "web-0", "namespace": "shop"},
+        "spec": {"subnet": "vlan10", "ip": "auto", "mac": "", "podId": "p"},
+        "status": {"phase": "Active", "ip": "10.10.0.101/24", "mac": ""}});
+    let pending = json!({"apiVersion": "macvlan.cluster.cattle.io/v1", "kind": "MacvlanIP",
+        "metadata": {"name": "web-1", "namespace": "shop"},
+        "spec": {"subnet": "vlan10", "ip": "auto", "mac": "", "podId": "q"}});
+    api.expect(
+        "GET",
+        "/apis/macvlan.cluster.cattle.io/v1/macvlanips?",
+        ok(list(
+            "MacvlanIPList",
+            "macvlan.cluster.cattle.io/v1",
+            vec![v1_ip, pending],
+        )),
+    )
+    .await;
     for (uri, kind) in workload_lists() {
         let items = if kind == "DeploymentList" {
             vec![workload(&kinds::DEPLOYMENT, "web", v1_template())]
@@ -537,6 +554,15 @@ async fn migrate_creates_the_subnet_patches_the_workload_and_creates_the_service
             assert_eq!(created.body["kind"], "FlatNetworkSubnet");
             assert_eq!(created.body["spec"]["master"], "eth0");
             assert_eq!(created.body["spec"]["ranges"][0], json!({"from": "10.10.0.100", "to": "10.10.0.150"}));
+            // Before the workload rolls: the V1 pod's address is reserved.
+            let stored = created.body.clone();
+            let reserved = api
+                .expect("PATCH", &format!("{V2_SUBNET}/vlan10/status?"), move |_| (http::StatusCode::OK, stored.clone()))
+                .await;
+            assert_eq!(
+                reserved.body,
+                json!({"status": {"reservedIP": {"MacvlanIP/shop/web-0": [{"from": "10.10.0.101", "to": "10.10.0.101"}]}}})
+            );
             let patched = api
                 .expect("PATCH", "/apis/apps/v1/namespaces/shop/deployments/web?", |body| {
                     (http::StatusCode::OK, workload(&kinds::DEPLOYMENT, "web", body["spec"]["template"]["metadata"]["annotations"].clone()))
@@ -690,4 +716,58 @@ async fn backup_writes_complete_objects_with_their_type() {
         matches!(again, Err(super::MigrateError::BackupExists(_))),
         "an existing backup is never overwritten"
     );
+}
+
+/// What `migrate` reserved for V1 pods is never handed to a rolled pod:
+/// the allocation controllers against the fake API server.
+#[tokio::test]
+async fn addresses_reserved_for_v1_pods_are_never_allocated() {
+    use crate::allocation::{
+        Settings,
+        fake_api::FakeApiServer,
+        fake_cluster::{FakeCluster, subnet},
+    };
+    let server = FakeApiServer::new();
+    let mut lan = subnet(
+        "vlan10",
+        "10.10.0.0/24",
+        None,
+        &[("10.10.0.100", "10.10.0.103")],
+    );
+    lan.status = Some(flatnet_k8s::api::FlatNetworkSubnetStatus {
+        reserved_ip: BTreeMap::from([
+            (
+                "MacvlanIP/shop/web-0".to_owned(),
+                vec![flatnet_k8s::api::IpRange::new(
+                    "10.10.0.100".parse().unwrap(),
+                    "10.10.0.101".parse().unwrap(),
+                )],
+            ),
+            // A workload's own reservation does not keep its pods away.
+            (
+                "Deployment/shop/other".to_owned(),
+                vec![flatnet_k8s::api::IpRange::new(
+                    "10.10.0.102".parse().unwrap(),
+                    "10.10.0.102".parse().unwrap(),
+                )],
+            ),
+        ]),
+        ..Default::default()
+    });
+    server.insert(&lan);
+    let cluster = FakeCluster::start(server, Settings::default(), 2);
+    cluster
+        .wait_active("vlan10", Duration::from_secs(10))
+        .await
+        .unwrap();
+    cluster.create_pod("rolled-0", "vlan10");
+    cluster.create_pod("rolled-1", "vlan10");
+    let view = cluster
+        .settle("vlan10", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut given: Vec<String> = view.addressed.values().map(ToString::to_string).collect();
+    given.sort();
+    assert_eq!(given, ["10.10.0.102", "10.10.0.103"]);
+    cluster.stop().await;
 }
