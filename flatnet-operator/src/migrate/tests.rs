@@ -412,6 +412,116 @@ fn restore_reads_backups_in_dependency_order_and_refuses_unknown_kinds() {
     );
 }
 
+/// A backup file as the original migrator writes it: YAML documents, the
+/// Namespace and the V2 subnet without apiVersion and kind, a blanked
+/// last-applied annotation, an empty document.
+const UPSTREAM_BACKUP: &str = r#"---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web-macvlan
+  namespace: shop
+  annotations:
+    k8s.v1.cni.cncf.io/networks: static-macvlan-cni-attach
+spec:
+  clusterIP: None
+  selector: {app: web}
+---
+metadata:
+  name: vlan10
+  namespace: cattle-flat-network
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: ""
+spec:
+  flatMode: macvlan
+  master: eth0
+  vlan: 10
+  cidr: 10.10.0.0/24
+status:
+  phase: Active
+---
+metadata:
+  name: cattle-flat-network
+---
+---
+apiVersion: macvlan.cluster.cattle.io/v1
+kind: MacvlanSubnet
+metadata:
+  name: vlan10
+  namespace: kube-system
+spec:
+  master: eth0
+  vlan: 10
+  cidr: 10.10.0.0/24
+"#;
+
+#[test]
+fn an_upstream_backup_file_is_read_with_its_untyped_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flat-network-backup-output.yaml");
+    std::fs::write(&file, UPSTREAM_BACKUP).unwrap();
+    let objects = backup::read_backup(&file).unwrap();
+    let order: Vec<&str> = objects.iter().map(|(k, _)| k.kind).collect();
+    assert_eq!(
+        order,
+        ["Namespace", "MacvlanSubnet", "FlatNetworkSubnet", "Service"]
+    );
+    let subnet = &objects[2].1;
+    assert_eq!(subnet["apiVersion"], "flatnetwork.pandaria.io/v1");
+    assert_eq!(subnet["spec"]["vlan"], 10);
+    assert_eq!(subnet["status"]["phase"], "Active", "status is restored");
+    assert_eq!(subnet["metadata"]["annotations"], json!({}));
+
+    std::fs::write(&file, "metadata: {name: mystery, namespace: shop}\n").unwrap();
+    let err = backup::read_backup(&file).unwrap_err();
+    assert!(
+        matches!(err, super::MigrateError::UnknownKind { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_original_migrators_flags_are_accepted() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: super::MigrateCommand,
+    }
+    let cli = Cli::try_parse_from([
+        "migrate",
+        "migrate",
+        "--yes",
+        "--context",
+        "prod",
+        "--migrate-service=false",
+        "--workload",
+        "deployment,cronjob",
+    ])
+    .unwrap();
+    let super::MigrateCommand::Migrate {
+        migrate_service,
+        common,
+        workload,
+        ..
+    } = cli.command
+    else {
+        panic!("not the migrate step");
+    };
+    assert!(!migrate_service);
+    assert!(common.yes);
+    assert_eq!(common.context(), Some("prod".to_owned()));
+    assert_eq!(workload.len(), 2);
+    let cli = Cli::try_parse_from([
+        "migrate",
+        "restore",
+        "-f",
+        "flat-network-backup-output.yaml",
+    ])
+    .unwrap();
+    assert!(matches!(cli.command, super::MigrateCommand::Restore { .. }));
+}
+
 // --- against a mocked API server -------------------------------------------
 
 const V1_SUBNETS: &str = "/apis/macvlan.cluster.cattle.io/v1/macvlansubnets?";
