@@ -24,6 +24,9 @@ pub mod webhook;
 pub mod workloads;
 
 #[cfg(test)]
+mod compat_tests;
+
+#[cfg(test)]
 mod doc_examples;
 #[cfg(test)]
 mod fixtures;
