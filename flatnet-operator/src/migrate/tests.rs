@@ -881,3 +881,33 @@ async fn addresses_reserved_for_v1_pods_are_never_allocated() {
     assert_eq!(given, ["10.10.0.102", "10.10.0.103"]);
     cluster.stop().await;
 }
+
+#[test]
+fn v1_addresses_become_reservations_and_bad_ones_are_reported() {
+    let ip = |name: &str, subnet: &str, addr: &str| -> super::v1::MacvlanIP {
+        serde_json::from_value(json!({
+            "apiVersion": "macvlan.cluster.cattle.io/v1", "kind": "MacvlanIP",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"subnet": subnet, "ip": "auto", "mac": "", "podId": "p"},
+            "status": {"phase": "Active", "ip": addr, "mac": ""}
+        }))
+        .unwrap()
+    };
+    let mut issues = Vec::new();
+    let held = convert::v1_reservations(
+        &[
+            ip("a", "vlan10", "10.10.0.5/24"),
+            ip("b", "vlan10", "10.10.0.6"),
+            ip("c", "vlan20", "fd00::7/64"),
+            ip("d", "vlan10", ""),
+            ip("e", "vlan10", "10.10.0.999"),
+        ],
+        &mut issues,
+    );
+    let keys = |subnet: &str| held[subnet].keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys("vlan10"), ["MacvlanIP/shop/a", "MacvlanIP/shop/b"]);
+    assert_eq!(keys("vlan20"), ["MacvlanIP/shop/c"]);
+    assert_eq!(issues.len(), 1, "{issues:?}");
+    assert_eq!(issues[0].object, "MacvlanIP shop/e");
+    assert_eq!(issues[0].field, "status.ip");
+}
