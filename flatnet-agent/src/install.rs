@@ -1,6 +1,7 @@
 //! Installing the CNI plugin on the node: the `flatnet-cni` executable into
-//! the runtime's plugin directory and, optionally, a network configuration
-//! list. Both are replaced atomically, so a runtime never executes a
+//! the runtime's plugin directory (also as `rancher-flat-network-cni`, the
+//! original's name, which NADs written for it still use) and, optionally, a
+//! network configuration list. Both are replaced atomically, so a runtime never executes a
 //! half-copied binary or reads a half-written file.
 
 use std::{
@@ -9,12 +10,16 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use flatnet_k8s::keys;
 use serde_json::json;
 
 use crate::atomic_file::{create_private_dir, write_atomic};
 
 /// Name of the plugin executable.
-pub const CNI_BINARY: &str = "flatnet-cni";
+pub const CNI_BINARY: &str = keys::CNI_PLUGIN;
+
+/// Every name the plugin is installed under: its own, then the original's.
+pub const CNI_BINARY_NAMES: [&str; 2] = [CNI_BINARY, keys::CNI_PLUGIN_ORIGINAL];
 
 /// Installation failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,27 +39,35 @@ pub fn default_cni_binary() -> Option<PathBuf> {
     Some(exe.parent()?.join(CNI_BINARY))
 }
 
-/// Copies `source` to `<bin_dir>/flatnet-cni` (mode 0755) through a
-/// temporary file and a rename. Returns the installed path.
-pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<PathBuf, InstallError> {
-    let target = bin_dir.join(CNI_BINARY);
-    let error = |source| InstallError {
-        what: "the CNI plugin",
-        path: target.clone(),
-        source,
-    };
+/// Copies `source` to `<bin_dir>/<name>` (mode 0755) for every name of
+/// [`CNI_BINARY_NAMES`], each through a temporary file and a rename.
+/// Returns the installed paths, `flatnet-cni` first.
+pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<Vec<PathBuf>, InstallError> {
     let bytes = std::fs::read(source).map_err(|e| InstallError {
         what: "the CNI plugin (reading the source)",
         path: source.to_owned(),
         source: e,
     })?;
+    CNI_BINARY_NAMES
+        .iter()
+        .map(|name| install_executable(&bytes, bin_dir, name))
+        .collect()
+}
+
+fn install_executable(bytes: &[u8], bin_dir: &Path, name: &str) -> Result<PathBuf, InstallError> {
+    let target = bin_dir.join(name);
+    let error = |source| InstallError {
+        what: "the CNI plugin",
+        path: target.clone(),
+        source,
+    };
     if !bin_dir.is_dir() {
         std::fs::create_dir_all(bin_dir).map_err(error)?;
     }
     // Staged beside the target and renamed over it: a runtime executing the
     // plugin meanwhile runs the old or the new binary, never a partial one.
-    let staging = bin_dir.join(format!(".{CNI_BINARY}.new"));
-    std::fs::write(&staging, &bytes).map_err(error)?;
+    let staging = bin_dir.join(format!(".{name}.new"));
+    std::fs::write(&staging, bytes).map_err(error)?;
     std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755)).map_err(error)?;
     std::fs::File::open(&staging)
         .and_then(|f| f.sync_all())
@@ -66,13 +79,11 @@ pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<PathBuf, InstallE
 /// The network configuration list flatnet installs: one network named
 /// `name` using flatnet-cni.
 ///
-/// `cniVersion` is 1.0.0 because runtimes built on libcni before 1.2
-/// (podman 4, containerd 1.7) pass it through unchanged and cannot parse a
-/// 1.1.0 result; newer runtimes pick the highest of `cniVersions` instead.
+/// Versions as in [`keys::CNI_CONFIG_VERSION`] and [`keys::CNI_CONFIG_VERSIONS`].
 pub fn conflist(name: &str, agent_socket: &Path) -> serde_json::Value {
     json!({
-        "cniVersion": "1.0.0",
-        "cniVersions": ["1.0.0", "1.1.0"],
+        "cniVersion": keys::CNI_CONFIG_VERSION,
+        "cniVersions": keys::CNI_CONFIG_VERSIONS,
         "name": name,
         "plugins": [{
             "type": CNI_BINARY,
@@ -111,16 +122,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("src-bin");
         std::fs::write(&source, b"#!/bin/sh\n").unwrap();
-        let installed = install_binary(&source, &dir.path().join("bin")).unwrap();
-        assert_eq!(std::fs::read(&installed).unwrap(), b"#!/bin/sh\n");
-        let mode = std::fs::metadata(&installed).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o755);
-        // Re-installing replaces the file in place.
-        install_binary(&source, &dir.path().join("bin")).unwrap();
+        let bin = dir.path().join("bin");
+        let installed = install_binary(&source, &bin).unwrap();
         assert_eq!(
-            std::fs::read_dir(dir.path().join("bin")).unwrap().count(),
-            1
+            installed,
+            [
+                bin.join("flatnet-cni"),
+                bin.join("rancher-flat-network-cni")
+            ]
         );
+        for path in &installed {
+            assert_eq!(std::fs::read(path).unwrap(), b"#!/bin/sh\n");
+            let mode = std::fs::metadata(path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o755);
+        }
+        // Re-installing replaces the files in place.
+        install_binary(&source, &bin).unwrap();
+        assert_eq!(std::fs::read_dir(&bin).unwrap().count(), 2);
 
         let path = install_conflist(
             &dir.path().join("net.d"),

@@ -703,6 +703,18 @@ fn status_reports_ready() {
     };
     let (ok, out) = node.cni("STATUS", "flat4", "", None);
     assert!(ok, "{out}");
+    let out = assert_error(
+        node.cni("STATUS", "nomaster", "", None),
+        50,
+        "STATUS, the subnet's master link is missing",
+    );
+    assert!(
+        out["msg"]
+            .as_str()
+            .unwrap()
+            .contains("\"nosuch0\" does not exist"),
+        "{out}"
+    );
     assert!(
         node.agent.path("bin/flatnet-cni").exists(),
         "flatnet-cni installed"

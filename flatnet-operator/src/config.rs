@@ -60,9 +60,14 @@ pub struct Cli {
     )]
     pub network_attachment: String,
 
-    /// Any non-empty value: debug logs and no leader election (single replica only).
+    /// Any non-empty value: debug logs and the election timing of wrangler's
+    /// dev mode (lease 45h, renew deadline 30h), as the original.
     #[arg(long, env = "CATTLE_DEV_MODE")]
     pub dev_mode: Option<String>,
+
+    /// `false`: no leader election, this process always leads (one replica only).
+    #[arg(long, env = "FLATNET_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    pub leader_election: bool,
 
     /// Period of the full re-reconcile of every object, in minutes.
     #[arg(long, env = "CATTLE_RESYNC_DEFAULT", default_value_t = 10)]
@@ -383,16 +388,6 @@ pub enum ConfigError {
     /// Empty attachment name.
     #[error("FLATNET_NETWORK_ATTACHMENT (--network-attachment) must not be empty")]
     EmptyAttachment,
-    /// Unknown ARP policy.
-    #[error(
-        "FLAT_NETWORK_CNI_ARP_POLICY (--arp-policy) {0:?} is not supported: use \"arp_notify\" or \"arping\""
-    )]
-    ArpPolicy(String),
-    /// Not a Go boolean.
-    #[error(
-        "FLAT_NETWORK_CNI_PROXY_ARP (--proxy-arp) {0:?} is not a boolean: use \"true\" or \"false\""
-    )]
-    ProxyArp(String),
     /// MTU out of range.
     #[error(
         "FLATNET_CNI_MTU (--cni-mtu) {0} is out of range: use 68..65535, or 0 to inherit the parent link's MTU"
@@ -424,9 +419,16 @@ impl Cli {
         let dev_mode = self.dev_mode.as_deref().is_some_and(|v| !v.is_empty());
         // The Lease lives in the operator's namespace, and so do the webhook's objects.
         let operator_namespace = self.lease_namespace.clone();
-        let election = if dev_mode {
-            Election::Disabled
-        } else {
+        let election = if self.leader_election {
+            let mut timing = election_timing(
+                &self.election_lease_duration,
+                &self.election_renew_deadline,
+                &self.election_retry_period,
+            )?;
+            if dev_mode {
+                timing.lease_duration = DEV_MODE_LEASE_DURATION;
+                timing.renew_deadline = DEV_MODE_RENEW_DEADLINE;
+            }
             Election::Lease {
                 name: self.lease_name,
                 namespace: self.lease_namespace,
@@ -434,12 +436,10 @@ impl Cli {
                     .identity
                     .filter(|i| !i.is_empty())
                     .ok_or(ConfigError::NoIdentity)?,
-                timing: election_timing(
-                    &self.election_lease_duration,
-                    &self.election_renew_deadline,
-                    &self.election_retry_period,
-                )?,
+                timing,
             }
+        } else {
+            Election::Disabled
         };
         if self.resync_minutes == 0 {
             return Err(ConfigError::ZeroResync);
@@ -464,13 +464,8 @@ impl Cli {
             cluster_cidrs: cidr_list("FLAT_NETWORK_CLUSTER_CIDR", &self.cluster_cidr)?,
             service_cidrs: cidr_list("FLAT_NETWORK_SERVICE_CIDR", &self.service_cidr)?,
             cni: CniSettings {
-                arp_policy: match self.arp_policy.trim() {
-                    "arp_notify" => ArpPolicy::ArpNotify,
-                    "arping" => ArpPolicy::Arping,
-                    other => return Err(ConfigError::ArpPolicy(other.to_owned())),
-                },
-                proxy_arp: go_bool(&self.proxy_arp)
-                    .ok_or_else(|| ConfigError::ProxyArp(self.proxy_arp.clone()))?,
+                arp_policy: arp_policy(&self.arp_policy).unwrap_or(ArpPolicy::ArpNotify),
+                proxy_arp: go_bool(&self.proxy_arp).unwrap_or(false),
                 mtu: match self.cni_mtu {
                     0 => None,
                     mtu @ 68..=65535 => Some(u16::try_from(mtu).unwrap_or(u16::MAX)),
@@ -509,10 +504,44 @@ impl Cli {
         })
     }
 
-    /// The `--worker` value when it was replaced by the default, for a warning.
+    /// The settings replaced by their default because their value is not
+    /// usable, as the original did, each with the warning to log.
     #[must_use]
-    pub fn rejected_worker(&self) -> Option<u16> {
-        (!WORKER_RANGE.contains(&self.worker)).then_some(self.worker)
+    pub fn fallbacks(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if !WORKER_RANGE.contains(&self.worker) {
+            warnings.push(format!(
+                "--worker {} must be within 1..=50, using {DEFAULT_WORKERS}",
+                self.worker
+            ));
+        }
+        if arp_policy(&self.arp_policy).is_none() {
+            warnings.push(format!(
+                "FLAT_NETWORK_CNI_ARP_POLICY (--arp-policy) {:?} is not supported, using \"arp_notify\" (the other choice is \"arping\")",
+                self.arp_policy
+            ));
+        }
+        if go_bool(&self.proxy_arp).is_none() {
+            warnings.push(format!(
+                "FLAT_NETWORK_CNI_PROXY_ARP (--proxy-arp) {:?} is not a boolean, using false",
+                self.proxy_arp
+            ));
+        }
+        warnings
+    }
+}
+
+/// Election timing of wrangler's dev mode (`CATTLE_DEV_MODE`): a lease that
+/// outlives restarts while debugging.
+pub const DEV_MODE_LEASE_DURATION: Duration = Duration::from_secs(45 * 3600);
+/// Renew deadline of wrangler's dev mode.
+pub const DEV_MODE_RENEW_DEADLINE: Duration = Duration::from_secs(30 * 3600);
+
+fn arp_policy(value: &str) -> Option<ArpPolicy> {
+    match value.trim() {
+        "arp_notify" => Some(ArpPolicy::ArpNotify),
+        "arping" => Some(ArpPolicy::Arping),
+        _ => None,
     }
 }
 
@@ -751,10 +780,25 @@ mod tests {
     }
 
     #[test]
-    fn dev_mode_disables_election_and_turns_on_debug() {
-        let config = parse(&[], &[("CATTLE_DEV_MODE", "true")]).unwrap();
-        assert_eq!(config.election, Election::Disabled);
+    fn dev_mode_keeps_the_election_with_wranglers_dev_timing_and_turns_on_debug() {
+        let config = parse(
+            &["--identity", "x"],
+            &[
+                ("CATTLE_DEV_MODE", "true"),
+                ("CATTLE_ELECTION_RETRY_PERIOD", "3s"),
+            ],
+        )
+        .unwrap();
         assert!(config.debug);
+        let Election::Lease { timing, .. } = config.election else {
+            panic!("dev mode must still elect: {:?}", config.election);
+        };
+        assert_eq!(timing.lease_duration, Duration::from_secs(45 * 3600));
+        assert_eq!(timing.renew_deadline, Duration::from_secs(30 * 3600));
+        assert_eq!(timing.retry_period, Duration::from_secs(3));
+        let config = parse(&["--leader-election=false"], &[]).unwrap();
+        assert_eq!(config.election, Election::Disabled);
+        assert!(!config.debug);
     }
 
     #[test]
@@ -860,20 +904,33 @@ mod tests {
     }
 
     #[test]
-    fn bad_cni_settings_name_the_variable() {
-        let err = parse(
-            &["--identity", "x"],
-            &[("FLAT_NETWORK_CNI_ARP_POLICY", "garp")],
-        )
-        .unwrap_err();
-        assert_eq!(err, ConfigError::ArpPolicy("garp".into()));
-        assert!(err.to_string().starts_with("FLAT_NETWORK_CNI_ARP_POLICY"));
-        let err = parse(
-            &["--identity", "x"],
-            &[("FLAT_NETWORK_CNI_PROXY_ARP", "yes")],
-        )
-        .unwrap_err();
-        assert_eq!(err, ConfigError::ProxyArp("yes".into()));
+    fn bad_cni_settings_fall_back_with_a_warning_naming_the_variable() {
+        let mut cmd = <Cli as CommandFactory>::command();
+        for (id, value) in [("arp_policy", "garp"), ("proxy_arp", "yes")] {
+            cmd = cmd.mut_arg(id, |a| a.default_value(value));
+        }
+        let matches = without_env(cmd, |_| true)
+            .try_get_matches_from(["flatnet-operator", "--identity", "x"])
+            .unwrap();
+        let cli = <Cli as FromArgMatches>::from_arg_matches(&matches).unwrap();
+        let warnings = cli.fallbacks();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("FLAT_NETWORK_CNI_ARP_POLICY"),
+            "{warnings:?}"
+        );
+        assert!(warnings[0].contains("\"garp\""), "{warnings:?}");
+        assert!(
+            warnings[1].starts_with("FLAT_NETWORK_CNI_PROXY_ARP"),
+            "{warnings:?}"
+        );
+        let config = cli.into_config().unwrap();
+        assert_eq!(config.cni.arp_policy, ArpPolicy::ArpNotify);
+        assert!(!config.cni.proxy_arp);
+        assert!(
+            parse(&["--identity", "x"], &[]).is_ok(),
+            "good values need no fallback"
+        );
         let err = parse(&["--identity", "x", "--cni-mtu", "67"], &[]).unwrap_err();
         assert_eq!(err, ConfigError::Mtu(67));
     }

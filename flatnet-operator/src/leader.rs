@@ -75,6 +75,36 @@ pub async fn campaign(
     Ok((claims, task))
 }
 
+/// Calls `attempt` until it succeeds, waiting `period` after each failure
+/// (logged); `None` when `shutdown` is cancelled first.
+pub async fn retry_every<T, E, F, Fut>(
+    period: std::time::Duration,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> Option<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    loop {
+        let result = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            result = attempt() => result,
+        };
+        match result {
+            Ok(value) => return Some(value),
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?period, "cannot campaign for the leader lease yet");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
 /// Waits for the lease, then runs `controllers` until shutdown or until the
 /// lease is lost.
 ///
@@ -168,6 +198,43 @@ mod tests {
             },
         ));
         (task, started_rx, changes)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn campaigning_is_retried_every_retry_period_until_it_works() {
+        let shutdown = CancellationToken::new();
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let start = tokio::time::Instant::now();
+        let seen = Arc::clone(&attempts);
+        let value = retry_every(Duration::from_secs(3), &shutdown, move || {
+            let seen = Arc::clone(&seen);
+            async move {
+                let mut seen = seen.lock().unwrap();
+                seen.push(start.elapsed());
+                if seen.len() < 3 {
+                    Err("lease API not reachable")
+                } else {
+                    Ok(7)
+                }
+            }
+        })
+        .await;
+        assert_eq!(value, Some(7));
+        // Virtual time: the attempts are exactly one retry period apart.
+        assert_eq!(
+            *attempts.lock().unwrap(),
+            [
+                Duration::ZERO,
+                Duration::from_secs(3),
+                Duration::from_secs(6)
+            ]
+        );
+        shutdown.cancel();
+        let never = retry_every(Duration::from_secs(3), &shutdown, || async {
+            Err::<(), _>("down")
+        })
+        .await;
+        assert_eq!(never, None, "shutdown ends the retries");
     }
 
     #[tokio::test]

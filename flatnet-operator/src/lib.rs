@@ -21,6 +21,10 @@ pub mod runtime;
 pub mod telemetry;
 pub mod tls;
 pub mod webhook;
+pub mod workloads;
+
+#[cfg(test)]
+mod compat_tests;
 
 #[cfg(test)]
 mod doc_examples;

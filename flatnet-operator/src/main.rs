@@ -12,11 +12,11 @@ async fn main() -> anyhow::Result<ExitCode> {
         flatnet_operator::migrate::run(command, cli.kubeconfig, cli.network_attachment).await?;
         return Ok(ExitCode::SUCCESS);
     }
-    let rejected_worker = cli.rejected_worker();
+    let fallbacks = cli.fallbacks();
     let config = cli.into_config().context("invalid configuration")?;
     telemetry::init(config.log_format, config.debug);
-    if let Some(worker) = rejected_worker {
-        tracing::warn!(worker, "--worker must be within 1..=50, using 5");
+    for warning in fallbacks {
+        tracing::warn!("{warning}");
     }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),

@@ -25,16 +25,12 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, instrument, warn};
 
+use flatnet_k8s::keys;
+
 use crate::{cidr::Cidr, config::CniSettings, flat_services::FIELD_MANAGER, metrics::Metrics};
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "nad";
-
-/// The CNI plugin the attachments run.
-pub const CNI_TYPE: &str = "flatnet-cni";
-
-/// CNI specification version of the attachment config (as the original's).
-pub const CNI_VERSION: &str = "1.0.0";
 
 /// Retry delay after an API error.
 const RETRY_TRANSIENT: Duration = Duration::from_secs(10);
@@ -84,8 +80,12 @@ pub struct Error {
     source: Box<kube::Error>,
 }
 
-/// The CNI config of the flat network, as `flatnet-cni` reads it.
+/// The CNI config of the flat network: a configuration list with one
+/// `flatnet-cni` plugin.
 ///
+/// A list, not a single plugin config, because only a list carries
+/// `cniVersions`: a runtime on libcni 1.2 or later (Multus 4.1+) then
+/// speaks 1.1.0 and sends STATUS and GC, older ones read `cniVersion`.
 /// `mtu` is a field of flatnet-cni's own config. The `flatNetwork` object is
 /// the original's block, kept so its readers keep working; flatnet-cni
 /// forwards it to the agent unchanged.
@@ -109,17 +109,19 @@ pub fn cni_config(
         "arpPolicy": settings.arp_policy.as_str(),
         "proxyARP": settings.proxy_arp,
     });
-    let mut config = json!({
-        "cniVersion": CNI_VERSION,
-        "name": name,
-        "type": CNI_TYPE,
-    });
+    let mut plugin = json!({ "type": keys::CNI_PLUGIN });
     if let Some(mtu) = settings.mtu {
-        config["mtu"] = json!(mtu);
+        plugin["mtu"] = json!(mtu);
         flat_network["mtu"] = json!(mtu);
     }
-    config["flatNetwork"] = flat_network;
-    config.to_string()
+    plugin["flatNetwork"] = flat_network;
+    json!({
+        "cniVersion": keys::CNI_CONFIG_VERSION,
+        "cniVersions": keys::CNI_CONFIG_VERSIONS,
+        "name": name,
+        "plugins": [plugin],
+    })
+    .to_string()
 }
 
 /// The attachment wanted in `namespace`, owned by the Namespace (so it goes
@@ -245,16 +247,19 @@ mod tests {
             config,
             json!({
                 "cniVersion": "1.0.0",
+                "cniVersions": ["1.0.0", "1.1.0"],
                 "name": "rancher-flat-network",
-                "type": "flatnet-cni",
-                "mtu": 9000,
-                "flatNetwork": {
+                "plugins": [{
+                    "type": "flatnet-cni",
                     "mtu": 9000,
-                    "clusterCIDR": "10.42.0.0/16,fd42::/56",
-                    "serviceCIDR": "10.43.0.0/16",
-                    "arpPolicy": "arping",
-                    "proxyARP": true,
-                },
+                    "flatNetwork": {
+                        "mtu": 9000,
+                        "clusterCIDR": "10.42.0.0/16,fd42::/56",
+                        "serviceCIDR": "10.43.0.0/16",
+                        "arpPolicy": "arping",
+                        "proxyARP": true,
+                    },
+                }],
             })
         );
     }
@@ -268,8 +273,9 @@ mod tests {
             &cidrs(&["10.43.0.0/16"]),
         ))
         .unwrap();
-        assert!(config.get("mtu").is_none());
-        assert!(config["flatNetwork"].get("mtu").is_none());
+        let plugin = &config["plugins"][0];
+        assert!(plugin.get("mtu").is_none());
+        assert!(plugin["flatNetwork"].get("mtu").is_none());
     }
 
     fn namespace(name: &str) -> Namespace {

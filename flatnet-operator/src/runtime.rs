@@ -15,7 +15,7 @@ use crate::{
     metrics::Metrics,
     nad,
     tls::{self, resolver::ReloadingResolver},
-    webhook,
+    webhook, workloads,
 };
 
 /// Failure to start the operator.
@@ -52,7 +52,7 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
-    /// The Lease could not be set up.
+    /// The Lease could not be set up (logged, then retried).
     #[error(
         "cannot use Lease {namespace}/{name} for leader election ({source}); check the namespace exists and the operator may get, create and patch leases there"
     )]
@@ -192,7 +192,10 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         let client = client.clone();
         let metrics = Arc::clone(&metrics);
         let settings = config.allocation.clone();
+        let resync = config.resync;
         move |stop: CancellationToken| {
+            let workload_client = client.clone();
+            let workload_metrics = Arc::clone(&metrics);
             // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
             let workers = config.workers;
@@ -226,6 +229,16 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 stop.clone(),
             );
             let nads = cancel_when_done(nad::run(nad_ctx, workers, stop.clone()), stop.clone());
+            let workloads = cancel_when_done(
+                workloads::run(
+                    workload_client,
+                    workload_metrics,
+                    resync,
+                    workers,
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let certificates = cancel_when_done(
                 {
                     let stop = stop.clone();
@@ -242,7 +255,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             );
             async move {
                 let ready = tokio::spawn(ready);
-                tokio::join!(services, allocation, nads, certificates);
+                tokio::join!(services, allocation, nads, workloads, certificates);
                 ready.abort();
             }
         }
@@ -250,7 +263,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
 
     match &config.election {
         Election::Disabled => {
-            warn!("CATTLE_DEV_MODE is set: leader election is off, run a single replica");
+            warn!("--leader-election=false: this process always leads, run a single replica");
             metrics.set_leader(true);
             controllers(shutdown.child_token()).await;
             Ok(if shutdown.is_cancelled() {
@@ -267,13 +280,22 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         } => {
             // A replica that does not lead is ready as soon as it serves.
             health.set_ready(true);
-            let (claims, task) = leader::campaign(client, name, namespace, identity, timing)
-                .await
-                .map_err(|source| StartError::Lease {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    source,
-                })?;
+            // As client-go's elector: a Lease that cannot be read or created
+            // yet (API server starting, RBAC not applied) is retried every
+            // CATTLE_ELECTION_RETRY_PERIOD instead of ending the process.
+            let started = leader::retry_every(timing.retry_period, &shutdown, || async {
+                leader::campaign(client.clone(), name, namespace, identity, timing)
+                    .await
+                    .map_err(|source| StartError::Lease {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        source,
+                    })
+            })
+            .await;
+            let Some((claims, task)) = started else {
+                return Ok(Outcome::Shutdown);
+            };
             info!(lease = %format!("{namespace}/{name}"), %identity, "campaigning for leadership");
             let outcome = leader::run_while_leader(
                 claims,

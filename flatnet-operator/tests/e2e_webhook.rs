@@ -132,13 +132,13 @@ async fn the_webhook_denies_bad_objects_through_the_api_server() {
         }
     }
 
-    // The operator, in dev mode, serving and registering its webhook.
+    // The operator, without leader election, serving and registering its webhook.
     let url = webhook_url();
     let configuration = format!("flatnet-e2e-{id}");
     let secret = format!("flatnet-e2e-certs-{id}");
     let cli = <Cli as clap::Parser>::try_parse_from([
         "flatnet-operator",
-        "--dev-mode=1",
+        "--leader-election=false",
         "--admin-address=127.0.0.1:0",
         "--bind-address=0.0.0.0",
         &format!("--port={}", port_of(&url)),

@@ -194,8 +194,9 @@ impl RunArgs {
                 .clone()
                 .or_else(install::default_cni_binary)
                 .context("cannot locate flatnet-cni; pass --cni-binary")?;
-            let installed = install::install_binary(&source, &self.cni_bin_dir)?;
-            tracing::info!(path = %installed.display(), "flatnet-cni installed");
+            for installed in install::install_binary(&source, &self.cni_bin_dir)? {
+                tracing::info!(path = %installed.display(), "CNI plugin installed");
+            }
         }
         if let Some(dir) = &self.cni_conf_dir {
             let path = install::install_conflist(

@@ -265,6 +265,7 @@ impl NetworkConfig {
         if let Some(runtime) = &self.runtime_config {
             runtime.requested_mac()?;
         }
+        check_ipam(&self.name, self.extra.get("ipam"))?;
         if let Some(subnet) = &self.subnet
             && subnet.is_empty()
         {
@@ -277,6 +278,30 @@ impl NetworkConfig {
         }
         Ok(())
     }
+}
+
+/// The only `ipam` plugin a flat network may name: the original's NADs say
+/// `static-ipam`, which it fed with the operator's allocation. flatnet
+/// allocates through the FlatNetworkSubnet the same way, so that block is
+/// accepted and means nothing more.
+pub const ORIGINAL_IPAM: &str = "static-ipam";
+
+/// `ipam` is absent or names [`ORIGINAL_IPAM`]; any other plugin (host-local,
+/// whereabouts, ...) would be silently ignored, so it is refused (code 2).
+fn check_ipam(network: &str, ipam: Option<&Value>) -> Result<(), CniError> {
+    let Some(ipam) = ipam else {
+        return Ok(());
+    };
+    let plugin = ipam.get("type").and_then(Value::as_str);
+    if plugin == Some(ORIGINAL_IPAM) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        ErrorCode::UnsupportedField,
+        format!(
+            "network {network:?}: field \"ipam\" has unsupported value {ipam}; flatnet allocates addresses from the FlatNetworkSubnet itself, so remove \"ipam\" or leave it {{\"type\": \"{ORIGINAL_IPAM}\"}} as written for rancher-flat-network"
+        ),
+    ))
 }
 
 /// Code 2 for a flatnet field whose value is well typed but not supported.
@@ -496,6 +521,45 @@ mod tests {
             let error = decode(config).unwrap_err();
             assert_eq!(error.code, ErrorCode::UnsupportedField, "{key}={value}");
             assert!(error.msg.contains(key), "{}", error.msg);
+        }
+    }
+
+    #[test]
+    fn original_nads_with_static_ipam_are_accepted_other_ipam_is_code_2() {
+        // A NAD as written for rancher-flat-network.
+        let config = decode(json!({
+            "cniVersion": "1.0.0", "name": "rancher-flat-network",
+            "type": "rancher-flat-network-cni",
+            "ipam": {"type": "static-ipam"},
+            "flatNetwork": {"mtu": 1500, "arpPolicy": "arp_notify", "proxyARP": false}
+        }))
+        .unwrap();
+        assert_eq!(config.plugin_type, "rancher-flat-network-cni");
+        for ipam in [
+            json!({"type": "host-local"}),
+            json!({}),
+            json!("static-ipam"),
+        ] {
+            let error =
+                decode(json!({"cniVersion": "1.0.0", "name": "n", "type": "t", "ipam": ipam}))
+                    .unwrap_err();
+            assert_eq!(error.code, ErrorCode::UnsupportedField, "{ipam}");
+            assert!(error.msg.contains("\"ipam\""), "{}", error.msg);
+            assert!(error.msg.contains("static-ipam"), "{}", error.msg);
+        }
+    }
+
+    #[test]
+    fn pre_chaining_versions_name_the_supported_ones() {
+        for old in ["0.1.0", "0.2.0"] {
+            let error = decode(json!({"cniVersion": old, "name": "n", "type": "t"})).unwrap_err();
+            assert_eq!(error.code, ErrorCode::IncompatibleVersion);
+            assert!(error.msg.contains(old), "{}", error.msg);
+            assert!(
+                error.msg.contains("0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"),
+                "{}",
+                error.msg
+            );
         }
     }
 

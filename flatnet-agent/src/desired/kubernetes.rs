@@ -15,6 +15,7 @@ use std::{
 
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
+    ipam::Pool,
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, label},
 };
 use ipnet::IpNet;
@@ -31,7 +32,7 @@ use serde_json::json;
 
 use super::{
     AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
-    PodRef,
+    PodRef, status::SubnetCapacity,
 };
 use crate::{
     datapath::Conflict,
@@ -238,6 +239,25 @@ impl Kubernetes {
     }
 }
 
+/// STATUS's view of a FlatNetworkSubnet: free addresses are the operator's
+/// count of its pool less `usedIP`, unknown until the operator counted it.
+fn subnet_capacity(subnet: FlatNetworkSubnet) -> SubnetCapacity {
+    let name = subnet.name_any();
+    let status = subnet.status.unwrap_or_default();
+    let named = NamedSubnet {
+        name,
+        spec: subnet.spec,
+    };
+    let free = named.validate().ok().and_then(|valid| {
+        (status.total_ip_count > 0).then(|| {
+            let mut pool = Pool::new(&valid);
+            pool.reserve_ranges(&status.used_ip);
+            pool.free()
+        })
+    });
+    SubnetCapacity::of(&named, free)
+}
+
 /// The name of a dual-stack pod's second FlatNetworkIP.
 pub fn secondary_name(pod_name: &str) -> String {
     format!("{pod_name}{SECONDARY_RECORD_SUFFIX}")
@@ -345,6 +365,43 @@ impl DesiredState for Kubernetes {
         }
     }
 
+    async fn capacity(
+        &self,
+        _network: &str,
+        subnet: Option<&str>,
+    ) -> Result<Vec<SubnetCapacity>, DesiredStateError> {
+        let subnets: Api<FlatNetworkSubnet> =
+            Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
+        let unavailable = |e: kube::Error| {
+            DesiredStateError::Unavailable(format!(
+                "cannot read FlatNetworkSubnets in {SUBNET_NAMESPACE}: {e}"
+            ))
+        };
+        // Every network shares the subnets: pods choose theirs by annotation.
+        let found = match subnet {
+            Some(list) => {
+                let mut found = Vec::new();
+                for name in list.split(',').map(str::trim) {
+                    let subnet = subnets.get_opt(name).await.map_err(unavailable)?.ok_or_else(|| {
+                        DesiredStateError::SubnetNotFound(format!(
+                            "FlatNetworkSubnet {SUBNET_NAMESPACE}/{name} named by the network configuration does not exist"
+                        ))
+                    })?;
+                    found.push(subnet);
+                }
+                found
+            }
+            None => {
+                subnets
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(unavailable)?
+                    .items
+            }
+        };
+        Ok(found.into_iter().map(subnet_capacity).collect())
+    }
+
     async fn report_conflict(
         &self,
         pod: &PodRef,
@@ -399,5 +456,44 @@ impl DesiredState for Kubernetes {
         .await
         .map_err(unavailable)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subnet(status: serde_json::Value) -> FlatNetworkSubnet {
+        serde_json::from_value(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1",
+            "kind": "FlatNetworkSubnet",
+            "metadata": {"name": "lan", "namespace": SUBNET_NAMESPACE},
+            "spec": {
+                "flatMode": "macvlan", "master": "eth1", "cidr": "192.0.2.0/24",
+                "gateway": "192.0.2.1",
+                "ranges": [{"from": "192.0.2.10", "to": "192.0.2.13"}]
+            },
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn capacity_is_the_pool_less_used_ip_once_the_operator_counted_it() {
+        let counted = subnet_capacity(subnet(json!({
+            "phase": "Active", "totalIPCount": 4, "usedIPCount": 3,
+            "usedIP": [{"from": "192.0.2.1", "to": "192.0.2.1"},
+                       {"from": "192.0.2.10", "to": "192.0.2.11"}]
+        })));
+        assert_eq!(counted.name, "lan");
+        assert_eq!(counted.master, "eth1");
+        assert_eq!(counted.free, Some(2));
+        let full = subnet_capacity(subnet(json!({
+            "phase": "Active", "totalIPCount": 4,
+            "usedIP": [{"from": "192.0.2.10", "to": "192.0.2.13"}]
+        })));
+        assert_eq!(full.free, Some(0));
+        // Not counted yet: unknown, never reported exhausted.
+        assert_eq!(subnet_capacity(subnet(json!({}))).free, None);
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod kubernetes;
 pub mod standalone;
+pub mod status;
 
 use std::{fmt, future::Future, net::IpAddr};
 
@@ -194,6 +195,14 @@ pub trait DesiredState: Send + Sync + 'static {
 
     /// `Ok` when ADD can be served, else why not.
     fn readiness(&self) -> Result<(), String>;
+
+    /// The subnets `network` allocates from (`subnet`, comma-separated, when
+    /// the configuration names them), with their free addresses; for STATUS.
+    fn capacity(
+        &self,
+        network: &str,
+        subnet: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<status::SubnetCapacity>, DesiredStateError>> + Send;
 
     /// Makes a conflict on an address of `pod` visible to users.
     fn report_conflict(

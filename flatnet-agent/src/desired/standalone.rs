@@ -23,7 +23,7 @@ use tokio::sync::Mutex;
 
 use super::{
     AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
-    PodRef,
+    PodRef, status::SubnetCapacity,
 };
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -773,6 +773,23 @@ impl DesiredState for Standalone {
         Ok(())
     }
 
+    async fn capacity(
+        &self,
+        network: &str,
+        subnet: Option<&str>,
+    ) -> Result<Vec<SubnetCapacity>, DesiredStateError> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        let subnets = store.state.state.subnets_for(network, subnet)?;
+        Ok(subnets
+            .into_iter()
+            .map(|(named, _)| {
+                let free = store.pools.get(&named.name).map(Pool::free);
+                SubnetCapacity::of(named, free)
+            })
+            .collect())
+    }
+
     async fn report_conflict(
         &self,
         _pod: &PodRef,
@@ -873,11 +890,18 @@ networks:
         let store = Standalone::open(state(), dir.path()).unwrap();
         // 192.0.2.0/29: .2 to .6 are allocatable (.1 is the gateway).
         for n in 0..5 {
+            let free = store.capacity("flat", None).await.unwrap()[0].free;
+            assert_eq!(free, Some(5 - n), "STATUS counts what is left");
             store
                 .claim(&request("flat", &format!("p{n}")))
                 .await
                 .unwrap();
         }
+        let capacity = store.capacity("flat", None).await.unwrap();
+        assert_eq!(capacity[0].free, Some(0));
+        assert_eq!(capacity[0].master, "eth9");
+        let status = super::super::status::evaluate("flat", false, &capacity, |_| true);
+        assert!(status.unwrap_err().msg.contains("exhausted"));
         let error = store.claim(&request("flat", "p5")).await.unwrap_err();
         assert_eq!(
             error.to_cni().code,

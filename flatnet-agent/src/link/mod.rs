@@ -121,6 +121,12 @@ impl Attachments {
         detach::primary_defaults(netns, primary).await
     }
 
+    /// Names of every link in the node's namespace (STATUS checks masters).
+    pub async fn host_link_names(&self) -> Result<std::collections::BTreeSet<String>, LinkError> {
+        let host = netlink::Netlink::open(self.host_netns.as_deref())?;
+        Ok(host.links().await?.into_iter().map(|l| l.name).collect())
+    }
+
     /// Removes the pod interface, flatnet's node routes to it and, when no
     /// longer used, the VLAN interface flatnet created. Anything already
     /// gone is not an error.

@@ -32,7 +32,7 @@ use crate::{
         StatusRequest,
     },
     datapath::{ConflictMonitor, Datapath, DatapathError, PinnedMaps},
-    desired::{AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, PodRef},
+    desired::{self, AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, PodRef},
     link::{AttachmentSpec, Attachments, DetachSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::{is_netns, open_netns, run_in_netns},
     policy_controller::{self, PodTables, PolicyTrigger},
@@ -368,9 +368,26 @@ impl<S: DesiredState> CniHandler for AgentService<S> {
         }
     }
 
-    async fn status(&self, _request: StatusRequest) -> Result<(), CniError> {
+    async fn status(&self, request: StatusRequest) -> Result<(), CniError> {
         self.readiness()
-            .map_err(|reason| CniError::new(ErrorCode::PluginNotAvailable, reason))
+            .map_err(|reason| CniError::new(ErrorCode::PluginNotAvailable, reason))?;
+        let config = &request.config;
+        let subnets = self
+            .inner
+            .desired
+            .capacity(&config.name, config.subnet.as_deref())
+            .await
+            .map_err(|e| CniError::new(ErrorCode::PluginNotAvailable, e.to_string()))?;
+        let links = self
+            .inner
+            .config
+            .attachments
+            .host_link_names()
+            .await
+            .map_err(|e| CniError::new(ErrorCode::PluginNotAvailable, e.to_string()))?;
+        desired::status::evaluate(&config.name, config.subnet.is_some(), &subnets, |name| {
+            links.contains(name)
+        })
     }
 
     async fn gc(&self, request: GcRequest) -> Result<(), CniError> {

@@ -12,6 +12,23 @@ pub const SUBNET_NAMESPACE: &str = "cattle-flat-network";
 /// Name of the Multus `NetworkAttachmentDefinition` created in every namespace.
 pub const NAD_NAME: &str = "rancher-flat-network";
 
+/// The CNI plugin executable flatnet installs on every node.
+pub const CNI_PLUGIN: &str = "flatnet-cni";
+
+/// The original's plugin name: the agent installs the same executable under
+/// it too, so NetworkAttachmentDefinitions written for the original keep working.
+pub const CNI_PLUGIN_ORIGINAL: &str = "rancher-flat-network-cni";
+
+/// `cniVersion` of the network configuration lists flatnet writes (the NAD
+/// and the node's conflist): runtimes built on libcni before 1.2 (podman 4,
+/// containerd 1.7, Multus 3) read only this field and cannot parse a 1.1.0
+/// result.
+pub const CNI_CONFIG_VERSION: &str = "1.0.0";
+
+/// `cniVersions` of the same lists: libcni 1.2 and later pick the highest
+/// entry, so 1.1-capable runtimes send STATUS and GC.
+pub const CNI_CONFIG_VERSIONS: [&str; 2] = ["1.0.0", "1.1.0"];
+
 /// Suffix of the headless service mirrored for each flat-network service.
 pub const FLAT_NETWORK_SERVICE_SUFFIX: &str = "-flat-network";
 

@@ -253,9 +253,14 @@ async fn reserve_address(
         let valid = ready_subnet(&subnet)?;
         let status = subnet.status.clone().unwrap_or_default();
 
-        // The pool: the ledger plus what the cache says records hold.
+        // The pool: the ledger plus what the cache says records hold, and
+        // what V1 pods still hold during a migration.
         let mut pool = Pool::new(&valid);
         pool.reserve_ranges(&status.used_ip);
+        for held in status.held_by_v1() {
+            // Outside the CIDR or already in usedIP: both fine.
+            let _ = pool.mark_used(held);
+        }
         let records = ctx.caches.records.state();
         let others: Vec<&FlatNetworkIP> = records
             .iter()

@@ -150,7 +150,7 @@ impl Error {
             Self::Mac(_) => "RequestedMacTaken",
             Self::Annotation { .. } | Self::NameTooLong { .. } => "InvalidAnnotation",
             Self::SubnetMissing { .. } => "SubnetMissing",
-            _ => "FlatNetworkIPError",
+            _ => super::events::ALLOCATION_ERROR_REASON,
         }
     }
 

@@ -10,6 +10,9 @@ use tracing::warn;
 /// Name of the reporting controller in Events.
 pub const REPORTER: &str = "flatnet-operator";
 
+/// The original's Event reason for every allocation problem of a pod.
+pub const ALLOCATION_ERROR_REASON: &str = "FlatNetworkIPError";
+
 /// Publishes Events; a failure to publish is logged, never fatal.
 #[derive(Clone)]
 pub struct Events {
@@ -43,6 +46,26 @@ impl Events {
             note,
         )
         .await;
+    }
+
+    /// A Warning about a pod's address that only the user can fix: always
+    /// with the original's reason [`ALLOCATION_ERROR_REASON`] (alerts written
+    /// for it keep firing), its note starting with the finer `reason`, and,
+    /// when that differs, a second Warning with the finer reason.
+    pub async fn warn_allocation<K>(&self, object: &K, reason: &str, action: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        if reason != ALLOCATION_ERROR_REASON {
+            self.warn(
+                object,
+                ALLOCATION_ERROR_REASON,
+                action,
+                format!("{reason}: {note}"),
+            )
+            .await;
+        }
+        self.warn(object, reason, action, note).await;
     }
 
     /// A Normal event on `object`.

@@ -86,6 +86,8 @@ struct Book {
     subnet: FlatNetworkSubnet,
     valid: ValidSubnet,
     pool: Pool,
+    /// Free in the ledger but held by V1 pods (`reservedIP`, migrator).
+    v1_held: Vec<IpAddr>,
 }
 
 #[derive(Default)]
@@ -178,11 +180,20 @@ async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Fai
         other => Failure::NotReady(other.to_string()),
     })?;
     let mut pool = Pool::new(&valid);
-    pool.reserve_ranges(&subnet.status.clone().unwrap_or_default().used_ip);
+    let status = subnet.status.clone().unwrap_or_default();
+    pool.reserve_ranges(&status.used_ip);
+    // Addresses V1 pods still hold during a migration: never chosen, never
+    // written to the ledger (no record of flatnet names them).
+    let v1_held = status
+        .held_by_v1()
+        .into_iter()
+        .filter(|ip| pool.is_allocatable(*ip) && !pool.is_used(*ip))
+        .collect();
     Ok(Book {
         subnet,
         valid,
         pool,
+        v1_held,
     })
 }
 
@@ -213,6 +224,9 @@ async fn commit_batch(
             },
         };
         let mut pool = current.pool.clone();
+        for held in &current.v1_held {
+            let _ = pool.mark_used(*held);
+        }
         let mut changed = false;
         let answers: Vec<Result<Option<IpAddr>, PoolError>> = batch
             .iter()
@@ -235,6 +249,9 @@ async fn commit_batch(
             })
             .collect();
         let at = Instant::now();
+        for held in &current.v1_held {
+            pool.release(*held);
+        }
         let written = if changed {
             let mut updated = current.subnet.clone();
             set_usage(updated.status.get_or_insert_with(Default::default), &pool);
@@ -271,6 +288,7 @@ async fn commit_batch(
             subnet: written,
             valid: current.valid,
             pool,
+            v1_held: current.v1_held,
         });
         return;
     }

@@ -176,7 +176,7 @@ async fn report_failure(record: &FlatNetworkIP, pod: &Pod, error: &Error, ctx: &
         return;
     }
     ctx.events
-        .warn(pod, error.event_reason(), "Allocate", message)
+        .warn_allocation(pod, error.event_reason(), "Allocate", message)
         .await;
 }
 

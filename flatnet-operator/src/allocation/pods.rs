@@ -159,7 +159,7 @@ async fn user_error(pod: &Pod, error: Error, ctx: &Context) -> Result<Action, Er
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
     ctx.events
-        .warn(
+        .warn_allocation(
             pod,
             error.event_reason(),
             "CreateFlatNetworkIP",

@@ -240,12 +240,21 @@ async fn pod_controller_creates_the_record() {
 }
 
 #[tokio::test]
-async fn bad_annotation_gives_one_event_and_no_retry() {
+async fn bad_annotation_gives_its_events_once_and_no_retry() {
     let web = pod("web-1")
         .flat()
         .annotated("flatnetwork.pandaria.io/ip", "10.0.0.300");
     let result = scripted(
         |mut api| async move {
+            let original = api
+                .expect("POST", &format!("{EVENTS}?*"), |body| {
+                    (http::StatusCode::CREATED, body.clone())
+                })
+                .await;
+            assert_eq!(original.body["reason"], "FlatNetworkIPError");
+            let note = original.body["note"].as_str().unwrap();
+            assert!(note.starts_with("InvalidAnnotation: "), "{note}");
+            assert!(note.contains("10.0.0.300"), "{note}");
             let event = api
                 .expect("POST", &format!("{EVENTS}?*"), |body| {
                     (http::StatusCode::CREATED, body.clone())
@@ -451,6 +460,15 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
         assert_eq!(failed.body["status"]["phase"], "Failed");
         let message = failed.body["status"]["failureMessage"].as_str().unwrap();
         assert!(message.contains("no free address"), "{message}");
+        // The original's reason first (existing alerts), then the finer one.
+        let event = api
+            .expect("POST", &format!("{EVENTS}?*"), |body| {
+                (http::StatusCode::CREATED, body.clone())
+            })
+            .await;
+        assert_eq!(event.body["reason"], "FlatNetworkIPError");
+        let note = event.body["note"].as_str().unwrap();
+        assert!(note.starts_with("NoAddressLeft: "), "{note}");
         let event = api
             .expect("POST", &format!("{EVENTS}?*"), |body| {
                 (http::StatusCode::CREATED, body.clone())

@@ -7,6 +7,7 @@
 
 pub mod endpoints;
 pub mod flat_service;
+pub mod legacy_endpoints;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -244,6 +245,7 @@ pub async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
     }) {
         delete(&slices, "EndpointSlice", &namespace, &stale).await?;
     }
+    legacy_endpoints::apply(&ctx.client, &namespace, &flat_name, &owner, &desired.slices).await?;
     debug!(slices = desired.slices.len(), "flat endpoints written");
     Ok(Action::requeue(ctx.resync))
 }

@@ -16,6 +16,7 @@ const PODS_OF_WEB: &str = "/api/v1/namespaces/shop/pods?&labelSelector=app%3Dweb
 const FLAT_SVC: &str = "/api/v1/namespaces/shop/services/web-flat-network";
 const APPLY: &str = "?&force=true&fieldManager=flatnet-operator";
 const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices";
+const ENDPOINTS: &str = "/api/v1/namespaces/shop/endpoints/web-flat-network";
 
 /// Runs `reconcile` for `svc` while `script` plays the API server, then
 /// checks the script saw every request and no other.
@@ -172,6 +173,25 @@ async fn creates_the_flat_service_and_one_slice_per_family() {
             ok(json!({"kind": "Status", "status": "Success"})),
         )
         .await;
+        // core/v1 Endpoints beside the slices, as the original wrote them.
+        let endpoints = api
+            .expect("PATCH", &format!("{ENDPOINTS}{APPLY}"), applied("uid-ep"))
+            .await;
+        assert_eq!(
+            endpoints.body["metadata"]["labels"]["endpointslice.kubernetes.io/skip-mirror"],
+            "true"
+        );
+        assert_eq!(
+            endpoints.body["metadata"]["ownerReferences"][0]["uid"],
+            "uid-flat"
+        );
+        let subsets = &endpoints.body["subsets"];
+        assert_eq!(subsets[0]["addresses"][0]["ip"], "192.168.1.10");
+        assert_eq!(subsets[0]["addresses"][0]["targetRef"]["name"], "a");
+        assert_eq!(subsets[0]["notReadyAddresses"][0]["ip"], "192.168.1.12");
+        assert_eq!(subsets[0]["ports"][0]["port"], 8080);
+        assert_eq!(subsets[1]["notReadyAddresses"][0]["ip"], "fd00::b");
+        assert_eq!(subsets[1].get("addresses"), None);
         api
     })
     .await;
@@ -245,6 +265,11 @@ async fn flat_pods_without_addresses_get_the_service_and_no_slices() {
             not_found(),
         )
         .await;
+        // A cluster that removed core/v1 Endpoints: not an error.
+        let endpoints = api
+            .expect("PATCH", &format!("{ENDPOINTS}{APPLY}"), not_found())
+            .await;
+        assert_eq!(endpoints.body["subsets"], json!([]));
         api
     })
     .await;
@@ -303,6 +328,8 @@ async fn the_original_operators_flat_service_is_replaced() {
             ok(slice_list(&[])),
         )
         .await;
+        api.expect("PATCH", &format!("{ENDPOINTS}{APPLY}"), applied("uid-ep"))
+            .await;
         api
     })
     .await;

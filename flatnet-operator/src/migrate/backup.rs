@@ -16,6 +16,7 @@ use kube::{
     Api, Client,
     api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use super::{
@@ -201,26 +202,27 @@ fn file_name(kind: &Kind, object: &Value) -> PathBuf {
 /// file that is not a complete object of a known kind, before anything is
 /// written to the cluster.
 pub fn read_backup(dir: &Path) -> Result<Vec<(Kind, Value)>, MigrateError> {
-    let mut files = Vec::new();
-    collect_files(dir, &mut files)?;
     let mut objects = Vec::new();
-    for path in files {
-        let text = fs::read_to_string(&path).map_err(|source| MigrateError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let object: Value = serde_json::from_str(&text).map_err(|source| MigrateError::Decode {
-            what: path.display().to_string(),
-            source,
-        })?;
-        let api_version = object["apiVersion"].as_str().unwrap_or_default();
-        let kind_name = object["kind"].as_str().unwrap_or_default();
-        let kind = Kind::find(api_version, kind_name).ok_or_else(|| MigrateError::UnknownKind {
-            path: path.clone(),
-            api_version: api_version.into(),
-            kind: kind_name.into(),
-        })?;
-        objects.push((*kind, object));
+    if dir.is_file() {
+        for (index, object) in read_upstream_file(dir)?.into_iter().enumerate() {
+            let path = PathBuf::from(format!("{}#{}", dir.display(), index + 1));
+            objects.push((kind_of(&path, &object)?, object));
+        }
+    } else {
+        let mut files = Vec::new();
+        collect_files(dir, &mut files)?;
+        for path in files {
+            let text = fs::read_to_string(&path).map_err(|source| MigrateError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let object: Value =
+                serde_json::from_str(&text).map_err(|source| MigrateError::Decode {
+                    what: path.display().to_string(),
+                    source,
+                })?;
+            objects.push((kind_of(&path, &object)?, object));
+        }
     }
     objects.sort_by_key(|(kind, object)| {
         (
@@ -230,6 +232,86 @@ pub fn read_backup(dir: &Path) -> Result<Vec<(Kind, Value)>, MigrateError> {
         )
     });
     Ok(objects)
+}
+
+fn kind_of(path: &Path, object: &Value) -> Result<Kind, MigrateError> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let kind_name = object["kind"].as_str().unwrap_or_default();
+    Kind::find(api_version, kind_name)
+        .copied()
+        .ok_or_else(|| MigrateError::UnknownKind {
+            path: path.to_owned(),
+            api_version: api_version.into(),
+            kind: kind_name.into(),
+        })
+}
+
+/// The objects of a backup file the original migrator wrote
+/// (`rancher-flat-network-migrator backup -o FILE`): YAML documents
+/// separated by `---`. Empty documents are skipped. The original could
+/// write the `cattle-flat-network` Namespace, the V2 CRD and V2 subnets
+/// without `apiVersion` and `kind`, and then skipped them on restore; here
+/// they are recognised by name (the Namespace, the CRD) or by their
+/// namespace and `spec.flatMode` (a V2 subnet) and restored.
+pub fn read_upstream_file(path: &Path) -> Result<Vec<Value>, MigrateError> {
+    let text = fs::read_to_string(path).map_err(|source| MigrateError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut objects = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let yaml = serde_yaml::Value::deserialize(document).map_err(|e| MigrateError::Decode {
+            what: format!("{} document {}", path.display(), index + 1),
+            source: serde::de::Error::custom(e),
+        })?;
+        let mut object: Value =
+            serde_json::to_value(yaml).map_err(|source| MigrateError::Decode {
+                what: format!("{} document {}", path.display(), index + 1),
+                source,
+            })?;
+        if object.is_null() || object.as_object().is_some_and(serde_json::Map::is_empty) {
+            continue;
+        }
+        if object
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+            && let Some(kind) = untyped_kind(&object)
+        {
+            object["apiVersion"] = kind.api_version.into();
+            object["kind"] = kind.kind.into();
+        }
+        // The original blanked kubectl's last-applied record instead of removing it.
+        if let Some(annotations) = object
+            .pointer_mut("/metadata/annotations")
+            .and_then(Value::as_object_mut)
+        {
+            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+        objects.push(object);
+    }
+    Ok(objects)
+}
+
+/// The kind of an object the original wrote without one.
+fn untyped_kind(object: &Value) -> Option<Kind> {
+    let name = object.pointer("/metadata/name").and_then(Value::as_str)?;
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    if name == keys::SUBNET_NAMESPACE
+        && namespace.is_none()
+        && object
+            .get("spec")
+            .is_none_or(|s| s.get("flatMode").is_none())
+    {
+        return Some(kinds::NAMESPACE);
+    }
+    if name == "flatnetworksubnets.flatnetwork.pandaria.io" {
+        return Some(kinds::CRD);
+    }
+    (namespace == Some(keys::SUBNET_NAMESPACE) && object.pointer("/spec/flatMode").is_some())
+        .then_some(kinds::FLAT_NETWORK_SUBNET)
 }
 
 fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), MigrateError> {

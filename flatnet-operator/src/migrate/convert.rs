@@ -7,7 +7,10 @@
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 use flatnet_k8s::{
-    api::{FlatNetworkSubnet, FlatNetworkSubnetSpec, IpRange, Route, RouteSettings},
+    api::{
+        FlatNetworkSubnet, FlatNetworkSubnetSpec, IpRange, Route, RouteSettings,
+        V1_RESERVATION_KIND,
+    },
     keys::{self, annotation},
 };
 use k8s_openapi::{
@@ -16,7 +19,7 @@ use k8s_openapi::{
 };
 use serde_json::Value;
 
-use super::v1::{MacvlanRoute, MacvlanSubnet};
+use super::v1::{MacvlanIP, MacvlanRoute, MacvlanSubnet};
 
 /// Prefixes of V1 annotation and label keys.
 pub const V1_PREFIXES: [&str; 2] = ["macvlan.pandaria.cattle.io/", "macvlan.panda.io/"];
@@ -430,4 +433,41 @@ pub fn flat_service(v1: &Service, attachment: &str) -> Service {
         }),
         status: None,
     }
+}
+
+/// Reservations of the V2 subnets for the addresses V1 pods hold: per
+/// subnet name (the V2 subnet has the V1 subnet's name), the key
+/// `MacvlanIP/<namespace>/<name>` and the one address of that record.
+/// Records without an address (not allocated yet) hold nothing; one whose
+/// address does not parse is reported.
+pub fn v1_reservations(
+    ips: &[MacvlanIP],
+    issues: &mut Vec<Issue>,
+) -> BTreeMap<String, BTreeMap<String, Vec<IpRange>>> {
+    let mut by_subnet: BTreeMap<String, BTreeMap<String, Vec<IpRange>>> = BTreeMap::new();
+    for ip in ips {
+        let namespace = ip.metadata.namespace.as_deref().unwrap_or_default();
+        let name = ip.metadata.name.as_deref().unwrap_or_default();
+        let text = ip.status.as_ref().map_or("", |s| s.ip.as_str()).trim();
+        if text.is_empty() {
+            continue;
+        }
+        // V1 wrote the address with or without its prefix length.
+        let address = text.split('/').next().unwrap_or_default();
+        match address.parse::<IpAddr>() {
+            Ok(addr) => {
+                by_subnet.entry(ip.spec.subnet.clone()).or_default().insert(
+                    format!("{V1_RESERVATION_KIND}/{namespace}/{name}"),
+                    vec![IpRange::new(addr, addr)],
+                );
+            }
+            Err(_) => issues.push(Issue {
+                object: format!("MacvlanIP {namespace}/{name}"),
+                field: "status.ip".into(),
+                value: text.into(),
+                outcome: "not an address: not reserved in the V2 subnet, so a rolled pod may be given it; check the V1 pod".into(),
+            }),
+        }
+    }
+    by_subnet
 }

@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use flatnet_k8s::{api::FlatNetworkSubnet, keys};
+use flatnet_k8s::{
+    api::{FlatNetworkSubnet, FlatNetworkSubnetStatus},
+    keys,
+};
 use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api, Client,
@@ -160,6 +163,9 @@ pub async fn migrate(client: &Client, options: &Options) -> Result<(), MigrateEr
         })
         .collect();
 
+    let v1_ips: Api<MacvlanIP> = Api::all(client.clone());
+    let held = convert::v1_reservations(&list_typed(&v1_ips, "macvlanips").await?, &mut issues);
+
     let mut workload_changes = Vec::new();
     for kind in &options.workloads {
         let workloads = list(client, kind).await?;
@@ -216,6 +222,20 @@ pub async fn migrate(client: &Client, options: &Options) -> Result<(), MigrateEr
                 println!("created {what}");
             }
         }
+    }
+
+    // Before any pod rolls: what V1 pods hold is reserved in the V2
+    // subnets, so no rolled pod is handed an address a V1 pod still uses.
+    for (name, reservations) in &held {
+        let action = format!("reserve {} V1 address(es) in", reservations.len());
+        patch_reservations(
+            &subnets,
+            name,
+            json!(reservations),
+            &action,
+            options.dry_run,
+        )
+        .await?;
     }
 
     for change in &workload_changes {
@@ -285,11 +305,24 @@ pub async fn clean(client: &Client, dry_run: bool) -> Result<(), MigrateError> {
     let v1_subnets: Api<MacvlanSubnet> = Api::all(client.clone());
     let v1_subnets = list_typed(&v1_subnets, "macvlansubnets").await?;
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(client.clone(), keys::SUBNET_NAMESPACE);
+    // The V1 reservations `migrate` made, released once no V1 pod is left.
+    let mut v1_reservations: Vec<(String, serde_json::Map<String, Value>)> = Vec::new();
     for v1 in &v1_subnets {
         let (expected, _) = convert::subnet(v1);
         let name = expected.metadata.name.clone().unwrap_or_default();
         match get_typed(&subnets, &name).await? {
-            Some(v2) if v2.spec == expected.spec => {}
+            Some(v2) if v2.spec == expected.spec => {
+                let stale: serde_json::Map<String, Value> = v2
+                    .status
+                    .iter()
+                    .flat_map(|s| s.reserved_ip.keys())
+                    .filter(|k| FlatNetworkSubnetStatus::is_v1_reservation(k))
+                    .map(|k| (k.clone(), Value::Null))
+                    .collect();
+                if !stale.is_empty() {
+                    v1_reservations.push((name.clone(), stale));
+                }
+            }
             Some(_) => reasons.push(format!(
                 "FlatNetworkSubnet {}/{name} differs from the conversion of its V1 subnet",
                 keys::SUBNET_NAMESPACE
@@ -318,6 +351,18 @@ pub async fn clean(client: &Client, dry_run: bool) -> Result<(), MigrateError> {
             println!("not verified: {reason}");
         }
         return Err(MigrateError::NotVerified(reasons.len()));
+    }
+
+    for (name, stale) in &v1_reservations {
+        let action = format!("release {} V1 reservation(s) of", stale.len());
+        patch_reservations(
+            &subnets,
+            name,
+            Value::Object(stale.clone()),
+            &action,
+            dry_run,
+        )
+        .await?;
     }
 
     let by_namespace = |s: &MacvlanSubnet| {
@@ -351,6 +396,35 @@ pub async fn clean(client: &Client, dry_run: bool) -> Result<(), MigrateError> {
         }
         delete_ignoring_missing(&crds, crd, &what).await?;
     }
+    Ok(())
+}
+
+/// Merges `entries` into `status.reservedIP` of subnet `name` (a null
+/// entry removes its key); `action` says what that means, for the output.
+async fn patch_reservations(
+    subnets: &Api<FlatNetworkSubnet>,
+    name: &str,
+    entries: Value,
+    action: &str,
+    dry_run: bool,
+) -> Result<(), MigrateError> {
+    let what = format!("FlatNetworkSubnet {}/{name}", keys::SUBNET_NAMESPACE);
+    if dry_run {
+        println!("would {action} {what}");
+        return Ok(());
+    }
+    subnets
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "reservedIP": entries } })),
+        )
+        .await
+        .map_err(|source| MigrateError::Kube {
+            action: format!("{action} {what}"),
+            source,
+        })?;
+    println!("{action} {what}: done");
     Ok(())
 }
 

@@ -41,7 +41,8 @@ pub enum MigrateCommand {
     },
     /// Create the objects of a backup that do not exist (existing ones are left alone).
     Restore {
-        /// Directory written by `backup`.
+        /// Directory written by `backup`, or a file the original migrator's
+        /// `backup -o FILE` wrote (multi-document YAML).
         #[arg(long, short = 'f', default_value = "flatnet-backup")]
         dir: PathBuf,
         #[command(flatten)]
@@ -60,6 +61,9 @@ pub enum MigrateCommand {
         /// Do not create `<name>-flat-network` Services for V1 `<name>-macvlan` Services.
         #[arg(long)]
         skip_services: bool,
+        /// The original migrator's switch: `--migrate-service=false` is `--skip-services`.
+        #[arg(long, action = clap::ArgAction::Set, default_value_t = true)]
+        migrate_service: bool,
         /// Go on although some V1 values cannot be carried exactly (they are listed).
         #[arg(long)]
         accept_losses: bool,
@@ -79,6 +83,19 @@ pub struct Common {
     /// Print what would change; write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Kubeconfig context to use (the original migrator's `--context`).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Accepted for the original migrator's scripts: flatnet never prompts
+    /// (use `--dry-run` to see what a step would do).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+impl Common {
+    fn context(&self) -> Option<String> {
+        self.context.clone().filter(|c| !c.is_empty())
+    }
 }
 
 /// Workload kinds `migrate` rewrites.
@@ -179,7 +196,13 @@ pub async fn run(
     attachment: String,
 ) -> Result<(), MigrateError> {
     let OperatorCommand::Migrate(step) = command;
-    let client = client(kubeconfig).await?;
+    let context = match &step {
+        MigrateCommand::Backup { common, .. }
+        | MigrateCommand::Restore { common, .. }
+        | MigrateCommand::Migrate { common, .. }
+        | MigrateCommand::Clean { common } => common.context(),
+    };
+    let client = client(kubeconfig, context).await?;
     match step {
         MigrateCommand::Backup { dir, common } => {
             let count = backup::backup(&client, &dir, common.dry_run).await?;
@@ -192,13 +215,14 @@ pub async fn run(
         MigrateCommand::Migrate {
             workload,
             skip_services,
+            migrate_service,
             accept_losses,
             common,
         } => {
             let options = migration::Options {
                 attachment,
                 workloads: workload.into_iter().map(WorkloadKind::kind).collect(),
-                services: !skip_services,
+                services: !skip_services && migrate_service,
                 accept_losses,
                 dry_run: common.dry_run,
             };
@@ -209,15 +233,25 @@ pub async fn run(
     Ok(())
 }
 
-async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client, MigrateError> {
+async fn client(
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+) -> Result<kube::Client, MigrateError> {
+    let options = kube::config::KubeConfigOptions {
+        context,
+        ..Default::default()
+    };
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(&path)
                 .map_err(|e| MigrateError::Config(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
                 .map_err(|e| MigrateError::Config(e.to_string()))?
         }
+        None if options.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| MigrateError::Config(e.to_string()))?,
         None => kube::Config::infer()
             .await
             .map_err(|e| MigrateError::Config(e.to_string()))?,

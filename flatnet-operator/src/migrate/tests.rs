@@ -2,7 +2,7 @@
 //! field, and the commands against a mocked API server that checks each
 //! request (so a dry run provably writes nothing).
 
-use std::{collections::BTreeMap, future::Future};
+use std::{collections::BTreeMap, future::Future, time::Duration};
 
 use flatnet_k8s::api::{IpRange, Route, RouteSettings};
 use k8s_openapi::api::core::v1::Service;
@@ -412,6 +412,116 @@ fn restore_reads_backups_in_dependency_order_and_refuses_unknown_kinds() {
     );
 }
 
+/// A backup file as the original migrator writes it: YAML documents, the
+/// Namespace and the V2 subnet without apiVersion and kind, a blanked
+/// last-applied annotation, an empty document.
+const UPSTREAM_BACKUP: &str = r#"---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web-macvlan
+  namespace: shop
+  annotations:
+    k8s.v1.cni.cncf.io/networks: static-macvlan-cni-attach
+spec:
+  clusterIP: None
+  selector: {app: web}
+---
+metadata:
+  name: vlan10
+  namespace: cattle-flat-network
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: ""
+spec:
+  flatMode: macvlan
+  master: eth0
+  vlan: 10
+  cidr: 10.10.0.0/24
+status:
+  phase: Active
+---
+metadata:
+  name: cattle-flat-network
+---
+---
+apiVersion: macvlan.cluster.cattle.io/v1
+kind: MacvlanSubnet
+metadata:
+  name: vlan10
+  namespace: kube-system
+spec:
+  master: eth0
+  vlan: 10
+  cidr: 10.10.0.0/24
+"#;
+
+#[test]
+fn an_upstream_backup_file_is_read_with_its_untyped_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flat-network-backup-output.yaml");
+    std::fs::write(&file, UPSTREAM_BACKUP).unwrap();
+    let objects = backup::read_backup(&file).unwrap();
+    let order: Vec<&str> = objects.iter().map(|(k, _)| k.kind).collect();
+    assert_eq!(
+        order,
+        ["Namespace", "MacvlanSubnet", "FlatNetworkSubnet", "Service"]
+    );
+    let subnet = &objects[2].1;
+    assert_eq!(subnet["apiVersion"], "flatnetwork.pandaria.io/v1");
+    assert_eq!(subnet["spec"]["vlan"], 10);
+    assert_eq!(subnet["status"]["phase"], "Active", "status is restored");
+    assert_eq!(subnet["metadata"]["annotations"], json!({}));
+
+    std::fs::write(&file, "metadata: {name: mystery, namespace: shop}\n").unwrap();
+    let err = backup::read_backup(&file).unwrap_err();
+    assert!(
+        matches!(err, super::MigrateError::UnknownKind { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_original_migrators_flags_are_accepted() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: super::MigrateCommand,
+    }
+    let cli = Cli::try_parse_from([
+        "migrate",
+        "migrate",
+        "--yes",
+        "--context",
+        "prod",
+        "--migrate-service=false",
+        "--workload",
+        "deployment,cronjob",
+    ])
+    .unwrap();
+    let super::MigrateCommand::Migrate {
+        migrate_service,
+        common,
+        workload,
+        ..
+    } = cli.command
+    else {
+        panic!("not the migrate step");
+    };
+    assert!(!migrate_service);
+    assert!(common.yes);
+    assert_eq!(common.context(), Some("prod".to_owned()));
+    assert_eq!(workload.len(), 2);
+    let cli = Cli::try_parse_from([
+        "migrate",
+        "restore",
+        "-f",
+        "flat-network-backup-output.yaml",
+    ])
+    .unwrap();
+    assert!(matches!(cli.command, super::MigrateCommand::Restore { .. }));
+}
+
 // --- against a mocked API server -------------------------------------------
 
 const V1_SUBNETS: &str = "/apis/macvlan.cluster.cattle.io/v1/macvlansubnets?";
@@ -456,6 +566,23 @@ async fn answer_migrate_listings(api: &mut ApiServerVerifier, subnet: Value) {
             "MacvlanSubnetList",
             "macvlan.cluster.cattle.io/v1",
             vec![subnet],
+        )),
+    )
+    .await;
+    let v1_ip = json!({"apiVersion": "macvlan.cluster.cattle.io/v1", "kind": "MacvlanIP",
+        "metadata": {"name": "web-0", "namespace": "shop"},
+        "spec": {"subnet": "vlan10", "ip": "auto", "mac": "", "podId": "p"},
+        "status": {"phase": "Active", "ip": "10.10.0.101/24", "mac": ""}});
+    let pending = json!({"apiVersion": "macvlan.cluster.cattle.io/v1", "kind": "MacvlanIP",
+        "metadata": {"name": "web-1", "namespace": "shop"},
+        "spec": {"subnet": "vlan10", "ip": "auto", "mac": "", "podId": "q"}});
+    api.expect(
+        "GET",
+        "/apis/macvlan.cluster.cattle.io/v1/macvlanips?",
+        ok(list(
+            "MacvlanIPList",
+            "macvlan.cluster.cattle.io/v1",
+            vec![v1_ip, pending],
         )),
     )
     .await;
@@ -537,6 +664,15 @@ async fn migrate_creates_the_subnet_patches_the_workload_and_creates_the_service
             assert_eq!(created.body["kind"], "FlatNetworkSubnet");
             assert_eq!(created.body["spec"]["master"], "eth0");
             assert_eq!(created.body["spec"]["ranges"][0], json!({"from": "10.10.0.100", "to": "10.10.0.150"}));
+            // Before the workload rolls: the V1 pod's address is reserved.
+            let stored = created.body.clone();
+            let reserved = api
+                .expect("PATCH", &format!("{V2_SUBNET}/vlan10/status?"), move |_| (http::StatusCode::OK, stored.clone()))
+                .await;
+            assert_eq!(
+                reserved.body,
+                json!({"status": {"reservedIP": {"MacvlanIP/shop/web-0": [{"from": "10.10.0.101", "to": "10.10.0.101"}]}}})
+            );
             let patched = api
                 .expect("PATCH", "/apis/apps/v1/namespaces/shop/deployments/web?", |body| {
                     (http::StatusCode::OK, workload(&kinds::DEPLOYMENT, "web", body["spec"]["template"]["metadata"]["annotations"].clone()))
@@ -690,4 +826,88 @@ async fn backup_writes_complete_objects_with_their_type() {
         matches!(again, Err(super::MigrateError::BackupExists(_))),
         "an existing backup is never overwritten"
     );
+}
+
+/// What `migrate` reserved for V1 pods is never handed to a rolled pod:
+/// the allocation controllers against the fake API server.
+#[tokio::test]
+async fn addresses_reserved_for_v1_pods_are_never_allocated() {
+    use crate::allocation::{
+        Settings,
+        fake_api::FakeApiServer,
+        fake_cluster::{FakeCluster, subnet},
+    };
+    let server = FakeApiServer::new();
+    let mut lan = subnet(
+        "vlan10",
+        "10.10.0.0/24",
+        None,
+        &[("10.10.0.100", "10.10.0.103")],
+    );
+    lan.status = Some(flatnet_k8s::api::FlatNetworkSubnetStatus {
+        reserved_ip: BTreeMap::from([
+            (
+                "MacvlanIP/shop/web-0".to_owned(),
+                vec![flatnet_k8s::api::IpRange::new(
+                    "10.10.0.100".parse().unwrap(),
+                    "10.10.0.101".parse().unwrap(),
+                )],
+            ),
+            // A workload's own reservation does not keep its pods away.
+            (
+                "Deployment/shop/other".to_owned(),
+                vec![flatnet_k8s::api::IpRange::new(
+                    "10.10.0.102".parse().unwrap(),
+                    "10.10.0.102".parse().unwrap(),
+                )],
+            ),
+        ]),
+        ..Default::default()
+    });
+    server.insert(&lan);
+    let cluster = FakeCluster::start(server, Settings::default(), 2);
+    cluster
+        .wait_active("vlan10", Duration::from_secs(10))
+        .await
+        .unwrap();
+    cluster.create_pod("rolled-0", "vlan10");
+    cluster.create_pod("rolled-1", "vlan10");
+    let view = cluster
+        .settle("vlan10", Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut given: Vec<String> = view.addressed.values().map(ToString::to_string).collect();
+    given.sort();
+    assert_eq!(given, ["10.10.0.102", "10.10.0.103"]);
+    cluster.stop().await;
+}
+
+#[test]
+fn v1_addresses_become_reservations_and_bad_ones_are_reported() {
+    let ip = |name: &str, subnet: &str, addr: &str| -> super::v1::MacvlanIP {
+        serde_json::from_value(json!({
+            "apiVersion": "macvlan.cluster.cattle.io/v1", "kind": "MacvlanIP",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"subnet": subnet, "ip": "auto", "mac": "", "podId": "p"},
+            "status": {"phase": "Active", "ip": addr, "mac": ""}
+        }))
+        .unwrap()
+    };
+    let mut issues = Vec::new();
+    let held = convert::v1_reservations(
+        &[
+            ip("a", "vlan10", "10.10.0.5/24"),
+            ip("b", "vlan10", "10.10.0.6"),
+            ip("c", "vlan20", "fd00::7/64"),
+            ip("d", "vlan10", ""),
+            ip("e", "vlan10", "10.10.0.999"),
+        ],
+        &mut issues,
+    );
+    let keys = |subnet: &str| held[subnet].keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys("vlan10"), ["MacvlanIP/shop/a", "MacvlanIP/shop/b"]);
+    assert_eq!(keys("vlan20"), ["MacvlanIP/shop/c"]);
+    assert_eq!(issues.len(), 1, "{issues:?}");
+    assert_eq!(issues[0].object, "MacvlanIP shop/e");
+    assert_eq!(issues[0].field, "status.ip");
 }

@@ -22,7 +22,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use flatnet_k8s::{
     annotations::{PodRequest, parse_pod_request},
     api::{FlatNetworkIP, FlatNetworkSubnet},
-    ipam::{Mac, Pool},
+    ipam::{Mac, Pool, used_ranges},
     keys::{SUBNET_NAMESPACE, annotation},
     validation::{FlatMode, ValidSubnet, validate_subnet},
 };
@@ -89,6 +89,7 @@ pub async fn review(
     let me = lookup
         .workload_of(kind, &namespace, &name, object.owner_references())
         .await?;
+    check_reserved(&parsed, &chosen, &subnets, &me)?;
     let own_record = (kind == "Pod" && !name.is_empty()).then(|| (namespace.clone(), name.clone()));
     let ips = lookup.ips().await?;
     check_in_use(
@@ -209,6 +210,44 @@ fn check_mac_mode(request: &PodRequest, subnets: &[ValidSubnet]) -> Result<(), D
     }
 }
 
+/// Refuses addresses another workload reserved: the subnets'
+/// `status.reservedIP`, keyed `<Kind>/<namespace>/<name>` by the workload
+/// controller (`crate::workloads`), as the original's webhook did.
+fn check_reserved(
+    request: &PodRequest,
+    chosen: &[ValidSubnet],
+    subnets: &[FlatNetworkSubnet],
+    me: &WorkloadRef,
+) -> Result<(), Denial> {
+    let my_key = format!("{}/{}/{}", me.kind, me.namespace, me.name);
+    for (wanted, valid) in request.subnets.iter().zip(chosen) {
+        let Some(subnet) = subnets.iter().find(|s| s.name_any() == valid.name) else {
+            continue;
+        };
+        let reserved = subnet.status.as_ref().map(|s| &s.reserved_ip);
+        for (holder, ranges) in reserved.into_iter().flatten() {
+            if *holder == my_key {
+                continue;
+            }
+            if let Some(ip) = wanted
+                .candidates
+                .iter()
+                .find(|ip| used_ranges::contains(ranges, **ip))
+            {
+                return Err(Denial::new(
+                    "address_reserved",
+                    format!(
+                        "annotation {}: {ip} of subnet {} is reserved by {holder}: choose another address, or remove it from {holder} first",
+                        annotation::IP,
+                        valid.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Refuses addresses and MACs held by pods of other workloads.
 async fn check_in_use(
     lookup: &Lookup,
@@ -297,4 +336,48 @@ fn held_address(record: &FlatNetworkIP) -> Option<IpAddr> {
 
 fn held_mac(record: &FlatNetworkIP) -> Option<Mac> {
     Mac::parse(&record.status.as_ref()?.mac).ok()
+}
+
+#[cfg(test)]
+mod reserved_tests {
+    use flatnet_k8s::api::IpRange;
+
+    use super::*;
+
+    #[test]
+    fn addresses_reserved_by_another_workload_are_refused_not_ones_own() {
+        let mut subnet: FlatNetworkSubnet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+            "metadata": {"name": "lan", "namespace": SUBNET_NAMESPACE},
+            "spec": {"flatMode": "macvlan", "master": "eth0", "cidr": "10.0.0.0/24"}
+        }))
+        .unwrap();
+        subnet.status = Some(flatnet_k8s::api::FlatNetworkSubnetStatus {
+            reserved_ip: BTreeMap::from([(
+                "Deployment/shop/web".to_owned(),
+                vec![IpRange::new(
+                    "10.0.0.5".parse().unwrap(),
+                    "10.0.0.6".parse().unwrap(),
+                )],
+            )]),
+            ..Default::default()
+        });
+        let valid = validate_subnet("lan", &subnet.spec).unwrap();
+        let subnets = [subnet];
+        let request = parse_pod_request("lan", "10.0.0.9-10.0.0.6", "").unwrap();
+        let other = WorkloadRef::new("StatefulSet", "shop", "db");
+        let denial =
+            check_reserved(&request, std::slice::from_ref(&valid), &subnets, &other).unwrap_err();
+        assert_eq!(denial.reason, "address_reserved");
+        assert!(denial.message.contains("10.0.0.6"), "{}", denial.message);
+        assert!(
+            denial.message.contains("Deployment/shop/web"),
+            "{}",
+            denial.message
+        );
+        let owner = WorkloadRef::new("Deployment", "shop", "web");
+        assert!(check_reserved(&request, std::slice::from_ref(&valid), &subnets, &owner).is_ok());
+        let free = parse_pod_request("lan", "10.0.0.9", "").unwrap();
+        assert!(check_reserved(&free, &[valid], &subnets, &other).is_ok());
+    }
 }

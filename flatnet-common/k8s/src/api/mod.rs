@@ -20,7 +20,7 @@ pub use conditions::{CONDITION_READY, set_condition};
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
 pub use subnet::{
     FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange, Route,
-    RouteSettings,
+    RouteSettings, V1_RESERVATION_KIND,
 };
 
 /// API group of both kinds.
