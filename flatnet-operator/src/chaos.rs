@@ -49,7 +49,7 @@ use crate::{
     allocation::{
         self, Settings,
         fake_api::{
-            FakeApiServer, Realism,
+            Access, FakeApiServer, Realism,
             faults::{FaultRates, Faults},
         },
         fake_cluster::{POD_NAMESPACE, View, subnet},
@@ -99,6 +99,11 @@ pub struct Options {
     pub kills: u32,
     /// The server's faults.
     pub rates: FaultRates,
+    /// Go on after an invariant broke (to see what the run asks of the API
+    /// server whatever happens); the first break is still the outcome.
+    pub keep_going: bool,
+    /// How long a quiet point may take.
+    pub settle: Duration,
 }
 
 impl Options {
@@ -111,6 +116,8 @@ impl Options {
             quiet_every: 1000,
             kills: 4_000,
             rates: FaultRates::default(),
+            keep_going: false,
+            settle: SETTLE,
         }
     }
 }
@@ -150,6 +157,8 @@ pub struct Report {
     pub overlaps: u64,
     /// Requests the server answered.
     pub requests: u64,
+    /// The kinds of request the replicas sent.
+    pub accesses: BTreeSet<Access>,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -726,12 +735,12 @@ impl Run {
 
     /// Stops killing, brings every replica and node back, and waits for a
     /// settled cluster (faults other than deaths go on).
-    async fn quiet_point(&mut self, done: usize) -> Result<(), ChaosError> {
+    async fn quiet_point(&mut self, done: usize, settle: Duration) -> Result<(), ChaosError> {
         self.faults.set_crashes(false);
         while !self.missing_nodes.is_empty() {
             self.add_node();
         }
-        let deadline = Instant::now() + SETTLE;
+        let deadline = Instant::now() + settle;
         let outcome = loop {
             self.tend_replicas(false)?;
             let settled = self.settled();
@@ -744,7 +753,7 @@ impl Run {
         outcome.map_err(|broken| ChaosError::Broken {
             seed: self.report.seed,
             done,
-            broken: format!("not settled within {SETTLE:?}: {broken}"),
+            broken: format!("not settled within {settle:?}: {broken}"),
         })?;
         self.report.checks += 1;
         self.report.quiet_points += 1;
@@ -785,6 +794,12 @@ fn insert_node(server: &FakeApiServer, name: &str) {
 /// When the fake server refuses a request of the run itself (it meets no
 /// faults).
 pub async fn run(options: &Options) -> Result<Report, ChaosError> {
+    let (report, outcome) = drive(options).await;
+    outcome.map(|()| report)
+}
+
+/// Runs `options.ops` operations: the report, whatever the outcome.
+async fn drive(options: &Options) -> (Report, Result<(), ChaosError>) {
     let started = Instant::now();
     let faults = Arc::new(Faults::new(options.seed, options.rates.clone()));
     let server = FakeApiServer::realistic(Realism {
@@ -823,10 +838,7 @@ pub async fn run(options: &Options) -> Result<Report, ChaosError> {
         faults,
         rng: Rng(options.seed | 1),
         timing: Rng(options.seed.rotate_left(17) | 1),
-        replicas: vec![
-            Replica::start("replica-a", 1, &server)?,
-            Replica::start("replica-b", 2, &server)?,
-        ],
+        replicas: Vec::new(),
         next_client: 2,
         pods: BTreeMap::new(),
         next_pod: 0,
@@ -843,16 +855,21 @@ pub async fn run(options: &Options) -> Result<Report, ChaosError> {
     for replica in &mut run.replicas {
         replica.kill(Duration::ZERO);
     }
-    outcome?;
     run.report.faults = run.faults.counts();
     run.report.requests = run.server.requests();
+    run.report.accesses = run.server.accesses();
     run.report.elapsed = started.elapsed();
-    Ok(run.report)
+    (run.report, outcome)
 }
 
 async fn run_ops(run: &mut Run, options: &Options) -> Result<(), ChaosError> {
+    for (client, identity) in [(1, "replica-a"), (2, "replica-b")] {
+        run.replicas
+            .push(Replica::start(identity, client, &run.server)?);
+    }
     let mut done = 0;
     let mut next_quiet = options.quiet_every.min(options.ops);
+    let mut first_break = Ok(());
     while done < options.ops {
         let burst = (1 + run.rng.below(30)).min(options.ops - done);
         for _ in 0..burst {
@@ -863,20 +880,26 @@ async fn run_ops(run: &mut Run, options: &Options) -> Result<(), ChaosError> {
         }
         done += burst;
         run.tend_replicas(true)?;
-        run.check_unique().map_err(|broken| ChaosError::Broken {
+        let unique = run.check_unique().map_err(|broken| ChaosError::Broken {
             seed: options.seed,
             done,
             broken,
-        })?;
+        });
+        first_break = first_break.and(unique);
         tokio::time::sleep(Duration::from_millis(5 + run.rng.next() % 60)).await;
         if done >= next_quiet {
-            run.quiet_point(done).await?;
+            first_break = first_break.and(run.quiet_point(done, options.settle).await);
             next_quiet += options.quiet_every;
         }
+        if first_break.is_err() && !options.keep_going {
+            break;
+        }
     }
-    Ok(())
+    first_break
 }
 
+#[cfg(test)]
+mod rbac_tests;
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -275,7 +275,24 @@ pub struct FakeApiServer {
     /// Where the garbage collector runs (else the requesting runtime).
     background: Option<tokio::runtime::Handle>,
     requests: Arc<Mutex<HashMap<&'static str, u64>>>,
+    /// What the clients of [`FakeApiServer::for_client`] asked for.
+    accesses: Arc<Mutex<BTreeSet<Access>>>,
     total: Arc<AtomicU64>,
+}
+
+/// One kind of request, as RBAC grants it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Access {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch` or `delete`.
+    pub verb: &'static str,
+    /// API group (`""` for the core group).
+    pub group: String,
+    /// Resource (plural).
+    pub resource: String,
+    /// Subresource, such as `status`.
+    pub subresource: Option<String>,
+    /// Whether the request named a namespace.
+    pub namespaced: bool,
 }
 
 impl FakeApiServer {
@@ -355,6 +372,16 @@ impl FakeApiServer {
             .iter()
             .map(|(k, v)| (*k, *v))
             .collect()
+    }
+
+    /// Every kind of request the clients of [`FakeApiServer::for_client`]
+    /// sent so far.
+    #[must_use]
+    pub fn accesses(&self) -> BTreeSet<Access> {
+        self.accesses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Stores `object` as if created.
@@ -526,7 +553,23 @@ impl FakeApiServer {
         let watching = method == Method::GET
             && target.name.is_none()
             && query_param(&query, "watch").is_some_and(|w| w == "true" || w == "1");
-        self.count_request(verb_of(&method, &target, watching));
+        let verb = verb_of(&method, &target, watching);
+        self.count_request(verb);
+        if self.client != 0 {
+            let mut parts = target.collection.splitn(3, '/');
+            let group = parts.next().unwrap_or_default().to_owned();
+            let resource = parts.nth(1).unwrap_or_default().to_owned();
+            self.accesses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(Access {
+                    verb,
+                    group,
+                    resource,
+                    subresource: target.subresource.clone(),
+                    namespaced: target.namespace.is_some(),
+                });
+        }
         if !self.realism.latency.is_zero() {
             tokio::time::sleep(self.realism.latency).await;
         }

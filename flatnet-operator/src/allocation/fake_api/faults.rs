@@ -65,6 +65,23 @@ impl Default for FaultRates {
     }
 }
 
+impl FaultRates {
+    /// No faults at all.
+    #[must_use]
+    pub fn none() -> Self {
+        Self {
+            conflict: 0,
+            error_before: 0,
+            error_after: 0,
+            timeout: 0,
+            watch_cut: 0,
+            crash: 0,
+            crash_after_ledger: 0,
+            ..Self::default()
+        }
+    }
+}
+
 /// A fault that answers a request in place of the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
