@@ -931,9 +931,11 @@ mod tests {
             keep(on("crash"), &mut r.crash_after_ledger);
             keep(on("kill"), &mut options.kills);
         }
-        match run(&options).await {
-            Ok(report) => println!("{report}"),
-            Err(broken) => panic!("{broken}"),
+        // The figures are printed whatever the outcome.
+        let (report, outcome) = drive(&options).await;
+        println!("{report}");
+        if let Err(broken) = outcome {
+            panic!("{broken}");
         }
     }
 }
