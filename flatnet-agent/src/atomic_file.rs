@@ -7,9 +7,9 @@ use std::{
     path::Path,
 };
 
-/// Writes `bytes` to `path` through a temporary file in the same directory,
-/// `fsync`, `rename` and an `fsync` of the directory, creating the directory
-/// (mode 0700) when missing.
+/// Writes `bytes` to `path` (mode 0600) through a temporary file in the same
+/// directory, `fsync`, `rename` and an `fsync` of the directory, creating
+/// the directory (mode 0700) when missing.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, bytes, true)
 }
@@ -32,7 +32,8 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
     {
-        let mut file = File::create(&tmp)?;
+        // Root-only, whatever the umask: the agent's state is nobody else's.
+        let mut file = private_file(&tmp, true)?;
         file.write_all(bytes)?;
         if durable {
             file.sync_all()?;
@@ -43,6 +44,18 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Opens `path` for writing, creating it with mode 0600 when missing;
+/// `truncate` empties an existing file.
+pub fn private_file(path: &Path, truncate: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    File::options()
+        .create(true)
+        .write(true)
+        .truncate(truncate)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Creates `dir` and its parents with mode 0700 when missing.

@@ -26,7 +26,7 @@ use std::{
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::atomic_file::create_private_dir;
+use crate::atomic_file::{create_private_dir, private_file};
 
 /// Marks the start of an entry.
 const MAGIC: [u8; 4] = *b"FNJ1";
@@ -223,7 +223,7 @@ fn rewrite<K: Serialize, V: Serialize>(
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
     {
-        let file = File::create(&tmp)?;
+        let file = private_file(&tmp, true)?;
         file.write_all_at(&bytes, 0)?;
         file.sync_all()?;
     }

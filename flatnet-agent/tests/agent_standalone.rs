@@ -1231,3 +1231,50 @@ fn state_file_policy_is_enforced_reloaded_and_survives_a_restart() {
     assert_eq!(pod_links(), Vec::<String>::new());
     node.stop();
 }
+
+/// Every directory and file under `root` (walked recursively) is closed to
+/// other uids.
+fn assert_root_only(root: &Path, what: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(root)
+        .unwrap_or_else(|e| panic!("{what} {}: {e}", root.display()))
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "{what} {} has mode {:o}: open to other uids",
+        root.display(),
+        mode & 0o777
+    );
+    if root.is_dir() {
+        for entry in std::fs::read_dir(root).unwrap() {
+            assert_root_only(&entry.unwrap().path(), what);
+        }
+    }
+}
+
+#[test]
+fn state_records_socket_and_pinned_maps_are_root_only() {
+    let Some(mut node) =
+        Node::running_for_test("state_records_socket_and_pinned_maps_are_root_only")
+    else {
+        return;
+    };
+    let pod = TestNetns::new("fmo-");
+    let container = unique_name("c");
+    node.add("flat4", &container, &pod);
+    assert!(node.records() > 0, "the ADD left a record to check");
+    // What the agent keeps (the VLAN lease directory, made only for VLAN
+    // subnets, is made by the same function as the state directory).
+    for (dir, what) in [
+        ("state", "state directory"),
+        ("records", "record directory"),
+        ("run", "socket directory"),
+    ] {
+        assert_root_only(&node.agent.path(dir), what);
+    }
+    assert_root_only(&node.agent.pin.path, "pinned maps");
+    node.del("flat4", &container, Some(&pod));
+    node.stop();
+}

@@ -10,6 +10,8 @@
 
 pub mod admin;
 pub mod allocation;
+#[cfg(any(test, feature = "fake-api"))]
+pub mod chaos;
 pub mod cidr;
 pub mod config;
 pub mod flat_services;

@@ -8,7 +8,8 @@
 //!
 //! The check also runs the built binaries (`-h` of every subcommand) to
 //! compare the chart's command lines and variables with what they accept,
-//! and writes the default render to [`RENDERED`] for the image tests.
+//! and writes the default render to [`RENDERED`] for the image tests and
+//! the operator's RBAC test (`flatnet-operator/src/chaos/rbac_tests.rs`).
 
 use std::{
     fs,

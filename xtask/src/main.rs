@@ -1,6 +1,7 @@
 //! flatnet's developer commands: `cargo xtask <command>`.
 
 mod bench;
+mod chaos;
 mod charts;
 mod crds;
 mod ebpf;
@@ -42,6 +43,8 @@ enum Command {
     /// Same as `bench policy`.
     #[command(hide = true)]
     BenchPolicy,
+    /// Run two operator replicas through random operations, kills and API faults.
+    Chaos(chaos::ChaosArgs),
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
     /// Check licenses, duplicate crates and sources against .cargo/deny.toml (offline).
@@ -64,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         Command::Images(args) => images::run(&args),
         Command::Bench(command) => bench::run(command),
         Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),
+        Command::Chaos(args) => chaos::run(&args),
         Command::Clippy => tasks::clippy(),
         Command::Deny => tasks::deny(),
         Command::Lab(args) => lab::run(&args),

@@ -477,11 +477,7 @@ impl Standalone {
         crate::atomic_file::create_private_dir(state_dir)
             .map_err(|e| read_error(state_dir, e.to_string()))?;
         let lock_path = state_dir.join(LOCK_FILE);
-        let lock_file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
+        let lock_file = crate::atomic_file::private_file(&lock_path, false)
             .map_err(|e| read_error(&lock_path, e.to_string()))?;
         let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
             AllocationStoreError::Locked {

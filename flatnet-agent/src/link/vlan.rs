@@ -15,7 +15,7 @@
 
 use std::{
     ffi::OsString,
-    fs::{self, File, OpenOptions},
+    fs::{self, File},
     io,
     os::unix::ffi::{OsStrExt, OsStringExt},
     path::{Path, PathBuf},
@@ -46,13 +46,10 @@ impl VlanLock {
     /// Waits for the lock of `vlan` under `dir`.
     pub(crate) async fn acquire(dir: &Path, vlan: &str) -> Result<Self, LinkError> {
         let leases = dir.join(vlan);
-        fs::create_dir_all(&leases).map_err(|source| io_error("create", &leases, source))?;
+        crate::atomic_file::create_private_dir(&leases)
+            .map_err(|source| io_error("create", &leases, source))?;
         let path = dir.join(format!("{vlan}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
+        let file = crate::atomic_file::private_file(&path, false)
             .map_err(|source| io_error("open", &path, source))?;
         // flock blocks: wait on the blocking pool, not on a runtime worker.
         let lock = tokio::task::spawn_blocking(move || Flock::lock(file, FlockArg::LockExclusive))

@@ -118,14 +118,7 @@ async fn churn(seed: u64, ops: usize, burst: usize) {
 }
 
 fn seed() -> u64 {
-    std::env::var("FLATNET_CHURN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_secs())
-        })
+    super::fake_cluster::seed_from_env("FLATNET_CHURN_SEED")
 }
 
 #[tokio::test]

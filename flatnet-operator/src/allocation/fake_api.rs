@@ -30,6 +30,12 @@
 //! concurrent clients interleave differently per seed, and a share of the
 //! FlatNetworkIP status writes fail (before or after being applied, like a
 //! crash or a lost response).
+//!
+//! With [`FakeApiServer::with_faults`], the requests of clients made with
+//! [`FakeApiServer::for_client`] meet seeded [`faults`]: conflicts, errors,
+//! timeouts, cut watches and the death of the client mid-request.
+
+pub mod faults;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
@@ -243,12 +249,16 @@ struct Chaos {
 
 impl Chaos {
     fn next(&mut self) -> u64 {
-        // xorshift64*: deterministic per seed, no dependency.
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        xorshift(&mut self.rng)
     }
+}
+
+/// xorshift64*: deterministic per seed, no dependency.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
 /// The fake server; cheap to clone, all clones share the objects.
@@ -259,8 +269,30 @@ pub struct FakeApiServer {
     changed: Arc<tokio::sync::watch::Sender<u64>>,
     realism: Arc<Realism>,
     chaos: Option<Arc<Mutex<Chaos>>>,
+    faults: Option<Arc<faults::Faults>>,
+    /// Who sends this clone's requests (0: nobody in particular, no faults).
+    client: u64,
+    /// Where the garbage collector runs (else the requesting runtime).
+    background: Option<tokio::runtime::Handle>,
     requests: Arc<Mutex<HashMap<&'static str, u64>>>,
+    /// What the clients of [`FakeApiServer::for_client`] asked for.
+    accesses: Arc<Mutex<BTreeSet<Access>>>,
     total: Arc<AtomicU64>,
+}
+
+/// One kind of request, as RBAC grants it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Access {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch` or `delete`.
+    pub verb: &'static str,
+    /// API group (`""` for the core group).
+    pub group: String,
+    /// Resource (plural).
+    pub resource: String,
+    /// Subresource, such as `status`.
+    pub subresource: Option<String>,
+    /// Whether the request named a namespace.
+    pub namespaced: bool,
 }
 
 impl FakeApiServer {
@@ -292,6 +324,32 @@ impl FakeApiServer {
         }
     }
 
+    /// The same objects, with `faults` met by the clients of
+    /// [`FakeApiServer::for_client`]; the garbage collector runs on
+    /// `background`, so it outlives the runtimes of killed clients.
+    #[must_use]
+    pub fn with_faults(
+        &self,
+        faults: Arc<faults::Faults>,
+        background: tokio::runtime::Handle,
+    ) -> Self {
+        Self {
+            faults: Some(faults),
+            background: Some(background),
+            ..self.clone()
+        }
+    }
+
+    /// The same server, its requests sent by client `id` (not 0): they meet
+    /// the faults of [`FakeApiServer::with_faults`].
+    #[must_use]
+    pub fn for_client(&self, id: u64) -> Self {
+        Self {
+            client: id,
+            ..self.clone()
+        }
+    }
+
     /// A client of this server (needs a Tokio runtime).
     #[must_use]
     pub fn client(&self) -> kube::Client {
@@ -314,6 +372,16 @@ impl FakeApiServer {
             .iter()
             .map(|(k, v)| (*k, *v))
             .collect()
+    }
+
+    /// Every kind of request the clients of [`FakeApiServer::for_client`]
+    /// sent so far.
+    #[must_use]
+    pub fn accesses(&self) -> BTreeSet<Access> {
+        self.accesses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Stores `object` as if created.
@@ -429,7 +497,11 @@ impl FakeApiServer {
                 owners = std::mem::take(&mut server.lock().orphaned_owners);
             }
         };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(runtime) = self
+            .background
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        {
             runtime.spawn(collect);
         }
     }
@@ -481,9 +553,40 @@ impl FakeApiServer {
         let watching = method == Method::GET
             && target.name.is_none()
             && query_param(&query, "watch").is_some_and(|w| w == "true" || w == "1");
-        self.count_request(verb_of(&method, &target, watching));
+        let verb = verb_of(&method, &target, watching);
+        self.count_request(verb);
+        if self.client != 0 {
+            let mut parts = target.collection.splitn(3, '/');
+            let group = parts.next().unwrap_or_default().to_owned();
+            let resource = parts.nth(1).unwrap_or_default().to_owned();
+            self.accesses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(Access {
+                    verb,
+                    group,
+                    resource,
+                    subresource: target.subresource.clone(),
+                    namespaced: target.namespace.is_some(),
+                });
+        }
         if !self.realism.latency.is_zero() {
             tokio::time::sleep(self.realism.latency).await;
+        }
+        let plan = self.faults.as_ref().map_or(faults::Plan::Serve, |f| {
+            f.plan(self.client, &method, &target)
+        });
+        match plan {
+            faults::Plan::Hang | faults::Plan::Crash { applied: false } => {
+                return futures::future::pending().await;
+            }
+            faults::Plan::Before(fault) => {
+                if let Some(faults) = &self.faults {
+                    let (code, value) = faults.answer(fault).await;
+                    return reply(code, &value);
+                }
+            }
+            _ => {}
         }
         if watching {
             return self.watch(&target, &query);
@@ -503,6 +606,14 @@ impl FakeApiServer {
         let (code, value) = self.apply(&method, &target, &query, body);
         self.collect_garbage();
         self.disorder().await;
+        match (plan, &self.faults) {
+            (faults::Plan::Crash { .. }, _) => return futures::future::pending().await,
+            (faults::Plan::After(fault), Some(faults)) => {
+                let (code, value) = faults.answer(fault).await;
+                return reply(code, &value);
+            }
+            _ => {}
+        }
         if fail {
             return reply(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -528,7 +639,8 @@ impl FakeApiServer {
         let delay = self.realism.delay_of(&collection);
         let burst = self.realism.burst;
         let server = self.clone();
-        let ends = Instant::now() + timeout;
+        let cut = self.faults.as_ref().and_then(|f| f.watch_cut(self.client));
+        let ends = Instant::now() + cut.map_or(timeout, |cut| cut.min(timeout));
         let events = futures::stream::unfold(
             (since, server.changed.subscribe(), false),
             move |(mut cursor, mut wake, gone)| {

@@ -192,24 +192,54 @@ async fn a_foreign_secret_is_adopted_with_a_new_ca() {
     server.expect_no_more().await;
 }
 
+/// The webhook server serving `app` with `resolver`'s certificate until
+/// `stop`; its address.
+async fn serving(
+    resolver: &Arc<resolver::ReloadingResolver>,
+    app: axum::Router,
+    stop: &CancellationToken,
+) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(crate::webhook::server::serve(
+        listener,
+        resolver::server_config(Arc::clone(resolver)),
+        app,
+        stop.clone(),
+    ));
+    addr
+}
+
+/// A TLS connection to `addr` for the webhook's name, trusting `roots`.
+async fn connect(
+    addr: std::net::SocketAddr,
+    roots: Arc<RootCertStore>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let config =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    TlsConnector::from(Arc::new(config))
+        .connect(
+            ServerName::try_from("webhook-svc.cattle-flat-network.svc").unwrap(),
+            tcp,
+        )
+        .await
+        .map_err(|e| format!("handshake: {e}"))
+}
+
 /// The leaf certificate a TLS client trusting `ca_bundle` is served at `addr`.
 async fn served_certificate(addr: std::net::SocketAddr, ca_bundle: &str) -> Vec<u8> {
     let mut roots = RootCertStore::empty();
     for der in CertificateDer::pem_slice_iter(ca_bundle.as_bytes()) {
         roots.add(der.unwrap()).unwrap();
     }
-    let config =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(
-            ServerName::try_from("webhook-svc.cattle-flat-network.svc").unwrap(),
-            tcp,
-        )
+    let tls = connect(addr, Arc::new(roots))
         .await
         .expect("the handshake succeeds with the CA of the Secret");
     let (_, session) = tls.get_ref();
@@ -222,15 +252,8 @@ async fn a_changed_secret_is_served_without_restart() {
     let second = fresh();
     let resolver = Arc::new(resolver::ReloadingResolver::default());
     let metrics = Arc::new(Metrics::new());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(crate::webhook::server::serve(
-        listener,
-        resolver::server_config(Arc::clone(&resolver)),
-        axum::Router::new(),
-        stop.clone(),
-    ));
+    let addr = serving(&resolver, axum::Router::new(), &stop).await;
 
     // The replica follows the Secret through a watch.
     let (client, mut server) = mock_client();
@@ -297,4 +320,132 @@ fn a_secret_without_certificates_holds_no_material() {
     assert_eq!(material_of(&Secret::default()), None);
     let material = fresh();
     assert_eq!(material_of(&stored(&material)), Some(material));
+}
+
+/// One admission review over a new TLS connection to `addr`, trusting
+/// `roots`: the certificate served and the HTTP status line with the body.
+async fn review_over_tls(
+    addr: std::net::SocketAddr,
+    roots: Arc<RootCertStore>,
+    uid: &str,
+) -> Result<(Vec<u8>, String, Value), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = connect(addr, roots).await?;
+    let served = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE", "namespace": "default", "name": "p",
+            "userInfo": {},
+            "object": {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": "p", "namespace": "default"},
+                       "spec": {"containers": [{"name": "c", "image": "pause"}]}}
+        }
+    })
+    .to_string();
+    let request = format!(
+        "POST /validate HTTP/1.1\r\nhost: webhook\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut reply = Vec::new();
+    tls.read_to_end(&mut reply)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    let review: Value = serde_json::from_str(body.trim()).unwrap_or(Value::Null);
+    Ok((served, status, review))
+}
+
+/// The certificate rotates while clients keep sending admission reviews,
+/// each over a new connection (as the API server's webhook client does
+/// after a connection drops): no review fails, and once the rotation is
+/// done every connection gets the new certificate. Clients trust both CAs,
+/// as the API server does while the caBundle holds the old and the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_the_certificate_under_load_fails_no_review() {
+    const CLIENTS: usize = 4;
+    let first = fresh();
+    let second = fresh();
+    let resolver = Arc::new(resolver::ReloadingResolver::default());
+    resolver.load(&first.cert, &first.key).unwrap();
+    let validator = Arc::new(crate::webhook::Validator::new(
+        crate::allocation::fake_api::FakeApiServer::new().client(),
+        Arc::new(Metrics::new()),
+    ));
+    let stop = CancellationToken::new();
+    let addr = serving(&resolver, crate::webhook::router(validator), &stop).await;
+    let mut roots = RootCertStore::empty();
+    for bundle in [&first.ca_bundle, &second.ca_bundle] {
+        for der in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
+            roots.add(der.unwrap()).unwrap();
+        }
+    }
+    let roots = Arc::new(roots);
+    let leaf = |m: &Material| cert::pem_certificates(&m.cert).remove(0);
+    let (old_leaf, new_leaf) = (leaf(&first), leaf(&second));
+
+    let rotated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = CancellationToken::new();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (roots, rotated, done) = (Arc::clone(&roots), Arc::clone(&rotated), done.clone());
+            let (old_leaf, new_leaf) = (old_leaf.clone(), new_leaf.clone());
+            tokio::spawn(async move {
+                let (mut sent, mut failures, mut old_after) = (0_u32, Vec::new(), 0_u32);
+                let mut served_new = 0_u32;
+                while !done.is_cancelled() {
+                    // Read before the request: a request that starts after
+                    // the rotation must get the new certificate.
+                    let after = rotated.load(std::sync::atomic::Ordering::SeqCst);
+                    let uid = format!("c{client}-{sent}");
+                    sent += 1;
+                    match review_over_tls(addr, Arc::clone(&roots), &uid).await {
+                        Ok((served, status, review))
+                            if status.starts_with("HTTP/1.1 200")
+                                && review["response"]["uid"] == uid.as_str()
+                                && review["response"]["allowed"].is_boolean() =>
+                        {
+                            if served == new_leaf {
+                                served_new += 1;
+                            } else if served == old_leaf && after {
+                                old_after += 1;
+                            }
+                        }
+                        Ok((_, status, review)) => failures.push(format!("{status} {review}")),
+                        Err(error) => failures.push(error),
+                    }
+                }
+                (sent, failures, old_after, served_new)
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    resolver.load(&second.cert, &second.key).unwrap();
+    rotated.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    done.cancel();
+
+    let (mut sent, mut served_new) = (0, 0);
+    for client in clients {
+        let (n, failures, old_after, new) = client.await.unwrap();
+        assert!(failures.is_empty(), "reviews failed: {failures:?}");
+        assert_eq!(old_after, 0, "the old certificate served after rotation");
+        sent += n;
+        served_new += new;
+    }
+    assert!(
+        sent > u32::try_from(2 * CLIENTS).unwrap(),
+        "the clients kept sending ({sent} reviews)"
+    );
+    assert!(served_new > 0, "the new certificate was served");
+    stop.cancel();
 }
