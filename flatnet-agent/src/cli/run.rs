@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use flatnet_agent::{
     cni::plugin::DEFAULT_AGENT_SOCKET,
+    cni_service::{AgentService, ServiceConfig, SpecSettings},
     datapath::{Datapath, DatapathConfig, PolicyMaps},
     desired::{
         DesiredState,
@@ -14,13 +15,13 @@ use flatnet_agent::{
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
+    metrics::Metrics,
     policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
     policy_controller::{
         self, PinnedPolicy, PolicyController, PolicyTrigger, standalone::StandalonePolicies,
     },
     records::{DEFAULT_RECORD_DIR, Records},
     rpc::{AgentServer, ServerConfig},
-    service::{AgentService, Metrics, ServiceConfig, SpecSettings},
 };
 use flatnet_common::pin::PIN_ROOT;
 use flatnet_k8s::env;

@@ -15,7 +15,7 @@ use netlink_packet_route::{
 use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkUnspec};
 use tracing::Instrument;
 
-use crate::service::phases::{phase, timed};
+use crate::phases::{phase, timed};
 
 use super::{
     Attachment, Attachments, LinkError,
