@@ -214,12 +214,6 @@ impl<S: DesiredState> Inner<S> {
         let uplink = Self::uplink_record(&made, owner_mac, !attachment.kind.announces());
         record.mac = Some(format_mac(mac));
         record.uplink = Some(uplink.clone());
-        timed("record_attached", || self.records.save(record))
-            .map_err(|e| SetUpError::InterfaceMade(internal(e)))?;
-        self.program_tables(record, &uplink)
-            .instrument(phases::phase("tables"))
-            .await
-            .map_err(SetUpError::InterfaceMade)?;
         let upgrade_policy = self
             .attach_policy(record, PolicyAttach::AtOnce)
             .instrument(phases::phase("policy_attach"))
@@ -233,6 +227,13 @@ impl<S: DesiredState> Inner<S> {
         record.phase = RecordPhase::Ready;
         timed("record_ready", || self.records.save(record))
             .map_err(|e| SetUpError::InterfaceMade(internal(e)))?;
+        // The table entries follow the ready record, which lists them: a
+        // restart before they are in place puts them there (recovery of a
+        // ready record), and a pending record never has any to remove.
+        self.program_tables(record, &uplink)
+            .instrument(phases::phase("tables"))
+            .await
+            .map_err(SetUpError::InterfaceMade)?;
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
         self.policy_in_force_for(record)
             .instrument(phases::phase("policy_wait"))
