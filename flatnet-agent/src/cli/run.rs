@@ -14,7 +14,7 @@ use flatnet_agent::{
         standalone::{Standalone, StateSource},
     },
     install,
-    link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
+    link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
     metrics::Metrics,
     policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
     policy_controller::{
@@ -250,6 +250,7 @@ impl RunArgs {
                 host_netns: self.host_netns.clone(),
                 lease_dir: self.lease_dir.clone(),
                 announce: AnnounceSettings::default(),
+                host_link: SharedNetlink::default(),
             },
             probe_wait: Duration::from_millis(self.conflict_probe_ms),
             spec: SpecSettings {
