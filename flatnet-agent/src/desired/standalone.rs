@@ -135,6 +135,54 @@ pub struct StateSource {
     rejected: Gauge,
     /// The text last rejected, so each rejection is logged once.
     last_rejected: std::sync::Mutex<Option<String>>,
+    /// The version of the file [`Self::reload`] read last: an unchanged
+    /// file is not read again (every ADD asks).
+    read_version: std::sync::Mutex<Option<FileVersion>>,
+}
+
+/// One version of a file, told apart without reading it: a write changes
+/// the change time (which nobody can set back), a replacement the inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileVersion {
+    dev: u64,
+    inode: u64,
+    len: u64,
+    changed: (i64, i64),
+    modified: (i64, i64),
+}
+
+/// A file changed this recently may change again within the same tick of
+/// a coarse file-system clock, keeping its stamp: it is read every time
+/// until it is older (as git does with its index).
+const SETTLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl FileVersion {
+    /// The version of `path` when it has settled; `None` when it cannot be
+    /// examined or changed less than [`SETTLED_AFTER`] ago.
+    fn settled(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .unwrap_or_default();
+        let settled = age >= SETTLED_AFTER
+            && std::time::UNIX_EPOCH
+                .checked_add(std::time::Duration::new(
+                    u64::try_from(meta.ctime()).ok()?,
+                    u32::try_from(meta.ctime_nsec()).ok()?,
+                ))
+                .and_then(|at| at.elapsed().ok())
+                .is_some_and(|age| age >= SETTLED_AFTER);
+        settled.then(|| Self {
+            dev: meta.dev(),
+            inode: meta.ino(),
+            len: meta.size(),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+        })
+    }
 }
 
 impl StateSource {
@@ -145,6 +193,7 @@ impl StateSource {
             last_good: state_dir.join(LAST_GOOD_STATE_FILE),
             rejected,
             last_rejected: std::sync::Mutex::new(None),
+            read_version: std::sync::Mutex::new(None),
         }
     }
 
@@ -181,8 +230,18 @@ impl StateSource {
 
     /// The file again, when its text differs from `current`'s: `Some` when
     /// it validates (it becomes the last good copy), `None` when it is
-    /// unchanged or rejected (logged once, `rejected` set).
+    /// unchanged or rejected (logged once, `rejected` set). A file whose
+    /// version is the one read last is not read again.
     pub fn reload(&self, current: &str) -> Option<LoadedState> {
+        // Taken before reading: a write in between makes the next call read again.
+        let version = FileVersion::settled(&self.path);
+        {
+            let mut read = self.read_version.lock().expect("state source lock");
+            if version.is_some() && *read == version {
+                return None;
+            }
+            *read = version;
+        }
         let text = match read_text(&self.path) {
             Ok(text) => text,
             Err(error) => {
