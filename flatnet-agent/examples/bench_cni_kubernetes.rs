@@ -10,10 +10,13 @@
 //! every request delayed by `--latency-ms`), one with the standalone
 //! desired state (its allocation file). Their ADD+DEL pairs alternate, a
 //! fresh pod namespace each. Before each Kubernetes ADD the operator's
-//! part is done: the pod's FlatNetworkIP exists, allocated. The agent then
-//! reads it (a list and a watch that ends at once, no polling), looks for
-//! a second (IPv6) record, reads the subnet, attaches, and applies the
-//! node label and the Active status before it answers.
+//! part is done: the pod's FlatNetworkIP exists, allocated. Two Kubernetes
+//! modes: with the agent's watch-driven copies of the FlatNetworkIPs and
+//! subnets (`Kubernetes::follow_allocations`, the agent's default; the
+//! ADD starts once the copy holds the allocation, as it does when the
+//! operator allocated before the runtime called), and without them (a
+//! list of the FlatNetworkIP, a lookup of a second record, the subnet).
+//! Both apply the node label and the Active status before answering.
 //!
 //! What the runtime sees on top (starting `flatnet-cni`, the socket round
 //! trip) is the same for both modes; `cargo xtask bench cni` measures it.
@@ -74,19 +77,27 @@ fn main() -> anyhow::Result<()> {
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for latency in latencies {
         let run = runtime.block_on(measure(iterations, Duration::from_millis(latency)))?;
-        let difference = p50(&run.kubernetes) - p50(&run.standalone);
+        let standalone = p50(&run.adds[STANDALONE]);
         println!(
             "| standalone (same run) | – | {} | {} | | |",
-            ms(p50(&run.standalone)),
-            ms(p99(&run.standalone)),
+            ms(standalone),
+            ms(p99(&run.adds[STANDALONE])),
         );
-        println!(
-            "| Kubernetes | {latency} ms | {} | {} | {} | {:.1} |",
-            ms(p50(&run.kubernetes)),
-            ms(p99(&run.kubernetes)),
-            ms(difference),
-            run.requests_per_add,
-        );
+        for (mode, label) in [
+            (
+                FOLLOWED,
+                "Kubernetes, allocations followed (the agent's default)",
+            ),
+            (READ, "Kubernetes, allocation read per ADD"),
+        ] {
+            println!(
+                "| {label} | {latency} ms | {} | {} | {} | {:.1} |",
+                ms(p50(&run.adds[mode])),
+                ms(p99(&run.adds[mode])),
+                ms(p50(&run.adds[mode]) - standalone),
+                run.requests_per_add[mode],
+            );
+        }
     }
     Ok(())
 }
@@ -96,18 +107,24 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
     args.get(at + 1)?.parse().ok()
 }
 
-/// ADD durations of both modes from one run, sorted, in seconds.
+/// The modes, in the order of [`Run::adds`].
+const STANDALONE: usize = 0;
+/// Kubernetes with [`Kubernetes::follow_allocations`].
+const FOLLOWED: usize = 1;
+/// Kubernetes reading the allocation from the API server on each ADD.
+const READ: usize = 2;
+
+/// ADD durations of each mode from one run, sorted, in seconds.
 struct Run {
-    kubernetes: Vec<f64>,
-    standalone: Vec<f64>,
-    requests_per_add: f64,
+    adds: [Vec<f64>; 3],
+    requests_per_add: [f64; 3],
 }
 
-/// The node, its masters and both services.
+/// The node, its masters and the services of every mode.
 async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
     let node = TestNetns::new("fbk-node");
     let lan = TestNetns::new("fbk-lan");
-    let masters = [unique_name("km"), unique_name("sm")];
+    let masters = [unique_name("sm"), unique_name("fm"), unique_name("rm")];
     for master in &masters {
         let peer = unique_name("lp");
         veth_pair(&node, master, &lan, &peer);
@@ -115,26 +132,15 @@ async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
         lan.ip(&["link", "set", &peer, "up"]);
     }
     let dir = tempfile::tempdir()?;
-    let pins = [TestPinRoot::new(), TestPinRoot::new()];
+    let pins = [TestPinRoot::new(), TestPinRoot::new(), TestPinRoot::new()];
 
-    let api = FakeApiServer::realistic(Realism {
-        latency,
-        ..Realism::default()
-    });
-    api.insert(&subnet_object(&masters[0]));
-    let kubernetes = service(
-        &node,
-        &dir.path().join("k"),
-        &pins[0],
-        Kubernetes::new(api.client(), "bench-node", Duration::from_secs(30)),
-    )?;
     let state = StateFile::parse(
         &dir.path().join("state.yaml"),
         &format!(
             "subnets:\n  - name: bench\n    spec:\n      flatMode: macvlan\n      master: {}\n      \
              cidr: 198.18.0.0/15\n      ranges: [{{from: 198.18.8.0, to: 198.18.15.255}}]\n\
              networks:\n  - {{name: {NETWORK}, subnets: [bench]}}\n",
-            masters[1]
+            masters[STANDALONE]
         ),
     )?
     .validate()
@@ -142,49 +148,82 @@ async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
     let standalone = service(
         &node,
         &dir.path().join("s"),
-        &pins[1],
+        &pins[STANDALONE],
         Standalone::open(state, &dir.path().join("s/state"))?,
+    )?;
+    // One API server per Kubernetes mode, each with its own subnet.
+    let apis = [FOLLOWED, READ].map(|mode| {
+        let api = FakeApiServer::realistic(Realism {
+            latency,
+            ..Realism::default()
+        });
+        api.insert(&subnet_object(&masters[mode]));
+        api
+    });
+    let followed = Kubernetes::new(apis[0].client(), "bench-node", Duration::from_secs(30));
+    followed.follow_allocations();
+    while !followed.allocations_followed() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let followed = service(&node, &dir.path().join("f"), &pins[FOLLOWED], followed)?;
+    let read = service(
+        &node,
+        &dir.path().join("r"),
+        &pins[READ],
+        Kubernetes::new(apis[1].client(), "bench-node", Duration::from_secs(30)),
     )?;
 
     let mut run = Run {
-        kubernetes: Vec::new(),
-        standalone: Vec::new(),
-        requests_per_add: 0.0,
+        adds: Default::default(),
+        requests_per_add: [0.0; 3],
     };
-    let mut requests = 0;
+    let mut requests = [0; 3];
     for i in 0..WARM_UP + iterations {
-        // Alternate who goes first.
-        for mode in if i % 2 == 0 { [0, 1] } else { [1, 0] } {
+        // A different mode goes first each time.
+        for step in 0..3 {
+            let mode = (i + step) % 3;
             let pod = TestNetns::new("fbk-pod");
-            let took = if mode == 0 {
-                api.insert(&allocated_ip(i));
-                let before = api.requests();
-                let took = add_then_del(&kubernetes, i, &pod).await?;
-                if i >= WARM_UP {
-                    requests += api.requests() - before;
+            let (took, asked) = match mode {
+                STANDALONE => (add_then_del(&standalone, i, &pod).await?, 0),
+                _ => {
+                    let api = &apis[mode - 1];
+                    api.insert(&allocated_ip(i));
+                    // The operator's write reaches the agent's copy first.
+                    if mode == FOLLOWED {
+                        wait_for_copy(followed.desired(), i).await;
+                    }
+                    let before = api.requests();
+                    let took = if mode == FOLLOWED {
+                        add_then_del(&followed, i, &pod).await?
+                    } else {
+                        add_then_del(&read, i, &pod).await?
+                    };
+                    (took, api.requests() - before)
                 }
-                took
-            } else {
-                add_then_del(&standalone, i, &pod).await?
             };
             if i >= WARM_UP {
-                let into = if mode == 0 {
-                    &mut run.kubernetes
-                } else {
-                    &mut run.standalone
-                };
-                into.push(took.as_secs_f64());
+                run.adds[mode].push(took.as_secs_f64());
+                requests[mode] += asked;
             }
         }
     }
-    run.kubernetes.sort_by(f64::total_cmp);
-    run.standalone.sort_by(f64::total_cmp);
-    // Requests per pair (ADD and DEL; DEL asks nothing in Kubernetes mode).
-    #[allow(clippy::cast_precision_loss)]
-    {
-        run.requests_per_add = requests as f64 / iterations as f64;
+    for (mode, adds) in run.adds.iter_mut().enumerate() {
+        adds.sort_by(f64::total_cmp);
+        // ADD and DEL together; DEL asks nothing in Kubernetes mode.
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        {
+            run.requests_per_add[mode] = requests[mode] as f64 / iterations as f64;
+        }
     }
     Ok(run)
+}
+
+/// Waits until the copy of `desired` holds pod `i`'s allocation (its
+/// watch delivers the operator's write within the API latency).
+async fn wait_for_copy(desired: &Kubernetes, i: usize) {
+    while !desired.follows(&namespace(i), "pod") {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// A CNI service on `node` with its records in `dir` and maps under `pin`.

@@ -172,6 +172,7 @@ impl RunArgs {
                 .context("connect to the Kubernetes API (in-cluster, or KUBECONFIG); use --standalone without Kubernetes")?;
             let wait = Duration::from_secs(self.allocation_wait_seconds);
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
+            desired.follow_allocations();
             let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client);
             self.serve(
