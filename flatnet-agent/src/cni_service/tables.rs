@@ -99,11 +99,14 @@ impl<S: DesiredState> Inner<S> {
         let ifname = record.key.ifname.clone();
         let pod = record.pod.clone();
         self.blocking(move |inner| {
-            let mut tables = inner.datapath.lock().expect("datapath lock poisoned");
-            let datapath = &mut tables.datapath;
-            run_in_netns(&netns, || match how {
-                PolicyAttach::AtOnce => datapath.attach_policy_at_once(&ifname),
-                PolicyAttach::InPlace => datapath.attach_policy(&ifname).map(|()| false),
+            // The lock is taken in the namespace: concurrent ADDs hold it
+            // for the attach only, not while a thread enters the namespace.
+            run_in_netns(&netns, || {
+                let mut tables = inner.datapath.lock().expect("datapath lock poisoned");
+                match how {
+                    PolicyAttach::AtOnce => tables.datapath.attach_policy_at_once(&ifname),
+                    PolicyAttach::InPlace => tables.datapath.attach_policy(&ifname).map(|()| false),
+                }
             })
             .map_err(internal)?
             .map_err(|e| internal(format!("policy programs on {ifname} of {pod}: {e}")))
