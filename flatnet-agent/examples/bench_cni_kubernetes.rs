@@ -122,8 +122,8 @@ struct Run {
 
 /// The node, its masters and the services of every mode.
 async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
-    let node = TestNetns::new("fbk-node");
-    let lan = TestNetns::new("fbk-lan");
+    let node = TestNetns::new("kn");
+    let lan = TestNetns::new("kl");
     let masters = [unique_name("sm"), unique_name("fm"), unique_name("rm")];
     for master in &masters {
         let peer = unique_name("lp");
@@ -182,7 +182,7 @@ async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
         // A different mode goes first each time.
         for step in 0..3 {
             let mode = (i + step) % 3;
-            let pod = TestNetns::new("fbk-pod");
+            let pod = TestNetns::new("kp");
             let (took, asked) = match mode {
                 STANDALONE => (add_then_del(&standalone, i, &pod).await?, 0),
                 _ => {
