@@ -1,7 +1,8 @@
 //! Standalone desired state: subnets and network mappings from a YAML state
 //! file, addresses from a local pool persisted in an allocation file.
 //!
-//! The allocation file is replaced atomically on every change and guarded
+//! The allocation file is replaced atomically after every change (one
+//! write for the changes of concurrent calls) and guarded
 //! by an exclusive `flock` held for the agent's lifetime, so two agents can
 //! never hand out addresses from the same file.
 
@@ -514,6 +515,8 @@ struct Store {
     state: LoadedState,
     file: AllocationFile,
     pools: BTreeMap<String, Pool>,
+    /// Counts the changes of `file`.
+    version: u64,
 }
 
 /// Standalone desired state.
@@ -522,6 +525,11 @@ pub struct Standalone {
     source: Option<StateSource>,
     path: PathBuf,
     store: Mutex<Store>,
+    /// The version of the store the file on disk holds. Changes are made
+    /// in memory under the store's lock and written after it, so
+    /// concurrent claims do not queue behind each other's file writes,
+    /// and one write carries every change made before it.
+    written: Mutex<u64>,
     _lock: Flock<File>,
 }
 
@@ -565,7 +573,9 @@ impl Standalone {
                 },
                 file,
                 pools,
+                version: 0,
             }),
+            written: Mutex::new(0),
             _lock: lock,
         })
     }
@@ -609,6 +619,22 @@ impl Standalone {
     /// the file from the records at start-up.
     fn save(&self, file: &AllocationFile) -> Result<(), DesiredStateError> {
         self.write(file, false)
+    }
+
+    /// Returns once the file holds version `version` of the store or a
+    /// later one (see [`Self::save`]).
+    async fn flush(&self, version: u64) -> Result<(), DesiredStateError> {
+        let mut written = self.written.lock().await;
+        if *written >= version {
+            return Ok(());
+        }
+        let (file, latest) = {
+            let store = self.store.lock().await;
+            (store.file.clone(), store.version)
+        };
+        self.save(&file)?;
+        *written = latest;
+        Ok(())
     }
 
     fn write(&self, file: &AllocationFile, durable: bool) -> Result<(), DesiredStateError> {
@@ -664,6 +690,7 @@ impl Standalone {
         self.write(&file, true)?;
         store.pools = build_pools(&store.state.state, &file);
         store.file = file;
+        store.version += 1;
         Ok(())
     }
 
@@ -681,16 +708,17 @@ impl Standalone {
         if gone.is_empty() {
             return Ok(());
         }
-        let file = AllocationFile { allocations: kept };
-        self.save(&file)?;
         for allocation in &gone {
             if let Some(pool) = store.pools.get_mut(&allocation.subnet) {
                 pool.release(allocation.address);
             }
             tracing::info!(address = %allocation.address, subnet = %allocation.subnet, key = %allocation.key, "released");
         }
-        store.file = file;
-        Ok(())
+        store.file = AllocationFile { allocations: kept };
+        store.version += 1;
+        let version = store.version;
+        drop(store);
+        self.flush(version).await
     }
 }
 
@@ -787,15 +815,29 @@ impl DesiredState for Standalone {
             addresses.push(IpNet::new(address, prefix).expect("prefix of the subnet's family"));
         }
         if !taken.is_empty() {
-            if let Err(error) = self.save(&file) {
-                for (subnet, ip) in taken {
-                    if let Some(pool) = store.pools.get_mut(&subnet) {
-                        pool.release(ip);
+            store.file = file;
+            store.version += 1;
+            let version = store.version;
+            drop(store);
+            if let Err(error) = self.flush(version).await {
+                // Nothing of this claim stays: neither the addresses nor
+                // their entries (a later write drops them from the file).
+                let mut store = self.store.lock().await;
+                for (subnet, ip) in &taken {
+                    if let Some(pool) = store.pools.get_mut(subnet) {
+                        pool.release(*ip);
                     }
                 }
+                store.file.allocations.retain(|a| {
+                    !(a.key == request.key
+                        && a.network == request.network
+                        && taken
+                            .iter()
+                            .any(|(subnet, ip)| *subnet == a.subnet && *ip == a.address))
+                });
+                store.version += 1;
                 return Err(error);
             }
-            store.file = file;
         }
         Ok(DesiredInterface {
             subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),
