@@ -25,12 +25,13 @@ use std::{
 use anyhow::{Context, bail};
 use etherparse::ArpOperation;
 use flatnet_agent::{
+    cni_service::{AgentService, ServiceConfig},
     datapath::{Datapath, DatapathConfig},
     desired::{AttachmentKey, PodRef, kubernetes::Kubernetes},
+    metrics::Metrics,
     netns::run_in_netns,
     packet::{BROADCAST, RawSocket, arp_frame},
     records::{AttachmentRecord, RecordPhase, Records, UplinkRecord},
-    service::{AgentService, Metrics, ServiceConfig},
 };
 use http::{Request, Response, StatusCode};
 use kube::client::Body;

@@ -10,9 +10,9 @@
 //!
 //! Layout: entries from offset 0, each `magic | length | checksum | JSON
 //! (key, value or null for a removal)`, then zeros up to the file's size.
-//! Replay stops at the first entry that is not whole: entries are written
-//! one after another and each is synced before the next, so only the last
-//! can be torn, and it was never acknowledged. Opening rewrites the file
+//! Replay stops at the first entry that is not whole: a change is
+//! acknowledged only after a sync that covers it and every entry before
+//! it, so whatever follows a torn entry was never acknowledged either. Opening rewrites the file
 //! with one entry per live key (atomically, through a temporary file); so
 //! does an append that no longer fits, into a file twice the live size.
 
@@ -22,6 +22,7 @@ use std::{
     io::{self, Read},
     os::unix::fs::FileExt,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use serde::{Serialize, de::DeserializeOwned};
@@ -45,16 +46,42 @@ pub struct JournalError {
     pub reason: String,
 }
 
-/// The map and the file that makes it durable.
+/// The map and the file that makes it durable. Shared by reference:
+/// concurrent changes are written one after another, and one `fdatasync`
+/// makes every change written before it durable (group commit), so
+/// concurrent callers do not queue for one sync each.
 #[derive(Debug)]
 pub struct Journal<K, V> {
     path: PathBuf,
-    file: File,
+    state: Mutex<State<K, V>>,
+    /// Held by the one caller syncing; the others wait, then find their
+    /// change durable.
+    sync_turn: Mutex<()>,
+}
+
+#[derive(Debug)]
+struct State<K, V> {
+    file: Arc<File>,
     /// Where the next entry goes.
     tail: u64,
     /// The file's size (all of it written).
     size: u64,
+    /// Entries up to here are durable.
+    durable: u64,
+    /// Counts the file's rewrites: a rewrite makes what it holds durable.
+    generation: u64,
+    /// Set when a sync failed: the kernel may have dropped the pages, so
+    /// nothing written is trusted to be durable until the agent restarts
+    /// (and replays what the disk holds).
+    failed: Option<String>,
     map: BTreeMap<K, V>,
+}
+
+/// A change written, not yet known to be durable.
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    generation: u64,
+    end: u64,
 }
 
 impl<K, V> Journal<K, V>
@@ -78,10 +105,16 @@ where
         let (file, tail, size) = rewrite(path, &map).map_err(error)?;
         Ok(Self {
             path: path.to_owned(),
-            file,
-            tail,
-            size,
-            map,
+            state: Mutex::new(State {
+                file: Arc::new(file),
+                tail,
+                size,
+                durable: tail,
+                generation: 0,
+                failed: None,
+                map,
+            }),
+            sync_turn: Mutex::new(()),
         })
     }
 
@@ -94,54 +127,104 @@ where
         })
     }
 
+    fn state(&self) -> MutexGuard<'_, State<K, V>> {
+        self.state.lock().expect("journal lock poisoned")
+    }
+
+    fn error(&self, reason: impl std::fmt::Display) -> JournalError {
+        JournalError {
+            path: self.path.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
     /// The value of `key`.
-    pub fn get(&self, key: &K) -> Option<&V> {
-        self.map.get(key)
+    pub fn get(&self, key: &K) -> Option<V> {
+        self.state().map.get(key).cloned()
     }
 
     /// Every entry, in key order.
-    pub fn entries(&self) -> &BTreeMap<K, V> {
-        &self.map
+    pub fn entries(&self) -> BTreeMap<K, V> {
+        self.state().map.clone()
     }
 
     /// Sets `key` to `value`, on disk before this returns.
-    pub fn put(&mut self, key: K, value: V) -> Result<(), JournalError> {
-        self.append(&key, Some(&value))?;
-        self.map.insert(key, value);
-        Ok(())
+    pub fn put(&self, key: K, value: V) -> Result<(), JournalError> {
+        let written = self.write(key, Some(value))?;
+        self.make_durable(written)
     }
 
     /// Removes `key` (absent: nothing to do), on disk before this returns.
-    pub fn remove(&mut self, key: &K) -> Result<(), JournalError> {
-        if !self.map.contains_key(key) {
+    pub fn remove(&self, key: &K) -> Result<(), JournalError> {
+        if !self.state().map.contains_key(key) {
             return Ok(());
         }
-        self.append(key, None)?;
-        self.map.remove(key);
-        Ok(())
+        let written = self.write(key.clone(), None)?;
+        self.make_durable(written)
     }
 
-    fn append(&mut self, key: &K, value: Option<&V>) -> Result<(), JournalError> {
-        let error = |e: io::Error| JournalError {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        };
-        let entry = encode(key, value).map_err(error)?;
-        if self.tail + entry.len() as u64 > self.size {
-            // Full: the live entries (with this change) into a new file.
-            let mut map = self.map.clone();
-            match value {
-                Some(value) => map.insert(key.clone(), value.clone()),
-                None => map.remove(key),
-            };
-            let (file, tail, size) = rewrite(&self.path, &map).map_err(error)?;
-            (self.file, self.tail, self.size) = (file, tail, size);
-            return Ok(());
+    /// Writes the change into the file and the map (a later rewrite then
+    /// includes it), without waiting for the disk.
+    fn write(&self, key: K, value: Option<V>) -> Result<Written, JournalError> {
+        let mut state = self.state();
+        if let Some(reason) = &state.failed {
+            return Err(self.error(format!(
+                "an earlier write failed ({reason}); restart the agent to replay the journal"
+            )));
         }
-        self.file.write_all_at(&entry, self.tail).map_err(error)?;
-        self.file.sync_data().map_err(error)?;
-        self.tail += entry.len() as u64;
-        Ok(())
+        let entry = encode(&key, value.as_ref()).map_err(|e| self.error(e))?;
+        match value {
+            Some(value) => state.map.insert(key, value),
+            None => state.map.remove(&key),
+        };
+        if state.tail + entry.len() as u64 > state.size {
+            // Full: the live entries (with this change) into a new file,
+            // durable when it replaces the old one.
+            let (file, tail, size) = rewrite(&self.path, &state.map).map_err(|e| self.error(e))?;
+            state.file = Arc::new(file);
+            (state.tail, state.size, state.durable) = (tail, size, tail);
+            state.generation += 1;
+        } else {
+            state
+                .file
+                .write_all_at(&entry, state.tail)
+                .map_err(|e| self.error(e))?;
+            state.tail += entry.len() as u64;
+        }
+        Ok(Written {
+            generation: state.generation,
+            end: state.tail,
+        })
+    }
+
+    /// Returns once `written` is durable: after a sync that started after
+    /// it was written, this caller's or another's.
+    fn make_durable(&self, written: Written) -> Result<(), JournalError> {
+        let _turn = self.sync_turn.lock().expect("journal sync lock poisoned");
+        let (file, generation, end) = {
+            let state = self.state();
+            if let Some(reason) = &state.failed {
+                return Err(self.error(format!("cannot make a change durable: {reason}")));
+            }
+            if state.generation != written.generation || state.durable >= written.end {
+                return Ok(());
+            }
+            (Arc::clone(&state.file), state.generation, state.tail)
+        };
+        let synced = file.sync_data();
+        let mut state = self.state();
+        match synced {
+            Ok(()) => {
+                if state.generation == generation {
+                    state.durable = state.durable.max(end);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                state.failed = Some(e.to_string());
+                Err(self.error(e))
+            }
+        }
     }
 }
 
@@ -254,19 +337,19 @@ mod tests {
     fn changes_survive_reopening_and_removals_stay_removed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/j");
-        let mut journal = Map::open(&path, Vec::new()).unwrap();
+        let journal = Map::open(&path, Vec::new()).unwrap();
         journal.put("a".into(), 1).unwrap();
         journal.put("b".into(), 2).unwrap();
         journal.put("a".into(), 3).unwrap();
         journal.remove(&"b".into()).unwrap();
         journal.remove(&"never".into()).unwrap();
         let expected = BTreeMap::from([("a".to_owned(), 3)]);
-        assert_eq!(journal.entries(), &expected);
+        assert_eq!(journal.entries(), expected);
         assert_eq!(Map::read(&path).unwrap(), expected, "read while open");
         drop(journal);
         let reopened = Map::open(&path, vec![("c".into(), 4)]).unwrap();
-        assert_eq!(reopened.get(&"a".into()), Some(&3));
-        assert_eq!(reopened.get(&"c".into()), Some(&4), "adopted");
+        assert_eq!(reopened.get(&"a".into()), Some(3));
+        assert_eq!(reopened.get(&"c".into()), Some(4), "adopted");
         assert_eq!(Map::read(&path).unwrap().len(), 2, "adoption is durable");
         let names: Vec<_> = fs::read_dir(path.parent().unwrap())
             .unwrap()
@@ -279,9 +362,9 @@ mod tests {
     fn a_torn_last_entry_is_ignored_and_overwritten() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let mut journal = Map::open(&path, Vec::new()).unwrap();
+        let journal = Map::open(&path, Vec::new()).unwrap();
         journal.put("kept".into(), 1).unwrap();
-        let torn_at = journal.tail;
+        let torn_at = journal.state().tail;
         journal.put("torn".into(), 2).unwrap();
         drop(journal);
         // The last entry loses its final byte: as if the write never ended.
@@ -293,7 +376,7 @@ mod tests {
             Map::read(&path).unwrap(),
             BTreeMap::from([("kept".to_owned(), 1)])
         );
-        let mut journal = Map::open(&path, Vec::new()).unwrap();
+        let journal = Map::open(&path, Vec::new()).unwrap();
         journal.put("next".into(), 3).unwrap();
         assert_eq!(
             Map::read(&path).unwrap(),
@@ -305,7 +388,7 @@ mod tests {
     fn a_full_file_is_rewritten_with_the_live_entries() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let mut journal = Map::open(&path, Vec::new()).unwrap();
+        let journal = Map::open(&path, Vec::new()).unwrap();
         let value = 7;
         // Long keys: fewer changes fill the file.
         let key = |i: u64| format!("{:0>2000}", i % 10);
@@ -315,11 +398,40 @@ mod tests {
         for i in 0..changes {
             journal.put(key(i), value).unwrap();
         }
-        assert!(journal.size >= MIN_SIZE);
-        assert!(journal.tail < journal.size);
-        assert_eq!(fs::metadata(&path).unwrap().len(), journal.size);
+        let (tail, size) = {
+            let state = journal.state();
+            (state.tail, state.size)
+        };
+        assert!(size >= MIN_SIZE);
+        assert!(tail < size);
+        assert_eq!(fs::metadata(&path).unwrap().len(), size);
         let read = Map::read(&path).unwrap();
         assert_eq!(read.len(), 10);
         assert!(read.values().all(|v| *v == value));
+    }
+
+    #[test]
+    fn concurrent_changes_are_all_durable_through_rewrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let journal = Map::open(&path, Vec::new()).unwrap();
+        // Long keys: the file fills and is rewritten while others write.
+        let key = |thread: u32, i: u32| format!("{thread}-{:0>4000}", i % 40);
+        std::thread::scope(|scope| {
+            for thread in 0..4 {
+                let journal = &journal;
+                scope.spawn(move || {
+                    for i in 0..400 {
+                        journal.put(key(thread, i), i).unwrap();
+                    }
+                });
+            }
+        });
+        let expected: BTreeMap<String, u32> = (0..4)
+            .flat_map(|thread| (360..400).map(move |i| (key(thread, i), i)))
+            .collect();
+        assert_eq!(journal.entries(), expected);
+        assert_eq!(Map::read(&path).unwrap(), expected, "on disk");
+        assert!(journal.state().generation > 0, "the file was rewritten");
     }
 }

@@ -2,17 +2,19 @@
 
 pub mod atomic_file;
 pub mod cni;
+pub mod cni_service;
 pub mod crash_point;
 pub mod datapath;
 pub mod desired;
 pub mod install;
 pub mod journal;
 pub mod link;
+pub mod metrics;
 pub mod netns;
 pub mod packet;
+pub mod phases;
 pub mod policy_compiler;
 pub mod policy_controller;
 pub mod probe;
 pub mod records;
 pub mod rpc;
-pub mod service;

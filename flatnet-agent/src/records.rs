@@ -3,14 +3,15 @@
 //! anything is created for the attachment and removed after everything is
 //! removed, so DEL, GC and a restarted agent know what exists even without
 //! the runtime's help. Each change is on disk before the call returns, at
-//! the cost of one `fdatasync` (see [`crate::journal`]).
+//! the cost of one `fdatasync`, shared by concurrent changes (see
+//! [`crate::journal`]).
 
 use std::{
     collections::BTreeMap,
     io,
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use ipnet::IpNet;
@@ -141,7 +142,7 @@ pub struct RecordError {
 /// directory once per process.
 #[derive(Clone, Debug)]
 pub struct Records {
-    journal: Arc<Mutex<Journal<AttachmentKey, AttachmentRecord>>>,
+    journal: Arc<Journal<AttachmentKey, AttachmentRecord>>,
 }
 
 impl Records {
@@ -160,7 +161,7 @@ impl Records {
             remove_if_exists(path).map_err(|e| error(path, &e))?;
         }
         Ok(Self {
-            journal: Arc::new(Mutex::new(journal)),
+            journal: Arc::new(journal),
         })
     }
 
@@ -172,30 +173,26 @@ impl Records {
         Ok(journal.into_values().collect())
     }
 
-    fn journal(&self) -> std::sync::MutexGuard<'_, Journal<AttachmentKey, AttachmentRecord>> {
-        self.journal.lock().expect("record journal lock poisoned")
-    }
-
     /// Writes (replaces) a record; on disk when this returns.
     pub fn save(&self, record: &AttachmentRecord) -> Result<(), RecordError> {
-        self.journal()
+        self.journal
             .put(record.key.clone(), record.clone())
             .map_err(journal_error)
     }
 
     /// The record of `key`, if any.
     pub fn load(&self, key: &AttachmentKey) -> Result<Option<AttachmentRecord>, RecordError> {
-        Ok(self.journal().get(key).cloned())
+        Ok(self.journal.get(key))
     }
 
     /// Deletes the record of `key`; a missing record is not an error.
     pub fn remove(&self, key: &AttachmentKey) -> Result<(), RecordError> {
-        self.journal().remove(key).map_err(journal_error)
+        self.journal.remove(key).map_err(journal_error)
     }
 
     /// Every record, in key order.
     pub fn all(&self) -> Result<Vec<AttachmentRecord>, RecordError> {
-        Ok(self.journal().entries().values().cloned().collect())
+        Ok(self.journal.entries().into_values().collect())
     }
 }
 

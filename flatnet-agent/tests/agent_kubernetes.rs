@@ -393,3 +393,60 @@ async fn a_dual_stack_pod_whose_ipv6_record_is_never_allocated_names_it() {
     );
     server.abort();
 }
+
+/// With the allocations followed, an ADD whose FlatNetworkIP the copy
+/// shows allocated asks the API server nothing until it writes the Active
+/// status; a pod the copy does not know yet is read as without it.
+#[tokio::test]
+async fn a_followed_allocation_is_claimed_without_asking_the_api_server() {
+    use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+    use flatnet_operator::allocation::fake_api::FakeApiServer;
+
+    let api = FakeApiServer::new();
+    let subnet: FlatNetworkSubnet =
+        serde_json::from_value(subnet("lan4", "192.0.2.0/24", "192.0.2.1")).unwrap();
+    api.insert(&subnet);
+    let allocated: FlatNetworkIP = serde_json::from_value(flip(Some("192.0.2.10"))).unwrap();
+    api.insert(&allocated);
+    let source = Kubernetes::new(api.client(), "node-1", Duration::from_secs(5));
+    source.follow_allocations();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !(source.allocations_followed() && source.follows("default", "web-0")) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the copies are complete");
+
+    let before = api.requests();
+    let claim = source.claim(&request()).await.unwrap();
+    assert_eq!(api.requests(), before, "claimed from the copies");
+    assert_eq!(
+        claim.addresses,
+        ["192.0.2.10/24".parse::<ipnet::IpNet>().unwrap()]
+    );
+    assert_eq!(claim.subnets[0].name, "lan4");
+    assert_eq!(claim.mac, Some([2, 0, 0, 0, 0, 7]));
+    activate(&source, &claim).await;
+    assert_eq!(api.requests(), before + 2, "label and status");
+    let stored = api.list::<FlatNetworkIP>();
+    let status = stored[0].status.clone().unwrap();
+    assert_eq!(status.mac, "02:00:00:00:00:09");
+    assert_eq!(status.node, "node-1");
+
+    // A pod whose record the copy lacks is read from the API server (in a
+    // namespace of its own: the in-memory server ignores field selectors).
+    let mut other = request();
+    other.pod.namespace = Some("other".into());
+    let mut late = flip(Some("192.0.2.11"));
+    late["metadata"]["namespace"] = json!("other");
+    let late: FlatNetworkIP = serde_json::from_value(late).unwrap();
+    let waiting = tokio::spawn(async move { source.claim(&other).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    api.insert(&late);
+    let claim = waiting.await.unwrap().unwrap();
+    assert_eq!(
+        claim.addresses,
+        ["192.0.2.11/24".parse::<ipnet::IpNet>().unwrap()]
+    );
+}

@@ -15,8 +15,8 @@ use std::{
 use flatnet_agent::{
     datapath::{ApplyReport, DatapathError},
     policy_compiler::{CompiledPolicy, NetworkNames},
+    policy_controller::PolicyMetrics,
     policy_controller::{PolicyController, PolicySink, PolicyTrigger, kubernetes},
-    service::metrics::PolicyMetrics,
 };
 use http::{Request, Response, StatusCode};
 use kube::client::Body;

@@ -1,7 +1,7 @@
 //! Log set-up shared by every subcommand.
 
 use clap::{Args, ValueEnum};
-use flatnet_agent::service::phases::PhaseTimings;
+use flatnet_agent::phases::PhaseTimings;
 use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

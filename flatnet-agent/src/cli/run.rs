@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use flatnet_agent::{
     cni::plugin::DEFAULT_AGENT_SOCKET,
+    cni_service::{AgentService, ServiceConfig, SpecSettings},
     datapath::{Datapath, DatapathConfig, PolicyMaps},
     desired::{
         DesiredState,
@@ -13,14 +14,14 @@ use flatnet_agent::{
         standalone::{Standalone, StateSource},
     },
     install,
-    link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR},
+    link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
+    metrics::Metrics,
     policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
     policy_controller::{
         self, PinnedPolicy, PolicyController, PolicyTrigger, standalone::StandalonePolicies,
     },
     records::{DEFAULT_RECORD_DIR, Records},
     rpc::{AgentServer, ServerConfig},
-    service::{AgentService, Metrics, ServiceConfig, SpecSettings},
 };
 use flatnet_common::pin::PIN_ROOT;
 use flatnet_k8s::env;
@@ -171,6 +172,7 @@ impl RunArgs {
                 .context("connect to the Kubernetes API (in-cluster, or KUBECONFIG); use --standalone without Kubernetes")?;
             let wait = Duration::from_secs(self.allocation_wait_seconds);
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
+            desired.follow_allocations();
             let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client);
             self.serve(
@@ -250,6 +252,7 @@ impl RunArgs {
                 host_netns: self.host_netns.clone(),
                 lease_dir: self.lease_dir.clone(),
                 announce: AnnounceSettings::default(),
+                host_link: SharedNetlink::default(),
             },
             probe_wait: Duration::from_millis(self.conflict_probe_ms),
             spec: SpecSettings {

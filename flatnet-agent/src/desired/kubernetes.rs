@@ -4,14 +4,21 @@
 //!
 //! ADD waits by watch (not polling) for the operator to set `status.addr`,
 //! bounded by the allocation wait; the agent watches only the one object it
-//! needs. After a successful attach it records phase `Active`, the real MAC
+//! needs. With [`Kubernetes::follow_allocations`] (the agent's default) it
+//! also keeps watch-driven copies of the FlatNetworkIPs and subnets, so an
+//! ADD whose allocation is already made reads nothing from the API server. After a successful attach it records phase `Active`, the real MAC
 //! and its node through the status subresource (server-side apply), and
 //! labels the object with its node.
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
+
+use futures::StreamExt;
 
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
@@ -24,8 +31,11 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, Patch, PatchParams},
     runtime::{
+        WatchStreamExt,
         events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, ObjectRef, Store},
         wait::await_condition,
+        watcher,
     },
 };
 use serde_json::json;
@@ -52,6 +62,81 @@ pub struct Kubernetes {
     allocation_wait: Duration,
     synced: AtomicBool,
     recorder: Recorder,
+    /// Set by [`Self::follow_allocations`].
+    followed: OnceLock<Followed>,
+}
+
+/// Watch-driven copies of every FlatNetworkIP and of the subnets.
+struct Followed {
+    ips: Mirror<FlatNetworkIP>,
+    subnets: Mirror<FlatNetworkSubnet>,
+}
+
+/// One kind's copy, fed by a watch in its own task.
+struct Mirror<K: 'static + Resource<DynamicType = ()>> {
+    store: Store<K>,
+    /// Set once the first list is in the store: before, an object missing
+    /// from it says nothing.
+    complete: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K> Mirror<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    /// Follows every object of `api` (a reflector: list, then watch, with
+    /// backoff and relists as the watcher does them).
+    fn follow(api: Api<K>) -> Self {
+        let (store, writer) = reflector::store();
+        let complete = Arc::new(AtomicBool::new(false));
+        let listed = Arc::clone(&complete);
+        let kind = K::kind(&());
+        let task = tokio::spawn(async move {
+            let mut events = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+                .default_backoff()
+                .boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => listed.store(true, Ordering::Release),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::debug!(%kind, %error, "watch of the allocations failed; retrying with backoff");
+                    }
+                }
+            }
+        });
+        Self {
+            store,
+            complete,
+            task,
+        }
+    }
+
+    /// The copy of `namespace/name`; `None` when absent or when the copy
+    /// is not complete yet.
+    fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        if !self.complete.load(Ordering::Acquire) {
+            return None;
+        }
+        self.store.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    fn is_complete(&self) -> bool {
+        self.complete.load(Ordering::Acquire)
+    }
+}
+
+impl<K: 'static + Resource<DynamicType = ()>> Drop for Mirror<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl Kubernetes {
@@ -71,7 +156,49 @@ impl Kubernetes {
             allocation_wait,
             synced: AtomicBool::new(false),
             recorder,
+            followed: OnceLock::new(),
         }
+    }
+
+    /// Keeps watch-driven copies of every FlatNetworkIP and of the
+    /// FlatNetworkSubnets: an ADD whose FlatNetworkIP the copy shows
+    /// allocated to the pod takes it, its second (IPv6) record and its
+    /// subnet from the copies, and its only requests are the two writes of
+    /// the Active status. Anything the copies lack (not yet complete, an
+    /// allocation made after the ADD started) is read from the API server
+    /// as without them. The copies cost one object per flat-network pod in
+    /// memory, and one watch of each kind on the API server. Call inside a
+    /// Tokio runtime; later calls do nothing.
+    pub fn follow_allocations(&self) {
+        self.followed.get_or_init(|| Followed {
+            ips: Mirror::follow(Api::all(self.client.clone())),
+            subnets: Mirror::follow(Api::namespaced(self.client.clone(), SUBNET_NAMESPACE)),
+        });
+    }
+
+    /// Whether both copies of [`Self::follow_allocations`] are complete.
+    pub fn allocations_followed(&self) -> bool {
+        self.followed
+            .get()
+            .is_some_and(|f| f.ips.is_complete() && f.subnets.is_complete())
+    }
+
+    /// Whether the copy of [`Self::follow_allocations`] holds FlatNetworkIP
+    /// `namespace/name` allocated (benchmarks wait for it).
+    pub fn follows(&self, namespace: &str, name: &str) -> bool {
+        self.followed_allocation(namespace, name, None).is_some()
+    }
+
+    /// The copy of FlatNetworkIP `namespace/name`, when allocated to the
+    /// pod with `uid`.
+    fn followed_allocation(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Option<FlatNetworkIP> {
+        let ip = self.followed.get()?.ips.get(namespace, name)?;
+        is_allocated(&ip, uid).then(|| (*ip).clone())
     }
 
     /// Checks that the API server serves the FlatNetworkSubnet API; until
@@ -121,17 +248,20 @@ impl Kubernetes {
             "kind": FlatNetworkIP::kind(&()),
             "metadata": {"name": name, "labels": {label::NODE: self.node}},
         });
-        ips.patch(name, &params, &Patch::Apply(labels))
-            .await
-            .map_err(unavailable)?;
         let status = json!({
             "apiVersion": FlatNetworkIP::api_version(&()),
             "kind": FlatNetworkIP::kind(&()),
             "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node},
         });
-        ips.patch_status(name, &params, &Patch::Apply(status))
-            .await
-            .map_err(unavailable)?;
+        // Two writes of different fields (the object's labels, its status
+        // subresource): in flight together, one round trip on the answer path.
+        let labels = Patch::Apply(labels);
+        let status = Patch::Apply(status);
+        tokio::try_join!(
+            ips.patch(name, &params, &labels),
+            ips.patch_status(name, &params, &status),
+        )
+        .map_err(unavailable)?;
         Ok(())
     }
 
@@ -168,13 +298,15 @@ impl Kubernetes {
 
     /// Whether the pod is dual stack: the network configuration names two
     /// subnets, or the operator made the second record `<pod>.ipv6`. (The
-    /// operator creates both records before allocating either.)
+    /// operator creates both records before allocating either.) Read from
+    /// the copy when the first record came from it (`primary_followed`).
     async fn is_dual_stack(
         &self,
         request: &ClaimRequest,
         ips: &Api<FlatNetworkIP>,
         namespace: &str,
         secondary: &str,
+        primary_followed: bool,
     ) -> Result<bool, DesiredStateError> {
         let configured = request
             .subnet
@@ -183,11 +315,20 @@ impl Kubernetes {
         if configured {
             return Ok(true);
         }
-        let found = ips.get_opt(secondary).await.map_err(|e| {
-            DesiredStateError::Unavailable(format!(
-                "cannot read FlatNetworkIP {namespace}/{secondary}: {e}"
-            ))
-        })?;
+        // The operator creates both records before it allocates either,
+        // and one watch delivers them in order: a copy that shows the first
+        // allocated has seen the second made.
+        let found = match self.followed.get().filter(|_| primary_followed) {
+            Some(followed) => followed
+                .ips
+                .get(namespace, secondary)
+                .map(|ip| (*ip).clone()),
+            None => ips.get_opt(secondary).await.map_err(|e| {
+                DesiredStateError::Unavailable(format!(
+                    "cannot read FlatNetworkIP {namespace}/{secondary}: {e}"
+                ))
+            })?,
+        };
         let uid = request.pod.uid.as_deref();
         Ok(found
             .is_some_and(|ip| uid.is_none_or(|u| ip.spec.pod_id.is_empty() || ip.spec.pod_id == u)))
@@ -204,15 +345,20 @@ impl Kubernetes {
         let subnet_name = ip.spec.subnet.clone();
         let subnets: Api<FlatNetworkSubnet> =
             Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
-        let subnet = subnets
-            .get_opt(&subnet_name)
-            .await
-            .map_err(|e| {
+        let followed = self
+            .followed
+            .get()
+            .and_then(|f| f.subnets.get(SUBNET_NAMESPACE, &subnet_name))
+            .map(|subnet| (*subnet).clone());
+        let subnet = match followed {
+            Some(subnet) => Some(subnet),
+            None => subnets.get_opt(&subnet_name).await.map_err(|e| {
                 DesiredStateError::Unavailable(format!(
                     "cannot read FlatNetworkSubnet {SUBNET_NAMESPACE}/{subnet_name}: {e}"
                 ))
-            })?
-            .ok_or_else(|| {
+            })?,
+        }
+        .ok_or_else(|| {
                 DesiredStateError::SubnetNotFound(format!(
                     "FlatNetworkSubnet {SUBNET_NAMESPACE}/{subnet_name} named by {object} does not exist; create it or fix the pod's subnet annotation"
                 ))
@@ -283,16 +429,26 @@ impl DesiredState for Kubernetes {
         let uid = request.pod.uid.as_deref();
         // One bound for the whole claim, both records of a dual-stack pod included.
         let deadline = tokio::time::Instant::now() + self.allocation_wait;
-        let mut records = vec![self.allocated(&ips, namespace, name, uid, deadline).await?];
+        let followed = self.followed_allocation(namespace, name, uid);
+        let primary_followed = followed.is_some();
+        let primary = match followed {
+            Some(ip) => ip,
+            None => self.allocated(&ips, namespace, name, uid, deadline).await?,
+        };
+        let mut records = vec![primary];
         let secondary = secondary_name(name);
         if self
-            .is_dual_stack(request, &ips, namespace, &secondary)
+            .is_dual_stack(request, &ips, namespace, &secondary, primary_followed)
             .await?
         {
-            records.push(
-                self.allocated(&ips, namespace, &secondary, uid, deadline)
-                    .await?,
-            );
+            let followed = self.followed_allocation(namespace, &secondary, uid);
+            records.push(match followed {
+                Some(ip) => ip,
+                None => {
+                    self.allocated(&ips, namespace, &secondary, uid, deadline)
+                        .await?
+                }
+            });
         }
         let mut claim = DesiredInterface {
             subnets: Vec::new(),

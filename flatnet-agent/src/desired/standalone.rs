@@ -1,7 +1,8 @@
 //! Standalone desired state: subnets and network mappings from a YAML state
 //! file, addresses from a local pool persisted in an allocation file.
 //!
-//! The allocation file is replaced atomically on every change and guarded
+//! The allocation file is replaced atomically after every change (one
+//! write for the changes of concurrent calls) and guarded
 //! by an exclusive `flock` held for the agent's lifetime, so two agents can
 //! never hand out addresses from the same file.
 
@@ -135,6 +136,54 @@ pub struct StateSource {
     rejected: Gauge,
     /// The text last rejected, so each rejection is logged once.
     last_rejected: std::sync::Mutex<Option<String>>,
+    /// The version of the file [`Self::reload`] read last: an unchanged
+    /// file is not read again (every ADD asks).
+    read_version: std::sync::Mutex<Option<FileVersion>>,
+}
+
+/// One version of a file, told apart without reading it: a write changes
+/// the change time (which nobody can set back), a replacement the inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileVersion {
+    dev: u64,
+    inode: u64,
+    len: u64,
+    changed: (i64, i64),
+    modified: (i64, i64),
+}
+
+/// A file changed this recently may change again within the same tick of
+/// a coarse file-system clock, keeping its stamp: it is read every time
+/// until it is older (as git does with its index).
+const SETTLED_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl FileVersion {
+    /// The version of `path` when it has settled; `None` when it cannot be
+    /// examined or changed less than [`SETTLED_AFTER`] ago.
+    fn settled(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .unwrap_or_default();
+        let settled = age >= SETTLED_AFTER
+            && std::time::UNIX_EPOCH
+                .checked_add(std::time::Duration::new(
+                    u64::try_from(meta.ctime()).ok()?,
+                    u32::try_from(meta.ctime_nsec()).ok()?,
+                ))
+                .and_then(|at| at.elapsed().ok())
+                .is_some_and(|age| age >= SETTLED_AFTER);
+        settled.then(|| Self {
+            dev: meta.dev(),
+            inode: meta.ino(),
+            len: meta.size(),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+        })
+    }
 }
 
 impl StateSource {
@@ -145,6 +194,7 @@ impl StateSource {
             last_good: state_dir.join(LAST_GOOD_STATE_FILE),
             rejected,
             last_rejected: std::sync::Mutex::new(None),
+            read_version: std::sync::Mutex::new(None),
         }
     }
 
@@ -181,8 +231,18 @@ impl StateSource {
 
     /// The file again, when its text differs from `current`'s: `Some` when
     /// it validates (it becomes the last good copy), `None` when it is
-    /// unchanged or rejected (logged once, `rejected` set).
+    /// unchanged or rejected (logged once, `rejected` set). A file whose
+    /// version is the one read last is not read again.
     pub fn reload(&self, current: &str) -> Option<LoadedState> {
+        // Taken before reading: a write in between makes the next call read again.
+        let version = FileVersion::settled(&self.path);
+        {
+            let mut read = self.read_version.lock().expect("state source lock");
+            if version.is_some() && *read == version {
+                return None;
+            }
+            *read = version;
+        }
         let text = match read_text(&self.path) {
             Ok(text) => text,
             Err(error) => {
@@ -455,6 +515,8 @@ struct Store {
     state: LoadedState,
     file: AllocationFile,
     pools: BTreeMap<String, Pool>,
+    /// Counts the changes of `file`.
+    version: u64,
 }
 
 /// Standalone desired state.
@@ -463,6 +525,11 @@ pub struct Standalone {
     source: Option<StateSource>,
     path: PathBuf,
     store: Mutex<Store>,
+    /// The version of the store the file on disk holds. Changes are made
+    /// in memory under the store's lock and written after it, so
+    /// concurrent claims do not queue behind each other's file writes,
+    /// and one write carries every change made before it.
+    written: Mutex<u64>,
     _lock: Flock<File>,
 }
 
@@ -502,7 +569,9 @@ impl Standalone {
                 },
                 file,
                 pools,
+                version: 0,
             }),
+            written: Mutex::new(0),
             _lock: lock,
         })
     }
@@ -546,6 +615,22 @@ impl Standalone {
     /// the file from the records at start-up.
     fn save(&self, file: &AllocationFile) -> Result<(), DesiredStateError> {
         self.write(file, false)
+    }
+
+    /// Returns once the file holds version `version` of the store or a
+    /// later one (see [`Self::save`]).
+    async fn flush(&self, version: u64) -> Result<(), DesiredStateError> {
+        let mut written = self.written.lock().await;
+        if *written >= version {
+            return Ok(());
+        }
+        let (file, latest) = {
+            let store = self.store.lock().await;
+            (store.file.clone(), store.version)
+        };
+        self.save(&file)?;
+        *written = latest;
+        Ok(())
     }
 
     fn write(&self, file: &AllocationFile, durable: bool) -> Result<(), DesiredStateError> {
@@ -601,6 +686,7 @@ impl Standalone {
         self.write(&file, true)?;
         store.pools = build_pools(&store.state.state, &file);
         store.file = file;
+        store.version += 1;
         Ok(())
     }
 
@@ -618,16 +704,17 @@ impl Standalone {
         if gone.is_empty() {
             return Ok(());
         }
-        let file = AllocationFile { allocations: kept };
-        self.save(&file)?;
         for allocation in &gone {
             if let Some(pool) = store.pools.get_mut(&allocation.subnet) {
                 pool.release(allocation.address);
             }
             tracing::info!(address = %allocation.address, subnet = %allocation.subnet, key = %allocation.key, "released");
         }
-        store.file = file;
-        Ok(())
+        store.file = AllocationFile { allocations: kept };
+        store.version += 1;
+        let version = store.version;
+        drop(store);
+        self.flush(version).await
     }
 }
 
@@ -724,15 +811,29 @@ impl DesiredState for Standalone {
             addresses.push(IpNet::new(address, prefix).expect("prefix of the subnet's family"));
         }
         if !taken.is_empty() {
-            if let Err(error) = self.save(&file) {
-                for (subnet, ip) in taken {
-                    if let Some(pool) = store.pools.get_mut(&subnet) {
-                        pool.release(ip);
+            store.file = file;
+            store.version += 1;
+            let version = store.version;
+            drop(store);
+            if let Err(error) = self.flush(version).await {
+                // Nothing of this claim stays: neither the addresses nor
+                // their entries (a later write drops them from the file).
+                let mut store = self.store.lock().await;
+                for (subnet, ip) in &taken {
+                    if let Some(pool) = store.pools.get_mut(subnet) {
+                        pool.release(*ip);
                     }
                 }
+                store.file.allocations.retain(|a| {
+                    !(a.key == request.key
+                        && a.network == request.network
+                        && taken
+                            .iter()
+                            .any(|(subnet, ip)| *subnet == a.subnet && *ip == a.address))
+                });
+                store.version += 1;
                 return Err(error);
             }
-            store.file = file;
         }
         Ok(DesiredInterface {
             subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),

@@ -5,7 +5,7 @@
 //! half-made interface, stray host route or lost default route survives a
 //! failed attach.
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 use netlink_packet_route::{
@@ -15,7 +15,7 @@ use netlink_packet_route::{
 use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkUnspec};
 use tracing::Instrument;
 
-use crate::service::phases::{phase, timed};
+use crate::phases::{phase, timed};
 
 use super::{
     Attachment, Attachments, LinkError,
@@ -47,7 +47,7 @@ enum Undo {
 struct Setup<'a> {
     config: &'a Attachments,
     valid: &'a ValidSpec,
-    host: Netlink,
+    host: Arc<Netlink>,
     pod: Option<Netlink>,
     vlan_lock: Option<VlanLock>,
     undo: Vec<Undo>,
@@ -61,7 +61,7 @@ pub(super) async fn attach(
         config,
         valid,
         host: timed("attach.host_socket", || {
-            Netlink::open(config.host_netns.as_deref())
+            config.host_link.get(config.host_netns.as_deref())
         })?,
         pod: None,
         vlan_lock: None,
@@ -514,7 +514,7 @@ pub(super) async fn resolve_host_route(
     let target = global(true)
         .or_else(|| global(false))
         .ok_or_else(|| no_path("it has no IPv4 or global IPv6 address".into()))?;
-    let host = Netlink::open(config.host_netns.as_deref())?;
+    let host = config.host_link.get(config.host_netns.as_deref())?;
     let oif = host
         .routes(target.is_ipv4())
         .await?

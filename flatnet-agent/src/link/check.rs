@@ -15,7 +15,7 @@ use super::{
 
 pub(super) async fn check(config: &Attachments, valid: &ValidSpec) -> Result<(), LinkError> {
     let spec = valid.spec();
-    let host = Netlink::open(config.host_netns.as_deref())?;
+    let host = config.host_link.get(config.host_netns.as_deref())?;
     let master = find_master(&host, spec).await?;
     let parent = if spec.parent.vlan == 0 {
         master

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::{
     netns::is_netns,
-    service::phases::{phase, timed},
+    phases::{phase, timed},
 };
 
 use super::{

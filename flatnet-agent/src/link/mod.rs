@@ -23,7 +23,7 @@ use std::path::PathBuf;
 pub use announce::AnnounceSettings;
 pub use detach::DetachSpec;
 pub use error::LinkError;
-pub use netlink::FLATNET_ROUTE_PROTOCOL;
+pub use netlink::{FLATNET_ROUTE_PROTOCOL, SharedNetlink};
 pub use spec::{
     ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
     MAX_VLAN_ID, MacvlanMode, ParentLink, PrimaryDefaults, PrimaryRoutes, RouteSpec, ValidSpec,
@@ -63,6 +63,8 @@ pub struct Attachments {
     pub lease_dir: PathBuf,
     /// Repetition of gratuitous ARP / unsolicited NA.
     pub announce: AnnounceSettings,
+    /// The node namespace's netlink connection for ADD and CHECK.
+    pub host_link: SharedNetlink,
 }
 
 impl Default for Attachments {
@@ -71,6 +73,7 @@ impl Default for Attachments {
             host_netns: None,
             lease_dir: PathBuf::from(DEFAULT_LEASE_DIR),
             announce: AnnounceSettings::default(),
+            host_link: SharedNetlink::default(),
         }
     }
 }

@@ -8,6 +8,7 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use futures::TryStreamExt;
@@ -93,6 +94,35 @@ impl Link {
             }
         }
         link
+    }
+}
+
+/// One namespace's connection, opened on first use and shared by later
+/// users: rtnetlink runs concurrent requests over one socket, and opening
+/// a socket in another namespace costs a thread. The connection runs on
+/// the runtime of its first user, so callers on short-lived runtimes open
+/// their own ([`Netlink::open`]); one whose runtime has ended is opened
+/// again.
+#[derive(Clone, Default)]
+pub struct SharedNetlink(Arc<Mutex<Option<Arc<Netlink>>>>);
+
+impl std::fmt::Debug for SharedNetlink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedNetlink").finish_non_exhaustive()
+    }
+}
+
+impl SharedNetlink {
+    /// The shared connection to `netns` (see [`Netlink::open`]); every
+    /// call must name the same namespace.
+    pub(crate) fn get(&self, netns: Option<&Path>) -> Result<Arc<Netlink>, LinkError> {
+        let mut slot = self.0.lock().expect("netlink connection lock poisoned");
+        if let Some(open) = slot.as_ref().filter(|n| !n.connection.is_finished()) {
+            return Ok(Arc::clone(open));
+        }
+        let opened = Arc::new(Netlink::open(netns)?);
+        *slot = Some(Arc::clone(&opened));
+        Ok(opened)
     }
 }
 

@@ -26,13 +26,10 @@ use kube::{
 use serde::de::DeserializeOwned;
 
 use super::{
-    PolicyChanges, PolicyController, PolicySink, PolicyTrigger, cluster::ClusterView,
-    report::DiagnosticEvents,
+    PolicyChanges, PolicyController, PolicyMetrics, PolicySink, PolicyTrigger,
+    cluster::ClusterView, report::DiagnosticEvents,
 };
-use crate::{
-    desired::kubernetes::FIELD_MANAGER, policy_compiler::MultiNetworkPolicy,
-    service::metrics::PolicyMetrics,
-};
+use crate::{desired::kubernetes::FIELD_MANAGER, policy_compiler::MultiNetworkPolicy};
 
 /// Longest Event note (the API server rejects longer ones).
 const MAX_NOTE: usize = 1000;

@@ -7,10 +7,11 @@
 //! [`PolicyController`] waits a short debounce so a burst of changes is
 //! compiled once, takes a [`PolicySnapshot`], compiles it and installs it
 //! with [`PolicyMaps::apply`]. The pod-interface programs are attached on
-//! every CNI ADD (see `service`), so an update only rewrites maps.
+//! every CNI ADD (see `cni_service`), so an update only rewrites maps.
 
 pub mod cluster;
 pub mod kubernetes;
+pub mod metrics;
 pub mod report;
 pub mod standalone;
 
@@ -33,9 +34,9 @@ use crate::{
         selector::Labels,
     },
     records::AttachmentRecord,
-    service::metrics::PolicyMetrics,
 };
 
+pub use metrics::PolicyMetrics;
 pub use report::{DiagnosticEvents, DiagnosticLog, NoEvents};
 
 /// How long the controller waits after a change before compiling, so a

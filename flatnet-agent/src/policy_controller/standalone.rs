@@ -24,7 +24,7 @@ use tokio::{
     signal::unix::{SignalKind, signal},
 };
 
-use super::{NoEvents, PolicyController, PolicySink, PolicySnapshot, PolicyTrigger};
+use super::{NoEvents, PolicyController, PolicyMetrics, PolicySink, PolicySnapshot, PolicyTrigger};
 use crate::{
     desired::standalone::StateFile,
     policy_compiler::{
@@ -32,7 +32,6 @@ use crate::{
         api::POLICY_FOR_ANNOTATION, selector::Labels,
     },
     records::Records,
-    service::metrics::PolicyMetrics,
 };
 
 /// The policy part of a state file, checked.

@@ -10,7 +10,8 @@ use std::{
 
 use flatnet_agent::{
     link::{
-        AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkMode, MacvlanMode, ParentLink,
+        AnnounceSettings, ArpPolicy, AttachmentSpec, Attachments, LinkMode, MacvlanMode,
+        ParentLink, SharedNetlink,
     },
     netns::run_in_netns,
     packet::{RawSocket, Receive},
@@ -54,6 +55,7 @@ impl Lan {
                 count: 2,
                 interval: Duration::from_millis(100),
             },
+            host_link: SharedNetlink::default(),
         }
     }
 

@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
 
+mod kubernetes;
 mod phases;
 
 use super::{
@@ -48,6 +49,10 @@ pub struct CniArgs {
     /// p50 is more than twice the reference's in the same run.
     #[arg(long)]
     quick: bool,
+    /// The Kubernetes-mode ADD against the standalone ADD, through the
+    /// agent's CNI service and the operator's in-memory API server, instead.
+    #[arg(long, conflicts_with = "quick")]
+    kubernetes: bool,
 }
 
 impl CniArgs {
@@ -59,6 +64,7 @@ impl CniArgs {
             parallel: 1,
             no_write: true,
             quick: true,
+            kubernetes: false,
         }
     }
 }
@@ -258,6 +264,9 @@ impl Drop for Agent {
 /// Runs the benchmark and writes its section (`--quick`: checks the
 /// ratios instead).
 pub fn run(args: &CniArgs) -> anyhow::Result<()> {
+    if args.kubernetes {
+        return kubernetes::run(!args.no_write);
+    }
     let iterations = if args.quick {
         QUICK_ITERATIONS
     } else {
