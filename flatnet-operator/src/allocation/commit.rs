@@ -199,10 +199,12 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
 /// As [`reserve`].
 pub async fn reserve_batched(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
     let subnet = record.spec.subnet.clone();
-    let edit = Edit::Reserve {
-        candidates: record.spec.addrs.clone(),
-    };
-    match ctx.ledgers.commit(ctx, &subnet, edit).await? {
+    let key = key_of(record.namespace().as_deref(), &record.name_any());
+    match ctx
+        .ledgers
+        .reserve(ctx, &subnet, &key, &record.spec.addrs)
+        .await?
+    {
         Committed::Reserved {
             addr,
             subnet: valid,

@@ -296,6 +296,8 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
     let namespace = record.namespace().unwrap_or_default();
     let name = record.name_any();
     let key = key_of(Some(&namespace), &name);
+    // Deleted before its allocation took an address reserved ahead for it.
+    ctx.ledgers.forsake(ctx, &record.spec.subnet, &key).await?;
     if let Some(status) = &record.status
         && let Some(addr) = status.addr
     {

@@ -102,7 +102,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         );
         let record_ref = ObjectRef::new(&record_name(&name, index)).within(&namespace);
         let record = match ctx.caches.records.get(&record_ref) {
-            None => create(&api, &desired, &key).await?,
+            None => create(&api, &desired, &key, &ctx).await?,
             Some(existing) if record_matches(&existing, &desired) => Some((*existing).clone()),
             Some(existing) => update(&api, &existing, &desired, &key).await?,
         };
@@ -169,12 +169,26 @@ async fn user_error(pod: &Pod, error: Error, ctx: &Context) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
+/// Creates the record, announced to its subnet's ledger first (when it
+/// asks for no fixed MAC) so that its address can be reserved ahead, in a
+/// ledger write shared with the records created alongside.
 async fn create(
     api: &Api<FlatNetworkIP>,
     desired: &FlatNetworkIP,
     pod_key: &str,
+    ctx: &Context,
 ) -> Result<Option<FlatNetworkIP>, Error> {
-    match api.create(&PostParams::default(), desired).await {
+    let subnet = &desired.spec.subnet;
+    let key = key_of(desired.namespace().as_deref(), &desired.name_any());
+    let announced = desired.spec.macs.is_empty();
+    if announced {
+        ctx.ledgers.expect(subnet, &key, &desired.spec.addrs);
+    }
+    let created = api.create(&PostParams::default(), desired).await;
+    if announced && created.is_err() {
+        ctx.ledgers.forsake(ctx, subnet, &key).await?;
+    }
+    match created {
         Ok(created) => {
             info!(record = %created.name_any(), "FlatNetworkIP created");
             Ok(Some(created))

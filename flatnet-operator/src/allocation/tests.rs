@@ -636,7 +636,10 @@ fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
     items
 }
 
-/// One allocator: `rounds` passes over its (stale) view of the records.
+/// One allocator: `rounds` passes over its (stale) view of the records,
+/// the records without an address announced first, as the pod controller
+/// announces the records it creates, so that addresses are also reserved
+/// ahead.
 async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
     for _ in 0..rounds {
         let ctx = context(server.client(), caches_from(&server), Settings::default());
@@ -647,6 +650,11 @@ async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
             .iter()
             .map(|r| (**r).clone())
             .collect();
+        for record in records.iter().filter(|r| commit::batchable(r)) {
+            let key = format!("{}/{}", record.namespace().unwrap(), record.name_any());
+            ctx.ledgers
+                .expect(&record.spec.subnet, &key, &record.spec.addrs);
+        }
         for record in shuffled(&records, order_seed) {
             let _ = ips::reconcile(Arc::new(record), Arc::clone(&ctx)).await;
         }
@@ -730,6 +738,94 @@ async fn race(seed: u64) {
     );
     let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
     assert_eq!(status.used_ip_count, 40, "seed {seed}");
+}
+
+/// The `race` subnet with the records of `pods`, all announced as the pod
+/// controller announces the records it creates.
+fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>) {
+    let server = FakeApiServer::new();
+    server.insert(&race_subnet());
+    for p in &pods {
+        server.insert(p);
+        let mut record = record_of(p, "0");
+        record.metadata.resource_version = None;
+        server.insert(&record);
+    }
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let records: Vec<FlatNetworkIP> = server.list();
+    for record in &records {
+        let key = format!("{NS}/{}", record.name_any());
+        ctx.ledgers
+            .expect(&record.spec.subnet, &key, &record.spec.addrs);
+    }
+    (server, ctx, records)
+}
+
+/// The records the pod controller announces get their addresses reserved
+/// ahead by the first ledger write: 20 allocations, one ledger write.
+#[tokio::test]
+async fn announced_records_share_one_ledger_write() {
+    let (server, ctx, records) = announced(race_pods(18, 2));
+    let before = server.requests_by_verb();
+    for record in records {
+        ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let after = server.requests_by_verb();
+    let delta =
+        |verb: &str| after.get(verb).copied().unwrap_or(0) - before.get(verb).copied().unwrap_or(0);
+    assert_eq!(
+        delta("update"),
+        20 + 1,
+        "20 record status writes and one ledger write"
+    );
+    assert_eq!(delta("get"), 1, "the ledger is read once");
+    let held = check_unique(&server, 0);
+    assert_eq!(held.len(), 20);
+    let requested: BTreeSet<IpAddr> = ["10.0.0.45", "10.0.0.46"].iter().map(|a| ip(a)).collect();
+    assert!(
+        requested.is_subset(&held),
+        "requested addresses reserved ahead too: {held:?}"
+    );
+    assert_eq!(
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count,
+        20
+    );
+}
+
+/// A record deleted before its allocation gives back the address reserved
+/// ahead for it at once.
+#[tokio::test]
+async fn an_announced_record_deleted_first_gives_its_address_back() {
+    let (server, ctx, records) = announced(race_pods(2, 0));
+    ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let used = |server: &FakeApiServer| {
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count
+    };
+    assert_eq!(
+        used(&server),
+        2,
+        "the second record's address is held ahead"
+    );
+    let mut deleted = records[1].clone();
+    deleted.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    ips::reconcile(Arc::new(deleted), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(used(&server), 1, "given back with the deletion");
+    let key = format!("{NS}/{}", records[1].name_any());
+    assert!(!ctx.ledgers.is_expected("race", &key));
 }
 
 #[tokio::test(flavor = "current_thread")]
