@@ -715,6 +715,20 @@ pub async fn release(
             other => return other.map(|_| ()),
         }
     }
+    // Like a batch, never between the subnet repair's confirmation of an
+    // address and its write.
+    let direct = release_direct(ctx, subnet, &addrs, &macs);
+    ctx.ledgers.exclusive(subnet, direct).await
+}
+
+/// Removes `addrs` and `macs` from the subnet's ledger with a read and a
+/// write of its own.
+async fn release_direct(
+    ctx: &Context,
+    subnet: &str,
+    addrs: &[IpAddr],
+    macs: &[&String],
+) -> Result<(), Error> {
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     for _ in 0..MAX_ATTEMPTS {
         let Some(mut fresh) = subnets.get_opt(subnet).await.map_err(Error::kube(
@@ -728,7 +742,7 @@ pub async fn release(
         let status = fresh.status.get_or_insert_with(Default::default);
         let (mut v4, mut v6) = used_ranges::to_intervals(&status.used_ip);
         let mut changed = false;
-        for addr in &addrs {
+        for addr in addrs {
             let value = flatnet_k8s::ipam::to_u128(*addr);
             let set = if addr.is_ipv4() { &mut v4 } else { &mut v6 };
             changed |= set.remove(value, value) > 0;

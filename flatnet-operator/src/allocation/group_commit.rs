@@ -25,6 +25,7 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    future::Future,
     net::IpAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -204,6 +205,22 @@ impl Ledgers {
         let queue = self.queue(subnet);
         let mut ahead = queue.ahead.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut ahead)
+    }
+
+    /// Runs `work` (a writer of `subnet`'s ledger outside the batches)
+    /// while no batch of `subnet` runs, then forgets the book, which `work`
+    /// may have made stale.
+    ///
+    /// So a ledger edit decided on what the API server said during `work`
+    /// cannot interleave with a release: the subnet repair adding back an
+    /// address a live record names, for one, must not land after that
+    /// record's release found the address absent and did nothing.
+    pub async fn exclusive<T>(&self, subnet: &str, work: impl Future<Output = T>) -> T {
+        let queue = self.queue(subnet);
+        let mut book = queue.book.lock().await;
+        let out = work.await;
+        *book = None;
+        out
     }
 
     /// Announces that record `key` (asking for `candidates`, or any address

@@ -514,6 +514,43 @@ async fn update_status(
     users: &[&FlatNetworkIP],
     ctx: &Context,
 ) -> Result<Action, Error> {
+    match write_status(subnet, &verdict, users, ctx, Lock::NotHeld).await? {
+        Written::Done(action) => Ok(action),
+        Written::NeedsLock => {
+            let locked = write_status(subnet, &verdict, users, ctx, Lock::Held);
+            match ctx.ledgers.exclusive(&subnet.name_any(), locked).await? {
+                Written::Done(action) => Ok(action),
+                Written::NeedsLock => unreachable!("the lock is held"),
+            }
+        }
+    }
+}
+
+/// Whether [`write_status`] runs under [`Ledgers::exclusive`](super::group_commit::Ledgers::exclusive).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lock {
+    Held,
+    NotHeld,
+}
+
+/// What [`write_status`] came to.
+enum Written {
+    Done(Action),
+    /// Addresses must be confirmed and added back: only under the lock.
+    NeedsLock,
+}
+
+/// Writes the repaired or failed status. Adding back an address a live
+/// record names needs `lock` held: a release of that record running
+/// between the confirmation and the write would find the address absent,
+/// do nothing, and the write would put back an address nobody holds.
+async fn write_status(
+    subnet: &FlatNetworkSubnet,
+    verdict: &Result<ValidSubnet, Invalid>,
+    users: &[&FlatNetworkIP],
+    ctx: &Context,
+    lock: Lock,
+) -> Result<Written, Error> {
     let name = subnet.name_any();
     let api: Api<FlatNetworkSubnet> =
         Api::namespaced(ctx.client.clone(), &subnet.namespace().unwrap_or_default());
@@ -524,14 +561,16 @@ async fn update_status(
                 .await
                 .map_err(Error::kube("get", "FlatNetworkSubnet", &name))?
         else {
-            return Ok(Action::await_change());
+            return Ok(Written::Done(Action::await_change()));
         };
         let current = fresh.status.clone().unwrap_or_default();
-        let (status, action, duplicates) = match &verdict {
+        let (status, action, duplicates) = match verdict {
             Ok(valid) => {
                 let missing = missing_from_ledger(valid, &current, users);
                 let confirmed = if missing.is_empty() {
                     Vec::new()
+                } else if lock == Lock::NotHeld {
+                    return Ok(Written::NeedsLock);
                 } else {
                     confirm_missing(missing, ctx).await?
                 };
@@ -555,7 +594,7 @@ async fn update_status(
             ),
         };
         if same_status(&current, &status) {
-            return Ok(action);
+            return Ok(Written::Done(action));
         }
         let newly_failed = status.phase == phase::FAILED
             && (current.phase != phase::FAILED
@@ -587,10 +626,10 @@ async fn update_status(
                         .await;
                 }
                 info!(phase = %status.phase, used = status.used_ip_count, "subnet status updated");
-                return Ok(action);
+                return Ok(Written::Done(action));
             }
             Err(error) if is_conflict(&error) => ctx.metrics.allocation_conflict(),
-            Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+            Err(error) if is_not_found(&error) => return Ok(Written::Done(Action::await_change())),
             Err(error) => {
                 return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
                     error,

@@ -843,8 +843,9 @@ async fn two_allocators_on_threads_never_hand_out_an_address_twice() {
     }
 }
 
-#[tokio::test]
-async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
+/// A server holding pod `web-1`, its Active record naming 10.0.0.3, and
+/// subnet `net1` with the ledger `used`.
+fn active_web_1(used: &[(&str, &str)]) -> FakeApiServer {
     let server = FakeApiServer::new();
     let web = pod("web-1").flat();
     server.insert(&web);
@@ -856,9 +857,15 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
         ..FlatNetworkIPStatus::default()
     });
     server.insert(&record);
-    let mut net = subnet(&[("10.0.0.1", "10.0.0.5")], "0");
+    let mut net = subnet(used, "0");
     net.metadata.resource_version = None;
     server.insert(&net);
+    server
+}
+
+#[tokio::test]
+async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.5")]);
 
     let reconcile = |settings: Settings| {
         let server = server.clone();
@@ -899,6 +906,106 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
         ("True", "Active")
     );
     let _ = commit::CONTENTION_RETRY;
+}
+
+/// The fake API server with `hook` run once, after the first request whose
+/// method and path match, before its answer reaches the client: a way to
+/// make another controller act at an exact point of a reconcile.
+#[derive(Clone)]
+struct Hooked {
+    server: FakeApiServer,
+    method: http::Method,
+    path: String,
+    hook: Arc<std::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>>,
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Hooked {
+    type Response = http::Response<super::fake_api::ReplyBody>;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let hit = request.method() == self.method && request.uri().path() == self.path;
+        let hook = if hit {
+            self.hook.lock().unwrap().take()
+        } else {
+            None
+        };
+        let mut server = self.server.clone();
+        Box::pin(async move {
+            let reply = server.call(request).await;
+            if let Some(hook) = hook {
+                hook.await;
+            }
+            reply
+        })
+    }
+}
+
+/// The repair-vs-release race: the subnet repair confirms that a live
+/// record names an address the ledger lacks, the record is deleted and its
+/// release finds the address absent (nothing to do), then the repair writes
+/// the address back: held by nobody until the orphan grace. The repair's
+/// confirmation and write now exclude releases of the subnet.
+#[tokio::test]
+async fn a_release_during_the_repair_confirmation_is_not_undone() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.1")]);
+    // The first reconcile writes the subnet's labels and stops there.
+    let plain = context(server.client(), caches_from(&server), Settings::default());
+    let net = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(net), plain).await.unwrap();
+
+    let hook = Arc::new(std::sync::Mutex::new(None));
+    let hooked = Hooked {
+        server: server.clone(),
+        method: http::Method::GET,
+        path: format!("{RECORDS}/web-1"),
+        hook: Arc::clone(&hook),
+    };
+    let ctx = context(
+        kube::Client::new(hooked, "default"),
+        caches_from(&server),
+        Settings::default(),
+    );
+    // Right after the repair reads the record: the pod goes, the record is
+    // deleted and its controller releases the address.
+    let released = {
+        let (server, ctx) = (server.clone(), Arc::clone(&ctx));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        *hook.lock().unwrap() = Some(Box::pin(async move {
+            assert!(server.delete::<FlatNetworkIP>(NS, "web-1"));
+            let deleted = server.list::<FlatNetworkIP>().remove(0);
+            tokio::spawn(async move {
+                let result = ips::reconcile(Arc::new(deleted), ctx).await;
+                let _ = done_tx.send(result.map(|_| ()).map_err(|e| e.to_string()));
+            });
+            // Long enough for the release to finish, unless it must wait.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }) as futures::future::BoxFuture<'static, ()>);
+        done_rx
+    };
+    let net = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(net), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), released)
+        .await
+        .expect("the repair read the record and the release ran")
+        .unwrap()
+        .unwrap();
+    assert!(server.list::<FlatNetworkIP>().is_empty(), "record gone");
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1"))],
+        "the released address is not written back"
+    );
 }
 
 /// The reported leak: the subnet controller rebuilt `usedIP` from a cache
