@@ -94,6 +94,47 @@ pub struct View {
 }
 
 impl View {
+    /// What `server` stores now, for `subnet`.
+    ///
+    /// # Panics
+    /// When the subnet does not exist.
+    #[must_use]
+    pub fn of(server: &FakeApiServer, subnet: &str) -> Self {
+        let pods = server
+            .list::<Pod>()
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        let mut addressed = BTreeMap::new();
+        let mut terminating = 0;
+        for record in server.list::<FlatNetworkIP>() {
+            if record.spec.subnet != subnet {
+                continue;
+            }
+            if record.metadata.deletion_timestamp.is_some() {
+                terminating += 1;
+                continue;
+            }
+            if let Some(addr) = record.status.and_then(|s| s.addr) {
+                addressed.insert(record.metadata.name.unwrap_or_default(), addr);
+            }
+        }
+        let subnet = server
+            .list::<FlatNetworkSubnet>()
+            .into_iter()
+            .find(|s| s.metadata.name.as_deref() == Some(subnet))
+            .expect("subnet exists");
+        let status = subnet.status.unwrap_or_default();
+        View {
+            pods,
+            addressed,
+            terminating,
+            used_ip: status.used_ip,
+            used_ip_count: status.used_ip_count,
+            gateway: status.gateway,
+        }
+    }
+
     /// Whether every pod has its address and no record is terminating.
     #[must_use]
     pub fn quiet(&self) -> bool {
@@ -178,41 +219,7 @@ impl FakeCluster {
     /// When the subnet does not exist.
     #[must_use]
     pub fn view(&self, subnet: &str) -> View {
-        let pods = self
-            .server
-            .list::<Pod>()
-            .into_iter()
-            .filter_map(|p| p.metadata.name)
-            .collect();
-        let mut addressed = BTreeMap::new();
-        let mut terminating = 0;
-        for record in self.server.list::<FlatNetworkIP>() {
-            if record.spec.subnet != subnet {
-                continue;
-            }
-            if record.metadata.deletion_timestamp.is_some() {
-                terminating += 1;
-                continue;
-            }
-            if let Some(addr) = record.status.and_then(|s| s.addr) {
-                addressed.insert(record.metadata.name.unwrap_or_default(), addr);
-            }
-        }
-        let subnet = self
-            .server
-            .list::<FlatNetworkSubnet>()
-            .into_iter()
-            .find(|s| s.metadata.name.as_deref() == Some(subnet))
-            .expect("subnet exists");
-        let status = subnet.status.unwrap_or_default();
-        View {
-            pods,
-            addressed,
-            terminating,
-            used_ip: status.used_ip,
-            used_ip_count: status.used_ip_count,
-            gateway: status.gateway,
-        }
+        View::of(&self.server, subnet)
     }
 
     /// Waits until `subnet` is Active.

@@ -21,6 +21,8 @@ mod errors;
 pub mod events;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_api;
+#[cfg(feature = "fake-api")]
+pub mod fake_api_http;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_cluster;
 pub mod group_commit;
