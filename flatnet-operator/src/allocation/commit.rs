@@ -58,7 +58,7 @@ use super::{
     errors::{is_conflict, is_not_found},
     group_commit::{Committed, Edit},
     key_of,
-    mac_ledger::{self, Claim},
+    mac_ledger::{self, LedgerClaim},
 };
 use flatnet_k8s::validation::ParentLink;
 use tracing::warn;
@@ -90,7 +90,7 @@ pub struct Reservation {
     pub parent: ParentLink,
     /// The MAC ledger claim this call made (to withdraw if the record is
     /// not written); `None` when the record already held its claim.
-    pub mac_claim: Option<Claim>,
+    pub mac_claim: Option<LedgerClaim>,
     /// The fixed MAC the record held before, to release once the record
     /// names the new one.
     pub replaces_mac: Option<Mac>,
@@ -161,7 +161,7 @@ fn age_key(record: &FlatNetworkIP) -> (Option<Timestamp>, String) {
 struct MacClaim {
     mac: Mac,
     /// The claim written by this allocation, `None` when reused.
-    made: Option<Claim>,
+    made: Option<LedgerClaim>,
 }
 
 /// Reserves an address (and fixed MAC) for `record`: the MAC in its parent
@@ -329,7 +329,7 @@ async fn reserve_address(
         let _ = ledger.mark_used(addr);
         let mut updated = subnet.clone();
         let new_status = updated.status.get_or_insert_with(Default::default);
-        super::subnets::set_usage(new_status, &ledger);
+        super::subnets::set_usage(new_status, &ledger, subnet.metadata.generation);
         if let Some(mac) = mac_text {
             let mut macs: BTreeSet<String> = new_status.used_mac.drain(..).collect();
             macs.insert(mac);
@@ -423,7 +423,7 @@ async fn claim_mac(
         if current == Some(mac) && !ledger.claims_of(mac, &me).is_empty() {
             return Ok(Some(MacClaim { mac, made: None }));
         }
-        let claim = Claim::new(&me);
+        let claim = LedgerClaim::new(&me);
         ledger.add(mac, claim.clone());
         if mac_ledger::write(&ctx.client, &ledger).await? {
             return Ok(Some(MacClaim {
@@ -492,7 +492,7 @@ pub async fn withdraw(
     ctx: &Context,
     parent: &ParentLink,
     mac: Mac,
-    which: impl Fn(&Claim) -> bool,
+    which: impl Fn(&LedgerClaim) -> bool,
 ) -> Result<(), Error> {
     for _ in 0..MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;

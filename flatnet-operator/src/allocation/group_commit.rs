@@ -475,7 +475,12 @@ async fn write_batch(
         let at = Instant::now();
         let written = if changed {
             let mut updated = current.subnet.clone();
-            set_usage(updated.status.get_or_insert_with(Default::default), &pool);
+            let generation = updated.metadata.generation;
+            set_usage(
+                updated.status.get_or_insert_with(Default::default),
+                &pool,
+                generation,
+            );
             match api
                 .replace_status(name, &PostParams::default(), &updated)
                 .await

@@ -31,7 +31,7 @@ use super::{
         record_name,
     },
 };
-use crate::flat_services::endpoints::is_flat_pod;
+use crate::controller::is_flat_pod;
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";
@@ -45,6 +45,23 @@ pub const CONTROLLER: &str = "pod";
 /// An API call failed.
 #[instrument(skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default()))]
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = ensure(&pod, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.reset(&backoff_key(&pod));
+    }
+    result
+}
+
+/// The key of `pod` in the shared backoff.
+fn backoff_key(pod: &Pod) -> String {
+    format!(
+        "pod/{}",
+        key_of(pod.namespace().as_deref(), &pod.name_any())
+    )
+}
+
+async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let (pod, ctx) = (Arc::clone(pod), Arc::clone(ctx));
     if !is_flat_pod(&pod) || pod.metadata.deletion_timestamp.is_some() {
         // Records go with their owner (garbage collection); see ips::collect.
         return Ok(Action::await_change());
@@ -283,9 +300,8 @@ async fn label_pod(
 
 /// Logs the failure, counts it, and retries with backoff.
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = key_of(pod.namespace().as_deref(), &pod.name_any());
-    warn!(pod = %key, %error, "pod reconcile failed");
+    warn!(pod = %key_of(pod.namespace().as_deref(), &pod.name_any()), %error, "pod reconcile failed");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
-    Action::requeue(ctx.backoff.next(&format!("pod/{key}")))
+    Action::requeue(ctx.backoff.next(&backoff_key(&pod)))
 }

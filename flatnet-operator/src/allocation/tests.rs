@@ -1290,6 +1290,27 @@ async fn a_statefulset_pod_gets_its_address_back() {
     assert_eq!(status.phase, phase::PENDING);
 }
 
+/// A success forgets the failures of the pod and of the subnet, so their
+/// next failure is retried soon again and the backoff holds no entry for
+/// objects that are fine.
+#[tokio::test]
+async fn pod_and_subnet_successes_reset_their_backoff() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.1")]);
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    ctx.backoff.next("subnet/net1");
+    ctx.backoff.next("pod/shop/web-1");
+    assert_eq!(ctx.backoff.len(), 2);
+    let net = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(net), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let web = server.list::<Pod>().remove(0);
+    pods::reconcile(Arc::new(web), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(ctx.backoff.is_empty(), "{} entries left", ctx.backoff.len());
+}
+
 #[test]
 fn backoff_doubles_and_resets() {
     let backoff = Backoff::default();
