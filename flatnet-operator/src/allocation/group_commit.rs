@@ -242,13 +242,32 @@ impl Ledgers {
     /// # Errors
     /// As [`Ledgers::commit`].
     pub async fn forsake(&self, ctx: &Context, subnet: &str, key: &str) -> Result<(), Error> {
-        let held = self.ahead(subnet, |ahead| {
-            ahead.announced.retain(|(k, _)| k != key);
-            let held = ahead.held.remove(key)?;
-            ahead.unclaimed.push((held.addr, held.at));
-            Some(())
-        });
-        if held.is_none() {
+        let mut held = false;
+        for _ in 0..2 {
+            let found = self.ahead(subnet, |ahead| {
+                ahead.announced.retain(|(k, _)| k != key);
+                if ahead.in_flight.iter().any(|k| k == key) {
+                    return Take::InFlight;
+                }
+                match ahead.held.remove(key) {
+                    Some(found) => {
+                        ahead.unclaimed.push((found.addr, found.at));
+                        Take::Held(found)
+                    }
+                    None => Take::Nothing,
+                }
+            });
+            match found {
+                // The batch holds the book until its answer is in `held`.
+                Take::InFlight => drop(self.queue(subnet).book.lock().await),
+                Take::Held(_) => {
+                    held = true;
+                    break;
+                }
+                Take::Nothing => break,
+            }
+        }
+        if !held {
             return Ok(());
         }
         // A batch gives back whatever is unclaimed. A subnet that cannot

@@ -828,6 +828,30 @@ async fn an_announced_record_deleted_first_gives_its_address_back() {
     assert!(!ctx.ledgers.is_expected("race", &key));
 }
 
+/// A record announced again (the pod controller's cache lagging behind its
+/// create) and withdrawn while a batch reserves ahead for it leaves
+/// nothing held: the withdrawal waits for the batch.
+#[tokio::test]
+async fn a_record_withdrawn_while_its_address_is_reserved_ahead_holds_nothing() {
+    let (server, ctx, records) = announced(race_pods(2, 0));
+    let web = format!("{NS}/{}", records[1].name_any());
+    // The first record's allocation batch reserves ahead for the second;
+    // the second is withdrawn while that batch is in flight.
+    let first = ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx));
+    let withdraw = async {
+        tokio::task::yield_now().await;
+        ctx.ledgers.forsake(&ctx, "race", &web).await.unwrap();
+    };
+    let (first, ()) = futures::join!(first, withdraw);
+    first.unwrap();
+    assert!(!ctx.ledgers.is_expected("race", &web));
+    let status = server.list::<FlatNetworkSubnet>()[0]
+        .status
+        .clone()
+        .unwrap();
+    assert_eq!(status.used_ip_count, 1, "only the first record's address");
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn two_allocators_never_hand_out_an_address_twice() {
     for seed in 1..=24 {
