@@ -8,12 +8,17 @@
 //! health and metrics), the allocation controllers and the flat-network
 //! Service controller. The binary in `main.rs` only parses the command line and calls [`runtime::run`].
 
+// Timers compare durations all over the controllers: a subtraction that
+// can underflow panics, so every one must say what happens then.
+#![warn(clippy::unchecked_time_subtraction)]
+
 pub mod admin;
 pub mod allocation;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod chaos;
 pub mod cidr;
 pub mod config;
+pub mod controller;
 pub mod flat_services;
 pub mod leader;
 pub mod metrics;

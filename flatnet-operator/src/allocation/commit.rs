@@ -58,7 +58,7 @@ use super::{
     errors::{is_conflict, is_not_found},
     group_commit::{Committed, Edit},
     key_of,
-    mac_ledger::{self, Claim},
+    mac_ledger::{self, LedgerClaim},
 };
 use flatnet_k8s::validation::ParentLink;
 use tracing::warn;
@@ -90,7 +90,7 @@ pub struct Reservation {
     pub parent: ParentLink,
     /// The MAC ledger claim this call made (to withdraw if the record is
     /// not written); `None` when the record already held its claim.
-    pub mac_claim: Option<Claim>,
+    pub mac_claim: Option<LedgerClaim>,
     /// The fixed MAC the record held before, to release once the record
     /// names the new one.
     pub replaces_mac: Option<Mac>,
@@ -161,7 +161,7 @@ fn age_key(record: &FlatNetworkIP) -> (Option<Timestamp>, String) {
 struct MacClaim {
     mac: Mac,
     /// The claim written by this allocation, `None` when reused.
-    made: Option<Claim>,
+    made: Option<LedgerClaim>,
 }
 
 /// Reserves an address (and fixed MAC) for `record`: the MAC in its parent
@@ -199,10 +199,12 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
 /// As [`reserve`].
 pub async fn reserve_batched(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
     let subnet = record.spec.subnet.clone();
-    let edit = Edit::Reserve {
-        candidates: record.spec.addrs.clone(),
-    };
-    match ctx.ledgers.commit(ctx, &subnet, edit).await? {
+    let key = key_of(record.namespace().as_deref(), &record.name_any());
+    match ctx
+        .ledgers
+        .reserve(ctx, &subnet, &key, &record.spec.addrs)
+        .await?
+    {
         Committed::Reserved {
             addr,
             subnet: valid,
@@ -332,7 +334,7 @@ async fn reserve_address(
         let _ = ledger.mark_used(addr);
         let mut updated = subnet.clone();
         let new_status = updated.status.get_or_insert_with(Default::default);
-        super::subnets::set_usage(new_status, &ledger);
+        super::subnets::set_usage(new_status, &ledger, subnet.metadata.generation);
         if let Some(mac) = mac_text {
             let mut macs: BTreeSet<String> = new_status.used_mac.drain(..).collect();
             macs.insert(mac);
@@ -426,7 +428,7 @@ async fn claim_mac(
         if current == Some(mac) && !ledger.claims_of(mac, &me).is_empty() {
             return Ok(Some(MacClaim { mac, made: None }));
         }
-        let claim = Claim::new(&me);
+        let claim = LedgerClaim::new(&me);
         ledger.add(mac, claim.clone());
         if mac_ledger::write(&ctx.client, &ledger).await? {
             return Ok(Some(MacClaim {
@@ -495,7 +497,7 @@ pub async fn withdraw(
     ctx: &Context,
     parent: &ParentLink,
     mac: Mac,
-    which: impl Fn(&Claim) -> bool,
+    which: impl Fn(&LedgerClaim) -> bool,
 ) -> Result<(), Error> {
     for _ in 0..MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
@@ -718,6 +720,20 @@ pub async fn release(
             other => return other.map(|_| ()),
         }
     }
+    // Like a batch, never between the subnet repair's confirmation of an
+    // address and its write.
+    let direct = release_direct(ctx, subnet, &addrs, &macs);
+    ctx.ledgers.exclusive(subnet, direct).await
+}
+
+/// Removes `addrs` and `macs` from the subnet's ledger with a read and a
+/// write of its own.
+async fn release_direct(
+    ctx: &Context,
+    subnet: &str,
+    addrs: &[IpAddr],
+    macs: &[&String],
+) -> Result<(), Error> {
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     for _ in 0..MAX_ATTEMPTS {
         let Some(mut fresh) = subnets.get_opt(subnet).await.map_err(Error::kube(
@@ -731,7 +747,7 @@ pub async fn release(
         let status = fresh.status.get_or_insert_with(Default::default);
         let (mut v4, mut v6) = used_ranges::to_intervals(&status.used_ip);
         let mut changed = false;
-        for addr in &addrs {
+        for addr in addrs {
             let value = flatnet_k8s::ipam::to_u128(*addr);
             let set = if addr.is_ipv4() { &mut v4 } else { &mut v6 };
             changed |= set.remove(value, value) > 0;

@@ -1,5 +1,7 @@
 //! Reconcile failures of the allocation controllers.
 
+use crate::controller::ApiError;
+pub(crate) use crate::controller::{is_conflict, is_not_found};
 use flatnet_k8s::{
     annotations::AnnotationError,
     ipam::{MacsTaken, PoolError},
@@ -10,16 +12,8 @@ use flatnet_k8s::{
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{op} {object}: {source}")]
-    Kube {
-        /// What was attempted.
-        op: &'static str,
-        /// `kind namespace/name` of the object.
-        object: String,
-        /// The API error.
-        #[source]
-        source: Box<kube::Error>,
-    },
+    #[error(transparent)]
+    Kube(#[from] ApiError),
     /// The pod's annotations cannot be used.
     #[error("pod {pod}: {source}")]
     Annotation {
@@ -114,7 +108,7 @@ impl Error {
     #[must_use]
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Kube { .. } | Self::LedgerWrite { .. } => "kube_api",
+            Self::Kube(_) | Self::LedgerWrite { .. } => "kube_api",
             Self::Annotation { .. } | Self::NameTooLong { .. } => "bad_annotation",
             Self::SubnetMissing { .. } => "subnet_missing",
             Self::SubnetNotReady { .. } | Self::WrongFamily { .. } => "subnet_not_ready",
@@ -133,7 +127,7 @@ impl Error {
     pub fn needs_user(&self) -> bool {
         !matches!(
             self,
-            Self::Kube { .. }
+            Self::Kube(_)
                 | Self::LedgerWrite { .. }
                 | Self::Contention { .. }
                 | Self::MacLedgerContention { .. }
@@ -159,21 +153,7 @@ impl Error {
         kind: &str,
         key: &str,
     ) -> impl FnOnce(kube::Error) -> Self {
-        let object = format!("{kind} {key}");
-        move |source| Self::Kube {
-            op,
-            object,
-            source: Box::new(source),
-        }
+        let api_error = ApiError::of(op, kind, key);
+        move |source| Self::Kube(api_error(source))
     }
-}
-
-/// Whether an API error is a failed resourceVersion precondition.
-pub(crate) fn is_conflict(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 409)
-}
-
-/// Whether an API error is "not found".
-pub(crate) fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 404)
 }

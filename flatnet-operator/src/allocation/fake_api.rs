@@ -2,7 +2,7 @@
 //!
 //! It keeps objects as JSON and implements the semantics the controllers
 //! rely on: `GET`, `LIST` (namespace and equality label selectors), `POST`
-//! (409 when the name exists), `PUT` of an object or its `status`
+//! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
 //! subresource and JSON merge `PATCH`, all rejecting a stale
 //! `metadata.resourceVersion` with 409 Conflict, and `DELETE` that only
 //! marks objects with finalizers (`deletionTimestamp`) and removes them
@@ -770,6 +770,12 @@ impl FakeApiServer {
                 }
                 if let Some(ns) = &target.namespace {
                     value["metadata"]["namespace"] = json!(ns);
+                }
+                // Every kind served here has a status subresource, whose
+                // content a real server drops on create: only a write to
+                // `/status` sets it.
+                if let Some(fields) = value.as_object_mut() {
+                    fields.remove("status");
                 }
                 if too_large(&value) {
                     return too_large_reply();

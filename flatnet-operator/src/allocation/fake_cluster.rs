@@ -99,7 +99,7 @@ impl View {
     /// # Panics
     /// When the subnet does not exist.
     #[must_use]
-    pub fn read(server: &FakeApiServer, subnet: &str) -> View {
+    pub fn read(server: &FakeApiServer, subnet: &str) -> Self {
         let pods = server
             .list::<Pod>()
             .into_iter()

@@ -12,12 +12,23 @@
 //! same version wins), while an allocation costs neither a read nor a
 //! rebuild of the pool from the records, and a busy subnet costs one ledger
 //! write per batch, not per pod.
+//!
+//! A batch is as large as the allocations waiting at once, which the
+//! controller's workers bound (5 by default). So the pod controller also
+//! announces each record it is about to create ([`Ledgers::expect`]), and
+//! a batch reserves addresses for up to [`AHEAD`] announced records as
+//! well, in the same write. Such an address is held in memory for its
+//! record ([`Ledgers::reserve`] hands it over when the record's allocation
+//! comes) and is given back by a later batch when the record goes first or
+//! nobody takes it within the write deadline. A new pod thus costs its
+//! record's creation, its status write and a share of one ledger write.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
+    future::Future,
     net::IpAddr,
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use flatnet_k8s::{
@@ -69,6 +80,20 @@ pub enum Committed {
     Released,
 }
 
+/// Most announced records a batch reserves an address for ahead of their
+/// allocation: enough to cover the records created while one ledger write
+/// is in flight, few enough that their reservations are taken long before
+/// the write deadline.
+pub const AHEAD: usize = 128;
+
+/// An address reserved ahead for an announced record.
+#[derive(Clone, Debug)]
+struct Held {
+    addr: IpAddr,
+    subnet: Box<ValidSubnet>,
+    at: Instant,
+}
+
 /// Why a batch failed, for every edit in it (errors are not `Clone`).
 #[derive(Clone, Debug)]
 enum Failure {
@@ -94,6 +119,76 @@ struct Book {
 struct SubnetQueue {
     waiting: Mutex<Vec<(Edit, oneshot::Sender<Answer>)>>,
     book: tokio::sync::Mutex<Option<Book>>,
+    ahead: Mutex<Ahead>,
+}
+
+/// Records announced by the pod controller and the addresses held for them.
+#[derive(Default)]
+struct Ahead {
+    /// `namespace/name` and requested addresses of records about to be
+    /// created, oldest first.
+    announced: VecDeque<(String, Vec<IpAddr>)>,
+    /// Addresses reserved for announced records, by `namespace/name`.
+    held: HashMap<String, Held>,
+    /// Records whose address a batch is reserving ahead right now.
+    in_flight: Vec<String>,
+    /// Held addresses nobody took (and when they were reserved), to give
+    /// back in the next batch.
+    unclaimed: Vec<(IpAddr, Instant)>,
+}
+
+/// What [`Ahead::take`] found for a record.
+enum Take {
+    Held(Held),
+    /// A batch is reserving for it: wait for the book, then look again.
+    InFlight,
+    Nothing,
+}
+
+impl Ahead {
+    fn take(&mut self, key: &str, candidates: &[IpAddr], deadline: Duration) -> Take {
+        self.announced.retain(|(k, _)| k != key);
+        if self.in_flight.iter().any(|k| k == key) {
+            return Take::InFlight;
+        }
+        let Some(held) = self.held.remove(key) else {
+            return Take::Nothing;
+        };
+        if held.at.elapsed() < deadline
+            && (candidates.is_empty() || candidates.contains(&held.addr))
+        {
+            return Take::Held(held);
+        }
+        self.unclaimed.push((held.addr, held.at));
+        Take::Nothing
+    }
+
+    /// Moves the held addresses nobody took within `deadline` to
+    /// `unclaimed`, and returns those young enough to give back: a held
+    /// address older than half the orphan grace is left to the subnet
+    /// repair, which may free it from then on, so giving it back could free
+    /// an address someone else has taken since.
+    fn take_releasable(
+        &mut self,
+        deadline: Duration,
+        orphan_grace: Duration,
+    ) -> Vec<(IpAddr, Instant)> {
+        let expired: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.at.elapsed() >= deadline)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            if let Some(held) = self.held.remove(&key) {
+                self.unclaimed.push((held.addr, held.at));
+            }
+        }
+        self.unclaimed
+            .drain(..)
+            .filter(|(_, at)| at.elapsed() < orphan_grace / 2)
+            .collect()
+    }
 }
 
 /// The queues and books of every subnet.
@@ -108,12 +203,131 @@ impl Ledgers {
         Arc::clone(subnets.entry(subnet.to_owned()).or_default())
     }
 
-    /// Forgets the book of `subnet`, so the next batch reads the ledger.
-    pub fn forget(&self, subnet: &str) {
-        self.subnets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(subnet);
+    fn ahead<T>(&self, subnet: &str, f: impl FnOnce(&mut Ahead) -> T) -> T {
+        let queue = self.queue(subnet);
+        let mut ahead = queue.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut ahead)
+    }
+
+    /// Runs `work` (a writer of `subnet`'s ledger outside the batches)
+    /// while no batch of `subnet` runs, then forgets the book, which `work`
+    /// may have made stale.
+    ///
+    /// So a ledger edit decided on what the API server said during `work`
+    /// cannot interleave with a release: the subnet repair adding back an
+    /// address a live record names, for one, must not land after that
+    /// record's release found the address absent and did nothing.
+    pub async fn exclusive<T>(&self, subnet: &str, work: impl Future<Output = T>) -> T {
+        let queue = self.queue(subnet);
+        let mut book = queue.book.lock().await;
+        let out = work.await;
+        *book = None;
+        out
+    }
+
+    /// Announces that record `key` (asking for `candidates`, or any address
+    /// when empty) is about to be created in `subnet`, so the next batch may
+    /// reserve its address ahead.
+    pub fn expect(&self, subnet: &str, key: &str, candidates: &[IpAddr]) {
+        self.ahead(subnet, |ahead| {
+            ahead.announced.retain(|(k, _)| k != key);
+            ahead
+                .announced
+                .push_back((key.to_owned(), candidates.to_vec()));
+        });
+    }
+
+    /// Withdraws the announcement of record `key` (its creation failed, or
+    /// it was deleted before its allocation) and gives back an address held
+    /// for it.
+    ///
+    /// # Errors
+    /// As [`Ledgers::commit`].
+    pub async fn forsake(&self, ctx: &Context, subnet: &str, key: &str) -> Result<(), Error> {
+        let mut held = false;
+        for _ in 0..2 {
+            let found = self.ahead(subnet, |ahead| {
+                ahead.announced.retain(|(k, _)| k != key);
+                if ahead.in_flight.iter().any(|k| k == key) {
+                    return Take::InFlight;
+                }
+                match ahead.held.remove(key) {
+                    Some(found) => {
+                        ahead.unclaimed.push((found.addr, found.at));
+                        Take::Held(found)
+                    }
+                    None => Take::Nothing,
+                }
+            });
+            match found {
+                // The batch holds the book until its answer is in `held`.
+                Take::InFlight => drop(self.queue(subnet).book.lock().await),
+                Take::Held(_) => {
+                    held = true;
+                    break;
+                }
+                Take::Nothing => break,
+            }
+        }
+        if !held {
+            return Ok(());
+        }
+        // A batch gives back whatever is unclaimed. A subnet that cannot
+        // allocate (being deleted) leaves it to the repair.
+        match self
+            .commit(ctx, subnet, Edit::Release { addrs: Vec::new() })
+            .await
+        {
+            Ok(_) | Err(Error::SubnetNotReady { .. }) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Whether an address is held ahead for record `key`, or it is
+    /// announced (tests and benchmarks).
+    #[must_use]
+    pub fn is_expected(&self, subnet: &str, key: &str) -> bool {
+        self.ahead(subnet, |ahead| {
+            ahead.held.contains_key(key) || ahead.announced.iter().any(|(k, _)| k == key)
+        })
+    }
+
+    /// Reserves an address for record `key`: the one held ahead for it when
+    /// it is still young enough to be written, else through a batch like
+    /// any [`Edit::Reserve`].
+    ///
+    /// # Errors
+    /// As [`Ledgers::commit`].
+    pub async fn reserve(
+        &self,
+        ctx: &Context,
+        subnet: &str,
+        key: &str,
+        candidates: &[IpAddr],
+    ) -> Result<Committed, Error> {
+        let deadline = ctx.settings.write_deadline;
+        for _ in 0..2 {
+            match self.ahead(subnet, |ahead| ahead.take(key, candidates, deadline)) {
+                Take::Held(held) => {
+                    return Ok(Committed::Reserved {
+                        addr: held.addr,
+                        subnet: held.subnet,
+                        at: held.at,
+                    });
+                }
+                // The batch holds the book until its answer is in `held`.
+                Take::InFlight => drop(self.queue(subnet).book.lock().await),
+                Take::Nothing => break,
+            }
+        }
+        self.commit(
+            ctx,
+            subnet,
+            Edit::Reserve {
+                candidates: candidates.to_vec(),
+            },
+        )
+        .await
     }
 
     /// Applies `edit` to `subnet`'s ledger, together with whatever else is
@@ -142,7 +356,7 @@ impl Ledgers {
             Err(_) => {
                 let batch =
                     std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|e| e.into_inner()));
-                commit_batch(ctx, subnet, &mut book, batch).await;
+                commit_batch(ctx, subnet, &queue, &mut book, batch).await;
                 rx.try_recv().unwrap_or(Err(Failure::Contention))
             }
         };
@@ -197,13 +411,47 @@ async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Fai
     })
 }
 
-/// Commits `batch` to the ledger of `name` and answers every edit in it.
+/// Commits `batch` to the ledger of `name` and answers every edit in it;
+/// gives back the held addresses nobody took and reserves ahead for the
+/// records announced meanwhile, in the same write.
 async fn commit_batch(
+    ctx: &Context,
+    name: &str,
+    queue: &SubnetQueue,
+    book: &mut Option<Book>,
+    batch: Vec<(Edit, oneshot::Sender<Answer>)>,
+) {
+    let lock_ahead = || queue.ahead.lock().unwrap_or_else(|e| e.into_inner());
+    let (release_ahead, announced) = {
+        let mut ahead = lock_ahead();
+        let release = ahead.take_releasable(ctx.settings.write_deadline, ctx.settings.orphan_grace);
+        let take = ahead.announced.len().min(AHEAD);
+        let announced: Vec<(String, Vec<IpAddr>)> = ahead.announced.drain(..take).collect();
+        ahead.in_flight = announced.iter().map(|(k, _)| k.clone()).collect();
+        (release, announced)
+    };
+    let held = write_batch(ctx, name, book, batch, &release_ahead, &announced).await;
+    let mut ahead = lock_ahead();
+    ahead.in_flight.clear();
+    match held {
+        Some(held) => ahead.held.extend(held),
+        // Not written: the next batch tries again.
+        None => ahead.unclaimed.extend(release_ahead),
+    }
+}
+
+/// Writes `batch`, the release of `release_ahead` and reservations for
+/// `announced` into one ledger write, rereading and choosing again on
+/// conflict; answers every edit of `batch`. Returns the addresses reserved
+/// ahead, or `None` when nothing was written.
+async fn write_batch(
     ctx: &Context,
     name: &str,
     book: &mut Option<Book>,
     batch: Vec<(Edit, oneshot::Sender<Answer>)>,
-) {
+    release_ahead: &[(IpAddr, Instant)],
+    announced: &[(String, Vec<IpAddr>)],
+) -> Option<Vec<(String, Held)>> {
     let api: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     let fail_all = |batch: Vec<(Edit, oneshot::Sender<Answer>)>, failure: Failure| {
         for (edit, tx) in batch {
@@ -214,6 +462,7 @@ async fn commit_batch(
             };
             let _ = tx.send(answer);
         }
+        None
     };
     for attempt in 1..=MAX_ATTEMPTS {
         let current = match book.take() {
@@ -228,15 +477,14 @@ async fn commit_batch(
             let _ = pool.mark_used(*held);
         }
         let mut changed = false;
+        for (addr, _) in release_ahead {
+            changed |= pool.release(*addr);
+        }
         let answers: Vec<Result<Option<IpAddr>, PoolError>> = batch
             .iter()
             .map(|(edit, _)| match edit {
                 Edit::Reserve { candidates } => {
-                    let addr = if candidates.is_empty() {
-                        pool.allocate_auto()
-                    } else {
-                        pool.allocate_requested(candidates)
-                    }?;
+                    let addr = reserve_in(&mut pool, candidates)?;
                     changed = true;
                     Ok(Some(addr))
                 }
@@ -248,13 +496,27 @@ async fn commit_batch(
                 }
             })
             .collect();
+        // A record whose address cannot be reserved ahead gets its answer
+        // (and the Event saying why) from its own allocation.
+        let ahead: Vec<(String, IpAddr)> = announced
+            .iter()
+            .filter_map(|(key, candidates)| {
+                Some((key.clone(), reserve_in(&mut pool, candidates).ok()?))
+            })
+            .collect();
+        changed |= !ahead.is_empty();
         let at = Instant::now();
         for held in &current.v1_held {
             pool.release(*held);
         }
         let written = if changed {
             let mut updated = current.subnet.clone();
-            set_usage(updated.status.get_or_insert_with(Default::default), &pool);
+            let generation = updated.metadata.generation;
+            set_usage(
+                updated.status.get_or_insert_with(Default::default),
+                &pool,
+                generation,
+            );
             match api
                 .replace_status(name, &PostParams::default(), &updated)
                 .await
@@ -271,12 +533,13 @@ async fn commit_batch(
         } else {
             current.subnet.clone()
         };
-        debug!(subnet = %name, edits = batch.len(), version = ?written.resource_version(), "ledger committed");
+        debug!(subnet = %name, edits = batch.len(), ahead = ahead.len(), version = ?written.resource_version(), "ledger committed");
+        let valid = Box::new(current.valid.clone());
         for ((_, tx), answer) in batch.into_iter().zip(answers) {
             let answer = match answer {
                 Ok(Some(addr)) => Ok(Committed::Reserved {
                     addr,
-                    subnet: Box::new(current.valid.clone()),
+                    subnet: valid.clone(),
                     at,
                 }),
                 Ok(None) => Ok(Committed::Released),
@@ -290,7 +553,23 @@ async fn commit_batch(
             pool,
             v1_held: current.v1_held,
         });
-        return;
+        let held = ahead
+            .into_iter()
+            .map(|(key, addr)| {
+                let subnet = valid.clone();
+                (key, Held { addr, subnet, at })
+            })
+            .collect();
+        return Some(held);
     }
-    fail_all(batch, Failure::Contention);
+    fail_all(batch, Failure::Contention)
+}
+
+/// The first free address, or the first free one of `candidates`.
+fn reserve_in(pool: &mut Pool, candidates: &[IpAddr]) -> Result<IpAddr, PoolError> {
+    if candidates.is_empty() {
+        pool.allocate_auto()
+    } else {
+        pool.allocate_requested(candidates)
+    }
 }

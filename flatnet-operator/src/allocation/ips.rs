@@ -192,7 +192,7 @@ async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Act
     let waited = Timestamp::now().duration_since(allocated);
     let waited = std::time::Duration::try_from(waited).unwrap_or_default();
     if waited < timeout {
-        return Ok(Action::requeue(timeout - waited));
+        return Ok(Action::requeue(timeout.saturating_sub(waited)));
     }
     let node = pod
         .spec
@@ -267,7 +267,7 @@ async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error>
         .and_then(|d| std::time::Duration::try_from(d).ok())
         .unwrap_or_default();
     if age < GC_MIN_AGE {
-        return Ok(Action::requeue(GC_MIN_AGE - age));
+        return Ok(Action::requeue(GC_MIN_AGE.saturating_sub(age)));
     }
     let namespace = record.namespace().unwrap_or_default();
     let name = record.name_any();
@@ -296,6 +296,8 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
     let namespace = record.namespace().unwrap_or_default();
     let name = record.name_any();
     let key = key_of(Some(&namespace), &name);
+    // Deleted before its allocation took an address reserved ahead for it.
+    ctx.ledgers.forsake(ctx, &record.spec.subnet, &key).await?;
     if let Some(status) = &record.status
         && let Some(addr) = status.addr
     {

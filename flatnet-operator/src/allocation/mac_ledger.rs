@@ -51,14 +51,14 @@ pub fn ledger_name(parent: &ParentLink) -> String {
 /// One claim on a MAC: the record and the token of the allocation that
 /// made it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Claim {
+pub struct LedgerClaim {
     /// `namespace/name` of the record.
     pub record: String,
     /// Distinguishes this claim from earlier claims of the same record.
     pub token: String,
 }
 
-impl Claim {
+impl LedgerClaim {
     /// A new claim of `record` with a token no other claim has.
     #[must_use]
     pub fn new(record: &str) -> Self {
@@ -96,7 +96,7 @@ pub struct Ledger {
     /// The parent link.
     parent: ParentLink,
     /// The claims on each MAC.
-    pub claims: BTreeMap<Mac, BTreeSet<Claim>>,
+    pub claims: BTreeMap<Mac, BTreeSet<LedgerClaim>>,
 }
 
 impl Ledger {
@@ -122,7 +122,7 @@ impl Ledger {
 
     /// The claims of `record` on `mac`.
     #[must_use]
-    pub fn claims_of(&self, mac: Mac, record: &str) -> Vec<Claim> {
+    pub fn claims_of(&self, mac: Mac, record: &str) -> Vec<LedgerClaim> {
         self.claims
             .get(&mac)
             .into_iter()
@@ -133,13 +133,13 @@ impl Ledger {
     }
 
     /// Adds `claim` on `mac`.
-    pub fn add(&mut self, mac: Mac, claim: Claim) {
+    pub fn add(&mut self, mac: Mac, claim: LedgerClaim) {
         self.claims.entry(mac).or_default().insert(claim);
     }
 
     /// Removes the claims on `mac` that `which` selects; returns whether
     /// any was removed.
-    pub fn remove(&mut self, mac: Mac, which: impl Fn(&Claim) -> bool) -> bool {
+    pub fn remove(&mut self, mac: Mac, which: impl Fn(&LedgerClaim) -> bool) -> bool {
         let Some(claims) = self.claims.get_mut(&mac) else {
             return false;
         };
@@ -183,14 +183,16 @@ impl Ledger {
     }
 }
 
-fn parse_claims(map: &ConfigMap) -> BTreeMap<Mac, BTreeSet<Claim>> {
+fn parse_claims(map: &ConfigMap) -> BTreeMap<Mac, BTreeSet<LedgerClaim>> {
     map.data
         .iter()
         .flatten()
         .filter_map(|(key, value)| {
             let mac = Mac::parse(&key.replace('-', ":")).ok()?;
-            let claims: BTreeSet<Claim> =
-                value.split_whitespace().filter_map(Claim::parse).collect();
+            let claims: BTreeSet<LedgerClaim> = value
+                .split_whitespace()
+                .filter_map(LedgerClaim::parse)
+                .collect();
             (!claims.is_empty()).then_some((mac, claims))
         })
         .collect()
@@ -287,8 +289,8 @@ mod tests {
             claims: BTreeMap::new(),
         };
         let m = mac("02:00:00:00:00:01");
-        ledger.add(m, Claim::new("shop/web-0"));
-        ledger.add(m, Claim::new("shop/web-0.ipv6"));
+        ledger.add(m, LedgerClaim::new("shop/web-0"));
+        ledger.add(m, LedgerClaim::new("shop/web-0.ipv6"));
         let map = ledger.to_config_map();
         assert_eq!(
             map.metadata.name.as_deref(),
@@ -316,6 +318,6 @@ mod tests {
 
     #[test]
     fn tokens_differ_per_claim() {
-        assert_ne!(Claim::new("a/b").token, Claim::new("a/b").token);
+        assert_ne!(LedgerClaim::new("a/b").token, LedgerClaim::new("a/b").token);
     }
 }

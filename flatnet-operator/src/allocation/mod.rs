@@ -21,6 +21,8 @@ mod errors;
 pub mod events;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_api;
+#[cfg(feature = "fake-api")]
+pub mod fake_api_http;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod fake_cluster;
 pub mod group_commit;
@@ -31,11 +33,7 @@ pub mod pods;
 pub mod records;
 pub mod subnets;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
@@ -57,6 +55,7 @@ use tracing::{debug, info, warn};
 
 pub use self::errors::Error;
 use self::events::Events;
+pub use crate::controller::Backoff;
 use crate::{admin::Health, metrics::Metrics};
 
 /// Settings of the allocation controllers.
@@ -131,36 +130,6 @@ pub struct Context {
     pub nodes: Arc<nodes::NodeClock>,
     /// The in-memory ledger of each subnet, for group commits.
     pub ledgers: group_commit::Ledgers,
-}
-
-/// Exponential retry delays per object, reset by a success.
-#[derive(Default)]
-pub struct Backoff {
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-impl Backoff {
-    /// First retry delay.
-    const BASE: Duration = Duration::from_secs(1);
-    /// Longest retry delay.
-    const MAX: Duration = Duration::from_secs(300);
-
-    /// The delay before the next retry of `key`, doubling per failure.
-    pub fn next(&self, key: &str) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let count = failures.entry(key.to_owned()).or_insert(0);
-        let delay = Self::BASE.saturating_mul(1 << (*count).min(16));
-        *count = count.saturating_add(1);
-        delay.min(Self::MAX)
-    }
-
-    /// Forgets the failures of `key`.
-    pub fn reset(&self, key: &str) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-    }
 }
 
 /// `namespace/name` of an object, for logs and keys.

@@ -155,7 +155,7 @@ pub fn judge(pod: &Pod, ctx: &Context) -> NodeVerdict {
     let missing = ctx.nodes.missing_for(node);
     let grace = ctx.settings.node_gone_grace;
     if missing < grace {
-        NodeVerdict::Wait(grace - missing)
+        NodeVerdict::Wait(grace.saturating_sub(missing))
     } else {
         NodeVerdict::Gone(node.to_owned())
     }

@@ -31,7 +31,7 @@ use super::{
         record_name,
     },
 };
-use crate::flat_services::endpoints::is_flat_pod;
+use crate::controller::is_flat_pod;
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";
@@ -45,6 +45,23 @@ pub const CONTROLLER: &str = "pod";
 /// An API call failed.
 #[instrument(skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default()))]
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = ensure(&pod, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.reset(&backoff_key(&pod));
+    }
+    result
+}
+
+/// The key of `pod` in the shared backoff.
+fn backoff_key(pod: &Pod) -> String {
+    format!(
+        "pod/{}",
+        key_of(pod.namespace().as_deref(), &pod.name_any())
+    )
+}
+
+async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let (pod, ctx) = (Arc::clone(pod), Arc::clone(ctx));
     if !is_flat_pod(&pod) || pod.metadata.deletion_timestamp.is_some() {
         // Records go with their owner (garbage collection); see ips::collect.
         return Ok(Action::await_change());
@@ -102,7 +119,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         );
         let record_ref = ObjectRef::new(&record_name(&name, index)).within(&namespace);
         let record = match ctx.caches.records.get(&record_ref) {
-            None => create(&api, &desired, &key).await?,
+            None => create(&api, &desired, &key, &ctx).await?,
             Some(existing) if record_matches(&existing, &desired) => Some((*existing).clone()),
             Some(existing) => update(&api, &existing, &desired, &key).await?,
         };
@@ -169,12 +186,26 @@ async fn user_error(pod: &Pod, error: Error, ctx: &Context) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
+/// Creates the record, announced to its subnet's ledger first (when it
+/// asks for no fixed MAC) so that its address can be reserved ahead, in a
+/// ledger write shared with the records created alongside.
 async fn create(
     api: &Api<FlatNetworkIP>,
     desired: &FlatNetworkIP,
     pod_key: &str,
+    ctx: &Context,
 ) -> Result<Option<FlatNetworkIP>, Error> {
-    match api.create(&PostParams::default(), desired).await {
+    let subnet = &desired.spec.subnet;
+    let key = key_of(desired.namespace().as_deref(), &desired.name_any());
+    let announced = desired.spec.macs.is_empty();
+    if announced {
+        ctx.ledgers.expect(subnet, &key, &desired.spec.addrs);
+    }
+    let created = api.create(&PostParams::default(), desired).await;
+    if announced && created.is_err() {
+        ctx.ledgers.forsake(ctx, subnet, &key).await?;
+    }
+    match created {
         Ok(created) => {
             info!(record = %created.name_any(), "FlatNetworkIP created");
             Ok(Some(created))
@@ -269,9 +300,8 @@ async fn label_pod(
 
 /// Logs the failure, counts it, and retries with backoff.
 pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = key_of(pod.namespace().as_deref(), &pod.name_any());
-    warn!(pod = %key, %error, "pod reconcile failed");
+    warn!(pod = %key_of(pod.namespace().as_deref(), &pod.name_any()), %error, "pod reconcile failed");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
-    Action::requeue(ctx.backoff.next(&format!("pod/{key}")))
+    Action::requeue(ctx.backoff.next(&backoff_key(&pod)))
 }

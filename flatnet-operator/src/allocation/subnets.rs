@@ -26,10 +26,7 @@ use flatnet_k8s::{
     keys::{SUBNET_NAMESPACE, label},
     validation::{ParentLink, ValidSubnet, check_siblings, validate_subnet},
 };
-use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams, PostParams},
@@ -38,11 +35,14 @@ use kube::{
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
+use crate::controller::condition;
+
 use super::{
     Context, Error,
+    commit::MAX_ATTEMPTS,
     errors::{is_conflict, is_not_found},
     key_of,
-    mac_ledger::{self, Claim},
+    mac_ledger::{self, LedgerClaim},
 };
 
 /// Name of this controller in logs and metrics.
@@ -91,6 +91,20 @@ struct Invalid {
 /// An API call failed.
 #[instrument(skip_all, fields(subnet = %subnet.name_any()))]
 pub async fn reconcile(subnet: Arc<FlatNetworkSubnet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = ensure(&subnet, &ctx).await;
+    if result.is_ok() {
+        ctx.backoff.reset(&backoff_key(&subnet));
+    }
+    result
+}
+
+/// The key of `subnet` in the shared backoff.
+fn backoff_key(subnet: &FlatNetworkSubnet) -> String {
+    format!("subnet/{}", subnet.name_any())
+}
+
+async fn ensure(subnet: &Arc<FlatNetworkSubnet>, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let (subnet, ctx) = (Arc::clone(subnet), Arc::clone(ctx));
     let _timer = ctx.metrics.reconcile_started(CONTROLLER);
     let name = subnet.name_any();
     let records = ctx.caches.records.state();
@@ -128,16 +142,16 @@ pub async fn reconcile(subnet: Arc<FlatNetworkSubnet>, ctx: Arc<Context>) -> Res
 /// Any subnet of the parent link repairs the whole ledger; writes carry
 /// the resourceVersion, so a claim made meanwhile is never lost.
 async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, Error> {
-    for _ in 0..16 {
+    for _ in 0..MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
         let records = ctx.caches.records.state();
-        let named = |mac: Mac, claim: &Claim| {
+        let named = |mac: Mac, claim: &LedgerClaim| {
             records.iter().any(|r| {
                 key_of(r.namespace().as_deref(), &r.name_any()) == claim.record
                     && r.status.as_ref().and_then(|s| Mac::parse(&s.mac).ok()) == Some(mac)
             })
         };
-        let unnamed: Vec<(Mac, Claim)> = ledger
+        let unnamed: Vec<(Mac, LedgerClaim)> = ledger
             .claims
             .iter()
             .flat_map(|(mac, claims)| claims.iter().map(|c| (*mac, c.clone())))
@@ -170,7 +184,7 @@ async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, E
     }
     Err(Error::MacLedgerContention {
         parent: parent.to_string(),
-        attempts: 16,
+        attempts: MAX_ATTEMPTS,
     })
 }
 
@@ -258,17 +272,6 @@ async fn ensure_metadata(
     }
 }
 
-fn condition(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
-    Condition {
-        type_: type_.into(),
-        status: if ok { "True" } else { "False" }.into(),
-        reason: reason.into(),
-        message,
-        observed_generation: None,
-        last_transition_time: Time(Timestamp::now()),
-    }
-}
-
 /// The status of a valid subnet: the ledger repaired from `users`, plus the
 /// Active phase. Also returns duplicate claims and whether orphans are kept.
 struct Repaired {
@@ -332,6 +335,7 @@ async fn confirm_missing(
 /// that it lacked). Addresses are never added on the word of the cache
 /// alone: it may show a record that has already given its address back.
 fn repaired_status(
+    generation: Option<i64>,
     valid: &ValidSubnet,
     current: &FlatNetworkSubnetStatus,
     users: &[&FlatNetworkIP],
@@ -438,9 +442,9 @@ fn repaired_status(
     };
     set_condition(
         &mut status.conditions,
-        condition(CONDITION_VALID, true, "Valid", String::new()),
+        condition(CONDITION_VALID, true, "Valid", String::new(), generation),
     );
-    set_usage(&mut status, &pool);
+    set_usage(&mut status, &pool, generation);
     Repaired {
         status,
         duplicates,
@@ -452,7 +456,11 @@ fn repaired_status(
 /// and the Ready condition (Active or Exhausted, with the free count). Every
 /// writer of the ledger uses it, so the subnet controller finds nothing to
 /// rewrite after an allocation.
-pub(crate) fn set_usage(status: &mut FlatNetworkSubnetStatus, pool: &Pool) {
+pub(crate) fn set_usage(
+    status: &mut FlatNetworkSubnetStatus,
+    pool: &Pool,
+    generation: Option<i64>,
+) {
     let usage = pool.usage();
     let free = usage
         .total_ip_count
@@ -464,6 +472,7 @@ pub(crate) fn set_usage(status: &mut FlatNetworkSubnetStatus, pool: &Pool) {
             true,
             if free > 0 { "Active" } else { "Exhausted" },
             format!("{free} of {} addresses free", usage.total_ip_count),
+            generation,
         ),
     );
     status.used_ip = usage.used_ip;
@@ -471,7 +480,11 @@ pub(crate) fn set_usage(status: &mut FlatNetworkSubnetStatus, pool: &Pool) {
     status.total_ip_count = usage.total_ip_count;
 }
 
-fn failed_status(current: &FlatNetworkSubnetStatus, invalid: &Invalid) -> FlatNetworkSubnetStatus {
+fn failed_status(
+    current: &FlatNetworkSubnetStatus,
+    invalid: &Invalid,
+    generation: Option<i64>,
+) -> FlatNetworkSubnetStatus {
     let mut status = current.clone();
     status.phase = phase::FAILED.into();
     status.failure_message = invalid.message.clone();
@@ -482,6 +495,7 @@ fn failed_status(current: &FlatNetworkSubnetStatus, invalid: &Invalid) -> FlatNe
             false,
             invalid.reason,
             invalid.message.clone(),
+            generation,
         ),
     );
     set_condition(
@@ -491,6 +505,7 @@ fn failed_status(current: &FlatNetworkSubnetStatus, invalid: &Invalid) -> FlatNe
             false,
             invalid.reason,
             invalid.message.clone(),
+            generation,
         ),
     );
     status
@@ -514,28 +529,74 @@ async fn update_status(
     users: &[&FlatNetworkIP],
     ctx: &Context,
 ) -> Result<Action, Error> {
+    match write_status(subnet, &verdict, users, ctx, Lock::NotHeld).await? {
+        Written::Done(action) => Ok(action),
+        Written::NeedsLock => {
+            let locked = write_status(subnet, &verdict, users, ctx, Lock::Held);
+            match ctx.ledgers.exclusive(&subnet.name_any(), locked).await? {
+                Written::Done(action) => Ok(action),
+                Written::NeedsLock => unreachable!("the lock is held"),
+            }
+        }
+    }
+}
+
+/// Whether [`write_status`] runs under [`Ledgers::exclusive`](super::group_commit::Ledgers::exclusive).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lock {
+    Held,
+    NotHeld,
+}
+
+/// What [`write_status`] came to.
+enum Written {
+    Done(Action),
+    /// Addresses must be confirmed and added back: only under the lock.
+    NeedsLock,
+}
+
+/// Writes the repaired or failed status. Adding back an address a live
+/// record names needs `lock` held: a release of that record running
+/// between the confirmation and the write would find the address absent,
+/// do nothing, and the write would put back an address nobody holds.
+async fn write_status(
+    subnet: &FlatNetworkSubnet,
+    verdict: &Result<ValidSubnet, Invalid>,
+    users: &[&FlatNetworkIP],
+    ctx: &Context,
+    lock: Lock,
+) -> Result<Written, Error> {
     let name = subnet.name_any();
     let api: Api<FlatNetworkSubnet> =
         Api::namespaced(ctx.client.clone(), &subnet.namespace().unwrap_or_default());
     // The ledger must be read fresh: allocations write it all the time.
-    for _ in 0..16 {
+    for _ in 0..MAX_ATTEMPTS {
         let Some(mut fresh) =
             api.get_opt(&name)
                 .await
                 .map_err(Error::kube("get", "FlatNetworkSubnet", &name))?
         else {
-            return Ok(Action::await_change());
+            return Ok(Written::Done(Action::await_change()));
         };
         let current = fresh.status.clone().unwrap_or_default();
-        let (status, action, duplicates) = match &verdict {
+        let (status, action, duplicates) = match verdict {
             Ok(valid) => {
                 let missing = missing_from_ledger(valid, &current, users);
                 let confirmed = if missing.is_empty() {
                     Vec::new()
+                } else if lock == Lock::NotHeld {
+                    return Ok(Written::NeedsLock);
                 } else {
                     confirm_missing(missing, ctx).await?
                 };
-                let repaired = repaired_status(valid, &current, users, &confirmed, ctx);
+                let repaired = repaired_status(
+                    subnet.metadata.generation,
+                    valid,
+                    &current,
+                    users,
+                    &confirmed,
+                    ctx,
+                );
                 ctx.metrics.set_subnet_usage(
                     &name,
                     repaired.status.total_ip_count,
@@ -549,13 +610,13 @@ async fn update_status(
                 (repaired.status, action, repaired.duplicates)
             }
             Err(invalid) => (
-                failed_status(&current, invalid),
+                failed_status(&current, invalid, subnet.metadata.generation),
                 Action::requeue(ctx.settings.resync),
                 Vec::new(),
             ),
         };
         if same_status(&current, &status) {
-            return Ok(action);
+            return Ok(Written::Done(action));
         }
         let newly_failed = status.phase == phase::FAILED
             && (current.phase != phase::FAILED
@@ -587,10 +648,10 @@ async fn update_status(
                         .await;
                 }
                 info!(phase = %status.phase, used = status.used_ip_count, "subnet status updated");
-                return Ok(action);
+                return Ok(Written::Done(action));
             }
             Err(error) if is_conflict(&error) => ctx.metrics.allocation_conflict(),
-            Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+            Err(error) if is_not_found(&error) => return Ok(Written::Done(Action::await_change())),
             Err(error) => {
                 return Err(Error::kube("update status of", "FlatNetworkSubnet", &name)(
                     error,
@@ -600,7 +661,7 @@ async fn update_status(
     }
     Err(Error::Contention {
         subnet: name,
-        attempts: 16,
+        attempts: MAX_ATTEMPTS,
     })
 }
 
@@ -630,7 +691,13 @@ async fn finalize(
         let status = updated.status.get_or_insert_with(Default::default);
         let changed = set_condition(
             &mut status.conditions,
-            condition(CONDITION_READY, false, "InUse", message.clone()),
+            condition(
+                CONDITION_READY,
+                false,
+                "InUse",
+                message.clone(),
+                subnet.metadata.generation,
+            ),
         );
         if changed {
             match api
@@ -680,5 +747,5 @@ pub fn error_policy(subnet: Arc<FlatNetworkSubnet>, error: &Error, ctx: Arc<Cont
     warn!(subnet = %subnet.name_any(), %error, "subnet reconcile failed");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
-    Action::requeue(ctx.backoff.next(&format!("subnet/{}", subnet.name_any())))
+    Action::requeue(ctx.backoff.next(&backoff_key(&subnet)))
 }

@@ -654,7 +654,10 @@ fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
     items
 }
 
-/// One allocator: `rounds` passes over its (stale) view of the records.
+/// One allocator: `rounds` passes over its (stale) view of the records,
+/// the records without an address announced first, as the pod controller
+/// announces the records it creates, so that addresses are also reserved
+/// ahead.
 async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
     for _ in 0..rounds {
         let ctx = context(server.client(), caches_from(&server), Settings::default());
@@ -665,6 +668,11 @@ async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
             .iter()
             .map(|r| (**r).clone())
             .collect();
+        for record in records.iter().filter(|r| commit::batchable(r)) {
+            let key = format!("{}/{}", record.namespace().unwrap(), record.name_any());
+            ctx.ledgers
+                .expect(&record.spec.subnet, &key, &record.spec.addrs);
+        }
         for record in shuffled(&records, order_seed) {
             let _ = ips::reconcile(Arc::new(record), Arc::clone(&ctx)).await;
         }
@@ -750,6 +758,118 @@ async fn race(seed: u64) {
     assert_eq!(status.used_ip_count, 40, "seed {seed}");
 }
 
+/// The `race` subnet with the records of `pods`, all announced as the pod
+/// controller announces the records it creates.
+fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>) {
+    let server = FakeApiServer::new();
+    server.insert(&race_subnet());
+    for p in &pods {
+        server.insert(p);
+        let mut record = record_of(p, "0");
+        record.metadata.resource_version = None;
+        server.insert(&record);
+    }
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let records: Vec<FlatNetworkIP> = server.list();
+    for record in &records {
+        let key = format!("{NS}/{}", record.name_any());
+        ctx.ledgers
+            .expect(&record.spec.subnet, &key, &record.spec.addrs);
+    }
+    (server, ctx, records)
+}
+
+/// The records the pod controller announces get their addresses reserved
+/// ahead by the first ledger write: 20 allocations, one ledger write.
+#[tokio::test]
+async fn announced_records_share_one_ledger_write() {
+    let (server, ctx, records) = announced(race_pods(18, 2));
+    let before = server.requests_by_verb();
+    for record in records {
+        ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let after = server.requests_by_verb();
+    let delta =
+        |verb: &str| after.get(verb).copied().unwrap_or(0) - before.get(verb).copied().unwrap_or(0);
+    assert_eq!(
+        delta("update"),
+        20 + 1,
+        "20 record status writes and one ledger write"
+    );
+    assert_eq!(delta("get"), 1, "the ledger is read once");
+    let held = check_unique(&server, 0);
+    assert_eq!(held.len(), 20);
+    let requested: BTreeSet<IpAddr> = ["10.0.0.45", "10.0.0.46"].iter().map(|a| ip(a)).collect();
+    assert!(
+        requested.is_subset(&held),
+        "requested addresses reserved ahead too: {held:?}"
+    );
+    assert_eq!(
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count,
+        20
+    );
+}
+
+/// A record deleted before its allocation gives back the address reserved
+/// ahead for it at once.
+#[tokio::test]
+async fn an_announced_record_deleted_first_gives_its_address_back() {
+    let (server, ctx, records) = announced(race_pods(2, 0));
+    ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let used = |server: &FakeApiServer| {
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count
+    };
+    assert_eq!(
+        used(&server),
+        2,
+        "the second record's address is held ahead"
+    );
+    let mut deleted = records[1].clone();
+    deleted.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    ips::reconcile(Arc::new(deleted), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(used(&server), 1, "given back with the deletion");
+    let key = format!("{NS}/{}", records[1].name_any());
+    assert!(!ctx.ledgers.is_expected("race", &key));
+}
+
+/// A record announced again (the pod controller's cache lagging behind its
+/// create) and withdrawn while a batch reserves ahead for it leaves
+/// nothing held: the withdrawal waits for the batch.
+#[tokio::test]
+async fn a_record_withdrawn_while_its_address_is_reserved_ahead_holds_nothing() {
+    let (server, ctx, records) = announced(race_pods(2, 0));
+    let web = format!("{NS}/{}", records[1].name_any());
+    // The first record's allocation batch reserves ahead for the second;
+    // the second is withdrawn while that batch is in flight.
+    let first = ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx));
+    let withdraw = async {
+        tokio::task::yield_now().await;
+        ctx.ledgers.forsake(&ctx, "race", &web).await.unwrap();
+    };
+    let (first, ()) = futures::join!(first, withdraw);
+    first.unwrap();
+    assert!(!ctx.ledgers.is_expected("race", &web));
+    let status = server.list::<FlatNetworkSubnet>()[0]
+        .status
+        .clone()
+        .unwrap();
+    assert_eq!(status.used_ip_count, 1, "only the first record's address");
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn two_allocators_never_hand_out_an_address_twice() {
     for seed in 1..=24 {
@@ -765,8 +885,9 @@ async fn two_allocators_on_threads_never_hand_out_an_address_twice() {
     }
 }
 
-#[tokio::test]
-async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
+/// A server holding pod `web-1`, its Active record naming 10.0.0.3, and
+/// subnet `net1` with the ledger `used`.
+fn active_web_1(used: &[(&str, &str)]) -> FakeApiServer {
     let server = FakeApiServer::new();
     let web = pod("web-1").flat();
     server.insert(&web);
@@ -778,9 +899,15 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
         ..FlatNetworkIPStatus::default()
     });
     server.insert(&record);
-    let mut net = subnet(&[("10.0.0.1", "10.0.0.5")], "0");
+    let mut net = subnet(used, "0");
     net.metadata.resource_version = None;
     server.insert(&net);
+    server
+}
+
+#[tokio::test]
+async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.5")]);
 
     let reconcile = |settings: Settings| {
         let server = server.clone();
@@ -821,6 +948,106 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
         ("True", "Active")
     );
     let _ = commit::CONTENTION_RETRY;
+}
+
+/// The fake API server with `hook` run once, after the first request whose
+/// method and path match, before its answer reaches the client: a way to
+/// make another controller act at an exact point of a reconcile.
+#[derive(Clone)]
+struct Hooked {
+    server: FakeApiServer,
+    method: http::Method,
+    path: String,
+    hook: Arc<std::sync::Mutex<Option<futures::future::BoxFuture<'static, ()>>>>,
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Hooked {
+    type Response = http::Response<super::fake_api::ReplyBody>;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let hit = request.method() == self.method && request.uri().path() == self.path;
+        let hook = if hit {
+            self.hook.lock().unwrap().take()
+        } else {
+            None
+        };
+        let mut server = self.server.clone();
+        Box::pin(async move {
+            let reply = server.call(request).await;
+            if let Some(hook) = hook {
+                hook.await;
+            }
+            reply
+        })
+    }
+}
+
+/// The repair-vs-release race: the subnet repair confirms that a live
+/// record names an address the ledger lacks, the record is deleted and its
+/// release finds the address absent (nothing to do), then the repair writes
+/// the address back: held by nobody until the orphan grace. The repair's
+/// confirmation and write now exclude releases of the subnet.
+#[tokio::test]
+async fn a_release_during_the_repair_confirmation_is_not_undone() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.1")]);
+    // The first reconcile writes the subnet's labels and stops there.
+    let plain = context(server.client(), caches_from(&server), Settings::default());
+    let net = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(net), plain).await.unwrap();
+
+    let hook = Arc::new(std::sync::Mutex::new(None));
+    let hooked = Hooked {
+        server: server.clone(),
+        method: http::Method::GET,
+        path: format!("{RECORDS}/web-1"),
+        hook: Arc::clone(&hook),
+    };
+    let ctx = context(
+        kube::Client::new(hooked, "default"),
+        caches_from(&server),
+        Settings::default(),
+    );
+    // Right after the repair reads the record: the pod goes, the record is
+    // deleted and its controller releases the address.
+    let released = {
+        let (server, ctx) = (server.clone(), Arc::clone(&ctx));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        *hook.lock().unwrap() = Some(Box::pin(async move {
+            assert!(server.delete::<FlatNetworkIP>(NS, "web-1"));
+            let deleted = server.list::<FlatNetworkIP>().remove(0);
+            tokio::spawn(async move {
+                let result = ips::reconcile(Arc::new(deleted), ctx).await;
+                let _ = done_tx.send(result.map(|_| ()).map_err(|e| e.to_string()));
+            });
+            // Long enough for the release to finish, unless it must wait.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }) as futures::future::BoxFuture<'static, ()>);
+        done_rx
+    };
+    let net = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(net), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), released)
+        .await
+        .expect("the repair read the record and the release ran")
+        .unwrap()
+        .unwrap();
+    assert!(server.list::<FlatNetworkIP>().is_empty(), "record gone");
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1"))],
+        "the released address is not written back"
+    );
 }
 
 /// The reported leak: the subnet controller rebuilt `usedIP` from a cache
@@ -1103,6 +1330,27 @@ async fn a_statefulset_pod_gets_its_address_back() {
     assert_eq!(status.addr, before.status.unwrap().addr);
     assert_eq!(status.addr, Some(ip("10.0.0.2")));
     assert_eq!(status.phase, phase::PENDING);
+}
+
+/// A success forgets the failures of the pod and of the subnet, so their
+/// next failure is retried soon again and the backoff holds no entry for
+/// objects that are fine.
+#[tokio::test]
+async fn pod_and_subnet_successes_reset_their_backoff() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.1")]);
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    ctx.backoff.next("subnet/net1");
+    ctx.backoff.next("pod/shop/web-1");
+    assert_eq!(ctx.backoff.len(), 2);
+    let net = server.list::<FlatNetworkSubnet>().remove(0);
+    subnets::reconcile(Arc::new(net), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let web = server.list::<Pod>().remove(0);
+    pods::reconcile(Arc::new(web), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(ctx.backoff.is_empty(), "{} entries left", ctx.backoff.len());
 }
 
 #[test]

@@ -21,20 +21,11 @@ use kube::ResourceExt;
 use serde::Deserialize;
 
 use super::flat_service::short_hash;
+use crate::controller::is_flat_pod;
 use flatnet_k8s::keys::{annotation, label};
 
 /// Most endpoints the API server accepts in one EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
-
-/// True when the pod asks for a flat address: both the `ip` and the `subnet`
-/// annotations are non-empty, exactly the original's test.
-#[must_use]
-pub fn is_flat_pod(pod: &Pod) -> bool {
-    let annotations = pod.annotations();
-    [annotation::IP, annotation::SUBNET]
-        .iter()
-        .all(|key| annotations.get(*key).is_some_and(|v| !v.trim().is_empty()))
-}
 
 /// True when the pod opts its Services out of a flat Service.
 #[must_use]

@@ -27,10 +27,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, instrument, warn};
 
 use self::{
-    endpoints::{desired_slices, is_flat_pod, opts_out},
+    endpoints::{desired_slices, opts_out},
     flat_service::{desired_flat_service, flat_service_name, is_managed_by_flatnet},
 };
-use crate::{admin::Health, metrics::Metrics};
+use crate::{
+    admin::Health,
+    controller::{ApiError, is_flat_pod, is_not_found},
+    metrics::Metrics,
+};
 use flatnet_k8s::keys::label;
 
 /// The label selector of the EndpointSlices flatnet writes.
@@ -72,16 +76,8 @@ pub struct Context {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{op} {object}: {source}")]
-    Kube {
-        /// What was attempted.
-        op: &'static str,
-        /// `kind namespace/name` of the object.
-        object: String,
-        /// The API error.
-        #[source]
-        source: Box<kube::Error>,
-    },
+    #[error(transparent)]
+    Kube(#[from] ApiError),
     /// The flat Service's name is held by a Service flatnet does not own.
     #[error(
         "Service {namespace}/{name} exists and is not owned by Service {parent}; delete or rename it so flatnet can create the flat-network Service of {parent}"
@@ -101,7 +97,7 @@ impl Error {
     #[must_use]
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Kube { .. } => "kube_api",
+            Self::Kube(_) => "kube_api",
             Self::NameTaken { .. } => "name_taken",
         }
     }
@@ -112,12 +108,8 @@ impl Error {
         namespace: &str,
         name: &str,
     ) -> impl FnOnce(kube::Error) -> Self {
-        let object = format!("{kind} {namespace}/{name}");
-        move |source| Self::Kube {
-            op,
-            object,
-            source: Box::new(source),
-        }
+        let api_error = ApiError::of(op, kind, &format!("{namespace}/{name}"));
+        move |source| Self::Kube(api_error(source))
     }
 }
 
@@ -256,7 +248,7 @@ pub fn error_policy(service: Arc<Service>, error: &Error, ctx: Arc<Context>) -> 
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
     match error {
-        Error::Kube { .. } => Action::requeue(RETRY_TRANSIENT),
+        Error::Kube(_) => Action::requeue(RETRY_TRANSIENT),
         Error::NameTaken { .. } => Action::requeue(RETRY_USER_ACTION),
     }
 }
@@ -302,7 +294,7 @@ where
 {
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) if is_not_found(&error) => Ok(()),
         Err(e) => Err(Error::kube("delete", kind, namespace, name)(e)),
     }
 }

@@ -1,0 +1,125 @@
+//! What every controller of the operator shares: the API error with its
+//! conflict and not-found tests, per-object retry backoff, the Condition
+//! builder, and which pods are flat.
+
+use std::{collections::HashMap, sync::Mutex, time::Duration};
+
+use flatnet_k8s::keys::annotation;
+use k8s_openapi::{
+    api::core::v1::Pod,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use kube::ResourceExt;
+
+/// A failed API call: what was attempted on which object.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {object}: {source}")]
+pub struct ApiError {
+    /// What was attempted.
+    pub op: &'static str,
+    /// `kind namespace/name` of the object.
+    pub object: String,
+    /// The API error.
+    #[source]
+    pub source: Box<kube::Error>,
+}
+
+impl ApiError {
+    /// Wraps the error of `op` on the `kind` object `key` (`namespace/name`
+    /// or a cluster-scoped name).
+    pub fn of(op: &'static str, kind: &str, key: &str) -> impl FnOnce(kube::Error) -> Self + use<> {
+        let object = format!("{kind} {key}");
+        move |source| Self {
+            op,
+            object,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// Whether an API error is a failed resourceVersion precondition (or a
+/// create of a name that exists).
+pub(crate) fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409)
+}
+
+/// Whether an API error is "not found".
+pub(crate) fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// Exponential retry delays per object, forgotten on success.
+#[derive(Default)]
+pub struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    /// First retry delay.
+    const BASE: Duration = Duration::from_secs(1);
+    /// Longest retry delay.
+    const MAX: Duration = Duration::from_secs(300);
+
+    /// The delay before the next retry of `key`, doubling per failure.
+    pub fn next(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        let delay = Self::BASE.saturating_mul(1 << (*count).min(16));
+        *count = count.saturating_add(1);
+        delay.min(Self::MAX)
+    }
+
+    /// Forgets the failures of `key`: its next failure waits the least.
+    pub fn reset(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    /// Objects with failures on record (tests).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Whether no object has failures on record.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A Condition of `type_`, True when `ok`, stamped now and with the
+/// generation of the spec it was computed from.
+#[must_use]
+pub fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    observed_generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation,
+        last_transition_time: Time(Timestamp::now()),
+    }
+}
+
+/// True when the pod asks for a flat address: both the `ip` and the `subnet`
+/// annotations are non-empty, exactly the original's test.
+#[must_use]
+pub fn is_flat_pod(pod: &Pod) -> bool {
+    let annotations = pod.annotations();
+    [annotation::IP, annotation::SUBNET]
+        .iter()
+        .all(|key| annotations.get(*key).is_some_and(|v| !v.trim().is_empty()))
+}
