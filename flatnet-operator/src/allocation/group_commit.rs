@@ -16,7 +16,7 @@
 //! A batch is as large as the allocations waiting at once, which the
 //! controller's workers bound (5 by default). So the pod controller also
 //! announces each record it is about to create ([`Ledgers::expect`]), and
-//! a batch reserves addresses for up to [`AHEAD`] announced records as
+//! a batch reserves addresses for up to [`Settings::reserve_ahead`](super::Settings::reserve_ahead) announced records as
 //! well, in the same write. Such an address is held in memory for its
 //! record ([`Ledgers::reserve`] hands it over when the record's allocation
 //! comes) and is given back by a later batch when the record goes first or
@@ -79,12 +79,6 @@ pub enum Committed {
     /// The addresses are free (or were not held).
     Released,
 }
-
-/// Most announced records a batch reserves an address for ahead of their
-/// allocation: enough to cover the records created while one ledger write
-/// is in flight, few enough that their reservations are taken long before
-/// the write deadline.
-pub const AHEAD: usize = 128;
 
 /// An address reserved ahead for an announced record.
 #[derive(Clone, Debug)]
@@ -425,7 +419,7 @@ async fn commit_batch(
     let (release_ahead, announced) = {
         let mut ahead = lock_ahead();
         let release = ahead.take_releasable(ctx.settings.write_deadline, ctx.settings.orphan_grace);
-        let take = ahead.announced.len().min(AHEAD);
+        let take = ahead.announced.len().min(ctx.settings.reserve_ahead);
         let announced: Vec<(String, Vec<IpAddr>)> = ahead.announced.drain(..take).collect();
         ahead.in_flight = announced.iter().map(|(k, _)| k.clone()).collect();
         (release, announced)

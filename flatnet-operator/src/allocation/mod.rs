@@ -79,6 +79,12 @@ pub struct Settings {
     /// their address back (a node object recreated sooner, such as a
     /// kubelet re-registering, keeps them).
     pub node_gone_grace: Duration,
+    /// Most announced records a ledger write reserves an address for ahead
+    /// of their allocation (see `docs/ipam.md`, "Reserving ahead"). Off (0)
+    /// by default: an address held for a record that never comes back for
+    /// it is only given back by a later batch of the same subnet, so a
+    /// subnet that goes quiet after a burst keeps it until the orphan grace.
+    pub reserve_ahead: usize,
 }
 
 impl Default for Settings {
@@ -90,6 +96,7 @@ impl Default for Settings {
             orphan_grace: Duration::from_secs(10 * 60),
             write_deadline: Duration::from_secs(30),
             node_gone_grace: Duration::from_secs(5 * 60),
+            reserve_ahead: 0,
         }
     }
 }

@@ -769,7 +769,11 @@ fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>
         record.metadata.resource_version = None;
         server.insert(&record);
     }
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ahead = Settings {
+        reserve_ahead: 128,
+        ..Settings::default()
+    };
+    let ctx = context(server.client(), caches_from(&server), ahead);
     let records: Vec<FlatNetworkIP> = server.list();
     for record in &records {
         let key = format!("{NS}/{}", record.name_any());
