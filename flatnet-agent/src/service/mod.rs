@@ -175,6 +175,12 @@ impl<S: DesiredState> AgentService<S> {
                             tracing::error!(key = %record.key, %error, "cannot undo an interrupted ADD; DEL or GC will retry");
                         }
                     }
+                    RecordPhase::Deleting => {
+                        tracing::warn!(key = %record.key, "finishing a DEL interrupted by an agent restart");
+                        if let Err(error) = inner.teardown(&record, true).await {
+                            tracing::error!(key = %record.key, %error, "cannot finish an interrupted DEL; GC will retry");
+                        }
+                    }
                     RecordPhase::Ready => {
                         if let Some(uplink) = &record.uplink
                             && let Err(error) = inner.program_tables(&record, uplink).await
@@ -892,10 +898,20 @@ impl<S: DesiredState> Inner<S> {
                 return;
             }
         };
+        // Durable before the answer: an agent killed after answering
+        // finishes the removal at its restart instead of keeping the
+        // attachment as if it were live.
+        let mut record = record;
+        record.phase = RecordPhase::Deleting;
+        if let Err(error) = timed("record_deleting", || self.records.save(&record)) {
+            let _ = answer.send(Err(internal(error)));
+            return;
+        }
         let answer = match timed("tables_remove", || self.remove_tables(&record)) {
             Ok(()) => {
                 let _ = answer.send(Ok(()));
                 drop(until_answer);
+                crate::crash_point::crash_point("del-answered");
                 None
             }
             // Answer with the outcome of the whole teardown instead.
