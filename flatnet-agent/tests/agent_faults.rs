@@ -737,7 +737,9 @@ fn a_full_or_read_only_state_directory_gives_clear_errors_and_loses_nothing() {
         }
         let pod = TestNetns::new("ffd-");
         let out = node.cni("ADD", "refused", Some(&pod));
+        let error = out.1.clone();
         assert_clear_error(out, &format!("ADD with a {case} state directory"), words);
+        println!("ADD with a {case} state directory: {error}");
         // The runtime's DEL after the failed ADD: it cleans up what it can,
         // and says so if it cannot record it.
         let _ = checked("DEL", "refused", node.cni("DEL", "refused", Some(&pod)));

@@ -133,9 +133,9 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         &mut totals,
     )
     .and_then(|()| vm_tests(&mut totals))
-    // Every fuzz target from its seeds for a short while: a parser change
-    // that breaks a property fails here; the long runs are in
-    // docs/reliability.md.
+    // Every fuzz target from its seeds for 10 s (80 s, plus the nightly
+    // build of the targets, minutes from nothing): a parser change that
+    // breaks a property fails here; the long runs are in docs/reliability.md.
     .and_then(|()| count(&mut totals, fuzz::run(&fuzz::FuzzArgs::ci())))
     // The lab is the smoke test of the whole data plane; an interrupted
     // lab must leave nothing behind.
