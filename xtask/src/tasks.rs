@@ -133,7 +133,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         &mut totals,
     )
     .and_then(|()| vm_tests(&mut totals))
-    // Every fuzz target from its seeds for 10 s (80 s, plus the nightly
+    // Every fuzz target from its seeds for 10 s (90 s, plus the nightly
     // build of the targets, minutes from nothing): a parser change that
     // breaks a property fails here; the long runs are in docs/reliability.md.
     .and_then(|()| count(&mut totals, fuzz::run(&fuzz::FuzzArgs::ci())))
