@@ -38,6 +38,9 @@ pub enum RecordPhase {
     Pending,
     /// ADD completed.
     Ready,
+    /// DEL answered and is removing it, or died midway: finished at restart
+    /// (the runtime never repeats a DEL that succeeded).
+    Deleting,
 }
 
 /// The uplink (master or VLAN interface) the pod's addresses are watched

@@ -6,12 +6,7 @@
 
 mod support;
 
-use std::{
-    io::Write,
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use aya::programs::TcAttachType;
 use flatnet_agent::crash_point::CRASH_AT_ENV;
@@ -20,6 +15,7 @@ use serde_json::{Value, json};
 use support::{
     TestNetns,
     agent::StandaloneAgent,
+    cni::{IFNAME, run_cni},
     has_link,
     lan::SimulatedLan,
     ping, privileged,
@@ -29,8 +25,6 @@ use support::{
 
 const LAN_V4: &str = "192.0.2.1";
 const LAN_V6: &str = "2001:db8::1";
-/// Every pod's flat interface.
-const IFNAME: &str = "eth1";
 /// Route settings of the `routed4`/`routed6` subnets.
 const ROUTE_SETTINGS: &str = "{addPodIPToHost: true, addNodeCIDR: true, addClusterCIDR: true, \
                               addServiceCIDR: true, flatNetworkDefaultGateway: true}";
@@ -290,73 +284,6 @@ networks:
         );
         assert_eq!(self.records(), 0, "{context}: records left behind");
     }
-}
-
-/// Runs flatnet-cni against the agent on `socket` (for the pod's `eth1`
-/// when `container` is given, in namespace `netns`); returns (success,
-/// stdout JSON).
-fn run_cni(
-    socket: &Path,
-    command: &str,
-    network: &str,
-    container: &str,
-    netns: Option<&Path>,
-    extra: Value,
-) -> (bool, Value) {
-    let mut config = json!({
-        "cniVersion": "1.1.0",
-        "name": network,
-        "type": "flatnet-cni",
-        "agentTimeoutSeconds": 30,
-    });
-    for (k, v) in extra.as_object().unwrap() {
-        config[k] = v.clone();
-    }
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flatnet-cni"));
-    cmd.env_clear()
-        .env("CNI_COMMAND", command)
-        .env("FLATNET_AGENT_SOCKET", socket)
-        .env(
-            "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{container}"),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    if !container.is_empty() {
-        cmd.env("CNI_CONTAINERID", container)
-            .env("CNI_IFNAME", IFNAME);
-    }
-    if let Some(netns) = netns {
-        cmd.env("CNI_NETNS", netns);
-    }
-    let mut child = cmd.spawn().unwrap();
-    // flatnet-cni may answer (e.g. "agent not running") and exit before
-    // reading its input; its output says what happened, so a broken
-    // pipe here is not an error.
-    let written = child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(config.to_string().as_bytes());
-    if let Err(e) = written {
-        assert_eq!(
-            e.kind(),
-            std::io::ErrorKind::BrokenPipe,
-            "write CNI config: {e}"
-        );
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout: Value = if out.stdout.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{command}: stdout is not JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
-    };
-    (out.status.success(), stdout)
 }
 
 /// Asserts that `family`'s routes in `ns` include every one of `expected`.

@@ -5,6 +5,7 @@ mod chaos;
 mod charts;
 mod crds;
 mod ebpf;
+mod fuzz;
 mod images;
 mod lab;
 mod release;
@@ -49,6 +50,8 @@ enum Command {
     Clippy,
     /// Check licenses, duplicate crates and sources against .cargo/deny.toml (offline).
     Deny,
+    /// Build the fuzz targets (xtask/fuzz) and run each from its seeds.
+    Fuzz(fuzz::FuzzArgs),
     /// Run the lab: a simulated LAN in network namespaces with the real agent.
     Lab(lab::LabArgs),
     /// Package a release into target/flatnet-<version>/: charts, images, checksums, notes.
@@ -70,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Command::Chaos(args) => chaos::run(&args),
         Command::Clippy => tasks::clippy(),
         Command::Deny => tasks::deny(),
+        Command::Fuzz(args) => fuzz::run(&args),
         Command::Lab(args) => lab::run(&args),
         Command::Release(args) => release::run(&args).map(drop),
         Command::Test(args) => tasks::test(&args),

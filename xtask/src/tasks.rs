@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::{
-    bench, ebpf, images, lab, release,
+    bench, ebpf, fuzz, images, lab, release,
     test_report::{Totals, run_tests},
     workspace,
 };
@@ -133,6 +133,10 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         &mut totals,
     )
     .and_then(|()| vm_tests(&mut totals))
+    // Every fuzz target from its seeds for 10 s (90 s, plus the nightly
+    // build of the targets, minutes from nothing): a parser change that
+    // breaks a property fails here; the long runs are in docs/reliability.md.
+    .and_then(|()| count(&mut totals, fuzz::run(&fuzz::FuzzArgs::ci())))
     // The lab is the smoke test of the whole data plane; an interrupted
     // lab must leave nothing behind.
     .and_then(|()| count(&mut totals, images::verify::run()))

@@ -153,7 +153,8 @@ impl<S: DesiredState> AgentService<S> {
     }
 
     /// Brings the node in line with the records after a (re)start: ADDs
-    /// interrupted by a crash are undone, completed ones get their uplink
+    /// interrupted by a crash are undone, DELs answered before a crash are
+    /// finished, completed ADDs get their uplink
     /// program and table entries back.
     pub async fn recover(&self) -> Result<(), CniError> {
         let inner = Arc::clone(&self.inner);
@@ -166,6 +167,12 @@ impl<S: DesiredState> AgentService<S> {
                         tracing::warn!(key = %record.key, "undoing an ADD interrupted by an agent restart");
                         if let Err(error) = inner.teardown(&record, true).await {
                             tracing::error!(key = %record.key, %error, "cannot undo an interrupted ADD; DEL or GC will retry");
+                        }
+                    }
+                    RecordPhase::Deleting => {
+                        tracing::warn!(key = %record.key, "finishing a DEL interrupted by an agent restart");
+                        if let Err(error) = inner.teardown(&record, true).await {
+                            tracing::error!(key = %record.key, %error, "cannot finish an interrupted DEL; GC will retry");
                         }
                     }
                     RecordPhase::Ready => {

@@ -12,7 +12,7 @@ use crate::{
     desired::{AttachmentKey, DesiredState},
     link::DetachSpec,
     phases::{self, timed},
-    records::AttachmentRecord,
+    records::{AttachmentRecord, RecordPhase},
 };
 
 /// Where DEL sends its answer.
@@ -124,10 +124,20 @@ impl<S: DesiredState> Inner<S> {
                 return;
             }
         };
+        // Durable before the answer: an agent killed after answering
+        // finishes the removal at its restart instead of keeping the
+        // attachment as if it were live.
+        let mut record = record;
+        record.phase = RecordPhase::Deleting;
+        if let Err(error) = timed("record_deleting", || self.records.save(&record)) {
+            let _ = answer.send(Err(internal(error)));
+            return;
+        }
         let answer = match timed("tables_remove", || self.remove_tables(&record)) {
             Ok(()) => {
                 let _ = answer.send(Ok(()));
                 drop(until_answer);
+                crate::crash_point::crash_point("del-answered");
                 None
             }
             // Answer with the outcome of the whole teardown instead.

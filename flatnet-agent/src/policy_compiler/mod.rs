@@ -9,8 +9,10 @@ pub mod tables;
 
 #[cfg(test)]
 mod proptests;
-#[cfg(test)]
-mod reference;
+// The reference evaluator also checks the compiler in the fuzz target
+// `policy_compiler` (xtask/fuzz), which builds the agent with `fuzzing`.
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod reference;
 
 pub use api::{MultiNetworkPolicy, MultiNetworkPolicySpec, NetworkNames};
 pub use compile::{FlatPod, PolicyInputs, compile};

@@ -24,8 +24,35 @@ pub struct AgentRequest {
 /// Only the protocol version: read first so a request from another
 /// version is refused with a clear message even if its shape changed.
 #[derive(Debug, Deserialize)]
-pub(crate) struct ProtocolProbe {
-    pub protocol: u32,
+struct ProtocolProbe {
+    protocol: u32,
+}
+
+impl AgentRequest {
+    /// Decodes the body of a request frame. A body of another protocol
+    /// version, or one that does not parse, is error 101 (the peers come
+    /// from different releases).
+    pub fn decode(body: &[u8]) -> Result<AgentRequest, CniError> {
+        let skew = |detail: String| {
+            CniError::new(
+                ErrorCode::AgentProtocol,
+                format!(
+                    "flatnet-agent cannot read the request: {detail}; make sure flatnet-cni and flatnet-agent on this node come from the same release"
+                ),
+            )
+        };
+        match serde_json::from_slice::<ProtocolProbe>(body) {
+            Ok(probe) if probe.protocol == PROTOCOL_VERSION => {}
+            Ok(probe) => {
+                return Err(skew(format!(
+                    "it uses protocol {} and the agent speaks {PROTOCOL_VERSION}",
+                    probe.protocol
+                )));
+            }
+            Err(error) => return Err(skew(error.to_string())),
+        }
+        serde_json::from_slice(body).map_err(|error| skew(error.to_string()))
+    }
 }
 
 /// What the agent answers.
@@ -59,13 +86,6 @@ impl AgentResponse {
         match self {
             AgentResponse::Success { result } => Ok(result),
             AgentResponse::Failure { error } => Err(error),
-        }
-    }
-
-    /// A failure with code 101 (the peers do not understand each other).
-    pub fn protocol_failure(msg: impl Into<String>) -> Self {
-        AgentResponse::Failure {
-            error: CniError::new(ErrorCode::AgentProtocol, msg),
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use super::frame::{read_frame_async, write_frame_async};
 use super::handler::CniHandler;
-use super::protocol::{AgentRequest, AgentResponse, PROTOCOL_VERSION, ProtocolProbe};
+use super::protocol::{AgentRequest, AgentResponse};
 use crate::cni::plugin::DEFAULT_AGENT_SOCKET;
 use crate::cni::{Admission, CniError, CniRequest, ErrorCode};
 
@@ -288,22 +288,7 @@ async fn read_request(
             return Err(None);
         }
     };
-    let skew = |detail: String| {
-        Some(AgentResponse::protocol_failure(format!(
-            "flatnet-agent cannot read the request: {detail}; make sure flatnet-cni and flatnet-agent on this node come from the same release"
-        )))
-    };
-    match serde_json::from_slice::<ProtocolProbe>(&body) {
-        Ok(probe) if probe.protocol == PROTOCOL_VERSION => {}
-        Ok(probe) => {
-            return Err(skew(format!(
-                "it uses protocol {} and the agent speaks {PROTOCOL_VERSION}",
-                probe.protocol
-            )));
-        }
-        Err(error) => return Err(skew(error.to_string())),
-    }
-    serde_json::from_slice(&body).map_err(|error| skew(error.to_string()))
+    AgentRequest::decode(&body).map_err(|error| Some(AgentResponse::Failure { error }))
 }
 
 /// Runs the handler in its own task, so a panic becomes error 100 instead of

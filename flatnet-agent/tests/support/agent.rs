@@ -119,6 +119,14 @@ impl StandaloneAgent {
         }
     }
 
+    /// Kills the agent with SIGKILL, as the OOM killer or a node crash
+    /// would, and waits for it.
+    pub fn kill(&mut self) {
+        let mut child = self.process.take().expect("flatnet-agent is running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     /// Waits for the agent to exit on its own (e.g. at a crash point).
     pub fn wait_for_exit(&mut self) -> ExitStatus {
         let mut child = self.process.take().expect("flatnet-agent is running");
@@ -150,7 +158,7 @@ impl StandaloneAgent {
 /// A binary of this package. Cargo names them to integration tests only;
 /// this module is also compiled into examples and benchmarks, which do not
 /// start an agent.
-fn package_binary(path: Option<&'static str>) -> &'static str {
+pub fn package_binary(path: Option<&'static str>) -> &'static str {
     path.expect("the package's binaries are known to integration tests only")
 }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod cni;
 pub mod frames;
 pub mod lan;
 pub mod policy;

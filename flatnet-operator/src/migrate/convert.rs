@@ -338,7 +338,13 @@ pub fn annotations(
 /// `None` when it does not reference the V1 attachment.
 pub fn multus_networks(value: &str, attachment: &str) -> Option<String> {
     let is_v1 = |name: &str| name.rsplit('/').next() == Some(V1_ATTACHMENT);
-    if let Ok(Value::Array(mut entries)) = serde_json::from_str::<Value>(value) {
+    // Multus reads a value with any of `[{"` as JSON and nothing else; one
+    // that does not parse is broken for Multus and stays as it is (read as
+    // a list, a rewrite could turn it into valid JSON of another meaning).
+    if value.contains(['[', '{', '"']) {
+        let Ok(Value::Array(mut entries)) = serde_json::from_str::<Value>(value) else {
+            return None;
+        };
         let mut changed = false;
         for entry in &mut entries {
             if let Some(obj) = entry.as_object_mut()

@@ -276,6 +276,19 @@ fn multus_selections_in_both_forms_point_at_the_new_attachment() {
     assert_eq!(convert::multus_networks("other@eth1", NAD), None);
 }
 
+#[test]
+fn a_selection_multus_cannot_parse_as_json_is_left_alone() {
+    // Found by the multus_annotations fuzz target: read as a list, the V1
+    // entry was replaced and the trimmed entries joined into valid JSON.
+    for broken in [
+        "[{\"name\":\"a\",\"interface\":\"x,\tstatic-macvlan-cni-attach,\ty\"}]",
+        "[static-macvlan-cni-attach]",
+        "{\"name\":\"static-macvlan-cni-attach\"}",
+    ] {
+        assert_eq!(convert::multus_networks(broken, NAD), None, "{broken:?}");
+    }
+}
+
 fn v1_service() -> Service {
     serde_json::from_value(json!({
         "metadata": {"name": "web-macvlan", "namespace": "shop",

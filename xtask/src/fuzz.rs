@@ -1,0 +1,180 @@
+//! `cargo xtask fuzz`: builds the cargo-fuzz targets of `xtask/fuzz` with the
+//! pinned nightly and runs each for a while from its committed seeds.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Instant,
+};
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::{ebpf, workspace};
+
+/// Options of `cargo xtask fuzz`.
+#[derive(Args)]
+pub struct FuzzArgs {
+    /// How long each target runs, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Run only these targets (repeat the option); all by default.
+    #[arg(long = "target")]
+    pub targets: Vec<String>,
+}
+
+impl FuzzArgs {
+    /// The short run of `cargo xtask test`: every target for 10 s.
+    pub fn ci() -> Self {
+        Self {
+            seconds: 10,
+            targets: Vec::new(),
+        }
+    }
+}
+
+/// The fuzz crate, relative to the workspace root.
+const FUZZ_DIR: &str = "xtask/fuzz";
+
+/// Build options shared by `cargo fuzz build` and `cargo fuzz run`, so the
+/// run reuses the build: no sanitizer (the fuzzed code is safe Rust, and
+/// the instrumentation would slow every execution), 16 codegen units (the
+/// build fits CI's budget), artifacts under `target/fuzz`.
+const BUILD_OPTIONS: [&str; 8] = [
+    "--fuzz-dir",
+    FUZZ_DIR,
+    "--sanitizer",
+    "none",
+    "--codegen-units",
+    "16",
+    "--target-dir",
+    "target/fuzz",
+];
+
+/// What one target did.
+struct Outcome {
+    target: String,
+    executions: u64,
+    seconds: f64,
+    crashed: bool,
+}
+
+/// `cargo xtask fuzz`.
+pub fn run(args: &FuzzArgs) -> anyhow::Result<()> {
+    let toolchain = ebpf::toolchain()?;
+    let mut build = workspace::cargo(Some(&toolchain));
+    build.args(["fuzz", "build"]).args(BUILD_OPTIONS);
+    workspace::run("build fuzz targets", &mut build).map_err(|e| {
+        e.context(format!(
+            "fuzzing needs cargo-fuzz and the {toolchain} toolchain (`bash .ci/provision` installs both)"
+        ))
+    })?;
+    let targets = if args.targets.is_empty() {
+        list(&toolchain)?
+    } else {
+        args.targets.clone()
+    };
+    let mut outcomes = Vec::new();
+    for target in &targets {
+        outcomes.push(run_target(&toolchain, target, args.seconds)?);
+    }
+    println!("fuzz summary ({}s per target):", args.seconds);
+    for o in &outcomes {
+        println!(
+            "  {:<18} {:>12} executions  {:>9.0}/s  {}",
+            o.target,
+            o.executions,
+            o.executions as f64 / o.seconds.max(1e-3),
+            if o.crashed { "CRASHED" } else { "ok" }
+        );
+    }
+    let total: u64 = outcomes.iter().map(|o| o.executions).sum();
+    println!("  total {total} executions");
+    let crashed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.crashed)
+        .map(|o| o.target.as_str())
+        .collect();
+    if !crashed.is_empty() {
+        bail!(
+            "fuzz targets failed: {}; the inputs are in {FUZZ_DIR}/artifacts/<target>/, \
+             reproduce one with `cargo +{toolchain} fuzz run --fuzz-dir {FUZZ_DIR} -s none <target> <file>`",
+            crashed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The targets `cargo fuzz list` names (the `[[bin]]`s of the fuzz crate).
+fn list(toolchain: &str) -> anyhow::Result<Vec<String>> {
+    let output = workspace::cargo(Some(toolchain))
+        .args(["fuzz", "list", "--fuzz-dir", FUZZ_DIR])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo fuzz list")?;
+    if !output.status.success() {
+        bail!("cargo fuzz list failed ({})", output.status);
+    }
+    Ok(String::from_utf8(output.stdout)
+        .context("cargo fuzz list printed non-UTF-8")?
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Runs `target` for `seconds` from the seeds plus the corpus earlier runs
+/// kept in `target/fuzz/corpus/<target>` (libFuzzer adds new inputs to the
+/// first directory only, so the committed seeds stay as they are).
+fn run_target(toolchain: &str, target: &str, seconds: u64) -> anyhow::Result<Outcome> {
+    let root = workspace::root();
+    let corpus = root.join("target/fuzz/corpus").join(target);
+    fs::create_dir_all(&corpus).with_context(|| format!("create {}", corpus.display()))?;
+    let seeds: PathBuf = Path::new(FUZZ_DIR).join("seeds").join(target);
+    let mut command = workspace::cargo(Some(toolchain));
+    command
+        .args(["fuzz", "run"])
+        .args(BUILD_OPTIONS)
+        .arg(target)
+        .arg(&corpus)
+        .arg(&seeds)
+        .args([
+            "--",
+            &format!("-max_total_time={seconds}"),
+            "-print_final_stats=1",
+            // A slow input is a finding too, but not a hang of CI.
+            "-timeout=10",
+            "-rss_limit_mb=2048",
+        ])
+        .stderr(Stdio::piped());
+    println!("==> fuzz {target} for {seconds}s: {command:?}");
+    let started = Instant::now();
+    let output = command
+        .output()
+        .with_context(|| format!("cannot run cargo fuzz run {target}"))?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let log = String::from_utf8_lossy(&output.stderr);
+    let executions = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+        .filter_map(|v| v.trim().parse().ok())
+        .next_back()
+        .unwrap_or(0);
+    let crashed = !output.status.success();
+    if crashed {
+        // The report of the failing input: the panic and libFuzzer's lines.
+        eprintln!("{log}");
+    }
+    println!(
+        "<== fuzz {target}: {executions} executions in {elapsed:.0}s, {}",
+        if crashed { "FAILED" } else { "ok" }
+    );
+    Ok(Outcome {
+        target: target.to_owned(),
+        executions,
+        seconds: elapsed,
+        crashed,
+    })
+}
