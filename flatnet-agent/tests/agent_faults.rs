@@ -541,6 +541,11 @@ fn a_del_killed_after_its_answer_is_finished_at_restart() {
     wait_until("the interrupted DEL was never finished", || {
         !node.agent.has_record("c-del")
     });
+    // The restart finishes the DEL before the policy controller starts;
+    // its first pass, from the records, then drops the pod's subjects.
+    wait_until("the policy tables never forgot the pod", || {
+        node.map_entries(MAP_POLICY_SUBJECTS) == 0
+    });
     node.assert_nothing_left(&[pod], "after the restart");
     node.agent.stop();
 }
