@@ -187,6 +187,18 @@ policies:
     /// Asserts that nothing of any pod is left: interfaces, addresses,
     /// records, node routes, per-pod map entries, pod link pins.
     fn assert_nothing_left(&self, pods: &[TestNetns], context: &str) {
+        // DEL answers once the pod is out of the address tables; the rest
+        // of the removal (interface, allocation, record) and the policy
+        // controller's pass follow. Give them time, then check each part.
+        let settled = || {
+            self.agent.records() == 0
+                && self.allocated().is_empty()
+                && PER_POD_MAPS.iter().all(|map| self.map_entries(map) == 0)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !settled() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         for pod in pods {
             assert!(!has_link(pod, IFNAME), "{context}: {} kept eth1", pod.name);
         }
@@ -540,11 +552,6 @@ fn a_del_killed_after_its_answer_is_finished_at_restart() {
     node.start();
     wait_until("the interrupted DEL was never finished", || {
         !node.agent.has_record("c-del")
-    });
-    // The restart finishes the DEL before the policy controller starts;
-    // its first pass, from the records, then drops the pod's subjects.
-    wait_until("the policy tables never forgot the pod", || {
-        node.map_entries(MAP_POLICY_SUBJECTS) == 0
     });
     node.assert_nothing_left(&[pod], "after the restart");
     node.agent.stop();
