@@ -126,7 +126,7 @@ impl Attachments {
 
     /// Names of every link in the node's namespace (STATUS checks masters).
     pub async fn host_link_names(&self) -> Result<std::collections::BTreeSet<String>, LinkError> {
-        let host = netlink::Netlink::open(self.host_netns.as_deref())?;
+        let host = self.host_link.get(self.host_netns.as_deref())?;
         Ok(host.links().await?.into_iter().map(|l| l.name).collect())
     }
 
