@@ -2,6 +2,7 @@
 //! pinned nightly and runs each for a while from its committed seeds.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
     process::Stdio,
@@ -10,6 +11,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::Args;
+use serde::Deserialize;
 
 use crate::{ebpf, workspace};
 
@@ -62,6 +64,7 @@ struct Outcome {
 
 /// `cargo xtask fuzz`.
 pub fn run(args: &FuzzArgs) -> anyhow::Result<()> {
+    check_lock_agrees()?;
     let toolchain = ebpf::toolchain()?;
     let mut build = workspace::cargo(Some(&toolchain));
     build.args(["fuzz", "build"]).args(BUILD_OPTIONS);
@@ -101,6 +104,73 @@ pub fn run(args: &FuzzArgs) -> anyhow::Result<()> {
             "fuzz targets failed: {}; the inputs are in {FUZZ_DIR}/artifacts/<target>/, \
              reproduce one with `cargo +{toolchain} fuzz run --fuzz-dir {FUZZ_DIR} -s none <target> <file>`",
             crashed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The package versions a `Cargo.lock` holds.
+#[derive(Deserialize)]
+struct Lock {
+    #[serde(default)]
+    package: Vec<LockedPackage>,
+}
+
+/// One `[[package]]` of a `Cargo.lock`.
+#[derive(Deserialize)]
+struct LockedPackage {
+    name: String,
+    version: String,
+}
+
+/// Each package name's locked versions.
+fn locked_versions(text: &str) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+    let lock: Lock = toml::from_str(text)?;
+    let mut versions: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for p in lock.package {
+        versions.entry(p.name).or_default().insert(p.version);
+    }
+    Ok(versions)
+}
+
+/// The packages the fuzz lock holds at a version the workspace lock does
+/// not, although the workspace locks that package too: `name fuzz-version
+/// (workspace: versions)`.
+fn lock_differences(workspace: &str, fuzz: &str) -> anyhow::Result<Vec<String>> {
+    let workspace = locked_versions(workspace).context("workspace Cargo.lock")?;
+    let fuzz = locked_versions(fuzz).context("fuzz Cargo.lock")?;
+    let mut differences = Vec::new();
+    for (name, versions) in &fuzz {
+        let Some(workspace_versions) = workspace.get(name) else {
+            continue;
+        };
+        for version in versions.difference(workspace_versions) {
+            let listed: Vec<&str> = workspace_versions.iter().map(String::as_str).collect();
+            differences.push(format!(
+                "{name} {version} (workspace: {})",
+                listed.join(", ")
+            ));
+        }
+    }
+    Ok(differences)
+}
+
+/// Fails when the fuzz crate's own lock drifted from the workspace's: the
+/// targets must fuzz the code as the product builds it, dependencies included.
+fn check_lock_agrees() -> anyhow::Result<()> {
+    let root = workspace::root();
+    let read = |path: PathBuf| {
+        fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+    };
+    let differences = lock_differences(
+        &read(root.join("Cargo.lock"))?,
+        &read(root.join(FUZZ_DIR).join("Cargo.lock"))?,
+    )?;
+    if !differences.is_empty() {
+        bail!(
+            "{FUZZ_DIR}/Cargo.lock locks shared packages at other versions than Cargo.lock: {}; \
+             copy Cargo.lock over it and run `cargo metadata --offline` in {FUZZ_DIR} to prune it",
+            differences.join("; ")
         );
     }
     Ok(())
@@ -177,4 +247,62 @@ fn run_target(toolchain: &str, target: &str, seconds: u64) -> anyhow::Result<Out
         seconds: elapsed,
         crashed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WORKSPACE: &str = r#"
+version = 4
+
+[[package]]
+name = "serde"
+version = "1.0.229"
+
+[[package]]
+name = "syn"
+version = "1.0.109"
+
+[[package]]
+name = "syn"
+version = "2.0.111"
+"#;
+
+    #[test]
+    fn a_fuzz_lock_at_the_workspace_versions_agrees() {
+        let fuzz = r#"
+version = 4
+
+[[package]]
+name = "syn"
+version = "2.0.111"
+
+[[package]]
+name = "libfuzzer-sys"
+version = "0.4.13"
+"#;
+        assert_eq!(
+            lock_differences(WORKSPACE, fuzz).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_shared_package_at_another_version_is_named() {
+        let fuzz = r#"
+[[package]]
+name = "serde"
+version = "1.0.230"
+"#;
+        assert_eq!(
+            lock_differences(WORKSPACE, fuzz).unwrap(),
+            ["serde 1.0.230 (workspace: 1.0.229)"]
+        );
+    }
+
+    #[test]
+    fn the_committed_fuzz_lock_agrees_with_the_workspace_lock() {
+        check_lock_agrees().unwrap();
+    }
 }

@@ -10,6 +10,7 @@ pub mod api;
 pub mod env;
 pub mod ipam;
 pub mod keys;
+pub mod multus;
 pub mod validation;
 
 use kube::CustomResourceExt;

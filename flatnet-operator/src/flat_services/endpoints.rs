@@ -18,11 +18,13 @@ use k8s_openapi::{
     },
 };
 use kube::ResourceExt;
-use serde::Deserialize;
 
 use super::flat_service::short_hash;
 use crate::controller::is_flat_pod;
-use flatnet_k8s::keys::{annotation, label};
+use flatnet_k8s::{
+    keys::{annotation, label},
+    multus::{FlatAddresses, flat_addresses},
+};
 
 /// Most endpoints the API server accepts in one EndpointSlice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
@@ -68,90 +70,6 @@ impl Family {
             Self::V6 => "ipv6",
         }
     }
-}
-
-/// One entry of the Multus `network-status` annotation (only the fields used).
-#[derive(Debug, Deserialize)]
-struct NetworkStatusEntry {
-    name: String,
-    #[serde(default)]
-    ips: Vec<String>,
-}
-
-/// The flat addresses of a pod, or why there are none.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FlatAddresses {
-    /// Addresses of the flat attachment (several when a 6to4 address is added).
-    Found(Vec<IpAddr>),
-    /// Nothing yet: the CNI has not reported the attachment. The pod's own
-    /// update will trigger the Service again, so there is nothing to retry.
-    NotYet,
-    /// The annotation cannot be read; the text says what is wrong.
-    Invalid(String),
-}
-
-/// Reads the pod's flat addresses.
-///
-/// Source, in order:
-/// 1. the `k8s.v1.cni.cncf.io/network-status` entry whose name is the
-///    attachment (`<namespace>/<attachment>` or a bare `<attachment>`, in any
-///    namespace, since the NetworkAttachmentDefinition may live elsewhere);
-/// 2. when Multus wrote no status at all, the `flatnetwork.pandaria.io/selectedIP`
-///    label the IPAM side puts on the pod once the address is active.
-///
-/// A status that exists but lacks the attachment means the flat interface is
-/// not there, so the label is not used then.
-#[must_use]
-pub fn flat_addresses(pod: &Pod, attachment: &str) -> FlatAddresses {
-    let Some(status) = pod.annotations().get(annotation::MULTUS_NETWORK_STATUS) else {
-        return pod
-            .labels()
-            .get(label::SELECTED_IP)
-            .and_then(|label| decode_selected_ip(label))
-            .map_or(FlatAddresses::NotYet, |ip| FlatAddresses::Found(vec![ip]));
-    };
-    let entries: Vec<NetworkStatusEntry> = match serde_json::from_str(status) {
-        Ok(entries) => entries,
-        Err(e) => {
-            return FlatAddresses::Invalid(format!(
-                "{} is not valid JSON: {e}",
-                annotation::MULTUS_NETWORK_STATUS
-            ));
-        }
-    };
-    let Some(entry) = entries
-        .iter()
-        .find(|e| e.name.rsplit('/').next() == Some(attachment))
-    else {
-        return FlatAddresses::NotYet;
-    };
-    let mut addrs = Vec::with_capacity(entry.ips.len());
-    for ip in &entry.ips {
-        match ip.parse::<IpAddr>() {
-            Ok(addr) => addrs.push(addr),
-            Err(_) => {
-                return FlatAddresses::Invalid(format!(
-                    "{} entry {:?} has the address {ip:?}",
-                    annotation::MULTUS_NETWORK_STATUS,
-                    entry.name
-                ));
-            }
-        }
-    }
-    if addrs.is_empty() {
-        FlatAddresses::NotYet
-    } else {
-        FlatAddresses::Found(addrs)
-    }
-}
-
-/// Decodes the `selectedIP` label: IPv4 as is, IPv6 with `.` in place of `:`.
-#[must_use]
-pub fn decode_selected_ip(label: &str) -> Option<IpAddr> {
-    label
-        .parse()
-        .ok()
-        .or_else(|| label.replace('.', ":").parse().ok())
 }
 
 /// True when the pod's `Ready` condition is `True`.

@@ -12,6 +12,7 @@ use flatnet_k8s::{
         V1_RESERVATION_KIND,
     },
     keys::{self, annotation},
+    multus,
 };
 use k8s_openapi::{
     api::core::v1::{Service, ServicePort, ServiceSpec},
@@ -333,52 +334,10 @@ pub fn annotations(
     rewrite
 }
 
-/// Replaces references to the V1 attachment in a Multus network selection,
-/// either the JSON list form or the `[namespace/]name[@interface]` list form.
-/// `None` when it does not reference the V1 attachment.
+/// Points the references to the V1 attachment in a Multus network selection
+/// at `attachment`. `None` when the selection does not reference it.
 pub fn multus_networks(value: &str, attachment: &str) -> Option<String> {
-    let is_v1 = |name: &str| name.rsplit('/').next() == Some(V1_ATTACHMENT);
-    // Multus reads a value with any of `[{"` as JSON and nothing else; one
-    // that does not parse is broken for Multus and stays as it is (read as
-    // a list, a rewrite could turn it into valid JSON of another meaning).
-    if value.contains(['[', '{', '"']) {
-        let Ok(Value::Array(mut entries)) = serde_json::from_str::<Value>(value) else {
-            return None;
-        };
-        let mut changed = false;
-        for entry in &mut entries {
-            if let Some(obj) = entry.as_object_mut()
-                && obj.get("name").and_then(Value::as_str).is_some_and(is_v1)
-            {
-                obj.insert("name".into(), Value::String(attachment.into()));
-                // The attachment exists in every namespace; the V1 one lived in kube-system.
-                obj.remove("namespace");
-                changed = true;
-            }
-        }
-        return changed.then(|| Value::Array(entries).to_string());
-    }
-    let mut changed = false;
-    let entries: Vec<String> = value
-        .split(',')
-        .map(|entry| {
-            let entry = entry.trim();
-            let (name, iface) = match entry.split_once('@') {
-                Some((name, iface)) => (name, Some(iface)),
-                None => (entry, None),
-            };
-            if is_v1(name) {
-                changed = true;
-                match iface {
-                    Some(iface) => format!("{attachment}@{iface}"),
-                    None => attachment.to_owned(),
-                }
-            } else {
-                entry.to_owned()
-            }
-        })
-        .collect();
-    changed.then(|| entries.join(","))
+    multus::rename_attachment(value, V1_ATTACHMENT, attachment)
 }
 
 /// Labels with a V1 prefix, which the V1 operator wrote and flatnet replaces.

@@ -10,14 +10,15 @@
 
 use std::collections::BTreeMap;
 
-use flatnet_k8s::keys::annotation;
-use flatnet_operator::{
-    flat_services::endpoints::{FlatAddresses, flat_addresses},
-    migrate::convert::multus_networks,
+use flatnet_k8s::{
+    keys::annotation,
+    multus::{FlatAddresses, flat_addresses, rename_attachment},
 };
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 
+/// The attachment the migrator replaces (the original's).
+const V1_ATTACHMENT: &str = "static-macvlan-cni-attach";
 /// The attachment the migrator points selections at.
 const ATTACHMENT: &str = "flatnet-attach";
 
@@ -32,9 +33,9 @@ fuzz_target!(|data: &[u8]| {
     let Some([selection, status]) = flatnet_fuzz::lines::<2>(data) else {
         return;
     };
-    if let Some(rewritten) = multus_networks(selection, ATTACHMENT) {
+    if let Some(rewritten) = rename_attachment(selection, V1_ATTACHMENT, ATTACHMENT) {
         assert_eq!(
-            multus_networks(&rewritten, ATTACHMENT),
+            rename_attachment(&rewritten, V1_ATTACHMENT, ATTACHMENT),
             None,
             "{rewritten:?} still references the V1 attachment"
         );

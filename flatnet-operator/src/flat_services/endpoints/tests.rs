@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fixtures::{PodExt, pod, service};
+use flatnet_k8s::multus::decode_selected_ip;
 
 const NAD: &str = "rancher-flat-network";
 

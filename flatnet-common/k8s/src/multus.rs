@@ -1,0 +1,155 @@
+//! The Multus annotations flatnet reads: the network selection
+//! (`k8s.v1.cni.cncf.io/networks`), which the migrator rewrites, and the
+//! network status (`k8s.v1.cni.cncf.io/network-status`), which the Service
+//! controller reads a pod's flat addresses from. Both are written by
+//! tenants or other components, so every reading is total: bad text gives
+//! `None` or a reason, never a panic.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::keys::{annotation, label};
+
+/// True when a selection entry's `[namespace/]name` names `attachment`.
+fn names(entry: &str, attachment: &str) -> bool {
+    entry.rsplit('/').next() == Some(attachment)
+}
+
+/// Points the references to the attachment `from` in a Multus network
+/// selection at `to`, in either the JSON list form or the
+/// `[namespace/]name[@interface]` list form. `None` when `from` is not
+/// referenced.
+///
+/// A JSON entry loses its `namespace`: `to` is looked up in the pod's own
+/// namespace.
+#[must_use]
+pub fn rename_attachment(selection: &str, from: &str, to: &str) -> Option<String> {
+    // Multus reads a value with any of `[{"` as JSON and nothing else; one
+    // that does not parse is broken for Multus and stays as it is (read as
+    // a list, a rewrite could turn it into valid JSON of another meaning).
+    if selection.contains(['[', '{', '"']) {
+        let Ok(Value::Array(mut entries)) = serde_json::from_str::<Value>(selection) else {
+            return None;
+        };
+        let mut changed = false;
+        for entry in &mut entries {
+            if let Some(obj) = entry.as_object_mut()
+                && obj
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|name| names(name, from))
+            {
+                obj.insert("name".into(), Value::String(to.into()));
+                obj.remove("namespace");
+                changed = true;
+            }
+        }
+        return changed.then(|| Value::Array(entries).to_string());
+    }
+    let mut changed = false;
+    let entries: Vec<String> = selection
+        .split(',')
+        .map(|entry| {
+            let entry = entry.trim();
+            let (name, iface) = match entry.split_once('@') {
+                Some((name, iface)) => (name, Some(iface)),
+                None => (entry, None),
+            };
+            if names(name, from) {
+                changed = true;
+                match iface {
+                    Some(iface) => format!("{to}@{iface}"),
+                    None => to.to_owned(),
+                }
+            } else {
+                entry.to_owned()
+            }
+        })
+        .collect();
+    changed.then(|| entries.join(","))
+}
+
+/// One entry of the Multus `network-status` annotation (only the fields used).
+#[derive(Debug, Deserialize)]
+struct NetworkStatusEntry {
+    name: String,
+    #[serde(default)]
+    ips: Vec<String>,
+}
+
+/// The flat addresses of a pod, or why there are none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FlatAddresses {
+    /// Addresses of the flat attachment (several when a 6to4 address is added).
+    Found(Vec<IpAddr>),
+    /// Nothing yet: the CNI has not reported the attachment. The pod's own
+    /// update will trigger its readers again, so there is nothing to retry.
+    NotYet,
+    /// The annotation cannot be read; the text says what is wrong.
+    Invalid(String),
+}
+
+/// Reads the pod's flat addresses.
+///
+/// Source, in order:
+/// 1. the `k8s.v1.cni.cncf.io/network-status` entry whose name is the
+///    attachment (`<namespace>/<attachment>` or a bare `<attachment>`, in any
+///    namespace, since the NetworkAttachmentDefinition may live elsewhere);
+/// 2. when Multus wrote no status at all, the `flatnetwork.pandaria.io/selectedIP`
+///    label the IPAM side puts on the pod once the address is active.
+///
+/// A status that exists but lacks the attachment means the flat interface is
+/// not there, so the label is not used then.
+#[must_use]
+pub fn flat_addresses(pod: &Pod, attachment: &str) -> FlatAddresses {
+    let Some(status) = pod.annotations().get(annotation::MULTUS_NETWORK_STATUS) else {
+        return pod
+            .labels()
+            .get(label::SELECTED_IP)
+            .and_then(|label| decode_selected_ip(label))
+            .map_or(FlatAddresses::NotYet, |ip| FlatAddresses::Found(vec![ip]));
+    };
+    let entries: Vec<NetworkStatusEntry> = match serde_json::from_str(status) {
+        Ok(entries) => entries,
+        Err(e) => {
+            return FlatAddresses::Invalid(format!(
+                "{} is not valid JSON: {e}",
+                annotation::MULTUS_NETWORK_STATUS
+            ));
+        }
+    };
+    let Some(entry) = entries.iter().find(|e| names(&e.name, attachment)) else {
+        return FlatAddresses::NotYet;
+    };
+    let mut addrs = Vec::with_capacity(entry.ips.len());
+    for ip in &entry.ips {
+        match ip.parse::<IpAddr>() {
+            Ok(addr) => addrs.push(addr),
+            Err(_) => {
+                return FlatAddresses::Invalid(format!(
+                    "{} entry {:?} has the address {ip:?}",
+                    annotation::MULTUS_NETWORK_STATUS,
+                    entry.name
+                ));
+            }
+        }
+    }
+    if addrs.is_empty() {
+        FlatAddresses::NotYet
+    } else {
+        FlatAddresses::Found(addrs)
+    }
+}
+
+/// Decodes the `selectedIP` label: IPv4 as is, IPv6 with `.` in place of `:`.
+#[must_use]
+pub fn decode_selected_ip(label: &str) -> Option<IpAddr> {
+    label
+        .parse()
+        .ok()
+        .or_else(|| label.replace('.', ":").parse().ok())
+}
