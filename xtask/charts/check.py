@@ -85,6 +85,9 @@ SCHEMA_REJECTS = [
     ("relative host path", ["agent", "hostPaths", "state"], "var/lib/flatnet"),
     ("not a Go duration", ["operator", "election", "leaseDuration"], "45"),
     ("not a CIDR list", ["clusterCIDR"], "10.42.0.0"),
+    ("unknown legacy clusterType", ["clusterType"], "RKE1"),
+    ("legacy resync period that is not minutes", ["flatNetworkOperator", "cattleResyncDefault"], "1h"),
+    ("unknown legacy operator key", ["flatNetworkOperator", "replica"], 2),
 ]
 
 
@@ -598,6 +601,52 @@ def render_objects(
     return objects
 
 
+# rancher-flat-network values file and the NOTES.txt lines it must produce
+# (charts/flatnet/ci/legacy/); its objects must equal those of the mapped
+# values file beside it.
+LEGACY_VALUES = "ci/legacy/original-values.yaml"
+LEGACY_MAPPED = "ci/legacy-mapped-values.yaml"
+LEGACY_NOTES = [
+    "flatNetworkOperator.replicas -> operator.replicas",
+    "flatNetworkOperator.cattleResyncDefault -> operator.cattleResyncDefault",
+    "flatNetworkOperator.cattleDevMode -> operator.cattleDevMode",
+    "flatNetworkOperator.limits -> operator.resources.limits",
+    "flatNetworkOperator.image: ignored",
+    "flatNetworkCNI.image: ignored",
+    "clusterType: K3s -> agent.hostPaths.cniBin/cniConf (the k3s paths)",
+    "global.cattle.systemDefaultRegistry -> global.imageRegistry",
+    "deploy.*: ignored",
+]
+
+
+def check_legacy_values(chart: Any, chart_dir: pathlib.Path, problems: Problems) -> None:
+    """An upgrading user's rancher-flat-network values file renders exactly
+    what flatnet's names for the same settings render, and NOTES.txt names
+    each legacy key; the default values name none."""
+    where = f"{chart_dir.name} [{LEGACY_VALUES}]"
+    print(f"==> {where}")
+    legacy = yaml.safe_load((chart_dir / LEGACY_VALUES).read_text())
+    mapped = yaml.safe_load((chart_dir / LEGACY_MAPPED).read_text())
+    try:
+        chart.validate_schema(legacy)
+    except helm.HelmError as err:
+        problems.add(where, f"values.schema.json refuses the legacy values: {err}")
+    got = render_objects(chart, legacy, where, problems)
+    want = render_objects(chart, mapped, f"{chart_dir.name} [{LEGACY_MAPPED}]", problems)
+    for key in sorted(set(got) | set(want)):
+        problems.check(got.get(key) == want.get(key), where, f"{key[1]} differs from the mapped values' render")
+
+    def notes(values: dict[str, Any] | None) -> str:
+        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return next(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
+
+    legacy_notes = notes(legacy)
+    for line in LEGACY_NOTES:
+        problems.check(line in legacy_notes, where, f"NOTES.txt does not say {line!r}")
+    problems.check("DEPRECATED" not in notes(None), f"{chart_dir.name} [default values]", "NOTES.txt names legacy keys")
+    problems.check("DEPRECATED" not in notes(mapped), where, "NOTES.txt names legacy keys for flatnet's names")
+
+
 def validate_objects(objects: dict[tuple[str, str], dict[str, Any]], where: str, problems: Problems) -> None:
     for (_, name), obj in objects.items():
         try:
@@ -667,6 +716,12 @@ def check_chart(
                 merged = deep_merge(defaults, values or {})
                 check_values_reach_objects(objects, merged, app_version, where, problems)
             print(f"<== {where}: {len(objects)} objects, {'ok' if len(problems.items) == before else 'FAILED'}")
+            passed += len(problems.items) == before
+            failed += len(problems.items) != before
+        if chart.name == "flatnet":
+            before = len(problems.items)
+            check_legacy_values(chart, chart_dir, problems)
+            print(f"<== {chart_dir.name} [{LEGACY_VALUES}]: {'ok' if len(problems.items) == before else 'FAILED'}")
             passed += len(problems.items) == before
             failed += len(problems.items) != before
         if chart.schema is not None:
