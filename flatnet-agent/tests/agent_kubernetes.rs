@@ -242,6 +242,25 @@ async fn claim_waits_by_watch_for_the_allocation_then_reads_the_subnet() {
     );
     assert_eq!(claim.subnets[0].name, "lan4");
     assert_eq!(claim.mac, Some([2, 0, 0, 0, 0, 7]));
+    assert!(!claim.subnets[0].ipv6to4, "no 6to4 address unless marked");
+    server.await.unwrap();
+}
+
+/// The operator copies a subnet's `ipv6to4` annotation onto its records;
+/// the claim carries it so the agent adds the 6to4 address.
+#[tokio::test]
+async fn a_record_marked_ipv6to4_asks_for_the_6to4_address() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let mut allocated = flip(Some("192.0.2.10"));
+    allocated["metadata"]["annotations"] = json!({"flatnetwork.pandaria.io/ipv6to4": "true"});
+    let server = tokio::spawn(async move {
+        allocate_by_watch(&mut handle, "web-0", flip(None), allocated).await;
+        not_found(&mut handle, &format!("{IPS}/web-0.ipv6")).await;
+        answer_subnet(&mut handle, "lan4", "192.0.2.0/24", "192.0.2.1").await;
+        handle
+    });
+    let claim = source.claim(&request()).await.unwrap();
+    assert!(claim.subnets[0].ipv6to4);
     server.await.unwrap();
 }
 

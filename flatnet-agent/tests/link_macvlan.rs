@@ -539,3 +539,55 @@ async fn two_pods_on_one_parent_reach_each_other_and_the_lan() {
         .await
         .unwrap();
 }
+
+/// rancher-flat-network's `proxyARP` and `ipv6to4`: the pod answers ARP
+/// for an address it routes through another interface (it forwards), and
+/// the 6to4 address sits on the flat interface beside the subnet's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_arp_answers_for_routed_addresses_and_the_6to4_address_is_added() {
+    if !privileged("proxy_arp_answers_for_routed_addresses_and_the_6to4_address_is_added") {
+        return;
+    }
+    let lan = Lan::new();
+    let attachments = lan.attachments();
+    let plain_pod = TestNetns::new("flp-");
+    let plain = lan.spec(&plain_pod, &["192.0.2.70/24"]);
+    attachments.attach(&plain).await.unwrap();
+    let sysctl = |pod: &TestNetns| pod.exec("sysctl", &["-n", "net.ipv4.conf.eth1.proxy_arp"]);
+    assert_eq!(sysctl(&plain_pod).trim(), "0", "off unless asked");
+
+    let pod = TestNetns::new("flp-");
+    // A network behind the pod, on another interface; the pod forwards.
+    // (A veth pair: this kernel may lack the dummy driver.)
+    pod.ip(&[
+        "link", "add", "inner0", "type", "veth", "peer", "name", "inner1",
+    ]);
+    pod.ip(&["addr", "add", "198.51.100.1/24", "dev", "inner0"]);
+    pod.ip(&["link", "set", "inner0", "up"]);
+    pod.ip(&["link", "set", "inner1", "up"]);
+    pod.exec("sysctl", &["-w", "net.ipv4.ip_forward=1"]);
+    let mut spec = lan.spec(&pod, &["192.0.2.71/24"]);
+    spec.proxy_arp = true;
+    spec.extra_addresses = vec!["2002:c000:247::/40".parse().unwrap()];
+    let attachment = attachments.attach(&spec).await.unwrap();
+    assert_eq!(sysctl(&pod).trim(), "1");
+    let v6 = pod.ip(&["-6", "addr", "show", "dev", "eth1"]);
+    assert!(v6.contains("2002:c000:247::/40"), "{v6}");
+
+    // The LAN host resolves an address of the network behind the pod: the
+    // pod's flat interface answers with its own MAC.
+    lan.lan
+        .ip(&["route", "add", "198.51.100.0/24", "dev", "lan0"]);
+    lan.lan
+        .try_exec("ping", &["-c", "1", "-W", "1", "198.51.100.7"]);
+    let neighbour = lan
+        .lan
+        .ip(&["-4", "neigh", "show", "198.51.100.7", "dev", "lan0"]);
+    let mac = attachment.mac.map(|b| format!("{b:02x}")).join(":");
+    assert!(
+        neighbour.contains(&format!("lladdr {mac}")),
+        "the pod ({mac}) answered for 198.51.100.7: {neighbour:?}"
+    );
+    attachments.detach(&DetachSpec::from(&spec)).await.unwrap();
+    attachments.detach(&DetachSpec::from(&plain)).await.unwrap();
+}

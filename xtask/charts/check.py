@@ -372,6 +372,7 @@ def check_values_reach_objects(
         "FLATNET_STATE_DIR": ag["hostPaths"]["state"],
         "FLATNET_CNI_BIN_DIR": ag["hostPaths"]["cniBin"],
         "FLAT_NETWORK_CNI_ARP_POLICY": values["arpPolicy"],
+        "FLAT_NETWORK_CNI_PROXY_ARP": str(values["proxyARP"]).lower(),
     }.items():
         problems.check(agent_env.get(name) == value, where, f"agent {name}={agent_env.get(name)!r}, expected {value!r}")
     agent_spec = agent["spec"]["template"]["spec"]

@@ -71,8 +71,8 @@ pub struct RunArgs {
     /// How pod addresses are announced after set-up.
     #[arg(long, env = env::FLAT_NETWORK_CNI_ARP_POLICY, value_enum, default_value = "arp_notify")]
     arp_policy: ArpPolicy,
-    /// Accepted for compatibility: proxy ARP is never enabled; ipvlan L3
-    /// addresses are answered for by the uplink program instead.
+    /// Turn on proxy ARP (`proxy_arp`) on every pod's flat interface, as
+    /// rancher-flat-network's `proxyARP` did.
     #[arg(long, env = env::FLAT_NETWORK_CNI_PROXY_ARP, default_value_t = false, action = clap::ArgAction::Set)]
     proxy_arp: bool,
     /// Cluster pod CIDRs kept on the primary interface (comma-separated).
@@ -143,11 +143,6 @@ impl RunArgs {
                 .to_owned(),
         };
         tracing::info!(node = %node_name, standalone = self.standalone, "flatnet-agent starting");
-        if self.proxy_arp {
-            tracing::info!(
-                "proxy ARP is requested but never enabled: the uplink program answers for ipvlan L3 addresses"
-            );
-        }
         self.install_cni()?;
         let metrics = Arc::new(Metrics::default());
         if self.standalone {
@@ -259,6 +254,7 @@ impl RunArgs {
                 arp_policy: self.arp_policy,
                 cluster_cidrs: self.cluster_cidr.clone(),
                 service_cidrs: self.service_cidr.clone(),
+                proxy_arp: self.proxy_arp,
             },
         };
         let service = AgentService::new(

@@ -6,9 +6,10 @@ use std::net::IpAddr;
 
 use flatnet_k8s::{
     api::RouteSettings,
+    ipam::six_to_four,
     validation::{LinkMode, ValidSubnet},
 };
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 
 use crate::{
     cni::{CniError, CniResult, Dns, ErrorCode, Interface, IpConfig, IpWithPrefix, Route},
@@ -49,6 +50,8 @@ pub struct SpecSettings {
     pub cluster_cidrs: Vec<IpNet>,
     /// Service CIDRs kept on the primary interface.
     pub service_cidrs: Vec<IpNet>,
+    /// `proxy_arp` on the pod's flat interface (`FLAT_NETWORK_CNI_PROXY_ARP`).
+    pub proxy_arp: bool,
 }
 
 /// The validated subnets of a record.
@@ -173,13 +176,31 @@ pub fn attachment_spec(
         mac,
         mtu: record.mtu,
         addresses: record.addresses.clone(),
+        extra_addresses: six_to_four_addresses(record),
         gateways,
         default_route,
         routes,
         primary_routes,
         host_route: record.host_route.clone(),
         arp_policy: settings.arp_policy,
+        proxy_arp: settings.proxy_arp,
     })
+}
+
+/// The 6to4 addresses of the record's IPv4 addresses whose subnet asks for
+/// them (`ipv6to4`).
+fn six_to_four_addresses(record: &AttachmentRecord) -> Vec<IpNet> {
+    record
+        .subnets
+        .iter()
+        .zip(&record.addresses)
+        .filter(|(subnet, _)| subnet.ipv6to4)
+        .filter_map(|(_, address)| match address {
+            IpNet::V4(v4) => six_to_four(v4.addr(), v4.prefix_len()),
+            IpNet::V6(_) => None,
+        })
+        .filter_map(|(addr, prefix_len)| Ipv6Net::new(addr, prefix_len).ok().map(IpNet::V6))
+        .collect()
 }
 
 /// The CNI result of an attachment.
@@ -190,17 +211,20 @@ pub fn cni_result(spec: &AttachmentSpec, mac: Option<&str>, dns: &Dns) -> CniRes
             .copied()
             .find(|g| g.is_ipv4() == addr.is_ipv4())
     };
+    let ip_config = |net: &IpNet, gateway: Option<IpAddr>| IpConfig {
+        address: IpWithPrefix {
+            addr: net.addr(),
+            prefix_len: net.prefix_len(),
+        },
+        gateway,
+        interface: Some(0),
+    };
     let ips = spec
         .addresses
         .iter()
-        .map(|net| IpConfig {
-            address: IpWithPrefix {
-                addr: net.addr(),
-                prefix_len: net.prefix_len(),
-            },
-            gateway: gateway_for(net.addr()),
-            interface: Some(0),
-        })
+        .map(|net| ip_config(net, gateway_for(net.addr())))
+        // A 6to4 address has no gateway (as in rancher-flat-network).
+        .chain(spec.extra_addresses.iter().map(|net| ip_config(net, None)))
         .collect();
     let mut routes: Vec<Route> = Vec::new();
     if spec.default_route {
@@ -274,6 +298,7 @@ mod tests {
             subnets: vec![NamedSubnet {
                 name: "lan".into(),
                 spec,
+                ipv6to4: false,
             }],
             addresses: vec!["192.0.2.5/24".parse().unwrap()],
             requested_mac: Some("02:00:00:00:00:05".into()),
@@ -295,6 +320,45 @@ mod tests {
             vlan: 7,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn an_ipv6to4_subnet_adds_the_6to4_address_without_a_gateway() {
+        let mut record = record(subnet(), "eth1");
+        let subnets = valid_subnets(&record).unwrap();
+        let settings = SpecSettings {
+            proxy_arp: true,
+            ..SpecSettings::default()
+        };
+        let plain = attachment_spec(&record, &subnets, &settings).unwrap();
+        assert!(plain.extra_addresses.is_empty());
+        assert!(plain.proxy_arp);
+
+        record.subnets[0].ipv6to4 = true;
+        let spec = attachment_spec(&record, &subnets, &settings).unwrap();
+        let six_to_four: IpNet = "2002:c000:205::/40".parse().unwrap();
+        assert_eq!(spec.extra_addresses, [six_to_four]);
+        let result = cni_result(&spec, None, &Dns::default());
+        let ips: Vec<(String, Option<IpAddr>)> = result
+            .ips
+            .iter()
+            .map(|ip| {
+                (
+                    format!("{}/{}", ip.address.addr, ip.address.prefix_len),
+                    ip.gateway,
+                )
+            })
+            .collect();
+        assert_eq!(
+            ips,
+            [
+                (
+                    "192.0.2.5/24".to_owned(),
+                    Some("192.0.2.1".parse().unwrap())
+                ),
+                ("2002:c000:205::/40".to_owned(), None),
+            ]
+        );
     }
 
     #[test]

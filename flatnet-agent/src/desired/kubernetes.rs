@@ -23,7 +23,7 @@ use futures::StreamExt;
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
     ipam::Pool,
-    keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, label},
+    keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, label},
 };
 use ipnet::IpNet;
 use k8s_openapi::jiff::Timestamp;
@@ -366,6 +366,10 @@ impl Kubernetes {
         let named = NamedSubnet {
             name: subnet_name,
             spec: subnet.spec,
+            ipv6to4: ip
+                .annotations()
+                .get(annotation::IPV6_TO_4)
+                .is_some_and(|v| !v.is_empty()),
         };
         let valid = named
             .validate()
@@ -393,6 +397,8 @@ fn subnet_capacity(subnet: FlatNetworkSubnet) -> SubnetCapacity {
     let named = NamedSubnet {
         name,
         spec: subnet.spec,
+        // Only the pool matters here.
+        ipv6to4: false,
     };
     let free = named.validate().ok().and_then(|valid| {
         (status.total_ip_count > 0).then(|| {

@@ -74,6 +74,11 @@ pub struct NamedSubnet {
     pub name: String,
     /// Its spec (the FlatNetworkSubnet spec format).
     pub spec: FlatNetworkSubnetSpec,
+    /// The pod also gets the 6to4 address of its IPv4 address (the
+    /// subnet's `flatnetwork.pandaria.io/ipv6to4` annotation, which the
+    /// operator copies onto the FlatNetworkIPs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ipv6to4: bool,
 }
 
 impl NamedSubnet {

@@ -9,7 +9,9 @@ use std::{net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 use netlink_packet_route::{
-    link::{IpVlanFlags, IpVlanMode, MacVlanMode},
+    link::{
+        AfSpecInet, AfSpecUnspec, InetDevConf, IpVlanFlags, IpVlanMode, LinkAttribute, MacVlanMode,
+    },
     route::RouteProtocol,
 };
 use rtnetlink::{LinkIpVlan, LinkMacVlan, LinkUnspec};
@@ -127,20 +129,27 @@ impl Setup<'_> {
             enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?
         };
         async {
-            for address in &spec.addresses {
+            for address in spec.addresses.iter().chain(&spec.extra_addresses) {
                 pod.add_address(link.index, &spec.ifname, *address).await?;
             }
             Ok::<_, LinkError>(())
         }
         .instrument(phase("attach.addresses"))
         .await?;
-        pod.set_link(
-            "set up",
-            &spec.ifname,
-            LinkUnspec::new_with_index(link.index).up().build(),
-        )
-        .instrument(phase("attach.up"))
-        .await?;
+        let mut up = LinkUnspec::new_with_index(link.index).up().build();
+        if spec.proxy_arp {
+            // In the same request as "up": no extra round trip, and no
+            // /proc/sys, which is read-only in the agent's container.
+            let mut conf = InetDevConf::default();
+            conf.proxy_arp = 1;
+            up.attributes
+                .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                    AfSpecInet::DevConfRequest(conf),
+                ])]));
+        }
+        pod.set_link("set up", &spec.ifname, up)
+            .instrument(phase("attach.up"))
+            .await?;
 
         self.add_pod_routes(link.index)
             .instrument(phase("attach.routes"))

@@ -135,6 +135,9 @@ pub struct AttachmentSpec {
     pub mtu: Option<u32>,
     /// Addresses with the subnet's prefix length (IPv4, IPv6 or both).
     pub addresses: Vec<IpNet>,
+    /// Further addresses on the interface, outside the subnets: no
+    /// gateway, routes, announcement or node route (the 6to4 address).
+    pub extra_addresses: Vec<IpNet>,
     /// Gateways, at most one per family.
     pub gateways: Vec<IpAddr>,
     /// Whether the flat interface carries the pod's default route for each
@@ -150,6 +153,9 @@ pub struct AttachmentSpec {
     pub host_route: Option<HostRoute>,
     /// How the addresses are announced.
     pub arp_policy: ArpPolicy,
+    /// Set `proxy_arp` on the interface, so the pod answers ARP for the
+    /// addresses it routes elsewhere (rancher-flat-network's `proxyARP`).
+    pub proxy_arp: bool,
 }
 
 /// An [`AttachmentSpec`] that passed [`AttachmentSpec::validate`].
@@ -424,12 +430,14 @@ mod tests {
             mac: None,
             mtu: None,
             addresses: vec!["192.0.2.10/24".parse().unwrap()],
+            extra_addresses: vec![],
             gateways: vec!["192.0.2.1".parse().unwrap()],
             default_route: true,
             routes: vec![],
             primary_routes: None,
             host_route: None,
             arp_policy: ArpPolicy::Arping,
+            proxy_arp: false,
         }
     }
 

@@ -82,12 +82,14 @@ impl Lan {
             mac: None,
             mtu: None,
             addresses,
+            extra_addresses: Vec::new(),
             gateways,
             default_route: true,
             routes: Vec::new(),
             primary_routes: None,
             host_route: None,
             arp_policy: ArpPolicy::Arping,
+            proxy_arp: false,
         }
     }
 }

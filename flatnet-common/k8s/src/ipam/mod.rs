@@ -11,6 +11,7 @@ pub mod cidr;
 pub mod intervals;
 pub mod mac;
 pub mod pool;
+pub mod six_to_four;
 pub mod sticky;
 pub mod used_ranges;
 
@@ -18,6 +19,7 @@ pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
 pub use intervals::IntervalSet;
 pub use mac::{Mac, MacError, MacsTaken, choose_mac, macs_in_use};
 pub use pool::{Pool, PoolError, Usage};
+pub use six_to_four::six_to_four;
 pub use sticky::{
     PodController, RecordFate, Recorded, Request, Reuse, StatefulSetAddressPolicy,
     fate_on_pod_deletion, reuse_recorded,
