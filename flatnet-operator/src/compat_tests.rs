@@ -5,19 +5,31 @@
 //! taken over by flatnet's allocation controllers against the fake API
 //! server. Every pod keeps its address, the ledger stays right, and a pod
 //! created afterwards gets a free address. And the shapes the original
-//! documents, applied to flatnet's controllers. (Workloads, CronJobs and
+//! documents, each admitted by flatnet's webhook first (as the API server
+//! would ask it), then served by flatnet's controllers; the shapes the
+//! original refuses are refused. (The workload controller's labels and
 //! `reservedIP`: `workloads/tests.rs`; the migrator: `migrate/tests.rs`.)
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::core::{
+    DynamicObject,
+    admission::{AdmissionRequest, AdmissionReview},
+};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::allocation::{
-    Settings,
-    fake_api::FakeApiServer,
-    fake_cluster::{FakeCluster, POD_NAMESPACE, pod},
+use crate::{
+    allocation::{
+        Settings,
+        fake_api::FakeApiServer,
+        fake_cluster::{FakeCluster, POD_NAMESPACE, pod},
+    },
+    fixtures::admission_review,
+    metrics::Metrics,
+    webhook::Validator,
 };
 
 const SUBNET: &str = "macvlan-subnet100";
@@ -164,6 +176,71 @@ async fn the_original_objects_are_taken_over_and_every_pod_keeps_its_address() {
     cluster.stop().await;
 }
 
+/// What flatnet's webhook answers when `object` is created in the cluster
+/// `server` holds: `Ok(())` or the denial message.
+async fn review_create(server: &FakeApiServer, object: &impl Serialize) -> Result<(), String> {
+    let object = serde_json::to_value(object).unwrap();
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(admission_review(
+        "uid-compat",
+        "CREATE",
+        Some(&object),
+        None,
+    ))
+    .unwrap();
+    let request: AdmissionRequest<DynamicObject> = review.try_into().unwrap();
+    let validator = Validator::new(server.client(), Arc::new(Metrics::new()));
+    let response = validator.review(&request).await;
+    if response.allowed {
+        Ok(())
+    } else {
+        Err(response.result.message)
+    }
+}
+
+/// Creates `object` as the API server would: only once the webhook admits it.
+async fn admit<K>(server: &FakeApiServer, object: &K)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Serialize
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    if let Err(message) = review_create(server, object).await {
+        panic!("the webhook refused {object:?}: {message}");
+    }
+    server.insert(object);
+}
+
+/// A workload of `kind` whose pod template carries the original's
+/// annotations (subnet, `ip`, the Multus selection).
+fn workload(kind: &str, name: &str, subnet: &str, ip: &str) -> Value {
+    let template = json!({
+        "metadata": {"annotations": {
+            "flatnetwork.pandaria.io/subnet": subnet,
+            "flatnetwork.pandaria.io/ip": ip,
+            "k8s.v1.cni.cncf.io/networks": "[{\"name\":\"rancher-flat-network\",\"interface\":\"eth1\"}]"}},
+        "spec": {"containers": [{"name": "c", "image": "pause"}]}
+    });
+    let selector = json!({"matchLabels": {"app": name}});
+    let (api_version, spec) = match kind {
+        "CronJob" => (
+            "batch/v1",
+            json!({"schedule": "*/5 * * * *",
+                   "jobTemplate": {"spec": {"template": template}}}),
+        ),
+        _ => (
+            "apps/v1",
+            json!({"selector": selector, "template": template}),
+        ),
+    };
+    json!({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": name, "namespace": POD_NAMESPACE},
+        "spec": spec
+    })
+}
+
 /// A subnet manifest in the original's documented shape.
 fn manifest(name: &str, spec: Value) -> FlatNetworkSubnet {
     serde_json::from_value(json!({
@@ -198,7 +275,7 @@ fn workload_pod(name: &str, subnet: &str, ip: &str, interface: &str) -> Pod {
 #[tokio::test]
 async fn the_originals_documented_shapes_are_served() {
     let server = FakeApiServer::new();
-    server.insert(&manifest(
+    admit(&server, &manifest(
         "macvlan-v4-vlan100",
         json!({
             "flatMode": "macvlan", "master": "eth0", "vlan": 100, "mode": "bridge",
@@ -209,29 +286,97 @@ async fn the_originals_documented_shapes_are_served() {
             "routeSettings": {"addClusterCIDR": true, "addServiceCIDR": true, "addNodeCIDR": true,
                               "addPodIPToHost": true, "flatNetworkDefaultGateway": true}
         }),
-    ));
-    server.insert(&manifest(
-        "macvlan-v6-vlan200",
-        json!({
-            "flatMode": "macvlan", "master": "eth0", "vlan": 200,
-            "cidr": "fd00:200::/64", "gateway": "fd00:200::1",
-            "ranges": [{"from": "fd00:200::10", "to": "fd00:200::20"}]
-        }),
-    ));
-    server.insert(&manifest(
-        "ipvlan-l2",
-        json!({
-            "flatMode": "ipvlan", "master": "eth1", "mode": "l2", "ipvlanFlag": "bridge",
-            "cidr": "10.110.0.0/24", "ranges": [{"from": "10.110.0.50", "to": "10.110.0.60"}]
-        }),
-    ));
-    server.insert(&manifest(
-        "ipvlan-l3-v6",
-        json!({
-            "flatMode": "ipvlan", "master": "eth2", "mode": "l3", "ipvlanFlag": "private",
-            "cidr": "fd00:300::/64"
-        }),
-    ));
+    ))
+    .await;
+    admit(
+        &server,
+        &manifest(
+            "macvlan-v6-vlan200",
+            json!({
+                "flatMode": "macvlan", "master": "eth0", "vlan": 200,
+                "cidr": "fd00:200::/64", "gateway": "fd00:200::1",
+                "ranges": [{"from": "fd00:200::10", "to": "fd00:200::20"}]
+            }),
+        ),
+    )
+    .await;
+    admit(
+        &server,
+        &manifest(
+            "ipvlan-l2",
+            json!({
+                "flatMode": "ipvlan", "master": "eth1", "mode": "l2", "ipvlanFlag": "bridge",
+                "cidr": "10.110.0.0/24", "ranges": [{"from": "10.110.0.50", "to": "10.110.0.60"}]
+            }),
+        ),
+    )
+    .await;
+    admit(
+        &server,
+        &manifest(
+            "ipvlan-l3-v6",
+            json!({
+                "flatMode": "ipvlan", "master": "eth2", "mode": "l3", "ipvlanFlag": "private",
+                "cidr": "fd00:300::/64"
+            }),
+        ),
+    )
+    .await;
+    // What the original's webhook refuses, flatnet's refuses: a subnet
+    // overlapping another on the same master and VLAN, a flatMode that is
+    // neither macvlan nor ipvlan, and workloads asking for an address outside
+    // their subnet.
+    for (what, object, fragment) in [
+        (
+            "an overlapping subnet",
+            serde_json::to_value(manifest(
+                "macvlan-v4-again",
+                json!({"flatMode": "macvlan", "master": "eth0", "vlan": 100,
+                       "cidr": "10.100.0.0/25", "gateway": "10.100.0.1"}),
+            ))
+            .unwrap(),
+            "overlaps subnet macvlan-v4-vlan100",
+        ),
+        (
+            "an unknown flatMode",
+            serde_json::to_value(manifest(
+                "bridge-mode",
+                json!({"flatMode": "bridge", "master": "eth0", "cidr": "10.120.0.0/24"}),
+            ))
+            .unwrap(),
+            "flatMode",
+        ),
+        (
+            "a Deployment asking for an address outside its subnet",
+            workload("Deployment", "stray", "macvlan-v4-vlan100", "10.200.0.5"),
+            "10.200.0.5",
+        ),
+    ] {
+        let verdict = review_create(&server, &object).await;
+        assert!(
+            verdict.as_ref().is_err_and(|m| m.contains(fragment)),
+            "{what}: {verdict:?}"
+        );
+    }
+    // The workload kinds the original documents, with its annotations.
+    for (kind, name, subnet, ip) in [
+        (
+            "Deployment",
+            "web",
+            "macvlan-v4-vlan100",
+            "10.100.0.15-10.100.0.16",
+        ),
+        ("StatefulSet", "db", "macvlan-v6-vlan200", "auto"),
+        ("DaemonSet", "agent", "ipvlan-l2", "auto"),
+        ("CronJob", "report", "macvlan-v4-vlan100", "auto"),
+    ] {
+        let object = workload(kind, name, subnet, ip);
+        assert_eq!(
+            review_create(&server, &object).await,
+            Ok(()),
+            "{kind} {name}"
+        );
+    }
     let cluster = FakeCluster::start(server, Settings::default(), 2);
     for subnet in [
         "macvlan-v4-vlan100",
@@ -263,7 +408,7 @@ async fn the_originals_documented_shapes_are_served() {
         workload_pod("agent-x", "ipvlan-l2", "auto", "eth0"),
         workload_pod("edge-0", "ipvlan-l3-v6", "fd00:300::99", "eth1"),
     ] {
-        cluster.server.insert(&pod);
+        admit(&cluster.server, &pod).await;
     }
     // Pods of several subnets: wait until each has its address.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

@@ -279,3 +279,40 @@ pub fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Value {
 pub fn to_json<T: serde::Serialize>(obj: &T) -> Value {
     serde_json::to_value(obj).expect("object serialises")
 }
+
+/// An `AdmissionReview` request as the API server sends it to the webhook:
+/// `operation` (`CREATE`, `UPDATE`, `DELETE`) of `object` (and `old`), by
+/// an ordinary user. The resource is the kind's plural.
+pub fn admission_review(
+    uid: &str,
+    operation: &str,
+    object: Option<&Value>,
+    old: Option<&Value>,
+) -> Value {
+    let subject = object.or(old).expect("a review has an object");
+    let kind = subject["kind"].as_str().expect("the object has a kind");
+    let api_version = subject["apiVersion"]
+        .as_str()
+        .expect("the object has an apiVersion");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let resource = format!("{}s", kind.to_lowercase());
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "requestKind": {"group": group, "version": version, "kind": kind},
+            "requestResource": {"group": group, "version": version, "resource": resource},
+            "name": subject["metadata"]["name"],
+            "namespace": subject["metadata"]["namespace"],
+            "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+            "options": null,
+        }
+    })
+}

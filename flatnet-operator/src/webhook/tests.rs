@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
-use crate::fixtures::{list, status_error};
+use crate::fixtures::{admission_review, list, status_error};
 
 // ---------------------------------------------------------------------------
 // The cluster the mocked API server serves.
@@ -291,38 +291,17 @@ fn update(
 }
 
 fn review_json(case: &Case) -> Value {
-    let object = case
-        .object
-        .as_ref()
-        .or(case.old.as_ref())
-        .expect("a case has an object");
-    let kind = object["kind"].as_str().unwrap();
-    let api_version = object["apiVersion"].as_str().unwrap();
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let resource = match kind {
-        "FlatNetworkSubnet" => "flatnetworksubnets".to_owned(),
-        "Pod" => "pods".to_owned(),
-        other => format!("{}s", other.to_lowercase()),
+    let operation = match case.op {
+        Op::Create => "CREATE",
+        Op::Update => "UPDATE",
+        Op::Delete => "DELETE",
     };
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("uid-{}", case.name),
-            "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": resource},
-            "requestKind": {"group": group, "version": version, "kind": kind},
-            "requestResource": {"group": group, "version": version, "resource": resource},
-            "name": object["metadata"]["name"],
-            "namespace": object["metadata"]["namespace"],
-            "operation": match case.op { Op::Create => "CREATE", Op::Update => "UPDATE", Op::Delete => "DELETE" },
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": case.object,
-            "oldObject": case.old,
-            "dryRun": false,
-            "options": null,
-        }
-    })
+    admission_review(
+        &format!("uid-{}", case.name),
+        operation,
+        case.object.as_ref(),
+        case.old.as_ref(),
+    )
 }
 
 /// Posts `body` to `/validate` and returns the status line and the JSON reply.
