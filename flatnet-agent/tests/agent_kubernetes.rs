@@ -161,12 +161,14 @@ async fn answer_subnet(handle: &mut Handle, name: &str, cidr: &str, gateway: &st
 
 /// The MAC address of the interface [`activate`] reports as attached.
 const ATTACHED_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+/// The MTU of the interface [`activate`] reports as attached.
+const ATTACHED_MTU: u32 = 1450;
 
 /// Activates the claim of pod `web-0` (see [`request`]), attached with
 /// [`ATTACHED_MAC`].
 async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::DesiredInterface) {
     source
-        .activate(&request().pod, claim, ATTACHED_MAC)
+        .activate(&request().pod, claim, ATTACHED_MAC, ATTACHED_MTU)
         .await
         .unwrap();
 }
@@ -189,7 +191,7 @@ async fn answer_activation(handle: &mut Handle, name: &str) {
     assert!(uri.contains(&format!("{name}/status")), "{uri}");
     assert_eq!(
         body["status"],
-        json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
+        json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1", "mtu": ATTACHED_MTU})
     );
 }
 

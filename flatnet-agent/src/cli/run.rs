@@ -311,6 +311,15 @@ impl RunArgs {
             let service = service.clone();
             async move { service.watch_conflicts(monitor).await }
         });
+        // A subnet's changed spec.mtu reaches the running pods.
+        tokio::spawn({
+            let service = service.clone();
+            async move {
+                service
+                    .follow_subnet_mtus(flatnet_agent::cni_service::MTU_FOLLOW_INTERVAL)
+                    .await;
+            }
+        });
         tokio::spawn(after_start(service.clone()));
         if let Some(address) = self.admin_address {
             serve_admin(address, metrics, service.clone()).await?;

@@ -17,6 +17,7 @@ mod activity;
 mod add;
 mod conflicts;
 mod locks;
+mod mtu;
 pub mod spec;
 mod tables;
 mod teardown;
@@ -44,6 +45,7 @@ use crate::{
     rpc::CniHandler,
 };
 
+pub use mtu::{MTU_FOLLOW_INTERVAL, MtuPass};
 pub use spec::SpecSettings;
 use tables::PolicyAttach;
 
@@ -297,7 +299,12 @@ fn join_ips(ips: &[IpAddr]) -> String {
 }
 
 fn link_error(error: &LinkError) -> CniError {
-    CniError::new(ErrorCode::InterfaceSetup, error.to_string())
+    let code = match error {
+        // A configuration the node cannot carry, not a failed setup.
+        LinkError::MtuTooLarge { .. } => ErrorCode::InvalidNetworkConfig,
+        _ => ErrorCode::InterfaceSetup,
+    };
+    CniError::new(code, error.to_string())
 }
 
 impl<S: DesiredState> CniHandler for AgentService<S> {

@@ -11,6 +11,7 @@
 //! labels the object with its node.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc, OnceLock,
         atomic::{AtomicBool, Ordering},
@@ -52,6 +53,8 @@ use crate::{
 
 /// Field manager of the agent's server-side applies.
 pub const FIELD_MANAGER: &str = "flatnet-agent";
+/// Field manager of the MTU the agent reports after changing it in place.
+pub const MTU_FIELD_MANAGER: &str = "flatnet-agent-mtu";
 /// Default bound on waiting for the operator's allocation.
 pub const DEFAULT_ALLOCATION_WAIT: Duration = Duration::from_secs(30);
 
@@ -235,6 +238,7 @@ impl Kubernetes {
         namespace: &str,
         name: &str,
         mac: MacAddr,
+        mtu: u32,
     ) -> Result<(), DesiredStateError> {
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -251,7 +255,7 @@ impl Kubernetes {
         let status = json!({
             "apiVersion": FlatNetworkIP::api_version(&()),
             "kind": FlatNetworkIP::kind(&()),
-            "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node},
+            "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node, "mtu": mtu},
         });
         // Two writes of different fields (the object's labels, its status
         // subresource): in flight together, one round trip on the answer path.
@@ -404,6 +408,16 @@ fn subnet_capacity(subnet: FlatNetworkSubnet) -> SubnetCapacity {
     SubnetCapacity::of(&named, free)
 }
 
+/// The FlatNetworkIPs of a pod's interface on `subnets` subnets: the pod's
+/// own, and its second record for dual stack.
+fn record_names(pod_name: &str, subnets: usize) -> Vec<String> {
+    let mut names = vec![pod_name.to_owned()];
+    if subnets > 1 {
+        names.push(secondary_name(pod_name));
+    }
+    names
+}
+
 /// The name of a dual-stack pod's second FlatNetworkIP.
 pub fn secondary_name(pod_name: &str) -> String {
     format!("{pod_name}{SECONDARY_RECORD_SUFFIX}")
@@ -488,14 +502,63 @@ impl DesiredState for Kubernetes {
         pod: &PodRef,
         claim: &DesiredInterface,
         mac: MacAddr,
+        mtu: u32,
     ) -> Result<(), DesiredStateError> {
         let (namespace, pod_name) = Self::pod_names(pod)?;
-        let mut names = vec![pod_name.to_owned()];
-        if claim.subnets.len() > 1 {
-            names.push(secondary_name(pod_name));
+        for name in record_names(pod_name, claim.subnets.len()) {
+            self.mark_active(namespace, &name, mac, mtu).await?;
         }
-        for name in &names {
-            self.mark_active(namespace, name, mac).await?;
+        Ok(())
+    }
+
+    async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
+        let mtus = |subnets: &mut dyn Iterator<Item = &FlatNetworkSubnet>| {
+            subnets
+                .map(|s| (s.name_any(), s.spec.mtu))
+                .collect::<BTreeMap<_, _>>()
+        };
+        if let Some(followed) = self.followed.get() {
+            if !followed.subnets.is_complete() {
+                return BTreeMap::new();
+            }
+            let state = followed.subnets.store.state();
+            return mtus(&mut state.iter().map(AsRef::as_ref));
+        }
+        let subnets: Api<FlatNetworkSubnet> =
+            Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
+        match subnets.list(&ListParams::default()).await {
+            Ok(list) => mtus(&mut list.items.iter()),
+            Err(error) => {
+                tracing::debug!(%error, "cannot list the subnets for their MTU; retrying");
+                BTreeMap::new()
+            }
+        }
+    }
+
+    async fn report_mtu(
+        &self,
+        pod: &PodRef,
+        subnets: &[NamedSubnet],
+        mtu: u32,
+    ) -> Result<(), DesiredStateError> {
+        let (namespace, pod_name) = Self::pod_names(pod)?;
+        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
+        // A field manager of its own: an apply of the MTU alone under the
+        // Active status's manager would drop that status's other fields.
+        let params = PatchParams::apply(MTU_FIELD_MANAGER).force();
+        for name in record_names(pod_name, subnets.len()) {
+            let status = Patch::Apply(json!({
+                "apiVersion": FlatNetworkIP::api_version(&()),
+                "kind": FlatNetworkIP::kind(&()),
+                "status": {"mtu": mtu},
+            }));
+            ips.patch_status(&name, &params, &status)
+                .await
+                .map_err(|e| {
+                    DesiredStateError::Unavailable(format!(
+                        "cannot record MTU {mtu} in FlatNetworkIP {namespace}/{name}: {e}"
+                    ))
+                })?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ pub mod kubernetes;
 pub mod standalone;
 pub mod status;
 
-use std::{fmt, future::Future, net::IpAddr};
+use std::{collections::BTreeMap, fmt, future::Future, net::IpAddr};
 
 use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
@@ -170,13 +170,27 @@ pub trait DesiredState: Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<DesiredInterface, DesiredStateError>> + Send;
 
-    /// The interface is up with `mac`: record it (Kubernetes: status
-    /// `Active`, MAC and node).
+    /// The interface is up with `mac` and `mtu`: record it (Kubernetes:
+    /// status `Active`, MAC, MTU and node).
     fn activate(
         &self,
         pod: &PodRef,
         claim: &DesiredInterface,
         mac: MacAddr,
+        mtu: u32,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// The `spec.mtu` of every subnet known now, by name (`None`: unset),
+    /// for changing the MTU of running pods. Empty while unknown.
+    fn subnet_mtus(&self) -> impl Future<Output = BTreeMap<String, Option<u32>>> + Send;
+
+    /// The flat interface of `pod` on `subnets` carries `mtu` now
+    /// (Kubernetes: its FlatNetworkIPs' `status.mtu`).
+    fn report_mtu(
+        &self,
+        pod: &PodRef,
+        subnets: &[NamedSubnet],
+        mtu: u32,
     ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
 
     /// Gives back what `claim` allocated for `key` on `network`; idempotent.

@@ -847,6 +847,28 @@ impl DesiredState for Standalone {
         _pod: &PodRef,
         _claim: &DesiredInterface,
         _mac: MacAddr,
+        _mtu: u32,
+    ) -> Result<(), DesiredStateError> {
+        Ok(())
+    }
+
+    async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        store
+            .state
+            .state
+            .subnets
+            .iter()
+            .map(|(name, (_, valid))| (name.clone(), valid.mtu))
+            .collect()
+    }
+
+    async fn report_mtu(
+        &self,
+        _pod: &PodRef,
+        _subnets: &[NamedSubnet],
+        _mtu: u32,
     ) -> Result<(), DesiredStateError> {
         Ok(())
     }

@@ -89,6 +89,8 @@ fn schema_validates_what_the_original_did_not() {
     );
     assert_eq!(schema_at(&crd, &["spec", "vlan"])["maximum"], 4094.0);
     assert_eq!(schema_at(&crd, &["spec", "vlan"])["minimum"], 0.0);
+    assert_eq!(schema_at(&crd, &["spec", "mtu"])["minimum"], 68.0);
+    assert_eq!(schema_at(&crd, &["spec", "mtu"])["maximum"], 65535.0);
     assert_eq!(
         schema_at(&crd, &["spec"])["required"],
         serde_json::json!(["cidr", "flatMode", "master"])
@@ -104,7 +106,7 @@ fn schema_validates_what_the_original_did_not() {
     assert_eq!(
         columns,
         [
-            "FlatMode", "Mode", "CIDR", "Master", "VLAN", "Used", "Total", "Phase", "Age"
+            "FlatMode", "Mode", "CIDR", "Master", "VLAN", "MTU", "Used", "Total", "Phase", "Age"
         ]
     );
     // A default that fails its own field's schema makes the API server

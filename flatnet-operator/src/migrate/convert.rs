@@ -179,6 +179,8 @@ pub fn subnet(v1: &MacvlanSubnet) -> (FlatNetworkSubnet, Vec<Issue>) {
             ranges,
             routes,
             route_settings,
+            // V1 had one cluster-wide MTU, kept in the network configuration.
+            mtu: None,
         },
         status: None,
     };

@@ -434,6 +434,17 @@ fn bad_subnets() -> Vec<Case> {
             deny("invalid_subnet", &["spec.vlan -1"]),
         ),
         create(
+            "mtu-below-ipv6-minimum",
+            new_subnet(
+                "s",
+                json!({"flatMode": "macvlan", "master": "eth0", "cidr": "fd09::/64", "mtu": 1200}),
+            ),
+            deny(
+                "invalid_subnet",
+                &["spec.mtu 1200", "IPv6", "use 1280..65535"],
+            ),
+        ),
+        create(
             "bad-cidr",
             new_subnet(
                 "s",
