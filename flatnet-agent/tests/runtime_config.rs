@@ -10,8 +10,9 @@ use support::{
     TestNetns,
     agent::StandaloneAgent,
     cni::{IFNAME, run_cni},
+    has_link,
     lan::SimulatedLan,
-    privileged, wait_until,
+    ping, privileged, wait_until,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -21,7 +22,7 @@ struct Node {
     /// First field: the agent stops before the namespaces go.
     agent: StandaloneAgent,
     _node: TestNetns,
-    _lan: TestNetns,
+    lan: TestNetns,
     master: String,
     _dir: tempfile::TempDir,
 }
@@ -45,7 +46,7 @@ impl Node {
         let mut this = Self {
             agent,
             _node: node,
-            _lan: lan,
+            lan,
             master,
             _dir: dir,
         };
@@ -65,6 +66,13 @@ impl Node {
 
     /// The state file with subnet `lan4` at `mtu`.
     fn write_state(&self, mtu: u32) {
+        self.write_state_with(mtu, "");
+    }
+
+    /// The state file with subnet `lan4` at `mtu` and `hotplug` (YAML of
+    /// the section's entries, empty for none). Network `flat4` is on
+    /// `lan4` (192.0.2.10-20), `extra` on `lan4b` (192.0.2.30-40).
+    fn write_state_with(&self, mtu: u32, hotplug: &str) {
         self.agent.write_state(&format!(
             r"
 subnets:
@@ -75,8 +83,16 @@ subnets:
       cidr: 192.0.2.0/24
       ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
       mtu: {mtu}
+  - name: lan4b
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.30, to: 192.0.2.40}}]
 networks:
   - {{name: flat4, subnets: [lan4]}}
+  - {{name: extra, subnets: [lan4b]}}
+hotplug: [{hotplug}]
 ",
             master = self.master
         ));
@@ -217,5 +233,99 @@ fn an_agent_killed_while_changing_an_mtu_converges_after_restart() {
     assert_carries(&pod, 1280, "after the restart");
     let (ok, out) = node.cni("DEL", "c1", &pod);
     assert!(ok, "DEL: {out}");
+    node.agent.stop();
+}
+
+/// A hot-plug entry giving `pod` interface `net1` on network `extra`.
+fn extra_net1(pod: &TestNetns) -> String {
+    format!(
+        "{{name: web-extra, netns: {}, pod: shop/web, attachments: [{{network: extra, ifname: net1}}]}}",
+        pod.path().display()
+    )
+}
+
+#[test]
+fn an_extra_interface_is_hot_plugged_reachable_and_removed_again() {
+    let Some(mut node) = Node::running_for_test(
+        "an_extra_interface_is_hot_plugged_reachable_and_removed_again",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rcp-");
+    let (ok, out) = node.cni("ADD", "c1", &pod);
+    assert!(ok, "the runtime's ADD: {out}");
+    let eth1 = link_of(&pod);
+
+    node.write_state_with(1500, &extra_net1(&pod));
+    wait_until("net1 hot-plugged", || has_link(&pod, "net1"));
+    ping(&node.lan, "192.0.2.30");
+    assert_eq!(node.agent.records(), 2, "recorded like the runtime's");
+    assert_eq!(link_of(&pod), eth1, "the runtime's interface untouched");
+
+    // The runtime's GC of that network never lists hot-plugged interfaces.
+    let (ok, out) = run_cni(
+        &node.agent.socket(),
+        "GC",
+        "extra",
+        "",
+        None,
+        json!({"cni.dev/valid-attachments": []}),
+    );
+    assert!(ok, "GC: {out}");
+    assert!(has_link(&pod, "net1"), "GC left the hot-plugged interface");
+
+    node.write_state(1500);
+    wait_until("net1 removed", || !has_link(&pod, "net1"));
+    wait_until("its record removed", || node.agent.records() == 1);
+    let allocated = node.agent.allocations().to_string();
+    assert!(!allocated.contains("192.0.2.30"), "{allocated}");
+    assert_eq!(link_of(&pod), eth1);
+
+    // An interface of that name made by hand is never touched.
+    pod.ip(&[
+        "link", "add", "net1", "type", "veth", "peer", "name", "net1p",
+    ]);
+    node.write_state_with(1500, &extra_net1(&pod));
+    let log = node.agent.log_file();
+    wait_until("the refusal is logged", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("interface net1 already exists")
+    });
+    node.write_state(1500);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(has_link(&pod, "net1"), "the hand-made interface stays");
+    assert_eq!(node.agent.records(), 1);
+    let (ok, out) = node.cni("DEL", "c1", &pod);
+    assert!(ok, "DEL: {out}");
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_hot_plugging_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_hot_plugging_converges_after_restart",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rcp-");
+    node.agent.stop();
+    // Dies once the interface exists, before its record is ready.
+    node.start(Some("add-attached"));
+    node.write_state_with(1500, &extra_net1(&pod));
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+
+    node.start(None);
+    wait_until("hot-plugged after the restart", || {
+        has_link(&pod, "net1") && node.agent.records() == 1
+    });
+    ping(&node.lan, "192.0.2.30");
+    node.write_state(1500);
+    wait_until("removed", || {
+        !has_link(&pod, "net1") && node.agent.records() == 0
+    });
     node.agent.stop();
 }

@@ -16,6 +16,8 @@
 mod activity;
 mod add;
 mod conflicts;
+mod follow;
+mod hotplug;
 mod locks;
 mod mtu;
 pub mod spec;
@@ -45,6 +47,7 @@ use crate::{
     rpc::CniHandler,
 };
 
+pub use hotplug::{HOTPLUG_FOLLOW_INTERVAL, HotplugPass};
 pub use mtu::{MTU_FOLLOW_INTERVAL, MtuPass};
 pub use spec::SpecSettings;
 use tables::PolicyAttach;

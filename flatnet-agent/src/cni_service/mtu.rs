@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use flatnet_k8s::validation::interface_mtu;
 
-use super::{AgentService, Inner, spec::valid_subnets};
+use super::{AgentService, Inner, follow::PassReport, spec::valid_subnets};
 use crate::{
     desired::DesiredState,
     link::{MtuChange, MtuTarget},
@@ -50,38 +50,31 @@ impl<S: DesiredState> AgentService<S> {
         self.inner.apply_mtus(&current).await
     }
 
-    /// Follows the subnets' MTUs for the agent's lifetime: a pass whenever
-    /// they differ from the last pass that succeeded in full, and again
-    /// after a pass with failures.
+    /// Follows the subnets' MTUs for the agent's lifetime
+    /// ([`follow`](super::follow::follow)).
     pub async fn follow_subnet_mtus(&self, interval: Duration) {
-        let mut applied: Option<BTreeMap<String, Option<u32>>> = None;
-        // Failures are logged when they change, not at every retry.
-        let mut reported: Vec<String> = Vec::new();
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let current = self.inner.desired.subnet_mtus().await;
-            if current.is_empty() || applied.as_ref() == Some(&current) {
-                continue;
-            }
-            let pass = self.inner.apply_mtus(&current).await;
-            if pass.changed > 0 {
-                tracing::info!(
-                    changed = pass.changed,
-                    unchanged = pass.unchanged,
-                    "subnet MTUs applied to running pods"
-                );
-            }
-            if pass.failed != reported {
-                for failure in &pass.failed {
-                    tracing::warn!(%failure, "cannot change a running pod's MTU; retrying");
-                }
-                reported.clone_from(&pass.failed);
-            }
-            if pass.failed.is_empty() {
-                applied = Some(current);
-            }
+        super::follow::follow(
+            interval,
+            "changing a running pod's MTU",
+            || async { Some(self.inner.desired.subnet_mtus().await).filter(|m| !m.is_empty()) },
+            |current| async move { self.inner.apply_mtus(&current).await },
+        )
+        .await;
+    }
+}
+
+impl PassReport for MtuPass {
+    fn failures(&self) -> &[String] {
+        &self.failed
+    }
+
+    fn log_changes(&self) {
+        if self.changed > 0 {
+            tracing::info!(
+                changed = self.changed,
+                unchanged = self.unchanged,
+                "subnet MTUs applied to running pods"
+            );
         }
     }
 }

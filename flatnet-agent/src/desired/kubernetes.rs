@@ -535,6 +535,12 @@ impl DesiredState for Kubernetes {
         }
     }
 
+    async fn hotplug_attachments(&self) -> Option<Vec<super::HotplugAttachment>> {
+        // PodNetworkConfig is not followed in Kubernetes mode yet
+        // (docs/runtime-config.md).
+        None
+    }
+
     async fn report_mtu(
         &self,
         pod: &PodRef,

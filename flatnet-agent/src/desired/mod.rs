@@ -8,7 +8,7 @@ pub mod kubernetes;
 pub mod standalone;
 pub mod status;
 
-use std::{collections::BTreeMap, fmt, future::Future, net::IpAddr};
+use std::{collections::BTreeMap, fmt, future::Future, net::IpAddr, path::PathBuf};
 
 use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
@@ -80,6 +80,46 @@ impl NamedSubnet {
     /// The validated subnet.
     pub fn validate(&self) -> Result<ValidSubnet, InvalidSubnet> {
         validate_subnet(&self.name, &self.spec)
+    }
+}
+
+/// Container IDs of hot-plugged attachments start with this: the runtime's
+/// GC never lists them, and only the hot-plug pass adds or removes them.
+pub const HOTPLUG_CONTAINER_PREFIX: &str = "hotplug-";
+
+/// An extra flat interface the desired state wants in a running pod,
+/// beside what the runtime's CNI ADDs made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotplugAttachment {
+    /// Unique per pod and interface: the attachment's container ID is
+    /// [`HOTPLUG_CONTAINER_PREFIX`] followed by it.
+    pub name: String,
+    /// The pod's network namespace.
+    pub netns: PathBuf,
+    /// The pod, for policy and messages.
+    pub pod: PodRef,
+    /// The CNI network the interface is on.
+    pub network: String,
+    /// The interface name in the pod.
+    pub ifname: String,
+}
+
+impl HotplugAttachment {
+    /// The attachment's key in the records.
+    #[must_use]
+    pub fn key(&self) -> AttachmentKey {
+        AttachmentKey {
+            container_id: format!("{HOTPLUG_CONTAINER_PREFIX}{}", self.name),
+            ifname: self.ifname.clone(),
+        }
+    }
+}
+
+impl AttachmentKey {
+    /// Whether the hot-plug pass made this attachment.
+    #[must_use]
+    pub fn is_hotplug(&self) -> bool {
+        self.container_id.starts_with(HOTPLUG_CONTAINER_PREFIX)
     }
 }
 
@@ -217,6 +257,10 @@ pub trait DesiredState: Send + Sync + 'static {
         network: &str,
         subnet: Option<&str>,
     ) -> impl Future<Output = Result<Vec<status::SubnetCapacity>, DesiredStateError>> + Send;
+
+    /// The extra interfaces running pods must have now; `None` while
+    /// unknown (nothing hot-plugged is removed then).
+    fn hotplug_attachments(&self) -> impl Future<Output = Option<Vec<HotplugAttachment>>> + Send;
 
     /// Makes a conflict on an address of `pod` visible to users.
     fn report_conflict(
