@@ -181,6 +181,8 @@ pub fn subnet(v1: &MacvlanSubnet) -> (FlatNetworkSubnet, Vec<Issue>) {
             route_settings,
             // V1 had one cluster-wide MTU, kept in the network configuration.
             mtu: None,
+            // V1 had no runtime configuration: every namespace, as before.
+            namespace_selector: None,
         },
         status: None,
     };

@@ -128,6 +128,26 @@ pub struct FlatNetworkSubnetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 68, max = 65535))]
     pub mtu: Option<u32>,
+
+    /// Namespaces whose PodNetworkConfigs may attach pods to this subnet;
+    /// unset admits every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+impl FlatNetworkSubnetSpec {
+    /// Whether a namespace with `labels` may use this subnet in its
+    /// PodNetworkConfigs (`spec.namespaceSelector`; unset admits all).
+    pub fn admits(
+        &self,
+        labels: &crate::selector::Labels,
+    ) -> Result<bool, crate::selector::SelectorError> {
+        self.namespace_selector
+            .as_ref()
+            .map_or(Ok(true), |selector| {
+                crate::selector::matches(selector, labels)
+            })
+    }
 }
 
 /// A closed interval of addresses `from ..= to` (both inclusive).
