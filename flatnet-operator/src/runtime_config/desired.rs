@@ -140,8 +140,11 @@ pub fn desired_for_pod(
     desired
 }
 
-/// Why `attachment` cannot use its subnet from `namespace`, if it cannot.
-fn subnet_problem(
+/// Why `attachment` cannot use its subnet from `namespace` (labelled
+/// `namespace_labels`), if it cannot: the subnet is missing or does not
+/// admit the namespace. The webhook asks the same.
+#[must_use]
+pub fn subnet_problem(
     attachment: &ExtraAttachment,
     namespace: &str,
     namespace_labels: &Labels,
