@@ -1,9 +1,13 @@
 //! The loop both runtime passes (subnet MTUs, hot-plugged interfaces)
 //! run in: read what is wanted at a fixed interval, run a pass when it
 //! differs from what the last fully successful pass applied, retry after
-//! failures, and log failures when they change rather than at every retry.
+//! failures with a growing delay (up to 10 s; at once when what is wanted
+//! changes), and log failures when they change rather than at every retry.
 
 use std::time::Duration;
+
+/// The longest wait before a failed pass is retried unchanged.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(10);
 
 /// What a pass reports back to [`follow`].
 pub(super) trait PassReport {
@@ -28,6 +32,9 @@ pub(super) async fn follow<T, P, R, A>(
 {
     let mut applied: Option<T> = None;
     let mut reported: Vec<String> = Vec::new();
+    // After a failed pass the same wanted state is retried with a growing
+    // delay; a change of it is tried at once.
+    let mut failed: Option<(T, tokio::time::Instant, Duration)> = None;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -36,6 +43,15 @@ pub(super) async fn follow<T, P, R, A>(
         if applied.as_ref() == Some(&wanted) {
             continue;
         }
+        let backoff = match &failed {
+            Some((last, retry_at, backoff)) if *last == wanted => {
+                if tokio::time::Instant::now() < *retry_at {
+                    continue;
+                }
+                (*backoff * 2).min(MAX_RETRY_DELAY)
+            }
+            _ => interval,
+        };
         let pass = apply(wanted.clone()).await;
         pass.log_changes();
         if pass.failures() != reported.as_slice() {
@@ -46,6 +62,9 @@ pub(super) async fn follow<T, P, R, A>(
         }
         if pass.failures().is_empty() {
             applied = Some(wanted);
+            failed = None;
+        } else {
+            failed = Some((wanted, tokio::time::Instant::now() + backoff, backoff));
         }
     }
 }

@@ -18,8 +18,10 @@ use crate::{
 };
 
 /// How often the desired hot-plugged interfaces are compared with the last
-/// pass.
-pub const HOTPLUG_FOLLOW_INTERVAL: Duration = Duration::from_millis(200);
+/// pass: what a hot-plug waits for at most before its ADD starts. A look
+/// costs one `stat` of the state file (standalone) or a read of the
+/// watch-driven copy.
+pub const HOTPLUG_FOLLOW_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
