@@ -68,3 +68,68 @@ pub(super) async fn follow<T, P, R, A>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicUsize, Ordering},
+    };
+
+    use super::*;
+
+    struct Report(Vec<String>);
+
+    impl PassReport for Report {
+        fn failures(&self) -> &[String] {
+            &self.0
+        }
+
+        fn log_changes(&self) {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_and_a_change_is_tried_at_once() {
+        let wanted = Arc::new(AtomicU32::new(1));
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn({
+            let (wanted, attempts) = (Arc::clone(&wanted), Arc::clone(&attempts));
+            async move {
+                follow(
+                    Duration::from_millis(50),
+                    "test",
+                    || {
+                        let wanted = wanted.load(Ordering::SeqCst);
+                        async move { Some(wanted) }
+                    },
+                    |value| {
+                        attempts.fetch_add(1, Ordering::SeqCst);
+                        // 1 always fails, 2 succeeds.
+                        async move {
+                            Report(if value == 1 {
+                                vec!["no".into()]
+                            } else {
+                                Vec::new()
+                            })
+                        }
+                    },
+                )
+                .await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
+        let failed = attempts.load(Ordering::SeqCst);
+        // 0, 50, 150, 350, 750, 1550 ms: not one per 50 ms tick (41).
+        assert!((5..=7).contains(&failed), "{failed} attempts in 2 s");
+        wanted.store(2, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(attempts.load(Ordering::SeqCst), failed + 1, "tried at once");
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            failed + 1,
+            "applied, not repeated"
+        );
+        task.abort();
+    }
+}
