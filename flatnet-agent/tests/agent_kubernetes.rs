@@ -452,3 +452,32 @@ async fn a_followed_allocation_is_claimed_without_asking_the_api_server() {
         ["192.0.2.11/24".parse::<ipnet::IpNet>().unwrap()]
     );
 }
+
+#[tokio::test]
+async fn a_changed_mtu_is_applied_to_both_records_of_a_dual_stack_pod_under_its_own_manager() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        for name in ["web-0", "web-0.ipv6"] {
+            let (uri, body) = answer_ok(
+                &mut handle,
+                "PATCH",
+                &format!("{IPS}/{name}/status"),
+                &flip(Some("192.0.2.10")),
+            )
+            .await;
+            assert!(uri.contains("fieldManager=flatnet-agent-mtu"), "{uri}");
+            assert!(uri.contains("force=true"), "{uri}");
+            assert_eq!(body["status"], json!({"mtu": 1400}), "only the MTU: {body}");
+        }
+        handle
+    });
+    let subnet = |name: &str| flatnet_agent::desired::NamedSubnet {
+        name: name.into(),
+        spec: flatnet_k8s::api::FlatNetworkSubnetSpec::default(),
+    };
+    source
+        .report_mtu(&request().pod, &[subnet("lan4"), subnet("lan6")], 1400)
+        .await
+        .unwrap();
+    server.await.unwrap();
+}
