@@ -512,27 +512,22 @@ impl DesiredState for Kubernetes {
     }
 
     async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
-        let mtus = |subnets: &mut dyn Iterator<Item = &FlatNetworkSubnet>| {
-            subnets
-                .map(|s| (s.name_any(), s.spec.mtu))
-                .collect::<BTreeMap<_, _>>()
+        // Only from the watch-driven copy (the agent always keeps one): a
+        // list per look would cost the API server one request per node per
+        // second.
+        let Some(followed) = self.followed.get() else {
+            return BTreeMap::new();
         };
-        if let Some(followed) = self.followed.get() {
-            if !followed.subnets.is_complete() {
-                return BTreeMap::new();
-            }
-            let state = followed.subnets.store.state();
-            return mtus(&mut state.iter().map(AsRef::as_ref));
+        if !followed.subnets.is_complete() {
+            return BTreeMap::new();
         }
-        let subnets: Api<FlatNetworkSubnet> =
-            Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
-        match subnets.list(&ListParams::default()).await {
-            Ok(list) => mtus(&mut list.items.iter()),
-            Err(error) => {
-                tracing::debug!(%error, "cannot list the subnets for their MTU; retrying");
-                BTreeMap::new()
-            }
-        }
+        followed
+            .subnets
+            .store
+            .state()
+            .iter()
+            .map(|s| (s.name_any(), s.spec.mtu))
+            .collect()
     }
 
     async fn hotplug_attachments(&self) -> Option<Vec<super::HotplugAttachment>> {
