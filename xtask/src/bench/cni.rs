@@ -174,6 +174,24 @@ pub(super) struct Agent {
     admin: SocketAddr,
 }
 
+/// A node namespace `<prefix>node-<pid>` whose [`MASTER`] is a veth to
+/// `lan0` in a LAN namespace `<prefix>lan-<pid>`, both up.
+pub(super) fn node_and_lan(prefix: &str) -> anyhow::Result<(Netns, Netns)> {
+    let pid = std::process::id() % 100_000;
+    let node = Netns::new(format!("{prefix}node-{pid}"))?;
+    let lan = Netns::new(format!("{prefix}lan-{pid}"))?;
+    super::sh(
+        "ip",
+        &[
+            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
+            "netns", &lan.name,
+        ],
+    )?;
+    node.ip(&["link", "set", MASTER, "up"])?;
+    lan.ip(&["link", "set", "lan0", "up"])?;
+    Ok((node, lan))
+}
+
 /// The benchmark's state file: subnet `bench` on [`MASTER`], network
 /// `flatnet-bench`, then `extra` (more sections).
 pub(super) fn bench_state(extra: &str) -> String {
@@ -288,18 +306,8 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     let binaries = build_release_binaries()?;
     let machine = machine();
 
-    let pid = std::process::id() % 100_000;
-    let node = Netns::new(format!("fbnode-{pid}"))?;
-    let lan = Netns::new(format!("fblan-{pid}"))?;
-    super::sh(
-        "ip",
-        &[
-            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
-            "netns", &lan.name,
-        ],
-    )?;
-    node.ip(&["link", "set", MASTER, "up"])?;
-    lan.ip(&["link", "set", "lan0", "up"])?;
+    // The LAN namespace lives as long as the run (dropping it deletes it).
+    let (node, _lan) = node_and_lan("fb")?;
 
     let dir = tempfile_dir("flatnet-bench-cni")?;
     let pin = PinRoot::new("bench-cni");

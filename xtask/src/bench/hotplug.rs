@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 
 use super::{
     Netns, PinRoot, build_release_binaries,
-    cni::{Agent, MASTER, PREFIX_LEN, bench_state, tempfile_dir},
+    cni::{Agent, PREFIX_LEN, bench_state, node_and_lan, tempfile_dir},
     machine, percentile, report,
 };
 
@@ -31,19 +31,8 @@ const RUN_LIMIT: Duration = Duration::from_secs(30);
 pub fn run() -> anyhow::Result<()> {
     let binaries = build_release_binaries()?;
     let machine = machine();
-    let pid = std::process::id() % 100_000;
-    let node = Netns::new(format!("fhnode-{pid}"))?;
-    let lan = Netns::new(format!("fhlan-{pid}"))?;
-    let pod = Netns::new(format!("fhpod-{pid}"))?;
-    super::sh(
-        "ip",
-        &[
-            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
-            "netns", &lan.name,
-        ],
-    )?;
-    node.ip(&["link", "set", MASTER, "up"])?;
-    lan.ip(&["link", "set", "lan0", "up"])?;
+    let (node, lan) = node_and_lan("fh")?;
+    let pod = Netns::new(format!("fhpod-{}", std::process::id() % 100_000))?;
     lan.ip(&[
         "addr",
         "add",
