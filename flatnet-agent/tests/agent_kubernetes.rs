@@ -161,12 +161,14 @@ async fn answer_subnet(handle: &mut Handle, name: &str, cidr: &str, gateway: &st
 
 /// The MAC address of the interface [`activate`] reports as attached.
 const ATTACHED_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
+/// The MTU of the interface [`activate`] reports as attached.
+const ATTACHED_MTU: u32 = 1450;
 
 /// Activates the claim of pod `web-0` (see [`request`]), attached with
 /// [`ATTACHED_MAC`].
 async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::DesiredInterface) {
     source
-        .activate(&request().pod, claim, ATTACHED_MAC)
+        .activate(&request().pod, claim, ATTACHED_MAC, ATTACHED_MTU)
         .await
         .unwrap();
 }
@@ -189,7 +191,7 @@ async fn answer_activation(handle: &mut Handle, name: &str) {
     assert!(uri.contains(&format!("{name}/status")), "{uri}");
     assert_eq!(
         body["status"],
-        json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1"})
+        json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1", "mtu": ATTACHED_MTU})
     );
 }
 
@@ -468,4 +470,34 @@ async fn a_followed_allocation_is_claimed_without_asking_the_api_server() {
         claim.addresses,
         ["192.0.2.11/24".parse::<ipnet::IpNet>().unwrap()]
     );
+}
+
+#[tokio::test]
+async fn a_changed_mtu_is_applied_to_both_records_of_a_dual_stack_pod_under_its_own_manager() {
+    let (source, mut handle) = source(Duration::from_secs(30));
+    let server = tokio::spawn(async move {
+        for name in ["web-0", "web-0.ipv6"] {
+            let (uri, body) = answer_ok(
+                &mut handle,
+                "PATCH",
+                &format!("{IPS}/{name}/status"),
+                &flip(Some("192.0.2.10")),
+            )
+            .await;
+            assert!(uri.contains("fieldManager=flatnet-agent-mtu"), "{uri}");
+            assert!(uri.contains("force=true"), "{uri}");
+            assert_eq!(body["status"], json!({"mtu": 1400}), "only the MTU: {body}");
+        }
+        handle
+    });
+    let subnet = |name: &str| flatnet_agent::desired::NamedSubnet {
+        name: name.into(),
+        spec: flatnet_k8s::api::FlatNetworkSubnetSpec::default(),
+        ipv6to4: false,
+    };
+    source
+        .report_mtu(&request().pod, &[subnet("lan4"), subnet("lan6")], 1400)
+        .await
+        .unwrap();
+    server.await.unwrap();
 }

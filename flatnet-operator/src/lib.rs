@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod nad;
 pub mod runtime;
+pub mod runtime_config;
 pub mod telemetry;
 pub mod tls;
 pub mod webhook;

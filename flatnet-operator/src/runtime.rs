@@ -13,7 +13,7 @@ use crate::{
     flat_services,
     leader::{self, Outcome},
     metrics::Metrics,
-    nad,
+    nad, runtime_config,
     tls::{self, resolver::ReloadingResolver},
     webhook, workloads,
 };
@@ -195,6 +195,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         let resync = config.resync;
         move |stop: CancellationToken| {
             let workload_client = client.clone();
+            let mtu_client = client.clone();
             let workload_metrics = Arc::clone(&metrics);
             // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
@@ -229,6 +230,14 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 stop.clone(),
             );
             let nads = cancel_when_done(nad::run(nad_ctx, workers, stop.clone()), stop.clone());
+            let mtu_status = cancel_when_done(
+                runtime_config::mtu_status::run(
+                    mtu_client,
+                    runtime_config::mtu_status::DEFAULT_INTERVAL,
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let workloads = cancel_when_done(
                 workloads::run(
                     workload_client,
@@ -255,7 +264,14 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             );
             async move {
                 let ready = tokio::spawn(ready);
-                tokio::join!(services, allocation, nads, workloads, certificates);
+                tokio::join!(
+                    services,
+                    allocation,
+                    nads,
+                    workloads,
+                    certificates,
+                    mtu_status
+                );
                 ready.abort();
             }
         }

@@ -307,6 +307,17 @@ impl RunArgs {
             let service = service.clone();
             async move { service.watch_conflicts(monitor).await }
         });
+        // What changes at run time reaches running pods: extra interfaces
+        // the desired state lists, a subnet's changed spec.mtu.
+        tokio::spawn({
+            let service = service.clone();
+            async move {
+                tokio::join!(
+                    service.follow_hotplug(flatnet_agent::cni_service::HOTPLUG_FOLLOW_INTERVAL),
+                    service.follow_subnet_mtus(flatnet_agent::cni_service::MTU_FOLLOW_INTERVAL),
+                );
+            }
+        });
         tokio::spawn(after_start(service.clone()));
         if let Some(address) = self.admin_address {
             serve_admin(address, metrics, service.clone()).await?;

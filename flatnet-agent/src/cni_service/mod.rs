@@ -16,7 +16,10 @@
 mod activity;
 mod add;
 mod conflicts;
+mod follow;
+mod hotplug;
 mod locks;
+mod mtu;
 pub mod spec;
 mod tables;
 mod teardown;
@@ -44,6 +47,8 @@ use crate::{
     rpc::CniHandler,
 };
 
+pub use hotplug::{HOTPLUG_FOLLOW_INTERVAL, HotplugPass};
+pub use mtu::{MTU_FOLLOW_INTERVAL, MtuPass};
 pub use spec::SpecSettings;
 use tables::PolicyAttach;
 
@@ -297,7 +302,12 @@ fn join_ips(ips: &[IpAddr]) -> String {
 }
 
 fn link_error(error: &LinkError) -> CniError {
-    CniError::new(ErrorCode::InterfaceSetup, error.to_string())
+    let code = match error {
+        // A configuration the node cannot carry, not a failed setup.
+        LinkError::MtuTooLarge { .. } => ErrorCode::InvalidNetworkConfig,
+        _ => ErrorCode::InterfaceSetup,
+    };
+    CniError::new(code, error.to_string())
 }
 
 impl<S: DesiredState> CniHandler for AgentService<S> {

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use flatnet_k8s::{
     api::RouteSettings,
     ipam::six_to_four,
-    validation::{LinkMode, ValidSubnet},
+    validation::{LinkMode, ValidSubnet, interface_mtu},
 };
 use ipnet::{IpNet, Ipv6Net};
 
@@ -83,6 +83,9 @@ pub fn valid_subnets(record: &AttachmentRecord) -> Result<Vec<ValidSubnet>, CniE
 ///   same subnet and are left out.
 /// - Node routes to the pod (`addPodIPToHost`): the record's, resolved
 ///   before the pod interface was made.
+/// - MTU: the subnets' `spec.mtu` (the smallest when both of a dual-stack
+///   pair set one), else the network configuration's `mtu`, else the
+///   parent's.
 pub fn attachment_spec(
     record: &AttachmentRecord,
     subnets: &[ValidSubnet],
@@ -174,7 +177,7 @@ pub fn attachment_spec(
         netns: record.netns.clone(),
         ifname: ifname.clone(),
         mac,
-        mtu: record.mtu,
+        mtu: interface_mtu(subnets).or(record.mtu),
         addresses: record.addresses.clone(),
         extra_addresses: six_to_four_addresses(record),
         gateways,
@@ -359,6 +362,16 @@ mod tests {
                 ("2002:c000:205::/40".to_owned(), None),
             ]
         );
+    }
+
+    #[test]
+    fn the_subnet_mtu_takes_precedence_over_the_network_configuration() {
+        let mut lan = subnet();
+        lan.mtu = Some(1300);
+        let record = record(lan, "eth1");
+        let subnets = valid_subnets(&record).unwrap();
+        let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
+        assert_eq!(spec.mtu, Some(1300), "the subnet's, not the record's 1400");
     }
 
     #[test]

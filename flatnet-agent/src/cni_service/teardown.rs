@@ -175,7 +175,9 @@ impl<S: DesiredState> Inner<S> {
         let records = self.records.all().map_err(internal)?;
         for record in records
             .iter()
-            .filter(|r| &r.network == network && !keep.contains(&r.key))
+            // Hot-plugged attachments are the hot-plug pass's, never listed
+            // by the runtime.
+            .filter(|r| &r.network == network && !r.key.is_hotplug() && !keep.contains(&r.key))
         {
             let _guard = self.locks.lock(&record.key).await;
             // Re-read under the lock: a concurrent DEL may have finished it.

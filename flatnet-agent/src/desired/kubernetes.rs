@@ -11,6 +11,7 @@
 //! labels the object with its node.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc, OnceLock,
         atomic::{AtomicBool, Ordering},
@@ -52,6 +53,8 @@ use crate::{
 
 /// Field manager of the agent's server-side applies.
 pub const FIELD_MANAGER: &str = "flatnet-agent";
+/// Field manager of the MTU the agent reports after changing it in place.
+pub const MTU_FIELD_MANAGER: &str = "flatnet-agent-mtu";
 /// Default bound on waiting for the operator's allocation.
 pub const DEFAULT_ALLOCATION_WAIT: Duration = Duration::from_secs(30);
 
@@ -235,6 +238,7 @@ impl Kubernetes {
         namespace: &str,
         name: &str,
         mac: MacAddr,
+        mtu: u32,
     ) -> Result<(), DesiredStateError> {
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -251,7 +255,7 @@ impl Kubernetes {
         let status = json!({
             "apiVersion": FlatNetworkIP::api_version(&()),
             "kind": FlatNetworkIP::kind(&()),
-            "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node},
+            "status": {"phase": "Active", "mac": format_mac(mac), "node": self.node, "mtu": mtu},
         });
         // Two writes of different fields (the object's labels, its status
         // subresource): in flight together, one round trip on the answer path.
@@ -410,6 +414,16 @@ fn subnet_capacity(subnet: FlatNetworkSubnet) -> SubnetCapacity {
     SubnetCapacity::of(&named, free)
 }
 
+/// The FlatNetworkIPs of a pod's interface on `subnets` subnets: the pod's
+/// own, and its second record for dual stack.
+fn record_names(pod_name: &str, subnets: usize) -> Vec<String> {
+    let mut names = vec![pod_name.to_owned()];
+    if subnets > 1 {
+        names.push(secondary_name(pod_name));
+    }
+    names
+}
+
 /// The name of a dual-stack pod's second FlatNetworkIP.
 pub fn secondary_name(pod_name: &str) -> String {
     format!("{pod_name}{SECONDARY_RECORD_SUFFIX}")
@@ -494,14 +508,64 @@ impl DesiredState for Kubernetes {
         pod: &PodRef,
         claim: &DesiredInterface,
         mac: MacAddr,
+        mtu: u32,
     ) -> Result<(), DesiredStateError> {
         let (namespace, pod_name) = Self::pod_names(pod)?;
-        let mut names = vec![pod_name.to_owned()];
-        if claim.subnets.len() > 1 {
-            names.push(secondary_name(pod_name));
+        for name in record_names(pod_name, claim.subnets.len()) {
+            self.mark_active(namespace, &name, mac, mtu).await?;
         }
-        for name in &names {
-            self.mark_active(namespace, name, mac).await?;
+        Ok(())
+    }
+
+    async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
+        // Only from the watch-driven copy (the agent always keeps one): a
+        // list per look would cost the API server one request per node per
+        // second.
+        let Some(followed) = self.followed.get() else {
+            return BTreeMap::new();
+        };
+        if !followed.subnets.is_complete() {
+            return BTreeMap::new();
+        }
+        followed
+            .subnets
+            .store
+            .state()
+            .iter()
+            .map(|s| (s.name_any(), s.spec.mtu))
+            .collect()
+    }
+
+    async fn hotplug_attachments(&self) -> Option<Vec<super::HotplugAttachment>> {
+        // PodNetworkConfig is not followed in Kubernetes mode yet
+        // (docs/runtime-config.md).
+        None
+    }
+
+    async fn report_mtu(
+        &self,
+        pod: &PodRef,
+        subnets: &[NamedSubnet],
+        mtu: u32,
+    ) -> Result<(), DesiredStateError> {
+        let (namespace, pod_name) = Self::pod_names(pod)?;
+        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
+        // A field manager of its own: an apply of the MTU alone under the
+        // Active status's manager would drop that status's other fields.
+        let params = PatchParams::apply(MTU_FIELD_MANAGER).force();
+        for name in record_names(pod_name, subnets.len()) {
+            let status = Patch::Apply(json!({
+                "apiVersion": FlatNetworkIP::api_version(&()),
+                "kind": FlatNetworkIP::kind(&()),
+                "status": {"mtu": mtu},
+            }));
+            ips.patch_status(&name, &params, &status)
+                .await
+                .map_err(|e| {
+                    DesiredStateError::Unavailable(format!(
+                        "cannot record MTU {mtu} in FlatNetworkIP {namespace}/{name}: {e}"
+                    ))
+                })?;
         }
         Ok(())
     }

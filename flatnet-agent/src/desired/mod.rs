@@ -8,7 +8,7 @@ pub mod kubernetes;
 pub mod standalone;
 pub mod status;
 
-use std::{fmt, future::Future, net::IpAddr};
+use std::{collections::BTreeMap, fmt, future::Future, net::IpAddr, path::PathBuf};
 
 use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
@@ -85,6 +85,46 @@ impl NamedSubnet {
     /// The validated subnet.
     pub fn validate(&self) -> Result<ValidSubnet, InvalidSubnet> {
         validate_subnet(&self.name, &self.spec)
+    }
+}
+
+/// Container IDs of hot-plugged attachments start with this: the runtime's
+/// GC never lists them, and only the hot-plug pass adds or removes them.
+pub const HOTPLUG_CONTAINER_PREFIX: &str = "hotplug-";
+
+/// An extra flat interface the desired state wants in a running pod,
+/// beside what the runtime's CNI ADDs made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotplugAttachment {
+    /// Unique per pod and interface: the attachment's container ID is
+    /// [`HOTPLUG_CONTAINER_PREFIX`] followed by it.
+    pub name: String,
+    /// The pod's network namespace.
+    pub netns: PathBuf,
+    /// The pod, for policy and messages.
+    pub pod: PodRef,
+    /// The CNI network the interface is on.
+    pub network: String,
+    /// The interface name in the pod.
+    pub ifname: String,
+}
+
+impl HotplugAttachment {
+    /// The attachment's key in the records.
+    #[must_use]
+    pub fn key(&self) -> AttachmentKey {
+        AttachmentKey {
+            container_id: format!("{HOTPLUG_CONTAINER_PREFIX}{}", self.name),
+            ifname: self.ifname.clone(),
+        }
+    }
+}
+
+impl AttachmentKey {
+    /// Whether the hot-plug pass made this attachment.
+    #[must_use]
+    pub fn is_hotplug(&self) -> bool {
+        self.container_id.starts_with(HOTPLUG_CONTAINER_PREFIX)
     }
 }
 
@@ -175,13 +215,27 @@ pub trait DesiredState: Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<DesiredInterface, DesiredStateError>> + Send;
 
-    /// The interface is up with `mac`: record it (Kubernetes: status
-    /// `Active`, MAC and node).
+    /// The interface is up with `mac` and `mtu`: record it (Kubernetes:
+    /// status `Active`, MAC, MTU and node).
     fn activate(
         &self,
         pod: &PodRef,
         claim: &DesiredInterface,
         mac: MacAddr,
+        mtu: u32,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// The `spec.mtu` of every subnet known now, by name (`None`: unset),
+    /// for changing the MTU of running pods. Empty while unknown.
+    fn subnet_mtus(&self) -> impl Future<Output = BTreeMap<String, Option<u32>>> + Send;
+
+    /// The flat interface of `pod` on `subnets` carries `mtu` now
+    /// (Kubernetes: its FlatNetworkIPs' `status.mtu`).
+    fn report_mtu(
+        &self,
+        pod: &PodRef,
+        subnets: &[NamedSubnet],
+        mtu: u32,
     ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
 
     /// Gives back what `claim` allocated for `key` on `network`; idempotent.
@@ -208,6 +262,10 @@ pub trait DesiredState: Send + Sync + 'static {
         network: &str,
         subnet: Option<&str>,
     ) -> impl Future<Output = Result<Vec<status::SubnetCapacity>, DesiredStateError>> + Send;
+
+    /// The extra interfaces running pods must have now; `None` while
+    /// unknown (nothing hot-plugged is removed then).
+    fn hotplug_attachments(&self) -> impl Future<Output = Option<Vec<HotplugAttachment>>> + Send;
 
     /// Makes a conflict on an address of `pod` visible to users.
     fn report_conflict(

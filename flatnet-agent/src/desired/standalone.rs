@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::{
-    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
-    PodRef, status::SubnetCapacity,
+    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError,
+    HotplugAttachment, NamedSubnet, PodRef, status::SubnetCapacity,
 };
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -57,6 +57,35 @@ pub struct StateFile {
     /// its labels, for pod selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pods: BTreeMap<String, crate::policy_compiler::selector::Labels>,
+    /// Extra flat interfaces hot-plugged into running pods, named by their
+    /// network namespace (see `docs/runtime-config.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hotplug: Vec<HotplugEntry>,
+}
+
+/// Extra interfaces for one running pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HotplugEntry {
+    /// Unique name of the entry (letters, digits, `_`, `.`, `-`).
+    pub name: String,
+    /// The pod's network namespace file, e.g. `/run/netns/web-0`.
+    pub netns: PathBuf,
+    /// `namespace/name` of the pod, for policy selectors and messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The interfaces.
+    pub attachments: Vec<HotplugInterface>,
+}
+
+/// One hot-plugged interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HotplugInterface {
+    /// A network of the `networks` section.
+    pub network: String,
+    /// The interface name in the pod, e.g. `net1`.
+    pub ifname: String,
 }
 
 /// A CNI network (the `name` of a network configuration) and its subnets.
@@ -103,6 +132,7 @@ pub enum StateFileError {
 pub struct ValidState {
     subnets: BTreeMap<String, (NamedSubnet, ValidSubnet)>,
     networks: BTreeMap<String, Vec<String>>,
+    hotplug: Vec<HotplugAttachment>,
 }
 
 fn read_text(path: &Path) -> Result<String, StateFileError> {
@@ -364,12 +394,76 @@ impl StateFile {
                 Err(problem) => problems.push(problem),
             }
         }
+        let hotplug = check_hotplug(&self.hotplug, &networks, &mut problems);
         if problems.is_empty() {
-            Ok(ValidState { subnets, networks })
+            Ok(ValidState {
+                subnets,
+                networks,
+                hotplug,
+            })
         } else {
             Err(problems)
         }
     }
+}
+
+/// Checks the `hotplug` entries: valid names, known networks, one
+/// interface name per pod, and turns them into attachments.
+fn check_hotplug(
+    entries: &[HotplugEntry],
+    networks: &BTreeMap<String, Vec<String>>,
+    problems: &mut Vec<String>,
+) -> Vec<HotplugAttachment> {
+    let mut attachments = Vec::new();
+    let mut seen = BTreeSet::new();
+    for entry in entries {
+        let name = &entry.name;
+        if !crate::cni::names::is_cni_identifier(name) {
+            problems.push(format!(
+                "hotplug entry {name:?}: the name must start with a letter or digit and contain only letters, digits, '_', '.' and '-'"
+            ));
+            continue;
+        }
+        let pod = match entry.pod.as_deref().map(|p| p.split_once('/')) {
+            None => PodRef::default(),
+            Some(Some((namespace, pod))) if !namespace.is_empty() && !pod.is_empty() => PodRef {
+                namespace: Some(namespace.to_owned()),
+                name: Some(pod.to_owned()),
+                uid: None,
+            },
+            Some(_) => {
+                problems.push(format!(
+                    "hotplug entry {name}: pod must be written namespace/name"
+                ));
+                continue;
+            }
+        };
+        for interface in &entry.attachments {
+            let ifname = &interface.ifname;
+            if let Err(reason) = flatnet_k8s::validation::check_ifname(ifname) {
+                problems.push(format!("hotplug entry {name}: ifname {reason}"));
+            } else if !networks.contains_key(&interface.network) {
+                problems.push(format!(
+                    "hotplug entry {name}: network {} is not in the networks section; map it first",
+                    interface.network
+                ));
+            } else if !seen.insert((entry.netns.clone(), ifname.clone())) {
+                problems.push(format!(
+                    "hotplug entry {name}: {ifname} in {} is asked for twice; keep one",
+                    entry.netns.display()
+                ));
+            } else {
+                attachments.push(HotplugAttachment {
+                    name: name.clone(),
+                    netns: entry.netns.clone(),
+                    pod: pod.clone(),
+                    network: interface.network.clone(),
+                    ifname: ifname.clone(),
+                });
+            }
+        }
+    }
+    attachments
 }
 
 /// Checks that a network names one subnet, or an IPv4 and an IPv6 subnet
@@ -847,6 +941,34 @@ impl DesiredState for Standalone {
         _pod: &PodRef,
         _claim: &DesiredInterface,
         _mac: MacAddr,
+        _mtu: u32,
+    ) -> Result<(), DesiredStateError> {
+        Ok(())
+    }
+
+    async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        store
+            .state
+            .state
+            .subnets
+            .iter()
+            .map(|(name, (_, valid))| (name.clone(), valid.mtu))
+            .collect()
+    }
+
+    async fn hotplug_attachments(&self) -> Option<Vec<HotplugAttachment>> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        Some(store.state.state.hotplug.clone())
+    }
+
+    async fn report_mtu(
+        &self,
+        _pod: &PodRef,
+        _subnets: &[NamedSubnet],
+        _mtu: u32,
     ) -> Result<(), DesiredStateError> {
         Ok(())
     }
@@ -1130,6 +1252,41 @@ networks:
             "both IPv4",
             "FlatNetworkSubnet c",
             "macvlan and ipvlan",
+        ] {
+            assert!(problems.contains(needle), "{needle:?} not in {problems}");
+        }
+    }
+
+    #[test]
+    fn hotplug_entries_are_checked_and_keyed_apart_from_the_runtime() {
+        let file: StateFile = serde_yaml::from_str(STATE).unwrap();
+        let with = |hotplug: &str| {
+            let mut file = file.clone();
+            file.hotplug = serde_yaml::from_str(hotplug).unwrap();
+            file.validate()
+        };
+        let valid = with(
+            "[{name: web, netns: /run/netns/w, pod: shop/web, attachments: [{network: flat, ifname: net1}]}]",
+        )
+        .unwrap();
+        let key = valid.hotplug[0].key();
+        assert_eq!(key.container_id, "hotplug-web");
+        assert!(key.is_hotplug());
+        assert_eq!(valid.hotplug[0].pod.to_string(), "pod shop/web");
+        let problems = with(
+            "[{name: -x, netns: /n, attachments: []},
+              {name: a, netns: /n, pod: nons, attachments: []},
+              {name: b, netns: /n, attachments: [{network: nope, ifname: net1}, {network: flat, ifname: a/b}]},
+              {name: c, netns: /n, attachments: [{network: flat, ifname: net1}, {network: dual, ifname: net1}]}]",
+        )
+        .unwrap_err()
+        .join("\n");
+        for needle in [
+            "hotplug entry \"-x\": the name must start",
+            "hotplug entry a: pod must be written namespace/name",
+            "hotplug entry b: network nope is not in the networks section",
+            "hotplug entry b: ifname",
+            "hotplug entry c: net1 in /n is asked for twice",
         ] {
             assert!(problems.contains(needle), "{needle:?} not in {problems}");
         }

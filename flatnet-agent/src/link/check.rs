@@ -20,21 +20,10 @@ pub(super) async fn check(config: &Attachments, valid: &ValidSpec) -> Result<(),
     let parent = if spec.parent.vlan == 0 {
         master
     } else {
-        host.link_by_name(valid.parent())
-            .await?
-            .ok_or_else(|| LinkError::NotFound {
-                ifname: valid.parent().to_owned(),
-                netns: host.netns().to_owned(),
-            })?
+        host.existing_link(valid.parent()).await?
     };
     let pod = Netlink::open(Some(&spec.netns))?;
-    let link = pod
-        .link_by_name(&spec.ifname)
-        .await?
-        .ok_or_else(|| LinkError::NotFound {
-            ifname: spec.ifname.clone(),
-            netns: pod.netns().to_owned(),
-        })?;
+    let link = pod.existing_link(&spec.ifname).await?;
 
     let mut differences = link_differences(valid, &link, &parent);
     let actual = pod.addresses(link.index).await?;

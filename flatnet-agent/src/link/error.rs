@@ -55,6 +55,19 @@ pub enum LinkError {
         /// Its MTU.
         parent_mtu: u32,
     },
+    /// The pod's interface of that name is not the child flatnet made.
+    #[error(
+        "interface {ifname} in network namespace {netns} is not a macvlan/ipvlan child of {parent}; \
+         flatnet leaves it alone: remove or rename it if flatnet should manage it"
+    )]
+    NotOurs {
+        /// The interface name.
+        ifname: String,
+        /// The pod's namespace.
+        netns: String,
+        /// The parent flatnet attached it to.
+        parent: String,
+    },
     /// The kernel does not support a link kind flatnet needs.
     #[error(
         "the kernel of this node lacks {kind} support (load the {module} module), needed by subnet {subnet}"

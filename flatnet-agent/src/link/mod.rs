@@ -14,6 +14,7 @@ mod attach;
 mod check;
 mod detach;
 mod error;
+mod mtu;
 mod netlink;
 mod spec;
 mod vlan;
@@ -23,6 +24,7 @@ use std::path::PathBuf;
 pub use announce::AnnounceSettings;
 pub use detach::DetachSpec;
 pub use error::LinkError;
+pub use mtu::{MtuChange, MtuTarget};
 pub use netlink::{FLATNET_ROUTE_PROTOCOL, SharedNetlink};
 pub use spec::{
     ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
@@ -122,6 +124,13 @@ impl Attachments {
         primary: &str,
     ) -> Result<PrimaryDefaults, LinkError> {
         detach::primary_defaults(netns, primary).await
+    }
+
+    /// Sets the MTU of a running pod's flat interface (after checking it
+    /// against the parent's and that the interface is flatnet's child of
+    /// that parent); nothing else about the interface changes.
+    pub async fn set_mtu(&self, target: &MtuTarget<'_>, mtu: u32) -> Result<MtuChange, LinkError> {
+        mtu::set_mtu(self, target, mtu).await
     }
 
     /// Names of every link in the node's namespace (STATUS checks masters).

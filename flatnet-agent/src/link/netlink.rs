@@ -176,6 +176,16 @@ impl Netlink {
         }
     }
 
+    /// The link called `name`; [`LinkError::NotFound`] when there is none.
+    pub(crate) async fn existing_link(&self, name: &str) -> Result<Link, LinkError> {
+        self.link_by_name(name)
+            .await?
+            .ok_or_else(|| LinkError::NotFound {
+                ifname: name.to_owned(),
+                netns: self.netns.clone(),
+            })
+    }
+
     /// Every link of the namespace.
     pub(crate) async fn links(&self) -> Result<Vec<Link>, LinkError> {
         self.handle

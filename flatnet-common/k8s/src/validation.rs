@@ -235,6 +235,9 @@ pub struct ValidSubnet {
     pub ranges: Vec<(IpAddr, IpAddr)>,
     /// Validated custom routes.
     pub routes: Vec<Route>,
+    /// MTU of the pod interfaces, within the family's range; `None`
+    /// inherits.
+    pub mtu: Option<u32>,
 }
 
 impl ValidSubnet {
@@ -395,6 +398,41 @@ pub enum SubnetError {
         /// The rejected value.
         priority: i64,
     },
+    /// `mtu` is out of the range the subnet's family allows.
+    #[error(
+        "spec.mtu {mtu} is out of range for an {family} subnet: use {min}..65535 (1280 is IPv6's minimum, 68 IPv4's), or leave it unset to inherit"
+    )]
+    Mtu {
+        /// The rejected value.
+        mtu: u32,
+        /// Family of `cidr`.
+        family: Family,
+        /// The family's minimum.
+        min: u32,
+    },
+}
+
+/// Smallest MTU of an IPv4 interface (RFC 791).
+pub const MIN_MTU_IPV4: u32 = 68;
+/// Smallest MTU of an IPv6 interface (RFC 8200 §5).
+pub const MIN_MTU_IPV6: u32 = 1280;
+/// Largest MTU a netlink link carries.
+pub const MAX_MTU: u32 = 65535;
+
+/// The smallest MTU `family` allows.
+#[must_use]
+pub fn min_mtu(family: Family) -> u32 {
+    match family {
+        Family::V4 => MIN_MTU_IPV4,
+        Family::V6 => MIN_MTU_IPV6,
+    }
+}
+
+/// The MTU of an interface on `subnets` (one, or a dual-stack pair): the
+/// smallest `spec.mtu` among them, `None` when none sets one.
+#[must_use]
+pub fn interface_mtu<'a>(subnets: impl IntoIterator<Item = &'a ValidSubnet>) -> Option<u32> {
+    subnets.into_iter().filter_map(|s| s.mtu).min()
 }
 
 /// Every problem found in one subnet's spec.
@@ -432,6 +470,16 @@ pub fn validate_subnet(
         ranges = check_ranges(spec, cidr, &mut errors);
     }
     check_routes(&spec.routes, &mut errors);
+    if let (Some(mtu), Some(cidr)) = (spec.mtu, cidr) {
+        let min = min_mtu(cidr.family());
+        if !(min..=MAX_MTU).contains(&mtu) {
+            errors.push(SubnetError::Mtu {
+                mtu,
+                family: cidr.family(),
+                min,
+            });
+        }
+    }
     match (link_mode, parent, cidr) {
         (Some(link_mode), Some(parent), Some(cidr)) if errors.is_empty() => Ok(ValidSubnet {
             name: name.to_owned(),
@@ -441,6 +489,7 @@ pub fn validate_subnet(
             gateway: spec.gateway,
             ranges,
             routes: spec.routes.clone(),
+            mtu: spec.mtu,
         }),
         _ => Err(InvalidSubnet {
             name: name.to_owned(),
@@ -860,6 +909,41 @@ mod tests {
             "".parse::<IpvlanFlag>().is_err(),
             "the empty default is not a name"
         );
+    }
+
+    #[test]
+    fn mtu_range_depends_on_the_family_and_the_smallest_wins() {
+        let mut v4 = spec("macvlan", "10.0.0.0/24");
+        for ok in [68, 1500, 9000, 65535] {
+            v4.mtu = Some(ok);
+            assert_eq!(validate_subnet("s", &v4).unwrap().mtu, Some(ok));
+        }
+        for bad in [0, 67, 65536] {
+            v4.mtu = Some(bad);
+            let errors = errors(&v4);
+            assert_eq!(
+                errors,
+                [SubnetError::Mtu {
+                    mtu: bad,
+                    family: Family::V4,
+                    min: 68
+                }]
+            );
+            assert!(
+                errors[0].to_string().contains("use 68..65535"),
+                "{}",
+                errors[0]
+            );
+        }
+        let mut v6 = spec("macvlan", "fd00::/64");
+        v6.mtu = Some(1279);
+        assert!(errors(&v6)[0].to_string().contains("use 1280..65535"));
+        v6.mtu = Some(1280);
+        let v6 = validate_subnet("s6", &v6).unwrap();
+        v4.mtu = None;
+        let v4 = validate_subnet("s", &v4).unwrap();
+        assert_eq!(interface_mtu([&v4]), None);
+        assert_eq!(interface_mtu([&v4, &v6]), Some(1280));
     }
 
     #[test]

@@ -80,6 +80,18 @@ fn schema_at(
     value
 }
 
+/// The names of the printer columns of `spec.versions[0]`.
+fn printer_columns(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Vec<String> {
+    crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect()
+}
+
 #[test]
 fn schema_validates_what_the_original_did_not() {
     let crd = api::FlatNetworkSubnet::crd();
@@ -89,25 +101,56 @@ fn schema_validates_what_the_original_did_not() {
     );
     assert_eq!(schema_at(&crd, &["spec", "vlan"])["maximum"], 4094.0);
     assert_eq!(schema_at(&crd, &["spec", "vlan"])["minimum"], 0.0);
+    assert_eq!(schema_at(&crd, &["spec", "mtu"])["minimum"], 68.0);
+    assert_eq!(schema_at(&crd, &["spec", "mtu"])["maximum"], 65535.0);
     assert_eq!(
         schema_at(&crd, &["spec"])["required"],
         serde_json::json!(["cidr", "flatMode", "master"])
     );
     let conditions = schema_at(&crd, &["status", "conditions"]);
     assert_eq!(conditions["x-kubernetes-list-type"], "map");
-    let columns: Vec<String> = crd.spec.versions[0]
-        .additional_printer_columns
-        .iter()
-        .flatten()
-        .map(|c| c.name.clone())
-        .collect();
+    let columns = printer_columns(&crd);
     assert_eq!(
         columns,
         [
-            "FlatMode", "Mode", "CIDR", "Master", "VLAN", "Used", "Total", "Phase", "Age"
+            "FlatMode", "Mode", "CIDR", "Master", "VLAN", "MTU", "Used", "Total", "Phase", "Age"
         ]
     );
     // A default that fails its own field's schema makes the API server
     // reject the CRD; none is emitted.
     assert!(!crd_yaml().contains("default:"));
+}
+
+#[test]
+fn pod_network_config_is_namespaced_with_printer_columns_and_bounds() {
+    let crd = api::PodNetworkConfig::crd();
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(crd.spec.names.kind, "PodNetworkConfig");
+    assert_eq!(crd.spec.names.short_names, Some(vec!["pnc".to_owned()]));
+    let columns = printer_columns(&crd);
+    assert_eq!(columns, ["Matched", "Applied", "Failed", "Age"]);
+    assert!(
+        crd.spec.versions[0]
+            .subresources
+            .as_ref()
+            .unwrap()
+            .status
+            .is_some()
+    );
+    assert_eq!(
+        schema_at(&crd, &["spec", "primary", "mtu"])["minimum"],
+        68.0
+    );
+    let attachments = schema_at(&crd, &["spec", "attachments"]);
+    assert_eq!(
+        attachments["items"]["required"],
+        serde_json::json!(["interface", "subnet"])
+    );
+    assert_eq!(
+        schema_at(&crd, &["spec", "vlans"])["items"]["properties"]["id"]["maximum"],
+        4094.0
+    );
+    let subnet = api::FlatNetworkSubnet::crd();
+    assert!(schema_at(&subnet, &["spec", "namespaceSelector"]).is_object());
+    assert!(crd_yaml().contains("kind: PodNetworkConfig"));
 }

@@ -538,6 +538,8 @@ fn allocated_status(
         addr: Some(reservation.addr),
         mac: reservation.mac.map(|m| m.to_string()).unwrap_or_default(),
         node: old.map(|s| s.node.clone()).unwrap_or_default(),
+        // The node reports it once it has set the interface up.
+        mtu: None,
         conditions: old.map(|s| s.conditions.clone()).unwrap_or_default(),
     };
     set_condition(

@@ -180,6 +180,10 @@ pub fn subnet(v1: &MacvlanSubnet) -> (FlatNetworkSubnet, Vec<Issue>) {
             ranges,
             routes,
             route_settings,
+            // V1 had one cluster-wide MTU, kept in the network configuration.
+            mtu: None,
+            // V1 had no runtime configuration: every namespace, as before.
+            namespace_selector: None,
         },
         status: None,
     };

@@ -61,6 +61,23 @@ impl Lookup {
             .items)
     }
 
+    /// The labels of namespace `name` (none when it does not exist).
+    ///
+    /// # Errors
+    /// The read failed.
+    pub async fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> Result<flatnet_k8s::selector::Labels, LookupError> {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        Ok(api
+            .get_opt(name)
+            .await
+            .map_err(failed(format!("get Namespace {name}")))?
+            .map(|namespace| namespace.labels().clone())
+            .unwrap_or_default())
+    }
+
     /// Every FlatNetworkIP of the cluster.
     ///
     /// # Errors

@@ -1,10 +1,12 @@
 //! The validating admission webhook, served by every replica.
 //!
-//! It reviews FlatNetworkSubnets (create, update, delete) and the pod
-//! templates of Pods and workloads (create, update). Every denial names the
+//! It reviews FlatNetworkSubnets (create, update, delete),
+//! PodNetworkConfigs (create, update) and the pod templates of Pods and
+//! workloads (create, update). Every denial names the
 //! field and the fix. See `docs/webhook.md`.
 
 pub mod lookup;
+pub mod pod_network_config;
 pub mod pods;
 pub mod registration;
 pub mod server;
@@ -84,6 +86,7 @@ impl Validator {
         self.metrics.admission_reviewed(kind, operation);
         let verdict = match kind {
             "FlatNetworkSubnet" => subnet::review(&self.lookup, request).await,
+            "PodNetworkConfig" => pod_network_config::review(&self.lookup, request).await,
             kind if workload::KINDS.contains(&kind) => pods::review(&self.lookup, request).await,
             _ => Ok(()),
         };

@@ -3,7 +3,8 @@
 //! Two webhooks share one configuration:
 //! - `subnets.flatnetwork.pandaria.io`: FlatNetworkSubnet create, update and
 //!   delete, `failurePolicy: Fail` (subnets are admin objects, and a delete
-//!   while addresses are in use must never slip through);
+//!   while addresses are in use must never slip through), and
+//!   PodNetworkConfig create and update (the subnets it may use);
 //! - `workloads.flatnetwork.pandaria.io`: Pods and the workload kinds on
 //!   create and update, `failurePolicy: Fail`, but only for objects that
 //!   carry a flat annotation (a CEL `matchCondition`), so an unavailable
@@ -109,12 +110,21 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
         webhooks: Some(vec![
             webhook(
                 SUBNET_WEBHOOK,
-                vec![rule(
-                    flatnet_k8s::api::GROUP,
-                    &["v1"],
-                    &["flatnetworksubnets"],
-                    &["CREATE", "UPDATE", "DELETE"],
-                )],
+                vec![
+                    rule(
+                        flatnet_k8s::api::GROUP,
+                        &["v1"],
+                        &["flatnetworksubnets"],
+                        &["CREATE", "UPDATE", "DELETE"],
+                    ),
+                    // Tenants' runtime configuration names subnets.
+                    rule(
+                        flatnet_k8s::api::GROUP,
+                        &["v1"],
+                        &["podnetworkconfigs"],
+                        &create_update,
+                    ),
+                ],
                 None,
             ),
             webhook(

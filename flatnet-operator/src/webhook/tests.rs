@@ -50,6 +50,12 @@ fn subnets() -> Vec<Value> {
             json!({"flatMode": "macvlan", "master": "eth0", "vlan": 30, "cidr": "10.3.0.0/24",
                                  "ranges": [{"from": "10.3.0.10", "to": "10.3.0.20"}]}),
         ),
+        // Only for namespaces labelled tenant=bank.
+        subnet(
+            "secure",
+            json!({"flatMode": "macvlan", "master": "eth5", "cidr": "10.9.0.0/24",
+                   "namespaceSelector": {"matchLabels": {"tenant": "bank"}}}),
+        ),
         // Stored before validation existed.
         subnet(
             "broken",
@@ -111,6 +117,17 @@ fn meta(name: &str, owners: Value) -> Value {
 
 /// The object a GET of `path` returns, if it exists.
 fn object_at(path: &str) -> Option<Value> {
+    if let Some(name) = path.strip_prefix("/api/v1/namespaces/")
+        && !name.contains('/')
+    {
+        let labels = if name == "bank" {
+            json!({"tenant": "bank"})
+        } else {
+            json!({})
+        };
+        return Some(json!({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": labels}}));
+    }
     let pods = format!("/api/v1/namespaces/{NS}/pods/");
     let replicasets = format!("/apis/apps/v1/namespaces/{NS}/replicasets/");
     let jobs = format!("/apis/batch/v1/namespaces/{NS}/jobs/");
@@ -411,6 +428,17 @@ fn bad_subnets() -> Vec<Case> {
                 json!({"flatMode": "macvlan", "master": "eth0", "vlan": -1, "cidr": "10.9.0.0/24"}),
             ),
             deny("invalid_subnet", &["spec.vlan -1"]),
+        ),
+        create(
+            "mtu-below-ipv6-minimum",
+            new_subnet(
+                "s",
+                json!({"flatMode": "macvlan", "master": "eth0", "cidr": "fd09::/64", "mtu": 1200}),
+            ),
+            deny(
+                "invalid_subnet",
+                &["spec.mtu 1200", "IPv6", "use 1280..65535"],
+            ),
         ),
         create(
             "bad-cidr",
@@ -994,4 +1022,83 @@ async fn a_body_that_is_not_a_review_is_refused() {
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     assert_eq!(reply["response"]["allowed"], false);
     server.abort();
+}
+
+fn pod_network_config(namespace: &str, spec: Value) -> Value {
+    json!({"apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
+           "metadata": {"name": "extra", "namespace": namespace}, "spec": spec})
+}
+
+#[tokio::test]
+async fn pod_network_configs_name_their_bad_fields_and_may_use_only_admitted_subnets() {
+    let cases = [
+        create(
+            "pnc-good",
+            pod_network_config(
+                NS,
+                json!({"podSelector": {"matchLabels": {"app": "web"}}, "primary": {"mtu": 1450},
+                       "attachments": [{"subnet": "net1", "interface": "net2"}],
+                       "vlans": [{"master": "eth1", "id": 200}],
+                       "bridges": [{"name": "br0", "ports": ["eth2"]}]}),
+            ),
+            None,
+        ),
+        create(
+            "pnc-admitted-tenant",
+            pod_network_config(
+                "bank",
+                json!({"attachments": [{"subnet": "secure", "interface": "net2"}]}),
+            ),
+            None,
+        ),
+        create(
+            "pnc-not-admitted",
+            pod_network_config(
+                NS,
+                json!({"attachments": [{"subnet": "secure", "interface": "net2"}]}),
+            ),
+            deny(
+                "invalid_pod_network_config",
+                &["spec.attachments[0]: subnet secure does not admit namespace shop"],
+            ),
+        ),
+        create(
+            "pnc-missing-subnet",
+            pod_network_config(
+                NS,
+                json!({"attachments": [{"subnet": "nope", "interface": "net2"}]}),
+            ),
+            deny(
+                "invalid_pod_network_config",
+                &["spec.attachments[0]: subnet nope of interface net2 does not exist"],
+            ),
+        ),
+        create(
+            "pnc-bad-fields",
+            pod_network_config(
+                NS,
+                json!({"primary": {"mtu": 40},
+                       "attachments": [{"subnet": "net1", "interface": "eth0"},
+                                       {"subnet": "net1", "interface": "net3", "mac": "zz"},
+                                       {"subnet": "net1", "interface": "net3"}],
+                       "vlans": [{"master": "averylongname0", "id": 4095}],
+                       "bridges": [{"name": "a/b"}]}),
+            ),
+            deny(
+                "invalid_pod_network_config",
+                &[
+                    "spec.primary.mtu 40 is out of range",
+                    "spec.attachments[0].interface eth0 is the pod's primary interface",
+                    "spec.attachments[1].mac \"zz\" is not a MAC address",
+                    "spec.attachments[2].interface net3 is asked for twice",
+                    "spec.vlans[0]",
+                    "spec.vlans[0].id 4095 is out of range",
+                    "spec.bridges[0].name",
+                ],
+            ),
+        ),
+    ];
+    for case in &cases {
+        run(case).await;
+    }
 }

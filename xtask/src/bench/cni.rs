@@ -75,11 +75,11 @@ const QUICK_ITERATIONS: usize = 50;
 const QUICK_GUARD_RATIO: f64 = 2.0;
 
 const REFERENCE_DIR: &str = "/usr/lib/cni";
-const MASTER: &str = "bench0";
+pub(super) const MASTER: &str = "bench0";
 const WARM_UP: usize = 5;
 /// Both plugins allocate from 198.18.0.0/15 (RFC 2544, benchmarking):
 /// flatnet from 198.18.1.0-198.18.7.255, the reference gets 198.18.8.0 + i.
-const PREFIX_LEN: u8 = 15;
+pub(super) const PREFIX_LEN: u8 = 15;
 
 /// One plugin under test: how to run it and its network configuration.
 struct Plugin {
@@ -166,7 +166,7 @@ fn pods(range: std::ops::Range<usize>) -> anyhow::Result<Vec<Netns>> {
 }
 
 /// The flatnet agent, running until dropped.
-struct Agent {
+pub(super) struct Agent {
     child: Child,
     socket: PathBuf,
     installed_cni: PathBuf,
@@ -174,19 +174,43 @@ struct Agent {
     admin: SocketAddr,
 }
 
+/// A node namespace `<prefix>node-<pid>` whose [`MASTER`] is a veth to
+/// `lan0` in a LAN namespace `<prefix>lan-<pid>`, both up.
+pub(super) fn node_and_lan(prefix: &str) -> anyhow::Result<(Netns, Netns)> {
+    let pid = std::process::id() % 100_000;
+    let node = Netns::new(format!("{prefix}node-{pid}"))?;
+    let lan = Netns::new(format!("{prefix}lan-{pid}"))?;
+    super::sh(
+        "ip",
+        &[
+            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
+            "netns", &lan.name,
+        ],
+    )?;
+    node.ip(&["link", "set", MASTER, "up"])?;
+    lan.ip(&["link", "set", "lan0", "up"])?;
+    Ok((node, lan))
+}
+
+/// The benchmark's state file: subnet `bench` on [`MASTER`], network
+/// `flatnet-bench`, then `extra` (more sections).
+pub(super) fn bench_state(extra: &str) -> String {
+    format!(
+        "subnets:\n  - name: bench\n    spec:\n      flatMode: macvlan\n      master: {MASTER}\n      \
+         cidr: 198.18.0.0/{PREFIX_LEN}\n      ranges: [{{from: 198.18.1.0, to: 198.18.7.255}}]\n\
+         networks:\n  - {{name: flatnet-bench, subnets: [bench]}}\n{extra}"
+    )
+}
+
 impl Agent {
-    fn start(
+    /// Starts the agent with its files under `dir` and [`bench_state`].
+    pub(super) fn start(
         binaries: &ReleaseBinaries,
         dir: &Path,
         node: &Netns,
         pin: &PinRoot,
     ) -> anyhow::Result<Self> {
-        let state = format!(
-            "subnets:\n  - name: bench\n    spec:\n      flatMode: macvlan\n      master: {MASTER}\n      \
-             cidr: 198.18.0.0/{PREFIX_LEN}\n      ranges: [{{from: 198.18.1.0, to: 198.18.7.255}}]\n\
-             networks:\n  - {{name: flatnet-bench, subnets: [bench]}}\n"
-        );
-        std::fs::write(dir.join("state.yaml"), state)?;
+        std::fs::write(dir.join("state.yaml"), bench_state(""))?;
         let arg = |p: &str| dir.join(p).display().to_string();
         let admin = free_local_address()?;
         let child = Command::new(&binaries.agent)
@@ -282,18 +306,8 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     let binaries = build_release_binaries()?;
     let machine = machine();
 
-    let pid = std::process::id() % 100_000;
-    let node = Netns::new(format!("fbnode-{pid}"))?;
-    let lan = Netns::new(format!("fblan-{pid}"))?;
-    super::sh(
-        "ip",
-        &[
-            "link", "add", MASTER, "netns", &node.name, "type", "veth", "peer", "name", "lan0",
-            "netns", &lan.name,
-        ],
-    )?;
-    node.ip(&["link", "set", MASTER, "up"])?;
-    lan.ip(&["link", "set", "lan0", "up"])?;
+    // The LAN namespace lives as long as the run (dropping it deletes it).
+    let (node, _lan) = node_and_lan("fb")?;
 
     let dir = tempfile_dir("flatnet-bench-cni")?;
     let pin = PinRoot::new("bench-cni");
@@ -557,7 +571,7 @@ fn free_local_address() -> anyhow::Result<SocketAddr> {
 }
 
 /// A fresh directory under the system's temporary directory.
-fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+pub(super) fn tempfile_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;

@@ -111,6 +111,11 @@ pub struct FlatNetworkIPStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
 
+    /// MTU the interface carries, as its node agent last set it (flatnet
+    /// addition; counted into the subnet's `status.podsAtMTU`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+
     /// Standard conditions; `Ready` is true once the interface is set up.
     #[serde(
         default,

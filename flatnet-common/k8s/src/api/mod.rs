@@ -13,19 +13,24 @@
 
 mod conditions;
 mod ip;
+mod pod_network_config;
 mod subnet;
 mod wire;
 
 pub use conditions::{CONDITION_READY, set_condition};
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
+pub use pod_network_config::{
+    ExtraAttachment, NodeBridge, NodeVlan, PodFailure, PodNetworkConfig, PodNetworkConfigSpec,
+    PodNetworkConfigStatus, PrimarySettings,
+};
 pub use subnet::{
     FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange, Route,
     RouteSettings, V1_RESERVATION_KIND,
 };
 
-/// API group of both kinds.
+/// API group of the kinds.
 pub const GROUP: &str = "flatnetwork.pandaria.io";
-/// API version of both kinds.
+/// API version of the kinds.
 pub const VERSION: &str = "v1";
 
 /// Values of `status.phase` of both kinds. An empty phase means "new".

@@ -42,6 +42,12 @@ use super::wire;
     printcolumn(name = "CIDR", type_ = "string", json_path = ".spec.cidr"),
     printcolumn(name = "Master", type_ = "string", json_path = ".spec.master"),
     printcolumn(name = "VLAN", type_ = "integer", json_path = ".spec.vlan"),
+    printcolumn(
+        name = "MTU",
+        type_ = "integer",
+        json_path = ".spec.mtu",
+        priority = "1"
+    ),
     printcolumn(name = "Used", type_ = "integer", json_path = ".status.usedIPCount"),
     printcolumn(name = "Total", type_ = "integer", json_path = ".status.totalIPCount"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
@@ -114,6 +120,34 @@ pub struct FlatNetworkSubnetSpec {
     /// Routes towards cluster, service and node networks.
     #[serde(default)]
     pub route_settings: RouteSettings,
+
+    /// MTU of the pods' flat interfaces on this subnet; it takes precedence
+    /// over the network configuration's `mtu`. Changing it changes the
+    /// interfaces of running pods in place. Unset: the network
+    /// configuration's, else the parent link's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 68, max = 65535))]
+    pub mtu: Option<u32>,
+
+    /// Namespaces whose PodNetworkConfigs may attach pods to this subnet;
+    /// unset admits every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+impl FlatNetworkSubnetSpec {
+    /// Whether a namespace with `labels` may use this subnet in its
+    /// PodNetworkConfigs (`spec.namespaceSelector`; unset admits all).
+    pub fn admits(
+        &self,
+        labels: &crate::selector::Labels,
+    ) -> Result<bool, crate::selector::SelectorError> {
+        self.namespace_selector
+            .as_ref()
+            .map_or(Ok(true), |selector| {
+                crate::selector::matches(selector, labels)
+            })
+    }
 }
 
 /// A closed interval of addresses `from ..= to` (both inclusive).
@@ -255,6 +289,11 @@ pub struct FlatNetworkSubnetStatus {
     /// Number of allocatable addresses in the pool (saturates at 2^63-1).
     #[serde(default, rename = "totalIPCount")]
     pub total_ip_count: i64,
+
+    /// Number of pods whose flat interface carries `spec.mtu`, as their
+    /// node agents report it (absent while `spec.mtu` is unset).
+    #[serde(default, rename = "podsAtMTU", skip_serializing_if = "Option::is_none")]
+    pub pods_at_mtu: Option<i64>,
 
     /// Sorted user-chosen MACs in use (kernel-chosen MACs are not listed).
     #[serde(

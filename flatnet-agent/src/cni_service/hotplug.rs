@@ -1,0 +1,178 @@
+//! Hot-plugging extra flat interfaces into running pods: the desired
+//! state lists them ([`HotplugAttachment`]), and each pass makes the
+//! missing ones and removes those no longer listed through the same ADD
+//! and DEL as the runtime's, so they are recorded, allocated, announced,
+//! policed and conflict-watched like any attachment, and restarts and
+//! recovery treat both alike. Their container IDs carry
+//! [`crate::desired::HOTPLUG_CONTAINER_PREFIX`]: the runtime's GC leaves
+//! them alone, and the pass never touches an attachment without it (nor an
+//! interface it did not make: ADD refuses a name the pod already has).
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use super::{AgentService, Inner, follow::PassReport};
+use crate::{
+    cni::{AttachRequest, CniArgs, CniError, DetachRequest, NetworkConfig, request::Attachment},
+    desired::{AttachmentKey, DesiredState, HotplugAttachment},
+    records::RecordPhase,
+};
+
+/// How often the desired hot-plugged interfaces are compared with the last
+/// pass: what a hot-plug waits for at most before its ADD starts. A look
+/// costs one `stat` of the state file (standalone) or a read of the
+/// watch-driven copy.
+pub const HOTPLUG_FOLLOW_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HotplugPass {
+    /// Interfaces added.
+    pub added: usize,
+    /// Interfaces removed.
+    pub removed: usize,
+    /// What failed, with why.
+    pub failed: Vec<String>,
+}
+
+/// The network configuration a hot-plugged interface is added with, as a
+/// runtime would pass it (the agent's defaults for everything else).
+fn network_config(network: &str) -> Result<NetworkConfig, CniError> {
+    let config = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": network,
+        "type": "flatnet-cni",
+    });
+    NetworkConfig::decode(config.to_string().as_bytes())
+}
+
+fn attachment(key: &AttachmentKey, wanted: Option<&HotplugAttachment>) -> Attachment {
+    let pod = wanted.map(|w| w.pod.clone()).unwrap_or_default();
+    Attachment {
+        container_id: key.container_id.clone(),
+        ifname: key.ifname.clone(),
+        args: CniArgs {
+            pod_namespace: pod.namespace,
+            pod_name: pod.name,
+            pod_uid: pod.uid,
+            ..CniArgs::default()
+        },
+        cni_path: Vec::new(),
+    }
+}
+
+impl<S: DesiredState> AgentService<S> {
+    /// Follows the desired hot-plugged interfaces for the agent's
+    /// lifetime ([`follow`](super::follow::follow)).
+    pub async fn follow_hotplug(&self, interval: Duration) {
+        super::follow::follow(
+            interval,
+            "hot-plugging or removing an interface",
+            || self.inner.desired.hotplug_attachments(),
+            |wanted: Vec<HotplugAttachment>| async move { self.apply_hotplug(&wanted).await },
+        )
+        .await;
+    }
+
+    /// One pass: adds the listed interfaces that are not ready, removes the
+    /// hot-plugged ones not listed.
+    pub async fn apply_hotplug(&self, wanted: &[HotplugAttachment]) -> HotplugPass {
+        let mut pass = HotplugPass::default();
+        let records = match self.inner.records.all() {
+            Ok(records) => records,
+            Err(error) => {
+                pass.failed
+                    .push(format!("cannot read the records: {error}"));
+                return pass;
+            }
+        };
+        let wanted: BTreeMap<AttachmentKey, &HotplugAttachment> =
+            wanted.iter().map(|w| (w.key(), w)).collect();
+        for record in records.iter().filter(|r| r.key.is_hotplug()) {
+            let listed = wanted
+                .get(&record.key)
+                .is_some_and(|w| w.network == record.network && w.netns == record.netns);
+            if listed {
+                continue;
+            }
+            match self.inner.remove_hotplugged(record).await {
+                Ok(()) => pass.removed += 1,
+                Err(error) => pass
+                    .failed
+                    .push(format!("removing {}: {}", record.key, error.msg)),
+            }
+        }
+        for (key, want) in &wanted {
+            let ready = records
+                .iter()
+                .any(|r| &r.key == key && r.phase == RecordPhase::Ready && r.netns == want.netns);
+            if ready {
+                continue;
+            }
+            match self.hotplug(key, want).await {
+                Ok(()) => pass.added += 1,
+                Err(error) => pass.failed.push(format!(
+                    "adding {} on network {} to {}: {}",
+                    want.ifname, want.network, want.pod, error.msg
+                )),
+            }
+        }
+        pass
+    }
+
+    async fn hotplug(&self, key: &AttachmentKey, want: &HotplugAttachment) -> Result<(), CniError> {
+        let request = AttachRequest {
+            attachment: attachment(key, Some(want)),
+            netns: want.netns.clone(),
+            config: network_config(&want.network)?,
+        };
+        let inner = Arc::clone(&self.inner);
+        let key = key.clone();
+        super::spawn(async move {
+            let added = inner.add(request).await?;
+            if added.upgrade_policy {
+                inner.upgrade_policy_later(key);
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+impl PassReport for HotplugPass {
+    fn failures(&self) -> &[String] {
+        &self.failed
+    }
+
+    fn log_changes(&self) {
+        if self.added > 0 || self.removed > 0 {
+            tracing::info!(
+                added = self.added,
+                removed = self.removed,
+                "hot-plugged interfaces applied"
+            );
+        }
+    }
+}
+
+impl<S: DesiredState> Inner<S> {
+    /// Removes one hot-plugged attachment as a DEL does.
+    async fn remove_hotplugged(
+        self: &Arc<Self>,
+        record: &crate::records::AttachmentRecord,
+    ) -> Result<(), CniError> {
+        let request = DetachRequest {
+            attachment: attachment(&record.key, None),
+            netns: Some(record.netns.clone()),
+            config: network_config(&record.network)?,
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let inner = Arc::clone(self);
+        let work = tokio::spawn(async move { inner.del(request, answer).await });
+        let answer = answered
+            .await
+            .unwrap_or_else(|_| Err(super::internal("DEL ended without an answer")));
+        // The pass reports removal once it is complete, not at the answer.
+        let _ = work.await;
+        answer
+    }
+}

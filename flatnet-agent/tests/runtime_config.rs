@@ -1,0 +1,331 @@
+//! Runtime network configuration of running pods, end to end: the real
+//! `flatnet-cni` and `flatnet-agent run --standalone` on a simulated LAN
+//! (see `agent_standalone.rs`); what changes in the state file reaches pods
+//! that are already running, without restarting them.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::{
+    TestNetns,
+    agent::StandaloneAgent,
+    cni::{IFNAME, run_cni},
+    has_link,
+    lan::SimulatedLan,
+    ping, privileged, wait_until,
+};
+
+const LAN_V4: &str = "192.0.2.1";
+
+/// The LAN, the node, and the agent with its directories.
+struct Node {
+    /// First field: the agent stops before the namespaces go.
+    agent: StandaloneAgent,
+    _node: TestNetns,
+    lan: TestNetns,
+    master: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    /// The node for `test` with its agent running and subnet `lan4` at
+    /// `mtu`, or `None` (the skip printed) without the privileges needed.
+    fn running_for_test(test: &str, mtu: u32) -> Option<Self> {
+        if !privileged(test) {
+            return None;
+        }
+        let SimulatedLan { node, lan, master } =
+            SimulatedLan::new("rc", &[&format!("{LAN_V4}/24")]);
+        let dir = tempfile::tempdir().unwrap();
+        let cni_bin_dir = dir.path().join("bin").display().to_string();
+        let agent = StandaloneAgent::new(
+            dir.path(),
+            &node,
+            &["--cni-bin-dir", &cni_bin_dir, "--conflict-probe-ms", "0"],
+        );
+        let mut this = Self {
+            agent,
+            _node: node,
+            lan,
+            master,
+            _dir: dir,
+        };
+        this.write_state(mtu);
+        this.start(None);
+        Some(this)
+    }
+
+    /// Starts the agent (with `crash_at`, to abort at that test crash
+    /// point) and waits until it answers STATUS.
+    fn start(&mut self, crash_at: Option<&str>) {
+        let env = crash_at.map(|step| (flatnet_agent::crash_point::CRASH_AT_ENV, step));
+        self.agent.start(env, |agent| {
+            run_cni(&agent.socket(), "STATUS", "flat4", "", None, json!({})).0
+        });
+    }
+
+    /// The state file with subnet `lan4` at `mtu`.
+    fn write_state(&self, mtu: u32) {
+        self.write_state_with(mtu, "");
+    }
+
+    /// The state file with subnet `lan4` at `mtu` and `hotplug` (YAML of
+    /// the section's entries, empty for none). Network `flat4` is on
+    /// `lan4` (192.0.2.10-20), `extra` on `lan4b` (192.0.2.30-40).
+    fn write_state_with(&self, mtu: u32, hotplug: &str) {
+        self.agent.write_state(&format!(
+            r"
+subnets:
+  - name: lan4
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
+      mtu: {mtu}
+  - name: lan4b
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.30, to: 192.0.2.40}}]
+networks:
+  - {{name: flat4, subnets: [lan4]}}
+  - {{name: extra, subnets: [lan4b]}}
+hotplug: [{hotplug}]
+",
+            master = self.master
+        ));
+    }
+
+    fn cni(&self, command: &str, container: &str, pod: &TestNetns) -> (bool, Value) {
+        run_cni(
+            &self.agent.socket(),
+            command,
+            "flat4",
+            container,
+            Some(&pod.path()),
+            json!({}),
+        )
+    }
+}
+
+/// MTU and index of the pod's flat interface.
+fn link_of(pod: &TestNetns) -> (u32, u32) {
+    let out: Value = serde_json::from_str(&pod.ip(&["-j", "link", "show", "dev", IFNAME])).unwrap();
+    let link = &out[0];
+    (
+        u32::try_from(link["mtu"].as_u64().unwrap()).unwrap(),
+        u32::try_from(link["ifindex"].as_u64().unwrap()).unwrap(),
+    )
+}
+
+/// Whether an IPv4 ping of `mtu` bytes with Don't Fragment set gets
+/// through from the pod to the LAN host.
+fn df_ping_passes(pod: &TestNetns, mtu: u32) -> bool {
+    // 20 bytes of IPv4 header, 8 of ICMP.
+    let payload = (mtu - 28).to_string();
+    pod.try_exec(
+        "ping",
+        &["-M", "do", "-s", &payload, "-c", "1", "-W", "2", LAN_V4],
+    )
+}
+
+fn assert_carries(pod: &TestNetns, mtu: u32, context: &str) {
+    assert!(
+        df_ping_passes(pod, mtu),
+        "{context}: {mtu} bytes with DF must pass"
+    );
+    assert!(
+        !df_ping_passes(pod, mtu + 1),
+        "{context}: {} bytes with DF must not pass",
+        mtu + 1
+    );
+}
+
+#[test]
+fn a_subnet_mtu_change_reaches_the_running_pod() {
+    let Some(mut node) =
+        Node::running_for_test("a_subnet_mtu_change_reaches_the_running_pod", 1400)
+    else {
+        return;
+    };
+    let pod = TestNetns::new("rcp-");
+    let (ok, out) = node.cni("ADD", "c1", &pod);
+    assert!(ok, "ADD: {out}");
+    let (mtu, index) = link_of(&pod);
+    assert_eq!(mtu, 1400, "the subnet's MTU at ADD");
+    assert_carries(&pod, 1400, "at ADD");
+
+    node.write_state(1300);
+    wait_until("the pod's MTU follows the subnet", || {
+        link_of(&pod).0 == 1300
+    });
+    assert_eq!(
+        link_of(&pod).1,
+        index,
+        "the same interface, changed in place"
+    );
+    assert_carries(&pod, 1300, "after lowering");
+
+    // Above the master's 1500: refused with a clear error, the pod keeps
+    // its MTU, and a new pod is refused with a configuration error.
+    node.write_state(9000);
+    let log = node.agent.log_file();
+    wait_until("the agent reports the MTU it cannot set", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("MTU 9000 of subnet lan4 is larger than the MTU 1500")
+    });
+    assert_eq!(link_of(&pod), (1300, index));
+    let other = TestNetns::new("rcp-");
+    let (ok, out) = node.cni("ADD", "c2", &other);
+    assert!(!ok, "{out}");
+    assert_eq!(out["code"], 7, "invalid network configuration: {out}");
+    assert!(
+        out["msg"]
+            .as_str()
+            .unwrap()
+            .contains("lower the subnet's MTU or raise the parent's"),
+        "{out}"
+    );
+
+    // A restart does not undo what is in force, and raising it again works.
+    node.write_state(1500);
+    wait_until("raised again", || link_of(&pod).0 == 1500);
+    node.agent.stop();
+    node.start(None);
+    assert_eq!(link_of(&pod), (1500, index));
+    assert_carries(&pod, 1500, "after raising");
+    let (ok, out) = node.cni("DEL", "c1", &pod);
+    assert!(ok, "DEL: {out}");
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_changing_an_mtu_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_changing_an_mtu_converges_after_restart",
+        1400,
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rcp-");
+    let (ok, out) = node.cni("ADD", "c1", &pod);
+    assert!(ok, "ADD: {out}");
+    node.agent.stop();
+    // Dies right after the MTU is set, before the record says so.
+    node.start(Some("mtu-set"));
+    node.write_state(1280);
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+    assert_eq!(link_of(&pod).0, 1280, "set before the crash");
+    let record_dir = node.agent.path("records");
+    let recorded = |mtu: u32| {
+        let records = flatnet_agent::records::Records::read(&record_dir).unwrap();
+        assert_eq!(records.len(), 1);
+        records[0].subnets[0].spec.mtu == Some(mtu)
+    };
+    assert!(!recorded(1280), "the record still has the old MTU");
+
+    node.start(None);
+    wait_until("the record catches up", || recorded(1280));
+    assert_carries(&pod, 1280, "after the restart");
+    let (ok, out) = node.cni("DEL", "c1", &pod);
+    assert!(ok, "DEL: {out}");
+    node.agent.stop();
+}
+
+/// A hot-plug entry giving `pod` interface `net1` on network `extra`.
+fn extra_net1(pod: &TestNetns) -> String {
+    format!(
+        "{{name: web-extra, netns: {}, pod: shop/web, attachments: [{{network: extra, ifname: net1}}]}}",
+        pod.path().display()
+    )
+}
+
+#[test]
+fn an_extra_interface_is_hot_plugged_reachable_and_removed_again() {
+    let Some(mut node) = Node::running_for_test(
+        "an_extra_interface_is_hot_plugged_reachable_and_removed_again",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rcp-");
+    let (ok, out) = node.cni("ADD", "c1", &pod);
+    assert!(ok, "the runtime's ADD: {out}");
+    let eth1 = link_of(&pod);
+
+    node.write_state_with(1500, &extra_net1(&pod));
+    wait_until("net1 hot-plugged", || has_link(&pod, "net1"));
+    ping(&node.lan, "192.0.2.30");
+    assert_eq!(node.agent.records(), 2, "recorded like the runtime's");
+    assert_eq!(link_of(&pod), eth1, "the runtime's interface untouched");
+
+    // The runtime's GC of that network never lists hot-plugged interfaces.
+    let (ok, out) = run_cni(
+        &node.agent.socket(),
+        "GC",
+        "extra",
+        "",
+        None,
+        json!({"cni.dev/valid-attachments": []}),
+    );
+    assert!(ok, "GC: {out}");
+    assert!(has_link(&pod, "net1"), "GC left the hot-plugged interface");
+
+    node.write_state(1500);
+    wait_until("net1 removed", || !has_link(&pod, "net1"));
+    wait_until("its record removed", || node.agent.records() == 1);
+    let allocated = node.agent.allocations().to_string();
+    assert!(!allocated.contains("192.0.2.30"), "{allocated}");
+    assert_eq!(link_of(&pod), eth1);
+
+    // An interface of that name made by hand is never touched.
+    pod.ip(&[
+        "link", "add", "net1", "type", "veth", "peer", "name", "net1p",
+    ]);
+    node.write_state_with(1500, &extra_net1(&pod));
+    let log = node.agent.log_file();
+    wait_until("the refusal is logged", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("interface net1 already exists")
+    });
+    node.write_state(1500);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(has_link(&pod, "net1"), "the hand-made interface stays");
+    assert_eq!(node.agent.records(), 1);
+    let (ok, out) = node.cni("DEL", "c1", &pod);
+    assert!(ok, "DEL: {out}");
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_hot_plugging_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_hot_plugging_converges_after_restart",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rcp-");
+    node.agent.stop();
+    // Dies once the interface exists, before its record is ready.
+    node.start(Some("add-attached"));
+    node.write_state_with(1500, &extra_net1(&pod));
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+
+    node.start(None);
+    wait_until("hot-plugged after the restart", || {
+        has_link(&pod, "net1") && node.agent.records() == 1
+    });
+    ping(&node.lan, "192.0.2.30");
+    node.write_state(1500);
+    wait_until("removed", || {
+        !has_link(&pod, "net1") && node.agent.records() == 0
+    });
+    node.agent.stop();
+}

@@ -1,0 +1,194 @@
+//! `PodNetworkConfig`: what running pods matching a selector must have on
+//! the flat network (MTU of the primary interface, extra flat interfaces,
+//! node VLANs and bridges), applied without restarting them.
+
+use std::net::IpAddr;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::wire;
+
+/// Runtime network configuration for the running pods of one namespace
+/// that match `podSelector`.
+#[allow(
+    clippy::duplicated_attributes,
+    reason = "kube's printcolumn(...) attributes repeat the same keys by design"
+)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "flatnetwork.pandaria.io",
+    version = "v1",
+    kind = "PodNetworkConfig",
+    namespaced,
+    status = "PodNetworkConfigStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    shortname = "pnc",
+    doc = "Network configuration applied to running pods matching a selector, without restarts.",
+    printcolumn(name = "Matched", type_ = "integer", json_path = ".status.matched"),
+    printcolumn(name = "Applied", type_ = "integer", json_path = ".status.applied"),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failedCount"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetworkConfigSpec {
+    /// Pods of this namespace the configuration applies to; empty selects
+    /// every pod.
+    #[serde(default)]
+    pub pod_selector: LabelSelector,
+
+    /// Settings of the pods' primary interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<PrimarySettings>,
+
+    /// Extra flat interfaces hot-plugged into the matching pods.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub attachments: Vec<ExtraAttachment>,
+
+    /// VLAN sub-interfaces the nodes of matching pods must have.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub vlans: Vec<NodeVlan>,
+
+    /// Linux bridges the nodes of matching pods must have.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub bridges: Vec<NodeBridge>,
+}
+
+/// Settings of a pod's primary interface (`eth0`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+pub struct PrimarySettings {
+    /// MTU of `eth0` (and of its host-side peer where there is one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 68, max = 65535))]
+    pub mtu: Option<u32>,
+}
+
+/// One extra flat interface, like a pod annotation's request.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("required" = ["subnet", "interface"]))]
+pub struct ExtraAttachment {
+    /// The FlatNetworkSubnet (in `cattle-flat-network`); it must admit this
+    /// namespace (its `spec.namespaceSelector`).
+    #[serde(default)]
+    #[schemars(length(min = 1))]
+    pub subnet: String,
+    /// Interface name in the pod, e.g. `net2`; not `eth0`.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 15))]
+    pub interface: String,
+    /// Fixed address; allocated from the subnet when unset.
+    #[serde(
+        default,
+        with = "wire::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub ip: Option<IpAddr>,
+    /// Fixed MAC (macvlan only), `aa:bb:cc:dd:ee:ff`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+}
+
+/// A VLAN sub-interface `<master>.<id>` on the node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("required" = ["master", "id"]))]
+pub struct NodeVlan {
+    /// The node interface carrying the VLAN.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 15))]
+    pub master: String,
+    /// 802.1Q VLAN ID.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 4094))]
+    pub id: i64,
+}
+
+/// A Linux bridge on the node with its ports.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("required" = ["name"]))]
+pub struct NodeBridge {
+    /// The bridge's interface name.
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 15))]
+    pub name: String,
+    /// Node interfaces enslaved to it.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub ports: Vec<String>,
+}
+
+/// Observed state, written by the operator from the nodes' reports.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetworkConfigStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Running pods the selector matches.
+    #[serde(default)]
+    pub matched: i64,
+    /// Matched pods that carry everything the configuration asks for.
+    #[serde(default)]
+    pub applied: i64,
+    /// Number of entries in `failed`.
+    #[serde(default)]
+    pub failed_count: i64,
+    /// Matched pods that could not be configured, with why.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub failed: Vec<PodFailure>,
+    /// Standard conditions (`Ready`), with `observedGeneration`.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A pod the configuration could not be applied to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailure {
+    /// The pod's name.
+    pub pod: String,
+    /// Why, with what to fix.
+    pub reason: String,
+}
