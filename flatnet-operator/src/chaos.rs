@@ -909,6 +909,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "run by `cargo xtask chaos` (and by CI through it)"]
     async fn chaos() {
+        // RUST_LOG=flatnet_operator=debug shows what each replica did.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_thread_names(true)
+            .try_init();
         let seed = crate::allocation::fake_cluster::seed_from_env("FLATNET_CHAOS_SEED");
         let ops = std::env::var("FLATNET_CHAOS_OPS")
             .ok()

@@ -287,7 +287,14 @@ async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error>
     }
 }
 
-/// A deleted record: give its address back, then let it go.
+/// A deleted record: let it go, then give its address back.
+///
+/// The finalizer goes first, with the resourceVersion of the copy at hand:
+/// a stale copy (the cache lags behind this very removal, and any event
+/// brings the record here again) gets a conflict or NotFound and releases
+/// nothing. So the address is released once, never after the ledger has
+/// handed it to another record. A crash between the two writes leaves the
+/// address to the subnet repair, after the orphan grace.
 async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error> {
     let ours = |f: &String| f == FINALIZER || f == LEGACY_FINALIZER;
     if !record.finalizers().iter().any(ours) {
@@ -296,6 +303,28 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
     let namespace = record.namespace().unwrap_or_default();
     let name = record.name_any();
     let key = key_of(Some(&namespace), &name);
+    let remaining: Vec<&String> = record.finalizers().iter().filter(|f| !ours(f)).collect();
+    let patch = json!({"metadata": {
+        "finalizers": remaining,
+        "resourceVersion": record.resource_version(),
+    }});
+    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        // Released by an earlier pass, or changed meanwhile: the change
+        // brings us back with the current copy.
+        Err(error) if is_not_found(&error) || is_conflict(&error) => {
+            return Ok(Action::await_change());
+        }
+        Err(error) => {
+            return Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
+                error,
+            ));
+        }
+    }
     // Deleted before its allocation took an address reserved ahead for it.
     ctx.ledgers.forsake(ctx, &record.spec.subnet, &key).await?;
     if let Some(status) = &record.status
@@ -309,24 +338,7 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
         ctx.metrics.address_released(&record.spec.subnet);
         info!(addr = %addr, subnet = %record.spec.subnet, "address released");
     }
-    let remaining: Vec<&String> = record.finalizers().iter().filter(|f| !ours(f)).collect();
-    let patch = json!({"metadata": {
-        "finalizers": remaining,
-        "resourceVersion": record.resource_version(),
-    }});
-    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
-    match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(Action::await_change()),
-        Err(error) if is_not_found(&error) => Ok(Action::await_change()),
-        // Changed meanwhile; the change brings us back.
-        Err(error) if is_conflict(&error) => Ok(Action::await_change()),
-        Err(error) => Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
-            error,
-        )),
-    }
+    Ok(Action::await_change())
 }
 
 /// Logs the failure, counts it, and retries with backoff.

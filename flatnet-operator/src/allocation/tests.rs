@@ -387,7 +387,7 @@ async fn a_conflict_rereads_the_subnet_and_chooses_again() {
 }
 
 #[tokio::test]
-async fn a_deleted_record_releases_its_address_then_its_finalizer() {
+async fn a_deleted_record_lets_go_of_its_finalizer_then_releases_its_address() {
     let web = pod("web-1").flat();
     let mut record = record_of(&web, "8");
     record.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
@@ -399,6 +399,13 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
     let released = to_json(&record);
     let result = scripted(
         |mut api| async move {
+            let patch = api
+                .expect("PATCH", &format!("{RECORDS}/web-1?*"), ok(released))
+                .await;
+            assert_eq!(
+                patch.body,
+                json!({"metadata": {"finalizers": [], "resourceVersion": "8"}})
+            );
             api.expect(
                 "GET",
                 SUBNET,
@@ -416,13 +423,6 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
                 [pair("10.0.0.1", "10.0.0.2"), pair("10.0.0.4", "10.0.0.4")]
             );
             assert_eq!(release.body["status"]["usedIPCount"], 3);
-            let patch = api
-                .expect("PATCH", &format!("{RECORDS}/web-1?*"), ok(released))
-                .await;
-            assert_eq!(
-                patch.body,
-                json!({"metadata": {"finalizers": [], "resourceVersion": "8"}})
-            );
             api
         },
         |client| {
@@ -436,6 +436,46 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
+}
+
+/// The cache lags behind a finalizer removal, so a released record comes
+/// back to the controller as it was: its address, meanwhile handed to
+/// another record, must stay in the ledger.
+#[tokio::test]
+async fn a_stale_copy_of_a_released_record_releases_nothing() {
+    let web = pod("web-1").flat();
+    let server = node_cluster(&web);
+    let filler = pod("filler").flat();
+    server.insert(&filler);
+    server.delete::<FlatNetworkIP>(NS, "web-1");
+    let stale = stored_record(&server, "web-1").unwrap();
+    // One operator: its caches hold the terminating record and never catch up.
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    ips::reconcile(Arc::new(stale.clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(stored_record(&server, "web-1").is_none());
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+    // The next allocation takes .3 again.
+    pods::reconcile(Arc::new(filler), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let record = stored_record(&server, "filler").unwrap();
+    ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let filler = stored_record(&server, "filler").unwrap();
+    assert_eq!(filler.status.unwrap().addr, Some(ip("10.0.0.3")));
+    // The stale copy comes back (any event of the record brings it).
+    ips::reconcile(Arc::new(stale), ctx).await.unwrap();
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.3"))],
+        "the address filler holds was released again"
+    );
 }
 
 #[tokio::test]
