@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Instant};
 
 use flatnet_k8s::{
     api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
-    ipam::Pool,
+    ipam::{Mac, Pool},
     keys::SUBNET_NAMESPACE,
     validation::validate_subnet,
 };
@@ -84,7 +84,14 @@ pub async fn reconcile(record: Arc<FlatNetworkIP>, ctx: Arc<Context>) -> Result<
         .iter()
         .any(|c| c.type_ == CONDITION_READY && c.reason == REASON_SETUP_TIMEOUT);
     match status.phase.as_str() {
-        phase::PENDING if status.addr.is_some() => pending(&record, &pod, &ctx).await,
+        // A record a new pod of the same name took over (a StatefulSet pod)
+        // is Pending with what the pod before held: allocate again when
+        // that is not what this pod asks for.
+        phase::PENDING
+            if status.addr.is_some() && satisfied(&record, &ctx) && mac_satisfied(&record) =>
+        {
+            pending(&record, &pod, &ctx).await
+        }
         phase::ACTIVE if status.addr.is_some() && satisfied(&record, &ctx) => {
             Ok(Action::requeue(ctx.settings.resync))
         }
@@ -110,6 +117,24 @@ fn satisfied(record: &FlatNetworkIP, ctx: &Context) -> bool {
             Err(_) => true,
         },
     }
+}
+
+/// Whether a Pending record's MAC is what its spec asks for: one of the
+/// requested fixed MACs, or none when it asks for none. (Once the node has
+/// set the pod up, `status.mac` is the MAC the interface got, fixed or not.)
+fn mac_satisfied(record: &FlatNetworkIP) -> bool {
+    let held = record.status.as_ref().map_or("", |s| s.mac.as_str());
+    if record.spec.macs.is_empty() {
+        return held.is_empty();
+    }
+    let Ok(held) = Mac::parse(held) else {
+        return false;
+    };
+    record
+        .spec
+        .macs
+        .iter()
+        .any(|m| Mac::parse(m).is_ok_and(|m| m == held))
 }
 
 async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {

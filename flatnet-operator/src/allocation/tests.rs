@@ -1312,68 +1312,115 @@ async fn a_new_subnet_gets_labels_canonical_cidr_and_finalizer_then_status() {
     assert_eq!((status.used_ip_count, status.total_ip_count), (1, 5));
 }
 
-#[tokio::test]
-async fn a_statefulset_pod_gets_its_address_back() {
+/// Pod `web-0` of StatefulSet `web` (uid `uid-set`) with `uid`, asking for
+/// fixed MAC `mac` when given.
+fn set_pod(uid: &str, mac: Option<&str>) -> Pod {
+    let mut p = pod("web-0").flat();
+    if let Some(mac) = mac {
+        p = p.annotated("flatnetwork.pandaria.io/mac", mac);
+    }
+    p.metadata.uid = Some(uid.into());
+    p.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            name: "web".into(),
+            uid: "uid-set".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    ]);
+    p
+}
+
+/// A server with the empty subnet `net1` and StatefulSet `web`.
+fn statefulset_cluster() -> FakeApiServer {
     let server = FakeApiServer::new();
     let mut net = subnet(&[], "0");
     net.metadata.resource_version = None;
     server.insert(&net);
-    let set_pod = |uid: &str| {
-        let mut p = pod("web-0").flat();
-        p.metadata.uid = Some(uid.into());
-        p.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "StatefulSet".into(),
-                name: "web".into(),
-                uid: "uid-set".into(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            },
-        ]);
-        p
-    };
     // The owner exists, or the garbage collector takes the record.
     let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": NS, "uid": "uid-set"}
     }))
     .unwrap();
     server.insert(&set);
+    server
+}
+
+/// Stores `p` (replacing a pod of its name), runs the pod controller and
+/// then the FlatNetworkIP controller on its record; the record as stored.
+async fn pod_cycle(server: &FakeApiServer, p: Pod) -> FlatNetworkIP {
+    server.insert(&p);
+    let ctx = context(server.client(), caches_from(server), Settings::default());
+    pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let ctx = context(server.client(), caches_from(server), Settings::default());
+    let record = stored_record(server, &p.name_any()).unwrap();
+    ips::reconcile(Arc::new(record), ctx).await.unwrap();
+    stored_record(server, &p.name_any()).unwrap()
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_gets_its_address_back() {
+    let server = statefulset_cluster();
     // An earlier pod took .2, then a filler took .3.
-    let first = set_pod("uid-first");
-    let cycle = |p: Pod| {
-        let server = server.clone();
-        async move {
-            server.insert(&p);
-            let ctx = context(server.client(), caches_from(&server), Settings::default());
-            pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
-                .await
-                .unwrap();
-            let ctx = context(server.client(), caches_from(&server), Settings::default());
-            let record = server
-                .list::<FlatNetworkIP>()
-                .into_iter()
-                .find(|r| r.name_any() == p.name_any())
-                .unwrap();
-            ips::reconcile(Arc::new(record), ctx).await.unwrap();
-            server
-                .list::<FlatNetworkIP>()
-                .into_iter()
-                .find(|r| r.name_any() == p.name_any())
-                .unwrap()
-        }
-    };
-    let before = cycle(first).await;
+    let before = pod_cycle(&server, set_pod("uid-first", None)).await;
     assert_eq!(before.owner_references()[0].kind, "StatefulSet");
-    let filler = cycle(pod("filler").flat()).await;
+    let filler = pod_cycle(&server, pod("filler").flat()).await;
     assert_eq!(filler.status.unwrap().addr, Some(ip("10.0.0.3")));
     // The pod is replaced (new uid): same record, same address, Pending.
-    let after = cycle(set_pod("uid-second")).await;
+    let after = pod_cycle(&server, set_pod("uid-second", None)).await;
     assert_eq!(after.spec.pod_id, "uid-second");
     let status = after.status.unwrap();
     assert_eq!(status.addr, before.status.unwrap().addr);
     assert_eq!(status.addr, Some(ip("10.0.0.2")));
     assert_eq!(status.phase, phase::PENDING);
+}
+
+/// The fixed MACs the subnet's `usedMac` and the MAC ledger hold.
+fn held_macs(server: &FakeApiServer) -> (Vec<String>, Vec<String>) {
+    let used = server
+        .list::<FlatNetworkSubnet>()
+        .remove(0)
+        .status
+        .unwrap_or_default()
+        .used_mac;
+    let claimed = mac_claims(server)
+        .into_iter()
+        .map(|(mac, _)| mac.replace('-', ":"))
+        .collect();
+    (used, claimed)
+}
+
+/// A StatefulSet pod that comes back asking for another fixed MAC, or for
+/// none, gets what it asks: its record keeps the address, drops the MAC of
+/// the pod before and gives that MAC's claims back.
+#[tokio::test]
+async fn a_statefulset_pod_back_with_another_mac_request_gets_it() {
+    const FIRST: &str = "02:00:00:00:00:0a";
+    const SECOND: &str = "02:00:00:00:00:0b";
+    let server = statefulset_cluster();
+    let before = pod_cycle(&server, set_pod("uid-first", Some(FIRST))).await;
+    let status = before.status.unwrap();
+    assert_eq!(status.mac, FIRST);
+    let addr = status.addr;
+    assert_eq!(held_macs(&server), (vec![FIRST.into()], vec![FIRST.into()]));
+
+    let second = pod_cycle(&server, set_pod("uid-second", Some(SECOND))).await;
+    let status = second.status.unwrap();
+    assert_eq!((status.mac.as_str(), status.addr), (SECOND, addr));
+    assert_eq!(status.phase, phase::PENDING);
+    assert_eq!(
+        held_macs(&server),
+        (vec![SECOND.into()], vec![SECOND.into()])
+    );
+
+    let third = pod_cycle(&server, set_pod("uid-third", None)).await;
+    let status = third.status.unwrap();
+    assert_eq!((status.mac.as_str(), status.addr), ("", addr));
+    assert_eq!(held_macs(&server), (vec![], vec![]));
 }
 
 /// A success forgets the failures of the pod and of the subnet, so their
@@ -1567,19 +1614,8 @@ async fn a_pod_left_on_a_deleted_node_gives_its_address_back_in_place() {
 #[tokio::test]
 async fn a_statefulset_pod_moved_to_another_node_keeps_its_address() {
     let set_pod = |uid: &str, node: &str| {
-        let mut p = pod("web-0").flat();
-        p.metadata.uid = Some(uid.into());
+        let mut p = set_pod(uid, None);
         p.spec.as_mut().unwrap().node_name = Some(node.into());
-        p.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "StatefulSet".into(),
-                name: "web".into(),
-                uid: "uid-set".into(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            },
-        ]);
         p
     };
     let old = set_pod("uid-old", "node-1");
