@@ -344,7 +344,12 @@ async fn reserve_address(
             .replace_status(&name, &PostParams::default(), &updated)
             .await
         {
-            Ok(_) => return Ok(reservation(newly_reserved, mac_new)),
+            Ok(_) => {
+                if newly_reserved {
+                    ctx.orphans.reserved(&name, &[addr]);
+                }
+                return Ok(reservation(newly_reserved, mac_new));
+            }
             Err(error) if is_conflict(&error) => {
                 ctx.metrics.allocation_conflict();
                 debug!(subnet = %name, attempt, "subnet changed since read; choosing again");

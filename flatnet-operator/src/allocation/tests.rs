@@ -994,6 +994,92 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
     let _ = commit::CONTENTION_RETRY;
 }
 
+/// Repairs the (first) subnet of `server` with no grace and a cache that
+/// has seen no record.
+async fn repair_with_a_blind_cache(server: &FakeApiServer) {
+    let calm = Settings {
+        orphan_grace: Duration::ZERO,
+        ..Settings::default()
+    };
+    let stale = caches(Vec::new(), server.list(), server.list());
+    let ctx = context(server.client(), stale, calm);
+    // The first pass sets the subnet's labels, the second its status.
+    for _ in 0..2 {
+        let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+        subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+}
+
+/// The repair's cache lags behind a record write (its watch was cut, say):
+/// an address the ledger holds and only that cache says nobody names is
+/// not freed, however long it has looked unclaimed, while the records read
+/// from the API server name it.
+#[tokio::test]
+async fn the_repair_frees_no_address_a_record_names_that_its_cache_has_not_seen() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.5")]);
+    repair_with_a_blind_cache(&server).await;
+    assert_eq!(
+        ledger(&server),
+        [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+            IpRange::new(ip("10.0.0.3"), ip("10.0.0.3"))
+        ],
+        "web-1's .3 was freed on the word of a stale cache"
+    );
+}
+
+/// The repair frees an unclaimed address, and another replica reserves it
+/// again at once (its record write is on its way): that reservation gets a
+/// whole grace, the clock of the freed entry does not carry over.
+#[tokio::test]
+async fn an_address_freed_and_reserved_again_gets_a_new_grace() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.4")]);
+    let grace = Duration::from_millis(300);
+    let settings = Settings {
+        orphan_grace: grace,
+        ..Settings::default()
+    };
+    let ctx = context(server.client(), caches_from(&server), settings);
+    let repair = || async {
+        let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+        subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    };
+    // Labels, then the first sight of the unclaimed .2 and .4.
+    repair().await;
+    repair().await;
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.4"))]
+    );
+    tokio::time::sleep(grace).await;
+    repair().await;
+    let freed = [
+        IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+        IpRange::new(ip("10.0.0.3"), ip("10.0.0.3")),
+    ];
+    assert_eq!(ledger(&server), freed);
+    let mut net = server.list::<FlatNetworkSubnet>().remove(0);
+    let status = net.status.as_mut().unwrap();
+    status.used_ip = vec![
+        IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+        IpRange::new(ip("10.0.0.3"), ip("10.0.0.4")),
+    ];
+    server.insert(&net);
+    repair().await;
+    assert_eq!(
+        ledger(&server),
+        [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+            IpRange::new(ip("10.0.0.3"), ip("10.0.0.4"))
+        ],
+        "the new reservation of .4 was freed at once"
+    );
+}
+
 /// The fake API server with `hook` run once, after the first request whose
 /// method and path match, before its answer reaches the client: a way to
 /// make another controller act at an exact point of a reconcile.
@@ -1901,4 +1987,23 @@ async fn one_fixed_mac_in_two_sibling_subnets_on_threads_goes_to_exactly_one_pod
     for seed in 200..210 {
         mac_race(seed).await;
     }
+}
+
+/// As for addresses: a fixed MAC whose record the repair's cache has not
+/// seen keeps its `usedMac` entry and its MAC ledger claim.
+#[tokio::test]
+async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    let (p, record) = mac_pod("pa", "left");
+    server.insert(&p);
+    server.insert(&record);
+    allocator(server.clone(), 1, 1).await;
+    assert_eq!(ip_mac_holders(&server), ["pa"]);
+    repair_with_a_blind_cache(&server).await;
+    assert_eq!(
+        held_macs(&server),
+        (vec![RACED_MAC.to_owned()], vec![RACED_MAC.to_owned()]),
+        "pa's MAC was freed on the word of a stale cache"
+    );
 }
