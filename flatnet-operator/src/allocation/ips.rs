@@ -26,7 +26,7 @@ use tracing::{info, instrument, warn};
 use super::{
     Context, Error,
     commit::{self, Written},
-    errors::{is_conflict, is_not_found},
+    errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
     nodes::{self, NodeVerdict},
     records::{FINALIZER, LEGACY_FINALIZER},
@@ -252,9 +252,8 @@ async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Act
     {
         Ok(_) => {}
         // The node set it up meanwhile, or the record changed: look again.
-        Err(error) if is_conflict(&error) || is_not_found(&error) => {
-            return Ok(Action::await_change());
-        }
+        Err(error) if is_conflict(&error) => return Ok(Action::requeue(CONFLICT_RETRY)),
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
         Err(error) => {
             return Err(Error::kube(
                 "update status of",
@@ -339,11 +338,10 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
         .await
     {
         Ok(_) => {}
-        // Released by an earlier pass, or changed meanwhile: the change
-        // brings us back with the current copy.
-        Err(error) if is_not_found(&error) || is_conflict(&error) => {
-            return Ok(Action::await_change());
-        }
+        // Released by an earlier pass.
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+        // Changed meanwhile (or refused): look again at the current copy.
+        Err(error) if is_conflict(&error) => return Ok(Action::requeue(CONFLICT_RETRY)),
         Err(error) => {
             return Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
                 error,

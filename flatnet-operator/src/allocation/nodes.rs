@@ -49,7 +49,7 @@ use tracing::{info, warn};
 
 use super::{
     Context, Error, commit,
-    errors::{is_conflict, is_not_found},
+    errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
 };
 
@@ -215,10 +215,9 @@ pub async fn release_in_place(
         .await
     {
         Ok(_) => {}
-        // Changed meanwhile (or gone): the change brings us back.
-        Err(error) if is_conflict(&error) || is_not_found(&error) => {
-            return Ok(Action::await_change());
-        }
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+        // Changed meanwhile (or refused): look again.
+        Err(error) if is_conflict(&error) => return Ok(Action::requeue(CONFLICT_RETRY)),
         Err(error) => {
             return Err(Error::kube("update status of", "FlatNetworkIP", &key)(
                 error,

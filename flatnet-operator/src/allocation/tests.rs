@@ -37,6 +37,7 @@ use super::{
     subnets,
 };
 use crate::{
+    controller::CONFLICT_RETRY,
     fixtures::{ApiServerVerifier, NS, PodExt, mock_client, ok, pod, status_error, to_json},
     metrics::Metrics,
 };
@@ -237,6 +238,72 @@ async fn pod_controller_creates_the_record() {
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
+}
+
+/// Runs `run` against a server whose only request, `method` on `path`, is
+/// answered 409 Conflict.
+async fn refused_once<R, Fut>(
+    method: &'static str,
+    path: String,
+    run: R,
+) -> Result<Action, super::Error>
+where
+    R: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, super::Error>>,
+{
+    scripted(
+        move |mut api| async move {
+            api.expect(method, &path, |_| {
+                (http::StatusCode::CONFLICT, status_error(409, "Conflict"))
+            })
+            .await;
+            api
+        },
+        run,
+    )
+    .await
+}
+
+/// A 409 the server applied to nothing (no newer record exists, so no
+/// event follows) must not leave the pod without a record: the pod
+/// controller looks again soon instead of waiting for a change.
+#[tokio::test]
+async fn a_refused_record_creation_is_tried_again() {
+    let web = pod("web-1").flat();
+    let result = refused_once("POST", format!("{RECORDS}?*"), |client| {
+        let ctx = context(
+            client,
+            caches(vec![], vec![subnet(&[], "5")], vec![web.clone()]),
+            Settings::default(),
+        );
+        pods::reconcile(Arc::new(web), ctx)
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(CONFLICT_RETRY));
+}
+
+/// The same for the finalizer removal of a deleted record: refused, it is
+/// tried again (with the current copy), and nothing is released meanwhile.
+#[tokio::test]
+async fn a_refused_finalizer_removal_is_tried_again_and_releases_nothing() {
+    let web = pod("web-1").flat();
+    let mut record = record_of(&web, "8");
+    record.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::ACTIVE.into(),
+        addr: Some(ip("10.0.0.3")),
+        ..FlatNetworkIPStatus::default()
+    });
+    let result = refused_once("PATCH", format!("{RECORDS}/web-1?*"), |client| {
+        let ctx = context(
+            client,
+            caches(vec![record.clone()], vec![], vec![]),
+            Settings::default(),
+        );
+        ips::reconcile(Arc::new(record), ctx)
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(CONFLICT_RETRY));
 }
 
 #[tokio::test]
