@@ -10,11 +10,7 @@ use flatnet_k8s::{
     validation::validate_subnet,
 };
 use futures::FutureExt;
-use k8s_openapi::{
-    api::core::v1::Pod,
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -22,6 +18,8 @@ use kube::{
 };
 use serde_json::json;
 use tracing::{info, instrument, warn};
+
+use crate::controller::condition;
 
 use super::{
     Context, Error,
@@ -179,14 +177,13 @@ async fn report_failure(record: &FlatNetworkIP, pod: &Pod, error: &Error, ctx: &
     status.failure_message = message.clone();
     set_condition(
         &mut status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: error.event_reason().into(),
-            message: message.clone(),
-            observed_generation: None,
-            last_transition_time: Time(Timestamp::now()),
-        },
+        condition(
+            CONDITION_READY,
+            false,
+            error.event_reason(),
+            message.clone(),
+            record.metadata.generation,
+        ),
     );
     let mut updated = record.clone();
     updated.status = Some(status);
@@ -235,14 +232,13 @@ async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Act
     new_status.failure_message = message.clone();
     set_condition(
         &mut new_status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: REASON_SETUP_TIMEOUT.into(),
-            message: message.clone(),
-            observed_generation: None,
-            last_transition_time: Time(Timestamp::now()),
-        },
+        condition(
+            CONDITION_READY,
+            false,
+            REASON_SETUP_TIMEOUT,
+            message.clone(),
+            record.metadata.generation,
+        ),
     );
     let api: Api<FlatNetworkIP> =
         Api::namespaced(ctx.client.clone(), &record.namespace().unwrap_or_default());

@@ -30,11 +30,7 @@ use flatnet_k8s::{
     ipam::StatefulSetAddressPolicy,
 };
 use futures::{FutureExt, Stream, StreamExt};
-use k8s_openapi::{
-    api::core::v1::{Node, Pod},
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
     api::{PartialObjectMeta, PostParams},
@@ -46,6 +42,8 @@ use kube::{
     },
 };
 use tracing::{info, warn};
+
+use crate::controller::condition;
 
 use super::{
     Context, Error, commit,
@@ -200,14 +198,13 @@ pub async fn release_in_place(
     status.failure_message = message.clone();
     set_condition(
         &mut status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: REASON_NODE_GONE.into(),
-            message: message.clone(),
-            observed_generation: None,
-            last_transition_time: Time(Timestamp::now()),
-        },
+        condition(
+            CONDITION_READY,
+            false,
+            REASON_NODE_GONE,
+            message.clone(),
+            record.metadata.generation,
+        ),
     );
     let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
     match api

@@ -352,7 +352,8 @@ async fn bad_annotation_gives_its_events_once_and_no_retry() {
 #[tokio::test]
 async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes_the_record() {
     let web = pod("web-1").flat();
-    let record = record_of(&web, "3");
+    let mut record = record_of(&web, "3");
+    record.metadata.generation = Some(2);
     let result = scripted(
         |mut api| async move {
             api.expect(
@@ -382,6 +383,10 @@ async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes
             assert_eq!(write.body["status"]["phase"], "Pending");
             assert!(write.body["status"]["allocatedTimeStamp"].is_string());
             assert_eq!(write.body["status"]["conditions"][0]["reason"], "Allocated");
+            assert_eq!(
+                write.body["status"]["conditions"][0]["observedGeneration"],
+                2
+            );
             api
         },
         |client| {
@@ -548,7 +553,8 @@ async fn a_stale_copy_of_a_released_record_releases_nothing() {
 #[tokio::test]
 async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
     let web = pod("web-1").flat();
-    let record = record_of(&web, "3");
+    let mut record = record_of(&web, "3");
+    record.metadata.generation = Some(4);
     let full = subnet(&[("10.0.0.1", "10.0.0.6")], "5");
     let (client, verifier) = mock_client();
     let ctx = context(
@@ -567,6 +573,11 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
         assert_eq!(failed.body["status"]["phase"], "Failed");
         let message = failed.body["status"]["failureMessage"].as_str().unwrap();
         assert!(message.contains("no free address"), "{message}");
+        let ready = &failed.body["status"]["conditions"][0];
+        assert_eq!(
+            (&ready["type"], &ready["observedGeneration"]),
+            (&json!("Ready"), &json!(4))
+        );
         // The original's reason first (existing alerts), then the finer one.
         let event = api
             .expect("POST", &format!("{EVENTS}?*"), |body| {
