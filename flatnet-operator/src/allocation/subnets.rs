@@ -6,9 +6,9 @@
 //! and no record names is an allocation between its two writes (or a crash
 //! there): it is kept for [`Settings::orphan_grace`](super::Settings) after
 //! this controller first saw it, then freed, unless the records read from
-//! the API server at that moment name it (the cache may lag). An address a cached live
-//! record names and the ledger lacks is added only once the record, read
-//! from the API server, confirms it. The same grace holds for the claims
+//! the API server at that moment name it (the cache may lag). An address
+//! a cached live record names and the ledger lacks is added only once the
+//! record, read from the API server, confirms it. The same grace holds for the claims
 //! of the fixed-MAC ledger of the subnet's parent link.
 
 use std::{
