@@ -889,7 +889,8 @@ async fn run_ops(run: &mut Run, options: &Options) -> Result<(), ChaosError> {
         tokio::time::sleep(Duration::from_millis(5 + run.rng.next() % 60)).await;
         if done >= next_quiet {
             first_break = first_break.and(run.quiet_point(done, options.settle).await);
-            next_quiet += options.quiet_every;
+            // The end is a quiet point too.
+            next_quiet = (next_quiet + options.quiet_every).min(options.ops);
         }
         if first_break.is_err() && !options.keep_going {
             break;
@@ -909,6 +910,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "run by `cargo xtask chaos` (and by CI through it)"]
     async fn chaos() {
+        // RUST_LOG=flatnet_operator=debug shows what each replica did.
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_thread_names(true)
+                .try_init();
+        }
         let seed = crate::allocation::fake_cluster::seed_from_env("FLATNET_CHAOS_SEED");
         let ops = std::env::var("FLATNET_CHAOS_OPS")
             .ok()

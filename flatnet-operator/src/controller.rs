@@ -44,6 +44,12 @@ pub(crate) fn is_conflict(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 409)
 }
 
+/// How soon an object whose write got 409 Conflict is looked at again.
+/// Waiting for the change that should follow is not enough: a 409 the
+/// server did not apply to anything newer (an injected fault, a proxy
+/// retrying) brings no event, and the object would wait forever.
+pub(crate) const CONFLICT_RETRY: Duration = Duration::from_secs(1);
+
 /// Whether an API error is "not found".
 pub(crate) fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404)

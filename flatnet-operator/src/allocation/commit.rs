@@ -46,12 +46,11 @@ use flatnet_k8s::{
     keys::SUBNET_NAMESPACE,
     validation::{ValidSubnet, validate_subnet},
 };
-use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{Api, ResourceExt, api::PostParams};
 use tracing::debug;
+
+use crate::controller::condition;
 
 use super::{
     Context, Error,
@@ -344,7 +343,12 @@ async fn reserve_address(
             .replace_status(&name, &PostParams::default(), &updated)
             .await
         {
-            Ok(_) => return Ok(reservation(newly_reserved, mac_new)),
+            Ok(_) => {
+                if newly_reserved {
+                    ctx.orphans.reserved(&name, &[addr]);
+                }
+                return Ok(reservation(newly_reserved, mac_new));
+            }
             Err(error) if is_conflict(&error) => {
                 ctx.metrics.allocation_conflict();
                 debug!(subnet = %name, attempt, "subnet changed since read; choosing again");
@@ -526,10 +530,8 @@ pub enum Written {
 }
 
 /// The status of a record that was just given `reservation`.
-fn allocated_status(
-    old: Option<&FlatNetworkIPStatus>,
-    reservation: &Reservation,
-) -> FlatNetworkIPStatus {
+fn allocated_status(record: &FlatNetworkIP, reservation: &Reservation) -> FlatNetworkIPStatus {
+    let old = record.status.as_ref();
     let now = Time(Timestamp::now());
     let mut status = FlatNetworkIPStatus {
         phase: phase::PENDING.into(),
@@ -544,17 +546,16 @@ fn allocated_status(
     };
     set_condition(
         &mut status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: REASON_ALLOCATED.into(),
-            message: format!(
+        condition(
+            CONDITION_READY,
+            false,
+            REASON_ALLOCATED,
+            format!(
                 "{} allocated from {}; waiting for the node to set up the pod",
                 reservation.addr, reservation.subnet
             ),
-            observed_generation: None,
-            last_transition_time: now,
-        },
+            record.metadata.generation,
+        ),
     );
     status
 }
@@ -584,7 +585,7 @@ pub async fn write_record(
             });
         }
         let mut updated = current.clone();
-        updated.status = Some(allocated_status(current.status.as_ref(), reservation));
+        updated.status = Some(allocated_status(&current, reservation));
         match records
             .replace_status(&name, &PostParams::default(), &updated)
             .await

@@ -1,7 +1,7 @@
 //! Reconcile failures of the allocation controllers.
 
 use crate::controller::ApiError;
-pub(crate) use crate::controller::{is_conflict, is_not_found};
+pub(crate) use crate::controller::{CONFLICT_RETRY, is_conflict, is_not_found};
 use flatnet_k8s::{
     annotations::AnnotationError,
     ipam::{MacsTaken, PoolError},

@@ -527,6 +527,12 @@ async fn write_batch(
         } else {
             current.subnet.clone()
         };
+        let reserved: Vec<IpAddr> = answers
+            .iter()
+            .filter_map(|answer| *answer.as_ref().ok()?)
+            .chain(ahead.iter().map(|(_, addr)| *addr))
+            .collect();
+        ctx.orphans.reserved(name, &reserved);
         debug!(subnet = %name, edits = batch.len(), ahead = ahead.len(), version = ?written.resource_version(), "ledger committed");
         let valid = Box::new(current.valid.clone());
         for ((_, tx), answer) in batch.into_iter().zip(answers) {

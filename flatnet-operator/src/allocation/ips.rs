@@ -5,16 +5,12 @@ use std::{sync::Arc, time::Instant};
 
 use flatnet_k8s::{
     api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
-    ipam::Pool,
+    ipam::{Mac, Pool},
     keys::SUBNET_NAMESPACE,
     validation::validate_subnet,
 };
 use futures::FutureExt;
-use k8s_openapi::{
-    api::core::v1::Pod,
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -23,10 +19,12 @@ use kube::{
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
+use crate::controller::condition;
+
 use super::{
     Context, Error,
     commit::{self, Written},
-    errors::{is_conflict, is_not_found},
+    errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
     nodes::{self, NodeVerdict},
     records::{FINALIZER, LEGACY_FINALIZER},
@@ -84,7 +82,14 @@ pub async fn reconcile(record: Arc<FlatNetworkIP>, ctx: Arc<Context>) -> Result<
         .iter()
         .any(|c| c.type_ == CONDITION_READY && c.reason == REASON_SETUP_TIMEOUT);
     match status.phase.as_str() {
-        phase::PENDING if status.addr.is_some() => pending(&record, &pod, &ctx).await,
+        // A record a new pod of the same name took over (a StatefulSet pod)
+        // is Pending with what the pod before held: allocate again when
+        // that is not what this pod asks for.
+        phase::PENDING
+            if status.addr.is_some() && satisfied(&record, &ctx) && mac_satisfied(&record) =>
+        {
+            pending(&record, &pod, &ctx).await
+        }
         phase::ACTIVE if status.addr.is_some() && satisfied(&record, &ctx) => {
             Ok(Action::requeue(ctx.settings.resync))
         }
@@ -110,6 +115,24 @@ fn satisfied(record: &FlatNetworkIP, ctx: &Context) -> bool {
             Err(_) => true,
         },
     }
+}
+
+/// Whether a Pending record's MAC is what its spec asks for: one of the
+/// requested fixed MACs, or none when it asks for none. (Once the node has
+/// set the pod up, `status.mac` is the MAC the interface got, fixed or not.)
+fn mac_satisfied(record: &FlatNetworkIP) -> bool {
+    let held = record.status.as_ref().map_or("", |s| s.mac.as_str());
+    if record.spec.macs.is_empty() {
+        return held.is_empty();
+    }
+    let Ok(held) = Mac::parse(held) else {
+        return false;
+    };
+    record
+        .spec
+        .macs
+        .iter()
+        .any(|m| Mac::parse(m).is_ok_and(|m| m == held))
 }
 
 async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {
@@ -154,14 +177,13 @@ async fn report_failure(record: &FlatNetworkIP, pod: &Pod, error: &Error, ctx: &
     status.failure_message = message.clone();
     set_condition(
         &mut status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: error.event_reason().into(),
-            message: message.clone(),
-            observed_generation: None,
-            last_transition_time: Time(Timestamp::now()),
-        },
+        condition(
+            CONDITION_READY,
+            false,
+            error.event_reason(),
+            message.clone(),
+            record.metadata.generation,
+        ),
     );
     let mut updated = record.clone();
     updated.status = Some(status);
@@ -210,14 +232,13 @@ async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Act
     new_status.failure_message = message.clone();
     set_condition(
         &mut new_status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: REASON_SETUP_TIMEOUT.into(),
-            message: message.clone(),
-            observed_generation: None,
-            last_transition_time: Time(Timestamp::now()),
-        },
+        condition(
+            CONDITION_READY,
+            false,
+            REASON_SETUP_TIMEOUT,
+            message.clone(),
+            record.metadata.generation,
+        ),
     );
     let api: Api<FlatNetworkIP> =
         Api::namespaced(ctx.client.clone(), &record.namespace().unwrap_or_default());
@@ -227,9 +248,8 @@ async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Act
     {
         Ok(_) => {}
         // The node set it up meanwhile, or the record changed: look again.
-        Err(error) if is_conflict(&error) || is_not_found(&error) => {
-            return Ok(Action::await_change());
-        }
+        Err(error) if is_conflict(&error) => return Ok(Action::requeue(CONFLICT_RETRY)),
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
         Err(error) => {
             return Err(Error::kube(
                 "update status of",
@@ -287,7 +307,14 @@ async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error>
     }
 }
 
-/// A deleted record: give its address back, then let it go.
+/// A deleted record: let it go, then give its address back.
+///
+/// The finalizer goes first, with the resourceVersion of the copy at hand:
+/// a stale copy (the cache lags behind this very removal, and any event
+/// brings the record here again) gets a conflict or NotFound and releases
+/// nothing. So the address is released once, never after the ledger has
+/// handed it to another record. A crash between the two writes leaves the
+/// address to the subnet repair, after the orphan grace.
 async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error> {
     let ours = |f: &String| f == FINALIZER || f == LEGACY_FINALIZER;
     if !record.finalizers().iter().any(ours) {
@@ -296,6 +323,27 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
     let namespace = record.namespace().unwrap_or_default();
     let name = record.name_any();
     let key = key_of(Some(&namespace), &name);
+    let remaining: Vec<&String> = record.finalizers().iter().filter(|f| !ours(f)).collect();
+    let patch = json!({"metadata": {
+        "finalizers": remaining,
+        "resourceVersion": record.resource_version(),
+    }});
+    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        // Released by an earlier pass.
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+        // Changed meanwhile (or refused): look again at the current copy.
+        Err(error) if is_conflict(&error) => return Ok(Action::requeue(CONFLICT_RETRY)),
+        Err(error) => {
+            return Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
+                error,
+            ));
+        }
+    }
     // Deleted before its allocation took an address reserved ahead for it.
     ctx.ledgers.forsake(ctx, &record.spec.subnet, &key).await?;
     if let Some(status) = &record.status
@@ -309,24 +357,7 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
         ctx.metrics.address_released(&record.spec.subnet);
         info!(addr = %addr, subnet = %record.spec.subnet, "address released");
     }
-    let remaining: Vec<&String> = record.finalizers().iter().filter(|f| !ours(f)).collect();
-    let patch = json!({"metadata": {
-        "finalizers": remaining,
-        "resourceVersion": record.resource_version(),
-    }});
-    let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
-    match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(Action::await_change()),
-        Err(error) if is_not_found(&error) => Ok(Action::await_change()),
-        // Changed meanwhile; the change brings us back.
-        Err(error) if is_conflict(&error) => Ok(Action::await_change()),
-        Err(error) => Err(Error::kube("remove finalizer of", "FlatNetworkIP", &key)(
-            error,
-        )),
-    }
+    Ok(Action::await_change())
 }
 
 /// Logs the failure, counts it, and retries with backoff.

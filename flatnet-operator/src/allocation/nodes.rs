@@ -30,11 +30,7 @@ use flatnet_k8s::{
     ipam::StatefulSetAddressPolicy,
 };
 use futures::{FutureExt, Stream, StreamExt};
-use k8s_openapi::{
-    api::core::v1::{Node, Pod},
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-    jiff::Timestamp,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
     api::{PartialObjectMeta, PostParams},
@@ -47,9 +43,11 @@ use kube::{
 };
 use tracing::{info, warn};
 
+use crate::controller::condition;
+
 use super::{
     Context, Error, commit,
-    errors::{is_conflict, is_not_found},
+    errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
 };
 
@@ -200,14 +198,13 @@ pub async fn release_in_place(
     status.failure_message = message.clone();
     set_condition(
         &mut status.conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: REASON_NODE_GONE.into(),
-            message: message.clone(),
-            observed_generation: None,
-            last_transition_time: Time(Timestamp::now()),
-        },
+        condition(
+            CONDITION_READY,
+            false,
+            REASON_NODE_GONE,
+            message.clone(),
+            record.metadata.generation,
+        ),
     );
     let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
     match api
@@ -215,10 +212,9 @@ pub async fn release_in_place(
         .await
     {
         Ok(_) => {}
-        // Changed meanwhile (or gone): the change brings us back.
-        Err(error) if is_conflict(&error) || is_not_found(&error) => {
-            return Ok(Action::await_change());
-        }
+        Err(error) if is_not_found(&error) => return Ok(Action::await_change()),
+        // Changed meanwhile (or refused): look again.
+        Err(error) if is_conflict(&error) => return Ok(Action::requeue(CONFLICT_RETRY)),
         Err(error) => {
             return Err(Error::kube("update status of", "FlatNetworkIP", &key)(
                 error,

@@ -24,7 +24,7 @@ use tracing::{info, instrument, warn};
 
 use super::{
     Context, Error,
-    errors::{is_conflict, is_not_found},
+    errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
     records::{
         RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, record_matches,
@@ -124,8 +124,8 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
             Some(existing) => update(&api, &existing, &desired, &key).await?,
         };
         let Some(record) = record else {
-            // Lost a race with another writer; its change brings us back.
-            return Ok(Action::await_change());
+            // Lost a race with another writer: look again.
+            return Ok(Action::requeue(CONFLICT_RETRY));
         };
         records.push(record);
     }

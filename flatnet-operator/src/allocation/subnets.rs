@@ -5,9 +5,10 @@
 //! cache alone (which lags behind releases). An address the ledger holds
 //! and no record names is an allocation between its two writes (or a crash
 //! there): it is kept for [`Settings::orphan_grace`](super::Settings) after
-//! this controller first saw it, then freed. An address a cached live
-//! record names and the ledger lacks is added only once the record, read
-//! from the API server, confirms it. The same grace holds for the claims
+//! this controller first saw it, then freed, unless the records read from
+//! the API server at that moment name it (the cache may lag). An address
+//! a cached live record names and the ledger lacks is added only once the
+//! record, read from the API server, confirms it. The same grace holds for the claims
 //! of the fixed-MAC ledger of the subnet's parent link.
 
 use std::{
@@ -29,7 +30,7 @@ use flatnet_k8s::{
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
     runtime::controller::Action,
 };
 use serde_json::json;
@@ -76,6 +77,41 @@ impl OrphanClock {
             .map(|k| now.duration_since(*entries.entry(k.clone()).or_insert(now)) < grace)
             .collect()
     }
+
+    /// Forgets the entries of `subnet` that `which` selects, so that they
+    /// start a new grace when they are seen unclaimed again.
+    fn forget(&self, subnet: &str, which: impl Fn(&str) -> bool) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entries) = seen.get_mut(subnet) {
+            entries.retain(|k, _| !which(k));
+        }
+    }
+
+    /// `addrs` were just reserved in `subnet`'s ledger: an unclaimed
+    /// interval holding one of them is a new allocation between its two
+    /// writes, whose grace starts now, not when the interval was first seen
+    /// (it may have been freed and taken again since).
+    pub fn reserved(&self, subnet: &str, addrs: &[IpAddr]) {
+        if !addrs.is_empty() {
+            self.forget(subnet, |key| addrs.iter().any(|a| range_key_holds(key, *a)));
+        }
+    }
+}
+
+/// The clock's key of the unclaimed `usedIP` interval `start..=end`.
+fn range_key(family: Family, start: u128, end: u128) -> String {
+    format!("{}-{}", from_u128(family, start), from_u128(family, end))
+}
+
+/// Whether `key`, made by [`range_key`], is an interval holding `addr`.
+fn range_key_holds(key: &str, addr: IpAddr) -> bool {
+    let bounds = key.split_once('-').and_then(|(start, end)| {
+        Some((start.parse::<IpAddr>().ok()?, end.parse::<IpAddr>().ok()?))
+    });
+    bounds.is_some_and(|(start, end)| {
+        start.is_ipv4() == addr.is_ipv4()
+            && (to_u128(start)..=to_u128(end)).contains(&to_u128(addr))
+    })
 }
 
 /// A subnet problem: the condition reason and the message.
@@ -142,14 +178,17 @@ async fn ensure(subnet: &Arc<FlatNetworkSubnet>, ctx: &Arc<Context>) -> Result<A
 /// Any subnet of the parent link repairs the whole ledger; writes carry
 /// the resourceVersion, so a claim made meanwhile is never lost.
 async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, Error> {
+    // Read once a claim is to be freed: see `stored_users`.
+    let mut stored: Option<Vec<FlatNetworkIP>> = None;
     for _ in 0..MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
-        let records = ctx.caches.records.state();
+        let cached = ctx.caches.records.state();
         let named = |mac: Mac, claim: &LedgerClaim| {
-            records.iter().any(|r| {
+            let names = |r: &FlatNetworkIP| {
                 key_of(r.namespace().as_deref(), &r.name_any()) == claim.record
                     && r.status.as_ref().and_then(|s| Mac::parse(&s.mac).ok()) == Some(mac)
-            })
+            };
+            cached.iter().any(|r| names(r)) || stored.iter().flatten().any(names)
         };
         let unnamed: Vec<(Mac, LedgerClaim)> = ledger
             .claims
@@ -166,13 +205,17 @@ async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, E
             &keys,
             ctx.settings.orphan_grace,
         );
+        let kept = young.iter().any(|k| *k);
+        if stored.is_none() && young.iter().any(|k| !k) {
+            stored = Some(stored_records(ctx).await?);
+            continue;
+        }
         let mut freed = false;
         for ((mac, claim), keep) in unnamed.iter().zip(&young) {
             if !keep {
                 freed |= ledger.remove(*mac, |c| c == claim);
             }
         }
-        let kept = young.iter().any(|k| *k);
         if !freed {
             return Ok(kept);
         }
@@ -278,6 +321,32 @@ struct Repaired {
     status: FlatNetworkSubnetStatus,
     duplicates: Vec<String>,
     orphans_kept: bool,
+    /// Whether unclaimed entries past the grace were dropped.
+    frees: bool,
+}
+
+/// Every FlatNetworkIP of `subnet` as the API server has it now. The
+/// repair frees nothing on the word of its cache alone, which lags behind
+/// record writes (a cut watch, a slow relist): what these name stays.
+async fn stored_users(ctx: &Context, subnet: &str) -> Result<Vec<FlatNetworkIP>, Error> {
+    let mut records = stored_records(ctx).await?;
+    records.retain(|r| r.spec.subnet == subnet);
+    Ok(records)
+}
+
+/// Every FlatNetworkIP as the API server has it now.
+async fn stored_records(ctx: &Context) -> Result<Vec<FlatNetworkIP>, Error> {
+    Api::<FlatNetworkIP>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(Error::kube("list", "FlatNetworkIP", "all namespaces"))
+}
+
+/// The fixed MAC a record names, if any.
+fn named_mac(record: &FlatNetworkIP) -> Option<&str> {
+    let mac = &record.status.as_ref()?.mac;
+    (!mac.is_empty() && record.spec.macs.contains(mac)).then_some(mac.as_str())
 }
 
 /// The address a record names, when it names one.
@@ -334,12 +403,17 @@ async fn confirm_missing(
 /// named for the orphan grace, plus `confirmed` (addresses live records name
 /// that it lacked). Addresses are never added on the word of the cache
 /// alone: it may show a record that has already given its address back.
+///
+/// `stored`, the records as read from the API server, is given once a
+/// first pass on the cache alone [`Repaired::frees`] something: what they
+/// name is kept however long the cache has shown it unclaimed.
 fn repaired_status(
     generation: Option<i64>,
     valid: &ValidSubnet,
     current: &FlatNetworkSubnetStatus,
     users: &[&FlatNetworkIP],
     confirmed: &[IpAddr],
+    stored: Option<&[FlatNetworkIP]>,
     ctx: &Context,
 ) -> Repaired {
     let mut duplicates = Vec::new();
@@ -383,20 +457,29 @@ fn repaired_status(
     }
     let keys: Vec<String> = unclaimed
         .iter()
-        .map(|r| {
-            format!(
-                "{:?}-{:?}",
-                from_u128(family, *r.start()),
-                from_u128(family, *r.end())
-            )
-        })
+        .map(|r| range_key(family, *r.start(), *r.end()))
         .collect();
     let young = ctx
         .orphans
         .young(&valid.name, &keys, ctx.settings.orphan_grace);
+    let stored_addrs: Vec<u128> = stored
+        .into_iter()
+        .flatten()
+        .filter_map(named_addr)
+        .map(to_u128)
+        .collect();
+    let mut frees = false;
+    // A freed entry that comes back is a new reservation: a new grace.
+    ctx.orphans.forget(&valid.name, |key| {
+        stored.is_some() && keys.iter().zip(&young).any(|(k, young)| k == key && !young)
+    });
     for (range, keep) in unclaimed.iter().zip(&young) {
         if !keep {
+            frees = true;
             ledger.remove(*range.start(), *range.end());
+            for v in stored_addrs.iter().filter(|v| range.contains(v)) {
+                ledger.insert(*v, *v);
+            }
         }
     }
     for addr in confirmed {
@@ -409,11 +492,9 @@ fn repaired_status(
     // MACs: those records hold, plus young unclaimed ledger entries.
     let mut macs: BTreeSet<String> = users
         .iter()
-        .filter_map(|r| {
-            let mac = &r.status.as_ref()?.mac;
-            (!mac.is_empty() && r.spec.macs.contains(mac)).then(|| mac.clone())
-        })
+        .filter_map(|r| named_mac(r).map(str::to_owned))
         .collect();
+    let stored_macs: BTreeSet<&str> = stored.into_iter().flatten().filter_map(named_mac).collect();
     let unclaimed_macs: Vec<String> = current
         .used_mac
         .iter()
@@ -426,10 +507,20 @@ fn repaired_status(
         ctx.settings.orphan_grace,
     );
     for (mac, keep) in unclaimed_macs.iter().zip(&young_macs) {
-        if *keep {
-            macs.insert(mac.trim_start_matches("mac ").to_owned());
+        let mac = mac.trim_start_matches("mac ");
+        if *keep || stored_macs.contains(mac) {
+            macs.insert(mac.to_owned());
+        } else {
+            frees = true;
         }
     }
+    ctx.orphans.forget(&format!("{}/mac", valid.name), |key| {
+        stored.is_some()
+            && unclaimed_macs
+                .iter()
+                .zip(&young_macs)
+                .any(|(k, young)| k == key && !young)
+    });
 
     let mut status = FlatNetworkSubnetStatus {
         phase: phase::ACTIVE.into(),
@@ -449,6 +540,7 @@ fn repaired_status(
         status,
         duplicates,
         orphans_kept: young.iter().chain(&young_macs).any(|k| *k),
+        frees,
     }
 }
 
@@ -589,14 +681,22 @@ async fn write_status(
                 } else {
                     confirm_missing(missing, ctx).await?
                 };
-                let repaired = repaired_status(
-                    subnet.metadata.generation,
-                    valid,
-                    &current,
-                    users,
-                    &confirmed,
-                    ctx,
-                );
+                let repair = |stored| {
+                    repaired_status(
+                        subnet.metadata.generation,
+                        valid,
+                        &current,
+                        users,
+                        &confirmed,
+                        stored,
+                        ctx,
+                    )
+                };
+                let mut repaired = repair(None);
+                if repaired.frees {
+                    let stored = stored_users(ctx, &name).await?;
+                    repaired = repair(Some(&stored));
+                }
                 ctx.metrics.set_subnet_usage(
                     &name,
                     repaired.status.total_ip_count,
@@ -748,4 +848,29 @@ pub fn error_policy(subnet: Arc<FlatNetworkSubnet>, error: &Error, ctx: Arc<Cont
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
     Action::requeue(ctx.backoff.next(&backoff_key(&subnet)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An interval of `usedIP` first seen unclaimed long ago and then
+    /// taken by a new reservation (freed and taken again between two
+    /// repairs) is young again: its record write may still land.
+    #[test]
+    fn a_reservation_restarts_the_grace_of_the_interval_holding_it() {
+        let clock = OrphanClock::default();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let key = |a: &str, b: &str| range_key(Family::V4, to_u128(ip(a)), to_u128(ip(b)));
+        let keys = [key("10.0.0.4", "10.0.0.6"), key("10.0.0.9", "10.0.0.9")];
+        let grace = Duration::from_millis(50);
+        assert_eq!(clock.young("net", &keys, grace), [true, true]);
+        std::thread::sleep(grace);
+        assert_eq!(clock.young("net", &keys, grace), [false, false]);
+        clock.reserved("other", &[ip("10.0.0.5")]);
+        clock.reserved("net", &[ip("10.0.0.8"), ip("fd00::5")]);
+        assert_eq!(clock.young("net", &keys, grace), [false, false]);
+        clock.reserved("net", &[ip("10.0.0.5")]);
+        assert_eq!(clock.young("net", &keys, grace), [true, false]);
+    }
 }

@@ -37,6 +37,7 @@ use super::{
     subnets,
 };
 use crate::{
+    controller::CONFLICT_RETRY,
     fixtures::{ApiServerVerifier, NS, PodExt, mock_client, ok, pod, status_error, to_json},
     metrics::Metrics,
 };
@@ -239,6 +240,72 @@ async fn pod_controller_creates_the_record() {
     assert_eq!(result.unwrap(), Action::await_change());
 }
 
+/// Runs `run` against a server whose only request, `method` on `path`, is
+/// answered 409 Conflict.
+async fn refused_once<R, Fut>(
+    method: &'static str,
+    path: String,
+    run: R,
+) -> Result<Action, super::Error>
+where
+    R: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, super::Error>>,
+{
+    scripted(
+        move |mut api| async move {
+            api.expect(method, &path, |_| {
+                (http::StatusCode::CONFLICT, status_error(409, "Conflict"))
+            })
+            .await;
+            api
+        },
+        run,
+    )
+    .await
+}
+
+/// A 409 the server applied to nothing (no newer record exists, so no
+/// event follows) must not leave the pod without a record: the pod
+/// controller looks again soon instead of waiting for a change.
+#[tokio::test]
+async fn a_refused_record_creation_is_tried_again() {
+    let web = pod("web-1").flat();
+    let result = refused_once("POST", format!("{RECORDS}?*"), |client| {
+        let ctx = context(
+            client,
+            caches(vec![], vec![subnet(&[], "5")], vec![web.clone()]),
+            Settings::default(),
+        );
+        pods::reconcile(Arc::new(web), ctx)
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(CONFLICT_RETRY));
+}
+
+/// The same for the finalizer removal of a deleted record: refused, it is
+/// tried again (with the current copy), and nothing is released meanwhile.
+#[tokio::test]
+async fn a_refused_finalizer_removal_is_tried_again_and_releases_nothing() {
+    let web = pod("web-1").flat();
+    let mut record = record_of(&web, "8");
+    record.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    record.status = Some(FlatNetworkIPStatus {
+        phase: phase::ACTIVE.into(),
+        addr: Some(ip("10.0.0.3")),
+        ..FlatNetworkIPStatus::default()
+    });
+    let result = refused_once("PATCH", format!("{RECORDS}/web-1?*"), |client| {
+        let ctx = context(
+            client,
+            caches(vec![record.clone()], vec![], vec![]),
+            Settings::default(),
+        );
+        ips::reconcile(Arc::new(record), ctx)
+    })
+    .await;
+    assert_eq!(result.unwrap(), Action::requeue(CONFLICT_RETRY));
+}
+
 #[tokio::test]
 async fn bad_annotation_gives_its_events_once_and_no_retry() {
     let web = pod("web-1")
@@ -285,7 +352,8 @@ async fn bad_annotation_gives_its_events_once_and_no_retry() {
 #[tokio::test]
 async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes_the_record() {
     let web = pod("web-1").flat();
-    let record = record_of(&web, "3");
+    let mut record = record_of(&web, "3");
+    record.metadata.generation = Some(2);
     let result = scripted(
         |mut api| async move {
             api.expect(
@@ -315,6 +383,10 @@ async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes
             assert_eq!(write.body["status"]["phase"], "Pending");
             assert!(write.body["status"]["allocatedTimeStamp"].is_string());
             assert_eq!(write.body["status"]["conditions"][0]["reason"], "Allocated");
+            assert_eq!(
+                write.body["status"]["conditions"][0]["observedGeneration"],
+                2
+            );
             api
         },
         |client| {
@@ -387,7 +459,7 @@ async fn a_conflict_rereads_the_subnet_and_chooses_again() {
 }
 
 #[tokio::test]
-async fn a_deleted_record_releases_its_address_then_its_finalizer() {
+async fn a_deleted_record_lets_go_of_its_finalizer_then_releases_its_address() {
     let web = pod("web-1").flat();
     let mut record = record_of(&web, "8");
     record.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
@@ -399,6 +471,13 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
     let released = to_json(&record);
     let result = scripted(
         |mut api| async move {
+            let patch = api
+                .expect("PATCH", &format!("{RECORDS}/web-1?*"), ok(released))
+                .await;
+            assert_eq!(
+                patch.body,
+                json!({"metadata": {"finalizers": [], "resourceVersion": "8"}})
+            );
             api.expect(
                 "GET",
                 SUBNET,
@@ -416,13 +495,6 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
                 [pair("10.0.0.1", "10.0.0.2"), pair("10.0.0.4", "10.0.0.4")]
             );
             assert_eq!(release.body["status"]["usedIPCount"], 3);
-            let patch = api
-                .expect("PATCH", &format!("{RECORDS}/web-1?*"), ok(released))
-                .await;
-            assert_eq!(
-                patch.body,
-                json!({"metadata": {"finalizers": [], "resourceVersion": "8"}})
-            );
             api
         },
         |client| {
@@ -438,10 +510,51 @@ async fn a_deleted_record_releases_its_address_then_its_finalizer() {
     assert_eq!(result.unwrap(), Action::await_change());
 }
 
+/// The cache lags behind a finalizer removal, so a released record comes
+/// back to the controller as it was: its address, meanwhile handed to
+/// another record, must stay in the ledger.
+#[tokio::test]
+async fn a_stale_copy_of_a_released_record_releases_nothing() {
+    let web = pod("web-1").flat();
+    let server = node_cluster(&web);
+    let filler = pod("filler").flat();
+    server.insert(&filler);
+    server.delete::<FlatNetworkIP>(NS, "web-1");
+    let stale = stored_record(&server, "web-1").unwrap();
+    // One operator: its caches hold the terminating record and never catch up.
+    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    ips::reconcile(Arc::new(stale.clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(stored_record(&server, "web-1").is_none());
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
+    );
+    // The next allocation takes .3 again.
+    pods::reconcile(Arc::new(filler), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let record = stored_record(&server, "filler").unwrap();
+    ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let filler = stored_record(&server, "filler").unwrap();
+    assert_eq!(filler.status.unwrap().addr, Some(ip("10.0.0.3")));
+    // The stale copy comes back (any event of the record brings it).
+    ips::reconcile(Arc::new(stale), ctx).await.unwrap();
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.3"))],
+        "the address filler holds was released again"
+    );
+}
+
 #[tokio::test]
 async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
     let web = pod("web-1").flat();
-    let record = record_of(&web, "3");
+    let mut record = record_of(&web, "3");
+    record.metadata.generation = Some(4);
     let full = subnet(&[("10.0.0.1", "10.0.0.6")], "5");
     let (client, verifier) = mock_client();
     let ctx = context(
@@ -460,6 +573,11 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
         assert_eq!(failed.body["status"]["phase"], "Failed");
         let message = failed.body["status"]["failureMessage"].as_str().unwrap();
         assert!(message.contains("no free address"), "{message}");
+        let ready = &failed.body["status"]["conditions"][0];
+        assert_eq!(
+            (&ready["type"], &ready["observedGeneration"]),
+            (&json!("Ready"), &json!(4))
+        );
         // The original's reason first (existing alerts), then the finer one.
         let event = api
             .expect("POST", &format!("{EVENTS}?*"), |body| {
@@ -954,6 +1072,92 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
     let _ = commit::CONTENTION_RETRY;
 }
 
+/// Repairs the (first) subnet of `server` with no grace and a cache that
+/// has seen no record.
+async fn repair_with_a_blind_cache(server: &FakeApiServer) {
+    let calm = Settings {
+        orphan_grace: Duration::ZERO,
+        ..Settings::default()
+    };
+    let stale = caches(Vec::new(), server.list(), server.list());
+    let ctx = context(server.client(), stale, calm);
+    // The first pass sets the subnet's labels, the second its status.
+    for _ in 0..2 {
+        let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+        subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+}
+
+/// The repair's cache lags behind a record write (its watch was cut, say):
+/// an address the ledger holds and only that cache says nobody names is
+/// not freed, however long it has looked unclaimed, while the records read
+/// from the API server name it.
+#[tokio::test]
+async fn the_repair_frees_no_address_a_record_names_that_its_cache_has_not_seen() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.5")]);
+    repair_with_a_blind_cache(&server).await;
+    assert_eq!(
+        ledger(&server),
+        [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+            IpRange::new(ip("10.0.0.3"), ip("10.0.0.3"))
+        ],
+        "web-1's .3 was freed on the word of a stale cache"
+    );
+}
+
+/// The repair frees an unclaimed address, and another replica reserves it
+/// again at once (its record write is on its way): that reservation gets a
+/// whole grace, the clock of the freed entry does not carry over.
+#[tokio::test]
+async fn an_address_freed_and_reserved_again_gets_a_new_grace() {
+    let server = active_web_1(&[("10.0.0.1", "10.0.0.4")]);
+    let grace = Duration::from_millis(300);
+    let settings = Settings {
+        orphan_grace: grace,
+        ..Settings::default()
+    };
+    let ctx = context(server.client(), caches_from(&server), settings);
+    let repair = || async {
+        let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+        subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    };
+    // Labels, then the first sight of the unclaimed .2 and .4.
+    repair().await;
+    repair().await;
+    assert_eq!(
+        ledger(&server),
+        [IpRange::new(ip("10.0.0.1"), ip("10.0.0.4"))]
+    );
+    tokio::time::sleep(grace).await;
+    repair().await;
+    let freed = [
+        IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+        IpRange::new(ip("10.0.0.3"), ip("10.0.0.3")),
+    ];
+    assert_eq!(ledger(&server), freed);
+    let mut net = server.list::<FlatNetworkSubnet>().remove(0);
+    let status = net.status.as_mut().unwrap();
+    status.used_ip = vec![
+        IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+        IpRange::new(ip("10.0.0.3"), ip("10.0.0.4")),
+    ];
+    server.insert(&net);
+    repair().await;
+    assert_eq!(
+        ledger(&server),
+        [
+            IpRange::new(ip("10.0.0.1"), ip("10.0.0.1")),
+            IpRange::new(ip("10.0.0.3"), ip("10.0.0.4"))
+        ],
+        "the new reservation of .4 was freed at once"
+    );
+}
+
 /// The fake API server with `hook` run once, after the first request whose
 /// method and path match, before its answer reaches the client: a way to
 /// make another controller act at an exact point of a reconcile.
@@ -1272,68 +1476,115 @@ async fn a_new_subnet_gets_labels_canonical_cidr_and_finalizer_then_status() {
     assert_eq!((status.used_ip_count, status.total_ip_count), (1, 5));
 }
 
-#[tokio::test]
-async fn a_statefulset_pod_gets_its_address_back() {
+/// Pod `web-0` of StatefulSet `web` (uid `uid-set`) with `uid`, asking for
+/// fixed MAC `mac` when given.
+fn set_pod(uid: &str, mac: Option<&str>) -> Pod {
+    let mut p = pod("web-0").flat();
+    if let Some(mac) = mac {
+        p = p.annotated("flatnetwork.pandaria.io/mac", mac);
+    }
+    p.metadata.uid = Some(uid.into());
+    p.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            name: "web".into(),
+            uid: "uid-set".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    ]);
+    p
+}
+
+/// A server with the empty subnet `net1` and StatefulSet `web`.
+fn statefulset_cluster() -> FakeApiServer {
     let server = FakeApiServer::new();
     let mut net = subnet(&[], "0");
     net.metadata.resource_version = None;
     server.insert(&net);
-    let set_pod = |uid: &str| {
-        let mut p = pod("web-0").flat();
-        p.metadata.uid = Some(uid.into());
-        p.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "StatefulSet".into(),
-                name: "web".into(),
-                uid: "uid-set".into(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            },
-        ]);
-        p
-    };
     // The owner exists, or the garbage collector takes the record.
     let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": NS, "uid": "uid-set"}
     }))
     .unwrap();
     server.insert(&set);
+    server
+}
+
+/// Stores `p` (replacing a pod of its name), runs the pod controller and
+/// then the FlatNetworkIP controller on its record; the record as stored.
+async fn pod_cycle(server: &FakeApiServer, p: Pod) -> FlatNetworkIP {
+    server.insert(&p);
+    let ctx = context(server.client(), caches_from(server), Settings::default());
+    pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let ctx = context(server.client(), caches_from(server), Settings::default());
+    let record = stored_record(server, &p.name_any()).unwrap();
+    ips::reconcile(Arc::new(record), ctx).await.unwrap();
+    stored_record(server, &p.name_any()).unwrap()
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_gets_its_address_back() {
+    let server = statefulset_cluster();
     // An earlier pod took .2, then a filler took .3.
-    let first = set_pod("uid-first");
-    let cycle = |p: Pod| {
-        let server = server.clone();
-        async move {
-            server.insert(&p);
-            let ctx = context(server.client(), caches_from(&server), Settings::default());
-            pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
-                .await
-                .unwrap();
-            let ctx = context(server.client(), caches_from(&server), Settings::default());
-            let record = server
-                .list::<FlatNetworkIP>()
-                .into_iter()
-                .find(|r| r.name_any() == p.name_any())
-                .unwrap();
-            ips::reconcile(Arc::new(record), ctx).await.unwrap();
-            server
-                .list::<FlatNetworkIP>()
-                .into_iter()
-                .find(|r| r.name_any() == p.name_any())
-                .unwrap()
-        }
-    };
-    let before = cycle(first).await;
+    let before = pod_cycle(&server, set_pod("uid-first", None)).await;
     assert_eq!(before.owner_references()[0].kind, "StatefulSet");
-    let filler = cycle(pod("filler").flat()).await;
+    let filler = pod_cycle(&server, pod("filler").flat()).await;
     assert_eq!(filler.status.unwrap().addr, Some(ip("10.0.0.3")));
     // The pod is replaced (new uid): same record, same address, Pending.
-    let after = cycle(set_pod("uid-second")).await;
+    let after = pod_cycle(&server, set_pod("uid-second", None)).await;
     assert_eq!(after.spec.pod_id, "uid-second");
     let status = after.status.unwrap();
     assert_eq!(status.addr, before.status.unwrap().addr);
     assert_eq!(status.addr, Some(ip("10.0.0.2")));
     assert_eq!(status.phase, phase::PENDING);
+}
+
+/// The fixed MACs the subnet's `usedMac` and the MAC ledger hold.
+fn held_macs(server: &FakeApiServer) -> (Vec<String>, Vec<String>) {
+    let used = server
+        .list::<FlatNetworkSubnet>()
+        .remove(0)
+        .status
+        .unwrap_or_default()
+        .used_mac;
+    let claimed = mac_claims(server)
+        .into_iter()
+        .map(|(mac, _)| mac.replace('-', ":"))
+        .collect();
+    (used, claimed)
+}
+
+/// A StatefulSet pod that comes back asking for another fixed MAC, or for
+/// none, gets what it asks: its record keeps the address, drops the MAC of
+/// the pod before and gives that MAC's claims back.
+#[tokio::test]
+async fn a_statefulset_pod_back_with_another_mac_request_gets_it() {
+    const FIRST: &str = "02:00:00:00:00:0a";
+    const SECOND: &str = "02:00:00:00:00:0b";
+    let server = statefulset_cluster();
+    let before = pod_cycle(&server, set_pod("uid-first", Some(FIRST))).await;
+    let status = before.status.unwrap();
+    assert_eq!(status.mac, FIRST);
+    let addr = status.addr;
+    assert_eq!(held_macs(&server), (vec![FIRST.into()], vec![FIRST.into()]));
+
+    let second = pod_cycle(&server, set_pod("uid-second", Some(SECOND))).await;
+    let status = second.status.unwrap();
+    assert_eq!((status.mac.as_str(), status.addr), (SECOND, addr));
+    assert_eq!(status.phase, phase::PENDING);
+    assert_eq!(
+        held_macs(&server),
+        (vec![SECOND.into()], vec![SECOND.into()])
+    );
+
+    let third = pod_cycle(&server, set_pod("uid-third", None)).await;
+    let status = third.status.unwrap();
+    assert_eq!((status.mac.as_str(), status.addr), ("", addr));
+    assert_eq!(held_macs(&server), (vec![], vec![]));
 }
 
 /// A success forgets the failures of the pod and of the subnet, so their
@@ -1527,19 +1778,8 @@ async fn a_pod_left_on_a_deleted_node_gives_its_address_back_in_place() {
 #[tokio::test]
 async fn a_statefulset_pod_moved_to_another_node_keeps_its_address() {
     let set_pod = |uid: &str, node: &str| {
-        let mut p = pod("web-0").flat();
-        p.metadata.uid = Some(uid.into());
+        let mut p = set_pod(uid, None);
         p.spec.as_mut().unwrap().node_name = Some(node.into());
-        p.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "StatefulSet".into(),
-                name: "web".into(),
-                uid: "uid-set".into(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            },
-        ]);
         p
     };
     let old = set_pod("uid-old", "node-1");
@@ -1825,4 +2065,23 @@ async fn one_fixed_mac_in_two_sibling_subnets_on_threads_goes_to_exactly_one_pod
     for seed in 200..210 {
         mac_race(seed).await;
     }
+}
+
+/// As for addresses: a fixed MAC whose record the repair's cache has not
+/// seen keeps its `usedMac` entry and its MAC ledger claim.
+#[tokio::test]
+async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    let (p, record) = mac_pod("pa", "left");
+    server.insert(&p);
+    server.insert(&record);
+    allocator(server.clone(), 1, 1).await;
+    assert_eq!(ip_mac_holders(&server), ["pa"]);
+    repair_with_a_blind_cache(&server).await;
+    assert_eq!(
+        held_macs(&server),
+        (vec![RACED_MAC.to_owned()], vec![RACED_MAC.to_owned()]),
+        "pa's MAC was freed on the word of a stale cache"
+    );
 }
