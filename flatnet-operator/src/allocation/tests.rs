@@ -105,6 +105,7 @@ fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Cont
         orphans: subnets::OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
+        wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
     })
 }
 
@@ -1826,3 +1827,6 @@ async fn one_fixed_mac_in_two_sibling_subnets_on_threads_goes_to_exactly_one_pod
         mac_race(seed).await;
     }
 }
+
+#[path = "wire_tests.rs"]
+mod wire;

@@ -15,6 +15,7 @@ mod conditions;
 mod ip;
 mod subnet;
 mod wire;
+mod wire_claims;
 
 pub use conditions::{CONDITION_READY, set_condition};
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
@@ -22,6 +23,7 @@ pub use subnet::{
     FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange, Route,
     RouteSettings, V1_RESERVATION_KIND,
 };
+pub use wire_claims::{FlatNetworkWireClaims, FlatNetworkWireClaimsSpec, ForeignClaim};
 
 /// API group of both kinds.
 pub const GROUP: &str = "flatnetwork.pandaria.io";
