@@ -22,6 +22,7 @@ use flatnet_agent::{
     },
     records::{DEFAULT_RECORD_DIR, Records},
     rpc::{AgentServer, ServerConfig},
+    wire_report,
 };
 use flatnet_common::pin::PIN_ROOT;
 use flatnet_k8s::env;
@@ -174,7 +175,8 @@ impl RunArgs {
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
             desired.follow_allocations();
             let records = Records::open(&self.record_dir)?;
-            let source = PolicySource::Kubernetes(client);
+            let source = PolicySource::Kubernetes(client.clone());
+            let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
             self.serve(
                 node_name,
                 desired,
@@ -183,6 +185,7 @@ impl RunArgs {
                 metrics,
                 |service| async move {
                     sync_until_reachable(service.desired()).await;
+                    wire_report::run(service.desired(), client, &node, &pin_root).await;
                 },
             )
             .await
