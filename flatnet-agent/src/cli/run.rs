@@ -155,7 +155,8 @@ impl RunArgs {
             let state_file = self.state_file.as_deref().expect("clap requires it");
             let rejected = metrics.state_file_rejected.clone();
             let state = StateSource::new(state_file, &self.state_dir, rejected);
-            let desired = Standalone::following(state, &self.state_dir)?;
+            let desired =
+                Standalone::following(state, &self.state_dir)?.with_wire_inventory(&self.pin_root);
             let records = Records::open(&self.record_dir)?;
             desired
                 .adopt_records(&records.all()?)

@@ -40,26 +40,40 @@ impl LiveAddresses {
         now: Timestamp,
         window: Duration,
     ) -> Self {
+        let sightings = reports.into_iter().flat_map(|report| {
+            report.spec.claims.iter().map(|claim| {
+                (
+                    claim.ip,
+                    LiveClaim {
+                        mac: claim.mac.clone(),
+                        last_seen: claim.last_seen.0,
+                        node: report.spec.node.clone(),
+                    },
+                )
+            })
+        });
+        Self::from_sightings(sightings, now, window)
+    }
+
+    /// The live addresses among `sightings` (address and claim), those
+    /// seen after `now - window`; the latest sighting of an address wins.
+    pub fn from_sightings(
+        sightings: impl IntoIterator<Item = (IpAddr, LiveClaim)>,
+        now: Timestamp,
+        window: Duration,
+    ) -> Self {
         let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
         let since = now.checked_sub(window).unwrap_or(Timestamp::MIN);
         let mut claims: BTreeMap<IpAddr, LiveClaim> = BTreeMap::new();
-        for report in reports {
-            for claim in &report.spec.claims {
-                let seen = claim.last_seen.0;
-                if seen < since {
-                    continue;
-                }
-                let newer = claims.get(&claim.ip).is_none_or(|c| c.last_seen < seen);
-                if newer {
-                    claims.insert(
-                        claim.ip,
-                        LiveClaim {
-                            mac: claim.mac.clone(),
-                            last_seen: seen,
-                            node: report.spec.node.clone(),
-                        },
-                    );
-                }
+        for (ip, claim) in sightings {
+            if claim.last_seen < since {
+                continue;
+            }
+            if claims
+                .get(&ip)
+                .is_none_or(|c| c.last_seen < claim.last_seen)
+            {
+                claims.insert(ip, claim);
             }
         }
         Self { claims }
