@@ -28,6 +28,8 @@ use super::wire;
     group = "flatnetwork.pandaria.io",
     version = "v1",
     kind = "FlatNetworkWireClaims",
+    // kube would derive "flatnetworkwireclaimses".
+    plural = "flatnetworkwireclaims",
     namespaced,
     derive = "PartialEq",
     derive = "Default",
