@@ -103,10 +103,12 @@ impl LiveAddresses {
     /// Allocates from `pool` as [`Pool::allocate_auto`] (no `candidates`)
     /// or [`Pool::allocate_requested`] do, never handing out a live address.
     ///
+    /// Automatic allocation hands out a live address only when nothing
+    /// else is free: the one seen longest ago.
+    ///
     /// # Errors
     /// The pool's; [`PoolError::LiveOnWire`] when every candidate that is
-    /// not taken is live (naming the first), [`PoolError::Exhausted`] when
-    /// only live addresses are left.
+    /// not taken is live (naming the first).
     pub fn allocate(&self, pool: &mut Pool, candidates: &[IpAddr]) -> Result<IpAddr, PoolError> {
         if self.is_empty() {
             return allocate_plain(pool, candidates);
@@ -142,10 +144,23 @@ impl LiveAddresses {
             .filter(|&ip| pool.is_free(ip) && pool.mark_used(ip).is_ok())
             .collect();
         let result = pool.allocate_auto();
-        for ip in held {
+        for &ip in &held {
             pool.release(ip);
         }
-        result
+        match result {
+            // Only live addresses are left: rather than fail the pod, the
+            // one seen longest ago goes (released pods' addresses come back
+            // last, in the order they fell silent).
+            Err(PoolError::Exhausted { .. }) if !held.is_empty() => {
+                let oldest = held
+                    .iter()
+                    .copied()
+                    .min_by_key(|&ip| self.get(ip).map(|c| c.last_seen))
+                    .expect("not empty");
+                pool.allocate_requested(&[oldest])
+            }
+            other => other,
+        }
     }
 }
 
@@ -250,13 +265,49 @@ mod tests {
             "held only during the allocation"
         );
         assert_eq!(pool.used(), 2);
-        // .6 is the last one; after it only live addresses are left.
+        // .6 is the last one; after it only live addresses are left, and
+        // the one seen longest ago goes first.
         live.allocate(&mut pool, &[]).unwrap();
+        assert_eq!(live.excluded_from(&pool), 2);
+        let ip = live.allocate(&mut pool, &[]).unwrap();
+        assert_eq!(
+            ip,
+            "192.0.2.2".parse::<IpAddr>().unwrap(),
+            "seen at 0 like .4: the lower"
+        );
+        assert_eq!(
+            live.allocate(&mut pool, &[]).unwrap(),
+            "192.0.2.4".parse::<IpAddr>().unwrap()
+        );
         assert!(matches!(
             live.allocate(&mut pool, &[]),
             Err(PoolError::Exhausted { .. })
         ));
-        assert_eq!(live.excluded_from(&pool), 2);
+    }
+
+    #[test]
+    fn under_pressure_the_address_silent_longest_goes_first() {
+        let live = LiveAddresses::from_reports(
+            &[report(
+                "a",
+                &[
+                    ("192.0.2.2", "02:00:00:00:00:01", at(50)),
+                    ("192.0.2.3", "02:00:00:00:00:02", at(10)),
+                    ("192.0.2.4", "02:00:00:00:00:03", at(30)),
+                ],
+            )],
+            at(60),
+            DEFAULT_WIRE_WINDOW,
+        );
+        let mut pool = pool();
+        for _ in 0..2 {
+            live.allocate(&mut pool, &[]).unwrap();
+        }
+        let order: Vec<IpAddr> = (0..3)
+            .map(|_| live.allocate(&mut pool, &[]).unwrap())
+            .collect();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(order, [ip("192.0.2.3"), ip("192.0.2.4"), ip("192.0.2.2")]);
     }
 
     #[test]
