@@ -134,6 +134,8 @@ async fn a_requested_live_address_fails_naming_the_mac_and_when() {
     let error = ips::reconcile(Arc::new(record), Arc::clone(&ctx))
         .await
         .unwrap_err();
+    assert_eq!(error.metric_label(), "requested_live_on_wire");
+    assert_eq!(error.event_reason(), "RequestedAddressLiveOnWire");
     let failed = server.list::<FlatNetworkIP>().remove(0);
     let message = failed.status.unwrap_or_default().failure_message;
     for part in [
