@@ -1530,6 +1530,15 @@ fn test_run_records_every_claim_kind_in_the_wire_inventory() {
         (V4(v4(70)), mac(9), Some(WireKind::GratuitousArp))
     );
     assert!(after.last_seen_ns >= before);
+
+    // `inspect wire` reads the pin without the agent.
+    let out = inspect_ok(&["wire", "-o", "json"], &pin.path);
+    let rows: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), expected.len());
+    assert_eq!(rows[0]["address"], "192.0.2.70");
+    assert_eq!(rows[0]["mac"], "02:00:5e:00:01:09");
+    assert_eq!(rows[0]["kind"], "gratuitous_arp");
+    assert_eq!(rows[7]["vlan"], 100);
 }
 
 #[test]
