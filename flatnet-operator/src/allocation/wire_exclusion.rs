@@ -15,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client,
     runtime::{
+        WatchStreamExt,
         reflector::{self, Store},
         watcher,
     },
@@ -49,8 +50,11 @@ impl WireView {
     ) -> (Self, impl Stream<Item = ()> + Send + 'static) {
         let (reports, writer) = reflector::store();
         let api: Api<FlatNetworkWireClaims> = Api::namespaced(client, SUBNET_NAMESPACE);
-        let stream =
-            reflector::reflector(writer, watcher(api, watcher::Config::default())).map(|_| ());
+        // With backoff: without the CRD (an older chart) the list fails
+        // until it is installed, and must not be retried in a loop.
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .map(|_| ());
         (Self { reports, window }, stream)
     }
 
