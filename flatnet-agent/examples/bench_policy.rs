@@ -8,7 +8,8 @@
 //! N ingress rules, each allowing TCP 80 from its own /32, and send from the
 //! last rule's address. Every case runs on the programs loaded with kernel
 //! logs off and on; the uplink program also answers an ARP request, a
-//! logged path.
+//! logged path, and records the sender of an ARP request and the target of
+//! a neighbour advertisement in the wire inventory.
 //!
 //! The policy programs track allowed flows, so repeating one frame measures
 //! a tracked flow's later packets. The first packet of a flow (the full
@@ -79,6 +80,10 @@ fn run(pin_root: &std::path::Path) -> anyhow::Result<()> {
     println!("| uplink program: ARP request answered (logged) | – | – | {off} | {on} | redirect |");
     let (off, on) = uplink(&arp_request(Ipv4Addr::new(192, 0, 2, 99)))?;
     println!("| uplink program: ARP request not for us | – | – | {off} | {on} | pass |");
+    let (off, on) = uplink(&lan_neighbor_advertisement())?;
+    println!(
+        "| uplink program: neighbour advertisement from a LAN host | – | – | {off} | {on} | pass |"
+    );
     let (off, on) = measure(&mut quiet, &mut logging, &frame)?;
     println!(
         "| baseline: policy program, pod not isolated (allow-all), tracked flow | 0 | 0 | {off} | {on} | pass |"
@@ -251,6 +256,24 @@ fn arp_request(target: Ipv4Addr) -> Vec<u8> {
     f.extend_from_slice(&[0; 6]);
     f.extend_from_slice(&target.octets());
     f
+}
+
+/// An unsolicited neighbour advertisement of 2001:db8::c8 with its target
+/// link-layer option, from a LAN host.
+fn lan_neighbor_advertisement() -> Vec<u8> {
+    let target: std::net::Ipv6Addr = "2001:db8::c8".parse().expect("literal");
+    flatnet_agent::packet::ndp_frame(
+        [0x02, 0, 0, 0, 0, 1],
+        [0x33, 0x33, 0, 0, 0, 1],
+        target,
+        "ff02::1".parse().expect("literal"),
+        flatnet_agent::packet::NdpMessage::NeighborAdvertisement {
+            target,
+            solicited: false,
+            override_flag: true,
+        },
+    )
+    .expect("a fixed frame builds")
 }
 
 /// Ethernet + IPv4 + TCP header (SYN) from `src:40000` to `dst:port`.

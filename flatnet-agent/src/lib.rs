@@ -18,3 +18,4 @@ pub mod policy_controller;
 pub mod probe;
 pub mod records;
 pub mod rpc;
+pub mod wire_report;

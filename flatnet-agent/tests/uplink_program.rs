@@ -26,7 +26,7 @@ use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::{
     datapath::{
         AttachMechanism, Datapath, DatapathConfig, DatapathError, FrameCounters, TcAttach,
-        detach_uplink, kernel_has_tcx, map_pin_path,
+        detach_uplink, kernel_has_tcx, map_pin_path, monotonic_now_ns,
     },
     netns::run_in_netns,
     packet::{
@@ -37,6 +37,7 @@ use flatnet_common::{
     FrameKind,
     pin::{MAP_FRAME_COUNTERS, MAP_POLICY_CT, PINNED_MAPS, PROG_UPLINK_INGRESS},
     policy::Direction,
+    wire::WireKind,
 };
 use support::{
     TestNetns, TestPinRoot, privileged,
@@ -1383,4 +1384,244 @@ fn loading_refuses_a_pin_it_cannot_inspect() {
     );
     assert!(error.to_string().contains("rm "), "{error}");
     assert!(ct_path.is_dir(), "left in place");
+}
+
+// ---------------------------------------------------------------------------
+// Wire inventory
+// ---------------------------------------------------------------------------
+
+/// `(vlan, address, MAC, kind)` of every inventory entry, in map order.
+fn inventory(datapath: &Datapath) -> Vec<(u16, std::net::IpAddr, [u8; 6], Option<WireKind>)> {
+    datapath
+        .wire_claims()
+        .unwrap()
+        .into_iter()
+        .inspect(|e| assert_eq!(e.ifindex, LOOPBACK_IFINDEX))
+        .map(|e| (e.vlan, e.addr, e.mac, e.kind))
+        .collect()
+}
+
+/// `frame` with its Ethernet source replaced, so a test can tell the MAC
+/// of a link-layer option from the frame's sender.
+fn from_eth(mut frame: Vec<u8>, mac: [u8; 6]) -> Vec<u8> {
+    frame[6..12].copy_from_slice(&mac);
+    frame
+}
+
+#[test]
+fn test_run_records_every_claim_kind_in_the_wire_inventory() {
+    if !privileged("test_run_records_every_claim_kind_in_the_wire_inventory") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
+    let mac = |last: u8| [0x02, 0x00, 0x5e, 0x00, 0x01, last];
+    let v4 = |last: u8| Ipv4Addr::new(192, 0, 2, last);
+    let v6 = |last: u16| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, last);
+    let gateway = v4(1);
+    let frames = [
+        // A plain request: its sender fields.
+        arp_frame(
+            mac(1),
+            BROADCAST,
+            ArpOperation::REQUEST,
+            (mac(1), v4(70)),
+            ([0; 6], gateway),
+        )
+        .unwrap(),
+        arp_frame(
+            mac(2),
+            LAN_MAC,
+            ArpOperation::REPLY,
+            (mac(2), v4(71)),
+            (LAN_MAC, gateway),
+        )
+        .unwrap(),
+        gratuitous_arp(mac(3), v4(72)),
+        // A probe (sender 0.0.0.0): its target.
+        arp_frame(
+            mac(4),
+            BROADCAST,
+            ArpOperation::REQUEST,
+            (mac(4), Ipv4Addr::UNSPECIFIED),
+            ([0; 6], v4(73)),
+        )
+        .unwrap(),
+        // Tagged with VLAN 100 on a trunk uplink.
+        vlan_tagged(
+            &arp_frame(
+                mac(5),
+                BROADCAST,
+                ArpOperation::REQUEST,
+                (mac(5), v4(74)),
+                ([0; 6], gateway),
+            )
+            .unwrap(),
+            0x8100,
+            100,
+        ),
+        // Solicitation and advertisement: the MAC of their link-layer
+        // option, not the frame's Ethernet source.
+        from_eth(
+            ndp_frame(
+                mac(6),
+                ipv6_multicast_mac(solicited_node(v6(1))),
+                v6(70),
+                solicited_node(v6(1)),
+                NdpMessage::NeighborSolicitation { target: v6(1) },
+            )
+            .unwrap(),
+            mac(0x66),
+        ),
+        from_eth(
+            ndp_frame(
+                mac(7),
+                LAN_MAC,
+                v6(71),
+                "fe80::1".parse().unwrap(),
+                NdpMessage::NeighborAdvertisement {
+                    target: v6(71),
+                    solicited: true,
+                    override_flag: true,
+                },
+            )
+            .unwrap(),
+            mac(0x77),
+        ),
+        flatnet_agent::packet::dad_probe_frame(mac(8), v6(72)).unwrap(),
+    ];
+    for frame in &frames {
+        let out = datapath.test_run_uplink(frame, 1).unwrap();
+        assert_eq!(out.verdict, PASS, "nothing listed: every frame passes");
+    }
+    use std::net::IpAddr::{V4, V6};
+    let expected = vec![
+        (0, V4(v4(70)), mac(1), Some(WireKind::ArpRequest)),
+        (0, V4(v4(71)), mac(2), Some(WireKind::ArpReply)),
+        (0, V4(v4(72)), mac(3), Some(WireKind::GratuitousArp)),
+        (0, V4(v4(73)), mac(4), Some(WireKind::ArpProbe)),
+        (0, V6(v6(70)), mac(6), Some(WireKind::NeighborSolicitation)),
+        (0, V6(v6(71)), mac(7), Some(WireKind::NeighborAdvertisement)),
+        (
+            0,
+            V6(v6(72)),
+            mac(8),
+            Some(WireKind::DuplicateAddressDetection),
+        ),
+        (100, V4(v4(74)), mac(5), Some(WireKind::ArpRequest)),
+    ];
+    assert_eq!(inventory(&datapath), expected);
+    let now = monotonic_now_ns();
+    for entry in datapath.wire_claims().unwrap() {
+        assert!(
+            entry.last_seen_ns > 0 && entry.last_seen_ns <= now,
+            "{entry:?}"
+        );
+    }
+
+    // Another MAC claiming .70 replaces the first: the last one seen counts.
+    let before = datapath.wire_claims().unwrap()[0].last_seen_ns;
+    datapath
+        .test_run_uplink(&gratuitous_arp(mac(9), v4(70)), 1)
+        .unwrap();
+    let after = datapath.wire_claims().unwrap()[0];
+    assert_eq!(
+        (after.addr, after.mac, after.kind),
+        (V4(v4(70)), mac(9), Some(WireKind::GratuitousArp))
+    );
+    assert!(after.last_seen_ns >= before);
+
+    // `inspect wire` reads the pin without the agent.
+    let out = inspect_ok(&["wire", "-o", "json"], &pin.path);
+    let rows: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), expected.len());
+    assert_eq!(rows[0]["address"], "192.0.2.70");
+    assert_eq!(rows[0]["mac"], "02:00:5e:00:01:09");
+    assert_eq!(rows[0]["kind"], "gratuitous_arp");
+    assert_eq!(rows[7]["vlan"], 100);
+}
+
+#[test]
+fn test_run_never_records_truncated_or_hostile_frames() {
+    if !privileged("test_run_never_records_truncated_or_hostile_frames") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
+    let rogue_request = |sender_mac: [u8; 6], sender: Ipv4Addr| {
+        arp_frame(
+            ROGUE_MAC,
+            BROADCAST,
+            ArpOperation::REQUEST,
+            (sender_mac, sender),
+            ([0; 6], Ipv4Addr::new(192, 0, 2, 1)),
+        )
+        .unwrap()
+    };
+    let good = rogue_request(ROGUE_MAC, Ipv4Addr::new(192, 0, 2, 80));
+    let advertisement = ndp_frame(
+        ROGUE_MAC,
+        LAN_MAC,
+        managed_v6(),
+        "fe80::1".parse().unwrap(),
+        NdpMessage::NeighborAdvertisement {
+            target: managed_v6(),
+            solicited: true,
+            override_flag: true,
+        },
+    )
+    .unwrap();
+    // The advertisement's option starts after Ethernet, IPv6 and 24 bytes.
+    let option = 14 + 40 + 24;
+    let mut zero_length_option = advertisement.clone();
+    zero_length_option[option + 1] = 0;
+    let mut bad_hardware_length = good.clone();
+    bad_hardware_length[14 + 4] = 8;
+    let hostile = [
+        ("ARP cut in its sender address", good[..14 + 12].to_vec()),
+        ("ARP cut before its target", good[..14 + 20].to_vec()),
+        (
+            "advertisement cut in its option",
+            advertisement[..option + 4].to_vec(),
+        ),
+        (
+            "advertisement with a zero-length option",
+            zero_length_option,
+        ),
+        ("ARP with hardware length 8", bad_hardware_length),
+        (
+            "multicast sender MAC",
+            rogue_request([0x01, 0x00, 0x5e, 0, 0, 1], Ipv4Addr::new(192, 0, 2, 81)),
+        ),
+        (
+            "broadcast sender address",
+            rogue_request(ROGUE_MAC, Ipv4Addr::BROADCAST),
+        ),
+        (
+            "multicast sender address",
+            rogue_request(ROGUE_MAC, Ipv4Addr::new(224, 0, 0, 5)),
+        ),
+        (
+            "link-local IPv6 source",
+            ndp_frame(
+                ROGUE_MAC,
+                ipv6_multicast_mac(solicited_node(managed_v6())),
+                "fe80::99".parse().unwrap(),
+                solicited_node(managed_v6()),
+                NdpMessage::NeighborSolicitation {
+                    target: managed_v6(),
+                },
+            )
+            .unwrap(),
+        ),
+    ];
+    for (what, frame) in &hostile {
+        let out = datapath.test_run_uplink(frame, 1).unwrap();
+        assert_eq!(out.verdict, PASS, "{what} passes on");
+        assert_eq!(inventory(&datapath), vec![], "{what} recorded");
+    }
+    // The same frames whole are recorded, so the cuts above were what kept them out.
+    datapath.test_run_uplink(&good, 1).unwrap();
+    datapath.test_run_uplink(&advertisement, 1).unwrap();
+    assert_eq!(inventory(&datapath).len(), 2);
 }

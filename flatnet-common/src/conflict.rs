@@ -5,7 +5,10 @@
 //! the LAN against the `MANAGED_ADDRS` map and reports a claim made with a
 //! MAC other than the owner's through the `CONFLICT_EVENTS` ring buffer.
 
-use crate::responder::{ARP_LEN, IPV6_LEN, NS_LEN};
+use crate::{
+    responder::{ARP_LEN, IPV6_LEN, NS_LEN},
+    wire::{Sighting, arp_sighting, ndp_sighting},
+};
 
 /// Kernel-side minimum interval between two reports for one address, so a
 /// flood of gratuitous ARP cannot flood the agent.
@@ -191,34 +194,12 @@ pub struct ConflictEvent {
 /// and probes. Ordinary requests only ask.
 #[inline(always)]
 pub fn arp_claim(arp: &[u8; ARP_LEN]) -> Option<AddressClaim> {
-    // Ethernet / IPv4 / 6 / 4 only.
-    if arp[0] != 0 || arp[1] != 1 || arp[2] != 8 || arp[3] != 0 || arp[4] != 6 || arp[5] != 4 {
-        return None;
-    }
-    let opcode = u16::from_be_bytes([arp[6], arp[7]]);
-    let sender_ip = [arp[14], arp[15], arp[16], arp[17]];
-    let target_ip = [arp[24], arp[25], arp[26], arp[27]];
-    let mac = [arp[8], arp[9], arp[10], arp[11], arp[12], arp[13]];
-    let (kind, ip) = match opcode {
-        2 => (ClaimKind::ArpReply, sender_ip),
-        1 if sender_ip == target_ip => (ClaimKind::GratuitousArp, sender_ip),
-        1 if sender_ip == [0; 4] => (ClaimKind::ArpProbe, target_ip),
-        _ => return None,
-    };
-    if ip == [0; 4] {
-        return None;
-    }
-    Some(AddressClaim {
-        addr: AddrKey::v4(0, ip).addr,
-        mac,
-        kind,
-    })
+    arp_sighting(arp).and_then(Sighting::claim)
 }
 
 /// The claim an ICMPv6 frame makes, if any: neighbour advertisements (the
 /// MAC from the target link-layer option when present, else `eth_src`) and
-/// duplicate address detection solicitations. `icmp` holds the first 24
-/// bytes of the message, `option` the 8 after them (zero when absent).
+/// duplicate address detection solicitations; see [`ndp_sighting`].
 #[inline(always)]
 pub fn ndp_claim(
     ip6: &[u8; IPV6_LEN],
@@ -226,27 +207,7 @@ pub fn ndp_claim(
     option: &[u8; 8],
     eth_src: [u8; 6],
 ) -> Option<AddressClaim> {
-    // Valid NDP only: hop limit 255, code 0 (RFC 4861 §7.1).
-    if ip6[6] != 58 || ip6[7] != 255 || icmp[1] != 0 {
-        return None;
-    }
-    let mut addr = [0u8; 16];
-    addr.copy_from_slice(&icmp[8..24]);
-    let source_unspecified = ip6[8..24] == [0u8; 16];
-    let kind = match icmp[0] {
-        136 => ClaimKind::NeighborAdvertisement,
-        135 if source_unspecified => ClaimKind::DuplicateAddressDetection,
-        _ => return None,
-    };
-    // Target link-layer address option: type 2, length 1.
-    let mac = if kind == ClaimKind::NeighborAdvertisement && option[0] == 2 && option[1] == 1 {
-        [
-            option[2], option[3], option[4], option[5], option[6], option[7],
-        ]
-    } else {
-        eth_src
-    };
-    Some(AddressClaim { addr, mac, kind })
+    ndp_sighting(ip6, icmp, option, eth_src).and_then(Sighting::claim)
 }
 
 /// Whether a claim by `claimed_mac` on an address owned by `owner_mac`
@@ -280,18 +241,9 @@ unsafe impl aya::Pod for RecentConflict {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::test_frames::{MAC as FOREIGN, arp, ndp};
 
-    const FOREIGN: [u8; 6] = [0x02, 0, 0, 0, 0, 0xee];
     const OWNER: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-
-    fn arp(opcode: u8, sender_ip: [u8; 4], target_ip: [u8; 4]) -> [u8; ARP_LEN] {
-        let mut a = [0u8; ARP_LEN];
-        a[..8].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, opcode]);
-        a[8..14].copy_from_slice(&FOREIGN);
-        a[14..18].copy_from_slice(&sender_ip);
-        a[24..28].copy_from_slice(&target_ip);
-        a
-    }
 
     #[test]
     fn arp_claims() {
@@ -323,25 +275,11 @@ mod tests {
         );
     }
 
-    fn ndp(icmp_type: u8, source: [u8; 16], hop_limit: u8) -> ([u8; IPV6_LEN], [u8; NS_LEN]) {
-        let mut ip6 = [0u8; IPV6_LEN];
-        ip6[0] = 0x60;
-        ip6[6] = 58;
-        ip6[7] = hop_limit;
-        ip6[8..24].copy_from_slice(&source);
-        let mut icmp = [0u8; NS_LEN];
-        icmp[0] = icmp_type;
-        icmp[8] = 0x20;
-        icmp[9] = 0x01;
-        icmp[23] = 5;
-        (ip6, icmp)
-    }
-
     #[test]
     fn ndp_claims() {
         let link_local = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
         let tlla = [2, 1, 0x02, 0, 0, 0, 0, 0x77];
-        let (ip6, icmp) = ndp(136, link_local, 255);
+        let (ip6, icmp) = ndp(136, link_local);
         let claim = ndp_claim(&ip6, &icmp, &tlla, FOREIGN).unwrap();
         assert_eq!(claim.kind, ClaimKind::NeighborAdvertisement);
         assert_eq!(claim.mac, [0x02, 0, 0, 0, 0, 0x77], "MAC from the option");
@@ -349,18 +287,19 @@ mod tests {
             ndp_claim(&ip6, &icmp, &[0; 8], FOREIGN).unwrap().mac,
             FOREIGN
         );
-        let (ip6, icmp) = ndp(135, [0; 16], 255);
+        let (ip6, icmp) = ndp(135, [0; 16]);
         assert_eq!(
             ndp_claim(&ip6, &icmp, &[0; 8], FOREIGN).unwrap().kind,
             ClaimKind::DuplicateAddressDetection
         );
-        let (ip6, icmp) = ndp(135, link_local, 255);
+        let (ip6, icmp) = ndp(135, link_local);
         assert_eq!(
             ndp_claim(&ip6, &icmp, &[0; 8], FOREIGN),
             None,
             "an ordinary solicitation"
         );
-        let (ip6, icmp) = ndp(136, link_local, 64);
+        let (mut ip6, icmp) = ndp(136, link_local);
+        ip6[7] = 64;
         assert_eq!(
             ndp_claim(&ip6, &icmp, &tlla, FOREIGN),
             None,

@@ -12,5 +12,6 @@ pub mod pin;
 pub mod policy;
 pub mod responder;
 pub mod verdict;
+pub mod wire;
 
 pub use frame_counter::{FrameCounter, FrameKind};

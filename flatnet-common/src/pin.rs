@@ -36,6 +36,10 @@ pub const MAP_CONFLICT_EVENTS: &str = "CONFLICT_EVENTS";
 /// the latest conflict on each managed address.
 pub const MAP_RECENT_CONFLICTS: &str = "RECENT_CONFLICT";
 
+/// LRU hash [`crate::wire::WireKey`] → [`crate::wire::WireClaim`]: the wire
+/// inventory, the MAC last seen claiming each address on each uplink.
+pub const MAP_WIRE_CLAIMS: &str = "WIRE_CLAIMS";
+
 /// LPM trie [`crate::policy::PolicyLpmData`] → [`crate::policy::PolicyAllow`]:
 /// what each pod address may exchange with each remote prefix, per direction.
 pub const MAP_POLICY_CIDRS: &str = "POLICY_CIDRS";
@@ -66,7 +70,7 @@ pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
 pub const MAP_POLICY_EVENT_BUDGET: &str = "POLICY_EVBUDGET";
 
 /// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
-pub const PINNED_MAPS: [&str; 15] = [
+pub const PINNED_MAPS: [&str; 16] = [
     MAP_FRAME_COUNTERS,
     MAP_ARP_RESPONDER,
     MAP_NDP_RESPONDER,
@@ -74,6 +78,7 @@ pub const PINNED_MAPS: [&str; 15] = [
     MAP_MANAGED_ADDRS,
     MAP_CONFLICT_EVENTS,
     MAP_RECENT_CONFLICTS,
+    MAP_WIRE_CLAIMS,
     MAP_POLICY_CIDRS,
     MAP_POLICY_SUBJECTS,
     MAP_POLICY_RULE_STATS,
@@ -121,3 +126,4 @@ const _: () = assert!(MAP_POLICY_EVENTS.len() <= 15);
 const _: () = assert!(MAP_POLICY_EVENT_BUDGET.len() <= 15);
 const _: () = assert!(PROG_POLICY_INGRESS.len() <= 15);
 const _: () = assert!(PROG_POLICY_EGRESS.len() <= 15);
+const _: () = assert!(MAP_WIRE_CLAIMS.len() <= 15);

@@ -6,7 +6,9 @@
 //! addresses that live behind the node, such as ipvlan L3 pods). Answers are
 //! rewritten in place and sent back out of the same interface; every other
 //! frame continues up the stack untouched. ARP and NDP frames in which a
-//! foreign MAC claims a managed address are reported through a ring buffer.
+//! foreign MAC claims a managed address are reported through a ring buffer,
+//! and every address an ARP or NDP frame names with a MAC goes into the
+//! wire inventory (`WIRE_CLAIMS`, see `flatnet_common::wire`).
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
@@ -18,14 +20,17 @@ use aya_ebpf::{
 use flatnet_common::{
     FrameCounter, FrameKind,
     conflict::{
-        AddrKey, AddressClaim, CONFLICT_RING_BYTES, ClaimKind, ConflictEvent, MANAGED_MAX_ENTRIES,
-        ManagedAddr, RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, arp_claim, ndp_claim,
-        should_report, vlan_id,
+        AddrKey, CONFLICT_RING_BYTES, ConflictEvent, MANAGED_MAX_ENTRIES, ManagedAddr,
+        RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, should_report, vlan_id,
     },
     pin::RESPONDER_MAX_ENTRIES,
     responder::{
         ARP_LEN, ArpResponderKey, IPV6_LEN, NA_LEN, NS_LEN, NdpResponderKey, ResponderEntry,
         ResponderStat, arp_question, arp_reply, ipv6_dst_mac, ndp_question, neighbor_advertisement,
+    },
+    wire::{
+        Sighting, WIRE_CLAIMS_MAX_ENTRIES, WireClaim, WireKey, WireKind, arp_sighting,
+        ndp_has_option, ndp_sighting,
     },
 };
 
@@ -65,6 +70,10 @@ static RECENT_CONFLICT: LruHashMap<
     RecentConflict,
     { RECENT_CONFLICTS_MAX_ENTRIES as usize },
 > = LruHashMap::new();
+
+#[btf_map]
+static WIRE_CLAIMS: LruHashMap<WireKey, WireClaim, { WIRE_CLAIMS_MAX_ENTRIES as usize }> =
+    LruHashMap::new();
 
 /// Offset of the opcode inside the ARP header.
 const ARP_OPCODE_OFFSET: usize = 6;
@@ -138,7 +147,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
     match kind {
         FrameKind::ArpRequest | FrameKind::ArpReply => {
             let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
-            let claimed = arp_claim(&arp).is_some_and(|claim| note_claim(ifindex, &claim));
+            let claimed = arp_sighting(&arp).is_some_and(|seen| note_claim(ifindex, &seen));
             if kind == FrameKind::ArpRequest {
                 return Ok((
                     u64::from(answer_arp(ctx, l3, ifindex, &arp).cast_unsigned()),
@@ -153,10 +162,16 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let eth_src: [u8; 6] = ctx
                 .load(ETH_SRC_OFFSET)
                 .map_err(|_| ParseError::Truncated)?;
-            // The first option, when there is one.
-            let option: [u8; 8] = ctx.load(l3 + IPV6_LEN + NS_LEN).unwrap_or([0; 8]);
-            let claimed = ndp_claim(&ip6, &icmp, &option, eth_src)
-                .is_some_and(|claim| note_claim(ifindex, &claim));
+            // The first option, when the header says there is one: a frame
+            // cut short of it is truncated, and names nobody.
+            let option: [u8; 8] = if ndp_has_option(&ip6) {
+                ctx.load(l3 + IPV6_LEN + NS_LEN)
+                    .map_err(|_| ParseError::Truncated)?
+            } else {
+                [0; 8]
+            };
+            let claimed = ndp_sighting(&ip6, &icmp, &option, eth_src)
+                .is_some_and(|seen| note_claim(ifindex, &seen));
             if kind == FrameKind::NeighborSolicitation {
                 // Answered after the parser returned: building the
                 // advertisement needs stack room the parser's frame lacks.
@@ -169,9 +184,14 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
     }
 }
 
-/// Notes `claim` for [`handle_claim`]; false when there is no slot.
+/// Notes `claim` for [`handle_claim`]; false when there is no slot or the
+/// inventory would not record it (then it is no conflict either: a claim
+/// with a multicast MAC or on a non-unicast address is not a host's).
 #[inline(always)]
-fn note_claim(ifindex: u32, claim: &AddressClaim) -> bool {
+fn note_claim(ifindex: u32, claim: &Sighting) -> bool {
+    if !claim.recordable() {
+        return false;
+    }
     let Some(slot) = PENDING_CLAIM.get_ptr_mut(0) else {
         return false;
     };
@@ -185,10 +205,10 @@ fn note_claim(ifindex: u32, claim: &AddressClaim) -> bool {
     true
 }
 
-/// A claim on a managed address with a foreign MAC is a conflict: it is
-/// recorded in `RECENT_CONFLICT` every time and reported through the ring
-/// buffer at most once per [`flatnet_common::conflict::REPORT_INTERVAL_NS`]
-/// per address.
+/// Every claim goes into the wire inventory. A claim on a managed address
+/// with a foreign MAC is a conflict: it is recorded in `RECENT_CONFLICT`
+/// every time and reported through the ring buffer at most once per
+/// [`flatnet_common::conflict::REPORT_INTERVAL_NS`] per address.
 #[inline(never)]
 fn handle_claim(ctx: &TcContext) {
     let Some(slot) = PENDING_CLAIM.get_ptr(0) else {
@@ -197,9 +217,32 @@ fn handle_claim(ctx: &TcContext) {
     // SAFETY: per-CPU slot written by this run's parser; copied out at once.
     let (addr, mac, ifindex, raw_kind) =
         unsafe { ((*slot).addr, (*slot).mac, (*slot).ifindex, (*slot).kind) };
-    let Some(kind) = ClaimKind::from_u32(raw_kind) else {
+    let Some(wire_kind) = WireKind::from_u8(raw_kind as u8) else {
         return;
     };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let vlan = frame_vlan(ctx);
+    let seen = WireClaim {
+        mac,
+        kind: wire_kind as u8,
+        reserved: 0,
+        last_seen_ns: now,
+    };
+    let wire_key = WireKey::address(ifindex, vlan, addr);
+    // SAFETY: the pointer from the lookup is valid for this program run; a
+    // racing update at worst writes the same claim twice.
+    let fresh = WIRE_CLAIMS
+        .get_ptr(wire_key)
+        .is_some_and(|entry| unsafe { (*entry).refreshed_by(&seen) });
+    if !fresh {
+        // A full map evicts the claim seen longest ago.
+        let _ = WIRE_CLAIMS.insert(wire_key, seen, 0);
+    }
+    let Some(kind) = wire_kind.claim() else {
+        return;
+    };
+    let raw_kind = kind as u32;
     let key = AddrKey { ifindex, addr };
     let Some(owner) = MANAGED_ADDRS.get_ptr_mut(key) else {
         return;
@@ -209,8 +252,6 @@ fn handle_claim(ctx: &TcContext) {
     if mac == owner_mac {
         return;
     }
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
     // Copied into an initialised value: the verifier rejects reads of the
     // undefined parts an `Option` copy leaves when the entry is absent.
     let mut previous = RecentConflict {
@@ -230,8 +271,7 @@ fn handle_claim(ctx: &TcContext) {
         }
         None => false,
     };
-    let recent =
-        RecentConflict::after_claim(found.then_some(&previous), mac, kind, frame_vlan(ctx), now);
+    let recent = RecentConflict::after_claim(found.then_some(&previous), mac, kind, vlan, now);
     let _ = RECENT_CONFLICT.insert(key, recent, 0);
 
     // SAFETY: as above; a racing update of `last_report_ns` at worst reports twice.

@@ -17,7 +17,7 @@ use flatnet_k8s::{
 use flatnet_operator::{
     allocation::{
         Backoff, Caches, Context, Settings, events::Events, fake_api::FakeApiServer, ips, pods,
-        subnets::OrphanClock,
+        subnets::OrphanClock, wire_exclusion::WireView,
     },
     metrics::Metrics,
 };
@@ -63,6 +63,7 @@ fn context(server: &FakeApiServer) -> Arc<Context> {
         orphans: OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
+        wire: WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
     })
 }
 

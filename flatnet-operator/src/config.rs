@@ -195,6 +195,12 @@ pub struct Cli {
     /// released (Go duration); a node recreated sooner keeps them.
     #[arg(long, env = "FLATNET_NODE_GONE_GRACE", default_value = "5m")]
     pub node_gone_grace: String,
+
+    /// How long an address that a host outside flatnet claimed on the LAN
+    /// stays out of the pool after it was last seen (Go duration; 0s turns
+    /// wire-aware allocation off).
+    #[arg(long, env = "FLATNET_WIRE_WINDOW", default_value = "1h")]
+    pub wire_window: String,
 }
 
 /// `--statefulset-address-policy` values.
@@ -498,6 +504,7 @@ impl Cli {
                     "FLATNET_NODE_GONE_GRACE (--node-gone-grace)",
                     &self.node_gone_grace,
                 )?,
+                wire_window: go_duration("FLATNET_WIRE_WINDOW (--wire-window)", &self.wire_window)?,
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
                 ..crate::allocation::Settings::default()
             },

@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
-use flatnet_agent::datapath::{PinnedMaps, PolicyMaps, RecentConflictEntry, format_mac};
+use flatnet_agent::datapath::{
+    PinnedMaps, PolicyMaps, RecentConflictEntry, WireClaimEntry, format_mac, monotonic_now_ns,
+};
 use flatnet_common::conflict::ClaimKind;
 use serde::Serialize;
 
@@ -45,6 +47,15 @@ pub enum InspectCommand {
         #[arg(long, short, value_enum, default_value = "table")]
         output: Output,
     },
+    /// The wire inventory: the MAC last seen claiming each address on the
+    /// LAN (uplink, VLAN, frame kind, seconds since).
+    Wire {
+        #[command(flatten)]
+        pin: PinArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "table")]
+        output: Output,
+    },
     /// Managed addresses, network policy with its counters and recent
     /// conflicts in one view.
     All {
@@ -64,6 +75,31 @@ struct ConflictRow {
     conflict: RecentConflictEntry,
     /// Seconds since the latest claim (kernel monotonic clock).
     last_seen_seconds_ago: f64,
+}
+
+/// One row of `inspect wire`.
+#[derive(Serialize)]
+struct WireRow {
+    address: IpAddr,
+    interface: String,
+    vlan: u16,
+    mac: String,
+    kind: &'static str,
+    /// Seconds since the latest claim (kernel monotonic clock).
+    last_seen_seconds_ago: f64,
+}
+
+impl WireRow {
+    fn new(entry: &WireClaimEntry, now_ns: u64) -> Self {
+        Self {
+            address: entry.addr,
+            interface: interface_name(entry.ifindex),
+            vlan: entry.vlan,
+            mac: format_mac(entry.mac),
+            kind: entry.kind.map_or("unknown", |k| k.name()),
+            last_seen_seconds_ago: entry.age(now_ns).as_secs_f64(),
+        }
+    }
 }
 
 /// One row of `inspect addresses`.
@@ -120,6 +156,34 @@ impl InspectCommand {
                     Output::Table => print_conflicts(&rows),
                 }
             }
+            InspectCommand::Wire { pin, output } => {
+                let now = monotonic_now_ns();
+                let rows: Vec<WireRow> = open(&pin)?
+                    .wire_claims()?
+                    .iter()
+                    .map(|e| WireRow::new(e, now))
+                    .collect();
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+                    Output::Table => {
+                        println!(
+                            "{:<40} {:<16} {:>4} {:<17} {:<28} {:>12}",
+                            "ADDRESS", "INTERFACE", "VLAN", "MAC", "LAST CLAIM", "LAST (s ago)"
+                        );
+                        for r in &rows {
+                            println!(
+                                "{:<40} {:<16} {:>4} {:<17} {:<28} {:>12.1}",
+                                r.address.to_string(),
+                                r.interface,
+                                r.vlan,
+                                r.mac,
+                                r.kind,
+                                r.last_seen_seconds_ago
+                            );
+                        }
+                    }
+                }
+            }
             InspectCommand::All { pin, output } => {
                 let mut maps = open(&pin)?;
                 let addresses = address_rows(&mut maps)?;
@@ -172,7 +236,7 @@ fn print_addresses(rows: &[AddressRow]) {
 }
 
 fn conflict_rows(maps: &PinnedMaps) -> anyhow::Result<Vec<ConflictRow>> {
-    let now = monotonic_ns();
+    let now = monotonic_now_ns();
     Ok(maps
         .recent_conflicts()?
         .into_iter()
@@ -196,7 +260,7 @@ fn print_conflicts(rows: &[ConflictRow]) {
         "FIRST (s ago)",
         "LAST (s ago)"
     );
-    let now = monotonic_ns();
+    let now = monotonic_now_ns();
     for r in rows {
         let c = &r.conflict;
         println!(
@@ -211,18 +275,6 @@ fn print_conflicts(rows: &[ConflictRow]) {
             r.last_seen_seconds_ago
         );
     }
-}
-
-/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`, in nanoseconds.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec the call writes.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    // The monotonic clock is never negative.
-    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
 }
 
 fn interface_name(ifindex: u32) -> String {

@@ -22,6 +22,7 @@ use flatnet_agent::{
     },
     records::{DEFAULT_RECORD_DIR, Records},
     rpc::{AgentServer, ServerConfig},
+    wire_report,
 };
 use flatnet_common::pin::PIN_ROOT;
 use flatnet_k8s::env;
@@ -149,7 +150,8 @@ impl RunArgs {
             let state_file = self.state_file.as_deref().expect("clap requires it");
             let rejected = metrics.state_file_rejected.clone();
             let state = StateSource::new(state_file, &self.state_dir, rejected);
-            let desired = Standalone::following(state, &self.state_dir)?;
+            let desired =
+                Standalone::following(state, &self.state_dir)?.with_wire_inventory(&self.pin_root);
             let records = Records::open(&self.record_dir)?;
             desired
                 .adopt_records(&records.all()?)
@@ -169,7 +171,8 @@ impl RunArgs {
             let desired = Kubernetes::new(client.clone(), &node_name, wait);
             desired.follow_allocations();
             let records = Records::open(&self.record_dir)?;
-            let source = PolicySource::Kubernetes(client);
+            let source = PolicySource::Kubernetes(client.clone());
+            let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
             self.serve(
                 node_name,
                 desired,
@@ -178,6 +181,7 @@ impl RunArgs {
                 metrics,
                 |service| async move {
                     sync_until_reachable(service.desired()).await;
+                    wire_report::run(service.desired(), client, &node, &pin_root).await;
                 },
             )
             .await

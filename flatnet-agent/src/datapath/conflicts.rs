@@ -225,7 +225,7 @@ fn key(ifindex: u32, addr: IpAddr) -> AddrKey {
     }
 }
 
-fn ip_from_key(addr: &[u8; 16]) -> IpAddr {
+pub(super) fn ip_from_key(addr: &[u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(*addr);
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }

@@ -23,6 +23,7 @@ mod tc_netlink;
 mod tcx;
 mod test_run;
 mod uplink;
+mod wire;
 
 use std::{
     os::fd::AsFd,
@@ -32,7 +33,8 @@ use std::{
 use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
-    MAP_NDP_RESPONDER, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, PIN_ROOT, PINNED_MAPS,
+    MAP_NDP_RESPONDER, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS, PIN_ROOT,
+    PINNED_MAPS,
 };
 
 pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs};
@@ -48,6 +50,7 @@ pub use responder::{ResponderStats, Responders};
 pub use tc::{AttachMechanism, TcAttach, kernel_has_tcx};
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
+pub use wire::{WireClaimEntry, monotonic_now_ns};
 
 /// The eBPF object, embedded so the agent never runs against a stale build.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("FLATNET_EBPF_OBJECT"));
@@ -389,6 +392,11 @@ impl Datapath {
     /// The latest conflict on each managed address, latest first.
     pub fn recent_conflicts(&self) -> Result<Vec<RecentConflictEntry>, DatapathError> {
         conflicts::recent_conflicts(self.map(MAP_RECENT_CONFLICTS)?)
+    }
+
+    /// The wire inventory: the MAC last seen claiming each address.
+    pub fn wire_claims(&self) -> Result<Vec<WireClaimEntry>, DatapathError> {
+        wire::wire_claims(self.map(MAP_WIRE_CLAIMS)?)
     }
 
     /// Answers the uplink program has sent, summed over CPUs.

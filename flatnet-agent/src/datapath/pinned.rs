@@ -6,12 +6,12 @@ use std::{collections::HashMap, path::Path};
 use aya::maps::{Map, MapData};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, MAP_NDP_RESPONDER,
-    MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS,
+    MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
 };
 
 use super::{
     DatapathError, FrameCounters, ManagedAddrs, RecentConflictEntry, ResponderStats, Responders,
-    conflicts, map_error, map_pin_path,
+    WireClaimEntry, conflicts, map_error, map_pin_path, wire,
 };
 
 /// The maps pinned under one pin root.
@@ -31,6 +31,7 @@ impl PinnedMaps {
             MAP_RESPONDER_STATS,
             MAP_MANAGED_ADDRS,
             MAP_RECENT_CONFLICTS,
+            MAP_WIRE_CLAIMS,
         ] {
             let data = MapData::from_pin(map_pin_path(pin_root, name)).map_err(map_error(name))?;
             maps.insert(name, Map::from_map_data(data).map_err(map_error(name))?);
@@ -66,6 +67,11 @@ impl PinnedMaps {
     /// The latest conflict on each managed address, latest first.
     pub fn recent_conflicts(&self) -> Result<Vec<RecentConflictEntry>, DatapathError> {
         conflicts::recent_conflicts(self.map(MAP_RECENT_CONFLICTS)?)
+    }
+
+    /// The wire inventory: the MAC last seen claiming each address.
+    pub fn wire_claims(&self) -> Result<Vec<WireClaimEntry>, DatapathError> {
+        wire::wire_claims(self.map(MAP_WIRE_CLAIMS)?)
     }
 
     /// The addresses watched for conflicts.

@@ -186,6 +186,39 @@ impl Kubernetes {
             .is_some_and(|f| f.ips.is_complete() && f.subnets.is_complete())
     }
 
+    /// The subnets in the copy of [`Self::follow_allocations`] (none before
+    /// it is complete).
+    pub fn followed_subnets(&self) -> Vec<FlatNetworkSubnet> {
+        self.followed
+            .get()
+            .filter(|f| f.subnets.is_complete())
+            .map(|f| {
+                f.subnets
+                    .store
+                    .state()
+                    .iter()
+                    .map(|s| (**s).clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The MACs every FlatNetworkIP in the copy of
+    /// [`Self::follow_allocations`] records, on any node; `None` before the
+    /// copy is complete (then no MAC can be called foreign).
+    pub fn flatnet_macs(&self) -> Option<std::collections::HashSet<[u8; 6]>> {
+        let followed = self.followed.get().filter(|f| f.ips.is_complete())?;
+        Some(
+            followed
+                .ips
+                .store
+                .state()
+                .iter()
+                .filter_map(|ip| parse_mac(&ip.status.as_ref()?.mac))
+                .collect(),
+        )
+    }
+
     /// Whether the copy of [`Self::follow_allocations`] holds FlatNetworkIP
     /// `namespace/name` allocated (benchmarks wait for it).
     pub fn follows(&self, namespace: &str, name: &str) -> bool {

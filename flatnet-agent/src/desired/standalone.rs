@@ -14,10 +14,11 @@ use std::{
 };
 
 use flatnet_k8s::{
-    ipam::{Family, Pool},
+    ipam::{DEFAULT_WIRE_WINDOW, Family, LiveAddresses, LiveClaim, Pool},
     validation::{ValidSubnet, check_siblings},
 };
 use ipnet::IpNet;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -625,6 +626,8 @@ pub struct Standalone {
     /// and one write carries every change made before it.
     written: Mutex<u64>,
     _lock: Flock<File>,
+    /// Where the wire inventory is pinned, when allocation consults it.
+    wire_inventory: Option<PathBuf>,
 }
 
 impl Standalone {
@@ -667,6 +670,7 @@ impl Standalone {
             }),
             written: Mutex::new(0),
             _lock: lock,
+            wire_inventory: None,
         })
     }
 
@@ -679,6 +683,49 @@ impl Standalone {
         standalone.store.get_mut().state = loaded;
         standalone.source = Some(source);
         Ok(standalone)
+    }
+
+    /// Makes allocation skip addresses the wire inventory pinned under
+    /// `pin_root` shows live: claimed by any MAC within
+    /// [`flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW`] (a node has no cluster
+    /// to tell its pods' MACs from others; the addresses its pods hold are
+    /// taken anyway, so only free ones are affected).
+    #[must_use]
+    pub fn with_wire_inventory(mut self, pin_root: &Path) -> Self {
+        self.wire_inventory = Some(pin_root.to_owned());
+        self
+    }
+
+    /// The addresses of `subnet` live on the wire; none without an
+    /// inventory or when it cannot be read (allocation goes on as before).
+    fn live_addresses(&self, subnet: &ValidSubnet) -> LiveAddresses {
+        let Some(pin_root) = &self.wire_inventory else {
+            return LiveAddresses::default();
+        };
+        let claims = match crate::datapath::PinnedMaps::open(pin_root).and_then(|m| m.wire_claims())
+        {
+            Ok(claims) => claims,
+            Err(error) => {
+                tracing::debug!(%error, "wire inventory not readable; allocating without it");
+                return LiveAddresses::default();
+            }
+        };
+        let (mono_now, now) = (crate::datapath::monotonic_now_ns(), Timestamp::now());
+        let sightings = claims
+            .iter()
+            .filter(|c| {
+                subnet.cidr.contains(c.addr) && (c.vlan == 0 || c.vlan == subnet.parent.vlan)
+            })
+            .map(|c| {
+                let age = SignedDuration::try_from(c.age(mono_now)).unwrap_or(SignedDuration::MAX);
+                let claim = LiveClaim {
+                    mac: crate::datapath::format_mac(c.mac),
+                    last_seen: now.checked_sub(age).unwrap_or(Timestamp::MIN),
+                    node: "this node".to_owned(),
+                };
+                (c.addr, claim)
+            });
+        LiveAddresses::from_sightings(sightings, now, DEFAULT_WIRE_WINDOW)
     }
 
     /// Applies the state file when it changed and validates; the pools are
@@ -873,11 +920,7 @@ impl DesiredState for Standalone {
                         .copied()
                         .filter(|ip| Family::of(*ip) == family)
                         .collect();
-                    let result = if wanted.is_empty() {
-                        pool.allocate_auto()
-                    } else {
-                        pool.allocate_requested(&wanted)
-                    };
+                    let result = self.live_addresses(valid).allocate(pool, &wanted);
                     let address = match result {
                         Ok(address) => address,
                         Err(error) => {

@@ -113,7 +113,17 @@ fn schema_validates_what_the_original_did_not() {
     assert_eq!(
         columns,
         [
-            "FlatMode", "Mode", "CIDR", "Master", "VLAN", "MTU", "Used", "Total", "Phase", "Age"
+            "FlatMode",
+            "Mode",
+            "CIDR",
+            "Master",
+            "VLAN",
+            "MTU",
+            "Used",
+            "Total",
+            "WireExcluded",
+            "Phase",
+            "Age"
         ]
     );
     // A default that fails its own field's schema makes the API server

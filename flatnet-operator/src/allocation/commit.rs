@@ -42,7 +42,7 @@ use flatnet_k8s::{
         CONDITION_READY, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, phase,
         set_condition,
     },
-    ipam::{Mac, Pool, PoolError, choose_mac, macs_in_use, used_ranges},
+    ipam::{LiveAddresses, Mac, Pool, PoolError, choose_mac, macs_in_use, used_ranges},
     keys::SUBNET_NAMESPACE,
     validation::{ValidSubnet, validate_subnet},
 };
@@ -119,6 +119,21 @@ pub fn choose(
     pool: &mut Pool,
     claimed_by_older: impl Fn(IpAddr) -> bool,
 ) -> Result<Choice, PoolError> {
+    choose_avoiding(record, pool, claimed_by_older, &LiveAddresses::default())
+}
+
+/// [`choose`], never handing out an address `live` on the wire (a record
+/// keeps its own address whatever the wire says: a foreign claim on it is
+/// a conflict, reported by its node).
+///
+/// # Errors
+/// As [`choose`], and [`PoolError::LiveOnWire`].
+pub fn choose_avoiding(
+    record: &FlatNetworkIP,
+    pool: &mut Pool,
+    claimed_by_older: impl Fn(IpAddr) -> bool,
+    live: &LiveAddresses,
+) -> Result<Choice, PoolError> {
     use flatnet_k8s::ipam::{Recorded, Request, Reuse, reuse_recorded};
     let current = record.status.as_ref().and_then(|s| s.addr);
     let reuse = reuse_recorded(
@@ -139,11 +154,7 @@ pub fn choose(
         let _ = pool.mark_used(addr);
         return Ok(Choice::Keep(addr));
     }
-    let addr = if record.spec.addrs.is_empty() {
-        pool.allocate_auto()?
-    } else {
-        pool.allocate_requested(&record.spec.addrs)?
-    };
+    let addr = live.allocate(pool, &record.spec.addrs)?;
     Ok(Choice::New(addr))
 }
 
@@ -282,7 +293,8 @@ async fn reserve_address(
                 r.status.as_ref().and_then(|s| s.addr) == Some(addr) && age_key(r) < my_age
             })
         };
-        let choice = choose(record, &mut pool, claimed_by_older)?;
+        let live = ctx.wire.live(&name);
+        let choice = choose_avoiding(record, &mut pool, claimed_by_older, &live)?;
         // The MAC is claimed once; address conflicts below do not move it.
         if claimed.is_none()
             && let Some(claim) = claim_mac(ctx, record, &valid.parent, &subnet, &others).await?

@@ -33,7 +33,7 @@ use std::{
 
 use flatnet_k8s::{
     api::FlatNetworkSubnet,
-    ipam::{Pool, PoolError},
+    ipam::{LiveAddresses, Pool, PoolError},
     keys::SUBNET_NAMESPACE,
     validation::ValidSubnet,
 };
@@ -458,6 +458,7 @@ async fn write_batch(
         }
         None
     };
+    let live = ctx.wire.live(name);
     for attempt in 1..=MAX_ATTEMPTS {
         let current = match book.take() {
             Some(current) => current,
@@ -478,7 +479,7 @@ async fn write_batch(
             .iter()
             .map(|(edit, _)| match edit {
                 Edit::Reserve { candidates } => {
-                    let addr = reserve_in(&mut pool, candidates)?;
+                    let addr = reserve_in(&mut pool, candidates, &live)?;
                     changed = true;
                     Ok(Some(addr))
                 }
@@ -495,7 +496,7 @@ async fn write_batch(
         let ahead: Vec<(String, IpAddr)> = announced
             .iter()
             .filter_map(|(key, candidates)| {
-                Some((key.clone(), reserve_in(&mut pool, candidates).ok()?))
+                Some((key.clone(), reserve_in(&mut pool, candidates, &live).ok()?))
             })
             .collect();
         changed |= !ahead.is_empty();
@@ -565,11 +566,12 @@ async fn write_batch(
     fail_all(batch, Failure::Contention)
 }
 
-/// The first free address, or the first free one of `candidates`.
-fn reserve_in(pool: &mut Pool, candidates: &[IpAddr]) -> Result<IpAddr, PoolError> {
-    if candidates.is_empty() {
-        pool.allocate_auto()
-    } else {
-        pool.allocate_requested(candidates)
-    }
+/// The first free address not live on the wire, or the first such one of
+/// `candidates`.
+fn reserve_in(
+    pool: &mut Pool,
+    candidates: &[IpAddr],
+    live: &LiveAddresses,
+) -> Result<IpAddr, PoolError> {
+    live.allocate(pool, candidates)
 }

@@ -13,6 +13,8 @@
 //!   (see `docs/ipam.md`, "Committing an allocation"), with
 //!   [`group_commit`] batching the ledger writes of a subnet and
 //!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
+//! - [`wire_exclusion`]: addresses hosts outside flatnet use on the LAN
+//!   stay out of the pool.
 //!
 //! Only the leader runs them; they share one [`Context`].
 
@@ -32,11 +34,12 @@ pub mod nodes;
 pub mod pods;
 pub mod records;
 pub mod subnets;
+pub mod wire_exclusion;
 
 use std::{sync::Arc, time::Duration};
 
 use flatnet_k8s::{
-    api::{FlatNetworkIP, FlatNetworkSubnet},
+    api::{FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims},
     ipam::StatefulSetAddressPolicy,
 };
 use futures::{FutureExt, StreamExt};
@@ -85,6 +88,9 @@ pub struct Settings {
     /// it is only given back by a later batch of the same subnet, so a
     /// subnet that goes quiet after a burst keeps it until the orphan grace.
     pub reserve_ahead: usize,
+    /// How long an address a foreign MAC claimed on the LAN stays out of
+    /// the pool (see [`wire_exclusion`]).
+    pub wire_window: Duration,
 }
 
 impl Default for Settings {
@@ -97,6 +103,7 @@ impl Default for Settings {
             write_deadline: Duration::from_secs(30),
             node_gone_grace: Duration::from_secs(5 * 60),
             reserve_ahead: 0,
+            wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
         }
     }
 }
@@ -137,6 +144,8 @@ pub struct Context {
     pub nodes: Arc<nodes::NodeClock>,
     /// The in-memory ledger of each subnet, for group commits.
     pub ledgers: group_commit::Ledgers,
+    /// The addresses live on the wire, per subnet.
+    pub wire: wire_exclusion::WireView,
 }
 
 /// `namespace/name` of an object, for logs and keys.
@@ -185,6 +194,8 @@ pub async fn run(
         nodes_writer,
         Arc::clone(&node_clock),
     );
+    let (wire, wire_reports) =
+        wire_exclusion::WireView::watch(client.clone(), settings.wire_window);
     let caches = Caches {
         records: ips_ctl.store(),
         subnets: subnets_ctl.store(),
@@ -202,6 +213,7 @@ pub async fn run(
         orphans: subnets::OrphanClock::default(),
         nodes: node_clock,
         ledgers: group_commit::Ledgers::default(),
+        wire,
     });
     {
         let caches = caches.clone();
@@ -241,6 +253,20 @@ pub async fn run(
         .run(ips::reconcile, ips::error_policy, Arc::clone(&ctx))
         .for_each(|r| log_result(ips::CONTROLLER, r));
     let subnets = subnets_ctl
+        // New wire claims change how many addresses are excluded.
+        .watches(
+            Api::<FlatNetworkWireClaims>::namespaced(
+                client.clone(),
+                flatnet_k8s::keys::SUBNET_NAMESPACE,
+            ),
+            watcher::Config::default(),
+            |report| {
+                Some(
+                    ObjectRef::<FlatNetworkSubnet>::new(&report.spec.subnet)
+                        .within(flatnet_k8s::keys::SUBNET_NAMESPACE),
+                )
+            },
+        )
         .watches(
             Api::<FlatNetworkIP>::all(client),
             watcher::Config::default(),
@@ -259,9 +285,13 @@ pub async fn run(
     let all = futures::future::join3(pods, ips, subnets);
     tokio::pin!(all);
     tokio::pin!(namespaces_reflector);
+    // Without the reports (their CRD not installed yet) nothing is excluded.
+    let wire_reports = wire_reports.for_each(|()| async {});
+    tokio::pin!(wire_reports);
     tokio::select! {
         _ = &mut all => {}
         () = &mut namespaces_reflector => warn!("namespace watch ended"),
+        () = &mut wire_reports => warn!("wire claims watch ended"),
         () = stop.cancelled() => {
             // Before the first sync nothing is in flight (and kube-runtime
             // would wait for the sync forever); after it, let in-flight

@@ -536,6 +536,8 @@ fn repaired_status(
         condition(CONDITION_VALID, true, "Valid", String::new(), generation),
     );
     set_usage(&mut status, &pool, generation);
+    status.wire_excluded_count =
+        super::wire_exclusion::excluded_count(&ctx.wire, &valid.name, &pool);
     Repaired {
         status,
         duplicates,

@@ -106,6 +106,7 @@ fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Cont
         orphans: subnets::OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
+        wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
     })
 }
 
@@ -2085,3 +2086,6 @@ async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
         "pa's MAC was freed on the word of a stale cache"
     );
 }
+
+#[path = "wire_tests.rs"]
+mod wire;

@@ -5,7 +5,7 @@
 //! the lists).
 
 use flatnet_k8s::{
-    api::{FlatNetworkIP, FlatNetworkSubnet},
+    api::{FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims},
     keys::SUBNET_NAMESPACE,
 };
 use k8s_openapi::{
@@ -46,6 +46,20 @@ impl Lookup {
     #[must_use]
     pub fn new(client: Client) -> Self {
         Self { client }
+    }
+
+    /// Every node's report of the addresses live on the LAN.
+    ///
+    /// # Errors
+    /// The list failed.
+    pub async fn wire_claims(&self) -> Result<Vec<FlatNetworkWireClaims>, LookupError> {
+        let api: Api<FlatNetworkWireClaims> =
+            Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
+        Ok(api
+            .list(&ListParams::default().match_any())
+            .await
+            .map_err(failed("list FlatNetworkWireClaims"))?
+            .items)
     }
 
     /// Every FlatNetworkSubnet (they all live in `cattle-flat-network`).

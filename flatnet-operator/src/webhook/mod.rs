@@ -90,10 +90,16 @@ impl Validator {
             kind if workload::KINDS.contains(&kind) => pods::review(&self.lookup, request).await,
             _ => Ok(()),
         };
-        let response = AdmissionResponse::from(request);
+        let mut response = AdmissionResponse::from(request);
         match verdict {
             Ok(()) => {
                 debug!(kind, operation, name = %request.name, "allowed");
+                if kind == "FlatNetworkSubnet" {
+                    let warnings = subnet::wire_warnings(&self.lookup, request).await;
+                    if !warnings.is_empty() {
+                        response.warnings = Some(warnings);
+                    }
+                }
                 response
             }
             Err(denial) => {
@@ -142,3 +148,5 @@ pub fn router(validator: Arc<Validator>) -> Router {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wire_tests;

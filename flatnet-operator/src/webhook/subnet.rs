@@ -6,7 +6,10 @@
 //! - update while pods hold addresses: master, VLAN and flatMode stay, and
 //!   every held address stays allocatable under the new CIDR, ranges and
 //!   gateway;
-//! - delete: refused while any FlatNetworkIP still uses the subnet.
+//! - delete: refused while any FlatNetworkIP still uses the subnet;
+//! - create and update allowed: a warning when the pool (or, on update,
+//!   what the update adds to it) covers addresses the node agents saw live
+//!   on the LAN ([`wire_warnings`]).
 //!
 //! An update that leaves the spec as it is (labels, finalizers) is allowed,
 //! as is any update of a subnet being deleted, so the controller's own
@@ -14,10 +17,11 @@
 
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet},
-    ipam::{Pool, PoolError},
+    ipam::{DEFAULT_WIRE_WINDOW, LiveAddresses, Pool, PoolError},
     keys::SUBNET_NAMESPACE,
     validation::{ValidSubnet, check_siblings, validate_subnet},
 };
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     ResourceExt,
     core::{
@@ -191,4 +195,66 @@ fn list(items: &[String]) -> String {
         0 => shown,
         more => format!("{shown} and {more} more"),
     }
+}
+
+/// The admission warnings of an allowed create or update: the addresses
+/// the new pool (on update: only those the old one did not have) covers
+/// that a host outside flatnet claimed on the LAN within the default wire
+/// window, as any node reported them. Allocation skips them; the warning
+/// tells whoever wrote the range before a pod waits for an address. Only
+/// addresses inside an existing subnet's CIDR are reported by the nodes,
+/// so a subnet on a CIDR no other subnet covers gets no warning. A failed
+/// lookup gives no warning: the review itself has passed.
+pub async fn wire_warnings(
+    lookup: &Lookup,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Vec<String> {
+    let Some(subnet) = request.object.as_ref().and_then(|o| parse(o).ok()) else {
+        return Vec::new();
+    };
+    let Ok(valid) = validate_subnet(&subnet.name_any(), &subnet.spec) else {
+        return Vec::new();
+    };
+    let old_pool = request
+        .old_object
+        .as_ref()
+        .and_then(|o| parse(o).ok())
+        .and_then(|old| validate_subnet(&old.name_any(), &old.spec).ok())
+        .map(|old| Pool::new(&old));
+    let Ok(reports) = lookup.wire_claims().await else {
+        return Vec::new();
+    };
+    let live = LiveAddresses::from_reports(&reports, Timestamp::now(), DEFAULT_WIRE_WINDOW);
+    let pool = Pool::new(&valid);
+    let covered: Vec<String> = live
+        .addresses()
+        .filter(|&ip| pool.is_free(ip) && !old_pool.as_ref().is_some_and(|old| old.is_free(ip)))
+        .filter_map(|ip| {
+            let claim = live.get(ip)?;
+            Some(format!(
+                "{ip} (MAC {}, seen {})",
+                claim.mac, claim.last_seen
+            ))
+        })
+        .collect();
+    if covered.is_empty() {
+        return Vec::new();
+    }
+    let shown = covered
+        .iter()
+        .take(LISTED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = covered.len().saturating_sub(LISTED);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    vec![format!(
+        "FlatNetworkSubnet {}: {} address(es) of the pool are in use on the LAN by hosts outside flatnet: {shown}{more}; they are not allocated while they stay live",
+        valid.name,
+        covered.len()
+    )]
 }

@@ -80,11 +80,12 @@ pub enum Step {
     Lan,
     Policy,
     Conflict,
+    WireIpam,
     Teardown,
 }
 
 impl Step {
-    const ALL: [Step; 12] = [
+    const ALL: [Step; 13] = [
         Step::Build,
         Step::Leftovers,
         Step::Topology,
@@ -96,6 +97,7 @@ impl Step {
         Step::Lan,
         Step::Policy,
         Step::Conflict,
+        Step::WireIpam,
         Step::Teardown,
     ];
 
@@ -113,6 +115,7 @@ impl Step {
             Step::Lan => "lan",
             Step::Policy => "policy",
             Step::Conflict => "conflict",
+            Step::WireIpam => "wire-ipam",
             Step::Teardown => "teardown",
         }
     }
@@ -140,6 +143,9 @@ impl Step {
             Step::Policy => "a policy on pod-b: TCP 8080 passes, TCP 9090 is dropped (IPv4, IPv6)",
             Step::Conflict => {
                 "a rogue host claiming pod-b's IPv4 and IPv6 address is detected by node2's agent"
+            }
+            Step::WireIpam => {
+                "node1's next pod skips the address a silent foreign host used on the LAN"
             }
             Step::Teardown => "CNI DEL removes every pod and allocation; agents stop on SIGTERM",
         }
@@ -176,6 +182,9 @@ impl Pod {
 const POD_A: &str = "fnlab-pod-a";
 const POD_B: &str = "fnlab-pod-b";
 const POD_C: &str = "fnlab-pod-c";
+/// The two pods of the wire-aware IPAM step.
+const POD_W1: &str = "fnlab-pod-w1";
+const POD_W2: &str = "fnlab-pod-w2";
 
 /// Everything one lab run holds; dropped (and so stopped) at cleanup.
 #[derive(Default)]
@@ -308,6 +317,7 @@ impl Lab {
             Step::Lan => self.pods_and_lan(),
             Step::Policy => self.policy(),
             Step::Conflict => self.conflict(),
+            Step::WireIpam => self.wire_ipam(),
             Step::Teardown => self.teardown(),
         }
         .map(|()| None)
@@ -583,6 +593,59 @@ impl Lab {
             "[lab]       node2: {METRIC} {before} -> {after}; conflicts on {} and {} logged",
             pod.ipv4, pod.ipv6
         );
+        Ok(())
+    }
+
+    /// A pod on node1 gets address A; a foreign host on the LAN sends ARP
+    /// requests from A+1, then falls silent (its address removed); node1's
+    /// next pod must get A+2: its uplink program saw A+1 in use, and
+    /// standalone allocation skips what the wire inventory shows live.
+    fn wire_ipam(&mut self) -> anyhow::Result<()> {
+        let node1 = &self.nodes[0];
+        let add = |netns: &str| -> anyhow::Result<Ipv4Addr> {
+            topology::create_netns(netns)?;
+            let result = node1.cni(self.bins(), "ADD", DUAL_NETWORK, Some(netns), json!({}))?;
+            result["ips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+                .next()
+                .with_context(|| format!("{netns} got no IPv4 address: {result}"))
+        };
+        let first = add(POD_W1)?;
+        let foreign = Ipv4Addr::from(u32::from(first) + 1);
+        let expected = Ipv4Addr::from(u32::from(first) + 2);
+        let with_prefix = format!("{foreign}/24");
+        process::ip(ROGUE, &["addr", "add", &with_prefix, "dev", "eth0"])?;
+        let mut arping = std::process::Command::new("ip");
+        arping.args([
+            "netns", "exec", ROGUE, "arping", "-c", "2", "-w", "2", "-I", "eth0",
+        ]);
+        arping.args(["-S", &foreign.to_string(), LAN_HOST_V4]);
+        // The LAN host answers; the check is what node1 allocates next.
+        process::output(&mut arping, &[])?;
+        process::ip(ROGUE, &["addr", "del", &with_prefix, "dev", "eth0"])?;
+        println!("[lab]       a foreign host used {foreign} on the LAN and fell silent");
+        let second = add(POD_W2)?;
+        for netns in [POD_W1, POD_W2] {
+            node1.cni(self.bins(), "DEL", DUAL_NETWORK, Some(netns), json!({}))?;
+        }
+        if second != expected {
+            let map = node1.pin_root.join("WIRE_CLAIMS");
+            let inventory = process::output(
+                std::process::Command::new("bpftool")
+                    .args(["map", "dump", "pinned"])
+                    .arg(&map),
+                &[],
+            )
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+            bail!(
+                "{POD_W2} got {second} after {POD_W1} got {first} and a foreign host used {foreign}; expected {expected}; node1's inventory: {inventory}"
+            );
+        }
+        println!("[lab]       {POD_W1} got {first}, {POD_W2} got {second}: {foreign} skipped");
         Ok(())
     }
 

@@ -16,6 +16,7 @@ mod ip;
 mod pod_network_config;
 mod subnet;
 mod wire;
+mod wire_claims;
 
 pub use conditions::{CONDITION_READY, set_condition};
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
@@ -27,6 +28,7 @@ pub use subnet::{
     FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange, Route,
     RouteSettings, V1_RESERVATION_KIND,
 };
+pub use wire_claims::{FlatNetworkWireClaims, FlatNetworkWireClaimsSpec, ForeignClaim};
 
 /// API group of the kinds.
 pub const GROUP: &str = "flatnetwork.pandaria.io";

@@ -50,6 +50,11 @@ use super::wire;
     ),
     printcolumn(name = "Used", type_ = "integer", json_path = ".status.usedIPCount"),
     printcolumn(name = "Total", type_ = "integer", json_path = ".status.totalIPCount"),
+    printcolumn(
+        name = "WireExcluded",
+        type_ = "integer",
+        json_path = ".status.wireExcludedCount"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Age",
@@ -294,6 +299,11 @@ pub struct FlatNetworkSubnetStatus {
     /// node agents report it (absent while `spec.mtu` is unset).
     #[serde(default, rename = "podsAtMTU", skip_serializing_if = "Option::is_none")]
     pub pods_at_mtu: Option<i64>,
+    /// Free addresses the allocator skips because a host outside flatnet
+    /// claimed them on the LAN within the wire window (see the node agents'
+    /// `FlatNetworkWireClaims`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wire_excluded_count: i64,
 
     /// Sorted user-chosen MACs in use (kernel-chosen MACs are not listed).
     #[serde(
@@ -346,6 +356,14 @@ impl FlatNetworkSubnetStatus {
         held.extend(expand(&v6, crate::ipam::Family::V6));
         held
     }
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(value: &i64) -> bool {
+    *value == 0
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! - [`used_ranges`]: the `status.usedIP` wire format.
 //! - [`mac`]: fixed MACs and their uniqueness per parent link.
 //! - [`sticky`]: the StatefulSet address policy.
+//! - [`wire`]: addresses live on the LAN, which the allocator skips.
 
 pub mod cidr;
 pub mod intervals;
@@ -14,6 +15,7 @@ pub mod pool;
 pub mod six_to_four;
 pub mod sticky;
 pub mod used_ranges;
+pub mod wire;
 
 pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
 pub use intervals::IntervalSet;
@@ -24,3 +26,4 @@ pub use sticky::{
     PodController, RecordFate, Recorded, Request, Reuse, StatefulSetAddressPolicy,
     fate_on_pod_deletion, reuse_recorded,
 };
+pub use wire::{DEFAULT_WIRE_WINDOW, LiveAddresses, LiveClaim};

@@ -56,6 +56,22 @@ pub enum PoolError {
         /// The requested addresses.
         candidates: Vec<IpAddr>,
     },
+    /// Every free requested address is in use on the LAN by a host outside
+    /// flatnet (see [`super::wire`]).
+    #[error(
+        "{ip} of subnet {subnet} is in use on the LAN: MAC {} claimed it at {} (seen by node {}); free it on that host or request another address",
+        claim.mac,
+        claim.last_seen,
+        claim.node
+    )]
+    LiveOnWire {
+        /// The subnet's name.
+        subnet: String,
+        /// The requested address.
+        ip: IpAddr,
+        /// Who claimed it, when, seen where.
+        claim: Box<super::wire::LiveClaim>,
+    },
     /// An address was marked used twice: two records claim it.
     #[error("{ip} of subnet {subnet} is already recorded as used: two allocations claim it")]
     AlreadyUsed {

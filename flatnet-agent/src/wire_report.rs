@@ -1,0 +1,354 @@
+//! Publishing what the wire says: the node's share of wire-aware IPAM.
+//!
+//! Every [`PUBLISH_INTERVAL`] the agent reads the uplink program's wire
+//! inventory, keeps the claims made by MACs of no flatnet pod (no
+//! FlatNetworkIP anywhere records the MAC) on addresses of a subnet, within
+//! the wire window, and writes them into one `FlatNetworkWireClaims` per
+//! subnet (`<subnet>.<node>`, owned by the subnet). API writes stay few:
+//! `lastSeen` is rounded down to [`LAST_SEEN_GRANULARITY`], an object is
+//! written only when its content changed, and at most once per
+//! [`PUBLISH_INTERVAL`]; one pass writes each changed object once.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use flatnet_k8s::{
+    api::{FlatNetworkSubnet, FlatNetworkWireClaims, FlatNetworkWireClaimsSpec, ForeignClaim},
+    keys::SUBNET_NAMESPACE,
+};
+use ipnet::IpNet;
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{ObjectMeta, PostParams},
+};
+use tokio::time::Instant;
+
+use crate::datapath::{WireClaimEntry, format_mac};
+
+/// Least time between two writes of one object (and the period of the
+/// publishing loop).
+pub const PUBLISH_INTERVAL: Duration = Duration::from_secs(30);
+
+/// `lastSeen` is published rounded down to this: a host that keeps
+/// talking changes its entry once per granularity, not once per frame.
+pub const LAST_SEEN_GRANULARITY: Duration = Duration::from_secs(300);
+
+/// How far back the agent reports claims; the operator's window
+/// (`FLATNET_WIRE_WINDOW`) decides which of them count, up to this.
+pub const REPORT_HORIZON: Duration = Duration::from_secs(24 * 3600);
+
+/// Errors of a publishing pass.
+#[derive(Debug, thiserror::Error)]
+pub enum WireReportError {
+    /// Writing the report of a subnet failed.
+    #[error("write FlatNetworkWireClaims {name}: {source}")]
+    Write {
+        /// The object's name.
+        name: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+/// The foreign claims of each subnet, from the inventory `claims` read at
+/// monotonic time `mono_now_ns` (wall time `now`).
+///
+/// A claim belongs to every subnet whose CIDR holds its address (and whose
+/// VLAN is the frame's, when the frame was tagged); claims by
+/// `flatnet_macs`, or older than `window`, are left out.
+pub fn foreign_claims(
+    claims: &[WireClaimEntry],
+    subnets: &[FlatNetworkSubnet],
+    flatnet_macs: &HashSet<[u8; 6]>,
+    (mono_now_ns, now): (u64, Timestamp),
+    window: Duration,
+) -> BTreeMap<String, Vec<ForeignClaim>> {
+    let networks: Vec<(String, IpNet, i64)> = subnets
+        .iter()
+        .filter_map(|s| {
+            let net: IpNet = s.spec.cidr.parse().ok()?;
+            Some((s.name_any(), net.trunc(), s.spec.vlan))
+        })
+        .collect();
+    let mut out: BTreeMap<String, BTreeMap<IpAddr, ForeignClaim>> = networks
+        .iter()
+        .map(|(name, _, _)| (name.clone(), BTreeMap::new()))
+        .collect();
+    for claim in claims {
+        let age = claim.age(mono_now_ns);
+        if age > window || flatnet_macs.contains(&claim.mac) {
+            continue;
+        }
+        let seen = now
+            .checked_sub(SignedDuration::try_from(age).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(now);
+        let last_seen = round_down(seen);
+        for (name, net, vlan) in &networks {
+            if !net.contains(&claim.addr) || (claim.vlan != 0 && i64::from(claim.vlan) != *vlan) {
+                continue;
+            }
+            let entry = ForeignClaim {
+                ip: claim.addr,
+                mac: format_mac(claim.mac),
+                last_seen: Time(last_seen),
+                kind: claim.kind.map_or("unknown", |k| k.name()).to_owned(),
+            };
+            let slot = out.get_mut(name).expect("every subnet has a slot");
+            // Seen on two uplinks (or VLANs): the latest sighting counts.
+            if slot
+                .get(&claim.addr)
+                .is_none_or(|c| c.last_seen.0 < entry.last_seen.0)
+            {
+                slot.insert(claim.addr, entry);
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(name, claims)| (name, claims.into_values().collect()))
+        .collect()
+}
+
+fn round_down(t: Timestamp) -> Timestamp {
+    let step = i64::try_from(LAST_SEEN_GRANULARITY.as_secs())
+        .unwrap_or(1)
+        .max(1);
+    let second = t.as_second();
+    Timestamp::from_second(second - second.rem_euclid(step)).unwrap_or(t)
+}
+
+/// What was last written for one subnet, and when.
+struct Published {
+    claims: Vec<ForeignClaim>,
+    at: Instant,
+}
+
+/// Writes one node's reports, only changes, at a bounded rate.
+pub struct WirePublisher {
+    api: Api<FlatNetworkWireClaims>,
+    node: String,
+    published: HashMap<String, Published>,
+}
+
+impl WirePublisher {
+    /// A publisher for `node`'s reports through `client`.
+    pub fn new(client: kube::Client, node: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, SUBNET_NAMESPACE),
+            node: node.to_owned(),
+            published: HashMap::new(),
+        }
+    }
+
+    /// Writes the report of every subnet of `summary` whose claims differ
+    /// from what was last written and whose last write is at least
+    /// [`PUBLISH_INTERVAL`] before `now`. A subnet with nothing to report
+    /// and nothing reported before gets no object. Returns the number of
+    /// objects written; a failed write is tried again next pass.
+    ///
+    /// # Errors
+    /// The first failed write (the others are still attempted).
+    pub async fn publish(
+        &mut self,
+        summary: &BTreeMap<String, Vec<ForeignClaim>>,
+        subnets: &[FlatNetworkSubnet],
+        now: Instant,
+    ) -> Result<usize, WireReportError> {
+        let mut written = 0;
+        let mut first_error = None;
+        for (subnet, claims) in summary {
+            let due = match self.published.get(subnet) {
+                Some(last) => {
+                    last.claims != *claims && now.duration_since(last.at) >= PUBLISH_INTERVAL
+                }
+                None => !claims.is_empty(),
+            };
+            if !due {
+                continue;
+            }
+            let owner = subnets.iter().find(|s| s.name_any() == *subnet);
+            match self.write(subnet, claims, owner).await {
+                Ok(()) => {
+                    written += 1;
+                    self.published.insert(
+                        subnet.clone(),
+                        Published {
+                            claims: claims.clone(),
+                            at: now,
+                        },
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "wire claims not published; retrying next pass");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(written), Err)
+    }
+
+    /// Creates or replaces the report of `subnet`.
+    async fn write(
+        &self,
+        subnet: &str,
+        claims: &[ForeignClaim],
+        owner: Option<&FlatNetworkSubnet>,
+    ) -> Result<(), WireReportError> {
+        let name = FlatNetworkWireClaims::object_name(subnet, &self.node);
+        let error = |source| WireReportError::Write {
+            name: name.clone(),
+            source,
+        };
+        let mut report = FlatNetworkWireClaims {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(SUBNET_NAMESPACE.into()),
+                // Deleted with its subnet.
+                owner_references: owner.and_then(owner_reference).map(|o| vec![o]),
+                ..ObjectMeta::default()
+            },
+            spec: FlatNetworkWireClaimsSpec {
+                subnet: subnet.to_owned(),
+                node: self.node.clone(),
+                claims: claims.to_vec(),
+            },
+        };
+        match self.api.get_opt(&name).await.map_err(error)? {
+            Some(current) => {
+                report.metadata.resource_version = current.resource_version();
+                self.api
+                    .replace(&name, &PostParams::default(), &report)
+                    .await
+                    .map_err(error)?;
+            }
+            None => {
+                self.api
+                    .create(&PostParams::default(), &report)
+                    .await
+                    .map_err(error)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn owner_reference(subnet: &FlatNetworkSubnet) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: FlatNetworkSubnet::api_version(&()).into_owned(),
+        kind: FlatNetworkSubnet::kind(&()).into_owned(),
+        name: subnet.name_any(),
+        uid: subnet.uid()?,
+        ..OwnerReference::default()
+    })
+}
+
+/// Publishes the node's foreign claims every [`PUBLISH_INTERVAL`], reading
+/// the inventory pinned under `pin_root`, for as long as the agent runs.
+pub async fn run(
+    desired: &crate::desired::kubernetes::Kubernetes,
+    client: kube::Client,
+    node: &str,
+    pin_root: &std::path::Path,
+) {
+    let mut publisher = WirePublisher::new(client, node);
+    let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(flatnet_macs) = desired.flatnet_macs() else {
+            continue;
+        };
+        let subnets = desired.followed_subnets();
+        let claims =
+            match crate::datapath::PinnedMaps::open(pin_root).and_then(|maps| maps.wire_claims()) {
+                Ok(claims) => claims,
+                Err(error) => {
+                    tracing::warn!(%error, "wire inventory not readable; nothing published");
+                    continue;
+                }
+            };
+        let now = (crate::datapath::monotonic_now_ns(), Timestamp::now());
+        let summary = foreign_claims(&claims, &subnets, &flatnet_macs, now, REPORT_HORIZON);
+        // Failures are logged by `publish` and retried next pass.
+        let _ = publisher.publish(&summary, &subnets, Instant::now()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flatnet_common::wire::WireKind;
+    use flatnet_k8s::api::FlatNetworkSubnetSpec;
+
+    use super::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn subnet(name: &str, cidr: &str, vlan: i64) -> FlatNetworkSubnet {
+        FlatNetworkSubnet::new(
+            name,
+            FlatNetworkSubnetSpec {
+                cidr: cidr.into(),
+                vlan,
+                ..FlatNetworkSubnetSpec::default()
+            },
+        )
+    }
+
+    fn entry(addr: &str, mac_last: u8, vlan: u16, seen_ns: u64) -> WireClaimEntry {
+        WireClaimEntry {
+            ifindex: 2,
+            vlan,
+            addr: addr.parse().unwrap(),
+            mac: [0x02, 0, 0, 0, 0, mac_last],
+            kind: Some(WireKind::ArpRequest),
+            last_seen_ns: seen_ns,
+        }
+    }
+
+    #[test]
+    fn only_foreign_recent_claims_in_a_subnet_are_kept() {
+        let subnets = [
+            subnet("lan", "192.0.2.0/24", 0),
+            subnet("tagged", "198.51.100.0/24", 100),
+        ];
+        let pods = HashSet::from([[0x02, 0, 0, 0, 0, 0x11]]);
+        let mono_now = 10_000 * SECOND;
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let claims = [
+            entry("192.0.2.10", 0x10, 0, mono_now - 5 * SECOND),
+            // A flatnet pod's MAC.
+            entry("192.0.2.11", 0x11, 0, mono_now),
+            // Outside every subnet.
+            entry("203.0.113.1", 0x12, 0, mono_now),
+            // Beyond the window.
+            entry("192.0.2.13", 0x13, 0, mono_now - 3601 * SECOND),
+            // Tagged with the subnet's VLAN, then with another.
+            entry("198.51.100.5", 0x14, 100, mono_now),
+            entry("198.51.100.6", 0x15, 200, mono_now),
+        ];
+        let out = foreign_claims(
+            &claims,
+            &subnets,
+            &pods,
+            (mono_now, now),
+            Duration::from_secs(3600),
+        );
+        let lan = &out["lan"];
+        assert_eq!(lan.len(), 1, "{lan:?}");
+        assert_eq!(lan[0].mac, "02:00:00:00:00:10");
+        assert_eq!(lan[0].kind, "arp_request");
+        // Seen 5 s before `now`, published rounded down to the granularity.
+        let step = i64::try_from(LAST_SEEN_GRANULARITY.as_secs()).unwrap();
+        let expected = (1_800_000_000 - 5) / step * step;
+        assert_eq!(lan[0].last_seen.0.as_second(), expected);
+        let tagged = &out["tagged"];
+        assert_eq!(tagged.len(), 1, "{tagged:?}");
+        assert_eq!(tagged[0].ip, "198.51.100.5".parse::<IpAddr>().unwrap());
+    }
+}

@@ -1,0 +1,198 @@
+//! Wire-aware IPAM end to end on a real kernel (root): frames from a LAN
+//! namespace reach the uplink program over a veth pair, the agent's
+//! publisher writes what the inventory saw into the operator's fake API
+//! server, and the allocation controllers running against it never hand
+//! out an address the LAN still uses.
+
+mod support;
+
+use std::{collections::HashSet, net::IpAddr, time::Duration};
+
+use etherparse::ArpOperation;
+use flatnet_agent::{
+    datapath::{Datapath, DatapathConfig, monotonic_now_ns},
+    netns::run_in_netns,
+    packet::{BROADCAST, RawSocket, arp_frame},
+    wire_report::{PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims},
+};
+use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+use flatnet_operator::allocation::{
+    Settings,
+    fake_api::FakeApiServer,
+    fake_cluster::{self, FakeCluster},
+};
+use k8s_openapi::jiff::Timestamp;
+use support::{TestNetns, TestPinRoot, privileged, veth_pair};
+use tokio::time::Instant;
+
+const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xee];
+const POD_MAC: &str = "02:00:5e:00:00:71";
+const SETTLE: Duration = Duration::from_secs(30);
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+/// What one agent pass publishes: the inventory read now, summarised
+/// against the subnets and records the server holds.
+async fn publish(
+    datapath: &Datapath,
+    server: &FakeApiServer,
+    publisher: &mut WirePublisher,
+    at: Instant,
+) {
+    let subnets: Vec<FlatNetworkSubnet> = server.list();
+    let flatnet_macs: HashSet<[u8; 6]> = server
+        .list::<FlatNetworkIP>()
+        .iter()
+        .filter_map(|r| flatnet_agent::link::parse_mac(&r.status.as_ref()?.mac))
+        .collect();
+    let claims = datapath.wire_claims().unwrap();
+    let summary = foreign_claims(
+        &claims,
+        &subnets,
+        &flatnet_macs,
+        (monotonic_now_ns(), Timestamp::now()),
+        REPORT_HORIZON,
+    );
+    publisher.publish(&summary, &subnets, at).await.unwrap();
+}
+
+fn excluded(server: &FakeApiServer) -> i64 {
+    server.list::<FlatNetworkSubnet>()[0]
+        .status
+        .as_ref()
+        .map_or(0, |s| s.wire_excluded_count)
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + SETTLE;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {SETTLE:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
+    if !privileged("addresses_the_lan_still_uses_are_never_given_to_a_pod") {
+        return;
+    }
+    let lan = TestNetns::new("fl-wlan");
+    let node = TestNetns::new("fl-wnode");
+    lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+    let lan_if = support::unique_name("lan");
+    let node_if = support::unique_name("up");
+    veth_pair(&lan, &lan_if, &node, &node_if);
+    lan.ip(&["link", "set", &lan_if, "up"]);
+    node.ip(&["link", "set", &node_if, "up"]);
+    node.add_address(&node_if, "192.0.2.1/24");
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
+    run_in_netns(&node.path(), || datapath.attach_uplink(&node_if))
+        .unwrap()
+        .unwrap();
+
+    // A rogue host at 192.0.2.10, the first address of the range, that
+    // only ever asks (ARP requests for the gateway) and never answers:
+    // nothing on the LAN side holds the address, so nobody can reply.
+    let request = arp_frame(
+        ROGUE_MAC,
+        BROADCAST,
+        ArpOperation::REQUEST,
+        (ROGUE_MAC, "192.0.2.10".parse().unwrap()),
+        ([0; 6], "192.0.2.1".parse().unwrap()),
+    )
+    .unwrap();
+    run_in_netns(&lan.path(), || {
+        let socket = RawSocket::open(&lan_if).unwrap();
+        for _ in 0..3 {
+            socket.send(&request).unwrap();
+        }
+    })
+    .unwrap();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let server = FakeApiServer::new();
+        server.insert(&fake_cluster::subnet(
+            "lan",
+            "192.0.2.0/24",
+            Some("192.0.2.1"),
+            &[("192.0.2.10", "192.0.2.30")],
+        ));
+        let cluster = FakeCluster::start(server.clone(), Settings::default(), 2);
+        cluster.wait_active("lan", SETTLE).await.unwrap();
+
+        let mut publisher = WirePublisher::new(server.client(), "node-1");
+        let t0 = Instant::now();
+        wait_for("the rogue host's requests in the inventory", || {
+            datapath
+                .wire_claims()
+                .unwrap()
+                .iter()
+                .any(|c| c.addr == ip("192.0.2.10") && c.mac == ROGUE_MAC)
+        })
+        .await;
+        publish(&datapath, &server, &mut publisher, t0).await;
+        wait_for("the subnet counting the rogue address", || {
+            excluded(&server) == 1
+        })
+        .await;
+
+        cluster.create_pod("p0", "lan");
+        let view = cluster.settle("lan", SETTLE).await.unwrap();
+        assert_eq!(
+            view.addressed.get("p0"),
+            Some(&ip("192.0.2.11")),
+            "the lowest free address, .10, is live on the wire"
+        );
+
+        // p0's interface (a macvlan on the LAN side, with its address)
+        // still answers after its record is gone.
+        let pod_if = support::unique_name("pod");
+        lan.ip(&[
+            "link", "add", &pod_if, "link", &lan_if, "address", POD_MAC, "type", "macvlan", "mode",
+            "bridge",
+        ]);
+        lan.add_address(&pod_if, "192.0.2.11/24");
+        lan.ip(&["link", "set", &pod_if, "up"]);
+        cluster.delete_pod("p0");
+        wait_for("p0's record collected", || {
+            !server
+                .list::<FlatNetworkIP>()
+                .iter()
+                .any(|r| r.metadata.name.as_deref() == Some("p0"))
+        })
+        .await;
+        // The node resolves .11 and the old interface answers.
+        node.try_exec(
+            "arping",
+            &["-c", "2", "-w", "3", "-I", &node_if, "192.0.2.11"],
+        );
+        wait_for("the old interface's reply in the inventory", || {
+            datapath.wire_claims().unwrap().iter().any(|c| {
+                c.addr == ip("192.0.2.11") && flatnet_agent::datapath::format_mac(c.mac) == POD_MAC
+            })
+        })
+        .await;
+        publish(&datapath, &server, &mut publisher, t0 + PUBLISH_INTERVAL).await;
+        wait_for("the subnet counting both live addresses", || {
+            excluded(&server) == 2
+        })
+        .await;
+
+        cluster.create_pod("p1", "lan");
+        let view = cluster.settle("lan", SETTLE).await.unwrap();
+        assert_eq!(
+            view.addressed.get("p1"),
+            Some(&ip("192.0.2.12")),
+            "neither the rogue address nor the one the old interface answers for"
+        );
+        cluster.stop().await;
+    });
+}
