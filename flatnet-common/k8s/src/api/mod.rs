@@ -12,20 +12,25 @@
 //! oldest that version offers).
 
 mod conditions;
+mod floating;
 mod ip;
 mod subnet;
 mod wire;
 
 pub use conditions::{CONDITION_READY, set_condition};
+pub use floating::{
+    FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,
+    FloatingIPProjectQuotaSpec, FloatingIPProjectQuotaStatus,
+};
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
 pub use subnet::{
     FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange, Route,
     RouteSettings, V1_RESERVATION_KIND,
 };
 
-/// API group of both kinds.
+/// API group of every kind.
 pub const GROUP: &str = "flatnetwork.pandaria.io";
-/// API version of both kinds.
+/// API version of every kind.
 pub const VERSION: &str = "v1";
 
 /// Values of `status.phase` of both kinds. An empty phase means "new".
