@@ -195,6 +195,11 @@ pub struct Cli {
     /// released (Go duration); a node recreated sooner keeps them.
     #[arg(long, env = "FLATNET_NODE_GONE_GRACE", default_value = "5m")]
     pub node_gone_grace: String,
+
+    /// Also give floating addresses to LoadBalancer Services that name no
+    /// `loadBalancerClass` (only when no other load balancer serves them).
+    #[arg(long, env = "FLATNET_FLOATING_IP_CLASSLESS", default_value_t = false, action = ArgAction::Set)]
+    pub floating_ip_classless: bool,
 }
 
 /// `--statefulset-address-policy` values.
@@ -275,6 +280,8 @@ pub struct Config {
     pub webhook: WebhookSettings,
     /// Settings of the allocation controllers.
     pub allocation: crate::allocation::Settings,
+    /// Settings of the floating-address controllers.
+    pub floating: crate::floating::Settings,
 }
 
 /// How the CNI announces a pod's new address on the LAN.
@@ -419,6 +426,7 @@ impl Cli {
         let dev_mode = self.dev_mode.as_deref().is_some_and(|v| !v.is_empty());
         // The Lease lives in the operator's namespace, and so do the webhook's objects.
         let operator_namespace = self.lease_namespace.clone();
+        let floating_namespace = operator_namespace.clone();
         let election = if self.leader_election {
             let mut timing = election_timing(
                 &self.election_lease_duration,
@@ -500,6 +508,12 @@ impl Cli {
                 )?,
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
                 ..crate::allocation::Settings::default()
+            },
+            floating: crate::floating::Settings {
+                classless: self.floating_ip_classless,
+                namespace: floating_namespace,
+                resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
+                ..crate::floating::Settings::default()
             },
         })
     }

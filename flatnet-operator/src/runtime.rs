@@ -10,7 +10,7 @@ use crate::{
     admin::{self, AdminState, Health},
     allocation,
     config::{Config, Election},
-    flat_services,
+    flat_services, floating,
     leader::{self, Outcome},
     metrics::Metrics,
     nad,
@@ -192,6 +192,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         let client = client.clone();
         let metrics = Arc::clone(&metrics);
         let settings = config.allocation.clone();
+        let floating_settings = config.floating.clone();
         let resync = config.resync;
         move |stop: CancellationToken| {
             let workload_client = client.clone();
@@ -228,6 +229,16 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 ),
                 stop.clone(),
             );
+            let floating = cancel_when_done(
+                floating::run(
+                    workload_client.clone(),
+                    Arc::clone(&workload_metrics),
+                    floating_settings,
+                    workers,
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let nads = cancel_when_done(nad::run(nad_ctx, workers, stop.clone()), stop.clone());
             let workloads = cancel_when_done(
                 workloads::run(
@@ -255,7 +266,14 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             );
             async move {
                 let ready = tokio::spawn(ready);
-                tokio::join!(services, allocation, nads, workloads, certificates);
+                tokio::join!(
+                    services,
+                    allocation,
+                    floating,
+                    nads,
+                    workloads,
+                    certificates
+                );
                 ready.abort();
             }
         }
