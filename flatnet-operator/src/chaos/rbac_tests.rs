@@ -290,12 +290,6 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "flatnetwork.pandaria.io",
-        "floatingipprojectquotas",
-        "get",
-        "webhook: quota review",
-    ),
-    (
-        "flatnetwork.pandaria.io",
         "floatingipprojectquotas/status",
         "update",
         "floating::quotas",

@@ -1,9 +1,11 @@
 //! The validating admission webhook, served by every replica.
 //!
-//! It reviews FlatNetworkSubnets (create, update, delete) and the pod
-//! templates of Pods and workloads (create, update). Every denial names the
+//! It reviews FlatNetworkSubnets (create, update, delete), the pod
+//! templates of Pods and workloads (create, update), and the floating
+//! addresses' pools, quotas and LoadBalancer Services (`floating`). Every denial names the
 //! field and the fix. See `docs/webhook.md`.
 
+pub mod floating;
 pub mod lookup;
 pub mod pods;
 pub mod registration;
@@ -84,6 +86,9 @@ impl Validator {
         self.metrics.admission_reviewed(kind, operation);
         let verdict = match kind {
             "FlatNetworkSubnet" => subnet::review(&self.lookup, request).await,
+            kind if floating::KINDS.contains(&kind) => {
+                floating::review(&self.lookup, request).await
+            }
             kind if workload::KINDS.contains(&kind) => pods::review(&self.lookup, request).await,
             _ => Ok(()),
         };
