@@ -180,6 +180,9 @@ async fn address_for(
     }
     let others = others(ctx, service);
     if let Some(sharing_key) = &request.sharing_key {
+        // Every Service with the key, per address it holds of this family:
+        // the address is shared only when no port clashes with any of them.
+        let mut sharers: BTreeMap<IpAddr, Vec<(&Service, FloatingRequest)>> = BTreeMap::new();
         for other in &others {
             let Ok(theirs) = request_of(other) else {
                 continue;
@@ -189,23 +192,37 @@ async fn address_for(
             {
                 continue;
             }
-            let Some(addr) = ingress_addresses(other, pools).into_iter().find(|a| {
+            for addr in ingress_addresses(other, pools).into_iter().filter(|a| {
                 Family::of(*a) == family
                     && fixed.is_none_or(|f| f == *a)
                     && candidates.iter().any(|p| p.network_of(*a).is_some())
-            }) else {
-                continue;
-            };
-            if let Some(port) = clashing_port(&request.ports, &theirs.ports) {
-                return Err(Error::PortClash {
-                    service: key,
-                    key: sharing_key.clone(),
-                    other: key_of(other.namespace().as_deref(), &other.name_any()),
-                    protocol: port.protocol.clone(),
-                    port: port.port,
-                });
+            }) {
+                sharers
+                    .entry(addr)
+                    .or_default()
+                    .push((other, theirs.clone()));
             }
-            return Ok((addr, None));
+        }
+        let mut clash = None;
+        for (addr, holders) in &sharers {
+            let clashing = holders.iter().find_map(|(other, theirs)| {
+                clashing_port(&request.ports, &theirs.ports).map(|port| (*other, port))
+            });
+            match clashing {
+                None => return Ok((*addr, None)),
+                Some((other, port)) => {
+                    clash.get_or_insert_with(|| Error::PortClash {
+                        service: key.clone(),
+                        key: sharing_key.clone(),
+                        other: key_of(other.namespace().as_deref(), &other.name_any()),
+                        protocol: port.protocol.clone(),
+                        port: port.port,
+                    });
+                }
+            }
+        }
+        if let Some(error) = clash {
+            return Err(error);
         }
     }
     let services: Vec<Service> = others.iter().map(|s| (**s).clone()).collect();

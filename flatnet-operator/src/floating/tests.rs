@@ -531,3 +531,51 @@ async fn racing_allocators_never_give_an_address_twice() {
         );
     }
 }
+
+/// The objects of `docs/floating-ip/*.yaml`, in file order.
+fn documented_example() -> Vec<serde_json::Value> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/floating-ip");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).unwrap();
+            crate::doc_examples::documents(&text, &path.display().to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_documented_example_gets_the_documented_addresses() {
+    let server = FakeApiServer::new();
+    for object in documented_example() {
+        match object["kind"].as_str().unwrap() {
+            "FloatingIPPool" => {
+                server.insert(&serde_json::from_value::<FloatingIPPool>(object).unwrap());
+            }
+            "FloatingIPProjectQuota" => {
+                server.insert(&serde_json::from_value::<FloatingIPProjectQuota>(object).unwrap());
+            }
+            "Namespace" => server.insert(&serde_json::from_value::<Namespace>(object).unwrap()),
+            "Service" => server.insert(&serde_json::from_value::<Service>(object).unwrap()),
+            other => panic!("no step for {other}"),
+        }
+    }
+    let settings = Settings::default();
+    for name in ["web", "api", "api-grpc"] {
+        reconcile(&server, &settings, name).await.unwrap();
+    }
+    assert_eq!(ingress(&server, "web"), vec![ip("192.168.50.15")]);
+    assert_eq!(
+        ingress(&server, "api"),
+        vec![ip("fd00:50::10"), ip("192.168.50.10")]
+    );
+    assert_eq!(ingress(&server, "api-grpc"), ingress(&server, "api"));
+    let status = server.list::<FloatingIPPool>()[0].status.clone().unwrap();
+    assert_eq!((status.used_ip_count, status.total_ip_count), (3, 26));
+}
