@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
-use flatnet_agent::datapath::{PinnedMaps, PolicyMaps, RecentConflictEntry, format_mac};
+use flatnet_agent::datapath::{
+    PinnedMaps, PolicyMaps, RecentConflictEntry, format_mac, monotonic_ns,
+};
 use flatnet_common::conflict::ClaimKind;
 use serde::Serialize;
 
@@ -211,18 +213,6 @@ fn print_conflicts(rows: &[ConflictRow]) {
             r.last_seen_seconds_ago
         );
     }
-}
-
-/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`, in nanoseconds.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec the call writes.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    // The monotonic clock is never negative.
-    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
 }
 
 fn interface_name(ifindex: u32) -> String {

@@ -406,6 +406,19 @@ impl Datapath {
     }
 }
 
+/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`, in nanoseconds:
+/// the time base of the maps' timestamps and of responder leases.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec the call writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    // The monotonic clock is never negative.
+    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
+}
+
 /// `aa:bb:cc:dd:ee:ff`.
 pub fn format_mac(mac: [u8; 6]) -> String {
     mac.map(|b| format!("{b:02x}")).join(":")
