@@ -7,11 +7,14 @@
 //!   an agent applies when its view changes;
 //! - [`heartbeat`]: the message agents send each other over the flat link
 //!   every [`HEARTBEAT_INTERVAL`](heartbeat::HEARTBEAT_INTERVAL), and its
-//!   UDP transport.
+//!   UDP transport;
+//! - [`owner`]: the loop that runs both, renews the responder-map leases of
+//!   the owned addresses and announces acquired ones.
 //!
-//! Not wired into the daemon yet: the responder-map lease, the
-//! announcements and the standalone state file's floating section are
-//! still to come (see `docs/floating-ips.md`).
+//! Not wired into the daemon yet (no standalone state file section or
+//! Kubernetes source of candidates): tests and the failover benchmark run
+//! [`owner::run`] directly (see `docs/floating-ips.md`).
 
 pub mod election;
 pub mod heartbeat;
+pub mod owner;
