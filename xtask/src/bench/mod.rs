@@ -1,8 +1,9 @@
-//! `cargo xtask bench <cni|throughput|policy|conflicts>`: on-demand benchmarks (root).
+//! `cargo xtask bench <cni|throughput|policy|conflicts|failover>`: on-demand benchmarks (root).
 //! Each writes its results into its own section of docs/benchmarks.md.
 
 mod cni;
 mod conflicts;
+mod failover;
 mod policy;
 mod program_cost;
 mod report;
@@ -32,6 +33,9 @@ pub enum BenchCommand {
     /// Latency from a foreign claim on a managed address to the Kubernetes
     /// Event and the FlatNetworkIP condition.
     Conflicts,
+    /// Floating-address failover: from killing the owner to the first TCP
+    /// connection through the other node, IPv4 and IPv6.
+    Failover,
 }
 
 /// Runs one benchmark.
@@ -45,6 +49,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Throughput(args) => throughput::run(&args),
         BenchCommand::Policy => policy::run(),
         BenchCommand::Conflicts => conflicts::run(),
+        BenchCommand::Failover => failover::run(),
     }
 }
 
