@@ -75,12 +75,7 @@ struct Node {
 fn mac_of(ns: &TestNetns, ifname: &str) -> [u8; 6] {
     let out = ns.ip(&["-j", "link", "show", "dev", ifname]);
     let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let text = json[0]["address"].as_str().unwrap();
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(text.split(':')) {
-        *byte = u8::from_str_radix(part, 16).unwrap();
-    }
-    mac
+    flatnet_agent::link::parse_mac(json[0]["address"].as_str().unwrap()).unwrap()
 }
 
 /// A node on the bridge of `lan` with address `address`, serving its name

@@ -57,6 +57,10 @@ pub struct StateFile {
     /// its labels, for pod selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pods: BTreeMap<String, crate::policy_compiler::selector::Labels>,
+    /// Floating addresses this node can serve and its peers, run by
+    /// `flatnet-agent floating` (not reloaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floating: Option<crate::floating::standalone::FloatingSection>,
 }
 
 /// A CNI network (the `name` of a network configuration) and its subnets.
@@ -363,6 +367,9 @@ impl StateFile {
                 }
                 Err(problem) => problems.push(problem),
             }
+        }
+        if let Some(floating) = &self.floating {
+            problems.extend(floating.problems());
         }
         if problems.is_empty() {
             Ok(ValidState { subnets, networks })

@@ -11,10 +11,13 @@
 //! - [`owner`]: the loop that runs both, renews the responder-map leases of
 //!   the owned addresses and announces acquired ones.
 //!
-//! Not wired into the daemon yet (no standalone state file section or
-//! Kubernetes source of candidates): tests and the failover benchmark run
-//! [`owner::run`] directly (see `docs/floating-ips.md`).
+//! - [`standalone`]: the state file's `floating` section, run by
+//!   `flatnet-agent floating` beside the agent (or `datapath attach`).
+//!
+//! Not wired into the daemon's Kubernetes mode yet (see
+//! `docs/floating-ips.md`).
 
 pub mod election;
 pub mod heartbeat;
 pub mod owner;
+pub mod standalone;

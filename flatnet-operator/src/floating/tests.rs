@@ -553,7 +553,11 @@ fn documented_example() -> Vec<serde_json::Value> {
 #[tokio::test]
 async fn the_documented_example_gets_the_documented_addresses() {
     let server = FakeApiServer::new();
-    for object in documented_example() {
+    // The standalone state file (no kind) is the agent's to check.
+    for object in documented_example()
+        .into_iter()
+        .filter(|o| o.get("kind").is_some())
+    {
         match object["kind"].as_str().unwrap() {
             "FloatingIPPool" => {
                 server.insert(&serde_json::from_value::<FloatingIPPool>(object).unwrap());
