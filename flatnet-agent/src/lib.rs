@@ -6,6 +6,7 @@ pub mod cni_service;
 pub mod crash_point;
 pub mod datapath;
 pub mod desired;
+pub mod floating;
 pub mod install;
 pub mod journal;
 pub mod link;

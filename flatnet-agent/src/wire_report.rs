@@ -273,7 +273,7 @@ pub async fn run(
                     continue;
                 }
             };
-        let now = (crate::datapath::monotonic_now_ns(), Timestamp::now());
+        let now = (crate::datapath::monotonic_ns(), Timestamp::now());
         let summary = foreign_claims(&claims, &subnets, &flatnet_macs, now, REPORT_HORIZON);
         // Failures are logged by `publish` and retried next pass.
         let _ = publisher.publish(&summary, &subnets, Instant::now()).await;

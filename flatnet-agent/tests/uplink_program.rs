@@ -7,8 +7,8 @@
 mod support;
 
 use std::{
-    net::Ipv4Addr,
     net::Ipv6Addr,
+    net::{IpAddr, Ipv4Addr},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     thread,
@@ -26,7 +26,7 @@ use etherparse::{Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 use flatnet_agent::{
     datapath::{
         AttachMechanism, Datapath, DatapathConfig, DatapathError, FrameCounters, TcAttach,
-        detach_uplink, kernel_has_tcx, map_pin_path, monotonic_now_ns,
+        detach_uplink, kernel_has_tcx, map_pin_path, monotonic_ns,
     },
     netns::run_in_netns,
     packet::{
@@ -688,6 +688,50 @@ fn test_run_answers_arp_only_for_listed_addresses() {
     );
     assert_eq!(datapath.test_run_uplink(&request, 1).unwrap().verdict, PASS);
     assert_eq!(datapath.responder_stats().unwrap().arp_replies, 2);
+}
+
+#[test]
+fn a_leased_entry_is_answered_until_its_lease_runs_out() {
+    if !privileged("a_leased_entry_is_answered_until_its_lease_runs_out") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    let mut datapath =
+        Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load eBPF object");
+    let target = owned_v6();
+    let requester: Ipv6Addr = "fe80::5eff:fe00:1".parse().unwrap();
+    let lease = |datapath: &mut Datapath, valid_until_ns: u64| {
+        let mut responders = datapath.responders().expect("responder maps");
+        for addr in [IpAddr::from(OWNED_V4), IpAddr::from(target)] {
+            responders
+                .insert_until(LOOPBACK_IFINDEX, addr, NODE_MAC, valid_until_ns)
+                .unwrap();
+        }
+    };
+    let verdicts = |datapath: &mut Datapath| {
+        (
+            datapath
+                .test_run_uplink(&arp_request_for(OWNED_V4), 1)
+                .unwrap()
+                .verdict,
+            datapath
+                .test_run_uplink(&solicitation(requester, target), 1)
+                .unwrap()
+                .verdict,
+        )
+    };
+    let now = monotonic_ns();
+    lease(&mut datapath, now + 60_000_000_000);
+    assert_eq!(
+        verdicts(&mut datapath),
+        (REDIRECT, REDIRECT),
+        "within the lease"
+    );
+    // The owner's agent stopped renewing: the program falls silent by itself.
+    lease(&mut datapath, now.saturating_sub(1).max(1));
+    assert_eq!(verdicts(&mut datapath), (PASS, PASS), "lease run out");
+    lease(&mut datapath, monotonic_ns() + 60_000_000_000);
+    assert_eq!(verdicts(&mut datapath), (REDIRECT, REDIRECT), "renewed");
 }
 
 #[test]
@@ -1511,7 +1555,7 @@ fn test_run_records_every_claim_kind_in_the_wire_inventory() {
         (100, V4(v4(74)), mac(5), Some(WireKind::ArpRequest)),
     ];
     assert_eq!(inventory(&datapath), expected);
-    let now = monotonic_now_ns();
+    let now = monotonic_ns();
     for entry in datapath.wire_claims().unwrap() {
         assert!(
             entry.last_seen_ns > 0 && entry.last_seen_ns <= now,

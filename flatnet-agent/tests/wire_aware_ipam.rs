@@ -10,7 +10,7 @@ use std::{collections::HashSet, net::IpAddr, time::Duration};
 
 use etherparse::ArpOperation;
 use flatnet_agent::{
-    datapath::{Datapath, DatapathConfig, monotonic_now_ns},
+    datapath::{Datapath, DatapathConfig, monotonic_ns},
     netns::run_in_netns,
     packet::{BROADCAST, RawSocket, arp_frame},
     wire_report::{PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims},
@@ -52,7 +52,7 @@ async fn publish(
         &claims,
         &subnets,
         &flatnet_macs,
-        (monotonic_now_ns(), Timestamp::now()),
+        (monotonic_ns(), Timestamp::now()),
         REPORT_HORIZON,
     );
     publisher.publish(&summary, &subnets, at).await.unwrap();

@@ -57,11 +57,23 @@ pub struct ResponderEntry {
     pub mac: [u8; 6],
     /// [`ResponderEntry::FLAG_ROUTER`] or 0.
     pub flags: u16,
+    /// 0: answered for as long as it is listed (a pod's address). Else a
+    /// lease, in `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`): not
+    /// answered from then on. A floating address's owner renews it with
+    /// every heartbeat, so the node of a killed agent, whose program stays
+    /// attached, falls silent on its own before a peer takes over.
+    pub valid_until_ns: u64,
 }
 
 impl ResponderEntry {
     /// Set the Router flag in neighbour advertisements.
     pub const FLAG_ROUTER: u16 = 1;
+
+    /// Whether the entry is answered at `now_ns` (`CLOCK_MONOTONIC`).
+    #[inline(always)]
+    pub fn answers_at(&self, now_ns: u64) -> bool {
+        self.valid_until_ns == 0 || now_ns < self.valid_until_ns
+    }
 }
 
 /// Counters of the answers the uplink program sent, indexes of the
@@ -360,6 +372,7 @@ mod tests {
         let entry = ResponderEntry {
             mac: NODE,
             flags: 0,
+            valid_until_ns: 0,
         };
         let q = NdpQuestion {
             target: TARGET,
@@ -384,10 +397,24 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_is_answered_until_it_runs_out_and_no_lease_always() {
+        let mut entry = ResponderEntry {
+            mac: NODE,
+            flags: 0,
+            valid_until_ns: 0,
+        };
+        assert!(entry.answers_at(0) && entry.answers_at(u64::MAX));
+        entry.valid_until_ns = 1_000;
+        assert!(entry.answers_at(999));
+        assert!(!entry.answers_at(1_000) && !entry.answers_at(5_000));
+    }
+
+    #[test]
     fn dad_is_answered_unsolicited_to_all_nodes() {
         let entry = ResponderEntry {
             mac: NODE,
             flags: ResponderEntry::FLAG_ROUTER,
+            valid_until_ns: 0,
         };
         let q = NdpQuestion {
             target: TARGET,

@@ -353,6 +353,10 @@ fn answer_arp(ctx: &TcContext, l3: usize, ifindex: u32, request: &[u8; ARP_LEN])
     let Some(entry) = (unsafe { ARP_RESPONDER.get(key) }).copied() else {
         return TC_PASS;
     };
+    // SAFETY: helper without arguments.
+    if !entry.answers_at(unsafe { bpf_ktime_get_ns() }) {
+        return TC_PASS;
+    }
     let reply = arp_reply(request, entry.mac);
     let eth = ethernet_addresses(question.requester_mac, entry.mac);
     if ctx.store(0, &eth, 0).is_err() || ctx.store(l3, &reply, 0).is_err() {
@@ -394,6 +398,10 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
     let Some(entry) = (unsafe { NDP_RESPONDER.get(key) }).copied() else {
         return TC_PASS;
     };
+    // SAFETY: helper without arguments.
+    if !entry.answers_at(unsafe { bpf_ktime_get_ns() }) {
+        return TC_PASS;
+    }
     let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
     let mut reply_dst = [0u8; 16];
     reply_dst.copy_from_slice(&reply_ip6[24..40]);

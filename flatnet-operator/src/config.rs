@@ -201,6 +201,10 @@ pub struct Cli {
     /// wire-aware allocation off).
     #[arg(long, env = "FLATNET_WIRE_WINDOW", default_value = "1h")]
     pub wire_window: String,
+    /// Also give floating addresses to LoadBalancer Services that name no
+    /// `loadBalancerClass` (only when no other load balancer serves them).
+    #[arg(long, env = "FLATNET_FLOATING_IP_CLASSLESS", default_value_t = false, action = ArgAction::Set)]
+    pub floating_ip_classless: bool,
 }
 
 /// `--statefulset-address-policy` values.
@@ -281,6 +285,8 @@ pub struct Config {
     pub webhook: WebhookSettings,
     /// Settings of the allocation controllers.
     pub allocation: crate::allocation::Settings,
+    /// Settings of the floating-address controllers.
+    pub floating: crate::floating::Settings,
 }
 
 /// How the CNI announces a pod's new address on the LAN.
@@ -425,6 +431,7 @@ impl Cli {
         let dev_mode = self.dev_mode.as_deref().is_some_and(|v| !v.is_empty());
         // The Lease lives in the operator's namespace, and so do the webhook's objects.
         let operator_namespace = self.lease_namespace.clone();
+        let floating_namespace = operator_namespace.clone();
         let election = if self.leader_election {
             let mut timing = election_timing(
                 &self.election_lease_duration,
@@ -507,6 +514,12 @@ impl Cli {
                 wire_window: go_duration("FLATNET_WIRE_WINDOW (--wire-window)", &self.wire_window)?,
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
                 ..crate::allocation::Settings::default()
+            },
+            floating: crate::floating::Settings {
+                classless: self.floating_ip_classless,
+                namespace: floating_namespace,
+                resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
+                ..crate::floating::Settings::default()
             },
         })
     }

@@ -10,6 +10,9 @@
 //!   and fit, addresses allocatable, fixed MACs only on macvlan), asks for
 //!   the flat network through a Multus annotation that names an existing
 //!   attachment, and lists enough fixed candidates for its replicas;
+//! - FloatingIPPools, quotas and Services are reviewed and stored (the
+//!   addresses the controller gives the floating-IP example are checked by
+//!   `floating::tests`);
 //! - `FlatNetworkIP`s shown in the README (what the operator writes) match
 //!   the API and the example's subnets;
 //! - fields the API types do not know are reported (a typo would otherwise
@@ -28,12 +31,12 @@ use std::{
 
 use flatnet_k8s::{
     annotations::parse_pod_request,
-    api::{FlatNetworkIP, FlatNetworkSubnet},
+    api::{FlatNetworkIP, FlatNetworkSubnet, FloatingIPPool, FloatingIPProjectQuota},
     ipam::Pool,
     keys::{NAD_NAME, annotation},
     validation::validate_subnet,
 };
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::core::{
     DynamicObject,
     admission::{AdmissionRequest, AdmissionReview},
@@ -74,7 +77,7 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The YAML documents of `text` as JSON values, skipping empty ones.
-fn documents(text: &str, origin: &str) -> Vec<Value> {
+pub(crate) fn documents(text: &str, origin: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(text)
         .map(|document| {
             let value: Value = serde::Deserialize::deserialize(document)
@@ -215,7 +218,23 @@ impl Example {
                 "{origin}: examples never create FlatNetworkIPs, the operator does; show them in the README instead"
             ),
             "Service" => {
-                let _: Service = typed(object, origin);
+                let service: Service = typed(object, origin);
+                self.admit(object, origin).await;
+                self.api.insert(&service);
+            }
+            "FloatingIPPool" => {
+                let pool: FloatingIPPool = typed(object, origin);
+                self.admit(object, origin).await;
+                self.api.insert(&pool);
+            }
+            "FloatingIPProjectQuota" => {
+                let quota: FloatingIPProjectQuota = typed(object, origin);
+                self.admit(object, origin).await;
+                self.api.insert(&quota);
+            }
+            "Namespace" => {
+                let namespace: Namespace = typed(object, origin);
+                self.api.insert(&namespace);
             }
             kind if CHECKED_BY_AGENT.contains(&kind) => {
                 if kind == "NetworkAttachmentDefinition" {

@@ -16,7 +16,14 @@ use k8s_openapi::{
         apis::meta::v1::ObjectMeta, apis::meta::v1::Time, util::intstr::IntOrString,
     },
 };
-use kube::client::Body;
+use kube::{
+    Resource,
+    client::Body,
+    runtime::{
+        reflector::{self, store::Writer},
+        watcher,
+    },
+};
 use serde_json::{Value, json};
 
 use flatnet_k8s::keys::annotation;
@@ -315,4 +322,32 @@ pub fn admission_review(
             "options": null,
         }
     })
+}
+
+/// A synced informer cache holding exactly `objects`, and its writer.
+pub fn store<K>(objects: Vec<K>) -> (reflector::Store<K>, Writer<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    (store, writer)
+}
+
+/// `items` in a seeded random order (xorshift), for races.
+pub fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
+    let mut items = items.to_vec();
+    let mut state = seed | 1;
+    for i in (1..items.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let j = usize::try_from(state % (i as u64 + 1)).unwrap();
+        items.swap(i, j);
+    }
+    items
 }

@@ -20,6 +20,7 @@ pub mod cidr;
 pub mod config;
 pub mod controller;
 pub mod flat_services;
+pub mod floating;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;

@@ -10,7 +10,7 @@ use crate::{
     admin::{self, AdminState, Health},
     allocation,
     config::{Config, Election},
-    flat_services,
+    flat_services, floating,
     leader::{self, Outcome},
     metrics::Metrics,
     nad, runtime_config,
@@ -192,6 +192,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         let client = client.clone();
         let metrics = Arc::clone(&metrics);
         let settings = config.allocation.clone();
+        let floating_settings = config.floating.clone();
         let resync = config.resync;
         move |stop: CancellationToken| {
             let workload_client = client.clone();
@@ -225,6 +226,16 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                     settings,
                     workers,
                     allocation_health,
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
+            let floating = cancel_when_done(
+                floating::run(
+                    workload_client.clone(),
+                    Arc::clone(&workload_metrics),
+                    floating_settings,
+                    workers,
                     stop.clone(),
                 ),
                 stop.clone(),
@@ -267,6 +278,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 tokio::join!(
                     services,
                     allocation,
+                    floating,
                     nads,
                     workloads,
                     certificates,

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use flatnet_agent::datapath::{
-    PinnedMaps, PolicyMaps, RecentConflictEntry, WireClaimEntry, format_mac, monotonic_now_ns,
+    PinnedMaps, PolicyMaps, RecentConflictEntry, WireClaimEntry, format_mac, monotonic_ns,
 };
 use flatnet_common::conflict::ClaimKind;
 use serde::Serialize;
@@ -157,7 +157,7 @@ impl InspectCommand {
                 }
             }
             InspectCommand::Wire { pin, output } => {
-                let now = monotonic_now_ns();
+                let now = monotonic_ns();
                 let rows: Vec<WireRow> = open(&pin)?
                     .wire_claims()?
                     .iter()
@@ -236,7 +236,7 @@ fn print_addresses(rows: &[AddressRow]) {
 }
 
 fn conflict_rows(maps: &PinnedMaps) -> anyhow::Result<Vec<ConflictRow>> {
-    let now = monotonic_now_ns();
+    let now = monotonic_ns();
     Ok(maps
         .recent_conflicts()?
         .into_iter()
@@ -260,7 +260,7 @@ fn print_conflicts(rows: &[ConflictRow]) {
         "FIRST (s ago)",
         "LAST (s ago)"
     );
-    let now = monotonic_now_ns();
+    let now = monotonic_ns();
     for r in rows {
         let c = &r.conflict;
         println!(

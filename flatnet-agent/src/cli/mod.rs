@@ -1,6 +1,7 @@
 //! Command-line interface of `flatnet-agent`.
 
 mod datapath;
+mod floating;
 mod inspect;
 mod logging;
 mod policy;
@@ -24,6 +25,9 @@ pub enum Command {
     /// Load, attach, detach and inspect the eBPF programs by hand.
     #[command(subcommand)]
     Datapath(datapath::DatapathCommand),
+    /// Serve the floating addresses of the standalone state file's
+    /// `floating` section with the peers listed there, until killed.
+    Floating(floating::FloatingArgs),
     /// Show the pinned data-plane state: counters, answered and watched addresses.
     #[command(subcommand)]
     Inspect(inspect::InspectCommand),
@@ -36,6 +40,7 @@ impl Command {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
             Command::Datapath(cmd) => cmd.run(),
+            Command::Floating(args) => args.run(),
             Command::Inspect(cmd) => cmd.run(),
             Command::Run(args) => args.run(),
         }

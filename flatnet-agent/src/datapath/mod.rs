@@ -50,7 +50,7 @@ pub use responder::{ResponderStats, Responders};
 pub use tc::{AttachMechanism, TcAttach, kernel_has_tcx};
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
-pub use wire::{WireClaimEntry, monotonic_now_ns};
+pub use wire::WireClaimEntry;
 
 /// The eBPF object, embedded so the agent never runs against a stale build.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("FLATNET_EBPF_OBJECT"));
@@ -412,6 +412,19 @@ impl Datapath {
     fn map(&self, name: &'static str) -> Result<&aya::maps::Map, DatapathError> {
         self.ebpf.map(name).ok_or(DatapathError::MissingMap(name))
     }
+}
+
+/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`, in nanoseconds:
+/// the time base of the maps' timestamps and of responder leases.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec the call writes.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    // The monotonic clock is never negative.
+    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
 }
 
 /// `aa:bb:cc:dd:ee:ff`.

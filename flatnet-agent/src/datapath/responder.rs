@@ -42,7 +42,24 @@ impl<'a> Responders<'a> {
         addr: IpAddr,
         mac: [u8; 6],
     ) -> Result<(), DatapathError> {
-        let entry = ResponderEntry { mac, flags: 0 };
+        self.insert_until(ifindex, addr, mac, 0)
+    }
+
+    /// Answers for `addr` on `ifindex` with `mac` until the
+    /// `CLOCK_MONOTONIC` time `valid_until_ns` (0: for as long as it is
+    /// listed): a floating address's lease, renewed by its owner.
+    pub fn insert_until(
+        &mut self,
+        ifindex: u32,
+        addr: IpAddr,
+        mac: [u8; 6],
+        valid_until_ns: u64,
+    ) -> Result<(), DatapathError> {
+        let entry = ResponderEntry {
+            mac,
+            flags: 0,
+            valid_until_ns,
+        };
         match addr {
             IpAddr::V4(v4) => self
                 .arp

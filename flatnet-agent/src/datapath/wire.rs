@@ -35,17 +35,6 @@ impl WireClaimEntry {
     }
 }
 
-/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of `last_seen_ns`.
-pub fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 /// Reads the address entries of the inventory, sorted by uplink, VLAN and address.
 pub(super) fn wire_claims(map: &aya::maps::Map) -> Result<Vec<WireClaimEntry>, DatapathError> {
     let map: HashMap<&MapData, WireKey, WireClaim> =

@@ -58,6 +58,10 @@ pub struct StateFile {
     /// its labels, for pod selectors.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pods: BTreeMap<String, crate::policy_compiler::selector::Labels>,
+    /// Floating addresses this node can serve and its peers, run by
+    /// `flatnet-agent floating` (not reloaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floating: Option<crate::floating::standalone::FloatingSection>,
     /// Extra flat interfaces hot-plugged into running pods, named by their
     /// network namespace (see `docs/runtime-config.md`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -396,6 +400,9 @@ impl StateFile {
             }
         }
         let hotplug = check_hotplug(&self.hotplug, &networks, &mut problems);
+        if let Some(floating) = &self.floating {
+            problems.extend(floating.problems());
+        }
         if problems.is_empty() {
             Ok(ValidState {
                 subnets,
@@ -710,7 +717,7 @@ impl Standalone {
                 return LiveAddresses::default();
             }
         };
-        let (mono_now, now) = (crate::datapath::monotonic_now_ns(), Timestamp::now());
+        let (mono_now, now) = (crate::datapath::monotonic_ns(), Timestamp::now());
         let sightings = claims
             .iter()
             .filter(|c| {

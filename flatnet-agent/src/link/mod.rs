@@ -22,6 +22,7 @@ mod vlan;
 use std::path::PathBuf;
 
 pub use announce::AnnounceSettings;
+pub(crate) use announce::announcement_frames;
 pub use detach::DetachSpec;
 pub use error::LinkError;
 pub use mtu::{MtuChange, MtuTarget};

@@ -8,6 +8,7 @@
 pub mod annotations;
 pub mod api;
 pub mod env;
+pub mod floating;
 pub mod ipam;
 pub mod keys;
 pub mod multus;
@@ -28,6 +29,8 @@ pub fn crd_yaml() -> String {
         api::FlatNetworkIP::crd(),
         api::PodNetworkConfig::crd(),
         api::FlatNetworkWireClaims::crd(),
+        api::FloatingIPPool::crd(),
+        api::FloatingIPProjectQuota::crd(),
     ] {
         out.push_str("---\n");
         // Serializing a CRD cannot fail: it holds only strings, maps and

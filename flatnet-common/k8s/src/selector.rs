@@ -1,6 +1,6 @@
 //! Kubernetes label selectors, evaluated the way the API server does: one
-//! implementation for network policy (agent) and runtime configuration
-//! (operator, webhook).
+//! implementation for network policy (agent), runtime configuration
+//! (operator, webhook) and floating-IP pool eligibility.
 
 use std::collections::BTreeMap;
 

@@ -445,7 +445,7 @@ pub struct InvalidSubnet {
     pub errors: Vec<SubnetError>,
 }
 
-fn join<T: fmt::Display>(items: &[T]) -> String {
+pub(crate) fn join<T: fmt::Display>(items: &[T]) -> String {
     items
         .iter()
         .map(ToString::to_string)

@@ -164,3 +164,42 @@ fn pod_network_config_is_namespaced_with_printer_columns_and_bounds() {
     assert!(schema_at(&subnet, &["spec", "namespaceSelector"]).is_object());
     assert!(crd_yaml().contains("kind: PodNetworkConfig"));
 }
+
+#[test]
+fn floating_ip_crds_are_cluster_scoped_with_usage_columns() {
+    let pool = api::FloatingIPPool::crd();
+    let quota = api::FloatingIPProjectQuota::crd();
+    assert_eq!(
+        pool.metadata.name.as_deref(),
+        Some("floatingippools.flatnetwork.pandaria.io")
+    );
+    assert_eq!(
+        quota.metadata.name.as_deref(),
+        Some("floatingipprojectquotas.flatnetwork.pandaria.io")
+    );
+    for crd in [&pool, &quota] {
+        assert_eq!(crd.spec.scope, "Cluster");
+        let version = &crd.spec.versions[0];
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+    let columns: Vec<&str> = pool.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.json_path.as_str())
+        .collect();
+    for path in [
+        ".spec.cidrs",
+        ".spec.targetNetworkInterface",
+        ".status.usedIPCount",
+        ".status.totalIPCount",
+    ] {
+        assert!(columns.contains(&path), "{path} missing from {columns:?}");
+    }
+}

@@ -546,6 +546,22 @@ fn repaired_status(
     }
 }
 
+/// The Ready condition of an address ledger (a subnet's or a floating
+/// pool's): Active, or Exhausted when nothing is free, with the free count.
+pub(crate) fn usage_condition(
+    free: i64,
+    total: i64,
+    generation: Option<i64>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    condition(
+        CONDITION_READY,
+        true,
+        if free > 0 { "Active" } else { "Exhausted" },
+        format!("{free} of {total} addresses free"),
+        generation,
+    )
+}
+
 /// Writes the address view of `pool` into `status`: `usedIP`, the counts
 /// and the Ready condition (Active or Exhausted, with the free count). Every
 /// writer of the ledger uses it, so the subnet controller finds nothing to
@@ -561,13 +577,7 @@ pub(crate) fn set_usage(
         .saturating_sub(pool.used().try_into().unwrap_or(i64::MAX));
     set_condition(
         &mut status.conditions,
-        condition(
-            CONDITION_READY,
-            true,
-            if free > 0 { "Active" } else { "Exhausted" },
-            format!("{free} of {} addresses free", usage.total_ip_count),
-            generation,
-        ),
+        usage_condition(free, usage.total_ip_count, generation),
     );
     status.used_ip = usage.used_ip;
     status.used_ip_count = usage.used_ip_count;

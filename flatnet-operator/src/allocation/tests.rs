@@ -18,13 +18,9 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Resource, ResourceExt,
+    ResourceExt,
     api::{PartialObjectMeta, PartialObjectMetaExt},
-    runtime::{
-        controller::Action,
-        reflector::{self, store::Writer},
-        watcher,
-    },
+    runtime::controller::Action,
 };
 use serde_json::{Value, json};
 
@@ -38,7 +34,9 @@ use super::{
 };
 use crate::{
     controller::CONFLICT_RETRY,
-    fixtures::{ApiServerVerifier, NS, PodExt, mock_client, ok, pod, status_error, to_json},
+    fixtures::{
+        ApiServerVerifier, NS, PodExt, mock_client, ok, pod, shuffled, status_error, store, to_json,
+    },
     metrics::Metrics,
 };
 
@@ -49,19 +47,6 @@ const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
-}
-
-fn store<K>(objects: Vec<K>) -> (reflector::Store<K>, Writer<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (store, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for object in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(object));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    (store, writer)
 }
 
 /// The cached form of node `name`.
@@ -758,19 +743,6 @@ fn caches_from(server: &FakeApiServer) -> Caches {
 /// Caches filled from what `server` holds now, with exactly `nodes`.
 fn caches_from_with_nodes(server: &FakeApiServer, nodes: &[&str]) -> Caches {
     caches_with_nodes(server.list(), server.list(), server.list(), nodes)
-}
-
-fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
-    let mut items = items.to_vec();
-    let mut state = seed | 1;
-    for i in (1..items.len()).rev() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let j = usize::try_from(state % (i as u64 + 1)).unwrap();
-        items.swap(i, j);
-    }
-    items
 }
 
 /// One allocator: `rounds` passes over its (stale) view of the records,

@@ -238,6 +238,62 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "patch",
         "migrate",
     ),
+    // The floating-address controllers do not run in a chaos run; their
+    // requests are those of `floating::tests` against the same fake.
+    (
+        "",
+        "services",
+        "update",
+        "floating::services: the finalizer",
+    ),
+    (
+        "",
+        "services/status",
+        "update",
+        "floating::services: status.loadBalancer.ingress",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingippools",
+        "get",
+        "floating::ledger",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingippools",
+        "list",
+        "floating::run",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingippools",
+        "watch",
+        "floating::run",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingippools/status",
+        "update",
+        "floating::ledger, floating::pools",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingipprojectquotas",
+        "list",
+        "floating::run",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingipprojectquotas",
+        "watch",
+        "floating::run",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "floatingipprojectquotas/status",
+        "update",
+        "floating::quotas",
+    ),
 ];
 
 /// One rule line: group, resource (`plural/sub`), verb, and whether it is

@@ -91,9 +91,12 @@ async fn first_run_registers_the_new_ca_then_creates_the_secret() {
     let renew_at = task.await.unwrap().unwrap();
     assert!(renew_at > now() + time::Duration::days(200));
 
-    // Both webhooks trust exactly the bundle stored in the Secret.
+    // Every webhook trusts exactly the bundle stored in the Secret.
     let bundle = create.body["data"][CA_CRT].as_str().unwrap().to_owned();
-    assert_eq!(ca_bundle_of(&patch.body), [bundle.clone(), bundle]);
+    assert_eq!(
+        ca_bundle_of(&patch.body),
+        [bundle.clone(), bundle.clone(), bundle]
+    );
     assert_eq!(create.body["type"], "kubernetes.io/tls");
     assert_eq!(
         create.body["metadata"]["labels"][label::MANAGED_BY],

@@ -105,6 +105,22 @@ impl Lookup {
             .items)
     }
 
+    /// Every object of kind `K` in the cluster.
+    ///
+    /// # Errors
+    /// The list failed.
+    pub async fn list<K>(&self) -> Result<Vec<K>, LookupError>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
+        Ok(api
+            .list(&ListParams::default().match_any())
+            .await
+            .map_err(failed(format!("list {}s", K::kind(&()))))?
+            .items)
+    }
+
     /// The workload an object of `kind` named `name` belongs to, following
     /// its controller: a ReplicaSet up to its Deployment, a Job up to its
     /// CronJob. An object without a controller is its own workload.

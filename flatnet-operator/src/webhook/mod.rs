@@ -1,10 +1,12 @@
 //! The validating admission webhook, served by every replica.
 //!
 //! It reviews FlatNetworkSubnets (create, update, delete),
-//! PodNetworkConfigs (create, update) and the pod templates of Pods and
-//! workloads (create, update). Every denial names the
+//! PodNetworkConfigs (create, update), the pod templates of Pods and
+//! workloads (create, update), and the floating addresses' pools, quotas
+//! and LoadBalancer Services (`floating`). Every denial names the
 //! field and the fix. See `docs/webhook.md`.
 
+pub mod floating;
 pub mod lookup;
 pub mod pod_network_config;
 pub mod pods;
@@ -87,6 +89,9 @@ impl Validator {
         let verdict = match kind {
             "FlatNetworkSubnet" => subnet::review(&self.lookup, request).await,
             "PodNetworkConfig" => pod_network_config::review(&self.lookup, request).await,
+            kind if floating::KINDS.contains(&kind) => {
+                floating::review(&self.lookup, request).await
+            }
             kind if workload::KINDS.contains(&kind) => pods::review(&self.lookup, request).await,
             _ => Ok(()),
         };

@@ -1,6 +1,6 @@
 //! The ValidatingWebhookConfiguration that sends reviews to the webhook.
 //!
-//! Two webhooks share one configuration:
+//! Three webhooks share one configuration:
 //! - `subnets.flatnetwork.pandaria.io`: FlatNetworkSubnet create, update and
 //!   delete, `failurePolicy: Fail` (subnets are admin objects, and a delete
 //!   while addresses are in use must never slip through), and
@@ -8,7 +8,9 @@
 //! - `workloads.flatnetwork.pandaria.io`: Pods and the workload kinds on
 //!   create and update, `failurePolicy: Fail`, but only for objects that
 //!   carry a flat annotation (a CEL `matchCondition`), so an unavailable
-//!   webhook never blocks pods that do not use the flat network.
+//!   webhook never blocks pods that do not use the flat network;
+//! - `floating.flatnetwork.pandaria.io`: FloatingIPPools, quotas, and the
+//!   LoadBalancer Services of flatnet's class (a CEL `matchCondition`).
 
 use std::collections::BTreeMap;
 
@@ -31,6 +33,14 @@ use flatnet_k8s::keys::label;
 pub const VALIDATE_PATH: &str = "/validate";
 /// Name of the subnet webhook.
 pub const SUBNET_WEBHOOK: &str = "subnets.flatnetwork.pandaria.io";
+/// Name of the floating-address webhook.
+pub const FLOATING_WEBHOOK: &str = "floating.flatnetwork.pandaria.io";
+/// Sends only Services of flatnet's `loadBalancerClass` (pools and quotas
+/// always), so an unavailable webhook never blocks other Services.
+pub const FLOATING_SERVICES_CONDITION: &str = "request.kind.kind != 'Service' || \
+(has(object.spec.type) && object.spec.type == 'LoadBalancer' && \
+has(object.spec.loadBalancerClass) && \
+object.spec.loadBalancerClass == 'flatnetwork.pandaria.io/floating-ip')";
 /// Name of the pod and workload webhook.
 pub const WORKLOAD_WEBHOOK: &str = "workloads.flatnetwork.pandaria.io";
 /// How long the API server waits for an answer.
@@ -144,6 +154,34 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
                     expression: FLAT_ANNOTATIONS_CONDITION.into(),
                 }]),
             ),
+            webhook(
+                FLOATING_WEBHOOK,
+                vec![
+                    RuleWithOperations {
+                        scope: Some("Cluster".into()),
+                        ..rule(
+                            flatnet_k8s::api::GROUP,
+                            &["v1"],
+                            &["floatingippools"],
+                            &["CREATE", "UPDATE", "DELETE"],
+                        )
+                    },
+                    RuleWithOperations {
+                        scope: Some("Cluster".into()),
+                        ..rule(
+                            flatnet_k8s::api::GROUP,
+                            &["v1"],
+                            &["floatingipprojectquotas"],
+                            &create_update,
+                        )
+                    },
+                    rule("", &["v1"], &["services"], &create_update),
+                ],
+                Some(vec![MatchCondition {
+                    name: "floating-ip-services-only".into(),
+                    expression: FLOATING_SERVICES_CONDITION.into(),
+                }]),
+            ),
         ]),
     }
 }
@@ -201,7 +239,7 @@ mod tests {
     fn service_mode_points_both_webhooks_at_the_service() {
         let config = desired(&settings(None), "PEM");
         let webhooks = config.webhooks.unwrap();
-        assert_eq!(webhooks.len(), 2);
+        assert_eq!(webhooks.len(), 3);
         for webhook in &webhooks {
             let service = webhook.client_config.service.as_ref().unwrap();
             assert_eq!(service.name, "rancher-flat-network-webhook-svc");

@@ -105,6 +105,7 @@ fn ipv6(l3: &[u8], eth_src: [u8; 6]) {
         let entry = ResponderEntry {
             mac: NODE_MAC,
             flags,
+            valid_until_ns: 0,
         };
         let (ip6, na) = neighbor_advertisement(&question, &entry);
         let mut packet = ip6.to_vec();

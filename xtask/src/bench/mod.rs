@@ -1,8 +1,9 @@
-//! `cargo xtask bench <cni|throughput|policy|conflicts|hotplug>`: on-demand benchmarks (root).
+//! `cargo xtask bench <cni|throughput|policy|conflicts|hotplug|failover>`: on-demand benchmarks (root).
 //! Each writes its results into its own section of docs/benchmarks.md.
 
 mod cni;
 mod conflicts;
+mod failover;
 mod hotplug;
 mod policy;
 mod program_cost;
@@ -36,6 +37,9 @@ pub enum BenchCommand {
     /// Time from a standalone state-file change to a hot-plugged interface
     /// in a running pod answering the LAN (50 runs, p50/p99).
     Hotplug,
+    /// Floating-address failover: from killing the owner to the first TCP
+    /// connection through the other node, IPv4 and IPv6.
+    Failover,
 }
 
 /// Runs one benchmark.
@@ -50,6 +54,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Policy => policy::run(),
         BenchCommand::Conflicts => conflicts::run(),
         BenchCommand::Hotplug => hotplug::run(),
+        BenchCommand::Failover => failover::run(),
     }
 }
 

@@ -12,6 +12,7 @@
 //! oldest that version offers).
 
 mod conditions;
+mod floating;
 mod ip;
 mod pod_network_config;
 mod subnet;
@@ -19,6 +20,10 @@ mod wire;
 mod wire_claims;
 
 pub use conditions::{CONDITION_READY, set_condition};
+pub use floating::{
+    FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,
+    FloatingIPProjectQuotaSpec, FloatingIPProjectQuotaStatus,
+};
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
 pub use pod_network_config::{
     ExtraAttachment, NodeBridge, NodeVlan, PodFailure, PodNetworkConfig, PodNetworkConfigSpec,
@@ -30,9 +35,9 @@ pub use subnet::{
 };
 pub use wire_claims::{FlatNetworkWireClaims, FlatNetworkWireClaimsSpec, ForeignClaim};
 
-/// API group of the kinds.
+/// API group of every kind.
 pub const GROUP: &str = "flatnetwork.pandaria.io";
-/// API version of the kinds.
+/// API version of every kind.
 pub const VERSION: &str = "v1";
 
 /// Values of `status.phase` of both kinds. An empty phase means "new".

@@ -1,0 +1,23 @@
+//! Floating addresses on the node: which agent owns (answers ARP/NDP for)
+//! each address, decided between agents without the API server.
+//!
+//! - [`election`]: the pure part: peers heard, when they count as dead,
+//!   the owner of each address (rendezvous hashing over the live
+//!   candidates, `flatnet_k8s::floating::choose_owner`), and the changes
+//!   an agent applies when its view changes;
+//! - [`heartbeat`]: the message agents send each other over the flat link
+//!   every [`HEARTBEAT_INTERVAL`](heartbeat::HEARTBEAT_INTERVAL), and its
+//!   UDP transport;
+//! - [`owner`]: the loop that runs both, renews the responder-map leases of
+//!   the owned addresses and announces acquired ones.
+//!
+//! - [`standalone`]: the state file's `floating` section, run by
+//!   `flatnet-agent floating` beside the agent (or `datapath attach`).
+//!
+//! Not wired into the daemon's Kubernetes mode yet (see
+//! `docs/floating-ips.md`).
+
+pub mod election;
+pub mod heartbeat;
+pub mod owner;
+pub mod standalone;

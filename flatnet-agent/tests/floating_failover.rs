@@ -1,0 +1,261 @@
+//! Floating-address failover on the real kernel (root): two "nodes" and a
+//! LAN client in their own network namespaces on one bridge. Each node has
+//! the uplink program attached (its own pin root), the floating address on
+//! `lo` behind a TCP server (the kernel never answers ARP for it on the
+//! uplink: `arp_ignore=1`), and runs the floating-address loop. The client
+//! keeps connecting to the floating address; the owner's loop is stopped
+//! without any cleanup (as a SIGKILL leaves it) and its uplink taken down;
+//! the client must reach the other node, which must start answering only
+//! once the dead owner's lease has run out.
+//!
+//! The time from the kill to the first successful connection through the
+//! survivor is printed (`failover_ms=`), never asserted:
+//! `cargo xtask bench failover` (not built yet) is to measure it.
+
+mod support;
+
+use std::{
+    io::Read,
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use flatnet_agent::{
+    datapath::{Datapath, DatapathConfig},
+    floating::owner::{self, Event, Settings},
+    netns::run_in_netns,
+};
+use support::{TestNetns, TestPinRoot, privileged, veth_pair, wait_until};
+
+const PORT: u16 = 8080;
+
+/// The addresses of one run: the floating one, the nodes', the client's,
+/// and the LAN prefix length.
+struct Plan {
+    floating: &'static str,
+    node_a: &'static str,
+    node_b: &'static str,
+    client: &'static str,
+    prefix: u8,
+}
+
+const IPV4: Plan = Plan {
+    floating: "10.77.0.50",
+    node_a: "10.77.0.1",
+    node_b: "10.77.0.2",
+    client: "10.77.0.100",
+    prefix: 24,
+};
+
+const IPV6: Plan = Plan {
+    floating: "fd00:77::50",
+    node_a: "fd00:77::1",
+    node_b: "fd00:77::2",
+    client: "fd00:77::100",
+    prefix: 64,
+};
+
+/// One node: namespace, pin root, datapath, and its loop.
+struct Node {
+    name: &'static str,
+    ns: TestNetns,
+    _pin: TestPinRoot,
+    _datapath: Datapath,
+    stop: Arc<AtomicBool>,
+    events: Arc<Mutex<Vec<Event>>>,
+    address: &'static str,
+    floating: &'static str,
+}
+
+fn mac_of(ns: &TestNetns, ifname: &str) -> [u8; 6] {
+    let out = ns.ip(&["-j", "link", "show", "dev", ifname]);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    flatnet_agent::link::parse_mac(json[0]["address"].as_str().unwrap()).unwrap()
+}
+
+/// A node on the bridge of `lan` with address `address`, serving its name
+/// on the floating address.
+fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan) -> Node {
+    let ns = TestNetns::new(&format!("fip{name}"));
+    let port = support::unique_name("fb");
+    veth_pair(&ns, "up0", lan, &port);
+    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
+    ns.ip(&["link", "set", "up0", "up"]);
+    ns.add_address("up0", &format!("{address}/{}", plan.prefix));
+    let host = if plan.floating.contains(':') { 128 } else { 32 };
+    ns.add_address("lo", &format!("{}/{host}", plan.floating));
+    ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
+    ns.sysctl("net.ipv4.conf.all.arp_announce", "2");
+    let floating: IpAddr = plan.floating.parse().unwrap();
+    let listener = run_in_netns(&ns.path(), || {
+        TcpListener::bind(SocketAddr::new(floating, PORT))
+    })
+    .unwrap()
+    .unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = std::io::Write::write_all(&mut stream, name.as_bytes());
+        }
+    });
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
+    run_in_netns(&ns.path(), || datapath.attach_uplink("up0"))
+        .unwrap()
+        .expect("attach uplink");
+    Node {
+        name,
+        ns,
+        _pin: pin,
+        _datapath: datapath,
+        stop: Arc::new(AtomicBool::new(false)),
+        events: Arc::default(),
+        address,
+        floating: plan.floating,
+    }
+}
+
+/// Starts the node's loop with `peer` as the other node.
+fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
+    let mut settings = Settings::new(node.name, "up0", pin_root);
+    settings.mac = mac_of(&node.ns, "up0");
+    settings.candidate_for = vec![node.floating.parse().unwrap()];
+    settings.bind = SocketAddr::new(node.address.parse().unwrap(), 7946);
+    settings.peers = vec![SocketAddr::new(peer.parse().unwrap(), 7946)];
+    let (stop, events, path) = (
+        Arc::clone(&node.stop),
+        Arc::clone(&node.events),
+        node.ns.path(),
+    );
+    thread::spawn(move || {
+        run_in_netns(&path, || {
+            owner::run(&settings, &stop, |event| events.lock().unwrap().push(event))
+        })
+        .unwrap()
+        .unwrap();
+    });
+}
+
+/// The node that answers a TCP connection to the floating address from
+/// the client, if any within 200 ms.
+fn answering(client: &TestNetns, floating: &str) -> Option<String> {
+    let floating: IpAddr = floating.parse().unwrap();
+    run_in_netns(&client.path(), || {
+        let target = SocketAddr::new(floating, PORT);
+        let mut stream = TcpStream::connect_timeout(&target, Duration::from_millis(200)).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .ok()?;
+        let mut name = String::new();
+        stream.read_to_string(&mut name).ok()?;
+        Some(name)
+    })
+    .unwrap()
+}
+
+fn acquired_at(node: &Node) -> Option<u64> {
+    node.events.lock().unwrap().iter().find_map(|e| match e {
+        Event::Acquired { at_ns, .. } => Some(*at_ns),
+        _ => None,
+    })
+}
+
+fn last_lease(node: &Node) -> u64 {
+    node.events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Renewed { until_ns }
+            | Event::Acquired {
+                at_ns: until_ns, ..
+            } => Some(*until_ns),
+            _ => None,
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+/// Runs the failover of `plan`; returns the time from the kill to the
+/// first connection through the survivor.
+fn failover(plan: &Plan) -> Duration {
+    let lan = TestNetns::new("fiplan");
+    lan.ip(&["link", "add", "br0", "type", "bridge"]);
+    lan.ip(&["link", "set", "br0", "up"]);
+    let client = TestNetns::new("fipcl");
+    let port = support::unique_name("fc");
+    veth_pair(&client, "eth0", &lan, &port);
+    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
+    client.ip(&["link", "set", "eth0", "up"]);
+    client.add_address("eth0", &format!("{}/{}", plan.client, plan.prefix));
+
+    let a = node("a", &lan, plan.node_a, plan);
+    let b = node("b", &lan, plan.node_b, plan);
+    start(&a, a._pin.path.clone(), b.address);
+    start(&b, b._pin.path.clone(), a.address);
+
+    wait_until("an owner answers", || {
+        answering(&client, plan.floating).is_some()
+    });
+    let owner_name = answering(&client, plan.floating).unwrap();
+    let (owner, survivor) = if owner_name == "a" {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    assert!(acquired_at(owner).is_some() && acquired_at(survivor).is_none());
+    // Stable: the same node answers every time while both live.
+    for _ in 0..10 {
+        assert_eq!(
+            answering(&client, plan.floating).as_deref(),
+            Some(owner.name)
+        );
+    }
+
+    // SIGKILL as the loop sees it: it stops with no cleanup; then the
+    // node's link goes down.
+    let killed = Instant::now();
+    owner.stop.store(true, Ordering::Relaxed);
+    owner.ns.ip(&["link", "set", "up0", "down"]);
+    wait_until("the survivor answers", || {
+        answering(&client, plan.floating).as_deref() == Some(survivor.name)
+    });
+    let failover = killed.elapsed();
+
+    let taken_at = acquired_at(survivor).expect("the survivor acquired the address");
+    let dead_until = last_lease(owner);
+    assert!(
+        taken_at >= dead_until,
+        "the survivor answered {} ms before the dead owner's lease ran out",
+        (dead_until - taken_at) / 1_000_000
+    );
+    println!(
+        "failover_ms={} family={} (takeover {} ms after the dead owner's lease ran out)",
+        failover.as_millis(),
+        if plan.prefix == 64 { "ipv6" } else { "ipv4" },
+        (taken_at - dead_until) / 1_000_000
+    );
+    survivor.stop.store(true, Ordering::Relaxed);
+    failover
+}
+
+#[test]
+fn a_killed_owner_is_replaced_and_never_answers_alongside() {
+    if !privileged("a_killed_owner_is_replaced_and_never_answers_alongside") {
+        return;
+    }
+    let runs: usize = std::env::var("FLATNET_FAILOVER_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    for plan in [&IPV4, &IPV6] {
+        for _ in 0..runs {
+            failover(plan);
+        }
+    }
+}
