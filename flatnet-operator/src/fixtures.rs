@@ -238,6 +238,18 @@ impl ApiServerVerifier {
         seen
     }
 
+    /// Expects a POST to `uri` (prefix match with a trailing `*`), answers
+    /// 201 with the posted object, as the API server does for a create, and
+    /// returns the posted body.
+    ///
+    /// # Panics
+    /// As [`Self::expect`].
+    pub async fn expect_created(&mut self, uri: &str) -> Value {
+        self.expect("POST", uri, |body| (StatusCode::CREATED, body.clone()))
+            .await
+            .body
+    }
+
     /// Checks the client sent nothing else before it was dropped.
     ///
     /// # Panics

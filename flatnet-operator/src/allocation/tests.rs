@@ -43,7 +43,8 @@ use crate::{
 const SUBNET: &str =
     "/apis/flatnetwork.pandaria.io/v1/namespaces/cattle-flat-network/flatnetworksubnets/net1";
 const RECORDS: &str = "/apis/flatnetwork.pandaria.io/v1/namespaces/shop/flatnetworkips";
-const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+/// Any event creation in the test namespace.
+const EVENT_POSTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events?*";
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
@@ -299,27 +300,19 @@ async fn bad_annotation_gives_its_events_once_and_no_retry() {
         .annotated("flatnetwork.pandaria.io/ip", "10.0.0.300");
     let result = scripted(
         |mut api| async move {
-            let original = api
-                .expect("POST", &format!("{EVENTS}?*"), |body| {
-                    (http::StatusCode::CREATED, body.clone())
-                })
-                .await;
-            assert_eq!(original.body["reason"], "FlatNetworkIPError");
-            let note = original.body["note"].as_str().unwrap();
+            let original = api.expect_created(EVENT_POSTS).await;
+            assert_eq!(original["reason"], "FlatNetworkIPError");
+            let note = original["note"].as_str().unwrap();
             assert!(note.starts_with("InvalidAnnotation: "), "{note}");
             assert!(note.contains("10.0.0.300"), "{note}");
-            let event = api
-                .expect("POST", &format!("{EVENTS}?*"), |body| {
-                    (http::StatusCode::CREATED, body.clone())
-                })
-                .await;
-            assert_eq!(event.body["type"], "Warning");
-            assert_eq!(event.body["reason"], "InvalidAnnotation");
-            let note = event.body["note"].as_str().unwrap();
+            let event = api.expect_created(EVENT_POSTS).await;
+            assert_eq!(event["type"], "Warning");
+            assert_eq!(event["reason"], "InvalidAnnotation");
+            let note = event["note"].as_str().unwrap();
             assert!(note.contains("flatnetwork.pandaria.io/ip"), "{note}");
             assert!(note.contains("10.0.0.300"), "{note}");
             assert!(note.contains("write \"auto\""), "{note}");
-            assert_eq!(event.body["regarding"]["name"], "web-1");
+            assert_eq!(event["regarding"]["name"], "web-1");
             api
         },
         |client| {
@@ -565,20 +558,12 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
             (&json!("Ready"), &json!(4))
         );
         // The original's reason first (existing alerts), then the finer one.
-        let event = api
-            .expect("POST", &format!("{EVENTS}?*"), |body| {
-                (http::StatusCode::CREATED, body.clone())
-            })
-            .await;
-        assert_eq!(event.body["reason"], "FlatNetworkIPError");
-        let note = event.body["note"].as_str().unwrap();
+        let event = api.expect_created(EVENT_POSTS).await;
+        assert_eq!(event["reason"], "FlatNetworkIPError");
+        let note = event["note"].as_str().unwrap();
         assert!(note.starts_with("NoAddressLeft: "), "{note}");
-        let event = api
-            .expect("POST", &format!("{EVENTS}?*"), |body| {
-                (http::StatusCode::CREATED, body.clone())
-            })
-            .await;
-        assert_eq!(event.body["reason"], "NoAddressLeft");
+        let event = api.expect_created(EVENT_POSTS).await;
+        assert_eq!(event["reason"], "NoAddressLeft");
         api.expect_no_more().await;
     });
     let error = ips::reconcile(Arc::new(record), Arc::clone(&ctx))
@@ -633,12 +618,8 @@ async fn a_record_pending_too_long_fails_without_touching_the_pod() {
                 failed.body["status"]["conditions"][0]["reason"],
                 "SetupTimeout"
             );
-            let event = api
-                .expect("POST", &format!("{EVENTS}?*"), |body| {
-                    (http::StatusCode::CREATED, body.clone())
-                })
-                .await;
-            assert_eq!(event.body["reason"], "FlatNetworkSetupTimeout");
+            let event = api.expect_created(EVENT_POSTS).await;
+            assert_eq!(event["reason"], "FlatNetworkSetupTimeout");
             api
         },
         |client| {
