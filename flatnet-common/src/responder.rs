@@ -195,27 +195,60 @@ pub fn ipv6_dst_mac(dst: &[u8; 16], unicast_mac: [u8; 6]) -> [u8; 6] {
     }
 }
 
-/// The IPv6 header and neighbour advertisement answering `question` with
-/// `entry`: solicited and to the requester, or, for duplicate address
-/// detection, unsolicited to all nodes (RFC 4861 §7.2.4). Override is set
-/// because the node is the address's only owner on the link.
+/// A neighbour advertisement as it replaces a solicitation: the IPv6
+/// header, then the ICMPv6 message.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NdpAnswer {
+    pub ip6: [u8; IPV6_LEN],
+    pub na: [u8; NA_LEN],
+}
+
+impl Default for NdpAnswer {
+    fn default() -> Self {
+        Self {
+            ip6: [0; IPV6_LEN],
+            na: [0; NA_LEN],
+        }
+    }
+}
+
+impl NdpAnswer {
+    /// The IPv6 destination of the answer.
+    pub fn destination(&self) -> &[u8; 16] {
+        // SAFETY: bytes 24..40 of the 40-byte header, in bounds and of
+        // alignment 1.
+        unsafe { &*self.ip6.as_ptr().add(24).cast::<[u8; 16]>() }
+    }
+}
+
+/// Writes into `answer` the IPv6 header and neighbour advertisement
+/// answering `question` with `entry`: solicited and to the requester, or,
+/// for duplicate address detection, unsolicited to all nodes (RFC 4861
+/// §7.2.4). Override is set because the node is the address's only owner on
+/// the link. Written in place so the uplink program can build it in a map
+/// slot: its stack has no room for it (Linux 6.1 counts 512 bytes across
+/// calls).
 #[inline(always)]
 pub fn neighbor_advertisement(
     question: &NdpQuestion,
     entry: &ResponderEntry,
-) -> ([u8; IPV6_LEN], [u8; NA_LEN]) {
+    answer: &mut NdpAnswer,
+) {
     let dad = question.is_dad();
-    let dst = if dad { ALL_NODES } else { question.source };
+    let dst = if dad { &ALL_NODES } else { &question.source };
 
-    let mut ip6 = [0u8; IPV6_LEN];
+    let ip6 = &mut answer.ip6;
+    *ip6 = [0u8; IPV6_LEN];
     ip6[0] = 0x60;
     ip6[5] = NA_LEN as u8; // payload length (high byte stays 0)
     ip6[6] = IPPROTO_ICMPV6;
     ip6[7] = NDP_HOP_LIMIT;
     ip6[8..24].copy_from_slice(&question.target);
-    ip6[24..40].copy_from_slice(&dst);
+    ip6[24..40].copy_from_slice(dst);
 
-    let mut na = [0u8; NA_LEN];
+    let na = &mut answer.na;
+    *na = [0u8; NA_LEN];
     na[0] = ICMPV6_NEIGHBOR_ADVERTISEMENT;
     let mut flags = NA_FLAG_OVERRIDE;
     if !dad {
@@ -230,9 +263,8 @@ pub fn neighbor_advertisement(
     na[25] = 1; // length in units of 8 octets
     na[26..32].copy_from_slice(&entry.mac);
 
-    let checksum = icmpv6_checksum(&question.target, &dst, &na);
+    let checksum = icmpv6_checksum(&question.target, dst, na);
     na[2..4].copy_from_slice(&checksum.to_be_bytes());
-    (ip6, na)
 }
 
 /// The ICMPv6 checksum of `message` (checksum field zero) between `src`
@@ -378,7 +410,9 @@ mod tests {
             target: TARGET,
             source: SOURCE,
         };
-        let (ip6, na) = neighbor_advertisement(&q, &entry);
+        let mut answer = NdpAnswer::default();
+        neighbor_advertisement(&q, &entry, &mut answer);
+        let NdpAnswer { ip6, na } = answer;
         assert_eq!(ip6[0], 0x60);
         assert_eq!(ip6[5], 32);
         assert_eq!(ip6[7], 255);
@@ -420,7 +454,9 @@ mod tests {
             target: TARGET,
             source: [0; 16],
         };
-        let (ip6, na) = neighbor_advertisement(&q, &entry);
+        let mut answer = NdpAnswer::default();
+        neighbor_advertisement(&q, &entry, &mut answer);
+        let NdpAnswer { ip6, na } = answer;
         assert_eq!(&ip6[24..40], &ALL_NODES);
         assert_eq!(na[4], 0x80 | 0x20, "router and override, not solicited");
         assert_eq!(

@@ -25,8 +25,9 @@ use flatnet_common::{
     },
     pin::RESPONDER_MAX_ENTRIES,
     responder::{
-        ARP_LEN, ArpResponderKey, IPV6_LEN, NA_LEN, NS_LEN, NdpResponderKey, ResponderEntry,
-        ResponderStat, arp_question, arp_reply, ipv6_dst_mac, ndp_question, neighbor_advertisement,
+        ARP_LEN, ArpResponderKey, IPV6_LEN, NA_LEN, NS_LEN, NdpAnswer, NdpResponderKey,
+        ResponderEntry, ResponderStat, arp_question, arp_reply, ipv6_dst_mac, ndp_question,
+        neighbor_advertisement,
     },
     wire::{
         Sighting, WIRE_CLAIMS_MAX_ENTRIES, WireClaim, WireKey, WireKind, arp_sighting,
@@ -97,6 +98,12 @@ struct PendingClaim {
 /// One slot per CPU: a TC program run is never interrupted on its CPU by another.
 #[btf_map]
 static PENDING_CLAIM: PerCpuArray<PendingClaim, 1> = PerCpuArray::new();
+
+/// The advertisement being built: one slot per CPU, as for claims. Built on
+/// the stack it would take [`answer_neighbor_solicitation`]'s frame past what
+/// Linux 6.1 allows a called function.
+#[btf_map]
+static NDP_ANSWER: PerCpuArray<NdpAnswer, 1> = PerCpuArray::new();
 
 /// Set in [`judge`]'s result when a claim waits in `PENDING_CLAIM`.
 const CLAIM_PENDING: u64 = 1 << 32;
@@ -402,10 +409,13 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
     if !entry.answers_at(unsafe { bpf_ktime_get_ns() }) {
         return TC_PASS;
     }
-    let (reply_ip6, advertisement) = neighbor_advertisement(&question, &entry);
-    let mut reply_dst = [0u8; 16];
-    reply_dst.copy_from_slice(&reply_ip6[24..40]);
-    let eth = ethernet_addresses(ipv6_dst_mac(&reply_dst, requester_mac), entry.mac);
+    let Some(answer) = NDP_ANSWER.get_ptr_mut(0) else {
+        return TC_PASS;
+    };
+    // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+    let answer = unsafe { &mut *answer };
+    neighbor_advertisement(&question, &entry, answer);
+    let eth = ethernet_addresses(ipv6_dst_mac(answer.destination(), requester_mac), entry.mac);
 
     // The advertisement replaces the solicitation and its options exactly.
     let new_len = (l3 + IPV6_LEN + NA_LEN) as u32;
@@ -414,8 +424,8 @@ fn answer_neighbor_solicitation(ctx: &TcContext, l3: usize) -> i32 {
         return TC_PASS;
     }
     if ctx.store(0, &eth, 0).is_err()
-        || ctx.store(l3, &reply_ip6, 0).is_err()
-        || ctx.store(l3 + IPV6_LEN, &advertisement, 0).is_err()
+        || ctx.store(l3, &answer.ip6, 0).is_err()
+        || ctx.store(l3 + IPV6_LEN, &answer.na, 0).is_err()
     {
         // The frame was already resized: it is no longer a valid
         // solicitation; it goes on and the stack drops it.

@@ -16,7 +16,7 @@ use flatnet_common::{
     },
     responder::{
         ARP_LEN, IPV6_LEN, NA_LEN, NS_LEN, ResponderEntry, arp_question, arp_reply, ndp_question,
-        neighbor_advertisement,
+        NdpAnswer, neighbor_advertisement,
     },
 };
 use libfuzzer_sys::fuzz_target;
@@ -107,7 +107,9 @@ fn ipv6(l3: &[u8], eth_src: [u8; 6]) {
             flags,
             valid_until_ns: 0,
         };
-        let (ip6, na) = neighbor_advertisement(&question, &entry);
+        let mut answer = NdpAnswer::default();
+        neighbor_advertisement(&question, &entry, &mut answer);
+        let NdpAnswer { ip6, na } = answer;
         let mut packet = ip6.to_vec();
         packet.extend_from_slice(&na);
         let parsed =
