@@ -52,7 +52,8 @@ fn report(claims: &[(&str, &str, i64)]) -> FlatNetworkWireClaims {
         FlatNetworkWireClaimsSpec {
             subnet: "lan".into(),
             node: "node-1".into(),
-            claims: claims
+            observed_at: None,
+                claims: claims
                 .iter()
                 .map(|(ip, mac, ago)| ForeignClaim {
                     ip: ip.parse().unwrap(),
