@@ -18,7 +18,7 @@ use flatnet_k8s::{
     ipam::{LiveAddresses, Pool},
     keys::SUBNET_NAMESPACE,
 };
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -39,12 +39,24 @@ pub struct WireView {
     reports: Store<FlatNetworkWireClaims>,
     window: Duration,
     released: Arc<Mutex<Releases>>,
+    /// When the view was made: allocation waits for the first list of
+    /// the reports, up to [`SYNC_WAIT`] after this.
+    since: std::time::Instant,
 }
+
+/// Longest allocation waits, after the operator starts, for the reports'
+/// first list: without it a new leader would hand out addresses the LAN
+/// uses; without the CRD (an older chart) the list never comes, and
+/// allocation goes on without the wire.
+pub const SYNC_WAIT: Duration = Duration::from_secs(30);
 
 impl WireView {
     /// A view of no reports: nothing is excluded.
     pub fn empty(window: Duration) -> Self {
-        Self::new(reflector::store().0, window)
+        let (reports, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        Self::new(reports, window)
     }
 
     /// A view of the reports in `reports`.
@@ -53,7 +65,22 @@ impl WireView {
             reports,
             window,
             released: Arc::default(),
+            since: std::time::Instant::now(),
         }
+    }
+
+    /// How long allocation should wait for the reports' first list: `None`
+    /// once listed (or once [`SYNC_WAIT`] has passed, or with the wire
+    /// window off).
+    pub fn unsynced_for(&self) -> Option<Duration> {
+        let listed = self
+            .reports
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|ready| ready.is_ok());
+        let waited = self.since.elapsed();
+        (!listed && !self.window.is_zero() && waited < SYNC_WAIT)
+            .then(|| SYNC_WAIT.saturating_sub(waited).min(Duration::from_secs(1)))
     }
 
     /// A view kept by the returned stream, which watches the reports in

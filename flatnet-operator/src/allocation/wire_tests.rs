@@ -200,7 +200,15 @@ async fn a_released_address_is_reused_last_before_any_report() {
         .into_iter()
         .find(|r| r.name_any() == "p2")
         .unwrap();
-    ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+    // The same operator, its caches now holding p2.
+    let mut later = Arc::into_inner(context(
+        server.client(),
+        caches_from(&server),
+        Settings::default(),
+    ))
+    .expect("only reference");
+    later.wire = ctx.wire.clone();
+    ips::reconcile(Arc::new(record), Arc::new(later))
         .await
         .unwrap();
     assert_eq!(
