@@ -1,6 +1,7 @@
 //! Publishing the wire inventory's foreign claims against the operator's
-//! fake API server: one object per subnet, written only when it changed
-//! and at most once per publish interval, owned by its subnet.
+//! fake API server: one object per subnet, written only when it changed or
+//! its subnet asks for a fresh report, at most once per publish interval,
+//! owned by its subnet.
 
 use std::{collections::BTreeMap, time::Duration};
 
