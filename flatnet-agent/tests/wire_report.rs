@@ -185,7 +185,9 @@ async fn a_subnet_asking_for_a_fresh_report_gets_one_once() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let wanted = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap());
     for s in [&mut lan, &mut quiet] {
-        s.status.get_or_insert_with(Default::default).wire_reports_wanted = Some(wanted.clone());
+        s.status
+            .get_or_insert_with(Default::default)
+            .wire_reports_wanted = Some(wanted.clone());
     }
     let subnets = vec![lan, quiet];
     // Not before the interval has passed since the last write.
@@ -195,13 +197,19 @@ async fn a_subnet_asking_for_a_fresh_report_gets_one_once() {
         1,
         "only the subnet never written"
     );
-    assert_eq!(report_of(&server, "lan.node-1").spec.observed_at.unwrap(), first);
+    assert_eq!(
+        report_of(&server, "lan.node-1").spec.observed_at.unwrap(),
+        first
+    );
     let quiet_report = report_of(&server, "quiet.node-1");
     assert!(quiet_report.spec.claims.is_empty());
     assert!(quiet_report.spec.observed_at.unwrap().0 >= wanted.0);
 
     let later = t0 + PUBLISH_INTERVAL;
-    assert_eq!(publisher.publish(&summary, &subnets, later).await.unwrap(), 1);
+    assert_eq!(
+        publisher.publish(&summary, &subnets, later).await.unwrap(),
+        1
+    );
     let lan_report = report_of(&server, "lan.node-1");
     assert!(lan_report.spec.observed_at.unwrap().0 >= wanted.0);
     assert_eq!(lan_report.spec.claims, vec![claim(7, 0)], "the same claims");

@@ -339,6 +339,15 @@ struct Repaired {
     early_frees: bool,
 }
 
+/// What the repair frees on, beyond its caches.
+struct Evidence<'a> {
+    /// The records as the API server has them, read once a first pass on
+    /// the cache frees something.
+    stored: Option<&'a [FlatNetworkIP]>,
+    /// What the nodes said about the subnet's addresses.
+    witness: &'a WireWitness,
+}
+
 /// Every FlatNetworkIP of `subnet` as the API server has it now. The
 /// repair frees nothing on the word of its cache alone, which lags behind
 /// record writes (a cut watch, a slow relist): what these name stays.
@@ -427,8 +436,7 @@ fn repaired_status(
     current: &FlatNetworkSubnetStatus,
     users: &[&FlatNetworkIP],
     confirmed: &[IpAddr],
-    stored: Option<&[FlatNetworkIP]>,
-    witness: &WireWitness,
+    Evidence { stored, witness }: Evidence<'_>,
     ctx: &Context,
 ) -> Repaired {
     let mut duplicates = Vec::new();
@@ -735,8 +743,7 @@ async fn write_status(
                         &current,
                         users,
                         &confirmed,
-                        stored,
-                        witness,
+                        Evidence { stored, witness },
                         ctx,
                     )
                 };
@@ -759,7 +766,10 @@ async fn write_status(
                     repaired.status.used_ip_count,
                 );
                 let action = if repaired.orphans_kept {
-                    let grace = ctx.settings.orphan_grace.min(ctx.settings.wire_orphan_grace);
+                    let grace = ctx
+                        .settings
+                        .orphan_grace
+                        .min(ctx.settings.wire_orphan_grace);
                     Action::requeue((grace / 4).min(ctx.settings.resync))
                 } else {
                     Action::requeue(ctx.settings.resync)

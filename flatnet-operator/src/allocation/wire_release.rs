@@ -96,11 +96,16 @@ impl WireWitness {
     /// # Errors
     /// A list failed.
     pub async fn fresh(ctx: &Context, subnet: &str) -> Result<Self, Error> {
-        let mut reports = Api::<FlatNetworkWireClaims>::namespaced(ctx.client.clone(), SUBNET_NAMESPACE)
-            .list(&ListParams::default())
-            .await
-            .map_err(Error::kube("list", "FlatNetworkWireClaims", SUBNET_NAMESPACE))?
-            .items;
+        let mut reports =
+            Api::<FlatNetworkWireClaims>::namespaced(ctx.client.clone(), SUBNET_NAMESPACE)
+                .list(&ListParams::default())
+                .await
+                .map_err(Error::kube(
+                    "list",
+                    "FlatNetworkWireClaims",
+                    SUBNET_NAMESPACE,
+                ))?
+                .items;
         reports.retain(|r| r.spec.subnet == subnet);
         let nodes = Api::<Node>::all(ctx.client.clone())
             .list_metadata(&ListParams::default())

@@ -32,7 +32,7 @@ fn report(claims: &[(&str, &str, i64)]) -> FlatNetworkWireClaims {
             subnet: "race".into(),
             node: "node-1".into(),
             observed_at: None,
-                claims: claims
+            claims: claims
                 .iter()
                 .map(|(addr, mac, ago)| ForeignClaim {
                     ip: ip(addr),
@@ -235,7 +235,10 @@ fn leaked(nodes: &[&str]) -> FakeApiServer {
     let server = FakeApiServer::new();
     let mut subnet = race_subnet();
     subnet.status.get_or_insert_with(Default::default).used_ip =
-        vec![flatnet_k8s::api::IpRange::new(ip("10.0.0.20"), ip("10.0.0.21"))];
+        vec![flatnet_k8s::api::IpRange::new(
+            ip("10.0.0.20"),
+            ip("10.0.0.21"),
+        )];
     server.insert(&subnet);
     for name in nodes {
         server.insert(&k8s_openapi::api::core::v1::Node {
@@ -279,7 +282,11 @@ async fn repair(server: &FakeApiServer, ctx: &Arc<Context>) -> FlatNetworkSubnet
 }
 
 /// `node`'s report of `race` observed at `observed`, with `claims`.
-fn observed(node: &str, observed: Timestamp, claims: &[(&str, &str, i64)]) -> FlatNetworkWireClaims {
+fn observed(
+    node: &str,
+    observed: Timestamp,
+    claims: &[(&str, &str, i64)],
+) -> FlatNetworkWireClaims {
     let mut r = report(claims);
     r.metadata.name = Some(FlatNetworkWireClaims::object_name("race", node));
     r.spec.node = node.into();
@@ -323,7 +330,11 @@ async fn a_leaked_address_no_node_saw_claimed_is_freed_early_and_a_claimed_one_s
         server.insert(&report);
     }
     // The server has node-2's newer report: it saw .21 claimed.
-    server.insert(&observed("node-2", at, &[("10.0.0.21", "02:00:00:00:0a:21", 0)]));
+    server.insert(&observed(
+        "node-2",
+        at,
+        &[("10.0.0.21", "02:00:00:00:0a:21", 0)],
+    ));
     let subnet = repair(&server, &ctx).await;
     let ledger = used(&subnet);
     assert!(!holds(&ledger, "10.0.0.20"), "{ledger:?}");
@@ -347,15 +358,15 @@ async fn no_early_free_while_a_node_has_not_reported_since_the_subnet_asked() {
     feed.apply_watcher_event(&kube::runtime::watcher::Event::Apply(report.clone()));
     server.insert(&report);
     // node-2 reported, but before the subnet asked.
-    let before = wanted
-        .0
-        .checked_sub(SignedDuration::from_secs(60))
-        .unwrap();
+    let before = wanted.0.checked_sub(SignedDuration::from_secs(60)).unwrap();
     server.insert(&observed("node-2", before, &[]));
     let subnet = repair(&server, &ctx).await;
     assert_eq!(
         used(&subnet),
-        vec![flatnet_k8s::api::IpRange::new(ip("10.0.0.20"), ip("10.0.0.21"))],
+        vec![flatnet_k8s::api::IpRange::new(
+            ip("10.0.0.20"),
+            ip("10.0.0.21")
+        )],
         "kept for the orphan grace"
     );
     assert_eq!(

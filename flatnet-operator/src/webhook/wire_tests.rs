@@ -53,7 +53,7 @@ fn report(claims: &[(&str, &str, i64)]) -> FlatNetworkWireClaims {
             subnet: "lan".into(),
             node: "node-1".into(),
             observed_at: None,
-                claims: claims
+            claims: claims
                 .iter()
                 .map(|(ip, mac, ago)| ForeignClaim {
                     ip: ip.parse().unwrap(),

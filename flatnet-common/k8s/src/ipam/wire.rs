@@ -476,7 +476,11 @@ mod tests {
             at(60),
             DEFAULT_WIRE_WINDOW,
         )
-        .with_released([(ip("192.0.2.2"), at(10)), (ip("192.0.2.3"), at(20))], at(60), DEFAULT_WIRE_WINDOW);
+        .with_released(
+            [(ip("192.0.2.2"), at(10)), (ip("192.0.2.3"), at(20))],
+            at(60),
+            DEFAULT_WIRE_WINDOW,
+        );
         let mut pool = pool();
         for _ in 0..3 {
             live.allocate(&mut pool, &[]).unwrap();
