@@ -158,6 +158,17 @@ pub struct Context {
     pub wire: wire_exclusion::WireView,
 }
 
+/// Whether `store` has had its first complete list.
+pub(crate) fn listed<K: kube::Resource + Clone>(store: &Store<K>) -> bool
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|ready| ready.is_ok())
+}
+
 /// `namespace/name` of an object, for logs and keys.
 pub(crate) fn key_of(namespace: Option<&str>, name: &str) -> String {
     match namespace {

@@ -18,7 +18,7 @@ use flatnet_k8s::{
     ipam::{LiveAddresses, Pool},
     keys::SUBNET_NAMESPACE,
 };
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{Stream, StreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -73,11 +73,7 @@ impl WireView {
     /// once listed (or once [`SYNC_WAIT`] has passed, or with the wire
     /// window off).
     pub fn unsynced_for(&self) -> Option<Duration> {
-        let listed = self
-            .reports
-            .wait_until_ready()
-            .now_or_never()
-            .is_some_and(|ready| ready.is_ok());
+        let listed = super::listed(&self.reports);
         let waited = self.since.elapsed();
         (!listed && !self.window.is_zero() && waited < SYNC_WAIT)
             .then(|| SYNC_WAIT.saturating_sub(waited).min(Duration::from_secs(1)))

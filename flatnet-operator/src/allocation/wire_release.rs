@@ -29,7 +29,6 @@ use flatnet_k8s::{
     ipam::{LiveAddresses, every_node_reported},
     keys::SUBNET_NAMESPACE,
 };
-use futures::FutureExt;
 use k8s_openapi::{
     api::core::v1::Node,
     apimachinery::pkg::apis::meta::v1::Time,
@@ -66,12 +65,7 @@ impl WireWitness {
     /// The reports and nodes of the caches: enough to decide whether to
     /// look closer, never to free.
     pub fn cached(ctx: &Context, subnet: &str) -> Self {
-        let synced = ctx
-            .caches
-            .nodes
-            .wait_until_ready()
-            .now_or_never()
-            .is_some_and(|ready| ready.is_ok());
+        let synced = super::listed(&ctx.caches.nodes);
         Self {
             reports: ctx
                 .wire
