@@ -20,7 +20,10 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{FlatNetworkSubnet, FlatNetworkWireClaims, FlatNetworkWireClaimsSpec, ForeignClaim},
+    api::{
+        FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims, FlatNetworkWireClaimsSpec,
+        ForeignClaim,
+    },
     keys::SUBNET_NAMESPACE,
 };
 use ipnet::IpNet;
@@ -116,6 +119,18 @@ pub fn foreign_claims(
     }
     out.into_iter()
         .map(|(name, claims)| (name, claims.into_values().collect()))
+        .collect()
+}
+
+/// The MACs `records` name, but for records being deleted: their pod is
+/// gone, and what their MAC still claims is what the operator must hear.
+pub fn live_record_macs<'a>(
+    records: impl IntoIterator<Item = &'a FlatNetworkIP>,
+) -> HashSet<[u8; 6]> {
+    records
+        .into_iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| crate::link::parse_mac(&r.status.as_ref()?.mac))
         .collect()
 }
 
@@ -371,5 +386,29 @@ mod tests {
         let tagged = &out["tagged"];
         assert_eq!(tagged.len(), 1, "{tagged:?}");
         assert_eq!(tagged[0].ip, "198.51.100.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_record_being_deleted_does_not_make_its_mac_a_flatnet_one() {
+        use flatnet_k8s::api::FlatNetworkIPStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let record = |name: &str, mac: &str, deleting: bool| {
+            let mut r = FlatNetworkIP::new(name, flatnet_k8s::api::FlatNetworkIPSpec::default());
+            r.status = Some(FlatNetworkIPStatus {
+                mac: mac.into(),
+                ..FlatNetworkIPStatus::default()
+            });
+            r.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
+            r
+        };
+        let records = [
+            record("live", "02:00:00:00:00:01", false),
+            record("gone", "02:00:00:00:00:02", true),
+            record("unset", "", false),
+        ];
+        assert_eq!(
+            live_record_macs(&records),
+            HashSet::from([[0x02, 0, 0, 0, 0, 1]])
+        );
     }
 }

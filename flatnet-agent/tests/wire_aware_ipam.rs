@@ -6,14 +6,16 @@
 
 mod support;
 
-use std::{collections::HashSet, net::IpAddr, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use etherparse::ArpOperation;
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, monotonic_ns},
     netns::run_in_netns,
     packet::{BROADCAST, RawSocket, arp_frame},
-    wire_report::{PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims},
+    wire_report::{
+        PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims, live_record_macs,
+    },
 };
 use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
 use flatnet_operator::allocation::{
@@ -42,11 +44,7 @@ async fn publish(
     at: Instant,
 ) {
     let subnets: Vec<FlatNetworkSubnet> = server.list();
-    let flatnet_macs: HashSet<[u8; 6]> = server
-        .list::<FlatNetworkIP>()
-        .iter()
-        .filter_map(|r| flatnet_agent::link::parse_mac(&r.status.as_ref()?.mac))
-        .collect();
+    let flatnet_macs = live_record_macs(&server.list::<FlatNetworkIP>());
     let claims = datapath.wire_claims().unwrap();
     let summary = foreign_claims(
         &claims,

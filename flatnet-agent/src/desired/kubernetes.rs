@@ -210,16 +210,10 @@ impl Kubernetes {
     /// what wire-aware release needs to hear about.
     pub fn flatnet_macs(&self) -> Option<std::collections::HashSet<[u8; 6]>> {
         let followed = self.followed.get().filter(|f| f.ips.is_complete())?;
-        Some(
-            followed
-                .ips
-                .store
-                .state()
-                .iter()
-                .filter(|ip| ip.metadata.deletion_timestamp.is_none())
-                .filter_map(|ip| parse_mac(&ip.status.as_ref()?.mac))
-                .collect(),
-        )
+        let records = followed.ips.store.state();
+        Some(crate::wire_report::live_record_macs(
+            records.iter().map(AsRef::as_ref),
+        ))
     }
 
     /// Whether the copy of [`Self::follow_allocations`] holds FlatNetworkIP
