@@ -1,13 +1,17 @@
 //! Publishing what the wire says: the node's share of wire-aware IPAM.
 //!
 //! Every [`PUBLISH_INTERVAL`] the agent reads the uplink program's wire
-//! inventory, keeps the claims made by MACs of no flatnet pod (no
-//! FlatNetworkIP anywhere records the MAC) on addresses of a subnet, within
-//! the wire window, and writes them into one `FlatNetworkWireClaims` per
-//! subnet (`<subnet>.<node>`, owned by the subnet). API writes stay few:
-//! `lastSeen` is rounded down to [`LAST_SEEN_GRANULARITY`], an object is
-//! written only when its content changed, and at most once per
-//! [`PUBLISH_INTERVAL`]; one pass writes each changed object once.
+//! inventory, keeps the claims made by MACs of no live flatnet record (no
+//! FlatNetworkIP anywhere records the MAC, or only records being deleted:
+//! hosts outside flatnet, and pods that are gone) on addresses of a subnet,
+//! within the wire window, and writes them into one `FlatNetworkWireClaims`
+//! per subnet (`<subnet>.<node>`, owned by the subnet) with the time it read
+//! them (`observedAt`). API writes stay few: `lastSeen` is rounded down to
+//! [`LAST_SEEN_GRANULARITY`], an object is written only when its content
+//! changed or its subnet asks for a report observed after a time
+//! (`status.wireReportsWanted`, set by the operator while an address no
+//! record names waits to be freed), and at most once per
+//! [`PUBLISH_INTERVAL`]; one pass writes each such object once.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -16,7 +20,10 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{FlatNetworkSubnet, FlatNetworkWireClaims, FlatNetworkWireClaimsSpec, ForeignClaim},
+    api::{
+        FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims, FlatNetworkWireClaimsSpec,
+        ForeignClaim,
+    },
     keys::SUBNET_NAMESPACE,
 };
 use ipnet::IpNet;
@@ -115,6 +122,18 @@ pub fn foreign_claims(
         .collect()
 }
 
+/// The MACs `records` name, but for records being deleted: their pod is
+/// gone, and what their MAC still claims is what the operator must hear.
+pub fn live_record_macs<'a>(
+    records: impl IntoIterator<Item = &'a FlatNetworkIP>,
+) -> HashSet<[u8; 6]> {
+    records
+        .into_iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .filter_map(|r| crate::link::parse_mac(&r.status.as_ref()?.mac))
+        .collect()
+}
+
 fn round_down(t: Timestamp) -> Timestamp {
     let step = i64::try_from(LAST_SEEN_GRANULARITY.as_secs())
         .unwrap_or(1)
@@ -127,6 +146,13 @@ fn round_down(t: Timestamp) -> Timestamp {
 struct Published {
     claims: Vec<ForeignClaim>,
     at: Instant,
+    /// The `observedAt` written.
+    observed_at: Timestamp,
+}
+
+/// The time after which `subnet` wants a report observed, if it does.
+fn wanted_since(subnet: Option<&FlatNetworkSubnet>) -> Option<Timestamp> {
+    Some(subnet?.status.as_ref()?.wire_reports_wanted.as_ref()?.0)
 }
 
 /// Writes one node's reports, only changes, at a bounded rate.
@@ -147,9 +173,10 @@ impl WirePublisher {
     }
 
     /// Writes the report of every subnet of `summary` whose claims differ
-    /// from what was last written and whose last write is at least
-    /// [`PUBLISH_INTERVAL`] before `now`. A subnet with nothing to report
-    /// and nothing reported before gets no object. Returns the number of
+    /// from what was last written, or that wants a report observed after
+    /// the last one, and whose last write is at least [`PUBLISH_INTERVAL`]
+    /// before `now`. A subnet with nothing to report, nothing reported
+    /// before and no report wanted gets no object. Returns the number of
     /// objects written; a failed write is tried again next pass.
     ///
     /// # Errors
@@ -163,17 +190,23 @@ impl WirePublisher {
         let mut written = 0;
         let mut first_error = None;
         for (subnet, claims) in summary {
+            let owner = subnets.iter().find(|s| s.name_any() == *subnet);
+            let wanted = wanted_since(owner);
             let due = match self.published.get(subnet) {
                 Some(last) => {
-                    last.claims != *claims && now.duration_since(last.at) >= PUBLISH_INTERVAL
+                    let stale = wanted.is_some_and(|w| last.observed_at < w);
+                    (last.claims != *claims || stale)
+                        && now.duration_since(last.at) >= PUBLISH_INTERVAL
                 }
-                None => !claims.is_empty(),
+                None => !claims.is_empty() || wanted.is_some(),
             };
             if !due {
                 continue;
             }
-            let owner = subnets.iter().find(|s| s.name_any() == *subnet);
-            match self.write(subnet, claims, owner).await {
+            // Whole seconds: what the API keeps of a time.
+            let observed_at = Timestamp::from_second(Timestamp::now().as_second())
+                .unwrap_or(Timestamp::UNIX_EPOCH);
+            match self.write(subnet, claims, owner, observed_at).await {
                 Ok(()) => {
                     written += 1;
                     self.published.insert(
@@ -181,6 +214,7 @@ impl WirePublisher {
                         Published {
                             claims: claims.clone(),
                             at: now,
+                            observed_at,
                         },
                     );
                 }
@@ -199,6 +233,7 @@ impl WirePublisher {
         subnet: &str,
         claims: &[ForeignClaim],
         owner: Option<&FlatNetworkSubnet>,
+        observed_at: Timestamp,
     ) -> Result<(), WireReportError> {
         let name = FlatNetworkWireClaims::object_name(subnet, &self.node);
         let error = |source| WireReportError::Write {
@@ -216,6 +251,7 @@ impl WirePublisher {
             spec: FlatNetworkWireClaimsSpec {
                 subnet: subnet.to_owned(),
                 node: self.node.clone(),
+                observed_at: Some(Time(observed_at)),
                 claims: claims.to_vec(),
             },
         };
@@ -350,5 +386,29 @@ mod tests {
         let tagged = &out["tagged"];
         assert_eq!(tagged.len(), 1, "{tagged:?}");
         assert_eq!(tagged[0].ip, "198.51.100.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_record_being_deleted_does_not_make_its_mac_a_flatnet_one() {
+        use flatnet_k8s::api::FlatNetworkIPStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let record = |name: &str, mac: &str, deleting: bool| {
+            let mut r = FlatNetworkIP::new(name, flatnet_k8s::api::FlatNetworkIPSpec::default());
+            r.status = Some(FlatNetworkIPStatus {
+                mac: mac.into(),
+                ..FlatNetworkIPStatus::default()
+            });
+            r.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
+            r
+        };
+        let records = [
+            record("live", "02:00:00:00:00:01", false),
+            record("gone", "02:00:00:00:00:02", true),
+            record("unset", "", false),
+        ];
+        assert_eq!(
+            live_record_macs(&records),
+            HashSet::from([[0x02, 0, 0, 0, 0, 1]])
+        );
     }
 }

@@ -6,14 +6,16 @@
 
 mod support;
 
-use std::{collections::HashSet, net::IpAddr, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use etherparse::ArpOperation;
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, monotonic_ns},
     netns::run_in_netns,
     packet::{BROADCAST, RawSocket, arp_frame},
-    wire_report::{PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims},
+    wire_report::{
+        PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims, live_record_macs,
+    },
 };
 use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
 use flatnet_operator::allocation::{
@@ -42,11 +44,7 @@ async fn publish(
     at: Instant,
 ) {
     let subnets: Vec<FlatNetworkSubnet> = server.list();
-    let flatnet_macs: HashSet<[u8; 6]> = server
-        .list::<FlatNetworkIP>()
-        .iter()
-        .filter_map(|r| flatnet_agent::link::parse_mac(&r.status.as_ref()?.mac))
-        .collect();
+    let flatnet_macs = live_record_macs(&server.list::<FlatNetworkIP>());
     let claims = datapath.wire_claims().unwrap();
     let summary = foreign_claims(
         &claims,
@@ -169,6 +167,16 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
                 .any(|r| r.metadata.name.as_deref() == Some("p0"))
         })
         .await;
+        // Before any node has reported anything about .11: the release
+        // itself keeps it back (quarantine), so there is no gap.
+        cluster.create_pod("p1", "lan");
+        let view = cluster.settle("lan", SETTLE).await.unwrap();
+        assert_eq!(
+            view.addressed.get("p1"),
+            Some(&ip("192.0.2.12")),
+            "neither the rogue address nor the one just released"
+        );
+
         // The node resolves .11 and the old interface answers.
         node.try_exec(
             "arping",
@@ -186,12 +194,17 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
         })
         .await;
 
-        cluster.create_pod("p1", "lan");
+        // A new operator (a failover) knows nothing of the release: the
+        // old interface's answer alone keeps .11 out of the pool now.
+        cluster.stop().await;
+        let cluster = FakeCluster::start(server.clone(), Settings::default(), 2);
+        cluster.wait_active("lan", SETTLE).await.unwrap();
+        cluster.create_pod("p2", "lan");
         let view = cluster.settle("lan", SETTLE).await.unwrap();
         assert_eq!(
-            view.addressed.get("p1"),
-            Some(&ip("192.0.2.12")),
-            "neither the rogue address nor the one the old interface answers for"
+            view.addressed.get("p2"),
+            Some(&ip("192.0.2.13")),
+            "the address the old interface still answers for stays out"
         );
         cluster.stop().await;
     });

@@ -1,6 +1,7 @@
 //! Publishing the wire inventory's foreign claims against the operator's
-//! fake API server: one object per subnet, written only when it changed
-//! and at most once per publish interval, owned by its subnet.
+//! fake API server: one object per subnet, written only when it changed or
+//! its subnet asks for a fresh report, at most once per publish interval,
+//! owned by its subnet.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -157,4 +158,75 @@ async fn subnets_are_written_in_one_pass_and_quiet_ones_get_no_object() {
         .find(|r| r.name_any() == "b.node-1")
         .unwrap();
     assert_eq!(b.spec.claims, vec![claim(3, 0)]);
+}
+
+/// A subnet that asks for reports observed after a time (an address no
+/// record names waits to be freed) gets one from this node even when
+/// nothing changed, or when the node has nothing to report; once written,
+/// it is not written again for the same request.
+#[tokio::test]
+async fn a_subnet_asking_for_a_fresh_report_gets_one_once() {
+    let server = FakeApiServer::new();
+    let mut lan = subnet("lan");
+    let mut quiet = subnet("quiet");
+    server.insert(&lan);
+    server.insert(&quiet);
+    let mut publisher = WirePublisher::new(server.client(), "node-1");
+    let t0 = Instant::now();
+    let summary = BTreeMap::from([
+        ("lan".to_owned(), vec![claim(7, 0)]),
+        ("quiet".to_owned(), vec![]),
+    ]);
+    let subnets = vec![lan.clone(), quiet.clone()];
+    assert_eq!(publisher.publish(&summary, &subnets, t0).await.unwrap(), 1);
+    let first = report_of(&server, "lan.node-1").spec.observed_at.unwrap();
+
+    // Both subnets ask for reports observed after now (second resolution).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let wanted = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap());
+    for s in [&mut lan, &mut quiet] {
+        s.status
+            .get_or_insert_with(Default::default)
+            .wire_reports_wanted = Some(wanted.clone());
+    }
+    let subnets = vec![lan, quiet];
+    // Not before the interval has passed since the last write.
+    let soon = t0 + Duration::from_secs(1);
+    assert_eq!(
+        publisher.publish(&summary, &subnets, soon).await.unwrap(),
+        1,
+        "only the subnet never written"
+    );
+    assert_eq!(
+        report_of(&server, "lan.node-1").spec.observed_at.unwrap(),
+        first
+    );
+    let quiet_report = report_of(&server, "quiet.node-1");
+    assert!(quiet_report.spec.claims.is_empty());
+    assert!(quiet_report.spec.observed_at.unwrap().0 >= wanted.0);
+
+    let later = t0 + PUBLISH_INTERVAL;
+    assert_eq!(
+        publisher.publish(&summary, &subnets, later).await.unwrap(),
+        1
+    );
+    let lan_report = report_of(&server, "lan.node-1");
+    assert!(lan_report.spec.observed_at.unwrap().0 >= wanted.0);
+    assert_eq!(lan_report.spec.claims, vec![claim(7, 0)], "the same claims");
+
+    // Answered: the same request costs nothing more.
+    let before = writes(&server);
+    for s in [2, 3] {
+        let at = t0 + PUBLISH_INTERVAL * s;
+        publisher.publish(&summary, &subnets, at).await.unwrap();
+    }
+    assert_eq!(writes(&server), before);
+}
+
+fn report_of(server: &FakeApiServer, name: &str) -> FlatNetworkWireClaims {
+    server
+        .list::<FlatNetworkWireClaims>()
+        .into_iter()
+        .find(|r| r.name_any() == name)
+        .unwrap_or_else(|| panic!("{name} not written"))
 }

@@ -203,20 +203,17 @@ impl Kubernetes {
             .unwrap_or_default()
     }
 
-    /// The MACs every FlatNetworkIP in the copy of
-    /// [`Self::follow_allocations`] records, on any node; `None` before the
-    /// copy is complete (then no MAC can be called foreign).
+    /// The MACs the live FlatNetworkIPs in the copy of
+    /// [`Self::follow_allocations`] record, on any node; `None` before the
+    /// copy is complete (then no MAC can be called foreign). A record being
+    /// deleted does not count: its pod is gone, and its MAC's claims are
+    /// what wire-aware release needs to hear about.
     pub fn flatnet_macs(&self) -> Option<std::collections::HashSet<[u8; 6]>> {
         let followed = self.followed.get().filter(|f| f.ips.is_complete())?;
-        Some(
-            followed
-                .ips
-                .store
-                .state()
-                .iter()
-                .filter_map(|ip| parse_mac(&ip.status.as_ref()?.mac))
-                .collect(),
-        )
+        let records = followed.ips.store.state();
+        Some(crate::wire_report::live_record_macs(
+            records.iter().map(AsRef::as_ref),
+        ))
     }
 
     /// Whether the copy of [`Self::follow_allocations`] holds FlatNetworkIP

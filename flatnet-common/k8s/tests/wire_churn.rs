@@ -1,8 +1,9 @@
 //! Reuse order under churn: how many allocations pass before a released
 //! address is handed out again in a /24, with and without the wire's
 //! view (a pod talks on the LAN until it goes, so its address stays live
-//! for the window after). Run with `--nocapture` to see the figures that
-//! docs/ipam.md quotes.
+//! for the window after), and with the quarantine of released addresses
+//! alone (pods no uplink ever heard). Run with `--nocapture` to see the
+//! figures that docs/ipam.md quotes.
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
@@ -33,7 +34,18 @@ impl Figures {
     }
 }
 
-fn churn(wire_aware: bool) -> Figures {
+/// What the allocator knows of the released addresses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Nothing: lowest free first.
+    Nothing,
+    /// Each pod's last claim on the wire (it talked until it went).
+    Wire,
+    /// Only when each address was released (its pod was never heard).
+    Releases,
+}
+
+fn churn(known: Known) -> Figures {
     let spec = FlatNetworkSubnetSpec {
         flat_mode: "macvlan".into(),
         master: "eth0".into(),
@@ -56,7 +68,8 @@ fn churn(wire_aware: bool) -> Figures {
         let gone = pods.swap_remove(usize::try_from(seed % PODS as u64).unwrap());
         pool.release(gone);
         released.insert(gone, (step, now));
-        let live = if wire_aware {
+        let window = Duration::from_secs(3600);
+        let live = if known == Known::Wire {
             let sightings = released.iter().map(|(&ip, &(_, seen))| {
                 (
                     ip,
@@ -67,7 +80,10 @@ fn churn(wire_aware: bool) -> Figures {
                     },
                 )
             });
-            LiveAddresses::from_sightings(sightings, now, Duration::from_secs(3600))
+            LiveAddresses::from_sightings(sightings, now, window)
+        } else if known == Known::Releases {
+            let releases = released.iter().map(|(&ip, &(_, at))| (ip, at));
+            LiveAddresses::default().with_released(releases, now, window)
         } else {
             LiveAddresses::default()
         };
@@ -82,9 +98,14 @@ fn churn(wire_aware: bool) -> Figures {
 
 #[test]
 fn released_addresses_come_back_last_when_the_wire_is_consulted() {
-    let plain = churn(false);
-    let wire = churn(true);
-    for (name, f) in [("lowest free", &plain), ("wire-aware", &wire)] {
+    let plain = churn(Known::Nothing);
+    let wire = churn(Known::Wire);
+    let quarantine = churn(Known::Releases);
+    for (name, f) in [
+        ("lowest free", &plain),
+        ("wire-aware", &wire),
+        ("quarantine alone", &quarantine),
+    ] {
         println!(
             "{name}: {} reuses; allocations before reuse: min {}, 10th percentile {}, median {}",
             f.gaps.len(),
@@ -96,5 +117,10 @@ fn released_addresses_come_back_last_when_the_wire_is_consulted() {
     // 253 - 150 = 103 addresses free at every step: reused last means every
     // other free address went first.
     assert!(wire.at(0) >= 100, "wire-aware min {}", wire.at(0));
+    assert!(
+        quarantine.at(0) >= 100,
+        "quarantine min {}",
+        quarantine.at(0)
+    );
     assert!(plain.at(50) < wire.at(50));
 }

@@ -293,7 +293,7 @@ async fn reserve_address(
                 r.status.as_ref().and_then(|s| s.addr) == Some(addr) && age_key(r) < my_age
             })
         };
-        let live = ctx.wire.live(&name);
+        let live = ctx.wire.avoided(&name);
         let choice = choose_avoiding(record, &mut pool, claimed_by_older, &live)?;
         // The MAC is claimed once; address conflicts below do not move it.
         if claimed.is_none()
@@ -610,6 +610,8 @@ pub async fn write_record(
                     .map(ToString::to_string)
                     .collect();
                 if !old_addrs.is_empty() || !old_macs.is_empty() {
+                    // The pod before may have used the old address.
+                    ctx.wire.released(&reservation.subnet, &old_addrs);
                     release(ctx, &reservation.subnet, &old_addrs, &old_macs, &key).await?;
                 }
                 if let Some(old) = reservation.replaces_mac {
@@ -811,6 +813,8 @@ pub async fn release_holdings(
     macs: &[String],
 ) -> Result<(), Error> {
     let key = key_of(record.namespace().as_deref(), &record.name_any());
+    // Quarantined before it leaves the ledger: see `wire_exclusion`.
+    ctx.wire.released(&record.spec.subnet, addrs);
     release(ctx, &record.spec.subnet, addrs, macs, &key).await?;
     if macs.is_empty() {
         return Ok(());

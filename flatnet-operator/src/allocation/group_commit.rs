@@ -458,7 +458,7 @@ async fn write_batch(
         }
         None
     };
-    let live = ctx.wire.live(name);
+    let live = ctx.wire.avoided(name);
     for attempt in 1..=MAX_ATTEMPTS {
         let current = match book.take() {
             Some(current) => current,

@@ -136,6 +136,10 @@ fn mac_satisfied(record: &FlatNetworkIP) -> bool {
 }
 
 async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {
+    if let Some(wait) = ctx.wire.unsynced_for() {
+        // A new leader: the wire's reports are not listed yet.
+        return Ok(Action::requeue(wait));
+    }
     let key = key_of(record.namespace().as_deref(), &record.name_any());
     let started = Instant::now();
     let outcome = async {

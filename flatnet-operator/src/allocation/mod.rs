@@ -14,7 +14,9 @@
 //!   [`group_commit`] batching the ledger writes of a subnet and
 //!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
 //! - [`wire_exclusion`]: addresses hosts outside flatnet use on the LAN
-//!   stay out of the pool.
+//!   stay out of the pool, and released addresses are reused last.
+//! - [`wire_release`]: an address no record names is freed before the
+//!   orphan grace when every node vouches that it saw no claim on it.
 //!
 //! Only the leader runs them; they share one [`Context`].
 
@@ -35,6 +37,7 @@ pub mod pods;
 pub mod records;
 pub mod subnets;
 pub mod wire_exclusion;
+pub mod wire_release;
 
 use std::{sync::Arc, time::Duration};
 
@@ -91,6 +94,12 @@ pub struct Settings {
     /// How long an address a foreign MAC claimed on the LAN stays out of
     /// the pool (see [`wire_exclusion`]).
     pub wire_window: Duration,
+    /// How long an address the ledger holds and no record names is kept
+    /// at least when every node reported, since, that it saw no claim on
+    /// it (see [`wire_release`]); longer than
+    /// [`Settings::write_deadline`] plus a request's lifetime on the API
+    /// server, and shorter than [`Settings::orphan_grace`].
+    pub wire_orphan_grace: Duration,
 }
 
 impl Default for Settings {
@@ -104,6 +113,7 @@ impl Default for Settings {
             node_gone_grace: Duration::from_secs(5 * 60),
             reserve_ahead: 0,
             wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
+            wire_orphan_grace: wire_release::DEFAULT_WIRE_ORPHAN_GRACE,
         }
     }
 }
@@ -146,6 +156,17 @@ pub struct Context {
     pub ledgers: group_commit::Ledgers,
     /// The addresses live on the wire, per subnet.
     pub wire: wire_exclusion::WireView,
+}
+
+/// Whether `store` has had its first complete list.
+pub(crate) fn listed<K: kube::Resource + Clone>(store: &Store<K>) -> bool
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|ready| ready.is_ok())
 }
 
 /// `namespace/name` of an object, for logs and keys.

@@ -29,7 +29,7 @@ use flatnet_k8s::{
     api::{CONDITION_READY, FlatNetworkIP, phase, set_condition},
     ipam::StatefulSetAddressPolicy,
 };
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, ResourceExt,
@@ -135,13 +135,7 @@ pub fn judge(pod: &Pod, ctx: &Context) -> NodeVerdict {
     let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
         return NodeVerdict::Fine;
     };
-    let synced = ctx
-        .caches
-        .nodes
-        .wait_until_ready()
-        .now_or_never()
-        .is_some_and(|ready| ready.is_ok());
-    if !synced {
+    if !super::listed(&ctx.caches.nodes) {
         return NodeVerdict::Fine;
     }
     if ctx.caches.nodes.get(&ObjectRef::new(node)).is_some() {

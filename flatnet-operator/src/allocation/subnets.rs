@@ -23,7 +23,7 @@ use flatnet_k8s::{
         CONDITION_READY, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetStatus, phase,
         set_condition,
     },
-    ipam::{Family, Mac, Pool, from_u128, to_u128, used_ranges},
+    ipam::{Family, LiveAddresses, Mac, Pool, from_u128, to_u128, used_ranges},
     keys::{SUBNET_NAMESPACE, label},
     validation::{ParentLink, ValidSubnet, check_siblings, validate_subnet},
 };
@@ -44,6 +44,7 @@ use super::{
     errors::{is_conflict, is_not_found},
     key_of,
     mac_ledger::{self, LedgerClaim},
+    wire_release::{self, WireWitness},
 };
 
 /// Name of this controller in logs and metrics.
@@ -69,12 +70,22 @@ impl OrphanClock {
     /// it was first seen less than `grace` ago. Entries no longer listed are
     /// forgotten, so an entry that comes back starts a new grace period.
     pub fn young(&self, subnet: &str, keys: &[String], grace: Duration) -> Vec<bool> {
+        self.ages(subnet, keys)
+            .into_iter()
+            .map(|age| age < grace)
+            .collect()
+    }
+
+    /// For each of `keys` (the unclaimed entries of `subnet` now), how long
+    /// ago it was first seen; as [`Self::young`], entries no longer listed
+    /// are forgotten.
+    pub fn ages(&self, subnet: &str, keys: &[String]) -> Vec<Duration> {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let entries = seen.entry(subnet.to_owned()).or_default();
         entries.retain(|k, _| keys.contains(k));
         let now = Instant::now();
         keys.iter()
-            .map(|k| now.duration_since(*entries.entry(k.clone()).or_insert(now)) < grace)
+            .map(|k| now.duration_since(*entries.entry(k.clone()).or_insert(now)))
             .collect()
     }
 
@@ -321,8 +332,20 @@ struct Repaired {
     status: FlatNetworkSubnetStatus,
     duplicates: Vec<String>,
     orphans_kept: bool,
-    /// Whether unclaimed entries past the grace were dropped.
+    /// Whether unclaimed entries past the grace, or vouched for by the
+    /// wire, were dropped.
     frees: bool,
+    /// Whether some were dropped before the grace, on the wire's word.
+    early_frees: bool,
+}
+
+/// What the repair frees on, beyond its caches.
+struct Evidence<'a> {
+    /// The records as the API server has them, read once a first pass on
+    /// the cache frees something.
+    stored: Option<&'a [FlatNetworkIP]>,
+    /// What the nodes said about the subnet's addresses.
+    witness: &'a WireWitness,
 }
 
 /// Every FlatNetworkIP of `subnet` as the API server has it now. The
@@ -413,7 +436,7 @@ fn repaired_status(
     current: &FlatNetworkSubnetStatus,
     users: &[&FlatNetworkIP],
     confirmed: &[IpAddr],
-    stored: Option<&[FlatNetworkIP]>,
+    Evidence { stored, witness }: Evidence<'_>,
     ctx: &Context,
 ) -> Repaired {
     let mut duplicates = Vec::new();
@@ -459,9 +482,20 @@ fn repaired_status(
         .iter()
         .map(|r| range_key(family, *r.start(), *r.end()))
         .collect();
-    let young = ctx
-        .orphans
-        .young(&valid.name, &keys, ctx.settings.orphan_grace);
+    let ages = ctx.orphans.ages(&valid.name, &keys);
+    let now = Timestamp::now();
+    let wanted = wire_release::reports_wanted(current, &ages, &ctx.settings, now);
+    // Freed: past the orphan grace, or past the shorter wire grace with
+    // every node vouching that it saw no claim (claimed addresses stay).
+    let early: Vec<Option<LiveAddresses>> = ages
+        .iter()
+        .map(|age| wire_release::early_free(witness, *age, wanted.as_ref(), &ctx.settings, now))
+        .collect();
+    let young: Vec<bool> = ages
+        .iter()
+        .zip(&early)
+        .map(|(age, early)| *age < ctx.settings.orphan_grace && early.is_none())
+        .collect();
     let stored_addrs: Vec<u128> = stored
         .into_iter()
         .flatten()
@@ -473,12 +507,16 @@ fn repaired_status(
     ctx.orphans.forget(&valid.name, |key| {
         stored.is_some() && keys.iter().zip(&young).any(|(k, young)| k == key && !young)
     });
-    for (range, keep) in unclaimed.iter().zip(&young) {
+    for ((range, keep), early) in unclaimed.iter().zip(&young).zip(&early) {
         if !keep {
             frees = true;
             ledger.remove(*range.start(), *range.end());
             for v in stored_addrs.iter().filter(|v| range.contains(v)) {
                 ledger.insert(*v, *v);
+            }
+            let claimed = early.iter().flat_map(LiveAddresses::addresses);
+            for v in claimed.map(to_u128).filter(|v| range.contains(v)) {
+                ledger.insert(v, v);
             }
         }
     }
@@ -538,11 +576,16 @@ fn repaired_status(
     set_usage(&mut status, &pool, generation);
     status.wire_excluded_count =
         super::wire_exclusion::excluded_count(&ctx.wire, &valid.name, &pool);
+    status.wire_reports_wanted = wanted;
     Repaired {
         status,
         duplicates,
         orphans_kept: young.iter().chain(&young_macs).any(|k| *k),
         frees,
+        early_frees: ages
+            .iter()
+            .zip(&early)
+            .any(|(age, early)| early.is_some() && *age < ctx.settings.orphan_grace),
     }
 }
 
@@ -693,21 +736,29 @@ async fn write_status(
                 } else {
                     confirm_missing(missing, ctx).await?
                 };
-                let repair = |stored| {
+                let repair = |stored, witness| {
                     repaired_status(
                         subnet.metadata.generation,
                         valid,
                         &current,
                         users,
                         &confirmed,
-                        stored,
+                        Evidence { stored, witness },
                         ctx,
                     )
                 };
-                let mut repaired = repair(None);
+                let cached = WireWitness::cached(ctx, &name);
+                let mut repaired = repair(None, &cached);
                 if repaired.frees {
                     let stored = stored_users(ctx, &name).await?;
-                    repaired = repair(Some(&stored));
+                    // Freeing early on the wire's word: on what the API
+                    // server holds now, never on lagging caches alone.
+                    let witness = if repaired.early_frees {
+                        WireWitness::fresh(ctx, &name).await?
+                    } else {
+                        WireWitness::none()
+                    };
+                    repaired = repair(Some(&stored), &witness);
                 }
                 ctx.metrics.set_subnet_usage(
                     &name,
@@ -715,7 +766,11 @@ async fn write_status(
                     repaired.status.used_ip_count,
                 );
                 let action = if repaired.orphans_kept {
-                    Action::requeue((ctx.settings.orphan_grace / 4).min(ctx.settings.resync))
+                    let grace = ctx
+                        .settings
+                        .orphan_grace
+                        .min(ctx.settings.wire_orphan_grace);
+                    Action::requeue((grace / 4).min(ctx.settings.resync))
                 } else {
                     Action::requeue(ctx.settings.resync)
                 };

@@ -52,6 +52,7 @@ fn report(claims: &[(&str, &str, i64)]) -> FlatNetworkWireClaims {
         FlatNetworkWireClaimsSpec {
             subnet: "lan".into(),
             node: "node-1".into(),
+            observed_at: None,
             claims: claims
                 .iter()
                 .map(|(ip, mac, ago)| ForeignClaim {

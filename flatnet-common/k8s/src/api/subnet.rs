@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -304,6 +304,13 @@ pub struct FlatNetworkSubnetStatus {
     /// `FlatNetworkWireClaims`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub wire_excluded_count: i64,
+
+    /// Set while the ledger holds addresses no record names: every node
+    /// agent is asked to publish its `FlatNetworkWireClaims` of this subnet
+    /// again, observed at or after this time, so that an address no node
+    /// saw claimed can be freed before the orphan grace ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire_reports_wanted: Option<Time>,
 
     /// Sorted user-chosen MACs in use (kernel-chosen MACs are not listed).
     #[serde(

@@ -2,8 +2,9 @@
 //!
 //! Each node agent publishes one object per subnet (named
 //! `<subnet>.<node>`, in the subnet's namespace, owned by the subnet) that
-//! lists the addresses of the subnet that a MAC belonging to no flatnet pod
-//! claimed on the wire. A separate object, not a field of the subnet's
+//! lists the addresses of the subnet that a MAC belonging to no live
+//! flatnet record claimed on the wire (a host outside flatnet, or the
+//! interface of a pod whose record is gone or being deleted). A separate object, not a field of the subnet's
 //! status: the subnet is the object every allocation commits through, so
 //! writes from every node there would make allocations conflict; one
 //! object per node and subnet has a single writer and never conflicts.
@@ -53,6 +54,12 @@ pub struct FlatNetworkWireClaimsSpec {
     /// The node whose uplink saw the claims.
     #[serde(default)]
     pub node: String,
+    /// When the node read the claims below from its inventory: they are
+    /// every claim it knew of at that time. Written with the claims (a node
+    /// writes again when they change, or when the subnet's
+    /// `status.wireReportsWanted` is later than this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<Time>,
     /// One entry per address, ascending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<ForeignClaim>,

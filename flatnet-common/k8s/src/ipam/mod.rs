@@ -26,4 +26,4 @@ pub use sticky::{
     PodController, RecordFate, Recorded, Request, Reuse, StatefulSetAddressPolicy,
     fate_on_pod_deletion, reuse_recorded,
 };
-pub use wire::{DEFAULT_WIRE_WINDOW, LiveAddresses, LiveClaim};
+pub use wire::{DEFAULT_WIRE_WINDOW, LiveAddresses, LiveClaim, Unvouched, every_node_reported};

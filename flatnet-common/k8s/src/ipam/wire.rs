@@ -1,9 +1,11 @@
-//! Addresses live on the wire: what the node agents saw foreign MACs claim
-//! (their `FlatNetworkWireClaims`), as the allocator consults it.
+//! Addresses live on the wire: what the node agents saw MACs of no live
+//! flatnet record claim (their `FlatNetworkWireClaims`), as the allocator
+//! consults it, and the quarantine of released addresses.
 //!
-//! An address a MAC of no flatnet pod claimed within the window is not
-//! handed out: not by automatic allocation (it is skipped), not when a pod
-//! asks for it (a clear error names the MAC and when it was seen).
+//! An address such a MAC claimed within the window is not handed out: not
+//! by automatic allocation (it is skipped), not when a pod asks for it (a
+//! clear error names the MAC and when it was seen). An address released
+//! within the window is reused after every other free address.
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
@@ -26,10 +28,18 @@ pub struct LiveClaim {
     pub node: String,
 }
 
-/// The addresses of one subnet claimed by foreign MACs within the window.
+/// The addresses of one subnet claimed by foreign MACs within the window,
+/// and those released within it (quarantined).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LiveAddresses {
     claims: BTreeMap<IpAddr, LiveClaim>,
+    released: BTreeMap<IpAddr, Timestamp>,
+}
+
+/// The earliest time within `window` of `now`.
+fn window_start(now: Timestamp, window: Duration) -> Timestamp {
+    let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
+    now.checked_sub(window).unwrap_or(Timestamp::MIN)
 }
 
 impl LiveAddresses {
@@ -62,8 +72,7 @@ impl LiveAddresses {
         now: Timestamp,
         window: Duration,
     ) -> Self {
-        let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
-        let since = now.checked_sub(window).unwrap_or(Timestamp::MIN);
+        let since = window_start(now, window);
         let mut claims: BTreeMap<IpAddr, LiveClaim> = BTreeMap::new();
         for (ip, claim) in sightings {
             if claim.last_seen < since {
@@ -76,7 +85,36 @@ impl LiveAddresses {
                 claims.insert(ip, claim);
             }
         }
-        Self { claims }
+        Self {
+            claims,
+            released: BTreeMap::new(),
+        }
+    }
+
+    /// Adds the quarantine: `released` (address and when it was released)
+    /// within `window` of `now`. Automatic allocation hands these out after
+    /// every address that is neither live nor quarantined; a pod asking for
+    /// one gets it (quarantine orders reuse, it does not refuse a request).
+    #[must_use]
+    pub fn with_released(
+        mut self,
+        released: impl IntoIterator<Item = (IpAddr, Timestamp)>,
+        now: Timestamp,
+        window: Duration,
+    ) -> Self {
+        let since = window_start(now, window);
+        for (ip, at) in released.into_iter().filter(|(_, at)| *at >= since) {
+            let latest = self.released.entry(ip).or_insert(at);
+            *latest = (*latest).max(at);
+        }
+        self
+    }
+
+    /// When the address was last active: claimed on the wire or released.
+    fn last_active(&self, ip: IpAddr) -> Option<Timestamp> {
+        let claimed = self.claims.get(&ip).map(|c| c.last_seen);
+        let released = self.released.get(&ip).copied();
+        claimed.max(released)
     }
 
     /// The claim on `ip`, if it is live.
@@ -84,9 +122,9 @@ impl LiveAddresses {
         self.claims.get(&ip)
     }
 
-    /// Whether no address is live.
+    /// Whether no address is live or quarantined.
     pub fn is_empty(&self) -> bool {
-        self.claims.is_empty()
+        self.claims.is_empty() && self.released.is_empty()
     }
 
     /// The live addresses, ascending.
@@ -103,8 +141,9 @@ impl LiveAddresses {
     /// Allocates from `pool` as [`Pool::allocate_auto`] (no `candidates`)
     /// or [`Pool::allocate_requested`] do, never handing out a live address.
     ///
-    /// Automatic allocation hands out a live address only when nothing
-    /// else is free: the one seen longest ago.
+    /// Automatic allocation hands out a live or quarantined address only
+    /// when nothing else is free: the one whose last claim or release is
+    /// the oldest.
     ///
     /// # Errors
     /// The pool's; [`PoolError::LiveOnWire`] when every candidate that is
@@ -141,6 +180,7 @@ impl LiveAddresses {
         // live addresses.
         let held: Vec<IpAddr> = self
             .addresses()
+            .chain(self.released.keys().copied())
             .filter(|&ip| pool.is_free(ip) && pool.mark_used(ip).is_ok())
             .collect();
         let result = pool.allocate_auto();
@@ -155,13 +195,59 @@ impl LiveAddresses {
                 let oldest = held
                     .iter()
                     .copied()
-                    .min_by_key(|&ip| self.get(ip).map(|c| c.last_seen))
+                    .min_by_key(|&ip| self.last_active(ip))
                     .expect("not empty");
                 pool.allocate_requested(&[oldest])
             }
             other => other,
         }
     }
+}
+
+/// Why the reports cannot vouch that no node saw an address claimed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unvouched {
+    /// No node is known: silence from nobody proves nothing.
+    #[error("no node is known")]
+    NoNodes,
+    /// A node has published no report of the subnet observed since then
+    /// (its agent is down, cannot reach the API server, or is slow).
+    #[error("node {node} has not reported since {since}")]
+    Unreported {
+        /// The node.
+        node: String,
+        /// The time its report had to be observed at or after.
+        since: Timestamp,
+    },
+}
+
+/// Whether every one of `nodes` published a report in `reports` (one
+/// subnet's) observed at or after `since`: only then does the absence of a
+/// claim mean that no node saw one. A node that cannot report never counts
+/// as one that saw nothing.
+///
+/// # Errors
+/// The first node without such a report, or [`Unvouched::NoNodes`].
+pub fn every_node_reported<'a>(
+    reports: impl IntoIterator<Item = &'a FlatNetworkWireClaims> + Clone,
+    nodes: &[String],
+    since: Timestamp,
+) -> Result<(), Unvouched> {
+    if nodes.is_empty() {
+        return Err(Unvouched::NoNodes);
+    }
+    for node in nodes {
+        let reported = reports.clone().into_iter().any(|r| {
+            r.spec.node == *node && r.spec.observed_at.as_ref().is_some_and(|t| t.0 >= since)
+        });
+        if !reported {
+            return Err(Unvouched::Unreported {
+                node: node.clone(),
+                since,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn allocate_plain(pool: &mut Pool, candidates: &[IpAddr]) -> Result<IpAddr, PoolError> {
@@ -188,6 +274,7 @@ mod tests {
             FlatNetworkWireClaimsSpec {
                 subnet: "lan".into(),
                 node: node.into(),
+                observed_at: None,
                 claims: claims
                     .iter()
                     .map(|(ip, mac, seen)| ForeignClaim {
@@ -342,5 +429,90 @@ mod tests {
             )
             .unwrap();
         assert_eq!(ip, "192.0.2.6".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn released_addresses_come_after_every_other_free_one_oldest_release_first() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let live = LiveAddresses::default().with_released(
+            [
+                (ip("192.0.2.2"), at(20)),
+                (ip("192.0.2.3"), at(10)),
+                // Released before the window: an ordinary free address.
+                (ip("192.0.2.5"), at(-4_000)),
+            ],
+            at(30),
+            DEFAULT_WIRE_WINDOW,
+        );
+        let mut pool = pool();
+        assert_eq!(live.excluded_from(&pool), 0, "quarantine is not the wire");
+        let order: Vec<IpAddr> = (0..5)
+            .map(|_| live.allocate(&mut pool, &[]).unwrap())
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ip("192.0.2.4"),
+                ip("192.0.2.5"),
+                ip("192.0.2.6"),
+                ip("192.0.2.3"),
+                ip("192.0.2.2")
+            ]
+        );
+        // A pod asking for a quarantined address gets it.
+        let mut pool = self::pool();
+        assert_eq!(
+            live.allocate(&mut pool, &[ip("192.0.2.2")]).unwrap(),
+            ip("192.0.2.2")
+        );
+    }
+
+    #[test]
+    fn a_claim_after_the_release_keeps_the_address_back_longer() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // .2 released at 10 and still answering at 50; .3 released at 20.
+        let live = LiveAddresses::from_reports(
+            &[report("a", &[("192.0.2.2", "02:00:00:00:00:01", at(50))])],
+            at(60),
+            DEFAULT_WIRE_WINDOW,
+        )
+        .with_released(
+            [(ip("192.0.2.2"), at(10)), (ip("192.0.2.3"), at(20))],
+            at(60),
+            DEFAULT_WIRE_WINDOW,
+        );
+        let mut pool = pool();
+        for _ in 0..3 {
+            live.allocate(&mut pool, &[]).unwrap();
+        }
+        assert_eq!(live.allocate(&mut pool, &[]).unwrap(), ip("192.0.2.3"));
+        assert_eq!(live.allocate(&mut pool, &[]).unwrap(), ip("192.0.2.2"));
+    }
+
+    #[test]
+    fn silence_counts_only_when_every_node_reported_since() {
+        let observed = |node: &str, secs: Option<i64>| {
+            let mut r = report(node, &[]);
+            r.spec.observed_at = secs.map(|s| Time(at(s)));
+            r
+        };
+        let nodes = ["a".to_owned(), "b".to_owned()];
+        let reports = [observed("a", Some(100)), observed("b", Some(99))];
+        assert_eq!(every_node_reported(&reports, &nodes, at(99)), Ok(()));
+        assert_eq!(
+            every_node_reported(&reports, &nodes, at(100)),
+            Err(Unvouched::Unreported {
+                node: "b".into(),
+                since: at(100)
+            })
+        );
+        // A report without an observation time, or none at all, is no word.
+        let reports = [observed("a", Some(100)), observed("b", None)];
+        assert!(every_node_reported(&reports, &nodes, at(0)).is_err());
+        assert!(every_node_reported(&reports[..1], &nodes, at(0)).is_err());
+        assert_eq!(
+            every_node_reported(&reports, &[], at(0)),
+            Err(Unvouched::NoNodes)
+        );
     }
 }
