@@ -19,7 +19,7 @@ use kube::{
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
-use crate::controller::condition;
+use crate::{controller::condition, workloads::owner::workload_of};
 
 use super::{
     Context, Error,
@@ -139,10 +139,12 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
     let key = key_of(record.namespace().as_deref(), &record.name_any());
     let started = Instant::now();
     let outcome = async {
+        let workload = requesting_workload(record, pod, ctx).await?;
+        let workload = workload.as_deref();
         let reservation = if commit::batchable(record) {
-            commit::reserve_batched(ctx, record).await?
+            commit::reserve_batched(ctx, record, workload).await?
         } else {
-            commit::reserve(ctx, record).await?
+            commit::reserve(ctx, record, workload).await?
         };
         let written = commit::write_record(ctx, record, &reservation).await?;
         Ok::<_, Error>((reservation, written))
@@ -163,6 +165,36 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
         }
         Err(error) => Err(error),
     }
+}
+
+/// The `reservedIP` key of the workload of `pod`, when its record asks for
+/// specific addresses (which that workload may have reserved); an automatic
+/// request never takes a reserved address, so it needs none.
+async fn requesting_workload(
+    record: &FlatNetworkIP,
+    pod: &Pod,
+    ctx: &Context,
+) -> Result<Option<String>, Error> {
+    if record.spec.addrs.is_empty() {
+        return Ok(None);
+    }
+    let namespace = pod.namespace().unwrap_or_default();
+    let workload = workload_of(
+        &ctx.client,
+        "Pod",
+        &namespace,
+        &pod.name_any(),
+        pod.owner_references(),
+    )
+    .await
+    .map_err(|error| {
+        Error::kube(
+            "get",
+            &error.kind,
+            &format!("{}/{}", error.namespace, error.name),
+        )(*error.source)
+    })?;
+    Ok(Some(workload.key()))
 }
 
 /// Marks the record Failed with the error's message and tells the pod,

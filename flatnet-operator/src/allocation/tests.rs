@@ -2013,3 +2013,6 @@ async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
 
 #[path = "wire_tests.rs"]
 mod wire;
+
+#[path = "reserved_tests.rs"]
+mod reserved;
