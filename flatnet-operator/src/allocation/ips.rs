@@ -1,5 +1,14 @@
 //! The FlatNetworkIP controller: allocation, release, garbage collection
 //! and the setup timeout of each record.
+//!
+//! The release finalizer is handled here, not by `kube::runtime::finalizer`:
+//! that helper runs the cleanup first and removes its one finalizer after,
+//! while a record must lose its finalizer first (a write carrying the
+//! resourceVersion of the copy at hand) and release its address only once
+//! that write succeeded, so a stale copy never releases an address the
+//! ledger has handed on. It also removes the original operator's finalizer
+//! in the same write, and a record gets its finalizer at creation, in the
+//! pod controller's one write, not through a separate patch.
 
 use std::{sync::Arc, time::Instant};
 
