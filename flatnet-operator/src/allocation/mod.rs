@@ -321,4 +321,4 @@ async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(
 #[cfg(test)]
 mod cluster_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
