@@ -27,11 +27,11 @@ use super::{
     errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
     records::{
-        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, record_matches,
-        record_name,
+        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, needs_cronjob,
+        record_matches, record_name,
     },
 };
-use crate::controller::is_flat_pod;
+use crate::{controller::is_flat_pod, workloads::owner::workload_of};
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";
@@ -58,6 +58,31 @@ fn backoff_key(pod: &Pod) -> String {
         "pod/{}",
         key_of(pod.namespace().as_deref(), &pod.name_any())
     )
+}
+
+/// The CronJob owning the Job of `pod`, when its workload selector needs it
+/// (read through the Job, as the workload controller keys CronJobs).
+async fn cronjob_of(pod: &Pod, ctx: &Context) -> Result<Option<String>, Error> {
+    if !needs_cronjob(pod) {
+        return Ok(None);
+    }
+    let namespace = pod.namespace().unwrap_or_default();
+    let workload = workload_of(
+        &ctx.client,
+        "Pod",
+        &namespace,
+        &pod.name_any(),
+        pod.owner_references(),
+    )
+    .await
+    .map_err(|error| {
+        Error::kube(
+            "get",
+            &error.kind,
+            &key_of(Some(&error.namespace), &error.name),
+        )(*error.source)
+    })?;
+    Ok((workload.kind == "CronJob").then_some(workload.name))
 }
 
 async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -104,6 +129,7 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
         .get(&ObjectRef::<Namespace>::new(&namespace))
         .and_then(|ns| ns.labels().get(label::RANCHER_PROJECT_ID).cloned());
 
+    let cronjob = cronjob_of(&pod, &ctx).await?;
     let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut records = Vec::with_capacity(request.subnets.len());
     for (index, subnet) in subnets.iter().enumerate() {
@@ -115,6 +141,7 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
                 subnet: subnet.as_deref(),
                 project: project.as_deref(),
                 policy: ctx.settings.statefulset_policy,
+                cronjob: cronjob.as_deref(),
             },
         );
         let record_ref = ObjectRef::new(&record_name(&name, index)).within(&namespace);

@@ -1,6 +1,8 @@
 //! Workload reservations (`status.reservedIP`) against the fake API server:
 //! an address a workload reserved goes to that workload's pods only, on the
-//! batched and the direct allocation path, with stale books and caches.
+//! batched and the direct allocation path, with stale books and caches; and
+//! the other tie of a record to its workload, the Rancher workload selector
+//! of a CronJob's pod.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -306,4 +308,52 @@ async fn a_released_reserved_address_is_not_handed_to_an_auto_pod() {
         addr(&allocate(&server, &ctx, &next).await),
         Some(ip("10.0.0.10"))
     );
+}
+
+/// A CronJob's pod gets the original's `cronjob-<namespace>-<name>`
+/// workload selector, read through its Job; a plain Job's pod
+/// `job-<namespace>-<name>`.
+#[tokio::test]
+async fn a_cronjob_pods_record_carries_the_cronjob_workload_selector() {
+    use k8s_openapi::api::batch::v1::Job;
+    let server = server_with(&[]);
+    let job = |name: &str, cronjob: Option<&str>| Job {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            owner_references: cronjob.map(|c| {
+                vec![OwnerReference {
+                    api_version: "batch/v1".into(),
+                    ..owned("CronJob", c)
+                }]
+            }),
+            ..ObjectMeta::default()
+        },
+        ..Job::default()
+    };
+    server.insert(&job("nightly-29000000", Some("nightly")));
+    server.insert(&job("once", None));
+    let job_owner = |name: &str| OwnerReference {
+        api_version: "batch/v1".into(),
+        ..owned("Job", name)
+    };
+    let nightly = race_pod(
+        "nightly-29000000-x",
+        "auto",
+        Some(job_owner("nightly-29000000")),
+    );
+    let once = race_pod("once-y", "auto", Some(job_owner("once")));
+    server.insert(&nightly);
+    server.insert(&once);
+    let ctx = fresh(&server);
+    for (p, selector) in [(&nightly, "cronjob-shop-nightly"), (&once, "job-shop-once")] {
+        super::pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+            .await
+            .unwrap();
+        let record = stored(&server, &p.name_any());
+        assert_eq!(
+            record.labels()["workload.user.cattle.io/workloadselector"],
+            selector
+        );
+    }
 }

@@ -140,6 +140,7 @@ fn record_of(pod: &Pod, version: &str) -> FlatNetworkIP {
             subnet: None,
             project: None,
             policy: StatefulSetAddressPolicy::Sticky,
+            cronjob: None,
         },
     );
     record.metadata.resource_version = Some(version.into());
@@ -1820,6 +1821,7 @@ fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
             subnet: None,
             project: None,
             policy: StatefulSetAddressPolicy::Sticky,
+            cronjob: None,
         },
     );
     record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
