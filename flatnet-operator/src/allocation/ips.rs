@@ -28,7 +28,7 @@ use kube::{
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
-use crate::{controller::condition, workloads::owner::workload_of};
+use crate::controller::condition;
 
 use super::{
     Context, Error,
@@ -187,22 +187,7 @@ async fn requesting_workload(
     if record.spec.addrs.is_empty() {
         return Ok(None);
     }
-    let namespace = pod.namespace().unwrap_or_default();
-    let workload = workload_of(
-        &ctx.client,
-        "Pod",
-        &namespace,
-        &pod.name_any(),
-        pod.owner_references(),
-    )
-    .await
-    .map_err(|error| {
-        Error::kube(
-            "get",
-            &error.kind,
-            &format!("{}/{}", error.namespace, error.name),
-        )(*error.source)
-    })?;
+    let workload = super::pod_workload(pod, ctx).await?;
     Ok(Some(workload.key()))
 }
 

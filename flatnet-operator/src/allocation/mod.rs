@@ -149,6 +149,33 @@ pub struct Context {
 }
 
 /// `namespace/name` of an object, for logs and keys.
+/// The workload `pod` belongs to (see [`crate::workloads::owner`]).
+///
+/// # Errors
+/// Reading the pod's ReplicaSet or Job failed.
+pub(crate) async fn pod_workload(
+    pod: &Pod,
+    ctx: &Context,
+) -> Result<crate::workloads::owner::WorkloadRef, Error> {
+    use kube::ResourceExt;
+    let namespace = pod.namespace().unwrap_or_default();
+    crate::workloads::owner::workload_of(
+        &ctx.client,
+        "Pod",
+        &namespace,
+        &pod.name_any(),
+        pod.owner_references(),
+    )
+    .await
+    .map_err(|error| {
+        Error::kube(
+            "get",
+            &error.kind,
+            &key_of(Some(&error.namespace), &error.name),
+        )(*error.source)
+    })
+}
+
 pub(crate) fn key_of(namespace: Option<&str>, name: &str) -> String {
     match namespace {
         Some(ns) => format!("{ns}/{name}"),

@@ -31,7 +31,7 @@ use super::{
         record_matches, record_name,
     },
 };
-use crate::{controller::is_flat_pod, workloads::owner::workload_of};
+use crate::controller::is_flat_pod;
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";
@@ -66,22 +66,7 @@ async fn cronjob_of(pod: &Pod, ctx: &Context) -> Result<Option<String>, Error> {
     if !needs_cronjob(pod) {
         return Ok(None);
     }
-    let namespace = pod.namespace().unwrap_or_default();
-    let workload = workload_of(
-        &ctx.client,
-        "Pod",
-        &namespace,
-        &pod.name_any(),
-        pod.owner_references(),
-    )
-    .await
-    .map_err(|error| {
-        Error::kube(
-            "get",
-            &error.kind,
-            &key_of(Some(&error.namespace), &error.name),
-        )(*error.source)
-    })?;
+    let workload = super::pod_workload(pod, ctx).await?;
     Ok((workload.kind == "CronJob").then_some(workload.name))
 }
 

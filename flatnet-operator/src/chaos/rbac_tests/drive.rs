@@ -17,6 +17,8 @@ use flatnet_k8s::{
 use k8s_openapi::{
     api::{
         admissionregistration::v1::ValidatingWebhookConfiguration,
+        apps::v1::{DaemonSet, Deployment, StatefulSet},
+        batch::v1::{CronJob, Job},
         core::v1::{ConfigMap, Endpoints, Namespace, Pod, Secret, Service},
         discovery::v1::EndpointSlice,
     },
@@ -217,14 +219,12 @@ async fn workloads() -> BTreeSet<Access> {
         let value = json!({"apiVersion": api_version, "kind": kind,
                            "metadata": {"name": kind.to_lowercase(), "namespace": NS}, "spec": spec});
         match kind {
-            "Deployment" => server.insert(&object::<k8s_openapi::api::apps::v1::Deployment>(value)),
-            "StatefulSet" => {
-                server.insert(&object::<k8s_openapi::api::apps::v1::StatefulSet>(value))
-            }
-            "DaemonSet" => server.insert(&object::<k8s_openapi::api::apps::v1::DaemonSet>(value)),
-            "Job" => server.insert(&object::<k8s_openapi::api::batch::v1::Job>(value)),
-            _ => server.insert(&object::<k8s_openapi::api::batch::v1::CronJob>(value)),
-        }
+            "Deployment" => server.insert(&object::<Deployment>(value)),
+            "StatefulSet" => server.insert(&object::<StatefulSet>(value)),
+            "DaemonSet" => server.insert(&object::<DaemonSet>(value)),
+            "Job" => server.insert(&object::<Job>(value)),
+            _ => server.insert(&object::<CronJob>(value)),
+        };
     }
     let client = recorded.client();
     running(
@@ -243,11 +243,11 @@ async fn workloads() -> BTreeSet<Access> {
                     .status
                     .as_ref()
                     .map_or(0, |s| s.reserved_ip.len());
-                let labelled = server.count::<k8s_openapi::api::apps::v1::Deployment>(labelled)
-                    + server.count::<k8s_openapi::api::apps::v1::StatefulSet>(labelled)
-                    + server.count::<k8s_openapi::api::apps::v1::DaemonSet>(labelled)
-                    + server.count::<k8s_openapi::api::batch::v1::Job>(labelled)
-                    + server.count::<k8s_openapi::api::batch::v1::CronJob>(labelled);
+                let labelled = server.count::<Deployment>(labelled)
+                    + server.count::<StatefulSet>(labelled)
+                    + server.count::<DaemonSet>(labelled)
+                    + server.count::<Job>(labelled)
+                    + server.count::<CronJob>(labelled);
                 reserved == 5 && labelled == 5
             })
             .await;
