@@ -29,7 +29,7 @@ use support::{
     agent::StandaloneAgent,
     cni::{IFNAME, run_cni},
     has_link,
-    lan::SimulatedLan,
+    lan::AgentOnLan,
     privileged, run,
     tc_hooks::link_pins,
     wait_until,
@@ -68,14 +68,16 @@ impl Node {
         if !privileged(test) {
             return None;
         }
-        let SimulatedLan { node, lan, master } =
-            SimulatedLan::new("ff", &["192.0.2.1/24", "2001:db8::1/64"]);
-        let dir = tempfile::tempdir().unwrap();
-        let cni_bin_dir = dir.path().join("bin").display().to_string();
-        let agent = StandaloneAgent::new(
-            dir.path(),
-            &node,
-            &["--cni-bin-dir", &cni_bin_dir, "--conflict-probe-ms", "100"],
+        let AgentOnLan {
+            agent,
+            node,
+            lan,
+            master,
+            dir,
+        } = AgentOnLan::new(
+            "ff",
+            &["192.0.2.1/24", "2001:db8::1/64"],
+            &["--conflict-probe-ms", "100"],
         );
         agent.write_state(&format!(
             r#"

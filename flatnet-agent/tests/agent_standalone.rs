@@ -17,7 +17,7 @@ use support::{
     agent::StandaloneAgent,
     cni::{IFNAME, run_cni},
     has_link,
-    lan::SimulatedLan,
+    lan::AgentOnLan,
     ping, privileged,
     tc_hooks::{attached_programs, link_pins},
     unique_name, veth_pair, wait_until,
@@ -41,21 +41,16 @@ struct Node {
 
 impl Node {
     fn new() -> Self {
-        let SimulatedLan { node, lan, master } =
-            SimulatedLan::new("fa", &[&format!("{LAN_V4}/24"), &format!("{LAN_V6}/64")]);
-        let dir = tempfile::tempdir().unwrap();
-        let cni_bin_dir = dir.path().join("bin").display().to_string();
-        let agent = StandaloneAgent::new(
-            dir.path(),
-            &node,
-            &[
-                "--cni-bin-dir",
-                &cni_bin_dir,
-                "--arp-policy",
-                "arping",
-                "--conflict-probe-ms",
-                "500",
-            ],
+        let AgentOnLan {
+            agent,
+            node,
+            lan,
+            master,
+            dir,
+        } = AgentOnLan::new(
+            "fa",
+            &[&format!("{LAN_V4}/24"), &format!("{LAN_V6}/64")],
+            &["--arp-policy", "arping", "--conflict-probe-ms", "500"],
         );
         agent.write_state(&format!(
             r#"

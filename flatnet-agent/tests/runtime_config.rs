@@ -11,7 +11,7 @@ use support::{
     agent::StandaloneAgent,
     cni::{IFNAME, run_cni},
     has_link,
-    lan::SimulatedLan,
+    lan::AgentOnLan,
     ping, privileged, wait_until,
 };
 
@@ -34,14 +34,16 @@ impl Node {
         if !privileged(test) {
             return None;
         }
-        let SimulatedLan { node, lan, master } =
-            SimulatedLan::new("rc", &[&format!("{LAN_V4}/24")]);
-        let dir = tempfile::tempdir().unwrap();
-        let cni_bin_dir = dir.path().join("bin").display().to_string();
-        let agent = StandaloneAgent::new(
-            dir.path(),
-            &node,
-            &["--cni-bin-dir", &cni_bin_dir, "--conflict-probe-ms", "0"],
+        let AgentOnLan {
+            agent,
+            node,
+            lan,
+            master,
+            dir,
+        } = AgentOnLan::new(
+            "rc",
+            &[&format!("{LAN_V4}/24")],
+            &["--conflict-probe-ms", "0"],
         );
         let mut this = Self {
             agent,

@@ -7,7 +7,9 @@
 //! created afterwards gets a free address. And the shapes the original
 //! documents, each admitted by flatnet's webhook first (as the API server
 //! would ask it), then served by flatnet's controllers; the shapes the
-//! original refuses are refused. (The workload controller's labels and
+//! original refuses are refused. A fixed-IP workload's `reservedIP`,
+//! written by the workload controller, is honoured by allocation too (the
+//! original's allocation ignored it). (The workload controller's labels and
 //! `reservedIP`: `workloads/tests.rs`; the migrator: `migrate/tests.rs`.)
 
 use std::{sync::Arc, time::Duration};
@@ -446,5 +448,106 @@ async fn the_originals_documented_shapes_are_served() {
         }
         assert_eq!(cluster.view(subnet).check(), Ok(()), "{subnet}");
     }
+    cluster.stop().await;
+}
+
+/// A fixed-IP workload's reservation, written by the workload controller,
+/// is honoured by allocation: `auto` pods created after it never take the
+/// reserved address (the original's allocation ignored `reservedIP`, so
+/// the first `auto` pod took it and the workload's pod never started), the
+/// workload's own pod (through its ReplicaSet) gets it, and another
+/// workload asking for it is refused at admission.
+#[tokio::test]
+async fn a_fixed_ip_workloads_reservation_is_honoured_by_allocation() {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    use tokio_util::sync::CancellationToken;
+
+    let server = FakeApiServer::new();
+    admit(
+        &server,
+        &manifest(
+            "lan",
+            json!({"flatMode": "macvlan", "master": "eth0", "cidr": "10.100.0.0/24",
+                   "gateway": "10.100.0.1", "ranges": [{"from": "10.100.0.10", "to": "10.100.0.20"}]}),
+        ),
+    )
+    .await;
+    let web: Deployment =
+        serde_json::from_value(workload("Deployment", "web", "lan", "10.100.0.10")).unwrap();
+    admit(&server, &web).await;
+    let stop = CancellationToken::new();
+    let workloads = tokio::spawn(crate::workloads::run(
+        server.client(),
+        Arc::new(Metrics::new()),
+        Duration::from_secs(600),
+        2,
+        stop.clone(),
+    ));
+    let cluster = FakeCluster::start(server, Settings::default(), 2);
+    cluster
+        .wait_active("lan", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let reserved = || {
+        cluster.server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .is_some_and(|s| s.reserved_ip.contains_key("Deployment/churn/web"))
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !reserved() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reserved(), "the workload controller reserves 10.100.0.10");
+
+    for name in ["auto-0", "auto-1"] {
+        admit(&cluster.server, &workload_pod(name, "lan", "auto", "eth1")).await;
+    }
+    let replicas: ReplicaSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "web-5f7d", "namespace": POD_NAMESPACE,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                          "uid": "uid-web", "controller": true}]}
+    }))
+    .unwrap();
+    cluster.server.insert(&replicas);
+    let mut web_pod = workload_pod("web-5f7d-x2x7k", "lan", "10.100.0.10", "eth1");
+    web_pod.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                      "name": "web-5f7d", "uid": "uid-rs", "controller": true}))
+        .unwrap(),
+    ]);
+    admit(&cluster.server, &web_pod).await;
+    let thief = workload("Deployment", "thief", "lan", "10.100.0.10");
+    let verdict = review_create(&cluster.server, &thief).await;
+    assert!(
+        verdict
+            .as_ref()
+            .is_err_and(|m| m.contains("reserved by Deployment/churn/web")),
+        "{verdict:?}"
+    );
+
+    let view = cluster
+        .settle("lan", Duration::from_secs(20))
+        .await
+        .unwrap();
+    let given = |pod: &str| view.addressed.get(pod).map(ToString::to_string);
+    assert_eq!(
+        given("web-5f7d-x2x7k").as_deref(),
+        Some("10.100.0.10"),
+        "{view:?}"
+    );
+    let mut auto = [given("auto-0"), given("auto-1")];
+    auto.sort();
+    assert_eq!(
+        auto,
+        [
+            Some("10.100.0.11".to_owned()),
+            Some("10.100.0.12".to_owned())
+        ],
+        "{view:?}"
+    );
+    stop.cancel();
+    workloads.await.unwrap();
     cluster.stop().await;
 }

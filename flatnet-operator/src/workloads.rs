@@ -5,7 +5,8 @@
 //! `flatnetwork.pandaria.io/{flatNetworkIPType,subnet,flatMode}` on their own
 //! metadata, and those asking for specific addresses have them listed in
 //! their subnet's `status.reservedIP` under `<Kind>/<namespace>/<name>`,
-//! where the webhook refuses them to other workloads.
+//! where the webhook refuses them to other workloads and the allocator
+//! hands them only to that workload's pods ([`owner`] says whose a pod is).
 //!
 //! It reconciles subnets, not workloads: a subnet's reservations are
 //! computed from every workload that names it, so a deleted workload (or
@@ -114,7 +115,7 @@ impl FlatRequest {
         let namespace = workload.namespace()?;
         let name = workload.name_any();
         Some(FlatRequest {
-            key: format!("{}/{namespace}/{name}", K::kind(&())),
+            key: owner::WorkloadRef::new(&K::kind(&()), &namespace, &name).key(),
             namespace,
             name,
             subnets: request.subnets.iter().map(|s| s.subnet.clone()).collect(),
@@ -435,5 +436,6 @@ pub async fn run(
     info!("workload controller stopped");
 }
 
+pub mod owner;
 #[cfg(test)]
 mod tests;

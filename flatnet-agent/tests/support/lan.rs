@@ -1,7 +1,8 @@
 //! A simulated LAN: a "node" namespace whose master interface is a veth to
-//! a "LAN host" namespace. Both namespaces are removed on drop.
+//! a "LAN host" namespace. Both namespaces are removed on drop. With
+//! [`AgentOnLan`], a standalone agent on that node.
 
-use crate::support::{TestNetns, unique_name, veth_pair};
+use crate::support::{TestNetns, agent::StandaloneAgent, unique_name, veth_pair};
 
 /// Node and LAN host joined by a veth: `master` in the node, `lan0` in the LAN.
 pub struct SimulatedLan {
@@ -25,5 +26,37 @@ impl SimulatedLan {
             lan.add_address("lan0", address);
         }
         Self { node, lan, master }
+    }
+}
+
+/// A [`SimulatedLan`] whose node runs a standalone agent (not started yet)
+/// with its files in a temporary directory and the CNI binaries it
+/// installs in `<dir>/bin`.
+pub struct AgentOnLan {
+    /// First field: the agent stops before the namespaces go.
+    pub agent: StandaloneAgent,
+    pub node: TestNetns,
+    pub lan: TestNetns,
+    pub master: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl AgentOnLan {
+    /// The LAN of [`SimulatedLan::new`] and its agent, started with
+    /// `--cni-bin-dir <dir>/bin` and `args`.
+    pub fn new(prefix: &str, lan_addresses: &[&str], args: &[&str]) -> Self {
+        let SimulatedLan { node, lan, master } = SimulatedLan::new(prefix, lan_addresses);
+        let dir = tempfile::tempdir().unwrap();
+        let cni_bin_dir = dir.path().join("bin").display().to_string();
+        let mut all = vec!["--cni-bin-dir", cni_bin_dir.as_str()];
+        all.extend_from_slice(args);
+        let agent = StandaloneAgent::new(dir.path(), &node, &all);
+        Self {
+            agent,
+            node,
+            lan,
+            master,
+            dir,
+        }
     }
 }

@@ -42,7 +42,9 @@ use flatnet_k8s::{
         CONDITION_READY, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, phase,
         set_condition,
     },
-    ipam::{LiveAddresses, Mac, Pool, PoolError, choose_mac, macs_in_use, used_ranges},
+    ipam::{
+        LiveAddresses, Mac, Pool, PoolError, Reservations, choose_mac, macs_in_use, used_ranges,
+    },
     keys::SUBNET_NAMESPACE,
     validation::{ValidSubnet, validate_subnet},
 };
@@ -181,9 +183,13 @@ struct MacClaim {
 /// # Errors
 /// Subnet missing or not ready, nothing allocatable, MACs taken, the API
 /// failing, or a contention error after [`MAX_ATTEMPTS`] conflicts.
-pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
+pub async fn reserve(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    workload: Option<&str>,
+) -> Result<Reservation, Error> {
     let mut claimed: Option<(ParentLink, MacClaim)> = None;
-    let result = reserve_address(ctx, record, &mut claimed).await;
+    let result = reserve_address(ctx, record, workload, &mut claimed).await;
     if result.is_err()
         && let Some((
             parent,
@@ -207,12 +213,16 @@ pub async fn reserve(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservatio
 ///
 /// # Errors
 /// As [`reserve`].
-pub async fn reserve_batched(ctx: &Context, record: &FlatNetworkIP) -> Result<Reservation, Error> {
+pub async fn reserve_batched(
+    ctx: &Context,
+    record: &FlatNetworkIP,
+    workload: Option<&str>,
+) -> Result<Reservation, Error> {
     let subnet = record.spec.subnet.clone();
     let key = key_of(record.namespace().as_deref(), &record.name_any());
     match ctx
         .ledgers
-        .reserve(ctx, &subnet, &key, &record.spec.addrs)
+        .reserve(ctx, &subnet, &key, &record.spec.addrs, workload)
         .await?
     {
         Committed::Reserved {
@@ -248,8 +258,11 @@ pub fn batchable(record: &FlatNetworkIP) -> bool {
 async fn reserve_address(
     ctx: &Context,
     record: &FlatNetworkIP,
+    workload: Option<&str>,
     claimed: &mut Option<(ParentLink, MacClaim)>,
 ) -> Result<Reservation, Error> {
+    // A workload's reserved addresses are its pods' only when they ask for them.
+    let requester = workload.filter(|_| !record.spec.addrs.is_empty());
     let name = record.spec.subnet.clone();
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     let me = (record.namespace(), record.name_any());
@@ -266,11 +279,16 @@ async fn reserve_address(
         let status = subnet.status.clone().unwrap_or_default();
 
         // The pool: the ledger plus what the cache says records hold, and
-        // what V1 pods still hold during a migration.
+        // what `reservedIP` keeps from this record's pod (other workloads'
+        // fixed addresses, V1 pods' during a migration).
         let mut pool = Pool::new(&valid);
         pool.reserve_ranges(&status.used_ip);
-        for held in status.held_by_v1() {
-            // Outside the CIDR or already in usedIP: both fine.
+        let reservations = Reservations::of(&status);
+        let kept_out: Vec<IpAddr> = reservations
+            .free_in(&pool)
+            .filter(|ip| reservations.held_against(*ip, requester).is_some())
+            .collect();
+        for held in kept_out {
             let _ = pool.mark_used(held);
         }
         let records = ctx.caches.records.state();
@@ -294,7 +312,8 @@ async fn reserve_address(
             })
         };
         let live = ctx.wire.avoided(&name);
-        let choice = choose_avoiding(record, &mut pool, claimed_by_older, &live)?;
+        let choice = choose_avoiding(record, &mut pool, claimed_by_older, &live)
+            .map_err(|error| reservations.explain(error, requester))?;
         // The MAC is claimed once; address conflicts below do not move it.
         if claimed.is_none()
             && let Some(claim) = claim_mac(ctx, record, &valid.parent, &subnet, &others).await?

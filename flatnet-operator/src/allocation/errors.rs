@@ -114,6 +114,7 @@ impl Error {
             Self::SubnetNotReady { .. } | Self::WrongFamily { .. } => "subnet_not_ready",
             Self::Pool(PoolError::Exhausted { .. }) => "exhausted",
             Self::Pool(PoolError::CandidatesTaken { .. }) => "requested_taken",
+            Self::Pool(PoolError::Reserved { .. }) => "requested_reserved",
             Self::Pool(PoolError::LiveOnWire { .. }) => "requested_live_on_wire",
             Self::Pool(_) => "bad_request",
             Self::Mac(_) => "mac_taken",
@@ -142,6 +143,7 @@ impl Error {
         match self {
             Self::Pool(PoolError::Exhausted { .. }) => "NoAddressLeft",
             Self::Pool(PoolError::CandidatesTaken { .. }) => "RequestedAddressTaken",
+            Self::Pool(PoolError::Reserved { .. }) => "RequestedAddressReserved",
             Self::Pool(PoolError::LiveOnWire { .. }) => "RequestedAddressLiveOnWire",
             Self::Mac(_) => "RequestedMacTaken",
             Self::Annotation { .. } | Self::NameTooLong { .. } => "InvalidAnnotation",

@@ -3,7 +3,8 @@
 //! It keeps objects as JSON and implements the semantics the controllers
 //! rely on: `GET`, `LIST` (namespace and equality label selectors), `POST`
 //! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
-//! subresource and JSON merge `PATCH`, all rejecting a stale
+//! subresource and JSON merge `PATCH` (a server-side apply, served as a
+//! merge, creates a missing object), all rejecting a stale
 //! `metadata.resourceVersion` with 409 Conflict, and `DELETE` that only
 //! marks objects with finalizers (`deletionTimestamp`) and removes them
 //! once the last finalizer goes.
@@ -540,6 +541,10 @@ impl FakeApiServer {
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
         let query = request.uri().query().unwrap_or_default().to_owned();
+        let applying = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes() == b"application/apply-patch+yaml");
         let body = request
             .into_body()
             .collect_bytes()
@@ -603,7 +608,7 @@ impl FakeApiServer {
                 &status(500, "InternalError", "injected"),
             );
         }
-        let (code, value) = self.apply(&method, &target, &query, body);
+        let (code, value) = self.apply(&method, &target, &query, body, applying);
         self.collect_garbage();
         self.disorder().await;
         match (plan, &self.faults) {
@@ -720,7 +725,8 @@ impl FakeApiServer {
         method: &Method,
         target: &Target,
         query: &str,
-        body: Value,
+        mut body: Value,
+        server_side_apply: bool,
     ) -> (StatusCode, Value) {
         let mut state = self.lock();
         let key = |name: &str| {
@@ -730,7 +736,19 @@ impl FakeApiServer {
                 name.to_owned(),
             )
         };
-        match (method.clone(), target.name.as_deref()) {
+        let mut method = method.clone();
+        let mut name = target.name.as_deref();
+        // A server-side apply of an object that does not exist creates it
+        // (RBAC still asks for `patch` only).
+        if server_side_apply
+            && method == Method::PATCH
+            && let Some(missing) = name.filter(|n| !state.objects.contains_key(&key(n)))
+        {
+            body["metadata"]["name"] = json!(missing);
+            method = Method::POST;
+            name = None;
+        }
+        match (method.clone(), name) {
             (Method::GET, None) => {
                 let selector = label_selector(query);
                 let items: Vec<Value> = state
@@ -810,7 +828,7 @@ impl FakeApiServer {
                 }
                 let status_only = target.subresource.as_deref() == Some("status");
                 let mut updated = stored.clone();
-                if *method == Method::PUT {
+                if method == Method::PUT {
                     if status_only {
                         updated["status"] = body["status"].clone();
                     } else {

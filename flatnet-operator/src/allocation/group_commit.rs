@@ -33,7 +33,7 @@ use std::{
 
 use flatnet_k8s::{
     api::FlatNetworkSubnet,
-    ipam::{LiveAddresses, Pool, PoolError},
+    ipam::{LiveAddresses, Pool, PoolError, Reservations},
     keys::SUBNET_NAMESPACE,
     validation::ValidSubnet,
 };
@@ -56,6 +56,9 @@ pub enum Edit {
     Reserve {
         /// The requested addresses, if any.
         candidates: Vec<IpAddr>,
+        /// The `reservedIP` key of the asking pod's workload: the addresses
+        /// it reserved are its to take (see [`Reservations`]).
+        workload: Option<String>,
     },
     /// Give addresses back.
     Release {
@@ -105,8 +108,8 @@ struct Book {
     subnet: FlatNetworkSubnet,
     valid: ValidSubnet,
     pool: Pool,
-    /// Free in the ledger but held by V1 pods (`reservedIP`, migrator).
-    v1_held: Vec<IpAddr>,
+    /// `status.reservedIP`: workloads' fixed addresses and V1 pods'.
+    reservations: Reservations,
 }
 
 #[derive(Default)]
@@ -286,9 +289,10 @@ impl Ledgers {
         })
     }
 
-    /// Reserves an address for record `key`: the one held ahead for it when
-    /// it is still young enough to be written, else through a batch like
-    /// any [`Edit::Reserve`].
+    /// Reserves an address for record `key` of a pod of `workload` (its
+    /// `reservedIP` key, needed only when it asks for `candidates`): the one
+    /// held ahead for it when it is still young enough to be written, else
+    /// through a batch like any [`Edit::Reserve`].
     ///
     /// # Errors
     /// As [`Ledgers::commit`].
@@ -298,6 +302,7 @@ impl Ledgers {
         subnet: &str,
         key: &str,
         candidates: &[IpAddr],
+        workload: Option<&str>,
     ) -> Result<Committed, Error> {
         let deadline = ctx.settings.write_deadline;
         for _ in 0..2 {
@@ -319,6 +324,7 @@ impl Ledgers {
             subnet,
             Edit::Reserve {
                 candidates: candidates.to_vec(),
+                workload: workload.map(str::to_owned),
             },
         )
         .await
@@ -390,18 +396,12 @@ async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Fai
     let mut pool = Pool::new(&valid);
     let status = subnet.status.clone().unwrap_or_default();
     pool.reserve_ranges(&status.used_ip);
-    // Addresses V1 pods still hold during a migration: never chosen, never
-    // written to the ledger (no record of flatnet names them).
-    let v1_held = status
-        .held_by_v1()
-        .into_iter()
-        .filter(|ip| pool.is_allocatable(*ip) && !pool.is_used(*ip))
-        .collect();
+    let reservations = Reservations::of(&status);
     Ok(Book {
         subnet,
         valid,
         pool,
-        v1_held,
+        reservations,
     })
 }
 
@@ -468,24 +468,29 @@ async fn write_batch(
             },
         };
         let mut pool = current.pool.clone();
-        for held in &current.v1_held {
-            let _ = pool.mark_used(*held);
-        }
         let mut changed = false;
         for (addr, _) in release_ahead {
             changed |= pool.release(*addr);
         }
+        // Reserved addresses free in the ledger are held as used for the
+        // batch: never chosen, never written to the ledger, except the ones
+        // a pod of the reserving workload asks for.
+        let mut kept_out = KeptOut::new(&current.reservations, &mut pool);
         let answers: Vec<Result<Option<IpAddr>, PoolError>> = batch
             .iter()
             .map(|(edit, _)| match edit {
-                Edit::Reserve { candidates } => {
-                    let addr = reserve_in(&mut pool, candidates, &live)?;
+                Edit::Reserve {
+                    candidates,
+                    workload,
+                } => {
+                    let addr =
+                        kept_out.reserve(&mut pool, candidates, workload.as_deref(), &live)?;
                     changed = true;
                     Ok(Some(addr))
                 }
                 Edit::Release { addrs } => {
                     for addr in addrs {
-                        changed |= pool.release(*addr);
+                        changed |= kept_out.release(&mut pool, *addr);
                     }
                     Ok(None)
                 }
@@ -501,9 +506,7 @@ async fn write_batch(
             .collect();
         changed |= !ahead.is_empty();
         let at = Instant::now();
-        for held in &current.v1_held {
-            pool.release(*held);
-        }
+        kept_out.give_back(&mut pool);
         let written = if changed {
             let mut updated = current.subnet.clone();
             let generation = updated.metadata.generation;
@@ -552,7 +555,7 @@ async fn write_batch(
             subnet: written,
             valid: current.valid,
             pool,
-            v1_held: current.v1_held,
+            reservations: current.reservations,
         });
         let held = ahead
             .into_iter()
@@ -564,6 +567,72 @@ async fn write_batch(
         return Some(held);
     }
     fail_all(batch, Failure::Contention)
+}
+
+/// The reserved addresses a batch holds as used in its pool.
+struct KeptOut<'a> {
+    reservations: &'a Reservations,
+    addrs: Vec<IpAddr>,
+}
+
+impl<'a> KeptOut<'a> {
+    /// Holds every reserved address free in `pool`.
+    fn new(reservations: &'a Reservations, pool: &mut Pool) -> Self {
+        let addrs: Vec<IpAddr> = reservations.free_in(pool).collect();
+        for addr in &addrs {
+            let _ = pool.mark_used(*addr);
+        }
+        Self {
+            reservations,
+            addrs,
+        }
+    }
+
+    /// Reserves for a pod of `workload`: its own reserved addresses are
+    /// free for this one choice.
+    fn reserve(
+        &mut self,
+        pool: &mut Pool,
+        candidates: &[IpAddr],
+        workload: Option<&str>,
+        live: &LiveAddresses,
+    ) -> Result<IpAddr, PoolError> {
+        let own: Vec<IpAddr> = if candidates.is_empty() {
+            Vec::new()
+        } else {
+            self.reservations.own(&self.addrs, workload).collect()
+        };
+        for addr in &own {
+            pool.release(*addr);
+        }
+        let result = reserve_in(pool, candidates, live);
+        for addr in &own {
+            if result.as_ref() != Ok(addr) {
+                let _ = pool.mark_used(*addr);
+            }
+        }
+        let addr = result.map_err(|error| self.reservations.explain(error, workload))?;
+        self.addrs.retain(|held| *held != addr);
+        Ok(addr)
+    }
+
+    /// Releases `addr`; a reserved one is held again. Whether the ledger
+    /// changed.
+    fn release(&mut self, pool: &mut Pool, addr: IpAddr) -> bool {
+        let released = pool.release(addr);
+        if released && self.reservations.is_reserved(addr) {
+            let _ = pool.mark_used(addr);
+            self.addrs.push(addr);
+        }
+        released
+    }
+
+    /// Frees the held addresses in `pool` before it is written.
+    fn give_back(self, pool: &mut Pool) {
+        for addr in self.addrs {
+            pool.release(addr);
+        }
+    }
 }
 
 /// The first free address not live on the wire, or the first such one of

@@ -1,5 +1,14 @@
 //! The FlatNetworkIP controller: allocation, release, garbage collection
 //! and the setup timeout of each record.
+//!
+//! The release finalizer is handled here, not by `kube::runtime::finalizer`:
+//! that helper runs the cleanup first and removes its one finalizer after,
+//! while a record must lose its finalizer first (a write carrying the
+//! resourceVersion of the copy at hand) and release its address only once
+//! that write succeeded, so a stale copy never releases an address the
+//! ledger has handed on. It also removes the original operator's finalizer
+//! in the same write, and a record gets its finalizer at creation, in the
+//! pod controller's one write, not through a separate patch.
 
 use std::{sync::Arc, time::Instant};
 
@@ -143,10 +152,12 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
     let key = key_of(record.namespace().as_deref(), &record.name_any());
     let started = Instant::now();
     let outcome = async {
+        let workload = requesting_workload(record, pod, ctx).await?;
+        let workload = workload.as_deref();
         let reservation = if commit::batchable(record) {
-            commit::reserve_batched(ctx, record).await?
+            commit::reserve_batched(ctx, record, workload).await?
         } else {
-            commit::reserve(ctx, record).await?
+            commit::reserve(ctx, record, workload).await?
         };
         let written = commit::write_record(ctx, record, &reservation).await?;
         Ok::<_, Error>((reservation, written))
@@ -167,6 +178,21 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
         }
         Err(error) => Err(error),
     }
+}
+
+/// The `reservedIP` key of the workload of `pod`, when its record asks for
+/// specific addresses (which that workload may have reserved); an automatic
+/// request never takes a reserved address, so it needs none.
+async fn requesting_workload(
+    record: &FlatNetworkIP,
+    pod: &Pod,
+    ctx: &Context,
+) -> Result<Option<String>, Error> {
+    if record.spec.addrs.is_empty() {
+        return Ok(None);
+    }
+    let workload = super::pod_workload(pod, ctx).await?;
+    Ok(Some(workload.key()))
 }
 
 /// Marks the record Failed with the error's message and tells the pod,

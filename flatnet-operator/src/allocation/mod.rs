@@ -170,6 +170,33 @@ where
 }
 
 /// `namespace/name` of an object, for logs and keys.
+/// The workload `pod` belongs to (see [`crate::workloads::owner`]).
+///
+/// # Errors
+/// Reading the pod's ReplicaSet or Job failed.
+pub(crate) async fn pod_workload(
+    pod: &Pod,
+    ctx: &Context,
+) -> Result<crate::workloads::owner::WorkloadRef, Error> {
+    use kube::ResourceExt;
+    let namespace = pod.namespace().unwrap_or_default();
+    crate::workloads::owner::workload_of(
+        &ctx.client,
+        "Pod",
+        &namespace,
+        &pod.name_any(),
+        pod.owner_references(),
+    )
+    .await
+    .map_err(|error| {
+        Error::kube(
+            "get",
+            &error.kind,
+            &key_of(Some(&error.namespace), &error.name),
+        )(*error.source)
+    })
+}
+
 pub(crate) fn key_of(namespace: Option<&str>, name: &str) -> String {
     match namespace {
         Some(ns) => format!("{ns}/{name}"),
@@ -342,4 +369,4 @@ async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(
 #[cfg(test)]
 mod cluster_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -27,8 +27,8 @@ use super::{
     errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
     records::{
-        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, record_matches,
-        record_name,
+        RecordContext, desired_pod_labels, desired_record, merge_record, names_fit, needs_cronjob,
+        record_matches, record_name,
     },
 };
 use crate::controller::is_flat_pod;
@@ -58,6 +58,16 @@ fn backoff_key(pod: &Pod) -> String {
         "pod/{}",
         key_of(pod.namespace().as_deref(), &pod.name_any())
     )
+}
+
+/// The CronJob owning the Job of `pod`, when its workload selector needs it
+/// (read through the Job, as the workload controller keys CronJobs).
+async fn cronjob_of(pod: &Pod, ctx: &Context) -> Result<Option<String>, Error> {
+    if !needs_cronjob(pod) {
+        return Ok(None);
+    }
+    let workload = super::pod_workload(pod, ctx).await?;
+    Ok((workload.kind == "CronJob").then_some(workload.name))
 }
 
 async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -104,6 +114,7 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
         .get(&ObjectRef::<Namespace>::new(&namespace))
         .and_then(|ns| ns.labels().get(label::RANCHER_PROJECT_ID).cloned());
 
+    let cronjob = cronjob_of(&pod, &ctx).await?;
     let api: Api<FlatNetworkIP> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut records = Vec::with_capacity(request.subnets.len());
     for (index, subnet) in subnets.iter().enumerate() {
@@ -115,6 +126,7 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
                 subnet: subnet.as_deref(),
                 project: project.as_deref(),
                 policy: ctx.settings.statefulset_policy,
+                cronjob: cronjob.as_deref(),
             },
         );
         let record_ref = ObjectRef::new(&record_name(&name, index)).within(&namespace);

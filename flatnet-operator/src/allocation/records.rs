@@ -98,21 +98,32 @@ pub fn record_owner(pod: &Pod, policy: StatefulSetAddressPolicy) -> OwnerReferen
     }
 }
 
+/// The Job controlling `pod`, if any.
+pub fn controlling_job(pod: &Pod) -> Option<&OwnerReference> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Job")
+}
+
+/// Whether the pod controller must look up the CronJob of `pod`'s Job for
+/// its workload selector: a Job's pod without the selector label.
+pub fn needs_cronjob(pod: &Pod) -> bool {
+    !pod.labels().contains_key(label::RANCHER_WORKLOAD_SELECTOR) && controlling_job(pod).is_some()
+}
+
 /// The Rancher workload selector of a record: the pod's label, or for a
-/// Job's pod `job-<namespace>-<job>`, as the original wrote it.
-fn workload_selector(pod: &Pod) -> Option<String> {
+/// Job's pod `cronjob-<namespace>-<cronjob>` when `cronjob` owns the Job,
+/// else `job-<namespace>-<job>`, as the original wrote it.
+fn workload_selector(pod: &Pod, cronjob: Option<&str>) -> Option<String> {
     if let Some(selector) = pod.labels().get(label::RANCHER_WORKLOAD_SELECTOR) {
         return Some(selector.clone());
     }
-    let job = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "Job")?;
-    Some(format!(
-        "job-{}-{}",
-        pod.namespace().unwrap_or_default(),
-        job.name
-    ))
+    let job = controlling_job(pod)?;
+    let namespace = pod.namespace().unwrap_or_default();
+    Some(match cronjob {
+        Some(cronjob) => format!("cronjob-{namespace}-{cronjob}"),
+        None => format!("job-{namespace}-{}", job.name),
+    })
 }
 
 /// Inputs of [`desired_record`] besides the pod.
@@ -127,6 +138,8 @@ pub struct RecordContext<'a> {
     pub project: Option<&'a str>,
     /// StatefulSet policy.
     pub policy: StatefulSetAddressPolicy,
+    /// The CronJob owning the pod's Job, if any (see [`needs_cronjob`]).
+    pub cronjob: Option<&'a str>,
 }
 
 /// The record for one subnet request of `pod`: metadata (labels, owner,
@@ -140,7 +153,7 @@ pub fn desired_record(pod: &Pod, ctx: &RecordContext<'_>) -> FlatNetworkIP {
     if let Some(project) = ctx.project {
         labels.insert(label::RANCHER_PROJECT_ID.to_owned(), project.to_owned());
     }
-    if let Some(selector) = workload_selector(pod) {
+    if let Some(selector) = workload_selector(pod, ctx.cronjob) {
         labels.insert(label::RANCHER_WORKLOAD_SELECTOR.to_owned(), selector);
     }
     if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
@@ -313,6 +326,7 @@ mod tests {
                 subnet: None,
                 project: Some("p-1"),
                 policy: StatefulSetAddressPolicy::Sticky,
+                cronjob: None,
             },
         )
     }
@@ -338,6 +352,7 @@ mod tests {
                 subnet: None,
                 project: None,
                 policy: StatefulSetAddressPolicy::Release,
+                cronjob: None,
             },
         );
         assert_eq!(released.owner_references()[0].kind, "Pod");
@@ -372,6 +387,23 @@ mod tests {
         assert_eq!(labels[label::IP_TYPE], "specific");
         assert_eq!(labels[label::RANCHER_PROJECT_ID], "p-1");
         assert_eq!(labels[label::RANCHER_WORKLOAD_SELECTOR], "job-shop-web");
+        // A Job of a CronJob: the CronJob's selector.
+        let nightly = desired_record(
+            &p,
+            &RecordContext {
+                request: &request,
+                index: 0,
+                subnet: None,
+                project: None,
+                policy: StatefulSetAddressPolicy::Sticky,
+                cronjob: Some("nightly"),
+            },
+        );
+        assert!(needs_cronjob(&p));
+        assert_eq!(
+            nightly.labels()[label::RANCHER_WORKLOAD_SELECTOR],
+            "cronjob-shop-nightly"
+        );
         assert_eq!(labels[label::NODE], "node-1");
         assert_eq!(v4.finalizers(), [FINALIZER]);
         assert_eq!(v6.pod_name(), "web-0");

@@ -10,6 +10,14 @@
 //! a cached live record names and the ledger lacks is added only once the
 //! record, read from the API server, confirms it. The same grace holds for the claims
 //! of the fixed-MAC ledger of the subnet's parent link.
+//!
+//! The in-use finalizer is handled here, not by `kube::runtime::finalizer`:
+//! that helper adds its finalizer in a write of its own (here it goes with
+//! the labels and the canonical CIDR in one), and a cleanup can keep the
+//! finalizer only by failing, so a deletion waiting for its records would
+//! count as a reconcile failure and be retried on the error backoff instead
+//! of standing as the `InUse` condition, re-checked every
+//! `DELETION_RETRY`.
 
 use std::{
     collections::{BTreeSet, HashMap},

@@ -81,7 +81,7 @@ fn caches_with_nodes(
     }
 }
 
-fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Context> {
+pub(crate) fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Context> {
     Arc::new(Context {
         events: Events::new(client.clone()),
         client,
@@ -140,6 +140,7 @@ fn record_of(pod: &Pod, version: &str) -> FlatNetworkIP {
             subnet: None,
             project: None,
             policy: StatefulSetAddressPolicy::Sticky,
+            cronjob: None,
         },
     );
     record.metadata.resource_version = Some(version.into());
@@ -183,6 +184,34 @@ where
     result
 }
 
+/// The pod controller reconciling `pod` with caches holding it and `subnets`.
+async fn reconcile_pod(
+    client: kube::Client,
+    pod: Pod,
+    subnets: Vec<FlatNetworkSubnet>,
+) -> Result<Action, super::Error> {
+    let ctx = context(
+        client,
+        caches(vec![], subnets, vec![pod.clone()]),
+        Settings::default(),
+    );
+    pods::reconcile(Arc::new(pod), ctx).await
+}
+
+/// The IP controller reconciling `record` with caches holding it and `pods`.
+async fn reconcile_record(
+    client: kube::Client,
+    record: FlatNetworkIP,
+    pods: Vec<Pod>,
+) -> Result<Action, super::Error> {
+    let ctx = context(
+        client,
+        caches(vec![record.clone()], vec![], pods),
+        Settings::default(),
+    );
+    ips::reconcile(Arc::new(record), ctx).await
+}
+
 #[tokio::test]
 async fn pod_controller_creates_the_record() {
     let web = pod("web-1").flat();
@@ -214,14 +243,7 @@ async fn pod_controller_creates_the_record() {
             assert_eq!(body.get("status"), None);
             api
         },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![], vec![subnet(&[], "5")], vec![web.clone()]),
-                Settings::default(),
-            );
-            pods::reconcile(Arc::new(web), ctx)
-        },
+        |client| reconcile_pod(client, web, vec![subnet(&[], "5")]),
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
@@ -258,12 +280,7 @@ where
 async fn a_refused_record_creation_is_tried_again() {
     let web = pod("web-1").flat();
     let result = refused_once("POST", format!("{RECORDS}?*"), |client| {
-        let ctx = context(
-            client,
-            caches(vec![], vec![subnet(&[], "5")], vec![web.clone()]),
-            Settings::default(),
-        );
-        pods::reconcile(Arc::new(web), ctx)
+        reconcile_pod(client, web, vec![subnet(&[], "5")])
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(CONFLICT_RETRY));
@@ -282,12 +299,7 @@ async fn a_refused_finalizer_removal_is_tried_again_and_releases_nothing() {
         ..FlatNetworkIPStatus::default()
     });
     let result = refused_once("PATCH", format!("{RECORDS}/web-1?*"), |client| {
-        let ctx = context(
-            client,
-            caches(vec![record.clone()], vec![], vec![]),
-            Settings::default(),
-        );
-        ips::reconcile(Arc::new(record), ctx)
+        reconcile_record(client, record, vec![])
     })
     .await;
     assert_eq!(result.unwrap(), Action::requeue(CONFLICT_RETRY));
@@ -315,14 +327,7 @@ async fn bad_annotation_gives_its_events_once_and_no_retry() {
             assert_eq!(event["regarding"]["name"], "web-1");
             api
         },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![], vec![], vec![web.clone()]),
-                Settings::default(),
-            );
-            pods::reconcile(Arc::new(web), ctx)
-        },
+        |client| reconcile_pod(client, web, vec![]),
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
@@ -368,14 +373,7 @@ async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes
             );
             api
         },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![record.clone()], vec![], vec![web]),
-                Settings::default(),
-            );
-            ips::reconcile(Arc::new(record), ctx)
-        },
+        |client| reconcile_record(client, record, vec![web]),
     )
     .await;
     assert_eq!(
@@ -424,14 +422,7 @@ async fn a_conflict_rereads_the_subnet_and_chooses_again() {
             assert_eq!(write.body["status"]["addr"], "10.0.0.4");
             api
         },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![record.clone()], vec![], vec![web]),
-                Settings::default(),
-            );
-            ips::reconcile(Arc::new(record), ctx)
-        },
+        |client| reconcile_record(client, record, vec![web]),
     )
     .await;
     assert!(result.is_ok(), "{result:?}");
@@ -476,14 +467,7 @@ async fn a_deleted_record_lets_go_of_its_finalizer_then_releases_its_address() {
             assert_eq!(release.body["status"]["usedIPCount"], 3);
             api
         },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![record.clone()], vec![], vec![]),
-                Settings::default(),
-            );
-            ips::reconcile(Arc::new(record), ctx)
-        },
+        |client| reconcile_record(client, record, vec![]),
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
@@ -504,7 +488,7 @@ async fn a_stale_copy_of_a_released_record_releases_nothing() {
     server.delete::<FlatNetworkIP>(NS, "web-1");
     let stale = stored_record(&server, "web-1").unwrap();
     // One operator: its caches hold the terminating record and never catch up.
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     ips::reconcile(Arc::new(stale.clone()), Arc::clone(&ctx))
         .await
         .unwrap();
@@ -625,14 +609,7 @@ async fn a_record_pending_too_long_fails_without_touching_the_pod() {
             assert_eq!(event["reason"], "FlatNetworkSetupTimeout");
             api
         },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![record.clone()], vec![], vec![web]),
-                Settings::default(),
-            );
-            ips::reconcile(Arc::new(record), ctx)
-        },
+        |client| reconcile_record(client, record, vec![web]),
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
@@ -650,10 +627,7 @@ async fn a_record_of_a_vanished_pod_is_collected_unless_its_statefulset_keeps_it
             .await;
             api
         },
-        |client| {
-            let ctx = context(client, caches(vec![record.clone()], vec![], vec![]), Settings::default());
-            ips::reconcile(Arc::new(record), ctx)
-        },
+        |client| reconcile_record(client, record, vec![]),
     )
     .await;
     assert_eq!(result.unwrap(), Action::await_change());
@@ -663,14 +637,7 @@ async fn a_record_of_a_vanished_pod_is_collected_unless_its_statefulset_keeps_it
     kept.metadata.owner_references.as_mut().unwrap()[0].api_version = "apps/v1".into();
     let result = scripted(
         |api| async move { api },
-        |client| {
-            let ctx = context(
-                client,
-                caches(vec![kept.clone()], vec![], vec![]),
-                Settings::default(),
-            );
-            ips::reconcile(Arc::new(kept), ctx)
-        },
+        |client| reconcile_record(client, kept, vec![]),
     )
     .await;
     assert_eq!(result.unwrap(), Action::requeue(Settings::default().resync));
@@ -720,8 +687,13 @@ fn race_subnet() -> FlatNetworkSubnet {
 }
 
 /// Caches filled from what `server` holds now, with the node `node-1`.
-fn caches_from(server: &FakeApiServer) -> Caches {
+pub(crate) fn caches_from(server: &FakeApiServer) -> Caches {
     caches(server.list(), server.list(), server.list())
+}
+
+/// A context whose caches hold what `server` holds now (and node `node-1`).
+pub(crate) fn context_from(server: &FakeApiServer, settings: Settings) -> Arc<Context> {
+    context(server.client(), caches_from(server), settings)
 }
 
 /// Caches filled from what `server` holds now, with exactly `nodes`.
@@ -735,7 +707,7 @@ fn caches_from_with_nodes(server: &FakeApiServer, nodes: &[&str]) -> Caches {
 /// ahead.
 async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
     for _ in 0..rounds {
-        let ctx = context(server.client(), caches_from(&server), Settings::default());
+        let ctx = context_from(&server, Settings::default());
         let records: Vec<FlatNetworkIP> = ctx
             .caches
             .records
@@ -756,7 +728,7 @@ async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
 
 /// The subnet repair running alongside, with the default grace.
 async fn repairer(server: FakeApiServer, passes: usize) {
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     for _ in 0..passes {
         let subnet: FlatNetworkSubnet = server.list::<FlatNetworkSubnet>().remove(0);
         let _ = subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx)).await;
@@ -819,7 +791,7 @@ async fn race(seed: u64) {
         orphan_grace: Duration::ZERO,
         ..Settings::default()
     };
-    let ctx = context(server.client(), caches_from(&server), calm);
+    let ctx = context_from(&server, calm);
     let subnet = server.list::<FlatNetworkSubnet>().remove(0);
     subnets::reconcile(Arc::new(subnet), ctx).await.unwrap();
     allocator(server.clone(), seed, 1).await;
@@ -848,7 +820,7 @@ fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>
         reserve_ahead: 128,
         ..Settings::default()
     };
-    let ctx = context(server.client(), caches_from(&server), ahead);
+    let ctx = context_from(&server, ahead);
     let records: Vec<FlatNetworkIP> = server.list();
     for record in &records {
         let key = format!("{NS}/{}", record.name_any());
@@ -991,7 +963,7 @@ async fn the_repair_frees_only_unclaimed_addresses_after_the_grace() {
     let reconcile = |settings: Settings| {
         let server = server.clone();
         async move {
-            let ctx = context(server.client(), caches_from(&server), settings);
+            let ctx = context_from(&server, settings);
             let subnet = server.list::<FlatNetworkSubnet>().remove(0);
             subnets::reconcile(Arc::new(subnet), ctx).await.unwrap();
             server.list::<FlatNetworkSubnet>().remove(0).status.unwrap()
@@ -1076,7 +1048,7 @@ async fn an_address_freed_and_reserved_again_gets_a_new_grace() {
         orphan_grace: grace,
         ..Settings::default()
     };
-    let ctx = context(server.client(), caches_from(&server), settings);
+    let ctx = context_from(&server, settings);
     let repair = || async {
         let subnet = server.list::<FlatNetworkSubnet>().remove(0);
         subnets::reconcile(Arc::new(subnet), Arc::clone(&ctx))
@@ -1165,7 +1137,7 @@ impl tower::Service<http::Request<kube::client::Body>> for Hooked {
 async fn a_release_during_the_repair_confirmation_is_not_undone() {
     let server = active_web_1(&[("10.0.0.1", "10.0.0.1")]);
     // The first reconcile writes the subnet's labels and stops there.
-    let plain = context(server.client(), caches_from(&server), Settings::default());
+    let plain = context_from(&server, Settings::default());
     let net = server.list::<FlatNetworkSubnet>().remove(0);
     subnets::reconcile(Arc::new(net), plain).await.unwrap();
 
@@ -1340,7 +1312,7 @@ async fn a_subnet_in_use_is_not_deleted() {
         .await
         .unwrap();
 
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     let deleting = server.list::<FlatNetworkSubnet>().remove(0);
     let action = subnets::reconcile(Arc::new(deleting), ctx).await.unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
@@ -1367,7 +1339,7 @@ async fn a_subnet_in_use_is_not_deleted() {
         .delete("web-1", &Default::default())
         .await
         .unwrap();
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     let deleting = server.list::<FlatNetworkSubnet>().remove(0);
     subnets::reconcile(Arc::new(deleting), ctx).await.unwrap();
     assert!(server.list::<FlatNetworkSubnet>().is_empty());
@@ -1381,7 +1353,7 @@ async fn an_invalid_subnet_is_failed_with_the_reason() {
     net.spec.gateway = Some(ip("10.9.9.9"));
     net.status = None;
     server.insert(&net);
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     subnets::reconcile(Arc::new(server.list::<FlatNetworkSubnet>().remove(0)), ctx)
         .await
         .unwrap();
@@ -1413,7 +1385,7 @@ async fn a_new_subnet_gets_labels_canonical_cidr_and_finalizer_then_status() {
     net.status = None;
     server.insert(&net);
     for _ in 0..2 {
-        let ctx = context(server.client(), caches_from(&server), Settings::default());
+        let ctx = context_from(&server, Settings::default());
         subnets::reconcile(Arc::new(server.list::<FlatNetworkSubnet>().remove(0)), ctx)
             .await
             .unwrap();
@@ -1473,11 +1445,11 @@ fn statefulset_cluster() -> FakeApiServer {
 /// then the FlatNetworkIP controller on its record; the record as stored.
 async fn pod_cycle(server: &FakeApiServer, p: Pod) -> FlatNetworkIP {
     server.insert(&p);
-    let ctx = context(server.client(), caches_from(server), Settings::default());
+    let ctx = context_from(server, Settings::default());
     pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
         .await
         .unwrap();
-    let ctx = context(server.client(), caches_from(server), Settings::default());
+    let ctx = context_from(server, Settings::default());
     let record = stored_record(server, &p.name_any()).unwrap();
     ips::reconcile(Arc::new(record), ctx).await.unwrap();
     stored_record(server, &p.name_any()).unwrap()
@@ -1550,7 +1522,7 @@ async fn a_statefulset_pod_back_with_another_mac_request_gets_it() {
 #[tokio::test]
 async fn pod_and_subnet_successes_reset_their_backoff() {
     let server = active_web_1(&[("10.0.0.1", "10.0.0.1")]);
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     ctx.backoff.next("subnet/net1");
     ctx.backoff.next("pod/shop/web-1");
     assert_eq!(ctx.backoff.len(), 2);
@@ -1852,6 +1824,7 @@ fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
             subnet: None,
             project: None,
             policy: StatefulSetAddressPolicy::Sticky,
+            cronjob: None,
         },
     );
     record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
@@ -1873,7 +1846,7 @@ async fn calm_repair(server: &FakeApiServer) {
         orphan_grace: Duration::ZERO,
         ..Settings::default()
     };
-    let ctx = context(server.client(), caches_from(server), calm);
+    let ctx = context_from(server, calm);
     // The first pass sets the subnets' labels, the second their status.
     for _ in 0..2 {
         for subnet in server.list::<FlatNetworkSubnet>() {
@@ -1991,11 +1964,11 @@ async fn mac_race(seed: u64) {
         .delete(winner, &Default::default())
         .await
         .unwrap();
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     let deleting = stored_record(&server, winner).unwrap();
     ips::reconcile(Arc::new(deleting), ctx).await.unwrap();
     assert!(mac_claims(&server).is_empty(), "seed {seed}: released");
-    let ctx = context(server.client(), caches_from(&server), Settings::default());
+    let ctx = context_from(&server, Settings::default());
     reconcile_records(&server, &ctx).await;
     assert_eq!(ip_mac_holders(&server), [loser.name_any()], "seed {seed}");
 }
@@ -2045,3 +2018,6 @@ async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
 
 #[path = "wire_tests.rs"]
 mod wire;
+
+#[path = "reserved_tests.rs"]
+mod reserved;

@@ -18,8 +18,8 @@ use k8s_openapi::{
 use kube::ResourceExt;
 
 use super::{
-    super::wire_exclusion::WireView, Context, FakeApiServer, Settings, caches_from, context, ip,
-    ips, race_pods, race_subnet, record_of, store, subnets,
+    super::wire_exclusion::WireView, Context, FakeApiServer, Settings, context_from, ip, ips,
+    race_pods, race_subnet, record_of, store, subnets,
 };
 
 /// What node `node-1` reported in subnet `race`: (address, MAC, seconds ago).
@@ -49,7 +49,7 @@ fn report(claims: &[(&str, &str, i64)]) -> FlatNetworkWireClaims {
 
 /// The allocation context over what `server` holds, reports included.
 fn wire_context(server: &FakeApiServer) -> Arc<Context> {
-    let ctx = context(server.client(), caches_from(server), Settings::default());
+    let ctx = context_from(server, Settings::default());
     let mut ctx = Arc::into_inner(ctx).expect("only reference");
     ctx.wire = WireView::new(store(server.list()).0, ctx.settings.wire_window);
     Arc::new(ctx)

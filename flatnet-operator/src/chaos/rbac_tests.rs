@@ -1,8 +1,10 @@
 //! The operator's RBAC in the chart against what its code asks for: every
 //! kind of request the replicas of a chaos run send to the fake API server
-//! (allocation controllers and leader election) must be granted by the
-//! rendered chart, and every grant must be used by such a run or be listed
-//! in [`NOT_EXERCISED`] with the code that needs it.
+//! (allocation controllers and leader election), and those of the other
+//! controllers, the webhook and its certificate upkeep driven against
+//! recording fakes ([`drive`]), must be granted by the rendered chart, and
+//! every grant must be used by such a run or be listed in [`NOT_EXERCISED`]
+//! with the code that needs it and why no run can ask for it.
 //!
 //! The chart is read as `cargo xtask charts` renders it (with its default
 //! values) to `target/images/chart-default-render.json`.
@@ -11,290 +13,14 @@ use std::{collections::BTreeSet, path::Path};
 
 use serde_json::Value;
 
-use super::{Options, drive};
+use super::Options;
 use crate::allocation::fake_api::{Access, faults::FaultRates};
 
-/// Grants a chaos run may not exercise, each with the code that needs it:
-/// (API group, resource, verb, who). Some of the allocation's own entries
-/// are used by some runs and not others (they depend on timing).
-const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
-    ("", "services", "get", "flat_services"),
-    ("", "services", "list", "flat_services"),
-    ("", "services", "watch", "flat_services"),
-    ("", "services", "create", "flat_services"),
-    ("", "services", "patch", "flat_services"),
-    ("", "services", "delete", "flat_services"),
-    ("discovery.k8s.io", "endpointslices", "get", "flat_services"),
-    (
-        "discovery.k8s.io",
-        "endpointslices",
-        "list",
-        "flat_services",
-    ),
-    (
-        "discovery.k8s.io",
-        "endpointslices",
-        "watch",
-        "flat_services",
-    ),
-    (
-        "discovery.k8s.io",
-        "endpointslices",
-        "create",
-        "flat_services",
-    ),
-    (
-        "discovery.k8s.io",
-        "endpointslices",
-        "patch",
-        "flat_services",
-    ),
-    (
-        "discovery.k8s.io",
-        "endpointslices",
-        "delete",
-        "flat_services",
-    ),
-    (
-        "k8s.cni.cncf.io",
-        "network-attachment-definitions",
-        "get",
-        "nad",
-    ),
-    (
-        "k8s.cni.cncf.io",
-        "network-attachment-definitions",
-        "list",
-        "nad",
-    ),
-    (
-        "k8s.cni.cncf.io",
-        "network-attachment-definitions",
-        "watch",
-        "nad",
-    ),
-    (
-        "k8s.cni.cncf.io",
-        "network-attachment-definitions",
-        "create",
-        "nad",
-    ),
-    (
-        "k8s.cni.cncf.io",
-        "network-attachment-definitions",
-        "patch",
-        "nad",
-    ),
-    ("", "namespaces", "get", "nad, webhook"),
-    ("apps", "deployments", "get", "webhook"),
-    ("apps", "deployments", "list", "webhook"),
-    ("apps", "deployments", "watch", "webhook"),
-    ("apps", "daemonsets", "get", "webhook"),
-    ("apps", "daemonsets", "list", "webhook"),
-    ("apps", "daemonsets", "watch", "webhook"),
-    ("apps", "statefulsets", "get", "webhook"),
-    ("apps", "statefulsets", "list", "webhook"),
-    ("apps", "statefulsets", "watch", "webhook"),
-    ("apps", "replicasets", "get", "webhook"),
-    ("apps", "replicasets", "list", "webhook"),
-    ("apps", "replicasets", "watch", "webhook"),
-    ("batch", "jobs", "get", "webhook"),
-    ("batch", "jobs", "list", "webhook"),
-    ("batch", "jobs", "watch", "webhook"),
-    ("batch", "cronjobs", "get", "webhook"),
-    ("batch", "cronjobs", "list", "webhook"),
-    ("batch", "cronjobs", "watch", "webhook"),
-    (
-        "apps",
-        "deployments",
-        "patch",
-        "workloads: flat-network labels and status.reservedIP",
-    ),
-    (
-        "apps",
-        "daemonsets",
-        "patch",
-        "workloads: flat-network labels and status.reservedIP",
-    ),
-    (
-        "apps",
-        "statefulsets",
-        "patch",
-        "workloads: flat-network labels and status.reservedIP",
-    ),
-    (
-        "batch",
-        "jobs",
-        "patch",
-        "workloads: flat-network labels and status.reservedIP",
-    ),
-    (
-        "batch",
-        "cronjobs",
-        "patch",
-        "workloads: flat-network labels and status.reservedIP",
-    ),
-    ("", "endpoints", "create", "flat_services::legacy_endpoints"),
-    ("", "endpoints", "patch", "flat_services::legacy_endpoints"),
-    ("", "pods", "get", "webhook, flat_services"),
-    (
-        "",
-        "pods",
-        "patch",
-        "allocation::pods: labels of a pod its node set up (no agent here)",
-    ),
-    (
-        "",
-        "events",
-        "patch",
-        "kube's event recorder: a repeated event",
-    ),
-    ("events.k8s.io", "events", "patch", "kube's event recorder"),
-    (
-        "events.k8s.io",
-        "events",
-        "create",
-        "kube's event recorder (events.k8s.io where served)",
-    ),
-    (
-        "admissionregistration.k8s.io",
-        "validatingwebhookconfigurations",
-        "get",
-        "tls::manage",
-    ),
-    (
-        "admissionregistration.k8s.io",
-        "validatingwebhookconfigurations",
-        "patch",
-        "tls::manage",
-    ),
-    (
-        "admissionregistration.k8s.io",
-        "validatingwebhookconfigurations",
-        "update",
-        "tls::manage",
-    ),
-    ("", "secrets", "create", "tls::manage"),
-    ("", "secrets", "get", "tls::follow"),
-    ("", "secrets", "patch", "tls::manage"),
-    ("", "secrets", "update", "tls::manage"),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworksubnets",
-        "create",
-        "migrate",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworksubnets",
-        "update",
-        "migrate",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworksubnets",
-        "delete",
-        "migrate",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkips",
-        "delete",
-        "allocation::ips: records of vanished pods (after a minute)",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkips",
-        "get",
-        "allocation::commit: a record read again after a conflict",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkips",
-        "patch",
-        "allocation::ips: finalizers of deleted records",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkips/status",
-        "get",
-        "kube's replace_status reads nothing; granted with update",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkips/status",
-        "patch",
-        "migrate",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworksubnets/status",
-        "get",
-        "granted with update",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworksubnets/status",
-        "patch",
-        "migrate",
-    ),
-    // The floating-address controllers do not run in a chaos run; their
-    // requests are those of `floating::tests` against the same fake.
-    (
-        "",
-        "services",
-        "update",
-        "floating::services: the finalizer",
-    ),
-    (
-        "",
-        "services/status",
-        "update",
-        "floating::services: status.loadBalancer.ingress",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingippools",
-        "get",
-        "floating::ledger",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingippools",
-        "list",
-        "floating::run",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingippools",
-        "watch",
-        "floating::run",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingippools/status",
-        "update",
-        "floating::ledger, floating::pools",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingipprojectquotas",
-        "list",
-        "floating::run",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingipprojectquotas",
-        "watch",
-        "floating::run",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "floatingipprojectquotas/status",
-        "update",
-        "floating::quotas",
-    ),
-];
+mod drive;
+
+/// Grants no recorded run exercises, each with the code that needs it and
+/// why the fake cannot make it ask: (API group, resource, verb, why).
+const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[];
 
 /// One rule line: group, resource (`plural/sub`), verb, and whether it is
 /// granted in every namespace (a ClusterRole) or in one (a Role).
@@ -364,7 +90,6 @@ fn grants_access(grant: &Grant, access: &Access) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
-    let grants = operator_grants();
     let mut options = Options::new(0x5bac, 300);
     options.rates = FaultRates::none();
     options.quiet_every = 300;
@@ -372,14 +97,16 @@ async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
     options.settle = std::time::Duration::from_secs(10);
     // The invariants are the chaos run's business; here only the requests
     // count.
-    let (report, _) = drive(&options).await;
+    let (report, _) = super::drive(&options).await;
     assert!(
         report.ops.values().sum::<u64>() > 200,
         "the run did its operations"
     );
+    let mut accesses = report.accesses.clone();
+    accesses.extend(drive::every_other_controller().await);
+    let grants = operator_grants();
 
-    let missing: Vec<&Access> = report
-        .accesses
+    let missing: Vec<&Access> = accesses
         .iter()
         .filter(|a| !grants.iter().any(|g| grants_access(g, a)))
         .collect();
@@ -390,7 +117,7 @@ async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
 
     let unused: Vec<&Grant> = grants
         .iter()
-        .filter(|g| !report.accesses.iter().any(|a| grants_access(g, a)))
+        .filter(|g| !accesses.iter().any(|a| grants_access(g, a)))
         .filter(|g| {
             !NOT_EXERCISED.iter().any(|(group, resource, verb, _)| {
                 g.group == *group && g.resource == *resource && g.verb == *verb
@@ -400,5 +127,21 @@ async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
     assert!(
         unused.is_empty(),
         "granted, never used, and not listed in NOT_EXERCISED: {unused:?}"
+    );
+    let stale: Vec<_> = NOT_EXERCISED
+        .iter()
+        .filter(|(group, resource, verb, _)| {
+            let listed =
+                |g: &Grant| g.group == *group && g.resource == *resource && g.verb == *verb;
+            !grants.iter().any(listed)
+                || grants
+                    .iter()
+                    .filter(|g| listed(g))
+                    .any(|g| accesses.iter().any(|a| grants_access(g, a)))
+        })
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "listed in NOT_EXERCISED but not granted, or used after all: {stale:?}"
     );
 }

@@ -855,7 +855,7 @@ async fn addresses_reserved_for_v1_pods_are_never_allocated() {
         "vlan10",
         "10.10.0.0/24",
         None,
-        &[("10.10.0.100", "10.10.0.103")],
+        &[("10.10.0.100", "10.10.0.104")],
     );
     lan.status = Some(flatnet_k8s::api::FlatNetworkSubnetStatus {
         reserved_ip: BTreeMap::from([
@@ -866,7 +866,7 @@ async fn addresses_reserved_for_v1_pods_are_never_allocated() {
                     "10.10.0.101".parse().unwrap(),
                 )],
             ),
-            // A workload's own reservation does not keep its pods away.
+            // A workload's reservation keeps other pods away too.
             (
                 "Deployment/shop/other".to_owned(),
                 vec![flatnet_k8s::api::IpRange::new(
@@ -891,7 +891,7 @@ async fn addresses_reserved_for_v1_pods_are_never_allocated() {
         .unwrap();
     let mut given: Vec<String> = view.addressed.values().map(ToString::to_string).collect();
     given.sort();
-    assert_eq!(given, ["10.10.0.102", "10.10.0.103"]);
+    assert_eq!(given, ["10.10.0.103", "10.10.0.104"]);
     cluster.stop().await;
 }
 

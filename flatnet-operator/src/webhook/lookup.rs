@@ -8,10 +8,7 @@ use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims},
     keys::SUBNET_NAMESPACE,
 };
-use k8s_openapi::{
-    api::{apps::v1::ReplicaSet, batch::v1::Job, core::v1::Pod},
-    apimachinery::pkg::apis::meta::v1::OwnerReference,
-};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
 use kube::{Api, Client, Resource, ResourceExt, api::ListParams};
 
 use super::workload::{WorkloadRef, controller};
@@ -121,9 +118,8 @@ impl Lookup {
             .items)
     }
 
-    /// The workload an object of `kind` named `name` belongs to, following
-    /// its controller: a ReplicaSet up to its Deployment, a Job up to its
-    /// CronJob. An object without a controller is its own workload.
+    /// The workload an object of `kind` named `name` belongs to (see
+    /// [`crate::workloads::owner::workload_of`]).
     ///
     /// # Errors
     /// Reading a ReplicaSet or Job failed (not found is fine).
@@ -134,20 +130,12 @@ impl Lookup {
         name: &str,
         owners: &[OwnerReference],
     ) -> Result<WorkloadRef, LookupError> {
-        let Some(owner) = controller(owners) else {
-            return Ok(WorkloadRef::new(kind, namespace, name));
-        };
-        let parent_owner = match owner.kind.as_str() {
-            "ReplicaSet" => self.owners_of::<ReplicaSet>(namespace, &owner.name).await?,
-            "Job" => self.owners_of::<Job>(namespace, &owner.name).await?,
-            _ => None,
-        };
-        let top = parent_owner
-            .as_ref()
-            .and_then(|owners| controller(owners))
-            .filter(|o| matches!(o.kind.as_str(), "Deployment" | "CronJob"))
-            .unwrap_or(owner);
-        Ok(WorkloadRef::new(&top.kind, namespace, &top.name))
+        crate::workloads::owner::workload_of(&self.client, kind, namespace, name, owners)
+            .await
+            .map_err(|error| LookupError {
+                what: format!("read {} {}/{}", error.kind, error.namespace, error.name),
+                source: error.source,
+            })
     }
 
     /// The workload whose pod holds the allocation `record`.
@@ -178,24 +166,5 @@ impl Lookup {
             }
             None => Ok(WorkloadRef::new("Pod", &namespace, &name)),
         }
-    }
-
-    async fn owners_of<K>(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Vec<OwnerReference>>, LookupError>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let api: Api<K> = Api::namespaced(self.client.clone(), namespace);
-        let object = api
-            .get_opt(name)
-            .await
-            .map_err(failed(format!("read {} {namespace}/{name}", K::kind(&()))))?;
-        Ok(object.map(|o| o.owner_references().to_vec()))
     }
 }

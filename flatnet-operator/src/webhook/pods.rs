@@ -219,7 +219,7 @@ fn check_reserved(
     subnets: &[FlatNetworkSubnet],
     me: &WorkloadRef,
 ) -> Result<(), Denial> {
-    let my_key = format!("{}/{}/{}", me.kind, me.namespace, me.name);
+    let my_key = me.key();
     for (wanted, valid) in request.subnets.iter().zip(chosen) {
         let Some(subnet) = subnets.iter().find(|s| s.name_any() == valid.name) else {
             continue;

@@ -1,11 +1,12 @@
 //! Where the flat-network request of each reviewed kind lives, and which
 //! workload an object or a pod belongs to.
 
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
 use flatnet_k8s::keys::annotation;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::core::DynamicObject;
+
+pub use crate::workloads::owner::{WorkloadRef, controller};
 
 /// The kinds the workload webhook reviews.
 pub const KINDS: [&str; 7] = [
@@ -84,41 +85,6 @@ pub fn flat_annotations(kind: &str, object: &DynamicObject) -> FlatAnnotations {
             .unwrap_or_default()
     };
     FlatAnnotations::from_map(&map)
-}
-
-/// A workload (or a bare pod) identified by kind, namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct WorkloadRef {
-    /// Kind, e.g. `Deployment`; `Pod` for a pod without a controller.
-    pub kind: String,
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl WorkloadRef {
-    /// A reference from its parts.
-    #[must_use]
-    pub fn new(kind: &str, namespace: &str, name: &str) -> Self {
-        Self {
-            kind: kind.to_owned(),
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        }
-    }
-}
-
-impl fmt::Display for WorkloadRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-    }
-}
-
-/// The controller among `owners`, if any.
-#[must_use]
-pub fn controller(owners: &[OwnerReference]) -> Option<&OwnerReference> {
-    owners.iter().find(|o| o.controller == Some(true))
 }
 
 #[cfg(test)]

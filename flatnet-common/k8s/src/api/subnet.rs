@@ -332,7 +332,7 @@ pub struct FlatNetworkSubnetStatus {
 
 /// Kind part of the `reservedIP` keys of addresses that V1 (`MacvlanIP`)
 /// pods still hold: the migrator imports them before any pod rolls, and
-/// allocation never hands them out.
+/// allocation never hands them out (see `ipam::Reservations`).
 pub const V1_RESERVATION_KIND: &str = "MacvlanIP";
 
 impl FlatNetworkSubnetStatus {
@@ -341,27 +341,6 @@ impl FlatNetworkSubnetStatus {
     pub fn is_v1_reservation(key: &str) -> bool {
         key.strip_prefix(V1_RESERVATION_KIND)
             .is_some_and(|rest| rest.starts_with('/'))
-    }
-
-    /// The addresses V1 pods hold, which allocation must skip. The migrator
-    /// writes one address per V1 pod; a longer range is taken whole.
-    #[must_use]
-    pub fn held_by_v1(&self) -> Vec<IpAddr> {
-        let ranges: Vec<IpRange> = self
-            .reserved_ip
-            .iter()
-            .filter(|(key, _)| Self::is_v1_reservation(key))
-            .flat_map(|(_, ranges)| ranges.iter().cloned())
-            .collect();
-        let (v4, v6) = crate::ipam::used_ranges::to_intervals(&ranges);
-        let expand = |set: &crate::ipam::IntervalSet, family| -> Vec<IpAddr> {
-            set.iter()
-                .flat_map(|range| range.map(move |n| crate::ipam::from_u128(family, n)))
-                .collect()
-        };
-        let mut held = expand(&v4, crate::ipam::Family::V4);
-        held.extend(expand(&v6, crate::ipam::Family::V6));
-        held
     }
 }
 

@@ -6,12 +6,15 @@
 //! - [`used_ranges`]: the `status.usedIP` wire format.
 //! - [`mac`]: fixed MACs and their uniqueness per parent link.
 //! - [`sticky`]: the StatefulSet address policy.
+//! - [`reservations`]: `status.reservedIP`, the addresses kept for their
+//!   workloads (and V1 pods during a migration).
 //! - [`wire`]: addresses live on the LAN, which the allocator skips.
 
 pub mod cidr;
 pub mod intervals;
 pub mod mac;
 pub mod pool;
+pub mod reservations;
 pub mod six_to_four;
 pub mod sticky;
 pub mod used_ranges;
@@ -21,6 +24,7 @@ pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
 pub use intervals::IntervalSet;
 pub use mac::{Mac, MacError, MacsTaken, choose_mac, macs_in_use};
 pub use pool::{Pool, PoolError, Usage};
+pub use reservations::Reservations;
 pub use six_to_four::six_to_four;
 pub use sticky::{
     PodController, RecordFate, Recorded, Request, Reuse, StatefulSetAddressPolicy,

@@ -56,6 +56,19 @@ pub enum PoolError {
         /// The requested addresses.
         candidates: Vec<IpAddr>,
     },
+    /// A requested address is reserved for another workload's pods (the
+    /// subnet's `status.reservedIP`, see [`super::reservations`]).
+    #[error(
+        "{ip} of subnet {subnet} is reserved by {holder} (status.reservedIP): request another address, or remove it from {holder}'s pod template first"
+    )]
+    Reserved {
+        /// The subnet's name.
+        subnet: String,
+        /// The requested address.
+        ip: IpAddr,
+        /// The `reservedIP` key holding it, `<Kind>/<namespace>/<name>`.
+        holder: String,
+    },
     /// Every free requested address is in use on the LAN by a host outside
     /// flatnet (see [`super::wire`]).
     #[error(

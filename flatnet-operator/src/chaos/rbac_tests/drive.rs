@@ -1,0 +1,573 @@
+//! The operator's code a chaos run does not exercise, driven against
+//! recording fake API servers: the flat-Service, NetworkAttachmentDefinition,
+//! workload, floating-address and MTU-count controllers, the webhook
+//! certificate upkeep and its reviews, and the allocation's rarer paths
+//! (pod labels, collection of records of vanished pods, finalizers of
+//! deleted records, a record read again after a conflict, a repeated
+//! Event). Each drive gives
+//! its controller objects that make it send every kind of request it can,
+//! checks that it got there, and returns what its client asked for.
+
+use std::{collections::BTreeSet, future::Future, sync::Arc, time::Duration};
+
+use flatnet_k8s::{
+    api::{FlatNetworkIP, FlatNetworkSubnet, phase},
+    keys::SUBNET_NAMESPACE,
+};
+use k8s_openapi::{
+    api::{
+        admissionregistration::v1::ValidatingWebhookConfiguration,
+        apps::v1::{DaemonSet, Deployment, StatefulSet},
+        batch::v1::{CronJob, Job},
+        core::v1::{ConfigMap, Endpoints, Namespace, Pod, Secret, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    ResourceExt,
+    core::{DynamicObject, admission::AdmissionReview},
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    admin::Health,
+    allocation::{
+        Settings,
+        fake_api::{Access, FakeApiServer},
+        fake_cluster::{FakeCluster, POD_NAMESPACE, pod, subnet},
+    },
+    config::WebhookSettings,
+    fixtures::{NS, PodExt, admission_review},
+    metrics::Metrics,
+    tls,
+    webhook::Validator,
+};
+
+/// How long a drive may take to reach what it checks.
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// What every drive asked for.
+pub(super) async fn every_other_controller() -> BTreeSet<Access> {
+    let mut accesses = BTreeSet::new();
+    accesses.extend(flat_services().await);
+    accesses.extend(attachments().await);
+    accesses.extend(workloads().await);
+    accesses.extend(floating().await);
+    accesses.extend(certificates().await);
+    accesses.extend(reviews().await);
+    accesses.extend(mtu_counts().await);
+    accesses.extend(allocation_corners().await);
+    accesses
+}
+
+/// A fake whose objects are seeded through the first, and whose requests
+/// through the second (a recording client) are the ones counted.
+fn recording() -> (FakeApiServer, FakeApiServer) {
+    let server = FakeApiServer::new();
+    let recorded = server.for_client(1);
+    (server, recorded)
+}
+
+/// Polls `done` until it holds; panics naming `what` after [`WITHIN`].
+async fn reach(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the drive did not reach: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `controller` (given a stop token) while `steps` drive it, then
+/// stops it.
+async fn running<C, S>(controller: impl FnOnce(CancellationToken) -> C, steps: S)
+where
+    C: Future<Output = ()> + Send + 'static,
+    S: Future<Output = ()>,
+{
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(controller(stop.clone()));
+    steps.await;
+    stop.cancel();
+    let _ = tokio::time::timeout(WITHIN, task).await;
+}
+
+fn named<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(
+    server: &FakeApiServer,
+    name: &str,
+) -> Option<K> {
+    server
+        .list::<K>()
+        .into_iter()
+        .find(|o| o.meta().name.as_deref() == Some(name))
+}
+
+fn object<K: DeserializeOwned>(value: Value) -> K {
+    serde_json::from_value(value).expect("a valid object literal")
+}
+
+/// Flat Services: created, their EndpointSlices and Endpoints applied, a
+/// stale slice deleted, and the flat Service deleted when its parent stops
+/// selecting flat pods.
+async fn flat_services() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    server.insert(&crate::fixtures::service("web"));
+    server.insert(
+        &crate::fixtures::pod("web-1")
+            .flat()
+            .with_flat_ips(&["10.0.0.5"]),
+    );
+    server.insert(&object::<EndpointSlice>(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-flat-network-stale", "namespace": NS, "labels": {
+            "kubernetes.io/service-name": "web-flat-network",
+            "endpointslice.kubernetes.io/managed-by": "flatnet.pandaria.io"}},
+        "addressType": "IPv6", "endpoints": []
+    })));
+    let ctx = Arc::new(crate::flat_services::Context {
+        client: recorded.client(),
+        metrics: Arc::new(Metrics::new()),
+        attachment: "rancher-flat-network".into(),
+        resync: Duration::from_secs(600),
+    });
+    running(
+        |stop| crate::flat_services::run(ctx, 1, Arc::new(Health::default()), stop),
+        async {
+            reach("flat Service, its slices and Endpoints", || {
+                named::<Service>(&server, "web-flat-network").is_some()
+                    && named::<EndpointSlice>(&server, "web-flat-network-stale").is_none()
+                    && !server.list::<EndpointSlice>().is_empty()
+                    && named::<Endpoints>(&server, "web-flat-network").is_some()
+            })
+            .await;
+            let mut parent: Service = named(&server, "web").expect("parent");
+            parent.spec.as_mut().expect("spec").selector = None;
+            server.insert(&parent);
+            reach("the flat Service deleted", || {
+                named::<Service>(&server, "web-flat-network").is_none()
+            })
+            .await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+/// The NetworkAttachmentDefinition of every namespace.
+async fn attachments() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    server.insert(&object::<Namespace>(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+    ));
+    let ctx = Arc::new(crate::nad::Context {
+        client: recorded.client(),
+        metrics: Arc::new(Metrics::new()),
+        name: "rancher-flat-network".into(),
+        config: "{\"cniVersion\": \"1.0.0\"}".into(),
+        resync: Duration::from_secs(600),
+    });
+    running(|stop| crate::nad::run(ctx, 1, stop), async {
+        reach("the attachment applied", || {
+            server.count::<DynamicNad>(|v| v["metadata"]["name"] == "rancher-flat-network") > 0
+        })
+        .await;
+    })
+    .await;
+    recorded.accesses()
+}
+
+/// `k8s.cni.cncf.io/v1` NetworkAttachmentDefinition, for counting.
+type DynamicNad = crate::nad::NetworkAttachmentDefinition;
+
+/// The workload controller: labels on every kind and `reservedIP`.
+async fn workloads() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    server.insert(&subnet("lan", "10.0.0.0/24", None, &[]));
+    let template = json!({"metadata": {"annotations": {
+        "flatnetwork.pandaria.io/subnet": "lan", "flatnetwork.pandaria.io/ip": "10.0.0.5"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}});
+    for (api_version, kind, spec) in [
+        (
+            "apps/v1",
+            "Deployment",
+            json!({"selector": {}, "template": template}),
+        ),
+        (
+            "apps/v1",
+            "StatefulSet",
+            json!({"selector": {}, "serviceName": "s", "template": template}),
+        ),
+        (
+            "apps/v1",
+            "DaemonSet",
+            json!({"selector": {}, "template": template}),
+        ),
+        ("batch/v1", "Job", json!({"template": template})),
+        (
+            "batch/v1",
+            "CronJob",
+            json!({"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}),
+        ),
+    ] {
+        let value = json!({"apiVersion": api_version, "kind": kind,
+                           "metadata": {"name": kind.to_lowercase(), "namespace": NS}, "spec": spec});
+        match kind {
+            "Deployment" => server.insert(&object::<Deployment>(value)),
+            "StatefulSet" => server.insert(&object::<StatefulSet>(value)),
+            "DaemonSet" => server.insert(&object::<DaemonSet>(value)),
+            "Job" => server.insert(&object::<Job>(value)),
+            _ => server.insert(&object::<CronJob>(value)),
+        };
+    }
+    let client = recorded.client();
+    running(
+        |stop| {
+            crate::workloads::run(
+                client,
+                Arc::new(Metrics::new()),
+                Duration::from_secs(600),
+                1,
+                stop,
+            )
+        },
+        async {
+            reach("five reservations and five labelled workloads", || {
+                let reserved = server.list::<FlatNetworkSubnet>()[0]
+                    .status
+                    .as_ref()
+                    .map_or(0, |s| s.reserved_ip.len());
+                let labelled = server.count::<Deployment>(labelled)
+                    + server.count::<StatefulSet>(labelled)
+                    + server.count::<DaemonSet>(labelled)
+                    + server.count::<Job>(labelled)
+                    + server.count::<CronJob>(labelled);
+                reserved == 5 && labelled == 5
+            })
+            .await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+fn labelled(value: &Value) -> bool {
+    value["metadata"]["labels"]["flatnetwork.pandaria.io/subnet"] == "lan"
+}
+
+/// Floating addresses: a LoadBalancer Service of flatnet's class gets its
+/// address (finalizer, status, pool ledger, interface mappings), a project
+/// quota gets its status, and the address goes back when the Service stops
+/// being a LoadBalancer.
+async fn floating() -> BTreeSet<Access> {
+    use flatnet_k8s::{
+        api::{
+            FloatingIPPool, FloatingIPPoolSpec, FloatingIPProjectQuota, FloatingIPProjectQuotaSpec,
+            IpRange,
+        },
+        floating::{INTERFACE_MAPPINGS, LOAD_BALANCER_CLASS},
+    };
+    let (server, recorded) = recording();
+    server.insert(&object::<Namespace>(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": NS, "labels": {"field.cattle.io/projectId": "c-1:p-shop"}}
+    })));
+    server.insert(&FloatingIPPool::new(
+        "public",
+        FloatingIPPoolSpec {
+            cidrs: vec!["192.0.2.0/24".into()],
+            ranges: vec![IpRange::new(
+                "192.0.2.10".parse().expect("address"),
+                "192.0.2.20".parse().expect("address"),
+            )],
+            target_network_interface: "eth0.100".into(),
+            ..FloatingIPPoolSpec::default()
+        },
+    ));
+    server.insert(&FloatingIPProjectQuota::new(
+        "shop",
+        FloatingIPProjectQuotaSpec {
+            project: "c-1:p-shop".into(),
+            limits: [("public".to_owned(), 2)].into(),
+            ..FloatingIPProjectQuotaSpec::default()
+        },
+    ));
+    let mut lb = crate::fixtures::service("lb");
+    lb.metadata.resource_version = None;
+    let spec = lb.spec.as_mut().expect("spec");
+    spec.type_ = Some("LoadBalancer".into());
+    spec.load_balancer_class = Some(LOAD_BALANCER_CLASS.into());
+    server.insert(&lb);
+    let client = recorded.client();
+    let ingress = |server: &FakeApiServer| {
+        named::<Service>(server, "lb")
+            .and_then(|s| s.status?.load_balancer?.ingress)
+            .is_some_and(|i| !i.is_empty())
+    };
+    running(
+        |stop| {
+            crate::floating::run(
+                client,
+                Arc::new(Metrics::new()),
+                crate::floating::Settings::default(),
+                1,
+                stop,
+            )
+        },
+        async {
+            reach("the interface mappings", || {
+                named::<ConfigMap>(&server, INTERFACE_MAPPINGS).is_some()
+            })
+            .await;
+            reach("a floating address", || ingress(&server)).await;
+            reach("the quota's status", || {
+                server.list::<FloatingIPProjectQuota>()[0].status.is_some()
+            })
+            .await;
+            let mut plain: Service = named(&server, "lb").expect("lb");
+            plain.spec.as_mut().expect("spec").type_ = Some("ClusterIP".into());
+            server.insert(&plain);
+            reach("the address given back", || !ingress(&server)).await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+/// The webhook certificate: a configuration of the same name that flatnet
+/// does not manage is replaced, a Secret without certificates is filled
+/// in, and every replica follows the Secret.
+async fn certificates() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    let settings = WebhookSettings {
+        enabled: true,
+        listen: "127.0.0.1:0".parse().expect("address"),
+        namespace: "cattle-flat-network".into(),
+        service: "webhook-svc".into(),
+        secret: "webhook-certs".into(),
+        configuration: "flatnet-test".into(),
+        url: None,
+    };
+    server.insert(&object::<ValidatingWebhookConfiguration>(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "flatnet-test"}, "webhooks": []
+    })));
+    server.insert(&object::<Secret>(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "webhook-certs", "namespace": "cattle-flat-network"}, "data": {}
+    })));
+    let hosts = tls::cert::hosts("webhook-svc", "cattle-flat-network", None);
+    let changed = Arc::new(Notify::new());
+    let resolver = Arc::new(tls::resolver::ReloadingResolver::default());
+    let follower = {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(tls::follow(
+            recorded.client(),
+            settings.clone(),
+            Arc::clone(&resolver),
+            Arc::new(Metrics::new()),
+            Arc::clone(&changed),
+            stop.clone(),
+        ));
+        (stop, task)
+    };
+    let client = recorded.client();
+    running(
+        |stop| tls::manage(client, settings, hosts, changed, stop),
+        async {
+            reach("the configuration replaced and the Secret filled", || {
+                named::<ValidatingWebhookConfiguration>(&server, "flatnet-test")
+                    .is_some_and(|c| !c.labels().is_empty())
+                    && named::<Secret>(&server, "webhook-certs")
+                        .and_then(|s| s.data)
+                        .is_some_and(|d| !d.is_empty())
+            })
+            .await;
+            // A deleted Secret is made again.
+            server.delete::<Secret>("cattle-flat-network", "webhook-certs");
+            reach("the Secret created again", || {
+                named::<Secret>(&server, "webhook-certs").is_some()
+            })
+            .await;
+        },
+    )
+    .await;
+    follower.0.cancel();
+    let _ = tokio::time::timeout(WITHIN, follower.1).await;
+    recorded.accesses()
+}
+
+/// Admission reviews that make the webhook read everything it can: the
+/// owners of a pod (ReplicaSet, Job), the pod holding a requested address,
+/// a namespace's labels, the subnets, records and wire claims, and the
+/// floating pools, Services, namespaces and quotas.
+async fn reviews() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    server.insert(&subnet("net1", "10.0.0.0/24", Some("10.0.0.1"), &[]));
+    server.insert(&object::<Namespace>(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+    ));
+    // 10.0.0.7 is held by a bare pod's record.
+    let holder = crate::fixtures::pod("holder")
+        .annotated("flatnetwork.pandaria.io/subnet", "net1")
+        .annotated("flatnetwork.pandaria.io/ip", "10.0.0.7");
+    server.insert(&holder);
+    server.insert(&object::<FlatNetworkIP>(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
+        "metadata": {"name": "holder", "namespace": NS},
+        "spec": {"subnet": "net1", "addrs": ["10.0.0.7"], "macs": [], "podId": "uid-holder"},
+        "status": {"phase": "Active", "addr": "10.0.0.7"}
+    })));
+    let owned = |kind: &str, name: &str| {
+        json!([{"apiVersion": if kind == "Job" {"batch/v1"} else {"apps/v1"},
+                "kind": kind, "name": name, "uid": format!("uid-{name}"), "controller": true}])
+    };
+    let fixed_pod = |name: &str, owners: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": NS, "ownerReferences": owners,
+                            "annotations": {"flatnetwork.pandaria.io/subnet": "net1",
+                                            "flatnetwork.pandaria.io/ip": "10.0.0.7"}},
+               "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    };
+    let objects = [
+        fixed_pod("web-1", owned("ReplicaSet", "web-rs")),
+        fixed_pod("batch-1", owned("Job", "nightly-1")),
+        json!({"apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+               "metadata": {"name": "net2", "namespace": SUBNET_NAMESPACE},
+               "spec": {"flatMode": "macvlan", "master": "eth1", "cidr": "10.1.0.0/24"}}),
+        json!({"apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
+               "metadata": {"name": "extra", "namespace": NS},
+               "spec": {"attachments": [{"subnet": "net1", "interface": "net2"}]}}),
+        json!({"apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPPool",
+               "metadata": {"name": "public"},
+               "spec": {"cidrs": ["192.0.2.0/24"], "targetNetworkInterface": "eth0"}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "lb", "namespace": NS},
+               "spec": {"type": "LoadBalancer",
+                        "loadBalancerClass": flatnet_k8s::floating::LOAD_BALANCER_CLASS,
+                        "ports": [{"port": 80, "protocol": "TCP"}]}}),
+    ];
+    let validator = Validator::new(recorded.client(), Arc::new(Metrics::new()));
+    for object in &objects {
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_value(admission_review("uid-rbac", "CREATE", Some(object), None))
+                .expect("a review");
+        let request = review.try_into().expect("a request");
+        // Allowed or denied, the lookups were made.
+        let _ = validator.review(&request).await;
+    }
+    recorded.accesses()
+}
+
+/// `status.podsAtMTU`: a subnet with an MTU and an Active record at it.
+async fn mtu_counts() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    let mut lan = subnet("lan", "10.0.0.0/24", None, &[]);
+    lan.spec.mtu = Some(1400);
+    server.insert(&lan);
+    server.insert(&object::<FlatNetworkIP>(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
+        "metadata": {"name": "p", "namespace": NS},
+        "spec": {"subnet": "lan", "addrs": [], "macs": [], "podId": "uid-p"},
+        "status": {"phase": "Active", "addr": "10.0.0.5", "mtu": 1400}
+    })));
+    let client = recorded.client();
+    running(
+        |stop| crate::runtime_config::mtu_status::run(client, Duration::from_millis(50), stop),
+        async {
+            reach("podsAtMTU written", || {
+                server.list::<FlatNetworkSubnet>()[0]
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.pods_at_mtu)
+                    == Some(1)
+            })
+            .await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+/// The allocation's paths a chaos run reaches only by timing: a pod's
+/// labels once its node set it up, the collection of a record whose pod
+/// is gone, the finalizer of a deleted record, and a record read again
+/// after a write conflict.
+async fn allocation_corners() -> BTreeSet<Access> {
+    let (server, recorded) = recording();
+    server.insert(&subnet(
+        "lan",
+        "10.0.0.0/24",
+        None,
+        &[("10.0.0.10", "10.0.0.20")],
+    ));
+    // A record of a pod that is gone, created long ago: collected.
+    server.insert(&object::<FlatNetworkIP>(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
+        "metadata": {"name": "gone", "namespace": POD_NAMESPACE,
+                     "creationTimestamp": "2020-01-01T00:00:00Z",
+                     "finalizers": [crate::allocation::records::FINALIZER]},
+        "spec": {"subnet": "lan", "addrs": [], "macs": [], "podId": "uid-gone"}
+    })));
+    let cluster = FakeCluster::start(recorded.clone(), Settings::default(), 1);
+    cluster
+        .wait_active("lan", WITHIN)
+        .await
+        .expect("subnet Active");
+    server.insert(&pod("p-0", "lan"));
+    reach("p-0 addressed and the vanished pod's record gone", || {
+        let records = server.list::<FlatNetworkIP>();
+        records.iter().all(|r| r.name_any() != "gone")
+            && records.iter().any(|r| {
+                r.name_any() == "p-0" && r.status.as_ref().is_some_and(|s| s.addr.is_some())
+            })
+    })
+    .await;
+    // The node sets the pod up: the record is Active, the pod gets labels.
+    let mut record: FlatNetworkIP = named(&server, "p-0").expect("record");
+    let status = record.status.as_mut().expect("status");
+    status.phase = phase::ACTIVE.into();
+    status.node = "node-1".into();
+    server.insert(&record);
+    reach("p-0 labelled with its address", || {
+        named::<Pod>(&server, "p-0").is_some_and(|p| {
+            p.labels()
+                .contains_key(flatnet_k8s::keys::label::SELECTED_IP)
+        })
+    })
+    .await;
+    cluster.stop().await;
+
+    // The same Event twice: kube's recorder patches the first.
+    let events = crate::allocation::events::Events::new(recorded.client());
+    let pod: Pod = named(&server, "p-0").expect("pod");
+    for _ in 0..2 {
+        events
+            .warn(&pod, "RbacDrive", "Drive", "the same note".to_owned())
+            .await;
+    }
+
+    // A write conflict on the record: it is read again.
+    let mut stale: FlatNetworkIP = named(&server, "p-0").expect("record");
+    stale.metadata.resource_version = Some("1".into());
+    stale.status = None;
+    let ctx = crate::allocation::tests::context_from(&recorded, Settings::default());
+    let _ = crate::allocation::ips::reconcile(Arc::new(stale), Arc::clone(&ctx)).await;
+    // Deleted: the finalizer goes.
+    let mut deleted: FlatNetworkIP = named(&server, "p-0").expect("record");
+    deleted.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    server.insert(&deleted);
+    let deleted: FlatNetworkIP = named(&server, "p-0").expect("record");
+    let _ = crate::allocation::ips::reconcile(Arc::new(deleted), ctx).await;
+    reach("p-0's record gone", || {
+        named::<FlatNetworkIP>(&server, "p-0").is_none()
+    })
+    .await;
+    recorded.accesses()
+}
