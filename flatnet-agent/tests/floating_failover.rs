@@ -27,7 +27,7 @@ use std::{
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig},
-    floating::owner::{self, Event, Settings},
+    floating::owner::{self, Assignment, Event, Settings},
     netns::run_in_netns,
 };
 use support::{TestNetns, TestPinRoot, privileged, veth_pair, wait_until};
@@ -70,12 +70,6 @@ struct Node {
     events: Arc<Mutex<Vec<Event>>>,
     address: &'static str,
     floating: &'static str,
-}
-
-fn mac_of(ns: &TestNetns, ifname: &str) -> [u8; 6] {
-    let out = ns.ip(&["-j", "link", "show", "dev", ifname]);
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    flatnet_agent::link::parse_mac(json[0]["address"].as_str().unwrap()).unwrap()
 }
 
 /// A node on the bridge of `lan` with address `address`, serving its name
@@ -122,11 +116,12 @@ fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan)
 
 /// Starts the node's loop with `peer` as the other node.
 fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
-    let mut settings = Settings::new(node.name, "up0", pin_root);
-    settings.mac = mac_of(&node.ns, "up0");
-    settings.candidate_for = vec![node.floating.parse().unwrap()];
+    let mut settings = Settings::new(node.name, pin_root);
     settings.bind = SocketAddr::new(node.address.parse().unwrap(), 7946);
-    settings.peers = vec![SocketAddr::new(peer.parse().unwrap(), 7946)];
+    let (_fixed, assignment) = tokio::sync::watch::channel(Assignment {
+        addresses: [(node.floating.parse().unwrap(), "up0".to_owned())].into(),
+        peers: vec![SocketAddr::new(peer.parse().unwrap(), 7946)],
+    });
     let (stop, events, path) = (
         Arc::clone(&node.stop),
         Arc::clone(&node.events),
@@ -134,7 +129,9 @@ fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
     );
     thread::spawn(move || {
         run_in_netns(&path, || {
-            owner::run(&settings, &stop, |event| events.lock().unwrap().push(event))
+            owner::run(&settings, &assignment, &stop, |event| {
+                events.lock().unwrap().push(event);
+            })
         })
         .unwrap()
         .unwrap();
