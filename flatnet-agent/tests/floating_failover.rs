@@ -9,8 +9,11 @@
 //! once the dead owner's lease has run out.
 //!
 //! The time from the kill to the first successful connection through the
-//! survivor is printed (`failover_ms=`), never asserted:
-//! `cargo xtask bench failover` (not built yet) is to measure it.
+//! survivor is printed (`failover_ms=`), never asserted: `cargo xtask bench
+//! failover` measures it. The same run with keepalived (VRRP, as commonly
+//! configured: advertisements every second) in place of the loop is the
+//! benchmark's baseline (`keepalived_baseline`, ignored unless asked for:
+//! it needs keepalived installed).
 
 mod support;
 
@@ -178,9 +181,8 @@ fn last_lease(node: &Node) -> u64 {
         .unwrap_or_default()
 }
 
-/// Runs the failover of `plan`; returns the time from the kill to the
-/// first connection through the survivor.
-fn failover(plan: &Plan) -> Duration {
+/// A bridge (the LAN) and a client on it.
+fn lan_and_client(plan: &Plan) -> (TestNetns, TestNetns) {
     let lan = TestNetns::new("fiplan");
     lan.ip(&["link", "add", "br0", "type", "bridge"]);
     lan.ip(&["link", "set", "br0", "up"]);
@@ -188,9 +190,16 @@ fn failover(plan: &Plan) -> Duration {
     let port = support::unique_name("fc");
     veth_pair(&client, "eth0", &lan, &port);
     lan.ip(&["link", "set", &port, "master", "br0", "up"]);
+    client.sysctl("net.ipv6.conf.all.accept_dad", "0");
     client.ip(&["link", "set", "eth0", "up"]);
     client.add_address("eth0", &format!("{}/{}", plan.client, plan.prefix));
+    (lan, client)
+}
 
+/// Runs the failover of `plan`; returns the time from the kill to the
+/// first connection through the survivor.
+fn failover(plan: &Plan) -> Duration {
+    let (lan, client) = lan_and_client(plan);
     let a = node("a", &lan, plan.node_a, plan);
     let b = node("b", &lan, plan.node_b, plan);
     start(&a, a._pin.path.clone(), b.address);
@@ -253,6 +262,151 @@ fn a_killed_owner_is_replaced_and_never_answers_alongside() {
     for plan in [&IPV4, &IPV6] {
         for _ in 0..runs {
             failover(plan);
+        }
+    }
+}
+
+/// A keepalived node: its namespace on the LAN at `address`, a TCP server
+/// on every address answering with its name, and keepalived holding the
+/// floating address as a VRRP virtual address of its uplink.
+struct KeepalivedNode {
+    name: &'static str,
+    ns: TestNetns,
+    keepalived: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for KeepalivedNode {
+    fn drop(&mut self) {
+        kill_group(&self.keepalived);
+        let _ = self.keepalived.wait();
+    }
+}
+
+/// SIGKILL to keepalived and its children (one process group).
+fn kill_group(child: &std::process::Child) {
+    let group = nix::unistd::Pid::from_raw(child.id().cast_signed());
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+}
+
+fn keepalived_node(
+    name: &'static str,
+    lan: &TestNetns,
+    address: &str,
+    priority: u8,
+    plan: &Plan,
+) -> KeepalivedNode {
+    use std::os::unix::process::CommandExt;
+
+    let ns = TestNetns::new(&format!("kad{name}"));
+    let port = support::unique_name("kb");
+    veth_pair(&ns, "up0", lan, &port);
+    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
+    ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
+    ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
+    ns.ip(&["link", "set", "up0", "up"]);
+    ns.add_address("up0", &format!("{address}/{}", plan.prefix));
+    let listener = run_in_netns(&ns.path(), || {
+        TcpListener::bind(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, PORT)))
+    })
+    .unwrap()
+    .unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = std::io::Write::write_all(&mut stream, name.as_bytes());
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keepalived.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "global_defs {{\n  router_id {name}\n}}\n\
+             vrrp_instance floating {{\n  state BACKUP\n  interface up0\n  \
+             virtual_router_id 77\n  priority {priority}\n  advert_int 1\n  \
+             virtual_ipaddress {{\n    {}/{}\n  }}\n}}\n",
+            plan.floating, plan.prefix
+        ),
+    )
+    .unwrap();
+    let arg = |file: &str| dir.path().join(file).display().to_string();
+    let keepalived = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            "keepalived",
+            "--dont-fork",
+            "--log-console",
+        ])
+        .args(["--use-file", &config.display().to_string()])
+        .args([
+            "--pid",
+            &arg("keepalived.pid"),
+            "--vrrp_pid",
+            &arg("vrrp.pid"),
+        ])
+        .args(["--vrrp", "--no-syslog"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start keepalived (apt-get install keepalived)");
+    KeepalivedNode {
+        name,
+        ns,
+        keepalived,
+        _dir: dir,
+    }
+}
+
+/// The failover of `plan` with keepalived; returns the time from the
+/// master's death to the first connection through the backup.
+fn keepalived_failover(plan: &Plan) -> Duration {
+    let (lan, client) = lan_and_client(plan);
+    let a = keepalived_node("a", &lan, plan.node_a, 150, plan);
+    let b = keepalived_node("b", &lan, plan.node_b, 100, plan);
+    wait_until("keepalived's master answers", || {
+        answering(&client, plan.floating).as_deref() == Some(a.name)
+    });
+    // The node dies: its link goes down (keepalived cannot say goodbye),
+    // then keepalived is killed.
+    let killed = Instant::now();
+    a.ns.ip(&["link", "set", "up0", "down"]);
+    kill_group(&a.keepalived);
+    wait_until("keepalived's backup answers", || {
+        answering(&client, plan.floating).as_deref() == Some(b.name)
+    });
+    let failover = killed.elapsed();
+    println!(
+        "keepalived_failover_ms={} family={}",
+        failover.as_millis(),
+        if plan.prefix == 64 { "ipv6" } else { "ipv4" },
+    );
+    failover
+}
+
+#[test]
+#[ignore = "the baseline of `cargo xtask bench failover`; needs keepalived (apt-get install keepalived)"]
+fn keepalived_baseline() {
+    if !privileged("keepalived_baseline") {
+        return;
+    }
+    assert!(
+        std::process::Command::new("keepalived")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "keepalived is not installed: apt-get install keepalived"
+    );
+    let runs: usize = std::env::var("FLATNET_FAILOVER_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    for plan in [&IPV4, &IPV6] {
+        for _ in 0..runs {
+            keepalived_failover(plan);
         }
     }
 }

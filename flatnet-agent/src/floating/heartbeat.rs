@@ -152,7 +152,15 @@ impl HeartbeatSocket {
     /// The heartbeat does not encode.
     pub fn send(&self, heartbeat: &Heartbeat, peers: &[SocketAddr]) -> Result<(), HeartbeatError> {
         let bytes = heartbeat.encode()?;
+        let dual_stack = self.socket.local_addr()?.is_ipv6();
         for peer in peers {
+            // An IPv6 socket reaches IPv4 peers at their mapped address.
+            let peer = match peer {
+                SocketAddr::V4(v4) if dual_stack => {
+                    SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port()))
+                }
+                other => *other,
+            };
             if let Err(error) = self.socket.send_to(&bytes, peer) {
                 tracing::debug!(%peer, %error, "heartbeat not sent");
             }
