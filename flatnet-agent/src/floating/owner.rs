@@ -392,28 +392,29 @@ pub fn run(
             // An address whose interface changed is released and acquired again.
             let before: BTreeSet<(IpAddr, &Link)> = owned.iter().map(|(a, l)| (*a, l)).collect();
             let after: BTreeSet<(IpAddr, &Link)> = now_owned.iter().map(|(a, l)| (*a, l)).collect();
-            let mut responders = maps.responders()?;
-            for (addr, link) in before.difference(&after) {
-                responders.remove(link.ifindex, *addr)?;
-                announcements.retain(|(_, a)| a != addr);
-                on_event(Event::Released { addr: *addr });
+            {
+                let mut responders = maps.responders()?;
+                for (addr, link) in before.difference(&after) {
+                    responders.remove(link.ifindex, *addr)?;
+                    announcements.retain(|(_, a)| a != addr);
+                    on_event(Event::Released { addr: *addr });
+                }
+                for (addr, link) in after.difference(&before) {
+                    let at_ns = monotonic_ns();
+                    responders.insert_until(
+                        link.ifindex,
+                        *addr,
+                        link.mac,
+                        at_ns.saturating_add(lease_ns),
+                    )?;
+                    announcements.extend(ANNOUNCE_AT.iter().map(|after| (now + *after, *addr)));
+                    on_event(Event::Acquired {
+                        addr: *addr,
+                        interface: InterfaceName::new(&link.name),
+                        at_ns,
+                    });
+                }
             }
-            for (addr, link) in after.difference(&before) {
-                let at_ns = monotonic_ns();
-                responders.insert_until(
-                    link.ifindex,
-                    *addr,
-                    link.mac,
-                    at_ns.saturating_add(lease_ns),
-                )?;
-                announcements.extend(ANNOUNCE_AT.iter().map(|after| (now + *after, *addr)));
-                on_event(Event::Acquired {
-                    addr: *addr,
-                    interface: InterfaceName::new(&link.name),
-                    at_ns,
-                });
-            }
-            drop(responders);
             book.update(&mine, |addr| {
                 if now_owned.contains_key(&addr) {
                     Some(settings.node.clone())
