@@ -33,7 +33,11 @@ use flatnet_agent::{
     floating::owner::{self, Assignment, Event, Settings},
     netns::run_in_netns,
 };
-use support::{TestNetns, TestPinRoot, privileged, veth_pair, wait_until};
+use support::{
+    TestNetns, TestPinRoot,
+    floating::{plug, serve_name},
+    privileged, wait_until,
+};
 
 const PORT: u16 = 8080;
 
@@ -79,27 +83,14 @@ struct Node {
 /// on the floating address.
 fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan) -> Node {
     let ns = TestNetns::new(&format!("fip{name}"));
-    let port = support::unique_name("fb");
-    veth_pair(&ns, "up0", lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    ns.ip(&["link", "set", "up0", "up"]);
+    plug(&ns, lan);
     ns.add_address("up0", &format!("{address}/{}", plan.prefix));
     let host = if plan.floating.contains(':') { 128 } else { 32 };
     ns.add_address("lo", &format!("{}/{host}", plan.floating));
     ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
     ns.sysctl("net.ipv4.conf.all.arp_announce", "2");
     let floating: IpAddr = plan.floating.parse().unwrap();
-    let listener = run_in_netns(&ns.path(), || {
-        TcpListener::bind(SocketAddr::new(floating, PORT))
-    })
-    .unwrap()
-    .unwrap();
-    thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut stream = stream;
-            let _ = std::io::Write::write_all(&mut stream, name.as_bytes());
-        }
-    });
+    serve_name(&ns, SocketAddr::new(floating, PORT), name);
     let pin = TestPinRoot::new();
     let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
     run_in_netns(&ns.path(), || datapath.attach_uplink("up0"))
@@ -144,18 +135,7 @@ fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
 /// The node that answers a TCP connection to the floating address from
 /// the client, if any within 200 ms.
 fn answering(client: &TestNetns, floating: &str) -> Option<String> {
-    let floating: IpAddr = floating.parse().unwrap();
-    run_in_netns(&client.path(), || {
-        let target = SocketAddr::new(floating, PORT);
-        let mut stream = TcpStream::connect_timeout(&target, Duration::from_millis(200)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .ok()?;
-        let mut name = String::new();
-        stream.read_to_string(&mut name).ok()?;
-        Some(name)
-    })
-    .unwrap()
+    support::floating::answering(client, SocketAddr::new(floating.parse().unwrap(), PORT))
 }
 
 fn acquired_at(node: &Node) -> Option<u64> {
@@ -183,17 +163,7 @@ fn last_lease(node: &Node) -> u64 {
 
 /// A bridge (the LAN) and a client on it.
 fn lan_and_client(plan: &Plan) -> (TestNetns, TestNetns) {
-    let lan = TestNetns::new("fiplan");
-    lan.ip(&["link", "add", "br0", "type", "bridge"]);
-    lan.ip(&["link", "set", "br0", "up"]);
-    let client = TestNetns::new("fipcl");
-    let port = support::unique_name("fc");
-    veth_pair(&client, "eth0", &lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    client.sysctl("net.ipv6.conf.all.accept_dad", "0");
-    client.ip(&["link", "set", "eth0", "up"]);
-    client.add_address("eth0", &format!("{}/{}", plan.client, plan.prefix));
-    (lan, client)
+    support::floating::lan_and_client(&format!("{}/{}", plan.client, plan.prefix))
 }
 
 /// Runs the failover of `plan`; returns the time from the kill to the
@@ -250,17 +220,21 @@ fn failover(plan: &Plan) -> Duration {
     failover
 }
 
+/// Failovers per family: `FLATNET_FAILOVER_RUNS` (the benchmark), else one.
+fn runs() -> usize {
+    std::env::var("FLATNET_FAILOVER_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
 #[test]
 fn a_killed_owner_is_replaced_and_never_answers_alongside() {
     if !privileged("a_killed_owner_is_replaced_and_never_answers_alongside") {
         return;
     }
-    let runs: usize = std::env::var("FLATNET_FAILOVER_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1);
     for plan in [&IPV4, &IPV6] {
-        for _ in 0..runs {
+        for _ in 0..runs() {
             failover(plan);
         }
     }
@@ -299,24 +273,16 @@ fn keepalived_node(
     use std::os::unix::process::CommandExt;
 
     let ns = TestNetns::new(&format!("kad{name}"));
-    let port = support::unique_name("kb");
-    veth_pair(&ns, "up0", lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
+    // keepalived's IPv6 advertisements need a link-local address at once.
     ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
     ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
-    ns.ip(&["link", "set", "up0", "up"]);
+    plug(&ns, lan);
     ns.add_address("up0", &format!("{address}/{}", plan.prefix));
-    let listener = run_in_netns(&ns.path(), || {
-        TcpListener::bind(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, PORT)))
-    })
-    .unwrap()
-    .unwrap();
-    thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut stream = stream;
-            let _ = std::io::Write::write_all(&mut stream, name.as_bytes());
-        }
-    });
+    serve_name(
+        &ns,
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, PORT)),
+        name,
+    );
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("keepalived.conf");
     std::fs::write(
@@ -400,12 +366,8 @@ fn keepalived_baseline() {
             .is_ok_and(|o| o.status.success()),
         "keepalived is not installed: apt-get install keepalived"
     );
-    let runs: usize = std::env::var("FLATNET_FAILOVER_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1);
     for plan in [&IPV4, &IPV6] {
-        for _ in 0..runs {
+        for _ in 0..runs() {
             keepalived_failover(plan);
         }
     }

@@ -42,7 +42,11 @@ use k8s_openapi::api::{
     events::v1::Event,
 };
 use serde_json::{Value, json};
-use support::{TestNetns, TestPinRoot, privileged, veth_pair, wait_until};
+use support::{
+    TestNetns, TestPinRoot,
+    floating::{lan_and_client, plug, serve_name},
+    privileged, wait_until,
+};
 
 const PORT: u16 = 8080;
 const FLOATING: &str = "10.78.0.50";
@@ -120,26 +124,12 @@ impl Node {
 /// floating address.
 fn node(name: &'static str, lan: &TestNetns, address: &str) -> Node {
     let ns = TestNetns::new(&format!("fk{name}"));
-    let port = support::unique_name("fk");
-    veth_pair(&ns, "up0", lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    ns.ip(&["link", "set", "up0", "up"]);
+    plug(&ns, lan);
     ns.add_address("up0", &format!("{address}/24"));
     ns.add_address("lo", &format!("{FLOATING}/32"));
     ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
     ns.sysctl("net.ipv4.conf.all.arp_announce", "2");
-    let floating: IpAddr = FLOATING.parse().unwrap();
-    let listener = run_in_netns(&ns.path(), || {
-        TcpListener::bind(SocketAddr::new(floating, PORT))
-    })
-    .unwrap()
-    .unwrap();
-    thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut stream = stream;
-            let _ = std::io::Write::write_all(&mut stream, name.as_bytes());
-        }
-    });
+    serve_name(&ns, SocketAddr::new(FLOATING.parse().unwrap(), PORT), name);
     let pin = TestPinRoot::new();
     let datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
     Node {
@@ -155,33 +145,13 @@ fn node(name: &'static str, lan: &TestNetns, address: &str) -> Node {
 
 /// The LAN (a bridge) and a client on it.
 fn lan() -> (TestNetns, TestNetns) {
-    let lan = TestNetns::new("fklan");
-    lan.ip(&["link", "add", "br0", "type", "bridge"]);
-    lan.ip(&["link", "set", "br0", "up"]);
-    let client = TestNetns::new("fkcl");
-    let port = support::unique_name("fc");
-    veth_pair(&client, "eth0", &lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    client.ip(&["link", "set", "eth0", "up"]);
-    client.add_address("eth0", &format!("{CLIENT}/24"));
-    (lan, client)
+    lan_and_client(&format!("{CLIENT}/24"))
 }
 
 /// The node answering a TCP connection to the floating address from the
 /// client, if any within 200 ms.
 fn answering(client: &TestNetns) -> Option<String> {
-    let floating: IpAddr = FLOATING.parse().unwrap();
-    run_in_netns(&client.path(), || {
-        let target = SocketAddr::new(floating, PORT);
-        let mut stream = TcpStream::connect_timeout(&target, Duration::from_millis(200)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .ok()?;
-        let mut name = String::new();
-        stream.read_to_string(&mut name).ok()?;
-        Some(name)
-    })
-    .unwrap()
+    support::floating::answering(client, SocketAddr::new(FLOATING.parse().unwrap(), PORT))
 }
 
 fn kube_node(name: &str, zone: &str, address: &str) -> KubeNode {

@@ -27,7 +27,7 @@ use std::{
 
 use flatnet_k8s::{
     api::FloatingIPPool,
-    floating::{ValidPool, validate_pool, wants_floating},
+    floating::{ValidPool, ingress_ips, validate_pool, wants_floating},
     selector::{Labels, matches},
 };
 use futures::future::BoxFuture;
@@ -122,19 +122,6 @@ fn has_local_endpoint(service: &Service, slices: &[Arc<EndpointSlice>], node: &s
         })
 }
 
-/// The ingress addresses of `service`.
-fn ingress_of(service: &Service) -> Vec<IpAddr> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect()
-}
-
 /// What this node may serve, from the API objects.
 pub fn view_of(objects: &Objects<'_>) -> View {
     let mut pools: Vec<(&FloatingIPPool, ValidPool)> = objects
@@ -158,7 +145,7 @@ pub fn view_of(objects: &Objects<'_>) -> View {
             .as_ref()
             .and_then(|s| s.external_traffic_policy.as_deref())
             == Some("Local");
-        for addr in ingress_of(service) {
+        for addr in ingress_ips(service) {
             let Some(pool) = pools.iter().position(|p| p.1.network_of(addr).is_some()) else {
                 continue;
             };
