@@ -18,11 +18,8 @@
 mod support;
 
 use std::{
-    io::Read,
-    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
-    thread,
-    time::Duration,
 };
 
 use flatnet_agent::{

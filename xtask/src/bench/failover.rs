@@ -29,7 +29,11 @@ fn summary(values: &mut [u64]) -> (u64, u64, u64) {
 /// with `prefix` (`<prefix><ms> family=ipv4|ipv6 ...`).
 fn parse(text: &str, prefix: &str) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
     let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for line in text.lines().filter_map(|l| l.strip_prefix(prefix)) {
+    // `cargo test -q` prints a dot before a test's first output line.
+    for line in text
+        .lines()
+        .filter_map(|l| l.trim_start_matches('.').strip_prefix(prefix))
+    {
         let mut words = line.split_whitespace();
         let ms: u64 = words
             .next()
@@ -155,7 +159,7 @@ mod tests {
 
     #[test]
     fn failover_lines_are_read_per_family_and_mechanism() {
-        let text = "failover_ms=450 family=ipv4 (x)\nkeepalived_failover_ms=3700 family=ipv6\nfailover_ms=470 family=ipv6\nnoise\n";
+        let text = "failover_ms=450 family=ipv4 (x)\n.keepalived_failover_ms=3700 family=ipv6\nfailover_ms=470 family=ipv6\nnoise\n";
         assert_eq!(parse(text, "failover_ms=").unwrap(), (vec![450], vec![470]));
         assert_eq!(
             parse(text, "keepalived_failover_ms=").unwrap(),
