@@ -1,6 +1,7 @@
 //! Prometheus metrics of the agent, served as text on `/metrics`: one
 //! registry for the CNI service's, the policy controller's
-//! ([`PolicyMetrics`]) and the CNI phase timings ([`crate::phases`]).
+//! ([`PolicyMetrics`]), the floating addresses' ([`FloatingMetrics`]) and
+//! the CNI phase timings ([`crate::phases`]).
 
 use prometheus_client::{
     encoding::text::encode,
@@ -20,6 +21,47 @@ pub struct Metrics {
     pub state_file_rejected: Gauge,
     /// Network-policy controller metrics.
     pub policy: PolicyMetrics,
+    /// Floating-address metrics.
+    pub floating: FloatingMetrics,
+}
+
+/// What the floating-address loop did on this node.
+#[derive(Clone, Debug, Default)]
+pub struct FloatingMetrics {
+    /// Floating addresses this node answers for now.
+    pub owned: Gauge,
+    /// Addresses this node took over (at start, or from a failed or
+    /// ineligible owner).
+    pub acquired: Counter,
+    /// Addresses this node gave up.
+    pub released: Counter,
+    /// Rounds of gratuitous ARP / unsolicited NA sent.
+    pub announcements: Counter,
+}
+
+impl FloatingMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "floating_addresses_owned",
+            "Floating addresses this node answers ARP/NDP for",
+            self.owned.clone(),
+        );
+        registry.register(
+            "floating_acquisitions",
+            "Floating addresses this node took over (failovers and first assignments)",
+            self.acquired.clone(),
+        );
+        registry.register(
+            "floating_releases",
+            "Floating addresses this node gave up",
+            self.released.clone(),
+        );
+        registry.register(
+            "floating_announcements",
+            "Rounds of gratuitous ARP / unsolicited NA sent for floating addresses",
+            self.announcements.clone(),
+        );
+    }
 }
 
 impl Default for Metrics {
@@ -39,6 +81,8 @@ impl Default for Metrics {
         );
         let policy = PolicyMetrics::default();
         policy.register(&mut registry);
+        let floating = FloatingMetrics::default();
+        floating.register(&mut registry);
         registry.register(
             "cni_phase_seconds",
             "Wall time of each phase of CNI commands (phase total: the whole command in the agent)",
@@ -49,6 +93,7 @@ impl Default for Metrics {
             conflicts,
             state_file_rejected,
             policy,
+            floating,
         }
     }
 }
@@ -89,6 +134,23 @@ mod tests {
             "{}",
             metrics.encode()
         );
+    }
+
+    #[test]
+    fn floating_metrics_are_exposed() {
+        let metrics = Metrics::default();
+        metrics.floating.owned.set(2);
+        metrics.floating.acquired.inc();
+        metrics.floating.announcements.inc();
+        let text = metrics.encode();
+        for line in [
+            "flatnet_agent_floating_addresses_owned 2",
+            "flatnet_agent_floating_acquisitions_total 1",
+            "flatnet_agent_floating_releases_total 0",
+            "flatnet_agent_floating_announcements_total 1",
+        ] {
+            assert!(text.contains(line), "{line} missing in {text}");
+        }
     }
 
     #[test]

@@ -9,14 +9,16 @@
 //! once the dead owner's lease has run out.
 //!
 //! The time from the kill to the first successful connection through the
-//! survivor is printed (`failover_ms=`), never asserted:
-//! `cargo xtask bench failover` (not built yet) is to measure it.
+//! survivor is printed (`failover_ms=`), never asserted: `cargo xtask bench
+//! failover` measures it. The same run with keepalived (VRRP, as commonly
+//! configured: advertisements every second) in place of the loop is the
+//! benchmark's baseline (`keepalived_baseline`, ignored unless asked for:
+//! it needs keepalived installed).
 
 mod support;
 
 use std::{
-    io::Read,
-    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, SocketAddr},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -27,10 +29,14 @@ use std::{
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig},
-    floating::owner::{self, Event, Settings},
+    floating::owner::{self, Assignment, Event, Settings},
     netns::run_in_netns,
 };
-use support::{TestNetns, TestPinRoot, privileged, veth_pair, wait_until};
+use support::{
+    TestNetns, TestPinRoot,
+    floating::{plug, serve_name},
+    privileged, wait_until,
+};
 
 const PORT: u16 = 8080;
 
@@ -72,37 +78,18 @@ struct Node {
     floating: &'static str,
 }
 
-fn mac_of(ns: &TestNetns, ifname: &str) -> [u8; 6] {
-    let out = ns.ip(&["-j", "link", "show", "dev", ifname]);
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
-    flatnet_agent::link::parse_mac(json[0]["address"].as_str().unwrap()).unwrap()
-}
-
 /// A node on the bridge of `lan` with address `address`, serving its name
 /// on the floating address.
 fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan) -> Node {
     let ns = TestNetns::new(&format!("fip{name}"));
-    let port = support::unique_name("fb");
-    veth_pair(&ns, "up0", lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    ns.ip(&["link", "set", "up0", "up"]);
+    plug(&ns, lan);
     ns.add_address("up0", &format!("{address}/{}", plan.prefix));
     let host = if plan.floating.contains(':') { 128 } else { 32 };
     ns.add_address("lo", &format!("{}/{host}", plan.floating));
     ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
     ns.sysctl("net.ipv4.conf.all.arp_announce", "2");
     let floating: IpAddr = plan.floating.parse().unwrap();
-    let listener = run_in_netns(&ns.path(), || {
-        TcpListener::bind(SocketAddr::new(floating, PORT))
-    })
-    .unwrap()
-    .unwrap();
-    thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut stream = stream;
-            let _ = std::io::Write::write_all(&mut stream, name.as_bytes());
-        }
-    });
+    serve_name(&ns, SocketAddr::new(floating, PORT), name);
     let pin = TestPinRoot::new();
     let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
     run_in_netns(&ns.path(), || datapath.attach_uplink("up0"))
@@ -122,11 +109,12 @@ fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan)
 
 /// Starts the node's loop with `peer` as the other node.
 fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
-    let mut settings = Settings::new(node.name, "up0", pin_root);
-    settings.mac = mac_of(&node.ns, "up0");
-    settings.candidate_for = vec![node.floating.parse().unwrap()];
+    let mut settings = Settings::new(node.name, pin_root);
     settings.bind = SocketAddr::new(node.address.parse().unwrap(), 7946);
-    settings.peers = vec![SocketAddr::new(peer.parse().unwrap(), 7946)];
+    let (_fixed, assignment) = tokio::sync::watch::channel(Assignment {
+        addresses: [(node.floating.parse().unwrap(), "up0".to_owned())].into(),
+        peers: vec![SocketAddr::new(peer.parse().unwrap(), 7946)],
+    });
     let (stop, events, path) = (
         Arc::clone(&node.stop),
         Arc::clone(&node.events),
@@ -134,7 +122,9 @@ fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
     );
     thread::spawn(move || {
         run_in_netns(&path, || {
-            owner::run(&settings, &stop, |event| events.lock().unwrap().push(event))
+            owner::run(&settings, &assignment, &stop, |event| {
+                events.lock().unwrap().push(event);
+            })
         })
         .unwrap()
         .unwrap();
@@ -144,18 +134,7 @@ fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
 /// The node that answers a TCP connection to the floating address from
 /// the client, if any within 200 ms.
 fn answering(client: &TestNetns, floating: &str) -> Option<String> {
-    let floating: IpAddr = floating.parse().unwrap();
-    run_in_netns(&client.path(), || {
-        let target = SocketAddr::new(floating, PORT);
-        let mut stream = TcpStream::connect_timeout(&target, Duration::from_millis(200)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .ok()?;
-        let mut name = String::new();
-        stream.read_to_string(&mut name).ok()?;
-        Some(name)
-    })
-    .unwrap()
+    support::floating::answering(client, SocketAddr::new(floating.parse().unwrap(), PORT))
 }
 
 fn acquired_at(node: &Node) -> Option<u64> {
@@ -181,19 +160,15 @@ fn last_lease(node: &Node) -> u64 {
         .unwrap_or_default()
 }
 
+/// A bridge (the LAN) and a client on it.
+fn lan_and_client(plan: &Plan) -> (TestNetns, TestNetns) {
+    support::floating::lan_and_client(&format!("{}/{}", plan.client, plan.prefix))
+}
+
 /// Runs the failover of `plan`; returns the time from the kill to the
 /// first connection through the survivor.
 fn failover(plan: &Plan) -> Duration {
-    let lan = TestNetns::new("fiplan");
-    lan.ip(&["link", "add", "br0", "type", "bridge"]);
-    lan.ip(&["link", "set", "br0", "up"]);
-    let client = TestNetns::new("fipcl");
-    let port = support::unique_name("fc");
-    veth_pair(&client, "eth0", &lan, &port);
-    lan.ip(&["link", "set", &port, "master", "br0", "up"]);
-    client.ip(&["link", "set", "eth0", "up"]);
-    client.add_address("eth0", &format!("{}/{}", plan.client, plan.prefix));
-
+    let (lan, client) = lan_and_client(plan);
     let a = node("a", &lan, plan.node_a, plan);
     let b = node("b", &lan, plan.node_b, plan);
     start(&a, a._pin.path.clone(), b.address);
@@ -244,18 +219,155 @@ fn failover(plan: &Plan) -> Duration {
     failover
 }
 
+/// Failovers per family: `FLATNET_FAILOVER_RUNS` (the benchmark), else one.
+fn runs() -> usize {
+    std::env::var("FLATNET_FAILOVER_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
 #[test]
 fn a_killed_owner_is_replaced_and_never_answers_alongside() {
     if !privileged("a_killed_owner_is_replaced_and_never_answers_alongside") {
         return;
     }
-    let runs: usize = std::env::var("FLATNET_FAILOVER_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1);
     for plan in [&IPV4, &IPV6] {
-        for _ in 0..runs {
+        for _ in 0..runs() {
             failover(plan);
+        }
+    }
+}
+
+/// A keepalived node: its namespace on the LAN at `address`, a TCP server
+/// on every address answering with its name, and keepalived holding the
+/// floating address as a VRRP virtual address of its uplink.
+struct KeepalivedNode {
+    name: &'static str,
+    ns: TestNetns,
+    keepalived: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for KeepalivedNode {
+    fn drop(&mut self) {
+        kill_group(&self.keepalived);
+        let _ = self.keepalived.wait();
+    }
+}
+
+/// SIGKILL to keepalived and its children (one process group).
+fn kill_group(child: &std::process::Child) {
+    let group = nix::unistd::Pid::from_raw(child.id().cast_signed());
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+}
+
+fn keepalived_node(
+    name: &'static str,
+    lan: &TestNetns,
+    address: &str,
+    priority: u8,
+    plan: &Plan,
+) -> KeepalivedNode {
+    use std::os::unix::process::CommandExt;
+
+    let ns = TestNetns::new(&format!("kad{name}"));
+    // keepalived's IPv6 advertisements need a link-local address at once.
+    ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
+    ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
+    plug(&ns, lan);
+    ns.add_address("up0", &format!("{address}/{}", plan.prefix));
+    serve_name(
+        &ns,
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, PORT)),
+        name,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("keepalived.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "global_defs {{\n  router_id {name}\n}}\n\
+             vrrp_instance floating {{\n  state BACKUP\n  interface up0\n  \
+             virtual_router_id 77\n  priority {priority}\n  advert_int 1\n  \
+             virtual_ipaddress {{\n    {}/{}\n  }}\n}}\n",
+            plan.floating, plan.prefix
+        ),
+    )
+    .unwrap();
+    let arg = |file: &str| dir.path().join(file).display().to_string();
+    let keepalived = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            "keepalived",
+            "--dont-fork",
+            "--log-console",
+        ])
+        .args(["--use-file", &config.display().to_string()])
+        .args([
+            "--pid",
+            &arg("keepalived.pid"),
+            "--vrrp_pid",
+            &arg("vrrp.pid"),
+        ])
+        .args(["--vrrp", "--no-syslog"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start keepalived (apt-get install keepalived)");
+    KeepalivedNode {
+        name,
+        ns,
+        keepalived,
+        _dir: dir,
+    }
+}
+
+/// The failover of `plan` with keepalived; returns the time from the
+/// master's death to the first connection through the backup.
+fn keepalived_failover(plan: &Plan) -> Duration {
+    let (lan, client) = lan_and_client(plan);
+    let a = keepalived_node("a", &lan, plan.node_a, 150, plan);
+    let b = keepalived_node("b", &lan, plan.node_b, 100, plan);
+    wait_until("keepalived's master answers", || {
+        answering(&client, plan.floating).as_deref() == Some(a.name)
+    });
+    // The node dies: its link goes down (keepalived cannot say goodbye),
+    // then keepalived is killed.
+    let killed = Instant::now();
+    a.ns.ip(&["link", "set", "up0", "down"]);
+    kill_group(&a.keepalived);
+    wait_until("keepalived's backup answers", || {
+        answering(&client, plan.floating).as_deref() == Some(b.name)
+    });
+    let failover = killed.elapsed();
+    println!(
+        "keepalived_failover_ms={} family={}",
+        failover.as_millis(),
+        if plan.prefix == 64 { "ipv6" } else { "ipv4" },
+    );
+    failover
+}
+
+#[test]
+#[ignore = "the baseline of `cargo xtask bench failover`; needs keepalived (apt-get install keepalived)"]
+fn keepalived_baseline() {
+    if !privileged("keepalived_baseline") {
+        return;
+    }
+    assert!(
+        std::process::Command::new("keepalived")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "keepalived is not installed: apt-get install keepalived"
+    );
+    for plan in [&IPV4, &IPV6] {
+        for _ in 0..runs() {
+            keepalived_failover(plan);
         }
     }
 }

@@ -21,6 +21,9 @@ pub struct FloatingArgs {
     node_name: Option<String>,
     #[command(flatten)]
     pins: PinArgs,
+    /// Where to keep the status `flatnet-agent inspect floating` shows.
+    #[arg(long, env = "FLATNET_FLOATING_STATUS_FILE", default_value = owner::DEFAULT_STATUS_FILE)]
+    status_file: PathBuf,
 }
 
 impl FloatingArgs {
@@ -46,15 +49,15 @@ impl FloatingArgs {
                 .trim()
                 .to_owned(),
         };
-        let mac_path = format!("/sys/class/net/{}/address", section.interface);
-        let mac_text = std::fs::read_to_string(&mac_path)
-            .with_context(|| format!("read the MAC of {} ({mac_path})", section.interface))?;
-        let mac = flatnet_agent::link::parse_mac(mac_text.trim())
-            .with_context(|| format!("{mac_path} holds {mac_text:?}"))?;
-        let settings = section.settings(&node, mac, self.pins.pin_root);
-        tracing::info!(node = %settings.node, interface = %settings.interface, addresses = ?settings.candidate_for, "serving floating addresses");
+        let (mut settings, assignment) = section.settings(&node, self.pins.pin_root);
+        settings.status_file = Some(self.status_file);
+        tracing::info!(node = %settings.node, interface = %section.interface, addresses = ?section.addresses, "serving floating addresses");
         let stop = AtomicBool::new(false);
-        owner::run(&settings, &stop, |event| tracing::info!(?event, "floating"))?;
+        // The sender stays alive for the whole run: the assignment is fixed.
+        let (_fixed, assignment) = tokio::sync::watch::channel(assignment);
+        owner::run(&settings, &assignment, &stop, |event| {
+            tracing::info!(?event, "floating");
+        })?;
         Ok(())
     }
 }

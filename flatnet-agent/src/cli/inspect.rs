@@ -9,6 +9,7 @@ use clap::{Subcommand, ValueEnum};
 use flatnet_agent::datapath::{
     PinnedMaps, PolicyMaps, RecentConflictEntry, WireClaimEntry, format_mac, monotonic_ns,
 };
+use flatnet_agent::floating::owner;
 use flatnet_common::conflict::ClaimKind;
 use serde::Serialize;
 
@@ -52,6 +53,17 @@ pub enum InspectCommand {
     Wire {
         #[command(flatten)]
         pin: PinArgs,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// The floating addresses this node offers: interface, the node
+    /// answering for each as this node sees it, since when, and when this
+    /// node last announced it (from the running loop's status file).
+    Floating {
+        /// The status file of the agent's floating-address loop.
+        #[arg(long, env = "FLATNET_FLOATING_STATUS_FILE", default_value = owner::DEFAULT_STATUS_FILE)]
+        status_file: std::path::PathBuf,
         /// Output format.
         #[arg(long, short, value_enum, default_value = "table")]
         output: Output,
@@ -140,6 +152,24 @@ impl InspectCommand {
                             "neighbor_advertisement", answers.neighbor_advertisements
                         );
                     }
+                }
+            }
+            InspectCommand::Floating {
+                status_file,
+                output,
+            } => {
+                let text = std::fs::read(&status_file).with_context(|| {
+                    format!(
+                        "read {}: does an agent serve floating addresses on this node (FLATNET_FLOATING_IP, or `flatnet-agent floating`)?",
+                        status_file.display()
+                    )
+                })?;
+                let status: owner::Status = serde_json::from_slice(&text).with_context(|| {
+                    format!("{} is not a floating status", status_file.display())
+                })?;
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+                    Output::Table => print_floating(&status),
                 }
             }
             InspectCommand::Addresses { pin, output } => {
@@ -301,5 +331,28 @@ fn row(table: &'static str, ifindex: u32, address: IpAddr, mac: [u8; 6]) -> Addr
         ifindex,
         address,
         mac: format_mac(mac),
+    }
+}
+
+/// The `inspect floating` table; times as seconds ago.
+fn print_floating(status: &owner::Status) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let ago = |at: u64| format!("{}s ago", now.saturating_sub(at));
+    println!("node {}", status.node);
+    println!(
+        "{:<40} {:<16} {:<24} {:<12} LAST ANNOUNCE",
+        "ADDRESS", "INTERFACE", "OWNER", "SINCE"
+    );
+    for row in &status.addresses {
+        println!(
+            "{:<40} {:<16} {:<24} {:<12} {}",
+            row.address,
+            row.interface,
+            row.owner.as_deref().unwrap_or("(claiming)"),
+            ago(row.since),
+            row.last_announced.map_or_else(|| "-".to_owned(), ago),
+        );
     }
 }

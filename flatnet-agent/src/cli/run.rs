@@ -13,6 +13,10 @@ use flatnet_agent::{
         kubernetes::Kubernetes,
         standalone::{Standalone, StateSource},
     },
+    floating::{
+        self,
+        kubernetes::{AttachUplink, Floating},
+    },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
     metrics::Metrics,
@@ -105,6 +109,18 @@ pub struct RunArgs {
     /// (the lab and tests); the agent's own namespace when unset.
     #[arg(long, env = "FLATNET_HOST_NETNS")]
     host_netns: Option<PathBuf>,
+    /// Kubernetes: answer for the floating addresses of LoadBalancer
+    /// Services this node is eligible for (heartbeats with the other agents).
+    #[arg(long, env = "FLATNET_FLOATING_IP", default_value_t = true, action = clap::ArgAction::Set)]
+    floating_ip: bool,
+    /// Kubernetes: the UDP port agents exchange floating-address heartbeats
+    /// on (every node's, the same).
+    #[arg(long, env = "FLATNET_FLOATING_IP_PORT", default_value_t = flatnet_agent::floating::heartbeat::HEARTBEAT_PORT)]
+    floating_ip_port: u16,
+    /// Kubernetes: also serve LoadBalancer Services without a
+    /// loadBalancerClass (as the operator's `FLATNET_FLOATING_IP_CLASSLESS`).
+    #[arg(long, env = "FLATNET_FLOATING_IP_CLASSLESS", default_value_t = false, action = clap::ArgAction::Set)]
+    floating_ip_classless: bool,
     /// Network names a MultiNetworkPolicy's `k8s.v1.cni.cncf.io/policy-for`
     /// must mention to be enforced (`name` or `namespace/name`).
     #[arg(long = "policy-network", env = "FLATNET_POLICY_NETWORKS", value_delimiter = ',',
@@ -173,6 +189,8 @@ impl RunArgs {
             let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client.clone());
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
+            let floating = self.floating_config(&node_name);
+            let floating_metrics = metrics.floating.clone();
             self.serve(
                 node_name,
                 desired,
@@ -180,12 +198,49 @@ impl RunArgs {
                 source,
                 metrics,
                 |service| async move {
+                    // Kept for the agent's life: dropping it stops the loop.
+                    let _floating = floating.map(|config| {
+                        let attach_service = service.clone();
+                        let attach: AttachUplink = Arc::new(move |interface: String| {
+                            let service = attach_service.clone();
+                            Box::pin(async move {
+                                service
+                                    .attach_uplink(&interface)
+                                    .await
+                                    .map_err(|e| e.to_string())
+                            })
+                        });
+                        Floating::start(client.clone(), config, floating_metrics, attach)
+                    });
                     sync_until_reachable(service.desired()).await;
                     wire_report::run(service.desired(), client, &node, &pin_root).await;
                 },
             )
             .await
         }
+    }
+
+    /// The floating addresses' settings, `None` when turned off.
+    fn floating_config(&self, node_name: &str) -> Option<floating::kubernetes::Config> {
+        if !self.floating_ip {
+            tracing::info!("floating addresses turned off (FLATNET_FLOATING_IP=false)");
+            return None;
+        }
+        let mut settings = floating::owner::Settings::new(node_name, self.pin_root.clone());
+        // Every address, both families: the peers are the nodes' InternalIPs.
+        settings.bind = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, self.floating_ip_port));
+        // Beside the CNI socket (`/run/flatnet`), for `inspect floating`.
+        settings.status_file = Some(
+            self.socket
+                .parent()
+                .unwrap_or(std::path::Path::new("/run/flatnet"))
+                .join("floating.json"),
+        );
+        Some(floating::kubernetes::Config {
+            settings,
+            classless: self.floating_ip_classless,
+            host_netns: self.host_netns.clone(),
+        })
     }
 
     fn install_cni(&self) -> anyhow::Result<()> {

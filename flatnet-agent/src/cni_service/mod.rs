@@ -147,6 +147,19 @@ impl<S: DesiredState> AgentService<S> {
         &self.inner.desired
     }
 
+    /// Attaches the uplink program to `interface` in the node namespace
+    /// unless it is there already: floating addresses are answered on
+    /// interfaces no pod may use.
+    ///
+    /// # Errors
+    /// The interface is missing or the attach failed.
+    pub async fn attach_uplink(&self, interface: &str) -> Result<(), CniError> {
+        let interface = interface.to_owned();
+        self.inner
+            .blocking(move |inner| inner.attach_uplink(&interface))
+            .await
+    }
+
     /// Whether ADD can be served; the reason when not (CNI STATUS, `/readyz`).
     pub fn readiness(&self) -> Result<(), String> {
         self.inner.desired.readiness().map_err(|reason| {

@@ -70,7 +70,7 @@ impl<S: DesiredState> Inner<S> {
     /// Attaches the uplink program to `name` in the node namespace unless
     /// it is there already (blocks: enters the namespace, holds the
     /// data-plane lock).
-    fn attach_uplink(&self, name: &str) -> Result<(), CniError> {
+    pub(super) fn attach_uplink(&self, name: &str) -> Result<(), CniError> {
         let mut tables = self.datapath.lock().expect("datapath lock poisoned");
         if tables.uplinks.contains(name) {
             return Ok(());

@@ -75,8 +75,9 @@ struct Followed {
     subnets: Mirror<FlatNetworkSubnet>,
 }
 
-/// One kind's copy, fed by a watch in its own task.
-struct Mirror<K: 'static + Resource<DynamicType = ()>> {
+/// One kind's copy, fed by a watch in its own task (also the floating
+/// addresses' copies of pools, Services, EndpointSlices and Nodes).
+pub(crate) struct Mirror<K: 'static + Resource<DynamicType = ()>> {
     store: Store<K>,
     /// Set once the first list is in the store: before, an object missing
     /// from it says nothing.
@@ -97,6 +98,12 @@ where
     /// Follows every object of `api` (a reflector: list, then watch, with
     /// backoff and relists as the watcher does them).
     fn follow(api: Api<K>) -> Self {
+        Self::follow_notifying(api, None)
+    }
+
+    /// [`Self::follow`], also waking `changed` after every change once the
+    /// copy is complete.
+    pub(crate) fn follow_notifying(api: Api<K>, changed: Option<Arc<tokio::sync::Notify>>) -> Self {
         let (store, writer) = reflector::store();
         let complete = Arc::new(AtomicBool::new(false));
         let listed = Arc::clone(&complete);
@@ -107,10 +114,20 @@ where
                 .boxed();
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(watcher::Event::InitDone) => listed.store(true, Ordering::Release),
+                    Ok(watcher::Event::InitDone) => {
+                        listed.store(true, Ordering::Release);
+                        if let Some(changed) = &changed {
+                            changed.notify_one();
+                        }
+                    }
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                        if let Some(changed) = &changed {
+                            changed.notify_one();
+                        }
+                    }
                     Ok(_) => {}
                     Err(error) => {
-                        tracing::debug!(%kind, %error, "watch of the allocations failed; retrying with backoff");
+                        tracing::debug!(%kind, %error, "watch failed; retrying with backoff");
                     }
                 }
             }
@@ -131,8 +148,13 @@ where
         self.store.get(&ObjectRef::new(name).within(namespace))
     }
 
-    fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         self.complete.load(Ordering::Acquire)
+    }
+
+    /// Every object of the copy; `None` while it is not complete.
+    pub(crate) fn objects(&self) -> Option<Vec<Arc<K>>> {
+        self.is_complete().then(|| self.store.state())
     }
 }
 

@@ -27,8 +27,14 @@ struct Peer {
     incarnation: u64,
     /// When its last heartbeat arrived.
     heard: Instant,
-    /// The addresses it can serve.
-    candidate_for: BTreeSet<IpAddr>,
+    /// The addresses it can serve, by heartbeat part.
+    parts: BTreeMap<u16, BTreeSet<IpAddr>>,
+}
+
+impl Peer {
+    fn candidate_for(&self, addr: &IpAddr) -> bool {
+        self.parts.values().any(|part| part.contains(addr))
+    }
 }
 
 /// One agent's view of the election.
@@ -64,25 +70,33 @@ impl Election {
         self.timeout
     }
 
-    /// Records a heartbeat received at `now`. Own heartbeats (looped back)
-    /// and heartbeats older than the peer's current incarnation are
-    /// ignored.
+    /// Records a heartbeat (part) received at `now`. Own heartbeats
+    /// (looped back) and heartbeats older than the peer's current
+    /// incarnation are ignored; a newer incarnation replaces every part.
     pub fn heard(&mut self, heartbeat: &Heartbeat, now: Instant) {
-        if heartbeat.node == self.me {
+        if heartbeat.node == self.me || heartbeat.part >= heartbeat.parts.max(1) {
             return;
         }
-        if let Some(peer) = self.peers.get(&heartbeat.node)
-            && peer.incarnation > heartbeat.incarnation
-        {
-            return;
-        }
-        self.peers.insert(
-            heartbeat.node.clone(),
-            Peer {
+        let peer = self
+            .peers
+            .entry(heartbeat.node.clone())
+            .or_insert_with(|| Peer {
                 incarnation: heartbeat.incarnation,
                 heard: now,
-                candidate_for: heartbeat.candidate_for.iter().copied().collect(),
-            },
+                parts: BTreeMap::new(),
+            });
+        if peer.incarnation > heartbeat.incarnation {
+            return;
+        }
+        if peer.incarnation < heartbeat.incarnation {
+            peer.parts.clear();
+        }
+        peer.incarnation = heartbeat.incarnation;
+        peer.heard = now;
+        peer.parts.retain(|part, _| *part < heartbeat.parts);
+        peer.parts.insert(
+            heartbeat.part,
+            heartbeat.candidate_for.iter().copied().collect(),
         );
     }
 
@@ -102,8 +116,7 @@ impl Election {
             .peers
             .iter()
             .filter(|(_, p)| {
-                now.saturating_duration_since(p.heard) < self.timeout
-                    && p.candidate_for.contains(&addr)
+                now.saturating_duration_since(p.heard) < self.timeout && p.candidate_for(&addr)
             })
             .map(|(name, _)| name.as_str());
         let me = mine.contains(&addr).then_some(self.me.as_str());

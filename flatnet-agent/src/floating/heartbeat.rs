@@ -3,8 +3,10 @@
 //!
 //! A heartbeat is one small JSON datagram: who sends it, its incarnation
 //! (process start time, so a restarted agent replaces its old entry) and
-//! the floating addresses it can serve. Datagrams that do not parse are
-//! dropped: anyone on the LAN can send to the port.
+//! the floating addresses it can serve. More addresses than fit one
+//! datagram are sent as several parts ([`Heartbeat::split`]), each saying
+//! which part of how many it is. Datagrams that do not parse are dropped:
+//! anyone on the LAN can send to the port.
 
 use std::{
     io,
@@ -23,6 +25,10 @@ pub const HEARTBEAT_PORT: u16 = 7946;
 /// Largest heartbeat accepted (one Ethernet frame's payload).
 pub const MAX_HEARTBEAT_BYTES: usize = 1400;
 
+/// Addresses per heartbeat part: 25 of the longest IPv6 text (41 bytes
+/// quoted) and the rest of the message stay under [`MAX_HEARTBEAT_BYTES`].
+pub const ADDRESSES_PER_PART: usize = 25;
+
 /// One agent's heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -31,8 +37,26 @@ pub struct Heartbeat {
     pub node: String,
     /// The agent's process start, in nanoseconds since the epoch.
     pub incarnation: u64,
-    /// The floating addresses this agent can serve now.
+    /// The floating addresses this agent can serve now (this part's).
     pub candidate_for: Vec<IpAddr>,
+    /// Which part this is, from 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub part: u16,
+    /// How many parts the agent's addresses take (1 when unset).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub parts: u16,
+}
+
+fn is_zero(n: &u16) -> bool {
+    *n == 0
+}
+
+fn one() -> u16 {
+    1
+}
+
+fn is_one(n: &u16) -> bool {
+    *n == 1
 }
 
 /// Why a datagram is not a heartbeat.
@@ -50,6 +74,28 @@ pub enum HeartbeatError {
 }
 
 impl Heartbeat {
+    /// The heartbeat(s) of `node` offering `candidate_for`: one part per
+    /// [`ADDRESSES_PER_PART`] addresses, at least one.
+    pub fn split(node: &str, incarnation: u64, candidate_for: &[IpAddr]) -> Vec<Self> {
+        let chunks: Vec<&[IpAddr]> = if candidate_for.is_empty() {
+            vec![&[]]
+        } else {
+            candidate_for.chunks(ADDRESSES_PER_PART).collect()
+        };
+        let parts = u16::try_from(chunks.len()).unwrap_or(u16::MAX);
+        chunks
+            .into_iter()
+            .zip(0..parts)
+            .map(|(chunk, part)| Self {
+                node: node.to_owned(),
+                incarnation,
+                candidate_for: chunk.to_vec(),
+                part,
+                parts,
+            })
+            .collect()
+    }
+
     /// The datagram.
     ///
     /// # Errors
@@ -106,7 +152,15 @@ impl HeartbeatSocket {
     /// The heartbeat does not encode.
     pub fn send(&self, heartbeat: &Heartbeat, peers: &[SocketAddr]) -> Result<(), HeartbeatError> {
         let bytes = heartbeat.encode()?;
+        let dual_stack = self.socket.local_addr()?.is_ipv6();
         for peer in peers {
+            // An IPv6 socket reaches IPv4 peers at their mapped address.
+            let peer = match peer {
+                SocketAddr::V4(v4) if dual_stack => {
+                    SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port()))
+                }
+                other => *other,
+            };
             if let Err(error) = self.socket.send_to(&bytes, peer) {
                 tracing::debug!(%peer, %error, "heartbeat not sent");
             }
@@ -153,7 +207,36 @@ mod tests {
             node: node.into(),
             incarnation: 7,
             candidate_for: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+            part: 0,
+            parts: 1,
         }
+    }
+
+    #[test]
+    fn many_addresses_are_split_into_parts_that_each_fit_a_datagram() {
+        let many: Vec<IpAddr> = (0..130u16)
+            .map(|i| {
+                format!("fd00:ffff:ffff:ffff:ffff:ffff:ffff:{i:x}")
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let parts = Heartbeat::split("a-node-with-a-rather-long-name", u64::MAX, &many);
+        assert_eq!(parts.len(), 6);
+        let mut joined = Vec::new();
+        for (index, part) in parts.iter().enumerate() {
+            let bytes = part.encode().expect("every part fits");
+            assert_eq!(&Heartbeat::decode(&bytes).unwrap(), part);
+            assert_eq!((usize::from(part.part), part.parts), (index, 6));
+            joined.extend(part.candidate_for.iter().copied());
+        }
+        assert_eq!(joined, many);
+        let none = Heartbeat::split("n", 1, &[]);
+        assert_eq!(none.len(), 1);
+        assert!(none[0].candidate_for.is_empty());
+        // One part is sent without the part fields.
+        let text = String::from_utf8(none[0].encode().unwrap()).unwrap();
+        assert!(!text.contains("part"), "{text}");
     }
 
     #[test]

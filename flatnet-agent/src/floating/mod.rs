@@ -12,12 +12,13 @@
 //!   the owned addresses and announces acquired ones.
 //!
 //! - [`standalone`]: the state file's `floating` section, run by
-//!   `flatnet-agent floating` beside the agent (or `datapath attach`).
-//!
-//! Not wired into the daemon's Kubernetes mode yet (see
-//! `docs/floating-ips.md`).
+//!   `flatnet-agent floating` beside the agent (or `datapath attach`);
+//! - [`kubernetes`]: the daemon's Kubernetes mode: the addresses this node
+//!   may serve, from the pools, Services, EndpointSlices and Nodes, and
+//!   the Events and metrics of what the loop does.
 
 pub mod election;
 pub mod heartbeat;
+pub mod kubernetes;
 pub mod owner;
 pub mod standalone;

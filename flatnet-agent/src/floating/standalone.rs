@@ -8,10 +8,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::owner::Settings;
+use super::owner::{Assignment, Settings};
 use flatnet_k8s::validation::check_ifname;
-
-use crate::packet::MacAddr;
 
 /// Floating addresses served without Kubernetes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,15 +50,20 @@ impl FloatingSection {
         problems
     }
 
-    /// The loop's settings for node `default_node`, answering with `mac`.
-    pub fn settings(&self, default_node: &str, mac: MacAddr, pin_root: PathBuf) -> Settings {
+    /// The loop's settings for node `default_node`, and what it serves.
+    pub fn settings(&self, default_node: &str, pin_root: PathBuf) -> (Settings, Assignment) {
         let node = self.node.clone().unwrap_or_else(|| default_node.to_owned());
-        let mut settings = Settings::new(node, self.interface.clone(), pin_root);
-        settings.mac = mac;
-        settings.candidate_for.clone_from(&self.addresses);
+        let mut settings = Settings::new(node, pin_root);
         settings.bind = self.listen;
-        settings.peers.clone_from(&self.peers);
-        settings
+        let assignment = Assignment {
+            addresses: self
+                .addresses
+                .iter()
+                .map(|addr| (*addr, self.interface.clone()))
+                .collect(),
+            peers: self.peers.clone(),
+        };
+        (settings, assignment)
     }
 }
 
@@ -79,13 +82,17 @@ mod tests {
         )
         .unwrap();
         assert!(good.problems().is_empty());
-        let settings = good.settings("node-a", [2, 0, 0, 0, 0, 1], "/sys/fs/bpf/x".into());
+        let (settings, assignment) = good.settings("node-a", "/sys/fs/bpf/x".into());
         assert_eq!(settings.node, "node-a");
         assert_eq!(
-            settings.candidate_for,
-            vec!["192.168.50.10".parse::<IpAddr>().unwrap()]
+            assignment.addresses,
+            [(
+                "192.168.50.10".parse::<IpAddr>().unwrap(),
+                "eth0.50".to_owned()
+            )]
+            .into()
         );
-        assert_eq!(settings.peers.len(), 1);
+        assert_eq!(assignment.peers.len(), 1);
         assert!(settings.lease < settings.interval * super::super::election::MISSED_HEARTBEATS);
     }
 

@@ -316,6 +316,20 @@ pub fn wants_floating(service: &Service, classless: bool) -> bool {
         }
 }
 
+/// The addresses in `service`'s `status.loadBalancer.ingress` (entries
+/// without a parseable `ip` skipped).
+pub fn ingress_ips(service: &Service) -> Vec<IpAddr> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
+        .collect()
+}
+
 /// What `service` asks for.
 ///
 /// # Errors

@@ -44,14 +44,8 @@ const RETRY_USER: Duration = Duration::from_secs(60);
 /// The floating addresses `service` holds: its ingress addresses inside a
 /// valid pool.
 pub fn ingress_addresses(service: &Service, pools: &[ValidPool]) -> Vec<IpAddr> {
-    service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
+    flatnet_k8s::floating::ingress_ips(service)
         .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
         .filter(|a| quotas::pool_of(pools, *a).is_some())
         .collect()
 }

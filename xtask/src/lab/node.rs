@@ -99,7 +99,8 @@ pub struct Node {
     pub netns: &'static str,
     /// Host part of this node's pod addresses: pods get `.{base}`, `.{base+1}`...
     pub base: u8,
-    dir: PathBuf,
+    /// The agent's files (state, records, socket, logs).
+    pub dir: PathBuf,
     pub pin_root: PathBuf,
     admin: SocketAddr,
     agent: Option<Child>,

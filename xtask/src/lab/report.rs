@@ -57,6 +57,8 @@ pub struct StepRecord {
 pub struct Report {
     started: Instant,
     steps: Vec<StepRecord>,
+    /// Measurements the steps made, printed under the table.
+    notes: Vec<String>,
 }
 
 impl Default for Report {
@@ -64,6 +66,7 @@ impl Default for Report {
         Self {
             started: Instant::now(),
             steps: Vec::new(),
+            notes: Vec::new(),
         }
     }
 }
@@ -104,6 +107,11 @@ impl Report {
         });
     }
 
+    /// Adds a measurement to the closing report.
+    pub fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     /// Steps that failed.
     pub fn failures(&self) -> Vec<&StepRecord> {
         self.steps
@@ -140,6 +148,9 @@ impl fmt::Display for Report {
             if let Some(detail) = step.outcome.detail() {
                 writeln!(f, "  {:<name_width$}  {:<11}           -> {detail}", "", "")?;
             }
+        }
+        for note in &self.notes {
+            writeln!(f, "  {note}")?;
         }
         let failed = self.failures().len();
         let passed = self

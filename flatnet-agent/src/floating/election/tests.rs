@@ -22,7 +22,31 @@ fn beat(node: &str, incarnation: u64, addrs: &[IpAddr]) -> Heartbeat {
         node: node.into(),
         incarnation,
         candidate_for: addrs.to_vec(),
+        part: 0,
+        parts: 1,
     }
+}
+
+#[test]
+fn a_peer_offering_its_addresses_in_parts_is_a_candidate_for_all_of_them() {
+    let addrs: Vec<IpAddr> = (1..=60u8)
+        .map(|i| IpAddr::from([192, 168, 50, i]))
+        .collect();
+    let now = Instant::now();
+    let mut election = Election::new("a", Duration::from_millis(300));
+    for part in Heartbeat::split("b", 1, &addrs) {
+        election.heard(&part, now);
+    }
+    let none = BTreeSet::new();
+    for addr in &addrs {
+        assert_eq!(election.owner(*addr, &none, now), Some("b"));
+    }
+    // Fewer addresses later: the parts beyond the new count are dropped.
+    for part in Heartbeat::split("b", 1, &addrs[..3]) {
+        election.heard(&part, now);
+    }
+    assert_eq!(election.owner(addrs[2], &none, now), Some("b"));
+    assert_eq!(election.owner(addrs[40], &none, now), None);
 }
 
 fn set(addrs: &[IpAddr]) -> BTreeSet<IpAddr> {
