@@ -389,7 +389,7 @@ async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Fai
     })?;
     let mut pool = Pool::new(&valid);
     let status = subnet.status.clone().unwrap_or_default();
-    pool.reserve_ranges(&status.used_ip);
+    pool.reserve_ranges(&status.used_ranges());
     // Addresses V1 pods still hold during a migration: never chosen, never
     // written to the ledger (no record of flatnet names them).
     let v1_held = status
