@@ -15,6 +15,7 @@
 //!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
 //! - [`wire_exclusion`]: addresses hosts outside flatnet use on the LAN
 //!   stay out of the pool.
+//! - [`slim`]: what the caches keep of each object.
 //!
 //! Only the leader runs them; they share one [`Context`].
 
@@ -33,6 +34,7 @@ pub mod mac_ledger;
 pub mod nodes;
 pub mod pods;
 pub mod records;
+mod slim;
 pub mod subnets;
 pub mod wire_exclusion;
 
@@ -48,7 +50,7 @@ use kube::{
     Api, Client,
     api::PartialObjectMeta,
     runtime::{
-        Controller, controller,
+        controller,
         reflector::{ObjectRef, Store},
         watcher,
     },
@@ -115,7 +117,7 @@ pub struct Caches {
     pub records: Store<FlatNetworkIP>,
     /// Every FlatNetworkSubnet.
     pub subnets: Store<FlatNetworkSubnet>,
-    /// Every pod.
+    /// Every pod, as [`slim::pod`] leaves it (metadata and `spec.nodeName`).
     pub pods: Store<Pod>,
     /// Every namespace (for the Rancher project label).
     pub namespaces: Store<Namespace>,
@@ -169,14 +171,14 @@ pub async fn run(
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
-    let pods_ctl = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    let ips_ctl = Controller::new(
+    let pods_ctl = slim::cached_controller(Api::<Pod>::all(client.clone()), slim::pod);
+    let ips_ctl = slim::cached_controller(
         Api::<FlatNetworkIP>::all(client.clone()),
-        watcher::Config::default(),
+        slim::metadata,
     );
-    let subnets_ctl = Controller::new(
+    let subnets_ctl = slim::cached_controller(
         Api::<FlatNetworkSubnet>::all(client.clone()),
-        watcher::Config::default(),
+        slim::metadata,
     );
     let (namespaces, namespaces_writer) = kube::runtime::reflector::store();
     let namespaces_reflector = kube::runtime::reflector(

@@ -1264,9 +1264,10 @@ async fn released_addresses_stay_free_whatever_the_caches_show() {
 }
 
 /// A subnet of 65,536 addresses with every other one used: the worst case
-/// of the range encoding of `usedIP`. The fake refuses objects larger than
-/// etcd does; the ledger must still be written and read back. (An IPv6
-/// /112 in that state does not fit: see `docs/ipam.md`, "Ledger size".)
+/// of the range encoding of `usedIP`, which then holds a cover and
+/// `usedIPCompact` the exact ranges (see `docs/ipam.md`, "Ledger size").
+/// The fake refuses objects larger than etcd does; the ledger must still
+/// be written and read back.
 async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
     let (family_v4, base) = match first {
         IpAddr::V4(v4) => (true, u128::from(u32::from(v4))),
@@ -1291,9 +1292,10 @@ async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
     net.spec.cidr = cidr.into();
     net.spec.ranges = Vec::new();
     net.spec.gateway = Some(at(1));
-    net.status.as_mut().unwrap().used_ip = used.clone();
+    net.status.as_mut().unwrap().set_used_ranges(used.clone());
     server.insert(&net);
     let stored = serde_json::to_vec(&server.list::<FlatNetworkSubnet>()[0]).unwrap();
+    assert!(stored.len() < super::fake_api::MAX_OBJECT_BYTES / 3);
     println!(
         "{cidr}: {} ranges in usedIP, subnet object {} bytes (etcd limit {})",
         used.len(),
@@ -1312,12 +1314,22 @@ async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
         .and_then(|r| r.status?.addr)
         .expect("the record got an address");
     assert_eq!(held, at(3), "the first free address");
-    assert!(used_ranges::contains(&ledger(&server), held));
+    let written = ledger(&server);
+    assert!(used_ranges::contains(&written, held));
+    assert_eq!(written.len(), used.len() - 1, "3 joined 2 and 4");
+    let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
+    assert!(status.used_ip_compact.is_some(), "still compact");
+    assert_eq!(status.used_ip_count, 32_767 + 1, "the gateway and 32,767 records");
 }
 
 #[tokio::test]
 async fn a_fully_fragmented_ipv4_slash_16_ledger_is_written() {
     fragmented_ledger_takes_writes("10.16.0.0/16", ip("10.16.0.0")).await;
+}
+
+#[tokio::test]
+async fn a_fully_fragmented_ipv6_slash_112_ledger_is_written() {
+    fragmented_ledger_takes_writes("fd00:16::/112", ip("fd00:16::")).await;
 }
 
 #[tokio::test]
@@ -1612,7 +1624,7 @@ fn ledger(server: &FakeApiServer) -> Vec<IpRange> {
         .remove(0)
         .status
         .unwrap()
-        .used_ip
+        .used_ranges()
 }
 
 /// Reconciles every stored record once, with the caches as they are now.
