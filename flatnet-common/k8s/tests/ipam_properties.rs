@@ -6,9 +6,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use flatnet_k8s::{
     api::{FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange},
-    ipam::{
-        Cidr, Family, Pool, PoolError, compact_ranges, from_u128, to_u128, used_ranges,
-    },
+    ipam::{Cidr, Family, Pool, PoolError, compact_ranges, from_u128, to_u128, used_ranges},
     validation::{ValidSubnet, validate_subnet},
 };
 use proptest::prelude::*;

@@ -87,8 +87,8 @@ pub struct Settings {
     /// Most announced records a ledger write reserves an address for ahead
     /// of their allocation (see `docs/ipam.md`, "Reserving ahead"). Off (0)
     /// by default: an address held for a record that never comes back for
-    /// it is only given back by a later batch of the same subnet, so a
-    /// subnet that goes quiet after a burst keeps it until the orphan grace.
+    /// it stays in `usedIP` without a record until a timer gives it back,
+    /// half a write deadline after the deadline at most.
     pub reserve_ahead: usize,
     /// How long an address a foreign MAC claimed on the LAN stays out of
     /// the pool (see [`wire_exclusion`]).
@@ -146,6 +146,8 @@ pub struct Context {
     pub nodes: Arc<nodes::NodeClock>,
     /// The in-memory ledger of each subnet, for group commits.
     pub ledgers: group_commit::Ledgers,
+    /// Pods whose record was seen going: no new record for them.
+    pub departed: Arc<pods::Departed>,
     /// The addresses live on the wire, per subnet.
     pub wire: wire_exclusion::WireView,
 }
@@ -172,10 +174,18 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let pods_ctl = slim::cached_controller(Api::<Pod>::all(client.clone()), slim::pod);
-    let ips_ctl = slim::cached_controller(
-        Api::<FlatNetworkIP>::all(client.clone()),
-        slim::metadata,
-    );
+    // Marked before the cache drops the record, so the pod controller
+    // never finds a record gone without its pod marked departed.
+    let departed = Arc::new(pods::Departed::default());
+    let ips_ctl = slim::cached_controller(Api::<FlatNetworkIP>::all(client.clone()), {
+        let departed = Arc::clone(&departed);
+        move |record: &mut FlatNetworkIP| {
+            if record.metadata.deletion_timestamp.is_some() {
+                departed.saw(&record.spec.pod_id);
+            }
+            slim::metadata(record);
+        }
+    });
     let subnets_ctl = slim::cached_controller(
         Api::<FlatNetworkSubnet>::all(client.clone()),
         slim::metadata,
@@ -215,6 +225,7 @@ pub async fn run(
         orphans: subnets::OrphanClock::default(),
         nodes: node_clock,
         ledgers: group_commit::Ledgers::default(),
+        departed,
         wire,
     });
     {
@@ -230,6 +241,9 @@ pub async fn run(
                 health.set_ready(true);
             }
         });
+    }
+    if ctx.settings.reserve_ahead > 0 {
+        tokio::spawn(give_back_held(Arc::clone(&ctx), stop.clone()));
     }
     let config = controller::Config::default().concurrency(workers);
     let graceful = |stop: CancellationToken| async move { stop.cancelled().await };
@@ -309,6 +323,18 @@ pub async fn run(
         }
     }
     info!("allocation controllers stopped");
+}
+
+/// Gives back the addresses reserved ahead that nobody took, every half
+/// write deadline, until `stop`.
+async fn give_back_held(ctx: Arc<Context>, stop: CancellationToken) {
+    let period = (ctx.settings.write_deadline / 2).max(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(period) => ctx.ledgers.give_back_expired(&ctx).await,
+        }
+    }
 }
 
 async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(

@@ -23,7 +23,7 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A controller of every `K` whose cache holds the objects as `slim`
 /// leaves them.
-pub fn cached_controller<K>(api: Api<K>, slim: fn(&mut K)) -> Controller<K>
+pub fn cached_controller<K>(api: Api<K>, slim: impl FnMut(&mut K) + Send + 'static) -> Controller<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Unpin,
@@ -89,7 +89,10 @@ mod tests {
             full.annotations().keys().collect::<Vec<_>>(),
             ["flatnetwork.pandaria.io/ip"]
         );
-        assert_eq!(full.metadata.managed_fields, None::<Vec<ManagedFieldsEntry>>);
+        assert_eq!(
+            full.metadata.managed_fields,
+            None::<Vec<ManagedFieldsEntry>>
+        );
         let spec = full.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("node-1"));
         assert!(spec.containers.is_empty());

@@ -92,6 +92,7 @@ fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Cont
         orphans: subnets::OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
+        departed: Default::default(),
         wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
     })
 }
@@ -833,6 +834,14 @@ async fn race(seed: u64) {
 /// The `race` subnet with the records of `pods`, all announced as the pod
 /// controller announces the records it creates.
 fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>) {
+    announced_with(pods, Settings::default())
+}
+
+/// [`announced`], with `settings` (reserving ahead is turned on).
+fn announced_with(
+    pods: Vec<Pod>,
+    settings: Settings,
+) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>) {
     let server = FakeApiServer::new();
     server.insert(&race_subnet());
     for p in &pods {
@@ -843,7 +852,7 @@ fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>
     }
     let ahead = Settings {
         reserve_ahead: 128,
-        ..Settings::default()
+        ..settings
     };
     let ctx = context(server.client(), caches_from(&server), ahead);
     let records: Vec<FlatNetworkIP> = server.list();
@@ -920,6 +929,46 @@ async fn an_announced_record_deleted_first_gives_its_address_back() {
     assert_eq!(used(&server), 1, "given back with the deletion");
     let key = format!("{NS}/{}", records[1].name_any());
     assert!(!ctx.ledgers.is_expected("race", &key));
+}
+
+/// An address held ahead for a record that never comes for it (announced
+/// again after its allocation, by a lagging cache) is given back by the
+/// timer once the write deadline has passed, with no later batch.
+#[tokio::test]
+async fn an_address_held_ahead_and_never_taken_is_given_back_after_the_deadline() {
+    let deadline = Settings {
+        write_deadline: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let (server, ctx, records) = announced_with(race_pods(2, 0), deadline);
+    ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let used = |server: &FakeApiServer| {
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count
+    };
+    assert_eq!(used(&server), 2, "the second record's address is held");
+    ctx.ledgers.give_back_expired(&ctx).await;
+    assert_eq!(used(&server), 2, "still young enough to be taken");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let writes = server.requests_by_verb().get("update").copied();
+    ctx.ledgers.give_back_expired(&ctx).await;
+    assert_eq!(used(&server), 1, "given back without another allocation");
+    assert_eq!(
+        server.requests_by_verb().get("update").copied(),
+        writes.map(|w| w + 1),
+        "in one ledger write"
+    );
+    ctx.ledgers.give_back_expired(&ctx).await;
+    assert_eq!(
+        server.requests_by_verb().get("update").copied(),
+        writes.map(|w| w + 1),
+        "nothing left to give back: no write"
+    );
 }
 
 /// A record announced again (the pod controller's cache lagging behind its
@@ -1319,7 +1368,11 @@ async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
     assert_eq!(written.len(), used.len() - 1, "3 joined 2 and 4");
     let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
     assert!(status.used_ip_compact.is_some(), "still compact");
-    assert_eq!(status.used_ip_count, 32_767 + 1, "the gateway and 32,767 records");
+    assert_eq!(
+        status.used_ip_count,
+        32_767 + 1,
+        "the gateway and 32,767 records"
+    );
 }
 
 #[tokio::test]

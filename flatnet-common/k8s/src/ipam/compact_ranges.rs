@@ -286,7 +286,11 @@ mod tests {
         }
         // Ends inside a number; more than 128 bits.
         assert_eq!(read_leb128(&mut [0x80u8].as_slice()), None);
-        let too_long = [0xffu8; 19].iter().copied().chain([0x7f]).collect::<Vec<_>>();
+        let too_long = [0xffu8; 19]
+            .iter()
+            .copied()
+            .chain([0x7f])
+            .collect::<Vec<_>>();
         assert_eq!(read_leb128(&mut too_long.as_slice()), None);
     }
 
