@@ -2,7 +2,7 @@
 //! labels once the node has set the pod up.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -54,7 +54,15 @@ const DEPARTED_HOLD: Duration = Duration::from_secs(30);
 /// pod that is gone, repeated under deletion churn.
 #[derive(Default)]
 pub struct Departed {
-    seen: Mutex<HashMap<String, Instant>>,
+    seen: Mutex<Seen>,
+}
+
+/// When each pod was marked, and the marks oldest first (to forget them
+/// without scanning).
+#[derive(Default)]
+struct Seen {
+    at: HashMap<String, Instant>,
+    order: VecDeque<(String, Instant)>,
 }
 
 impl Departed {
@@ -64,15 +72,26 @@ impl Departed {
             return;
         }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.retain(|_, at| at.elapsed() < DEPARTED_HOLD);
-        seen.entry(uid.to_owned()).or_insert_with(Instant::now);
+        while let Some((old, at)) = seen.order.front().cloned()
+            && at.elapsed() >= DEPARTED_HOLD
+        {
+            seen.order.pop_front();
+            if seen.at.get(&old) == Some(&at) {
+                seen.at.remove(&old);
+            }
+        }
+        if !seen.at.contains_key(uid) {
+            let now = Instant::now();
+            seen.at.insert(uid.to_owned(), now);
+            seen.order.push_back((uid.to_owned(), now));
+        }
     }
 
     /// How much longer pod `uid` must wait before it gets a new record,
     /// if its record was seen going less than [`DEPARTED_HOLD`] ago.
     fn hold_left(&self, uid: &str) -> Option<Duration> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let left = DEPARTED_HOLD.checked_sub(seen.get(uid)?.elapsed())?;
+        let left = DEPARTED_HOLD.checked_sub(seen.at.get(uid)?.elapsed())?;
         (!left.is_zero()).then_some(left)
     }
 }
