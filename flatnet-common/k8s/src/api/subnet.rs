@@ -288,8 +288,8 @@ pub struct FlatNetworkSubnetStatus {
     )]
     pub used_ip: Vec<IpRange>,
 
-    /// The exact ranges in use when there are too many for `usedIP`, which
-    /// then holds a cover of them (see [`FlatNetworkSubnetStatus::used_ranges`]).
+    /// The exact ranges in use when there are more than 4,096: `usedIP` then
+    /// holds a cover of them (see `docs/ipam.md`, "Ledger size").
     #[serde(
         default,
         rename = "usedIPCompact",
