@@ -63,6 +63,7 @@ fn context(server: &FakeApiServer) -> Arc<Context> {
         orphans: OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
+        departed: Default::default(),
         wire: WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
     })
 }

@@ -111,6 +111,11 @@ impl Fake {
         serde_json::from_value(self.call("GET", "/fake/requests").await).expect("counts")
     }
 
+    /// Requests per verb, resource and reply code.
+    async fn requests_by_kind(&self) -> BTreeMap<String, u64> {
+        serde_json::from_value(self.call("GET", "/fake/requests/kinds").await).expect("counts")
+    }
+
     /// Seconds until the records are exactly those of the pods `live`, all
     /// holding an address (so the records of deleted pods are gone too).
     async fn until_addressed(&self, live: Range<usize>, started: Instant) -> f64 {
@@ -170,6 +175,17 @@ fn per_pod(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, pods: 
     )
 }
 
+/// The requests of a phase per verb, resource and reply code, per pod.
+fn per_kind(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, pods: usize) -> String {
+    after
+        .iter()
+        .map(|(kind, count)| (kind, count - before.get(kind).copied().unwrap_or(0)))
+        .filter(|(_, delta)| *delta > 0)
+        .map(|(kind, delta)| format!("{kind}: {:.3}", delta as f64 / pods as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 async fn run(pods: usize) {
     let fake = Fake::start();
     let stop = CancellationToken::new();
@@ -187,6 +203,7 @@ async fn run(pods: usize) {
     }
 
     let before = fake.requests_by_verb().await;
+    let kinds_before = fake.requests_by_kind().await;
     let started = Instant::now();
     fake.call(
         "POST",
@@ -195,6 +212,7 @@ async fn run(pods: usize) {
     .await;
     let first = fake.until_addressed(0..pods, started).await;
     let after_first = fake.requests_by_verb().await;
+    let kinds_after_first = fake.requests_by_kind().await;
 
     let started = Instant::now();
     fake.call("DELETE", &format!("/fake/pods?from=0&to={}", pods / 2))
@@ -211,6 +229,7 @@ async fn run(pods: usize) {
         .until_addressed(pods / 2..pods + pods / 2, started)
         .await;
     let after_second = fake.requests_by_verb().await;
+    let kinds_after_second = fake.requests_by_kind().await;
 
     let state = fake.call("GET", &active).await;
     assert!(
@@ -233,6 +252,14 @@ async fn run(pods: usize) {
     println!(
         "  half deleted and replaced, all addressed: {second:.1} s | requests per replaced pod: {}",
         per_pod(&after_first, &after_second, pods / 2)
+    );
+    println!(
+        "  requests per pod by kind and reply, first phase: {}",
+        per_kind(&kinds_before, &kinds_after_first, pods)
+    );
+    println!(
+        "  requests per replaced pod by kind and reply: {}",
+        per_kind(&kinds_after_first, &kinds_after_second, pods / 2)
     );
     println!(
         "  peak RSS: operator {operator_rss:.0} MiB, fake API server (own process) {fake_rss:.0} MiB"

@@ -364,7 +364,7 @@ async fn ledger_matches(setup: &Setup, gateway: IpAddr) -> Option<()> {
     let status = setup.subnets.get(&setup.subnet_name).await.ok()?.status?;
     let mut want = live.clone();
     want.insert(gateway);
-    let exact = status.used_ip == used_ranges::compress(want.iter().copied())
+    let exact = status.used_ranges() == used_ranges::compress(want.iter().copied())
         && status.used_ip_count == i64::try_from(want.len()).ok()?;
     exact.then_some(())
 }

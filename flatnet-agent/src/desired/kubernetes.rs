@@ -459,7 +459,7 @@ fn subnet_capacity(subnet: FlatNetworkSubnet) -> SubnetCapacity {
     let free = named.validate().ok().and_then(|valid| {
         (status.total_ip_count > 0).then(|| {
             let mut pool = Pool::new(&valid);
-            pool.reserve_ranges(&status.used_ip);
+            pool.reserve_ranges(&status.used_ranges());
             pool.free()
         })
     });

@@ -5,8 +5,8 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use flatnet_k8s::{
-    api::{FlatNetworkSubnetSpec, IpRange},
-    ipam::{Cidr, Family, Pool, PoolError, from_u128, to_u128, used_ranges},
+    api::{FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, IpRange},
+    ipam::{Cidr, Family, Pool, PoolError, compact_ranges, from_u128, to_u128, used_ranges},
     validation::{ValidSubnet, validate_subnet},
 };
 use proptest::prelude::*;
@@ -252,6 +252,81 @@ proptest! {
         prop_assert_eq!(ranges.len(), set4.iter().count() + set6.iter().count());
         for ip in &sorted {
             prop_assert!(used_ranges::contains(&ranges, *ip));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Any ledger, written through `usedIP` and `usedIPCompact` (small or
+    /// large, either family, anywhere in the address space), reads back as
+    /// the same ranges; `usedIP` stays within its limit and covers every
+    /// used address.
+    #[test]
+    fn large_ledgers_round_trip_through_the_compact_encoding(
+        v6 in any::<bool>(),
+        high in any::<bool>(),
+        gaps in proptest::collection::vec((0u128..40, 0u128..6), 0..6000),
+    ) {
+        let family = if v6 { Family::V6 } else { Family::V4 };
+        let top = match family {
+            Family::V4 => u128::from(u32::MAX),
+            Family::V6 => u128::MAX,
+        };
+        let span: u128 = gaps.iter().map(|(g, l)| g + l + 2).sum();
+        let mut cursor = if high { top - span } else { 0 };
+        let mut status = FlatNetworkSubnetStatus::default();
+        let mut ranges = Vec::new();
+        for (gap, length) in &gaps {
+            let start = cursor + gap;
+            ranges.push(IpRange::new(from_u128(family, start), from_u128(family, start + length)));
+            cursor = start + length + 2;
+        }
+        // Sorted and merged, as a pool gives them.
+        let (v4set, v6set) = used_ranges::to_intervals(&ranges);
+        let set = if v6 { v6set } else { v4set };
+        let exact = used_ranges::from_intervals(family, &set);
+        status.set_used_ranges(exact.clone());
+        prop_assert!(status.used_ip.len() <= compact_ranges::MAX_EXACT_RANGES);
+        prop_assert_eq!(status.used_ip_compact.is_some(), exact.len() > compact_ranges::MAX_EXACT_RANGES);
+        for range in &exact {
+            prop_assert!(used_ranges::contains(&status.used_ip, range.from.unwrap()));
+            prop_assert!(used_ranges::contains(&status.used_ip, range.to.unwrap()));
+        }
+        // Through JSON, as the API server stores it.
+        let stored: FlatNetworkSubnetStatus =
+            serde_json::from_value(serde_json::to_value(&status).unwrap()).unwrap();
+        prop_assert_eq!(stored.used_ranges(), exact);
+    }
+}
+
+/// The worst case of the range encoding, a 65,536-address subnet with
+/// every other address used, fits in etcd's object limit with room to
+/// spare, for both families.
+#[test]
+fn a_fully_fragmented_subnet_of_65536_addresses_fits_in_etcd() {
+    const ETCD_LIMIT: usize = 1536 * 1024;
+    for cidr in ["10.16.0.0", "fd00:1234:5678:9abc:def0:1234:5678:0"] {
+        let ip: IpAddr = cidr.parse().unwrap();
+        let family = Family::of(ip);
+        let base = to_u128(ip);
+        let ranges: Vec<IpRange> = (0..32_768u128)
+            .map(|i| from_u128(family, base + 2 * i))
+            .map(|a| IpRange::new(a, a))
+            .collect();
+        let mut status = FlatNetworkSubnetStatus::default();
+        status.set_used_ranges(ranges.clone());
+        let bytes = serde_json::to_vec(&status).unwrap().len();
+        assert!(
+            bytes < ETCD_LIMIT / 3,
+            "{cidr}: {bytes} bytes of status for 32,768 ranges"
+        );
+        assert_eq!(status.used_ranges(), ranges);
+        // What usedIP alone would cost: the IPv6 case does not fit.
+        let exact = serde_json::to_vec(&ranges).unwrap().len();
+        if family == Family::V6 {
+            assert!(exact > ETCD_LIMIT, "{exact} bytes");
         }
     }
 }

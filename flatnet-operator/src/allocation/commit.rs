@@ -282,7 +282,7 @@ async fn reserve_address(
         // what `reservedIP` keeps from this record's pod (other workloads'
         // fixed addresses, V1 pods' during a migration).
         let mut pool = Pool::new(&valid);
-        pool.reserve_ranges(&status.used_ip);
+        pool.reserve_ranges(&status.used_ranges());
         let reservations = Reservations::of(&status);
         let kept_out: Vec<IpAddr> = reservations
             .free_in(&pool)
@@ -325,7 +325,7 @@ async fn reserve_address(
         let addr = match choice {
             Choice::Keep(addr) | Choice::New(addr) => addr,
         };
-        let newly_reserved = !used_ranges::contains(&status.used_ip, addr);
+        let newly_reserved = !used_ranges::contains(&status.used_ranges(), addr);
         let mac_text = mac.map(|m| m.to_string());
         let mac_new = mac_text
             .as_ref()
@@ -360,7 +360,7 @@ async fn reserve_address(
         // records hold steers the choice but is never written, since a
         // stale cache still shows addresses already released.
         let mut ledger = Pool::new(&valid);
-        ledger.reserve_ranges(&status.used_ip);
+        ledger.reserve_ranges(&status.used_ranges());
         let _ = ledger.mark_used(addr);
         let mut updated = subnet.clone();
         let new_status = updated.status.get_or_insert_with(Default::default);
@@ -781,7 +781,7 @@ async fn release_direct(
             return Ok(());
         };
         let status = fresh.status.get_or_insert_with(Default::default);
-        let (mut v4, mut v6) = used_ranges::to_intervals(&status.used_ip);
+        let (mut v4, mut v6) = used_ranges::to_intervals(&status.used_ranges());
         let mut changed = false;
         for addr in addrs {
             let value = flatnet_k8s::ipam::to_u128(*addr);
@@ -800,7 +800,7 @@ async fn release_direct(
             &v6,
         ));
         status.used_ip_count = i64::try_from(v4.len() + v6.len()).unwrap_or(i64::MAX);
-        status.used_ip = used;
+        status.set_used_ranges(used);
         match subnets
             .replace_status(subnet, &PostParams::default(), &fresh)
             .await

@@ -276,6 +276,9 @@ pub struct FakeApiServer {
     /// Where the garbage collector runs (else the requesting runtime).
     background: Option<tokio::runtime::Handle>,
     requests: Arc<Mutex<HashMap<&'static str, u64>>>,
+    /// Requests per verb, resource and reply code (see
+    /// [`FakeApiServer::requests_by_kind`]).
+    outcomes: Arc<Mutex<BTreeMap<String, u64>>>,
     /// What the clients of [`FakeApiServer::for_client`] asked for.
     accesses: Arc<Mutex<BTreeSet<Access>>>,
     total: Arc<AtomicU64>,
@@ -373,6 +376,18 @@ impl FakeApiServer {
             .iter()
             .map(|(k, v)| (*k, *v))
             .collect()
+    }
+
+    /// Requests served so far per verb, resource (with its subresource)
+    /// and reply code, such as `create flatnetworkips 409` or
+    /// `update flatnetworksubnets/status 200`: what a phase of a run spends
+    /// its requests on, and how many of them fail.
+    #[must_use]
+    pub fn requests_by_kind(&self) -> BTreeMap<String, u64> {
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Every kind of request the clients of [`FakeApiServer::for_client`]
@@ -555,9 +570,7 @@ impl FakeApiServer {
             self.count_request("other");
             return reply(StatusCode::NOT_FOUND, &status(404, "NotFound", &path));
         };
-        let watching = method == Method::GET
-            && target.name.is_none()
-            && query_param(&query, "watch").is_some_and(|w| w == "true" || w == "1");
+        let watching = is_watch(&method, &target, &query);
         let verb = verb_of(&method, &target, watching);
         self.count_request(verb);
         if self.client != 0 {
@@ -1049,6 +1062,13 @@ fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
         .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
 }
 
+/// Whether a request is a watch.
+fn is_watch(method: &Method, target: &Target, query: &str) -> bool {
+    method == Method::GET
+        && target.name.is_none()
+        && query_param(query, "watch").is_some_and(|w| w == "true" || w == "1")
+}
+
 /// The verb a request is counted under.
 fn verb_of(method: &Method, target: &Target, watching: bool) -> &'static str {
     match (method.as_str(), target.name.is_some()) {
@@ -1074,6 +1094,31 @@ impl tower::Service<Request<Body>> for FakeApiServer {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let server = self.clone();
-        Box::pin(async move { Ok(server.serve(request).await) })
+        Box::pin(async move {
+            let method = request.method().clone();
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            let target = Target::parse(request.uri().path());
+            let reply = server.clone().serve(request).await;
+            if let Some(target) = target {
+                let watching = is_watch(&method, &target, &query);
+                let resource = target.collection.rsplit('/').next().unwrap_or_default();
+                let resource = match &target.subresource {
+                    Some(sub) => format!("{resource}/{sub}"),
+                    None => resource.to_owned(),
+                };
+                let key = format!(
+                    "{} {resource} {}",
+                    verb_of(&method, &target, watching),
+                    reply.status().as_u16()
+                );
+                *server
+                    .outcomes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(key)
+                    .or_insert(0) += 1;
+            }
+            Ok(reply)
+        })
     }
 }

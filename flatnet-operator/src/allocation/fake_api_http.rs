@@ -12,6 +12,8 @@
 //! - `GET /fake/progress?from=A&to=B`: `{"records": n, "addressed": m}`, the
 //!   records stored and the live records of those pods holding an address;
 //! - `GET /fake/requests`: the requests served per verb;
+//! - `GET /fake/requests/kinds`: the requests served per verb, resource
+//!   and reply code ([`FakeApiServer::requests_by_kind`]);
 //! - `GET /fake/subnet?name=S`: `{"active": bool, "check": null | "why"}`,
 //!   the invariants of [`View::check`].
 //!
@@ -47,6 +49,7 @@ pub async fn serve(server: FakeApiServer, listener: TcpListener) -> std::io::Res
         .route("/fake/pods", post(create_pods).delete(delete_pods))
         .route("/fake/progress", get(progress))
         .route("/fake/requests", get(requests))
+        .route("/fake/requests/kinds", get(requests_by_kind))
         .route("/fake/subnet", get(subnet_state))
         .fallback(forward)
         .with_state(server);
@@ -107,6 +110,10 @@ async fn progress(State(server): State<FakeApiServer>, uri: Uri) -> Json<Value> 
 
 async fn requests(State(server): State<FakeApiServer>) -> Json<Value> {
     Json(json!(server.requests_by_verb()))
+}
+
+async fn requests_by_kind(State(server): State<FakeApiServer>) -> Json<Value> {
+    Json(json!(server.requests_by_kind()))
 }
 
 async fn subnet_state(State(server): State<FakeApiServer>, uri: Uri) -> Json<Value> {

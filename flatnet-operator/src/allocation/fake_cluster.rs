@@ -129,7 +129,7 @@ impl View {
             pods,
             addressed,
             terminating,
-            used_ip: status.used_ip,
+            used_ip: status.used_ranges(),
             used_ip_count: status.used_ip_count,
             gateway: status.gateway,
         }

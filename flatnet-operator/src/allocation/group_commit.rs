@@ -280,6 +280,32 @@ impl Ledgers {
         }
     }
 
+    /// Gives back, in one ledger write per subnet, the addresses held ahead
+    /// that nobody took within the write deadline (and those already
+    /// forsaken): a subnet that goes quiet after a burst has no later batch
+    /// to give them back, and would keep them until the orphan grace.
+    pub async fn give_back_expired(&self, ctx: &Context) {
+        let deadline = ctx.settings.write_deadline;
+        let due: Vec<String> = {
+            let subnets = self.subnets.lock().unwrap_or_else(|e| e.into_inner());
+            subnets
+                .iter()
+                .filter(|(_, queue)| {
+                    let ahead = queue.ahead.lock().unwrap_or_else(|e| e.into_inner());
+                    !ahead.unclaimed.is_empty()
+                        || ahead.held.values().any(|h| h.at.elapsed() >= deadline)
+                })
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        for subnet in due {
+            let release = Edit::Release { addrs: Vec::new() };
+            if let Err(error) = self.commit(ctx, &subnet, release).await {
+                debug!(%subnet, %error, "held addresses not given back yet");
+            }
+        }
+    }
+
     /// Whether an address is held ahead for record `key`, or it is
     /// announced (tests and benchmarks).
     #[must_use]
@@ -395,7 +421,7 @@ async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Fai
     })?;
     let mut pool = Pool::new(&valid);
     let status = subnet.status.clone().unwrap_or_default();
-    pool.reserve_ranges(&status.used_ip);
+    pool.reserve_ranges(&status.used_ranges());
     let reservations = Reservations::of(&status);
     Ok(Book {
         subnet,

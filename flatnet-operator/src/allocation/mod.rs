@@ -17,6 +17,7 @@
 //!   stay out of the pool, and released addresses are reused last.
 //! - [`wire_release`]: an address no record names is freed before the
 //!   orphan grace when every node vouches that it saw no claim on it.
+//! - [`slim`]: what the caches keep of each object.
 //!
 //! Only the leader runs them; they share one [`Context`].
 
@@ -35,6 +36,7 @@ pub mod mac_ledger;
 pub mod nodes;
 pub mod pods;
 pub mod records;
+mod slim;
 pub mod subnets;
 pub mod wire_exclusion;
 pub mod wire_release;
@@ -51,7 +53,7 @@ use kube::{
     Api, Client,
     api::PartialObjectMeta,
     runtime::{
-        Controller, controller,
+        controller,
         reflector::{ObjectRef, Store},
         watcher,
     },
@@ -88,8 +90,8 @@ pub struct Settings {
     /// Most announced records a ledger write reserves an address for ahead
     /// of their allocation (see `docs/ipam.md`, "Reserving ahead"). Off (0)
     /// by default: an address held for a record that never comes back for
-    /// it is only given back by a later batch of the same subnet, so a
-    /// subnet that goes quiet after a burst keeps it until the orphan grace.
+    /// it stays in `usedIP` without a record until a timer gives it back,
+    /// half a write deadline after the deadline at most.
     pub reserve_ahead: usize,
     /// How long an address a foreign MAC claimed on the LAN stays out of
     /// the pool (see [`wire_exclusion`]).
@@ -125,7 +127,7 @@ pub struct Caches {
     pub records: Store<FlatNetworkIP>,
     /// Every FlatNetworkSubnet.
     pub subnets: Store<FlatNetworkSubnet>,
-    /// Every pod.
+    /// Every pod, as [`slim::pod`] leaves it (metadata and `spec.nodeName`).
     pub pods: Store<Pod>,
     /// Every namespace (for the Rancher project label).
     pub namespaces: Store<Namespace>,
@@ -154,6 +156,8 @@ pub struct Context {
     pub nodes: Arc<nodes::NodeClock>,
     /// The in-memory ledger of each subnet, for group commits.
     pub ledgers: group_commit::Ledgers,
+    /// Pods whose record was seen going: no new record for them.
+    pub departed: Arc<pods::Departed>,
     /// The addresses live on the wire, per subnet.
     pub wire: wire_exclusion::WireView,
 }
@@ -217,14 +221,22 @@ pub async fn run(
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
-    let pods_ctl = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    let ips_ctl = Controller::new(
-        Api::<FlatNetworkIP>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let subnets_ctl = Controller::new(
+    let pods_ctl = slim::cached_controller(Api::<Pod>::all(client.clone()), slim::pod);
+    // Marked before the cache drops the record, so the pod controller
+    // never finds a record gone without its pod marked departed.
+    let departed = Arc::new(pods::Departed::default());
+    let ips_ctl = slim::cached_controller(Api::<FlatNetworkIP>::all(client.clone()), {
+        let departed = Arc::clone(&departed);
+        move |record: &mut FlatNetworkIP| {
+            if record.metadata.deletion_timestamp.is_some() {
+                departed.saw(&record.spec.pod_id);
+            }
+            slim::metadata(record);
+        }
+    });
+    let subnets_ctl = slim::cached_controller(
         Api::<FlatNetworkSubnet>::all(client.clone()),
-        watcher::Config::default(),
+        slim::metadata,
     );
     let (namespaces, namespaces_writer) = kube::runtime::reflector::store();
     let namespaces_reflector = kube::runtime::reflector(
@@ -261,6 +273,7 @@ pub async fn run(
         orphans: subnets::OrphanClock::default(),
         nodes: node_clock,
         ledgers: group_commit::Ledgers::default(),
+        departed,
         wire,
     });
     {
@@ -276,6 +289,9 @@ pub async fn run(
                 health.set_ready(true);
             }
         });
+    }
+    if ctx.settings.reserve_ahead > 0 {
+        tokio::spawn(give_back_held(Arc::clone(&ctx), stop.clone()));
     }
     let config = controller::Config::default().concurrency(workers);
     let graceful = |stop: CancellationToken| async move { stop.cancelled().await };
@@ -355,6 +371,18 @@ pub async fn run(
         }
     }
     info!("allocation controllers stopped");
+}
+
+/// Gives back the addresses reserved ahead that nobody took, every half
+/// write deadline, until `stop`.
+async fn give_back_held(ctx: Arc<Context>, stop: CancellationToken) {
+    let period = (ctx.settings.write_deadline / 2).max(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(period) => ctx.ledgers.give_back_expired(&ctx).await,
+        }
+    }
 }
 
 async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(

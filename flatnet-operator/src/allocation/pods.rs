@@ -1,7 +1,11 @@
 //! The pod controller: FlatNetworkIP records for flat pods, and the pod
 //! labels once the node has set the pod up.
 
-use std::sync::Arc;
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use flatnet_k8s::{
     annotations::{PodRequest, parse_pod_request},
@@ -35,6 +39,62 @@ use crate::controller::is_flat_pod;
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "pod";
+
+/// How long a pod whose record was seen going gets no new record: longer
+/// than the pod cache can lag behind the record cache.
+const DEPARTED_HOLD: Duration = Duration::from_secs(30);
+
+/// Pods (by uid) whose record was seen terminating.
+///
+/// The record of a deleted pod is deleted by the garbage collector; the
+/// pod and record caches are fed by separate watches, so the record's
+/// deletion can arrive while the pod cache still shows the pod. Without
+/// this, the pod controller would find no record for a pod it thinks is
+/// alive and create it again: a record, an address and a deletion for a
+/// pod that is gone, repeated under deletion churn.
+#[derive(Default)]
+pub struct Departed {
+    seen: Mutex<Seen>,
+}
+
+/// When each pod was marked, and the marks oldest first (to forget them
+/// without scanning).
+#[derive(Default)]
+struct Seen {
+    at: HashMap<String, Instant>,
+    order: VecDeque<(String, Instant)>,
+}
+
+impl Departed {
+    /// A record of pod `uid` is terminating.
+    pub fn saw(&self, uid: &str) {
+        if uid.is_empty() {
+            return;
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((old, at)) = seen.order.front().cloned()
+            && at.elapsed() >= DEPARTED_HOLD
+        {
+            seen.order.pop_front();
+            if seen.at.get(&old) == Some(&at) {
+                seen.at.remove(&old);
+            }
+        }
+        if !seen.at.contains_key(uid) {
+            let now = Instant::now();
+            seen.at.insert(uid.to_owned(), now);
+            seen.order.push_back((uid.to_owned(), now));
+        }
+    }
+
+    /// How much longer pod `uid` must wait before it gets a new record,
+    /// if its record was seen going less than [`DEPARTED_HOLD`] ago.
+    fn hold_left(&self, uid: &str) -> Option<Duration> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let left = DEPARTED_HOLD.checked_sub(seen.at.get(uid)?.elapsed())?;
+        (!left.is_zero()).then_some(left)
+    }
+}
 
 /// Ensures the records of a flat pod and, once Active, its labels.
 ///
@@ -130,7 +190,16 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
             },
         );
         let record_ref = ObjectRef::new(&record_name(&name, index)).within(&namespace);
-        let record = match ctx.caches.records.get(&record_ref) {
+        let cached = ctx.caches.records.get(&record_ref);
+        // Its record went with the pod, whose deletion this cache has not
+        // seen yet; should the pod live on (its record deleted by hand), it
+        // gets a new one after the hold.
+        if cached.is_none()
+            && let Some(left) = ctx.departed.hold_left(&desired.spec.pod_id)
+        {
+            return Ok(Action::requeue(left));
+        }
+        let record = match cached {
             None => create(&api, &desired, &key, &ctx).await?,
             Some(existing) if record_matches(&existing, &desired) => Some((*existing).clone()),
             Some(existing) => update(&api, &existing, &desired, &key).await?,

@@ -398,7 +398,7 @@ fn missing_from_ledger<'a>(
         .filter(|(_, addr)| {
             valid.cidr.contains(*addr)
                 && Some(*addr) != valid.gateway
-                && !used_ranges::contains(&current.used_ip, *addr)
+                && !used_ranges::contains(&current.used_ranges(), *addr)
         })
         .collect()
 }
@@ -466,7 +466,7 @@ fn repaired_status(
 
     // The ledger within the CIDR.
     let family = valid.cidr.family();
-    let (v4, v6) = used_ranges::to_intervals(&current.used_ip);
+    let (v4, v6) = used_ranges::to_intervals(&current.used_ranges());
     let mut ledger = if family == Family::V4 { v4 } else { v6 };
     let (first, last) = (valid.cidr.first(), valid.cidr.last());
     if first > 0 {
@@ -630,7 +630,7 @@ pub(crate) fn set_usage(
         &mut status.conditions,
         usage_condition(free, usage.total_ip_count, generation),
     );
-    status.used_ip = usage.used_ip;
+    status.set_used_ranges(usage.used_ip);
     status.used_ip_count = usage.used_ip_count;
     status.total_ip_count = usage.total_ip_count;
 }

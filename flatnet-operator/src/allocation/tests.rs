@@ -92,6 +92,7 @@ pub(crate) fn context(client: kube::Client, caches: Caches, settings: Settings) 
         orphans: subnets::OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
+        departed: Default::default(),
         wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
     })
 }
@@ -808,6 +809,14 @@ async fn race(seed: u64) {
 /// The `race` subnet with the records of `pods`, all announced as the pod
 /// controller announces the records it creates.
 fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>) {
+    announced_with(pods, Settings::default())
+}
+
+/// [`announced`], with `settings` (reserving ahead is turned on).
+fn announced_with(
+    pods: Vec<Pod>,
+    settings: Settings,
+) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>) {
     let server = FakeApiServer::new();
     server.insert(&race_subnet());
     for p in &pods {
@@ -818,7 +827,7 @@ fn announced(pods: Vec<Pod>) -> (FakeApiServer, Arc<Context>, Vec<FlatNetworkIP>
     }
     let ahead = Settings {
         reserve_ahead: 128,
-        ..Settings::default()
+        ..settings
     };
     let ctx = context_from(&server, ahead);
     let records: Vec<FlatNetworkIP> = server.list();
@@ -895,6 +904,46 @@ async fn an_announced_record_deleted_first_gives_its_address_back() {
     assert_eq!(used(&server), 1, "given back with the deletion");
     let key = format!("{NS}/{}", records[1].name_any());
     assert!(!ctx.ledgers.is_expected("race", &key));
+}
+
+/// An address held ahead for a record that never comes for it (announced
+/// again after its allocation, by a lagging cache) is given back by the
+/// timer once the write deadline has passed, with no later batch.
+#[tokio::test]
+async fn an_address_held_ahead_and_never_taken_is_given_back_after_the_deadline() {
+    let deadline = Settings {
+        write_deadline: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let (server, ctx, records) = announced_with(race_pods(2, 0), deadline);
+    ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let used = |server: &FakeApiServer| {
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count
+    };
+    assert_eq!(used(&server), 2, "the second record's address is held");
+    ctx.ledgers.give_back_expired(&ctx).await;
+    assert_eq!(used(&server), 2, "still young enough to be taken");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let writes = server.requests_by_verb().get("update").copied();
+    ctx.ledgers.give_back_expired(&ctx).await;
+    assert_eq!(used(&server), 1, "given back without another allocation");
+    assert_eq!(
+        server.requests_by_verb().get("update").copied(),
+        writes.map(|w| w + 1),
+        "in one ledger write"
+    );
+    ctx.ledgers.give_back_expired(&ctx).await;
+    assert_eq!(
+        server.requests_by_verb().get("update").copied(),
+        writes.map(|w| w + 1),
+        "nothing left to give back: no write"
+    );
 }
 
 /// A record announced again (the pod controller's cache lagging behind its
@@ -1239,9 +1288,10 @@ async fn released_addresses_stay_free_whatever_the_caches_show() {
 }
 
 /// A subnet of 65,536 addresses with every other one used: the worst case
-/// of the range encoding of `usedIP`. The fake refuses objects larger than
-/// etcd does; the ledger must still be written and read back. (An IPv6
-/// /112 in that state does not fit: see `docs/ipam.md`, "Ledger size".)
+/// of the range encoding of `usedIP`, which then holds a cover and
+/// `usedIPCompact` the exact ranges (see `docs/ipam.md`, "Ledger size").
+/// The fake refuses objects larger than etcd does; the ledger must still
+/// be written and read back.
 async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
     let (family_v4, base) = match first {
         IpAddr::V4(v4) => (true, u128::from(u32::from(v4))),
@@ -1266,9 +1316,10 @@ async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
     net.spec.cidr = cidr.into();
     net.spec.ranges = Vec::new();
     net.spec.gateway = Some(at(1));
-    net.status.as_mut().unwrap().used_ip = used.clone();
+    net.status.as_mut().unwrap().set_used_ranges(used.clone());
     server.insert(&net);
     let stored = serde_json::to_vec(&server.list::<FlatNetworkSubnet>()[0]).unwrap();
+    assert!(stored.len() < super::fake_api::MAX_OBJECT_BYTES / 3);
     println!(
         "{cidr}: {} ranges in usedIP, subnet object {} bytes (etcd limit {})",
         used.len(),
@@ -1287,12 +1338,26 @@ async fn fragmented_ledger_takes_writes(cidr: &str, first: IpAddr) {
         .and_then(|r| r.status?.addr)
         .expect("the record got an address");
     assert_eq!(held, at(3), "the first free address");
-    assert!(used_ranges::contains(&ledger(&server), held));
+    let written = ledger(&server);
+    assert!(used_ranges::contains(&written, held));
+    assert_eq!(written.len(), used.len() - 1, "3 joined 2 and 4");
+    let status = server.list::<FlatNetworkSubnet>().remove(0).status.unwrap();
+    assert!(status.used_ip_compact.is_some(), "still compact");
+    assert_eq!(
+        status.used_ip_count,
+        32_767 + 1,
+        "the gateway and 32,767 records"
+    );
 }
 
 #[tokio::test]
 async fn a_fully_fragmented_ipv4_slash_16_ledger_is_written() {
     fragmented_ledger_takes_writes("10.16.0.0/16", ip("10.16.0.0")).await;
+}
+
+#[tokio::test]
+async fn a_fully_fragmented_ipv6_slash_112_ledger_is_written() {
+    fragmented_ledger_takes_writes("fd00:16::/112", ip("fd00:16::")).await;
 }
 
 #[tokio::test]
@@ -1587,7 +1652,7 @@ fn ledger(server: &FakeApiServer) -> Vec<IpRange> {
         .remove(0)
         .status
         .unwrap()
-        .used_ip
+        .used_ranges()
 }
 
 /// Reconciles every stored record once, with the caches as they are now.

@@ -16,7 +16,7 @@ mod floating;
 mod ip;
 mod pod_network_config;
 mod subnet;
-mod wire;
+pub(crate) mod wire;
 mod wire_claims;
 
 pub use conditions::{CONDITION_READY, set_condition};

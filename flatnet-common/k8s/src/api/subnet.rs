@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::wire;
+use crate::ipam::{CompactRanges, compact_ranges};
 
 /// Desired state of a FlatNetworkSubnet: an underlay network that pods
 /// attach to through macvlan or ipvlan.
@@ -287,7 +288,16 @@ pub struct FlatNetworkSubnetStatus {
     )]
     pub used_ip: Vec<IpRange>,
 
-    /// Number of addresses covered by `usedIP`, the gateway included.
+    /// The exact ranges in use when there are more than 4,096: `usedIP` then
+    /// holds a cover of them (see `docs/ipam.md`, "Ledger size").
+    #[serde(
+        default,
+        rename = "usedIPCompact",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub used_ip_compact: Option<CompactRanges>,
+
+    /// Number of addresses in use, the gateway included.
     #[serde(default, rename = "usedIPCount")]
     pub used_ip_count: i64,
 
@@ -336,6 +346,21 @@ pub struct FlatNetworkSubnetStatus {
 pub const V1_RESERVATION_KIND: &str = "MacvlanIP";
 
 impl FlatNetworkSubnetStatus {
+    /// The addresses in use (allocations plus the gateway), sorted and
+    /// merged: `usedIP`, or the compact ranges it covers when a large
+    /// ledger has them (see [`compact_ranges`](crate::ipam::compact_ranges)).
+    #[must_use]
+    pub fn used_ranges(&self) -> Vec<IpRange> {
+        compact_ranges::join(&self.used_ip, self.used_ip_compact.as_ref())
+    }
+
+    /// Writes `ranges` (sorted and merged, as [`Pool::usage`](crate::ipam::Pool::usage)
+    /// gives them) as the addresses in use: into `usedIP` alone while they
+    /// are few enough, else as a cover and the compact ranges.
+    pub fn set_used_ranges(&mut self, ranges: Vec<IpRange>) {
+        (self.used_ip, self.used_ip_compact) = compact_ranges::split(ranges);
+    }
+
     /// Whether a `reservedIP` key is a V1 pod's (`MacvlanIP/<ns>/<name>`).
     #[must_use]
     pub fn is_v1_reservation(key: &str) -> bool {

@@ -4,6 +4,8 @@
 //! - [`intervals`]: the interval set every pool is built on.
 //! - [`pool`]: one subnet's addresses (allocate, mark, release, status view).
 //! - [`used_ranges`]: the `status.usedIP` wire format.
+//! - [`compact_ranges`]: `status.usedIPCompact`, for ledgers too large for
+//!   `usedIP` alone.
 //! - [`mac`]: fixed MACs and their uniqueness per parent link.
 //! - [`sticky`]: the StatefulSet address policy.
 //! - [`reservations`]: `status.reservedIP`, the addresses kept for their
@@ -11,6 +13,7 @@
 //! - [`wire`]: addresses live on the LAN, which the allocator skips.
 
 pub mod cidr;
+pub mod compact_ranges;
 pub mod intervals;
 pub mod mac;
 pub mod pool;
@@ -21,6 +24,7 @@ pub mod used_ranges;
 pub mod wire;
 
 pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
+pub use compact_ranges::{CompactError, CompactRanges};
 pub use intervals::IntervalSet;
 pub use mac::{Mac, MacError, MacsTaken, choose_mac, macs_in_use};
 pub use pool::{Pool, PoolError, Usage};
