@@ -5,12 +5,14 @@
 //! - [`pool`]: one subnet's addresses (allocate, mark, release, status view).
 //! - [`used_ranges`]: the `status.usedIP` wire format.
 //! - [`mac`]: fixed MACs and their uniqueness per parent link.
+//! - [`mac_pool`]: the cluster's MAC pool (next-fit, quarantine).
 //! - [`sticky`]: the StatefulSet address policy.
 //! - [`wire`]: addresses live on the LAN, which the allocator skips.
 
 pub mod cidr;
 pub mod intervals;
 pub mod mac;
+pub mod mac_pool;
 pub mod pool;
 pub mod six_to_four;
 pub mod sticky;
@@ -20,6 +22,7 @@ pub mod wire;
 pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
 pub use intervals::IntervalSet;
 pub use mac::{Mac, MacError, MacsTaken, choose_mac, macs_in_use};
+pub use mac_pool::{MacPoolExhausted, MacPoolState, MacRange, MacRangeError};
 pub use pool::{Pool, PoolError, Usage};
 pub use six_to_four::six_to_four;
 pub use sticky::{
