@@ -64,6 +64,7 @@ fn context(server: &FakeApiServer) -> Arc<Context> {
         nodes: Arc::default(),
         ledgers: Default::default(),
         wire: WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
+        mac_pool: Default::default(),
     })
 }
 

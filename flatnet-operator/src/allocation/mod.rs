@@ -12,7 +12,8 @@
 //! - [`commit`]: the protocol that makes an allocation durable and unique
 //!   (see `docs/ipam.md`, "Committing an allocation"), with
 //!   [`group_commit`] batching the ledger writes of a subnet and
-//!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
+//!   [`mac_ledger`] for the MACs (fixed, or from the [`mac_pool`]) shared
+//!   by sibling subnets.
 //! - [`wire_exclusion`]: addresses hosts outside flatnet use on the LAN
 //!   stay out of the pool.
 //!
@@ -30,6 +31,7 @@ pub mod fake_cluster;
 pub mod group_commit;
 pub mod ips;
 pub mod mac_ledger;
+pub mod mac_pool;
 pub mod nodes;
 pub mod pods;
 pub mod records;
@@ -146,6 +148,8 @@ pub struct Context {
     pub ledgers: group_commit::Ledgers,
     /// The addresses live on the wire, per subnet.
     pub wire: wire_exclusion::WireView,
+    /// The MAC pool, as the FlatNetworkConfig sets it now.
+    pub mac_pool: mac_pool::MacPoolView,
 }
 
 /// `namespace/name` of an object, for logs and keys.
@@ -160,12 +164,14 @@ pub(crate) fn key_of(namespace: Option<&str>, name: &str) -> String {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Runs the three controllers until `stop` is cancelled; marks `health`
-/// ready once every cache has synced.
+/// ready once every cache has synced. `mac_pool` is the MAC pool as the
+/// FlatNetworkConfig watch keeps it.
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
     settings: Settings,
     workers: u16,
+    mac_pool: mac_pool::MacPoolView,
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
@@ -214,6 +220,7 @@ pub async fn run(
         nodes: node_clock,
         ledgers: group_commit::Ledgers::default(),
         wire,
+        mac_pool,
     });
     {
         let caches = caches.clone();

@@ -93,6 +93,7 @@ fn context(client: kube::Client, caches: Caches, settings: Settings) -> Arc<Cont
         nodes: Arc::default(),
         ledgers: Default::default(),
         wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
+        mac_pool: Default::default(),
     })
 }
 
@@ -740,7 +741,7 @@ async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
             .iter()
             .map(|r| (**r).clone())
             .collect();
-        for record in records.iter().filter(|r| commit::batchable(r)) {
+        for record in records.iter().filter(|r| commit::batchable(&ctx, r)) {
             let key = format!("{}/{}", record.namespace().unwrap(), record.name_any());
             ctx.ledgers
                 .expect(&record.spec.subnet, &key, &record.spec.addrs);
@@ -1855,12 +1856,13 @@ fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
     (p, record)
 }
 
-/// The ledger of `eth0` as stored.
+/// The claims of the `eth0` ledger as stored (not the MAC pool's memory).
 fn mac_claims(server: &FakeApiServer) -> Vec<(String, String)> {
     server
         .list::<k8s_openapi::api::core::v1::ConfigMap>()
         .into_iter()
         .flat_map(|m| m.data.unwrap_or_default())
+        .filter(|(key, _)| !key.starts_with("pool."))
         .collect()
 }
 
@@ -2042,3 +2044,5 @@ async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
 
 #[path = "wire_tests.rs"]
 mod wire;
+
+mod mac_pool;

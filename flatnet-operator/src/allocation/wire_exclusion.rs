@@ -1,13 +1,14 @@
 //! Wire-aware allocation: the addresses the node agents saw hosts outside
 //! flatnet claim on the LAN (their `FlatNetworkWireClaims`) stay out of the
 //! pool for the wire window. The rules live in `flatnet_k8s::ipam::wire`;
-//! this is the controllers' view of the reports.
+//! this is the controllers' view of the reports. The MACs of those hosts
+//! stay out of the MAC pool the same way.
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use flatnet_k8s::{
     api::FlatNetworkWireClaims,
-    ipam::{LiveAddresses, Pool},
+    ipam::{LiveAddresses, Mac, Pool},
     keys::SUBNET_NAMESPACE,
 };
 use futures::{Stream, StreamExt};
@@ -56,6 +57,18 @@ impl WireView {
             .default_backoff()
             .map(|_| ());
         (Self { reports, window }, stream)
+    }
+
+    /// The MACs hosts outside flatnet claimed addresses with, in any
+    /// subnet, within the wire window: the MAC pool skips them.
+    pub fn foreign_macs(&self) -> BTreeSet<Mac> {
+        let reports = self.reports.state();
+        LiveAddresses::from_reports(
+            reports.iter().map(AsRef::as_ref),
+            Timestamp::now(),
+            self.window,
+        )
+        .macs()
     }
 
     /// The addresses of `subnet` live on the wire now.

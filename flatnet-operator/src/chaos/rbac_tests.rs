@@ -294,6 +294,24 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "update",
         "floating::quotas",
     ),
+    (
+        "flatnetwork.pandaria.io",
+        "flatnetworkconfigs",
+        "list",
+        "cluster_config::run",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "flatnetworkconfigs",
+        "watch",
+        "cluster_config::run",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "flatnetworkconfigs/status",
+        "update",
+        "cluster_config::reconcile: status.macPool, observedGeneration",
+    ),
 ];
 
 /// One rule line: group, resource (`plural/sub`), verb, and whether it is

@@ -277,11 +277,7 @@ mod tests {
     }
 
     fn small(len: u8) -> MacRange {
-        MacRange::new(
-            mac("02:aa:00:00:00:01"),
-            Mac([0x02, 0xaa, 0, 0, 0, len]),
-        )
-        .unwrap()
+        MacRange::new(mac("02:aa:00:00:00:01"), Mac([0x02, 0xaa, 0, 0, 0, len])).unwrap()
     }
 
     #[test]
@@ -297,7 +293,13 @@ mod tests {
         assert!(crosses.to_string().contains("multicast"), "{crosses}");
         let bad = MacRange::parse("03:00:00:00:00:00", "03:00:00:00:00:09").unwrap_err();
         assert!(
-            matches!(&bad, MacRangeError::Mac { field: "rangeStart", .. }),
+            matches!(
+                &bad,
+                MacRangeError::Mac {
+                    field: "rangeStart",
+                    ..
+                }
+            ),
             "{bad}"
         );
         assert!(!small(3).overlaps(&MacRange::locally_administered(7)));
