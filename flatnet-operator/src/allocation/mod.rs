@@ -93,6 +93,9 @@ pub struct Settings {
     /// How long an address a foreign MAC claimed on the LAN stays out of
     /// the pool (see [`wire_exclusion`]).
     pub wire_window: Duration,
+    /// The flat network's NetworkAttachmentDefinition name, whose Multus
+    /// selection element may ask for a MAC (`mac`).
+    pub attachment: String,
 }
 
 impl Default for Settings {
@@ -106,6 +109,7 @@ impl Default for Settings {
             node_gone_grace: Duration::from_secs(5 * 60),
             reserve_ahead: 0,
             wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
+            attachment: flatnet_k8s::keys::NAD_NAME.to_owned(),
         }
     }
 }

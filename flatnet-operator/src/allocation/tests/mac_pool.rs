@@ -275,3 +275,46 @@ async fn namespaces_opt_out_and_in_by_label() {
         assert_eq!(!status.mac.is_empty(), gets_one, "{mode:?} {label_value:?}");
     }
 }
+
+/// A MAC the Multus selection gives the flat attachment (which Multus
+/// hands the CNI as `runtimeConfig.mac`) is the pod's fixed MAC: the record
+/// asks for it, and the pool gives it none.
+#[tokio::test]
+async fn the_multus_mac_is_a_fixed_mac_not_a_pool_one() {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    let selection =
+        r#"[{"name":"rancher-flat-network","interface":"eth1","mac":"0a:00:00:00:00:09"}]"#;
+    let p = pod("web")
+        .flat()
+        .annotated("flatnetwork.pandaria.io/subnet", "left")
+        .annotated("k8s.v1.cni.cncf.io/networks", selection);
+    server.insert(&p);
+    let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+    pods::reconcile(Arc::new(p), ctx).await.unwrap();
+    let record = stored_record(&server, "web").unwrap();
+    assert_eq!(record.spec.macs, ["0a:00:00:00:00:09"]);
+    let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+    reconcile_records(&server, &ctx).await;
+    let status = stored_record(&server, "web").unwrap().status.unwrap();
+    assert_eq!(
+        (status.mac.as_str(), status.mac_from_pool),
+        ("0a:00:00:00:00:09", false)
+    );
+
+    // An unusable one is the pod's annotation error, naming the fix.
+    let bad = pod("bad")
+        .flat()
+        .annotated("flatnetwork.pandaria.io/subnet", "left")
+        .annotated(
+            "k8s.v1.cni.cncf.io/networks",
+            r#"[{"name":"rancher-flat-network","mac":"01:00:00:00:00:01"}]"#,
+        );
+    server.insert(&bad);
+    let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+    let _ = pods::reconcile(Arc::new(bad), ctx).await;
+    assert!(
+        stored_record(&server, "bad").is_none(),
+        "no record for a bad MAC"
+    );
+}
