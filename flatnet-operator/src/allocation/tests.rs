@@ -1837,11 +1837,19 @@ fn sibling_subnet(name: &str, cidr: &str) -> FlatNetworkSubnet {
 
 /// Pod `name` in `subnet` asking for [`RACED_MAC`], and its record.
 fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
-    let p = pod(name)
+    pod_and_record(name, subnet, RACED_MAC)
+}
+
+/// Pod `name` in `subnet` asking for the fixed MAC `mac` (none when
+/// empty), and its record, created at the epoch.
+fn pod_and_record(name: &str, subnet: &str, mac: &str) -> (Pod, FlatNetworkIP) {
+    let mut p = pod(name)
         .flat()
-        .annotated("flatnetwork.pandaria.io/subnet", subnet)
-        .annotated("flatnetwork.pandaria.io/mac", RACED_MAC);
-    let request = parse_pod_request(subnet, "auto", RACED_MAC).unwrap();
+        .annotated("flatnetwork.pandaria.io/subnet", subnet);
+    if !mac.is_empty() {
+        p = p.annotated("flatnetwork.pandaria.io/mac", mac);
+    }
+    let request = parse_pod_request(subnet, "auto", mac).unwrap();
     let mut record = records::desired_record(
         &p,
         &RecordContext {

@@ -25,22 +25,7 @@ fn pool(mode: MacPoolMode) -> ActivePool {
 
 /// Pod `name` in `subnet` naming no MAC, and its record.
 fn plain_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
-    let p = pod(name)
-        .flat()
-        .annotated("flatnetwork.pandaria.io/subnet", subnet);
-    let request = parse_pod_request(subnet, "auto", "").unwrap();
-    let mut record = records::desired_record(
-        &p,
-        &RecordContext {
-            request: &request,
-            index: 0,
-            subnet: None,
-            project: None,
-            policy: StatefulSetAddressPolicy::Sticky,
-        },
-    );
-    record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
-    (p, record)
+    pod_and_record(name, subnet, "")
 }
 
 /// A context whose MAC pool is `pool`, over what `server` holds now.
