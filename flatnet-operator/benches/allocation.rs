@@ -1,23 +1,32 @@
 //! Reconcile throughput of the allocation controllers for 1000 pods against
 //! the in-memory fake API server: the pod controller creates each pod's
 //! FlatNetworkIP, then the FlatNetworkIP controller allocates its address
-//! (subnet read, resourceVersion-checked ledger write, record write).
+//! (subnet read, resourceVersion-checked ledger write, record write), with
+//! the MAC pool off and on (each pod's MAC then claimed in the MAC ledger).
 //!
 //! `cargo bench -p flatnet-operator --features fake-api --bench allocation`
 
-use std::{hint::black_box, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, hint::black_box, sync::Arc, time::Duration};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use flatnet_k8s::{
     api::{
-        FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus, phase,
+        FlatNetworkIP, FlatNetworkSubnet, FlatNetworkSubnetSpec, FlatNetworkSubnetStatus,
+        MacPoolMode, phase,
     },
+    ipam::MacRange,
     keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::{
     allocation::{
-        Backoff, Caches, Context, Settings, events::Events, fake_api::FakeApiServer, ips, pods,
-        subnets::OrphanClock, wire_exclusion::WireView,
+        Backoff, Caches, Context, Settings,
+        events::Events,
+        fake_api::FakeApiServer,
+        ips,
+        mac_pool::{ActivePool, MacPoolView},
+        pods,
+        subnets::OrphanClock,
+        wire_exclusion::WireView,
     },
     metrics::Metrics,
 };
@@ -45,7 +54,7 @@ where
     store
 }
 
-fn context(server: &FakeApiServer) -> Arc<Context> {
+fn context(server: &FakeApiServer, pool: Option<ActivePool>) -> Arc<Context> {
     let client = server.client();
     Arc::new(Context {
         events: Events::new(client.clone()),
@@ -65,6 +74,7 @@ fn context(server: &FakeApiServer) -> Arc<Context> {
         ledgers: Default::default(),
         departed: Default::default(),
         wire: WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
+        mac_pool: MacPoolView::new(pool),
     })
 }
 
@@ -102,14 +112,14 @@ fn cluster() -> FakeApiServer {
 
 /// Creates every record, then allocates every address; the caches are
 /// refreshed between the phases as the watches would.
-async fn reconcile_all(server: FakeApiServer) {
-    let ctx = context(&server);
+async fn reconcile_all(server: FakeApiServer, pool: Option<ActivePool>) {
+    let ctx = context(&server, pool);
     for pod in ctx.caches.pods.state() {
         pods::reconcile(pod, Arc::clone(&ctx))
             .await
             .expect("record");
     }
-    let ctx = context(&server);
+    let ctx = context(&server, pool);
     for record in ctx.caches.records.state() {
         ips::reconcile(record, Arc::clone(&ctx))
             .await
@@ -125,33 +135,57 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(PODS as u64));
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(20));
-    group.bench_function("1000_pods_create_and_allocate", |b| {
-        b.iter_batched(
-            cluster,
-            |server| {
-                runtime.block_on(reconcile_all(server.clone()));
-                black_box(server.requests())
-            },
-            BatchSize::PerIteration,
-        );
-    });
+    for (name, pool) in [
+        ("1000_pods_create_and_allocate", None),
+        ("1000_pods_create_and_allocate_mac_pool", Some(mac_pool())),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                cluster,
+                |server| {
+                    runtime.block_on(reconcile_all(server.clone(), pool));
+                    black_box(server.requests())
+                },
+                BatchSize::PerIteration,
+            );
+        });
+    }
     group.finish();
 
-    // Correctness of what was measured: every pod got a distinct address.
-    let server = cluster();
-    runtime.block_on(reconcile_all(server.clone()));
-    let mut addrs: Vec<_> = server
-        .list::<FlatNetworkIP>()
-        .into_iter()
-        .filter_map(|r| r.status?.addr)
-        .collect();
-    addrs.sort();
-    addrs.dedup();
-    assert_eq!(addrs.len(), PODS, "every pod has its own address");
-    println!(
-        "one run: {} API requests for {PODS} pods",
-        server.requests()
-    );
+    // Correctness of what was measured: every pod got a distinct address,
+    // and with the pool a distinct MAC from it.
+    for pool in [None, Some(mac_pool())] {
+        let server = cluster();
+        runtime.block_on(reconcile_all(server.clone(), pool));
+        let statuses: Vec<_> = server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .filter_map(|r| r.status)
+            .collect();
+        let addrs: BTreeSet<_> = statuses.iter().filter_map(|s| s.addr).collect();
+        assert_eq!(addrs.len(), PODS, "every pod has its own address");
+        let macs: BTreeSet<_> = statuses
+            .iter()
+            .filter(|s| s.mac_from_pool)
+            .map(|s| s.mac.clone())
+            .collect();
+        let expected_macs = if pool.is_some() { PODS } else { 0 };
+        assert_eq!(macs.len(), expected_macs, "every pod has its own pool MAC");
+        println!(
+            "one run (MAC pool {}): {} API requests for {PODS} pods",
+            if pool.is_some() { "on" } else { "off" },
+            server.requests()
+        );
+    }
+}
+
+/// The MAC pool of the `mac_pool` runs: a random range, as a cluster
+/// without a configured range gets.
+fn mac_pool() -> ActivePool {
+    ActivePool {
+        range: MacRange::locally_administered(0x1234),
+        mode: MacPoolMode::OptOut,
+    }
 }
 
 criterion_group!(benches, bench);

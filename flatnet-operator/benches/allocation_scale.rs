@@ -194,6 +194,7 @@ async fn run(pods: usize) {
         Arc::new(Metrics::new()),
         Settings::default(),
         WORKERS,
+        flatnet_operator::allocation::mac_pool::MacPoolView::default(),
         Arc::new(Health::default()),
         stop.clone(),
     ));

@@ -290,6 +290,7 @@ impl Replica {
                                     Arc::new(Metrics::new()),
                                     settings(),
                                     WORKERS,
+                                    allocation::mac_pool::MacPoolView::default(),
                                     Arc::new(Health::default()),
                                     stop,
                                 )

@@ -460,6 +460,7 @@ impl Cli {
         if self.network_attachment.is_empty() {
             return Err(ConfigError::EmptyAttachment);
         }
+        let attachment = self.network_attachment.clone();
         Ok(Config {
             kubeconfig: self.kubeconfig,
             master: self.master.filter(|m| !m.is_empty()),
@@ -513,6 +514,7 @@ impl Cli {
                 )?,
                 wire_window: go_duration("FLATNET_WIRE_WINDOW (--wire-window)", &self.wire_window)?,
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
+                attachment,
                 ..crate::allocation::Settings::default()
             },
             floating: crate::floating::Settings {

@@ -17,6 +17,7 @@ pub mod allocation;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod chaos;
 pub mod cidr;
+pub mod cluster_config;
 pub mod config;
 pub mod controller;
 pub mod flat_services;

@@ -59,10 +59,53 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Attachment name (`--network-attachment`).
     pub name: String,
-    /// The CNI config every attachment carries, rendered once.
-    pub config: String,
+    /// The CNI config every attachment carries, re-rendered when the
+    /// FlatNetworkConfig changes a setting it holds.
+    pub config: CniConfig,
     /// Period of the full re-reconcile.
     pub resync: Duration,
+}
+
+/// The CNI config text every attachment carries, replaceable at run time:
+/// a replacement re-applies every attachment.
+#[derive(Clone, Debug)]
+pub struct CniConfig(Arc<tokio::sync::watch::Sender<String>>);
+
+impl CniConfig {
+    /// The config text now.
+    #[must_use]
+    pub fn current(&self) -> String {
+        self.0.borrow().clone()
+    }
+
+    /// Replaces the text; returns whether it changed.
+    pub fn set(&self, text: String) -> bool {
+        self.0.send_if_modified(|current| {
+            let changed = *current != text;
+            *current = text;
+            changed
+        })
+    }
+
+    /// Yields once per replacement.
+    fn changes(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        futures::stream::unfold(self.0.subscribe(), |mut receiver| async move {
+            receiver.changed().await.ok()?;
+            Some(((), receiver))
+        })
+    }
+}
+
+impl From<String> for CniConfig {
+    fn from(text: String) -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(text).0))
+    }
+}
+
+impl From<&str> for CniConfig {
+    fn from(text: &str) -> Self {
+        text.to_owned().into()
+    }
 }
 
 /// A reconcile failure.
@@ -158,7 +201,8 @@ pub async fn reconcile(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<A
     let _timer = ctx.metrics.reconcile_started(CONTROLLER);
     let terminating = namespace.meta().deletion_timestamp.is_some()
         || namespace.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
-    let Some(nad) = desired(&namespace, &ctx.name, &ctx.config).filter(|_| !terminating) else {
+    let config = ctx.config.current();
+    let Some(nad) = desired(&namespace, &ctx.name, &config).filter(|_| !terminating) else {
         return Ok(Action::await_change());
     };
     let ns = namespace.name_any();
@@ -190,6 +234,7 @@ pub fn error_policy(namespace: Arc<Namespace>, error: &Error, ctx: Arc<Context>)
 pub async fn run(ctx: Arc<Context>, workers: u16, stop: CancellationToken) {
     let client = ctx.client.clone();
     let attachments = watcher::Config::default().fields(&format!("metadata.name={}", ctx.name));
+    let config_changes = ctx.config.changes();
     Controller::new(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default(),
@@ -200,6 +245,8 @@ pub async fn run(ctx: Arc<Context>, workers: u16, stop: CancellationToken) {
         attachments,
         |nad| nad.namespace().map(|ns| ObjectRef::<Namespace>::new(&ns)),
     )
+    // A changed setting (FlatNetworkConfig): every attachment again.
+    .reconcile_all_on(config_changes)
     .with_config(controller::Config::default().concurrency(workers))
     .graceful_shutdown_on(async move { stop.cancelled().await })
     .run(reconcile, error_policy, ctx)

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use crate::{
     admin::{self, AdminState, Health},
-    allocation,
+    allocation, cluster_config,
     config::{Config, Election},
     flat_services, floating,
     leader::{self, Outcome},
@@ -177,7 +177,8 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             &config.cni,
             &config.cluster_cidrs,
             &config.service_cidrs,
-        ),
+        )
+        .into(),
         resync: config.resync,
     });
 
@@ -187,6 +188,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         attachment: config.network_attachment.clone(),
         resync: config.resync,
     });
+    let mac_pool = allocation::mac_pool::MacPoolView::default();
     let controllers = {
         let health = Arc::clone(&health);
         let client = client.clone();
@@ -194,8 +196,20 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         let settings = config.allocation.clone();
         let floating_settings = config.floating.clone();
         let resync = config.resync;
+        let applied = cluster_config::Applied {
+            mac_pool: mac_pool.clone(),
+            cni: nad_ctx.config.clone(),
+            env: config.cni.clone(),
+            attachment: config.network_attachment.clone(),
+            cluster_cidrs: config.cluster_cidrs.clone(),
+            service_cidrs: config.service_cidrs.clone(),
+        };
         move |stop: CancellationToken| {
             let workload_client = client.clone();
+            let cluster_config = cancel_when_done(
+                cluster_config::run(client.clone(), applied.clone(), stop.clone()),
+                stop.clone(),
+            );
             let mtu_client = client.clone();
             let workload_metrics = Arc::clone(&metrics);
             // Until all caches sync, a new leader is not ready.
@@ -225,6 +239,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                     metrics,
                     settings,
                     workers,
+                    mac_pool.clone(),
                     allocation_health,
                     stop.clone(),
                 ),
@@ -282,7 +297,8 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                     nads,
                     workloads,
                     certificates,
-                    mtu_status
+                    mtu_status,
+                    cluster_config
                 );
                 ready.abort();
             }

@@ -140,6 +140,7 @@ async fn setup(suite: &str, cidr: &str, gateway: &str) -> Option<Setup> {
         Arc::new(Metrics::new()),
         allocation::Settings::default(),
         5,
+        allocation::mac_pool::MacPoolView::default(),
         Arc::new(Health::default()),
         stop.clone(),
     ));

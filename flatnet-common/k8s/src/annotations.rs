@@ -60,6 +60,18 @@ impl PodRequest {
 /// the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AnnotationError {
+    /// The Multus network selection asks for an unusable MAC on the flat
+    /// attachment.
+    #[error(
+        "annotation {} asks for an unusable MAC on {attachment}: {source}",
+        annotation::MULTUS_NETWORKS
+    )]
+    MultusMac {
+        /// The attachment name.
+        attachment: String,
+        /// Why the MAC is unusable.
+        source: crate::ipam::MacError,
+    },
     /// A required annotation is empty.
     #[error("annotation {key} is empty: {fix}")]
     Empty {

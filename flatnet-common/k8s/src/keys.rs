@@ -68,6 +68,14 @@ pub mod label {
     pub const IP_SUBNET: &str = "subnet";
     /// On pods and workloads: the subnet name.
     pub const SUBNET: &str = "flatnetwork.pandaria.io/subnet";
+    /// On namespaces: whether their pods get MACs from the cluster's MAC
+    /// pool ([`MAC_POOL_ENABLED`] or [`MAC_POOL_DISABLED`]; see
+    /// `FlatNetworkConfig` `spec.macPool.mode`).
+    pub const MAC_POOL: &str = "flatnetwork.pandaria.io/mac-pool";
+    /// [`MAC_POOL`] value opting a namespace in.
+    pub const MAC_POOL_ENABLED: &str = "enabled";
+    /// [`MAC_POOL`] value opting a namespace out.
+    pub const MAC_POOL_DISABLED: &str = "disabled";
     /// On pods: the flat address with `:` replaced by `.`.
     pub const SELECTED_IP: &str = "flatnetwork.pandaria.io/selectedIP";
     /// On pods: the fixed MAC with `:` removed.

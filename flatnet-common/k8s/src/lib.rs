@@ -31,6 +31,7 @@ pub fn crd_yaml() -> String {
         api::FlatNetworkWireClaims::crd(),
         api::FloatingIPPool::crd(),
         api::FloatingIPProjectQuota::crd(),
+        api::FlatNetworkConfig::crd(),
     ] {
         out.push_str("---\n");
         // Serializing a CRD cannot fail: it holds only strings, maps and

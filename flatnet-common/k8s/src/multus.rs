@@ -12,7 +12,11 @@ use kube::ResourceExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::keys::{annotation, label};
+use crate::{
+    annotations::AnnotationError,
+    ipam::Mac,
+    keys::{annotation, label},
+};
 
 /// True when a selection entry's `[namespace/]name` names `attachment`.
 fn names(entry: &str, attachment: &str) -> bool {
@@ -71,6 +75,40 @@ pub fn rename_attachment(selection: &str, from: &str, to: &str) -> Option<String
         })
         .collect();
     changed.then(|| entries.join(","))
+}
+
+/// The MAC a Multus network selection (`k8s.v1.cni.cncf.io/networks`, JSON
+/// list form) asks for on `attachment`: the element's `mac`, which Multus
+/// passes to the CNI as `runtimeConfig.mac`. `Ok(None)` when the selection
+/// is the short list form, does not name the attachment, or gives no MAC.
+///
+/// # Errors
+/// The `mac` of the attachment's element is no usable MAC; the text names
+/// it and the fix.
+pub fn requested_mac(selection: &str, attachment: &str) -> Result<Option<Mac>, AnnotationError> {
+    if !selection.contains(['[', '{', '"']) {
+        return Ok(None);
+    }
+    let Ok(Value::Array(entries)) = serde_json::from_str::<Value>(selection) else {
+        return Ok(None);
+    };
+    let Some(text) = entries
+        .iter()
+        .filter(|e| {
+            e.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| names(n, attachment))
+        })
+        .find_map(|e| e.get("mac").and_then(Value::as_str))
+    else {
+        return Ok(None);
+    };
+    Mac::parse(text)
+        .map(Some)
+        .map_err(|source| AnnotationError::MultusMac {
+            attachment: attachment.to_owned(),
+            source,
+        })
 }
 
 /// One entry of the Multus `network-status` annotation (only the fields used).
@@ -152,4 +190,30 @@ pub fn decode_selected_ip(label: &str) -> Option<IpAddr> {
         .parse()
         .ok()
         .or_else(|| label.replace('.', ":").parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_multus_mac_of_the_flat_attachment_is_read() {
+        let selection = r#"[{"name":"other","mac":"02:00:00:00:00:09"},
+            {"name":"rancher-flat-network","namespace":"shop","mac":"02:00:00:00:00:05"}]"#;
+        let flat = "rancher-flat-network";
+        assert_eq!(
+            requested_mac(selection, flat),
+            Ok(Some(Mac([2, 0, 0, 0, 0, 5])))
+        );
+        assert_eq!(requested_mac("rancher-flat-network@eth1", flat), Ok(None));
+        assert_eq!(
+            requested_mac(r#"[{"name":"rancher-flat-network"}]"#, flat),
+            Ok(None)
+        );
+        let bad = requested_mac(
+            r#"[{"name":"rancher-flat-network","mac":"01:00:00:00:00:01"}]"#,
+            flat,
+        );
+        assert!(bad.unwrap_err().to_string().contains("multicast"));
+    }
 }

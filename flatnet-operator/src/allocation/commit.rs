@@ -77,8 +77,10 @@ pub struct Reservation {
     pub subnet: String,
     /// The address.
     pub addr: IpAddr,
-    /// The fixed MAC, when the pod asks for one.
+    /// The fixed MAC, when the pod asks for one, or its MAC from the pool.
     pub mac: Option<Mac>,
+    /// Whether `mac` came from the MAC pool.
+    pub mac_from_pool: bool,
     /// Whether this call added the address to `usedIP` (false: the record
     /// already held it).
     pub newly_reserved: bool,
@@ -172,6 +174,7 @@ fn age_key(record: &FlatNetworkIP) -> (Option<Timestamp>, String) {
 /// A MAC claimed in the ledger for one allocation.
 struct MacClaim {
     mac: Mac,
+    from_pool: bool,
     /// The claim written by this allocation, `None` when reused.
     made: Option<LedgerClaim>,
 }
@@ -196,6 +199,7 @@ pub async fn reserve(
             MacClaim {
                 mac,
                 made: Some(claim),
+                ..
             },
         )) = claimed
         && let Err(error) = withdraw(ctx, &parent, mac, |c| *c == claim).await
@@ -233,6 +237,7 @@ pub async fn reserve_batched(
             subnet,
             addr,
             mac: None,
+            mac_from_pool: false,
             newly_reserved: true,
             mac_newly_listed: false,
             replaces: None,
@@ -250,9 +255,15 @@ pub async fn reserve_batched(
 }
 
 /// Whether `record` takes the batched path: it holds no address (so no
-/// older record can claim the one it has) and asks for no fixed MAC.
-pub fn batchable(record: &FlatNetworkIP) -> bool {
-    record.status.as_ref().and_then(|s| s.addr).is_none() && record.spec.macs.is_empty()
+/// older record can claim the one it has) and asks for no MAC, fixed or
+/// from the pool.
+pub fn batchable(ctx: &Context, record: &FlatNetworkIP) -> bool {
+    record.status.as_ref().and_then(|s| s.addr).is_none()
+        && record.spec.macs.is_empty()
+        && ctx
+            .mac_pool
+            .range_for(record, &ctx.caches.namespaces)
+            .is_none()
 }
 
 async fn reserve_address(
@@ -321,6 +332,7 @@ async fn reserve_address(
             *claimed = Some((valid.parent.clone(), claim));
         }
         let mac = claimed.as_ref().map(|(_, c)| c.mac);
+        let mac_from_pool = claimed.as_ref().is_some_and(|(_, c)| c.from_pool);
 
         let addr = match choice {
             Choice::Keep(addr) | Choice::New(addr) => addr,
@@ -344,6 +356,7 @@ async fn reserve_address(
             subnet: name.clone(),
             addr,
             mac,
+            mac_from_pool,
             newly_reserved,
             mac_newly_listed,
             replaces,
@@ -424,10 +437,11 @@ pub(crate) fn ready_subnet(subnet: &FlatNetworkSubnet) -> Result<ValidSubnet, Er
     })
 }
 
-/// Claims the record's fixed MAC in the ledger of `parent`: the MAC it
-/// holds when still requested and not claimed by another pod, else the
-/// first requested MAC no other pod holds. `None` when the pod asks for no
-/// fixed MAC.
+/// Claims the record's MAC in the ledger of `parent`: the MAC it holds
+/// when still requested (or from the pool) and not claimed by another pod,
+/// else the first requested MAC no other pod holds, or for a record the
+/// MAC pool serves, the pool's next free MAC (skipping MACs hosts outside
+/// flatnet use on the wire). `None` when the pod takes no MAC from either.
 async fn claim_mac(
     ctx: &Context,
     record: &FlatNetworkIP,
@@ -441,11 +455,23 @@ async fn claim_mac(
         .iter()
         .filter_map(|m| Mac::parse(m).ok())
         .collect();
-    if candidates.is_empty() {
-        return Ok(None);
-    }
+    let pool = if candidates.is_empty() {
+        let Some(range) = ctx.mac_pool.range_for(record, &ctx.caches.namespaces) else {
+            return Ok(None);
+        };
+        Some(range)
+    } else {
+        None
+    };
     let me = key_of(record.namespace().as_deref(), &record.name_any());
     let current = record.status.as_ref().and_then(|s| Mac::parse(&s.mac).ok());
+    // A pool record keeps only a MAC the pool gave it, never the kernel's.
+    let current = current
+        .filter(|_| pool.is_none() || record.status.as_ref().is_some_and(|s| s.mac_from_pool));
+    let foreign = match pool {
+        Some(_) => ctx.wire.foreign_macs(),
+        None => BTreeSet::new(),
+    };
     let unledgered = unledgered_macs(ctx, &me, parent, fresh, others);
     for attempt in 1..=MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
@@ -457,17 +483,28 @@ async fn claim_mac(
                 .filter(|m| !(ledger.claims.contains_key(m) && ledger.only_pod_of(**m, &me))),
         );
         let keep = current.filter(|m| !taken.contains(m));
-        let Some(mac) = choose_mac(parent, &candidates, keep, &in_use)? else {
-            return Ok(None);
+        let mac = match (pool, keep) {
+            (None, _) => match choose_mac(parent, &candidates, keep, &in_use)? {
+                Some(mac) => mac,
+                None => return Ok(None),
+            },
+            (Some(_), Some(kept)) => kept,
+            (Some(range), None) => ledger.pool.allocate(range, &in_use, &foreign)?,
         };
+        let from_pool = pool.is_some();
         if current == Some(mac) && !ledger.claims_of(mac, &me).is_empty() {
-            return Ok(Some(MacClaim { mac, made: None }));
+            return Ok(Some(MacClaim {
+                mac,
+                from_pool,
+                made: None,
+            }));
         }
         let claim = LedgerClaim::new(&me);
         ledger.add(mac, claim.clone());
         if mac_ledger::write(&ctx.client, &ledger).await? {
             return Ok(Some(MacClaim {
                 mac,
+                from_pool,
                 made: Some(claim),
             }));
         }
@@ -570,6 +607,7 @@ fn allocated_status(record: &FlatNetworkIP, reservation: &Reservation) -> FlatNe
         allocated_time_stamp: Some(now.clone()),
         addr: Some(reservation.addr),
         mac: reservation.mac.map(|m| m.to_string()).unwrap_or_default(),
+        mac_from_pool: reservation.mac_from_pool,
         node: old.map(|s| s.node.clone()).unwrap_or_default(),
         // The node reports it once it has set the interface up.
         mtu: None,

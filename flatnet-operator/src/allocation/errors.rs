@@ -4,7 +4,7 @@ use crate::controller::ApiError;
 pub(crate) use crate::controller::{CONFLICT_RETRY, is_conflict, is_not_found};
 use flatnet_k8s::{
     annotations::AnnotationError,
-    ipam::{MacsTaken, PoolError},
+    ipam::{MacPoolExhausted, MacsTaken, PoolError},
 };
 
 /// A reconcile failure. The message names the object and, for what a user
@@ -65,6 +65,9 @@ pub enum Error {
     /// No MAC can be chosen.
     #[error("{0}")]
     Mac(#[from] MacsTaken),
+    /// The MAC pool has no MAC left on the parent link.
+    #[error("{0}")]
+    MacPool(#[from] MacPoolExhausted),
     /// The subnet's ledger could not be written.
     #[error("update status of FlatNetworkSubnet {subnet}: {message}")]
     LedgerWrite {
@@ -118,6 +121,7 @@ impl Error {
             Self::Pool(PoolError::LiveOnWire { .. }) => "requested_live_on_wire",
             Self::Pool(_) => "bad_request",
             Self::Mac(_) => "mac_taken",
+            Self::MacPool(_) => "mac_pool_exhausted",
             Self::Contention { .. } | Self::MacLedgerContention { .. } => "contention",
             Self::ReservationExpired { .. } => "reservation_expired",
         }
@@ -146,6 +150,7 @@ impl Error {
             Self::Pool(PoolError::Reserved { .. }) => "RequestedAddressReserved",
             Self::Pool(PoolError::LiveOnWire { .. }) => "RequestedAddressLiveOnWire",
             Self::Mac(_) => "RequestedMacTaken",
+            Self::MacPool(_) => "NoMacLeft",
             Self::Annotation { .. } | Self::NameTooLong { .. } => "InvalidAnnotation",
             Self::SubnetMissing { .. } => "SubnetMissing",
             _ => super::events::ALLOCATION_ERROR_REASON,

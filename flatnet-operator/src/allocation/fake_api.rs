@@ -282,6 +282,9 @@ pub struct FakeApiServer {
     /// What the clients of [`FakeApiServer::for_client`] asked for.
     accesses: Arc<Mutex<BTreeSet<Access>>>,
     total: Arc<AtomicU64>,
+    /// A resource (plural, such as `configmaps`) whose writes skip the
+    /// resourceVersion check, to show a race test fails without it.
+    unchecked: Option<&'static str>,
 }
 
 /// One kind of request, as RBAC grants it.
@@ -340,6 +343,17 @@ impl FakeApiServer {
         Self {
             faults: Some(faults),
             background: Some(background),
+            ..self.clone()
+        }
+    }
+
+    /// The same objects, with writes to the resource `collection` (plural,
+    /// such as `configmaps`) accepted whatever resourceVersion they carry: a broken
+    /// server, which a race test must notice.
+    #[must_use]
+    pub fn without_version_checks(&self, collection: &'static str) -> Self {
+        Self {
+            unchecked: Some(collection),
             ..self.clone()
         }
     }
@@ -826,7 +840,10 @@ impl FakeApiServer {
                 let Some(stored) = state.objects.get(&key(name)).cloned() else {
                     return not_found(name);
                 };
-                let wanted_version = body["metadata"]["resourceVersion"].as_str();
+                let wanted_version = body["metadata"]["resourceVersion"].as_str().filter(|_| {
+                    self.unchecked.is_none()
+                        || self.unchecked != target.collection.rsplit('/').next()
+                });
                 if wanted_version
                     .is_some_and(|v| Some(v) != stored["metadata"]["resourceVersion"].as_str())
                 {

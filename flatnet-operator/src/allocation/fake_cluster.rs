@@ -193,6 +193,7 @@ impl FakeCluster {
             Arc::new(Metrics::new()),
             settings,
             workers,
+            super::mac_pool::MacPoolView::default(),
             Arc::new(Health::default()),
             stop.clone(),
         ));

@@ -127,12 +127,13 @@ fn satisfied(record: &FlatNetworkIP, ctx: &Context) -> bool {
 }
 
 /// Whether a Pending record's MAC is what its spec asks for: one of the
-/// requested fixed MACs, or none when it asks for none. (Once the node has
+/// requested fixed MACs, or none (or one from the pool) when it asks for none. (Once the node has
 /// set the pod up, `status.mac` is the MAC the interface got, fixed or not.)
 fn mac_satisfied(record: &FlatNetworkIP) -> bool {
     let held = record.status.as_ref().map_or("", |s| s.mac.as_str());
     if record.spec.macs.is_empty() {
-        return held.is_empty();
+        // A MAC from the pool is kept like the address (StatefulSet pods).
+        return held.is_empty() || record.status.as_ref().is_some_and(|s| s.mac_from_pool);
     }
     let Ok(held) = Mac::parse(held) else {
         return false;
@@ -154,7 +155,7 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
     let outcome = async {
         let workload = requesting_workload(record, pod, ctx).await?;
         let workload = workload.as_deref();
-        let reservation = if commit::batchable(record) {
+        let reservation = if commit::batchable(ctx, record) {
             commit::reserve_batched(ctx, record, workload).await?
         } else {
             commit::reserve(ctx, record, workload).await?
@@ -379,8 +380,9 @@ async fn finalize(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error
     if let Some(status) = &record.status
         && let Some(addr) = status.addr
     {
-        let macs: Vec<String> = (!status.mac.is_empty() && record.spec.macs.contains(&status.mac))
-            .then(|| status.mac.clone())
+        let macs: Vec<String> = record
+            .ledgered_mac()
+            .map(str::to_owned)
             .into_iter()
             .collect();
         commit::release_holdings(ctx, record, &[addr], &macs).await?;

@@ -22,7 +22,11 @@ use std::{
     hash::{BuildHasher, Hasher},
 };
 
-use flatnet_k8s::{ipam::Mac, keys::SUBNET_NAMESPACE, validation::ParentLink};
+use flatnet_k8s::{
+    ipam::{Mac, MacPoolState},
+    keys::SUBNET_NAMESPACE,
+    validation::ParentLink,
+};
 use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{Api, api::PostParams};
 
@@ -34,6 +38,11 @@ use super::{
 
 /// Prefix of the ledger names.
 pub const LEDGER_PREFIX: &str = "flatnet-macs-";
+
+/// Data key of the MAC pool's cursor.
+const POOL_CURSOR_KEY: &str = "pool.cursor";
+/// Data key of the MAC pool's quarantine.
+const POOL_QUARANTINE_KEY: &str = "pool.quarantine";
 
 /// Annotations naming the parent link of a ledger, for people.
 const MASTER_ANNOTATION: &str = "flatnetwork.pandaria.io/master";
@@ -97,6 +106,8 @@ pub struct Ledger {
     parent: ParentLink,
     /// The claims on each MAC.
     pub claims: BTreeMap<Mac, BTreeSet<LedgerClaim>>,
+    /// The MAC pool's cursor and quarantine on this parent link.
+    pub pool: MacPoolState,
 }
 
 impl Ledger {
@@ -138,7 +149,8 @@ impl Ledger {
     }
 
     /// Removes the claims on `mac` that `which` selects; returns whether
-    /// any was removed.
+    /// any was removed. A MAC nobody claims any more goes into the pool's
+    /// quarantine.
     pub fn remove(&mut self, mac: Mac, which: impl Fn(&LedgerClaim) -> bool) -> bool {
         let Some(claims) = self.claims.get_mut(&mac) else {
             return false;
@@ -148,12 +160,13 @@ impl Ledger {
         let removed = claims.len() != before;
         if claims.is_empty() {
             self.claims.remove(&mac);
+            self.pool.free(mac);
         }
         removed
     }
 
     fn to_config_map(&self) -> ConfigMap {
-        let data: BTreeMap<String, String> = self
+        let mut data: BTreeMap<String, String> = self
             .claims
             .iter()
             .map(|(mac, claims)| {
@@ -166,6 +179,13 @@ impl Ledger {
                 (key, value)
             })
             .collect();
+        if let Some(cursor) = self.pool.cursor {
+            data.insert(POOL_CURSOR_KEY.to_owned(), cursor.to_string());
+        }
+        if !self.pool.quarantine.is_empty() {
+            let freed: Vec<String> = self.pool.quarantine.iter().map(Mac::to_string).collect();
+            data.insert(POOL_QUARANTINE_KEY.to_owned(), freed.join(" "));
+        }
         let mut map = self.stored.clone().unwrap_or_else(|| ConfigMap {
             metadata: ObjectMeta {
                 name: Some(ledger_name(&self.parent)),
@@ -198,6 +218,18 @@ fn parse_claims(map: &ConfigMap) -> BTreeMap<Mac, BTreeSet<LedgerClaim>> {
         .collect()
 }
 
+fn parse_pool(map: &ConfigMap) -> MacPoolState {
+    let data = map.data.as_ref();
+    let get = |key: &str| data.and_then(|d| d.get(key)).map_or("", String::as_str);
+    MacPoolState {
+        cursor: Mac::parse(get(POOL_CURSOR_KEY)).ok(),
+        quarantine: get(POOL_QUARANTINE_KEY)
+            .split_whitespace()
+            .filter_map(|m| Mac::parse(m).ok())
+            .collect(),
+    }
+}
+
 fn api(client: &kube::Client) -> Api<ConfigMap> {
     Api::namespaced(client.clone(), SUBNET_NAMESPACE)
 }
@@ -215,6 +247,7 @@ pub async fn read(client: &kube::Client, parent: &ParentLink) -> Result<Ledger, 
             .map_err(Error::kube("get", "ConfigMap", &name))?;
     Ok(Ledger {
         claims: stored.as_ref().map(parse_claims).unwrap_or_default(),
+        pool: stored.as_ref().map(parse_pool).unwrap_or_default(),
         stored,
         parent: parent.clone(),
     })
@@ -287,6 +320,7 @@ mod tests {
             stored: None,
             parent: parent("eth0", 0),
             claims: BTreeMap::new(),
+            pool: MacPoolState::default(),
         };
         let m = mac("02:00:00:00:00:01");
         ledger.add(m, LedgerClaim::new("shop/web-0"));
@@ -314,6 +348,15 @@ mod tests {
             ledger.claims.is_empty(),
             "an unclaimed MAC leaves the ledger"
         );
+        assert_eq!(ledger.pool.quarantine, [m], "and enters the quarantine");
+        ledger.pool.cursor = Some(mac("02:00:00:00:00:07"));
+        let map = ledger.to_config_map();
+        assert_eq!(
+            parse_pool(&map),
+            ledger.pool,
+            "the pool's memory round-trips"
+        );
+        assert!(parse_claims(&map).is_empty(), "and is no claim");
     }
 
     #[test]

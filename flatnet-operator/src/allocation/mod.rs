@@ -12,7 +12,8 @@
 //! - [`commit`]: the protocol that makes an allocation durable and unique
 //!   (see `docs/ipam.md`, "Committing an allocation"), with
 //!   [`group_commit`] batching the ledger writes of a subnet and
-//!   [`mac_ledger`] for fixed MACs shared by sibling subnets.
+//!   [`mac_ledger`] for the MACs (fixed, or from the [`mac_pool`]) shared
+//!   by sibling subnets.
 //! - [`wire_exclusion`]: addresses hosts outside flatnet use on the LAN
 //!   stay out of the pool, and released addresses are reused last.
 //! - [`wire_release`]: an address no record names is freed before the
@@ -33,6 +34,7 @@ pub mod fake_cluster;
 pub mod group_commit;
 pub mod ips;
 pub mod mac_ledger;
+pub mod mac_pool;
 pub mod nodes;
 pub mod pods;
 pub mod records;
@@ -102,6 +104,9 @@ pub struct Settings {
     /// [`Settings::write_deadline`] plus a request's lifetime on the API
     /// server, and shorter than [`Settings::orphan_grace`].
     pub wire_orphan_grace: Duration,
+    /// The flat network's NetworkAttachmentDefinition name, whose Multus
+    /// selection element may ask for a MAC (`mac`).
+    pub attachment: String,
 }
 
 impl Default for Settings {
@@ -116,6 +121,7 @@ impl Default for Settings {
             reserve_ahead: 0,
             wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
             wire_orphan_grace: wire_release::DEFAULT_WIRE_ORPHAN_GRACE,
+            attachment: flatnet_k8s::keys::NAD_NAME.to_owned(),
         }
     }
 }
@@ -160,6 +166,8 @@ pub struct Context {
     pub departed: Arc<pods::Departed>,
     /// The addresses live on the wire, per subnet.
     pub wire: wire_exclusion::WireView,
+    /// The MAC pool, as the FlatNetworkConfig sets it now.
+    pub mac_pool: mac_pool::MacPoolView,
 }
 
 /// Whether `store` has had its first complete list.
@@ -212,12 +220,14 @@ pub(crate) fn key_of(namespace: Option<&str>, name: &str) -> String {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Runs the three controllers until `stop` is cancelled; marks `health`
-/// ready once every cache has synced.
+/// ready once every cache has synced. `mac_pool` is the MAC pool as the
+/// FlatNetworkConfig watch keeps it.
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
     settings: Settings,
     workers: u16,
+    mac_pool: mac_pool::MacPoolView,
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
@@ -275,6 +285,7 @@ pub async fn run(
         ledgers: group_commit::Ledgers::default(),
         departed,
         wire,
+        mac_pool,
     });
     {
         let caches = caches.clone();

@@ -12,6 +12,7 @@ use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet, phase},
     ipam::{Cidr, Family},
     keys::{SUBNET_NAMESPACE, annotation, label},
+    multus::requested_mac,
 };
 use k8s_openapi::{
     api::core::v1::{Namespace, Pod},
@@ -142,11 +143,23 @@ async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
     let key = key_of(Some(&namespace), &name);
     let annotations = pod.annotations();
     let get = |k: &str| annotations.get(k).map_or("", String::as_str);
-    let request = match parse_pod_request(
+    // A MAC given in the Multus selection (Multus passes it to the CNI as
+    // runtimeConfig.mac) is a fixed MAC like the annotation's.
+    let request = parse_pod_request(
         get(annotation::SUBNET),
         get(annotation::IP),
         get(annotation::MAC),
-    ) {
+    )
+    .and_then(|mut request| {
+        if request.macs.is_empty() {
+            let multus = get(annotation::MULTUS_NETWORKS);
+            request
+                .macs
+                .extend(requested_mac(multus, &ctx.settings.attachment)?);
+        }
+        Ok(request)
+    });
+    let request = match request {
         Ok(request) => request,
         Err(source) => {
             let error = Error::Annotation { pod: key, source };

@@ -374,12 +374,6 @@ async fn stored_records(ctx: &Context) -> Result<Vec<FlatNetworkIP>, Error> {
         .map_err(Error::kube("list", "FlatNetworkIP", "all namespaces"))
 }
 
-/// The fixed MAC a record names, if any.
-fn named_mac(record: &FlatNetworkIP) -> Option<&str> {
-    let mac = &record.status.as_ref()?.mac;
-    (!mac.is_empty() && record.spec.macs.contains(mac)).then_some(mac.as_str())
-}
-
 /// The address a record names, when it names one.
 fn named_addr(record: &FlatNetworkIP) -> Option<IpAddr> {
     record.status.as_ref().and_then(|s| s.addr)
@@ -538,9 +532,13 @@ fn repaired_status(
     // MACs: those records hold, plus young unclaimed ledger entries.
     let mut macs: BTreeSet<String> = users
         .iter()
-        .filter_map(|r| named_mac(r).map(str::to_owned))
+        .filter_map(|r| r.ledgered_mac().map(str::to_owned))
         .collect();
-    let stored_macs: BTreeSet<&str> = stored.into_iter().flatten().filter_map(named_mac).collect();
+    let stored_macs: BTreeSet<&str> = stored
+        .into_iter()
+        .flatten()
+        .filter_map(FlatNetworkIP::ledgered_mac)
+        .collect();
     let unclaimed_macs: Vec<String> = current
         .used_mac
         .iter()

@@ -94,6 +94,7 @@ pub(crate) fn context(client: kube::Client, caches: Caches, settings: Settings) 
         ledgers: Default::default(),
         departed: Default::default(),
         wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
+        mac_pool: Default::default(),
     })
 }
 
@@ -716,7 +717,7 @@ async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
             .iter()
             .map(|r| (**r).clone())
             .collect();
-        for record in records.iter().filter(|r| commit::batchable(r)) {
+        for record in records.iter().filter(|r| commit::batchable(&ctx, r)) {
             let key = format!("{}/{}", record.namespace().unwrap(), record.name_any());
             ctx.ledgers
                 .expect(&record.spec.subnet, &key, &record.spec.addrs);
@@ -1876,11 +1877,19 @@ fn sibling_subnet(name: &str, cidr: &str) -> FlatNetworkSubnet {
 
 /// Pod `name` in `subnet` asking for [`RACED_MAC`], and its record.
 fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
-    let p = pod(name)
+    pod_and_record(name, subnet, RACED_MAC)
+}
+
+/// Pod `name` in `subnet` asking for the fixed MAC `mac` (none when
+/// empty), and its record, created at the epoch.
+fn pod_and_record(name: &str, subnet: &str, mac: &str) -> (Pod, FlatNetworkIP) {
+    let mut p = pod(name)
         .flat()
-        .annotated("flatnetwork.pandaria.io/subnet", subnet)
-        .annotated("flatnetwork.pandaria.io/mac", RACED_MAC);
-    let request = parse_pod_request(subnet, "auto", RACED_MAC).unwrap();
+        .annotated("flatnetwork.pandaria.io/subnet", subnet);
+    if !mac.is_empty() {
+        p = p.annotated("flatnetwork.pandaria.io/mac", mac);
+    }
+    let request = parse_pod_request(subnet, "auto", mac).unwrap();
     let mut record = records::desired_record(
         &p,
         &RecordContext {
@@ -1896,12 +1905,13 @@ fn mac_pod(name: &str, subnet: &str) -> (Pod, FlatNetworkIP) {
     (p, record)
 }
 
-/// The ledger of `eth0` as stored.
+/// The claims of the `eth0` ledger as stored (not the MAC pool's memory).
 fn mac_claims(server: &FakeApiServer) -> Vec<(String, String)> {
     server
         .list::<k8s_openapi::api::core::v1::ConfigMap>()
         .into_iter()
         .flat_map(|m| m.data.unwrap_or_default())
+        .filter(|(key, _)| !key.starts_with("pool."))
         .collect()
 }
 
@@ -2086,3 +2096,4 @@ mod wire;
 
 #[path = "reserved_tests.rs"]
 mod reserved;
+mod mac_pool;

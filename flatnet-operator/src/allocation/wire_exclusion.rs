@@ -4,10 +4,11 @@
 //! the window are reused after every other free one (the quarantine, kept
 //! from the moment of the release, so there is no gap before the nodes'
 //! next reports). The rules live in `flatnet_k8s::ipam::wire`; this is the
-//! controllers' view of the reports and of the releases.
+//! controllers' view of the reports and of the releases. The MACs of
+//! hosts outside flatnet stay out of the MAC pool the same way.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -15,7 +16,7 @@ use std::{
 
 use flatnet_k8s::{
     api::FlatNetworkWireClaims,
-    ipam::{LiveAddresses, Pool},
+    ipam::{LiveAddresses, Mac, Pool},
     keys::SUBNET_NAMESPACE,
 };
 use futures::{Stream, StreamExt};
@@ -105,6 +106,18 @@ impl WireView {
         let mut reports = self.reports.state();
         reports.retain(|r| r.spec.subnet == subnet);
         reports
+    }
+
+    /// The MACs hosts outside flatnet claimed addresses with, in any
+    /// subnet, within the wire window: the MAC pool skips them.
+    pub fn foreign_macs(&self) -> BTreeSet<Mac> {
+        let reports = self.reports.state();
+        LiveAddresses::from_reports(
+            reports.iter().map(AsRef::as_ref),
+            Timestamp::now(),
+            self.window,
+        )
+        .macs()
     }
 
     /// The addresses of `subnet` live on the wire now.

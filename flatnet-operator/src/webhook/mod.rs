@@ -3,9 +3,11 @@
 //! It reviews FlatNetworkSubnets (create, update, delete),
 //! PodNetworkConfigs (create, update), the pod templates of Pods and
 //! workloads (create, update), and the floating addresses' pools, quotas
-//! and LoadBalancer Services (`floating`). Every denial names the
+//! and LoadBalancer Services (`floating`), and the FlatNetworkConfig
+//! (`cluster_config`). Every denial names the
 //! field and the fix. See `docs/webhook.md`.
 
+pub mod cluster_config;
 pub mod floating;
 pub mod lookup;
 pub mod pod_network_config;
@@ -89,6 +91,7 @@ impl Validator {
         let verdict = match kind {
             "FlatNetworkSubnet" => subnet::review(&self.lookup, request).await,
             "PodNetworkConfig" => pod_network_config::review(&self.lookup, request).await,
+            "FlatNetworkConfig" => cluster_config::review(request),
             kind if floating::KINDS.contains(&kind) => {
                 floating::review(&self.lookup, request).await
             }
@@ -99,6 +102,12 @@ impl Validator {
         match verdict {
             Ok(()) => {
                 debug!(kind, operation, name = %request.name, "allowed");
+                if kind == "FlatNetworkConfig" {
+                    let warnings = cluster_config::warnings(request);
+                    if !warnings.is_empty() {
+                        response.warnings = Some(warnings);
+                    }
+                }
                 if kind == "FlatNetworkSubnet" {
                     let warnings = subnet::wire_warnings(&self.lookup, request).await;
                     if !warnings.is_empty() {

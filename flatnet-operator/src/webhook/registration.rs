@@ -134,6 +134,16 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
                         &["podnetworkconfigs"],
                         &create_update,
                     ),
+                    // The one cluster configuration object.
+                    RuleWithOperations {
+                        scope: Some("Cluster".into()),
+                        ..rule(
+                            flatnet_k8s::api::GROUP,
+                            &["v1"],
+                            &["flatnetworkconfigs"],
+                            &create_update,
+                        )
+                    },
                 ],
                 None,
             ),

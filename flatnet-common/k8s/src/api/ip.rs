@@ -107,6 +107,11 @@ pub struct FlatNetworkIPStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mac: String,
 
+    /// Whether `mac` came from the cluster's MAC pool (flatnet addition):
+    /// the record holds it in its parent link's MAC ledger until it goes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mac_from_pool: bool,
+
     /// Node whose agent set up the interface (flatnet addition).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
@@ -127,6 +132,16 @@ pub struct FlatNetworkIPStatus {
 }
 
 impl FlatNetworkIP {
+    /// The MAC this record holds in its parent link's MAC ledger: a fixed
+    /// MAC the pod asked for, or one from the MAC pool. `None` when the
+    /// interface's MAC is the kernel's choice (or nothing is allocated).
+    pub fn ledgered_mac(&self) -> Option<&str> {
+        let status = self.status.as_ref()?;
+        let mac = status.mac.as_str();
+        (!mac.is_empty() && (status.mac_from_pool || self.spec.macs.iter().any(|m| m == mac)))
+            .then_some(mac)
+    }
+
     /// The pod this record belongs to: its Pod owner, else its name without
     /// the dual-stack suffix (records owned by a StatefulSet, and a
     /// dual-stack pod's second record `<pod>.ipv6`).

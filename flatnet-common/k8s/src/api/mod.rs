@@ -12,6 +12,7 @@
 //! oldest that version offers).
 
 mod conditions;
+mod config;
 mod floating;
 mod ip;
 mod pod_network_config;
@@ -20,6 +21,10 @@ pub(crate) mod wire;
 mod wire_claims;
 
 pub use conditions::{CONDITION_READY, set_condition};
+pub use config::{
+    CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_PROGRESSING, CONFIG_NAME, FlatNetworkConfig,
+    FlatNetworkConfigSpec, FlatNetworkConfigStatus, MacPoolMode, MacPoolSpec, MacPoolStatus,
+};
 pub use floating::{
     FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,
     FloatingIPProjectQuotaSpec, FloatingIPProjectQuotaStatus,

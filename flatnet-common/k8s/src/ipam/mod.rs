@@ -7,6 +7,7 @@
 //! - [`compact_ranges`]: `status.usedIPCompact`, for ledgers too large for
 //!   `usedIP` alone.
 //! - [`mac`]: fixed MACs and their uniqueness per parent link.
+//! - [`mac_pool`]: the cluster's MAC pool (next-fit, quarantine).
 //! - [`sticky`]: the StatefulSet address policy.
 //! - [`reservations`]: `status.reservedIP`, the addresses kept for their
 //!   workloads (and V1 pods during a migration).
@@ -16,6 +17,7 @@ pub mod cidr;
 pub mod compact_ranges;
 pub mod intervals;
 pub mod mac;
+pub mod mac_pool;
 pub mod pool;
 pub mod reservations;
 pub mod six_to_four;
@@ -27,6 +29,7 @@ pub use cidr::{Cidr, CidrError, Family, from_u128, to_u128};
 pub use compact_ranges::{CompactError, CompactRanges};
 pub use intervals::IntervalSet;
 pub use mac::{Mac, MacError, MacsTaken, choose_mac, macs_in_use};
+pub use mac_pool::{MacPoolExhausted, MacPoolState, MacRange, MacRangeError};
 pub use pool::{Pool, PoolError, Usage};
 pub use reservations::Reservations;
 pub use six_to_four::six_to_four;

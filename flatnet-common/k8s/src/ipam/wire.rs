@@ -117,6 +117,14 @@ impl LiveAddresses {
         claimed.max(released)
     }
 
+    /// The MACs of the live claims (the MAC pool skips them).
+    pub fn macs(&self) -> std::collections::BTreeSet<super::Mac> {
+        self.claims
+            .values()
+            .filter_map(|c| super::Mac::parse(&c.mac).ok())
+            .collect()
+    }
+
     /// The claim on `ip`, if it is live.
     pub fn get(&self, ip: IpAddr) -> Option<&LiveClaim> {
         self.claims.get(&ip)
