@@ -2094,6 +2094,6 @@ async fn the_repair_frees_no_mac_a_record_names_that_its_cache_has_not_seen() {
 #[path = "wire_tests.rs"]
 mod wire;
 
+mod mac_pool;
 #[path = "reserved_tests.rs"]
 mod reserved;
-mod mac_pool;

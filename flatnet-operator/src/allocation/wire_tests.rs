@@ -18,8 +18,8 @@ use k8s_openapi::{
 use kube::ResourceExt;
 
 use super::{
-    super::wire_exclusion::WireView, Context, FakeApiServer, Settings, context_from, ip, ips,
-    race_pods, race_subnet, record_of, store, subnets,
+    super::wire_exclusion::WireView, Context, FakeApiServer, Settings, caches_from, context,
+    context_from, ip, ips, race_pods, race_subnet, record_of, store, subnets,
 };
 
 /// What node `node-1` reported in subnet `race`: (address, MAC, seconds ago).
