@@ -197,6 +197,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         move |stop: CancellationToken| {
             let workload_client = client.clone();
             let mtu_client = client.clone();
+            let pnc_client = client.clone();
             let workload_metrics = Arc::clone(&metrics);
             // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
@@ -249,6 +250,14 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 ),
                 stop.clone(),
             );
+            let pod_network_configs = cancel_when_done(
+                runtime_config::controller::run(
+                    pnc_client,
+                    runtime_config::controller::Settings::default(),
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let workloads = cancel_when_done(
                 workloads::run(
                     workload_client,
@@ -282,7 +291,8 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                     nads,
                     workloads,
                     certificates,
-                    mtu_status
+                    mtu_status,
+                    pod_network_configs
                 );
                 ready.abort();
             }

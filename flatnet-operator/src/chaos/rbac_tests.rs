@@ -238,6 +238,26 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "patch",
         "migrate",
     ),
+    // Nor does the PodNetworkConfig controller; its requests are those of
+    // `runtime_config::controller::tests` against the same fake.
+    (
+        "flatnetwork.pandaria.io",
+        "podnetworkconfigs",
+        "list",
+        "runtime_config::controller",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "podnetworkconfigs",
+        "watch",
+        "runtime_config::controller",
+    ),
+    (
+        "flatnetwork.pandaria.io",
+        "podnetworkconfigs/status",
+        "patch",
+        "runtime_config::controller",
+    ),
     // The floating-address controllers do not run in a chaos run; their
     // requests are those of `floating::tests` against the same fake.
     (

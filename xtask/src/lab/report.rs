@@ -57,6 +57,8 @@ pub struct StepRecord {
 pub struct Report {
     started: Instant,
     steps: Vec<StepRecord>,
+    /// Timings steps measured, with what they measure.
+    timings: Vec<(&'static str, Duration)>,
 }
 
 impl Default for Report {
@@ -64,6 +66,7 @@ impl Default for Report {
         Self {
             started: Instant::now(),
             steps: Vec::new(),
+            timings: Vec::new(),
         }
     }
 }
@@ -102,6 +105,11 @@ impl Report {
             outcome: Outcome::NotRun,
             took: Duration::ZERO,
         });
+    }
+
+    /// Records a timing a step measured, listed under the table.
+    pub fn timing(&mut self, what: &'static str, took: Duration) {
+        self.timings.push((what, took));
     }
 
     /// Steps that failed.
@@ -156,7 +164,14 @@ impl fmt::Display for Report {
             f,
             "  {passed} passed, {failed} failed, {skipped} skipped in {:.1}s",
             self.elapsed().as_secs_f64()
-        )
+        )?;
+        if !self.timings.is_empty() {
+            write!(f, "\ntimings")?;
+            for (what, took) in &self.timings {
+                write!(f, "\n  {:>8.1} ms  {what}", took.as_secs_f64() * 1e3)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -194,5 +209,17 @@ mod tests {
             "{table}"
         );
         assert_eq!(report.failures().len(), 1);
+        assert_eq!(lines.len(), 9, "no timings section without timings: {table}");
+    }
+
+    #[test]
+    fn measured_timings_follow_the_table() {
+        let mut report = Report::default();
+        report.finish(record("runtime", Outcome::Passed));
+        report.timing("hot-plug: write -> reachable", Duration::from_micros(41_500));
+        let table = report.to_string();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[4], "timings", "{table}");
+        assert_eq!(lines[5], "      41.5 ms  hot-plug: write -> reachable", "{table}");
     }
 }

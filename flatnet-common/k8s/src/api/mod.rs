@@ -19,7 +19,7 @@ mod subnet;
 mod wire;
 mod wire_claims;
 
-pub use conditions::{CONDITION_READY, set_condition};
+pub use conditions::{CONDITION_ATTACHED, CONDITION_READY, set_condition};
 pub use floating::{
     FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,
     FloatingIPProjectQuotaSpec, FloatingIPProjectQuotaStatus,
