@@ -64,6 +64,14 @@ impl Cluster {
         let server = FakeApiServer::new();
         server.insert(&subnet(&master));
         server.insert(&running_pod());
+        // The pod's node exists: the allocation keeps no address on a gone node.
+        server.insert(&k8s_openapi::api::core::v1::Node {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(NODE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
         let stop = CancellationToken::new();
         let address = runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

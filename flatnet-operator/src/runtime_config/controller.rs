@@ -1018,6 +1018,14 @@ mod tests {
             ..Namespace::default()
         });
         server.insert(&running_pod("web-0", json!({"app": "web"})));
+        // The pod's node exists: the allocation keeps no address on a gone node.
+        server.insert(&k8s_openapi::api::core::v1::Node {
+            metadata: ObjectMeta {
+                name: Some("node-1".into()),
+                ..ObjectMeta::default()
+            },
+            ..Default::default()
+        });
         let cluster = FakeCluster::start(server.clone(), AllocationSettings::default(), 2);
         let stop = CancellationToken::new();
         let controller = tokio::spawn(run(
