@@ -46,7 +46,8 @@ struct Cluster {
     /// First field: the agent stops before the namespaces go.
     agent: StandaloneAgent,
     server: FakeApiServer,
-    runtime: tokio::runtime::Runtime,
+    /// Runs the API server and the operator's controllers.
+    _runtime: tokio::runtime::Runtime,
     stop: CancellationToken,
     _node: TestNetns,
     lan: TestNetns,
@@ -98,7 +99,7 @@ impl Cluster {
         let mut this = Self {
             agent,
             server,
-            runtime,
+            _runtime: runtime,
             stop,
             _node: node,
             lan,
