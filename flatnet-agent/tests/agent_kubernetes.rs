@@ -168,7 +168,13 @@ const ATTACHED_MTU: u32 = 1450;
 /// [`ATTACHED_MAC`].
 async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::DesiredInterface) {
     source
-        .activate(&request().key, &request().pod, claim, ATTACHED_MAC, ATTACHED_MTU)
+        .activate(
+            &request().key,
+            &request().pod,
+            claim,
+            ATTACHED_MAC,
+            ATTACHED_MTU,
+        )
         .await
         .unwrap();
 }

@@ -94,7 +94,11 @@ impl<S: DesiredState> AgentService<S> {
         let mut resolved: BTreeMap<AttachmentKey, (&HotplugAttachment, PathBuf)> = BTreeMap::new();
         let mut unresolved = Vec::new();
         for want in wanted {
-            match want.netns.clone().or_else(|| netns_of_pod(&records, &want.pod)) {
+            match want
+                .netns
+                .clone()
+                .or_else(|| netns_of_pod(&records, &want.pod))
+            {
                 Some(netns) => {
                     resolved.insert(want.key(), (want, netns));
                 }

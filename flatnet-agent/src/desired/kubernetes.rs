@@ -460,8 +460,8 @@ fn record_names(
     subnets: usize,
 ) -> Result<Vec<String>, DesiredStateError> {
     if key.is_hotplug() {
-        let name =
-            hotplug_record_name(pod_name, &key.ifname).map_err(DesiredStateError::InvalidRequest)?;
+        let name = hotplug_record_name(pod_name, &key.ifname)
+            .map_err(DesiredStateError::InvalidRequest)?;
         return Ok(vec![name]);
     }
     let mut names = vec![pod_name.to_owned()];
@@ -652,9 +652,16 @@ impl DesiredState for Kubernetes {
             None => (
                 "True",
                 "Hotplugged",
-                format!("interface {} is in the pod, on node {}", attachment.ifname, self.node),
+                format!(
+                    "interface {} is in the pod, on node {}",
+                    attachment.ifname, self.node
+                ),
             ),
-            Some(why) => ("False", "HotplugFailed", format!("node {}: {why}", self.node)),
+            Some(why) => (
+                "False",
+                "HotplugFailed",
+                format!("node {}: {why}", self.node),
+            ),
         };
         // Written when the copy shows otherwise: a pass that finds every
         // interface as reported writes nothing.
@@ -664,10 +671,16 @@ impl DesiredState for Kubernetes {
             .and_then(|f| f.ips.get(namespace, &name))
             .and_then(|ip| {
                 let status = ip.status.as_ref()?;
-                let condition = status.conditions.iter().find(|c| c.type_ == CONDITION_ATTACHED)?;
+                let condition = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == CONDITION_ATTACHED)?;
                 Some((condition.status.clone(), condition.message.clone()))
             });
-        if shown.as_ref().is_some_and(|(s, m)| s == status && *m == message) {
+        if shown
+            .as_ref()
+            .is_some_and(|(s, m)| s == status && *m == message)
+        {
             return Ok(());
         }
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
@@ -691,7 +704,11 @@ impl DesiredState for Kubernetes {
             "status": {"conditions": [condition]},
         }));
         match ips
-            .patch_status(&name, &PatchParams::apply(HOTPLUG_FIELD_MANAGER).force(), &patch)
+            .patch_status(
+                &name,
+                &PatchParams::apply(HOTPLUG_FIELD_MANAGER).force(),
+                &patch,
+            )
             .await
         {
             Ok(_) => Ok(()),

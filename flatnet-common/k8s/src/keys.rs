@@ -164,7 +164,10 @@ mod tests {
 
     #[test]
     fn hotplug_record_names_are_object_names_or_say_why_not() {
-        assert_eq!(hotplug_record_name("web-0", "net2").unwrap(), "web-0.if-net2");
+        assert_eq!(
+            hotplug_record_name("web-0", "net2").unwrap(),
+            "web-0.if-net2"
+        );
         for bad in ["", "Net2", "net_2", "-net", "net-", "ne.t"] {
             let error = hotplug_record_name("web-0", bad).unwrap_err();
             assert!(error.contains("lowercase letters"), "{bad:?}: {error}");

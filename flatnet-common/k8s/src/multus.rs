@@ -244,7 +244,10 @@ mod tests {
             .unwrap();
         let entries: Vec<Value> = serde_json::from_str(&added).unwrap();
         assert_eq!(entries.len(), 3);
-        assert_eq!(entries[2]["name"], "flatnetwork.pandaria.io/rancher-flat-network.net2");
+        assert_eq!(
+            entries[2]["name"],
+            "flatnetwork.pandaria.io/rancher-flat-network.net2"
+        );
         assert_eq!(entries[2]["interface"], "net2");
         assert_eq!(entries[2]["ips"][0], "192.0.2.11");
         // The flat attachment's reader still finds eth1's address, even
@@ -261,6 +264,10 @@ mod tests {
             serde_json::from_str::<Value>(&removed).unwrap(),
             serde_json::from_str::<Value>(multus).unwrap()
         );
-        assert!(with_hotplug_entries("{", &[]).unwrap_err().contains("not a JSON list"));
+        assert!(
+            with_hotplug_entries("{", &[])
+                .unwrap_err()
+                .contains("not a JSON list")
+        );
     }
 }

@@ -134,7 +134,11 @@ pub fn interface_state(record: &FlatNetworkIP) -> InterfaceState {
 /// applies to.
 fn is_running(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
-        && pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+        && pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
@@ -415,7 +419,9 @@ fn config_status(
             match &planned.state {
                 InterfaceState::Waiting => waiting = true,
                 InterfaceState::Applied(_) => {}
-                InterfaceState::Failed(why) => reasons.push(format!("interface {interface}: {why}")),
+                InterfaceState::Failed(why) => {
+                    reasons.push(format!("interface {interface}: {why}"))
+                }
             }
         }
         if !reasons.is_empty() {
@@ -609,8 +615,12 @@ struct Controller {
 
 impl Controller {
     async fn pass(&mut self, copies: &Copies) {
-        let configs: Vec<PodNetworkConfig> =
-            copies.configs.state().iter().map(|c| (**c).clone()).collect();
+        let configs: Vec<PodNetworkConfig> = copies
+            .configs
+            .state()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect();
         let records = copies.records.state();
         let mut namespaces: BTreeSet<String> =
             configs.iter().filter_map(ResourceExt::namespace).collect();
@@ -620,8 +630,12 @@ impl Controller {
                 .filter(|r| r.labels().contains_key(label::HOTPLUG_INTERFACE))
                 .filter_map(|r| r.namespace()),
         );
-        let subnets: Vec<FlatNetworkSubnet> =
-            copies.subnets.state().iter().map(|s| (**s).clone()).collect();
+        let subnets: Vec<FlatNetworkSubnet> = copies
+            .subnets
+            .state()
+            .iter()
+            .map(|s| (**s).clone())
+            .collect();
         let all_pods = copies.pods.state();
         let mut seen = BTreeSet::new();
         for namespace in namespaces {
@@ -630,8 +644,7 @@ impl Controller {
                 .get(&ObjectRef::new(&namespace))
                 .map(|n| n.labels().clone())
                 .unwrap_or_default();
-            let in_namespace =
-                |ns: Option<String>| ns.as_deref() == Some(namespace.as_str());
+            let in_namespace = |ns: Option<String>| ns.as_deref() == Some(namespace.as_str());
             let pods: Vec<Arc<Pod>> = all_pods
                 .iter()
                 .filter(|p| in_namespace(p.namespace()))
@@ -669,18 +682,26 @@ impl Controller {
         for record in &plan.create {
             let name = record.name_any();
             match ips.create(&PostParams::default(), record).await {
-                Ok(_) => info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface created"),
+                Ok(_) => {
+                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface created")
+                }
                 // The copy lags behind an earlier create.
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(error) => warn!(namespace, record = %name, %error, "cannot create the FlatNetworkIP of a hot-plugged interface; retrying"),
+                Err(error) => {
+                    warn!(namespace, record = %name, %error, "cannot create the FlatNetworkIP of a hot-plugged interface; retrying")
+                }
             }
         }
         for record in &plan.delete {
             let name = record.name_any();
             match ips.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface deleted"),
+                Ok(_) => {
+                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface deleted")
+                }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(error) => warn!(namespace, record = %name, %error, "cannot delete the FlatNetworkIP of a hot-plugged interface; retrying"),
+                Err(error) => {
+                    warn!(namespace, record = %name, %error, "cannot delete the FlatNetworkIP of a hot-plugged interface; retrying")
+                }
             }
         }
         let params = PatchParams {
@@ -688,7 +709,8 @@ impl Controller {
             ..PatchParams::default()
         };
         for (name, config) in &plan.relabel {
-            let patch = Patch::Merge(json!({"metadata": {"labels": {label::POD_NETWORK_CONFIG: config}}}));
+            let patch =
+                Patch::Merge(json!({"metadata": {"labels": {label::POD_NETWORK_CONFIG: config}}}));
             if let Err(error) = ips.patch(name, &params, &patch).await {
                 warn!(namespace, record = %name, %error, "cannot relabel a hot-plugged interface's FlatNetworkIP; retrying");
             }
@@ -704,7 +726,9 @@ impl Controller {
             match pods.patch(name, &params, &patch).await {
                 Ok(_) => debug!(namespace, pod = %name, "network-status updated"),
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(error) => warn!(namespace, pod = %name, %error, "cannot update a pod's network-status; retrying"),
+                Err(error) => {
+                    warn!(namespace, pod = %name, %error, "cannot update a pod's network-status; retrying")
+                }
             }
         }
         let configs: Api<PodNetworkConfig> = Api::namespaced(self.client.clone(), namespace);
@@ -722,7 +746,9 @@ impl Controller {
             match configs.patch_status(name, &params, &patch).await {
                 Ok(_) => debug!(namespace, config = %name, "PodNetworkConfig status updated"),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(error) => warn!(namespace, config = %name, %error, "cannot update a PodNetworkConfig's status; retrying"),
+                Err(error) => {
+                    warn!(namespace, config = %name, %error, "cannot update a PodNetworkConfig's status; retrying")
+                }
             }
         }
     }
@@ -909,10 +935,16 @@ mod tests {
         assert_eq!(record.finalizers(), [FINALIZER]);
         let (name, status) = &plan.statuses[0];
         assert_eq!(name, "storage");
-        assert_eq!((status.matched, status.applied, status.failed_count), (1, 0, 0));
+        assert_eq!(
+            (status.matched, status.applied, status.failed_count),
+            (1, 0, 0)
+        );
         assert_eq!(status.observed_generation, Some(3));
         let ready = ready(status);
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Progressing"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Progressing")
+        );
         assert_eq!(ready.observed_generation, Some(3));
     }
 
@@ -924,7 +956,11 @@ mod tests {
             wanted.clone(),
             json!({"phase": "Active", "addr": "10.0.0.11", "node": "node-1"}),
         );
-        let applied = plan(&[web.clone()], &[config("storage", "net2")], &[active.clone()]);
+        let applied = plan(
+            &[web.clone()],
+            &[config("storage", "net2")],
+            &[active.clone()],
+        );
         assert!(applied.create.is_empty() && applied.delete.is_empty());
         let status = &applied.statuses[0].1;
         assert_eq!((status.matched, status.applied), (1, 1));
@@ -942,7 +978,11 @@ mod tests {
         // Unchanged status: nothing to write.
         let mut shown = config("storage", "net2");
         shown.status = Some(status.clone());
-        assert!(plan(&[web.clone()], &[shown], &[active.clone()]).statuses.is_empty());
+        assert!(
+            plan(&[web.clone()], &[shown], &[active.clone()])
+                .statuses
+                .is_empty()
+        );
 
         let refused = with_status(
             wanted,
@@ -1078,7 +1118,11 @@ mod tests {
             server
                 .list::<Pod>()
                 .into_iter()
-                .find_map(|p| p.annotations().get(annotation::MULTUS_NETWORK_STATUS).cloned())
+                .find_map(|p| {
+                    p.annotations()
+                        .get(annotation::MULTUS_NETWORK_STATUS)
+                        .cloned()
+                })
                 .unwrap_or_default()
         };
         wait_for("net2 in the pod's network-status", || {
@@ -1123,10 +1167,13 @@ mod tests {
         // and the subnet holds no address for it.
         server.delete::<PodNetworkConfig>("shop", "storage");
         wait_for("the record gone", || record().is_none()).await;
-        wait_for("net2 out of the network-status, Multus's entry kept", || {
-            let status = network_status();
-            !status.contains("net2") && status.contains("eth0")
-        })
+        wait_for(
+            "net2 out of the network-status, Multus's entry kept",
+            || {
+                let status = network_status();
+                !status.contains("net2") && status.contains("eth0")
+            },
+        )
         .await;
         wait_for("the address released", || {
             server

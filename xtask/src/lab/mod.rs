@@ -685,7 +685,9 @@ impl Lab {
         let address = || -> Option<String> {
             let shown = process::ip(POD_A, &["-4", "-j", "addr", "show", "dev", "net1"]).ok()?;
             let shown: serde_json::Value = serde_json::from_str(&shown).ok()?;
-            shown[0]["addr_info"][0]["local"].as_str().map(str::to_owned)
+            shown[0]["addr_info"][0]["local"]
+                .as_str()
+                .map(str::to_owned)
         };
         let reachable = || {
             address().is_some_and(|a| {
@@ -694,15 +696,20 @@ impl Lab {
         };
         let started = Instant::now();
         write(None, Some(&entry))?;
-        settle("net1 hot-plugged into pod-a and reached from the LAN host", &reachable)?;
+        settle(
+            "net1 hot-plugged into pod-a and reached from the LAN host",
+            &reachable,
+        )?;
         let hotplugged = started.elapsed();
         let net1 = address().unwrap_or_default();
         println!(
             "[lab]       {POD_A}: net1 {net1} hot-plugged and reached from the LAN host {:.1} ms after the state-file write",
             hotplugged.as_secs_f64() * 1e3
         );
-        self.report
-            .timing("hot-plug: state file written -> LAN host reaches the new interface", hotplugged);
+        self.report.timing(
+            "hot-plug: state file written -> LAN host reaches the new interface",
+            hotplugged,
+        );
 
         let mtu_of = || -> Option<u64> {
             let shown = process::ip(POD_A, &["-j", "link", "show", "dev", "eth1"]).ok()?;
@@ -714,15 +721,28 @@ impl Lab {
             mtu_of() == Some(u64::from(LOWER_MTU))
         })?;
         let lowered = started.elapsed();
-        self.report
-            .timing("MTU: state file written -> the running pod's interface carries it", lowered);
+        self.report.timing(
+            "MTU: state file written -> the running pod's interface carries it",
+            lowered,
+        );
         // 20 bytes of IPv4 header and 8 of ICMP.
         let df_ping = |size: u32| {
             let payload = (size - 28).to_string();
             process::exec_in(
                 POD_A,
                 "ping",
-                &["-4", "-M", "do", "-s", &payload, "-c", "1", "-W", "2", LAN_HOST_V4],
+                &[
+                    "-4",
+                    "-M",
+                    "do",
+                    "-s",
+                    &payload,
+                    "-c",
+                    "1",
+                    "-W",
+                    "2",
+                    LAN_HOST_V4,
+                ],
             )
             .is_ok()
         };

@@ -209,17 +209,27 @@ mod tests {
             "{table}"
         );
         assert_eq!(report.failures().len(), 1);
-        assert_eq!(lines.len(), 9, "no timings section without timings: {table}");
+        assert_eq!(
+            lines.len(),
+            9,
+            "no timings section without timings: {table}"
+        );
     }
 
     #[test]
     fn measured_timings_follow_the_table() {
         let mut report = Report::default();
         report.finish(record("runtime", Outcome::Passed));
-        report.timing("hot-plug: write -> reachable", Duration::from_micros(41_500));
+        report.timing(
+            "hot-plug: write -> reachable",
+            Duration::from_micros(41_500),
+        );
         let table = report.to_string();
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines[4], "timings", "{table}");
-        assert_eq!(lines[5], "      41.5 ms  hot-plug: write -> reachable", "{table}");
+        assert_eq!(
+            lines[5], "      41.5 ms  hot-plug: write -> reachable",
+            "{table}"
+        );
     }
 }
