@@ -118,10 +118,7 @@ impl Cluster {
     /// Starts the agent (with `crash_at`, to abort at that test crash
     /// point) and waits until it answers STATUS (it has reached the API).
     fn start(&mut self, crash_at: Option<&str>) {
-        let env = crash_at.map(|step| (flatnet_agent::crash_point::CRASH_AT_ENV, step));
-        self.agent.start(env, |agent| {
-            run_cni(&agent.socket(), "STATUS", "flat4", "", None, json!({})).0
-        });
+        self.agent.start_until_status("flat4", crash_at);
     }
 
     fn cni(&self, command: &str, pod: &TestNetns) -> (bool, Value) {
@@ -292,8 +289,16 @@ fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
     );
 
     cluster.remove_config();
-    wait_until("net2 removed", || !has_link(&pod, "net2"));
     wait_until("its record gone", || cluster.record().is_none());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while has_link(&pod, "net2") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "net2 not removed; records {:?}",
+            cluster.server.list::<FlatNetworkIP>().iter().map(|r| (r.name_any(), r.metadata.deletion_timestamp.clone(), r.labels().clone())).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     wait_until("net2 out of the network-status", || {
         let status = cluster.network_status();
         !status.contains("net2") && status.contains("eth0")

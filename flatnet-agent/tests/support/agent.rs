@@ -130,6 +130,16 @@ impl StandaloneAgent {
         }
     }
 
+    /// Starts the agent (with `crash_at`, to abort at that test crash
+    /// point) and waits until it answers CNI STATUS for `network`.
+    #[allow(dead_code, reason = "not every test binary uses crash points")]
+    pub fn start_until_status(&mut self, network: &str, crash_at: Option<&str>) {
+        let env = crash_at.map(|step| (flatnet_agent::crash_point::CRASH_AT_ENV, step));
+        self.start(env, |agent| {
+            crate::support::cni::run_cni(&agent.socket(), "STATUS", network, "", None, json!({})).0
+        });
+    }
+
     fn process_mut(&mut self) -> &mut Child {
         self.process.as_mut().expect("flatnet-agent is running")
     }
