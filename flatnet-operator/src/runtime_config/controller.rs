@@ -683,12 +683,12 @@ impl Controller {
             let name = record.name_any();
             match ips.create(&PostParams::default(), record).await {
                 Ok(_) => {
-                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface created")
+                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface created");
                 }
                 // The copy lags behind an earlier create.
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(error) => {
-                    warn!(namespace, record = %name, %error, "cannot create the FlatNetworkIP of a hot-plugged interface; retrying")
+                    warn!(namespace, record = %name, %error, "cannot create the FlatNetworkIP of a hot-plugged interface; retrying");
                 }
             }
         }
@@ -696,11 +696,11 @@ impl Controller {
             let name = record.name_any();
             match ips.delete(&name, &DeleteParams::background()).await {
                 Ok(_) => {
-                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface deleted")
+                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface deleted");
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(error) => {
-                    warn!(namespace, record = %name, %error, "cannot delete the FlatNetworkIP of a hot-plugged interface; retrying")
+                    warn!(namespace, record = %name, %error, "cannot delete the FlatNetworkIP of a hot-plugged interface; retrying");
                 }
             }
         }
@@ -727,7 +727,7 @@ impl Controller {
                 Ok(_) => debug!(namespace, pod = %name, "network-status updated"),
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                 Err(error) => {
-                    warn!(namespace, pod = %name, %error, "cannot update a pod's network-status; retrying")
+                    warn!(namespace, pod = %name, %error, "cannot update a pod's network-status; retrying");
                 }
             }
         }
@@ -747,7 +747,7 @@ impl Controller {
                 Ok(_) => debug!(namespace, config = %name, "PodNetworkConfig status updated"),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(error) => {
-                    warn!(namespace, config = %name, %error, "cannot update a PodNetworkConfig's status; retrying")
+                    warn!(namespace, config = %name, %error, "cannot update a PodNetworkConfig's status; retrying");
                 }
             }
         }
