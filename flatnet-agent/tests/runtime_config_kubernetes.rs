@@ -35,6 +35,8 @@ const NODE: &str = "node-1";
 /// `run_cni` names the pod of container `c1` `default/pod-c1`.
 const POD: &str = "pod-c1";
 const RECORD: &str = "pod-c1.if-net2";
+/// A running pod on the node that the agent never attached.
+const OTHER_POD: &str = "pod-other";
 
 /// The API server with the operator's controllers, the LAN, the node and
 /// its agent.
@@ -61,6 +63,10 @@ impl Cluster {
         let server = FakeApiServer::new();
         server.insert(&subnet(&master));
         server.insert(&running_pod());
+        let mut other = running_pod();
+        other.metadata.name = Some(OTHER_POD.into());
+        other.metadata.annotations = None;
+        server.insert(&other);
         // The pod's node exists: the allocation keeps no address on a gone node.
         server.insert(&k8s_openapi::api::core::v1::Node {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -254,14 +260,19 @@ fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
             .contains(&address),
         "net2 carries the allocated address"
     );
-    wait_until("the status says applied", || {
+    // Applied to the pod the agent attached; the pod it never attached
+    // (it cannot find its namespace) reported failed with the reason.
+    wait_until("the status says applied and failed", || {
         let status = cluster.status();
-        status.matched == 1
+        status.matched == 2
             && status.applied == 1
+            && status.failed.iter().any(|f| {
+                f.pod == OTHER_POD && f.reason.contains("did not attach pod default/pod-other")
+            })
             && status
                 .conditions
                 .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Failed")
     });
     wait_until("net2 in the pod's network-status", || {
         cluster
