@@ -420,7 +420,7 @@ fn config_status(
                 InterfaceState::Waiting => waiting = true,
                 InterfaceState::Applied(_) => {}
                 InterfaceState::Failed(why) => {
-                    reasons.push(format!("interface {interface}: {why}"))
+                    reasons.push(format!("interface {interface}: {why}"));
                 }
             }
         }
