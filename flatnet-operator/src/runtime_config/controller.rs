@@ -951,15 +951,21 @@ mod tests {
     #[test]
     fn the_status_follows_the_records_and_unwanted_records_go() {
         let web = running_pod("web-0", json!({"app": "web"}));
-        let wanted = plan(&[web.clone()], &[config("storage", "net2")], &[]).create[0].clone();
+        let wanted = plan(
+            std::slice::from_ref(&web),
+            &[config("storage", "net2")],
+            &[],
+        )
+        .create[0]
+            .clone();
         let active = with_status(
             wanted.clone(),
             json!({"phase": "Active", "addr": "10.0.0.11", "node": "node-1"}),
         );
         let applied = plan(
-            &[web.clone()],
+            std::slice::from_ref(&web),
             &[config("storage", "net2")],
-            &[active.clone()],
+            std::slice::from_ref(&active),
         );
         assert!(applied.create.is_empty() && applied.delete.is_empty());
         let status = &applied.statuses[0].1;
@@ -979,9 +985,13 @@ mod tests {
         let mut shown = config("storage", "net2");
         shown.status = Some(status.clone());
         assert!(
-            plan(&[web.clone()], &[shown], &[active.clone()])
-                .statuses
-                .is_empty()
+            plan(
+                std::slice::from_ref(&web),
+                &[shown],
+                std::slice::from_ref(&active)
+            )
+            .statuses
+            .is_empty()
         );
 
         let refused = with_status(
@@ -991,7 +1001,11 @@ mod tests {
                 "message": "node node-1: interface net2 already exists",
                 "lastTransitionTime": "2025-01-01T00:00:00Z"}]}),
         );
-        let failed = plan(&[web.clone()], &[config("storage", "net2")], &[refused]);
+        let failed = plan(
+            std::slice::from_ref(&web),
+            &[config("storage", "net2")],
+            &[refused],
+        );
         let status = &failed.statuses[0].1;
         assert_eq!((status.applied, status.failed_count), (0, 1));
         assert_eq!(status.failed[0].pod, "web-0");
