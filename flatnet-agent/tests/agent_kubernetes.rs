@@ -168,7 +168,13 @@ const ATTACHED_MTU: u32 = 1450;
 /// [`ATTACHED_MAC`].
 async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::DesiredInterface) {
     source
-        .activate(&request().pod, claim, ATTACHED_MAC, ATTACHED_MTU)
+        .activate(
+            &request().key,
+            &request().pod,
+            claim,
+            ATTACHED_MAC,
+            ATTACHED_MTU,
+        )
         .await
         .unwrap();
 }
@@ -496,7 +502,12 @@ async fn a_changed_mtu_is_applied_to_both_records_of_a_dual_stack_pod_under_its_
         ipv6to4: false,
     };
     source
-        .report_mtu(&request().pod, &[subnet("lan4"), subnet("lan6")], 1400)
+        .report_mtu(
+            &request().key,
+            &request().pod,
+            &[subnet("lan4"), subnet("lan6")],
+            1400,
+        )
         .await
         .unwrap();
     server.await.unwrap();

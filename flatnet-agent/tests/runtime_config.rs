@@ -60,10 +60,7 @@ impl Node {
     /// Starts the agent (with `crash_at`, to abort at that test crash
     /// point) and waits until it answers STATUS.
     fn start(&mut self, crash_at: Option<&str>) {
-        let env = crash_at.map(|step| (flatnet_agent::crash_point::CRASH_AT_ENV, step));
-        self.agent.start(env, |agent| {
-            run_cni(&agent.socket(), "STATUS", "flat4", "", None, json!({})).0
-        });
+        self.agent.start_until_status("flat4", crash_at);
     }
 
     /// The state file with subnet `lan4` at `mtu`.

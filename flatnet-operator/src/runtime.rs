@@ -211,6 +211,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 stop.clone(),
             );
             let mtu_client = client.clone();
+            let pnc_client = client.clone();
             let workload_metrics = Arc::clone(&metrics);
             // Until all caches sync, a new leader is not ready.
             health.set_ready(false);
@@ -264,6 +265,14 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                 ),
                 stop.clone(),
             );
+            let pod_network_configs = cancel_when_done(
+                runtime_config::controller::run(
+                    pnc_client,
+                    runtime_config::controller::Settings::default(),
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let workloads = cancel_when_done(
                 workloads::run(
                     workload_client,
@@ -298,7 +307,8 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                     workloads,
                     certificates,
                     mtu_status,
-                    cluster_config
+                    cluster_config,
+                    pod_network_configs
                 );
                 ready.abort();
             }

@@ -220,7 +220,7 @@ impl<S: DesiredState> Inner<S> {
             .await
             .map_err(SetUpError::InterfaceMade)?;
         self.desired
-            .activate(&record.pod, claim, mac, made.mtu)
+            .activate(&record.key, &record.pod, claim, mac, made.mtu)
             .instrument(phases::phase("activate"))
             .await
             .map_err(|e| SetUpError::InterfaceMade(e.to_cni()))?;

@@ -64,6 +64,9 @@ pub(super) async fn follow<T, P, R, A>(
             applied = Some(wanted);
             failed = None;
         } else {
+            // A failed pass may have applied part of it: what was applied
+            // in full before is no longer what is in place.
+            applied = None;
             failed = Some((wanted, tokio::time::Instant::now() + backoff, backoff));
         }
     }
@@ -130,6 +133,49 @@ mod tests {
             failed + 1,
             "applied, not repeated"
         );
+        task.abort();
+    }
+
+    /// After a failed pass, going back to what was applied in full before
+    /// is applied again: the failed pass may have changed part of it.
+    #[tokio::test(start_paused = true)]
+    async fn returning_to_the_last_applied_state_after_a_failure_applies_it_again() {
+        let wanted = Arc::new(AtomicU32::new(2));
+        let applied = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let (wanted, applied) = (Arc::clone(&wanted), Arc::clone(&applied));
+            async move {
+                follow(
+                    Duration::from_millis(50),
+                    "test",
+                    || {
+                        let wanted = wanted.load(Ordering::SeqCst);
+                        async move { Some(wanted) }
+                    },
+                    |value| {
+                        applied.lock().unwrap().push(value);
+                        // 1 always fails, 2 succeeds.
+                        async move {
+                            Report(if value == 1 {
+                                vec!["no".into()]
+                            } else {
+                                Vec::new()
+                            })
+                        }
+                    },
+                )
+                .await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wanted.store(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wanted.store(2, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let seen = applied.lock().unwrap().clone();
+        assert_eq!(seen.first(), Some(&2));
+        assert_eq!(seen.last(), Some(&2), "2 applied again: {seen:?}");
+        assert!(seen.contains(&1), "{seen:?}");
         task.abort();
     }
 }

@@ -8,13 +8,18 @@
 //! them alone, and the pass never touches an attachment without it (nor an
 //! interface it did not make: ADD refuses a name the pod already has).
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use super::{AgentService, Inner, follow::PassReport};
 use crate::{
     cni::{AttachRequest, CniArgs, CniError, DetachRequest, NetworkConfig, request::Attachment},
-    desired::{AttachmentKey, DesiredState, HotplugAttachment},
-    records::RecordPhase,
+    desired::{AttachmentKey, DesiredState, HotplugAttachment, PodRef},
+    records::{AttachmentRecord, RecordPhase},
 };
 
 /// How often the desired hot-plugged interfaces are compared with the last
@@ -74,7 +79,8 @@ impl<S: DesiredState> AgentService<S> {
     }
 
     /// One pass: adds the listed interfaces that are not ready, removes the
-    /// hot-plugged ones not listed.
+    /// hot-plugged ones not listed (or whose pod's namespace is unknown
+    /// now), and reports each listed interface's outcome.
     pub async fn apply_hotplug(&self, wanted: &[HotplugAttachment]) -> HotplugPass {
         let mut pass = HotplugPass::default();
         let records = match self.inner.records.all() {
@@ -85,12 +91,24 @@ impl<S: DesiredState> AgentService<S> {
                 return pass;
             }
         };
-        let wanted: BTreeMap<AttachmentKey, &HotplugAttachment> =
-            wanted.iter().map(|w| (w.key(), w)).collect();
+        let mut resolved: BTreeMap<AttachmentKey, (&HotplugAttachment, PathBuf)> = BTreeMap::new();
+        let mut unresolved = Vec::new();
+        for want in wanted {
+            match want
+                .netns
+                .clone()
+                .or_else(|| netns_of_pod(&records, &want.pod))
+            {
+                Some(netns) => {
+                    resolved.insert(want.key(), (want, netns));
+                }
+                None => unresolved.push(want),
+            }
+        }
         for record in records.iter().filter(|r| r.key.is_hotplug()) {
-            let listed = wanted
+            let listed = resolved
                 .get(&record.key)
-                .is_some_and(|w| w.network == record.network && w.netns == record.netns);
+                .is_some_and(|(w, netns)| w.network == record.network && *netns == record.netns);
             if listed {
                 continue;
             }
@@ -101,28 +119,67 @@ impl<S: DesiredState> AgentService<S> {
                     .push(format!("removing {}: {}", record.key, error.msg)),
             }
         }
-        for (key, want) in &wanted {
+        for want in unresolved {
+            let failure = format!(
+                "this node's agent did not attach {} and cannot find its network namespace \
+                 (finding it through the container runtime is not built); hot-plugging needs \
+                 a pod with a flat interface the agent attached",
+                want.pod
+            );
+            self.report_hotplug(want, Some(&failure), &mut pass).await;
+            pass.failed
+                .push(format!("adding {} to {}: {failure}", want.ifname, want.pod));
+        }
+        for (key, (want, netns)) in &resolved {
             let ready = records
                 .iter()
-                .any(|r| &r.key == key && r.phase == RecordPhase::Ready && r.netns == want.netns);
+                .any(|r| &r.key == key && r.phase == RecordPhase::Ready && r.netns == *netns);
             if ready {
+                self.report_hotplug(want, None, &mut pass).await;
                 continue;
             }
-            match self.hotplug(key, want).await {
-                Ok(()) => pass.added += 1,
-                Err(error) => pass.failed.push(format!(
-                    "adding {} on network {} to {}: {}",
-                    want.ifname, want.network, want.pod, error.msg
-                )),
+            match self.hotplug(key, want, netns).await {
+                Ok(()) => {
+                    pass.added += 1;
+                    self.report_hotplug(want, None, &mut pass).await;
+                }
+                Err(error) => {
+                    self.report_hotplug(want, Some(&error.msg), &mut pass).await;
+                    pass.failed.push(format!(
+                        "adding {} on network {} to {}: {}",
+                        want.ifname, want.network, want.pod, error.msg
+                    ));
+                }
             }
         }
         pass
     }
 
-    async fn hotplug(&self, key: &AttachmentKey, want: &HotplugAttachment) -> Result<(), CniError> {
+    /// Tells the desired state how `want` went; a report that cannot be
+    /// written fails the pass, so it is retried.
+    async fn report_hotplug(
+        &self,
+        want: &HotplugAttachment,
+        failure: Option<&str>,
+        pass: &mut HotplugPass,
+    ) {
+        if let Err(error) = self.inner.desired.report_hotplug(want, failure).await {
+            pass.failed.push(format!(
+                "reporting {} of {}: {error}",
+                want.ifname, want.pod
+            ));
+        }
+    }
+
+    async fn hotplug(
+        &self,
+        key: &AttachmentKey,
+        want: &HotplugAttachment,
+        netns: &Path,
+    ) -> Result<(), CniError> {
         let request = AttachRequest {
             attachment: attachment(key, Some(want)),
-            netns: want.netns.clone(),
+            netns: netns.to_owned(),
             config: network_config(&want.network)?,
         };
         let inner = Arc::clone(&self.inner);
@@ -136,6 +193,26 @@ impl<S: DesiredState> AgentService<S> {
         })
         .await
     }
+}
+
+/// The network namespace of `pod`'s own (not hot-plugged) ready
+/// attachments, when the agent made one: the pod's name and namespace must
+/// match, and its UID too where both are known.
+fn netns_of_pod(records: &[AttachmentRecord], pod: &PodRef) -> Option<PathBuf> {
+    pod.namespace.as_ref()?;
+    pod.name.as_ref()?;
+    records
+        .iter()
+        .filter(|r| !r.key.is_hotplug() && r.phase == RecordPhase::Ready)
+        .find(|r| {
+            r.pod.namespace == pod.namespace
+                && r.pod.name == pod.name
+                && match (&r.pod.uid, &pod.uid) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => true,
+                }
+        })
+        .map(|r| r.netns.clone())
 }
 
 impl PassReport for HotplugPass {

@@ -156,7 +156,7 @@ impl<S: DesiredState> Inner<S> {
         if recorded != Some(mtu) || change != MtuChange::Unchanged {
             self.records.save(&record).map_err(|e| failed(&e))?;
             self.desired
-                .report_mtu(&record.pod, &record.subnets, mtu)
+                .report_mtu(&record.key, &record.pod, &record.subnets, mtu)
                 .await
                 .map_err(|e| failed(&e))?;
             if let MtuChange::Changed { from } = change {

@@ -22,9 +22,9 @@ use std::{
 use futures::StreamExt;
 
 use flatnet_k8s::{
-    api::{FlatNetworkIP, FlatNetworkSubnet},
+    api::{CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkSubnet},
     ipam::Pool,
-    keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, label},
+    keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
 };
 use ipnet::IpNet;
 use k8s_openapi::jiff::Timestamp;
@@ -42,8 +42,8 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError, NamedSubnet,
-    PodRef, status::SubnetCapacity,
+    AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError,
+    HotplugAttachment, NamedSubnet, PodRef, status::SubnetCapacity,
 };
 use crate::{
     datapath::Conflict,
@@ -55,6 +55,9 @@ use crate::{
 pub const FIELD_MANAGER: &str = "flatnet-agent";
 /// Field manager of the MTU the agent reports after changing it in place.
 pub const MTU_FIELD_MANAGER: &str = "flatnet-agent-mtu";
+/// Field manager of the `Attached` condition of hot-plugged interfaces'
+/// FlatNetworkIPs.
+pub const HOTPLUG_FIELD_MANAGER: &str = "flatnet-agent-hotplug";
 /// Default bound on waiting for the operator's allocation.
 pub const DEFAULT_ALLOCATION_WAIT: Duration = Duration::from_secs(30);
 
@@ -466,14 +469,56 @@ fn subnet_capacity(subnet: FlatNetworkSubnet) -> SubnetCapacity {
     SubnetCapacity::of(&named, free)
 }
 
-/// The FlatNetworkIPs of a pod's interface on `subnets` subnets: the pod's
-/// own, and its second record for dual stack.
-fn record_names(pod_name: &str, subnets: usize) -> Vec<String> {
+/// The FlatNetworkIPs of attachment `key` of pod `pod_name` on `subnets`
+/// subnets: for the runtime's attachment the pod's own and its second
+/// record for dual stack; for a hot-plugged interface the one the
+/// PodNetworkConfig controller made for it (`<pod>.if-<interface>`).
+fn record_names(
+    key: &AttachmentKey,
+    pod_name: &str,
+    subnets: usize,
+) -> Result<Vec<String>, DesiredStateError> {
+    if key.is_hotplug() {
+        let name = hotplug_record_name(pod_name, &key.ifname)
+            .map_err(DesiredStateError::InvalidRequest)?;
+        return Ok(vec![name]);
+    }
     let mut names = vec![pod_name.to_owned()];
     if subnets > 1 {
         names.push(secondary_name(pod_name));
     }
-    names
+    Ok(names)
+}
+
+/// The interface a hot-plugged interface's FlatNetworkIP asks this node
+/// (`node`) for: labelled with the interface and the node, allocated to its
+/// pod, not being deleted.
+fn hotplug_of(ip: &FlatNetworkIP, node: &str) -> Option<HotplugAttachment> {
+    let ifname = ip.labels().get(label::HOTPLUG_INTERFACE)?;
+    let on_node = ip.labels().get(label::NODE).is_some_and(|n| n == node);
+    let uid = &ip.spec.pod_id;
+    if !on_node
+        || uid.is_empty()
+        || ip.metadata.deletion_timestamp.is_some()
+        || !is_allocated(ip, Some(uid))
+    {
+        return None;
+    }
+    Some(HotplugAttachment {
+        // A pod UID is unique and a valid CNI identifier; the interface
+        // name completes the key.
+        name: uid.clone(),
+        netns: None,
+        pod: PodRef {
+            namespace: ip.namespace(),
+            name: Some(ip.pod_name()),
+            uid: Some(uid.clone()),
+        },
+        // The subnet names the network: a record moved to another subnet
+        // is another interface.
+        network: ip.spec.subnet.clone(),
+        ifname: ifname.clone(),
+    })
 }
 
 /// The name of a dual-stack pod's second FlatNetworkIP.
@@ -496,7 +541,10 @@ impl DesiredState for Kubernetes {
     }
 
     async fn claim(&self, request: &ClaimRequest) -> Result<DesiredInterface, DesiredStateError> {
-        let (namespace, name) = Self::pod_names(&request.pod)?;
+        let (namespace, pod_name) = Self::pod_names(&request.pod)?;
+        let hotplug = request.key.is_hotplug();
+        let first = record_names(&request.key, pod_name, 1)?.remove(0);
+        let name = first.as_str();
         let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
         let uid = request.pod.uid.as_deref();
         // One bound for the whole claim, both records of a dual-stack pod included.
@@ -509,9 +557,11 @@ impl DesiredState for Kubernetes {
         };
         let mut records = vec![primary];
         let secondary = secondary_name(name);
-        if self
-            .is_dual_stack(request, &ips, namespace, &secondary, primary_followed)
-            .await?
+        // A hot-plugged interface has one record, of one subnet.
+        if !hotplug
+            && self
+                .is_dual_stack(request, &ips, namespace, &secondary, primary_followed)
+                .await?
         {
             let followed = self.followed_allocation(namespace, &secondary, uid);
             records.push(match followed {
@@ -557,13 +607,14 @@ impl DesiredState for Kubernetes {
 
     async fn activate(
         &self,
+        key: &AttachmentKey,
         pod: &PodRef,
         claim: &DesiredInterface,
         mac: MacAddr,
         mtu: u32,
     ) -> Result<(), DesiredStateError> {
         let (namespace, pod_name) = Self::pod_names(pod)?;
-        for name in record_names(pod_name, claim.subnets.len()) {
+        for name in record_names(key, pod_name, claim.subnets.len())? {
             self.mark_active(namespace, &name, mac, mtu).await?;
         }
         Ok(())
@@ -588,14 +639,109 @@ impl DesiredState for Kubernetes {
             .collect()
     }
 
-    async fn hotplug_attachments(&self) -> Option<Vec<super::HotplugAttachment>> {
-        // PodNetworkConfig is not followed in Kubernetes mode yet
-        // (docs/runtime-config.md).
-        None
+    async fn hotplug_attachments(&self) -> Option<Vec<HotplugAttachment>> {
+        // The PodNetworkConfig controller asks for each hot-plugged
+        // interface with its FlatNetworkIP; the copy of every FlatNetworkIP
+        // the agent keeps anyway holds them (no watch or request more).
+        let followed = self.followed.get()?;
+        if !followed.ips.is_complete() {
+            return None;
+        }
+        let mut wanted: Vec<HotplugAttachment> = followed
+            .ips
+            .store
+            .state()
+            .iter()
+            .filter_map(|ip| hotplug_of(ip, &self.node))
+            .collect();
+        // The store's order is arbitrary; the pass compares lists.
+        wanted.sort_by_key(HotplugAttachment::key);
+        Some(wanted)
+    }
+
+    async fn report_hotplug(
+        &self,
+        attachment: &HotplugAttachment,
+        failure: Option<&str>,
+    ) -> Result<(), DesiredStateError> {
+        let (namespace, pod_name) = Self::pod_names(&attachment.pod)?;
+        let name = hotplug_record_name(pod_name, &attachment.ifname)
+            .map_err(DesiredStateError::InvalidRequest)?;
+        let (status, reason, message) = match failure {
+            None => (
+                "True",
+                "Hotplugged",
+                format!(
+                    "interface {} is in the pod, on node {}",
+                    attachment.ifname, self.node
+                ),
+            ),
+            Some(why) => (
+                "False",
+                "HotplugFailed",
+                format!("node {}: {why}", self.node),
+            ),
+        };
+        // Written when the copy shows otherwise: a pass that finds every
+        // interface as reported writes nothing.
+        let shown = self
+            .followed
+            .get()
+            .and_then(|f| f.ips.get(namespace, &name))
+            .and_then(|ip| {
+                let status = ip.status.as_ref()?;
+                let condition = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == CONDITION_ATTACHED)?;
+                Some((condition.status.clone(), condition.message.clone()))
+            });
+        if shown
+            .as_ref()
+            .is_some_and(|(s, m)| s == status && *m == message)
+        {
+            return Ok(());
+        }
+        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
+        let generation = self
+            .followed
+            .get()
+            .and_then(|f| f.ips.get(namespace, &name))
+            .and_then(|ip| ip.meta().generation)
+            .unwrap_or(0);
+        let condition = json!({
+            "type": CONDITION_ATTACHED,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": Timestamp::now().to_string(),
+            "observedGeneration": generation,
+        });
+        let patch = Patch::Apply(json!({
+            "apiVersion": FlatNetworkIP::api_version(&()),
+            "kind": FlatNetworkIP::kind(&()),
+            "status": {"conditions": [condition]},
+        }));
+        match ips
+            .patch_status(
+                &name,
+                &PatchParams::apply(HOTPLUG_FIELD_MANAGER).force(),
+                &patch,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Gone meanwhile: the next pass removes the interface.
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(DesiredStateError::Unavailable(format!(
+                "cannot report on FlatNetworkIP {namespace}/{name}: {e}"
+            ))),
+        }
     }
 
     async fn report_mtu(
         &self,
+        key: &AttachmentKey,
         pod: &PodRef,
         subnets: &[NamedSubnet],
         mtu: u32,
@@ -605,7 +751,7 @@ impl DesiredState for Kubernetes {
         // A field manager of its own: an apply of the MTU alone under the
         // Active status's manager would drop that status's other fields.
         let params = PatchParams::apply(MTU_FIELD_MANAGER).force();
-        for name in record_names(pod_name, subnets.len()) {
+        for name in record_names(key, pod_name, subnets.len())? {
             let status = Patch::Apply(json!({
                 "apiVersion": FlatNetworkIP::api_version(&()),
                 "kind": FlatNetworkIP::kind(&()),

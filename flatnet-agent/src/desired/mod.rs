@@ -99,8 +99,10 @@ pub struct HotplugAttachment {
     /// Unique per pod and interface: the attachment's container ID is
     /// [`HOTPLUG_CONTAINER_PREFIX`] followed by it.
     pub name: String,
-    /// The pod's network namespace.
-    pub netns: PathBuf,
+    /// The pod's network namespace; `None`: the namespace of the pod's
+    /// own attachments, from the agent's records (Kubernetes, where only
+    /// the pod is known).
+    pub netns: Option<PathBuf>,
     /// The pod, for policy and messages.
     pub pod: PodRef,
     /// The CNI network the interface is on.
@@ -215,10 +217,11 @@ pub trait DesiredState: Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<DesiredInterface, DesiredStateError>> + Send;
 
-    /// The interface is up with `mac` and `mtu`: record it (Kubernetes:
-    /// status `Active`, MAC, MTU and node).
+    /// The interface of attachment `key` is up with `mac` and `mtu`:
+    /// record it (Kubernetes: status `Active`, MAC, MTU and node).
     fn activate(
         &self,
+        key: &AttachmentKey,
         pod: &PodRef,
         claim: &DesiredInterface,
         mac: MacAddr,
@@ -229,10 +232,11 @@ pub trait DesiredState: Send + Sync + 'static {
     /// for changing the MTU of running pods. Empty while unknown.
     fn subnet_mtus(&self) -> impl Future<Output = BTreeMap<String, Option<u32>>> + Send;
 
-    /// The flat interface of `pod` on `subnets` carries `mtu` now
-    /// (Kubernetes: its FlatNetworkIPs' `status.mtu`).
+    /// The flat interface of attachment `key` of `pod` on `subnets`
+    /// carries `mtu` now (Kubernetes: its FlatNetworkIPs' `status.mtu`).
     fn report_mtu(
         &self,
+        key: &AttachmentKey,
         pod: &PodRef,
         subnets: &[NamedSubnet],
         mtu: u32,
@@ -266,6 +270,15 @@ pub trait DesiredState: Send + Sync + 'static {
     /// The extra interfaces running pods must have now; `None` while
     /// unknown (nothing hot-plugged is removed then).
     fn hotplug_attachments(&self) -> impl Future<Output = Option<Vec<HotplugAttachment>>> + Send;
+
+    /// The hot-plug pass made `attachment` (`failure` is `None`) or could
+    /// not (why), for users to see (Kubernetes: the `Attached` condition
+    /// of its FlatNetworkIP, written only when it changes).
+    fn report_hotplug(
+        &self,
+        attachment: &HotplugAttachment,
+        failure: Option<&str>,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
 
     /// Makes a conflict on an address of `pod` visible to users.
     fn report_conflict(

@@ -463,7 +463,7 @@ fn check_hotplug(
             } else {
                 attachments.push(HotplugAttachment {
                     name: name.clone(),
-                    netns: entry.netns.clone(),
+                    netns: Some(entry.netns.clone()),
                     pod: pod.clone(),
                     network: interface.network.clone(),
                     ifname: ifname.clone(),
@@ -988,6 +988,7 @@ impl DesiredState for Standalone {
 
     async fn activate(
         &self,
+        _key: &AttachmentKey,
         _pod: &PodRef,
         _claim: &DesiredInterface,
         _mac: MacAddr,
@@ -1016,6 +1017,7 @@ impl DesiredState for Standalone {
 
     async fn report_mtu(
         &self,
+        _key: &AttachmentKey,
         _pod: &PodRef,
         _subnets: &[NamedSubnet],
         _mtu: u32,
@@ -1057,6 +1059,15 @@ impl DesiredState for Standalone {
                 SubnetCapacity::of(named, free)
             })
             .collect())
+    }
+
+    async fn report_hotplug(
+        &self,
+        _attachment: &HotplugAttachment,
+        _failure: Option<&str>,
+    ) -> Result<(), DesiredStateError> {
+        // The agent's log is the standalone report.
+        Ok(())
     }
 
     async fn report_conflict(

@@ -1,6 +1,7 @@
-//! A real `flatnet-agent run --standalone` process with its files under one
-//! directory and a private pin root; killed on drop, its log printed when
-//! the test fails.
+//! A real `flatnet-agent run` process (`--standalone`, or in Kubernetes
+//! mode against an API server named by a kubeconfig) with its files under
+//! one directory and a private pin root; killed on drop, its log printed
+//! when the test fails.
 
 use std::{
     path::{Path, PathBuf},
@@ -20,6 +21,8 @@ pub struct StandaloneAgent {
     host_netns: PathBuf,
     /// Arguments after the common ones, e.g. the CNI directories.
     args: Vec<String>,
+    /// Kubernetes mode: the kubeconfig and the node's name.
+    kubernetes: Option<(PathBuf, String)>,
     process: Option<Child>,
 }
 
@@ -32,8 +35,18 @@ impl StandaloneAgent {
             pin: TestPinRoot::new(),
             host_netns: node.path(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            kubernetes: None,
             process: None,
         }
+    }
+
+    /// The same agent in Kubernetes mode: the API server `kubeconfig`
+    /// names, node `node_name`.
+    #[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+    #[must_use]
+    pub fn in_kubernetes(mut self, kubeconfig: &Path, node_name: &str) -> Self {
+        self.kubernetes = Some((kubeconfig.to_path_buf(), node_name.to_owned()));
+        self
     }
 
     /// `path` under the agent's directory.
@@ -70,11 +83,23 @@ impl StandaloneAgent {
             .append(true)
             .open(self.log_file())
             .unwrap();
-        let child = Command::new(package_binary(option_env!("CARGO_BIN_EXE_flatnet-agent")))
-            .args(["--log-level", "debug", "run", "--standalone"])
-            .arg("--state-file")
-            .arg(self.state_file())
-            .args(["--state-dir", &arg("state")])
+        let mut command = Command::new(package_binary(option_env!("CARGO_BIN_EXE_flatnet-agent")));
+        command.args(["--log-level", "debug", "run"]);
+        match &self.kubernetes {
+            None => {
+                command
+                    .arg("--standalone")
+                    .arg("--state-file")
+                    .arg(self.state_file())
+                    .args(["--state-dir", &arg("state")]);
+            }
+            Some((kubeconfig, node_name)) => {
+                command
+                    .env("KUBECONFIG", kubeconfig)
+                    .env("NODE_NAME", node_name);
+            }
+        }
+        let child = command
             .args(["--record-dir", &arg("records")])
             .args(["--lease-dir", &arg("leases")])
             .arg("--socket")
@@ -103,6 +128,16 @@ impl StandaloneAgent {
             assert!(Instant::now() < deadline, "flatnet-agent did not start");
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// Starts the agent (with `crash_at`, to abort at that test crash
+    /// point) and waits until it answers CNI STATUS for `network`.
+    #[allow(dead_code, reason = "not every test binary uses crash points")]
+    pub fn start_until_status(&mut self, network: &str, crash_at: Option<&str>) {
+        let env = crash_at.map(|step| (flatnet_agent::crash_point::CRASH_AT_ENV, step));
+        self.start(env, |agent| {
+            crate::support::cni::run_cni(&agent.socket(), "STATUS", network, "", None, json!({})).0
+        });
     }
 
     fn process_mut(&mut self) -> &mut Child {

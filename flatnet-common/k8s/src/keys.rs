@@ -36,6 +36,45 @@ pub const FLAT_NETWORK_SERVICE_SUFFIX: &str = "-flat-network";
 /// first subnet's address, `<pod>.ipv6` the second's.
 pub const SECONDARY_RECORD_SUFFIX: &str = ".ipv6";
 
+/// Infix of a hot-plugged interface's FlatNetworkIP:
+/// `<pod>.if-<interface>` (see [`hotplug_record_name`]).
+pub const HOTPLUG_RECORD_INFIX: &str = ".if-";
+
+/// The FlatNetworkIP of interface `interface` hot-plugged into pod
+/// `pod_name` by a PodNetworkConfig: `<pod>.if-<interface>`. The interface
+/// name becomes part of an object name, so it must be lowercase letters,
+/// digits and '-', starting and ending with a letter or digit; the whole
+/// name at most 253 characters. The error says which rule failed.
+pub fn hotplug_record_name(pod_name: &str, interface: &str) -> Result<String, String> {
+    check_hotplug_interface(interface)?;
+    let name = format!("{pod_name}{HOTPLUG_RECORD_INFIX}{interface}");
+    if name.len() > 253 {
+        return Err(format!(
+            "the FlatNetworkIP name {name:?} of interface {interface} would be longer than 253 characters; \
+             use a shorter pod or interface name"
+        ));
+    }
+    Ok(name)
+}
+
+/// The rule a hot-plugged interface's name meets beyond the kernel's,
+/// since it is part of an object name (see [`hotplug_record_name`]).
+pub fn check_hotplug_interface(interface: &str) -> Result<(), String> {
+    let label_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if interface.is_empty()
+        || !interface.chars().all(label_char)
+        || !alnum(interface.chars().next())
+        || !alnum(interface.chars().last())
+    {
+        return Err(format!(
+            "interface name {interface:?} names the interface's FlatNetworkIP too, so it must be \
+             lowercase letters, digits and '-', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
 /// Pod (template) annotations: the user-facing API.
 pub mod annotation {
     /// Subnet name, or `v4name,v6name` for dual stack. Enables the flat network.
@@ -88,6 +127,12 @@ pub mod label {
     pub const IP_TYPE_SPECIFIC: &str = "specific";
     /// On pods and workloads: the subnet's `flatMode`.
     pub const FLAT_MODE: &str = "flatnetwork.pandaria.io/flatMode";
+    /// On FlatNetworkIPs of interfaces hot-plugged into running pods: the
+    /// interface name in the pod. Its presence marks the record as one a
+    /// PodNetworkConfig asked for.
+    pub const HOTPLUG_INTERFACE: &str = "flatnetwork.pandaria.io/hotplug-interface";
+    /// On the same FlatNetworkIPs: the PodNetworkConfig asking for it.
+    pub const POD_NETWORK_CONFIG: &str = "flatnetwork.pandaria.io/pod-network-config";
     /// On FlatNetworkIPs: the node whose agent set the pod up (flatnet addition).
     pub const NODE: &str = "flatnetwork.pandaria.io/node";
     /// On subnets (un-prefixed): `spec.master`; siblings are selected by it.
@@ -119,4 +164,27 @@ pub mod label {
     /// On flat Services and their slices: the original Service, so events on
     /// them map back to the Service to reconcile.
     pub const PARENT_SERVICE: &str = "flatnet.pandaria.io/parent-service";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hotplug_record_names_are_object_names_or_say_why_not() {
+        assert_eq!(
+            hotplug_record_name("web-0", "net2").unwrap(),
+            "web-0.if-net2"
+        );
+        for bad in ["", "Net2", "net_2", "-net", "net-", "ne.t"] {
+            let error = hotplug_record_name("web-0", bad).unwrap_err();
+            assert!(error.contains("lowercase letters"), "{bad:?}: {error}");
+        }
+        let long = "p".repeat(250);
+        assert!(
+            hotplug_record_name(&long, "net2")
+                .unwrap_err()
+                .contains("longer than 253")
+        );
+    }
 }

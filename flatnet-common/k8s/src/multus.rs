@@ -1,9 +1,10 @@
 //! The Multus annotations flatnet reads: the network selection
 //! (`k8s.v1.cni.cncf.io/networks`), which the migrator rewrites, and the
 //! network status (`k8s.v1.cni.cncf.io/network-status`), which the Service
-//! controller reads a pod's flat addresses from. Both are written by
-//! tenants or other components, so every reading is total: bad text gives
-//! `None` or a reason, never a panic.
+//! controller reads a pod's flat addresses from and the PodNetworkConfig
+//! controller adds hot-plugged interfaces to. Both are written by tenants
+//! or other components, so every reading is total: bad text gives `None`
+//! or a reason, never a panic.
 
 use std::net::IpAddr;
 
@@ -15,7 +16,7 @@ use serde_json::Value;
 use crate::{
     annotations::AnnotationError,
     ipam::Mac,
-    keys::{annotation, label},
+    keys::{PREFIX, annotation, label},
 };
 
 /// True when a selection entry's `[namespace/]name` names `attachment`.
@@ -183,6 +184,70 @@ pub fn flat_addresses(pod: &Pod, attachment: &str) -> FlatAddresses {
     }
 }
 
+/// An interface hot-plugged into a running pod, as the pod's
+/// `network-status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotplugStatus {
+    /// The PodNetworkConfig asking for it.
+    pub config: String,
+    /// The interface name in the pod.
+    pub interface: String,
+    /// Its addresses.
+    pub ips: Vec<IpAddr>,
+    /// Its MAC, when known.
+    pub mac: String,
+}
+
+impl HotplugStatus {
+    /// The entry's `name`: `flatnetwork.pandaria.io/<config>.<interface>`.
+    /// The prefix tells flatnet's entries from Multus's; the interface
+    /// suffix keeps the last segment from ever naming a network
+    /// attachment, which is how readers match entries.
+    #[must_use]
+    pub fn name(&self) -> String {
+        format!("{PREFIX}{}.{}", self.config, self.interface)
+    }
+
+    fn entry(&self) -> Value {
+        serde_json::json!({
+            "name": self.name(),
+            "interface": self.interface,
+            "ips": self.ips.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "mac": self.mac,
+            "dns": {},
+        })
+    }
+}
+
+/// The `network-status` annotation `current` with flatnet's entries of
+/// hot-plugged interfaces replaced by `hotplugged` (every other entry kept
+/// as it is, in order; flatnet's after them, in the given order). `Ok(None)`
+/// when that changes nothing; an error when `current` is not a JSON list
+/// (then it is left alone).
+///
+/// # Errors
+/// `current` is not a JSON list.
+pub fn with_hotplug_entries(
+    current: &str,
+    hotplugged: &[HotplugStatus],
+) -> Result<Option<String>, String> {
+    let Ok(Value::Array(entries)) = serde_json::from_str::<Value>(current) else {
+        return Err(format!(
+            "{} is not a JSON list; flatnet adds no hot-plugged interfaces to it",
+            annotation::MULTUS_NETWORK_STATUS
+        ));
+    };
+    let ours = |entry: &Value| {
+        entry
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|name| name.starts_with(PREFIX))
+    };
+    let mut updated: Vec<Value> = entries.iter().filter(|e| !ours(e)).cloned().collect();
+    updated.extend(hotplugged.iter().map(HotplugStatus::entry));
+    Ok((updated != entries).then(|| Value::Array(updated).to_string()))
+}
+
 /// Decodes the `selectedIP` label: IPv4 as is, IPv6 with `.` in place of `:`.
 #[must_use]
 pub fn decode_selected_ip(label: &str) -> Option<IpAddr> {
@@ -215,5 +280,53 @@ mod tests {
             flat,
         );
         assert!(bad.unwrap_err().to_string().contains("multicast"));
+    }
+
+    fn pod_with_status(status: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-0", "annotations": {annotation::MULTUS_NETWORK_STATUS: status}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn hotplugged_entries_replace_flatnets_own_and_never_shadow_the_flat_attachment() {
+        let multus = r#"[{"name":"k8s-pod-network","interface":"eth0","ips":["10.42.0.5"]},{"name":"default/rancher-flat-network","interface":"eth1","ips":["192.0.2.10"]}]"#;
+        let net2 = HotplugStatus {
+            config: "rancher-flat-network".into(),
+            interface: "net2".into(),
+            ips: vec!["192.0.2.11".parse().unwrap()],
+            mac: "02:00:00:00:00:02".into(),
+        };
+        let added = with_hotplug_entries(multus, std::slice::from_ref(&net2))
+            .unwrap()
+            .unwrap();
+        let entries: Vec<Value> = serde_json::from_str(&added).unwrap();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(
+            entries[2]["name"],
+            "flatnetwork.pandaria.io/rancher-flat-network.net2"
+        );
+        assert_eq!(entries[2]["interface"], "net2");
+        assert_eq!(entries[2]["ips"][0], "192.0.2.11");
+        // The flat attachment's reader still finds eth1's address, even
+        // with a configuration named like the attachment.
+        assert_eq!(
+            flat_addresses(&pod_with_status(&added), "rancher-flat-network"),
+            FlatAddresses::Found(vec!["192.0.2.10".parse().unwrap()])
+        );
+        // Same again: nothing to write.
+        assert_eq!(with_hotplug_entries(&added, &[net2]).unwrap(), None);
+        // None left: back to what Multus wrote.
+        let removed = with_hotplug_entries(&added, &[]).unwrap().unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&removed).unwrap(),
+            serde_json::from_str::<Value>(multus).unwrap()
+        );
+        assert!(
+            with_hotplug_entries("{", &[])
+                .unwrap_err()
+                .contains("not a JSON list")
+        );
     }
 }

@@ -88,6 +88,11 @@ pub fn record_owner(pod: &Pod, policy: StatefulSetAddressPolicy) -> OwnerReferen
             block_owner_deletion: None,
         };
     }
+    pod_owner(pod)
+}
+
+/// `pod` as the controlling owner of a record: the record goes with it.
+pub fn pod_owner(pod: &Pod) -> OwnerReference {
     OwnerReference {
         api_version: "v1".into(),
         kind: "Pod".into(),

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use flatnet_k8s::{
     api::{FlatNetworkSubnet, PodNetworkConfig, PodNetworkConfigSpec},
+    keys::check_hotplug_interface,
     selector::Labels,
     validation::{MAX_MTU, MIN_MTU_IPV4, check_ifname},
 };
@@ -47,6 +48,8 @@ pub fn spec_problems(spec: &PodNetworkConfigSpec) -> Vec<String> {
             problems.push(format!(
                 "{field}.interface {PRIMARY_IFNAME} is the pod's primary interface: use another name, e.g. net2"
             ));
+        } else if let Err(reason) = check_hotplug_interface(&attachment.interface) {
+            problems.push(format!("{field}.interface: {reason}"));
         } else if !interfaces.insert(attachment.interface.as_str()) {
             problems.push(format!(
                 "{field}.interface {} is asked for twice: keep one",

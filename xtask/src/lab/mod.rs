@@ -19,6 +19,7 @@ mod report;
 mod topology;
 
 use std::{
+    fs,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     time::{Duration, Instant},
 };
@@ -30,7 +31,7 @@ use serde_json::json;
 use self::{
     capture::Capture,
     netns::{EchoServer, expect_tcp, ping},
-    node::{AgentImage, Binaries, DUAL_NETWORK, IPVLAN_NETWORK, Node},
+    node::{AgentImage, Binaries, DUAL_NETWORK, EXTRA_NETWORK, IPVLAN_NETWORK, Node},
     policy::{ALLOWED_PORT, BLOCKED_PORT, PolicyPod},
     process::{Interrupted, interrupted},
     report::{Outcome, Report, StepRecord},
@@ -82,11 +83,12 @@ pub enum Step {
     Conflict,
     WireIpam,
     Floating,
+    Runtime,
     Teardown,
 }
 
 impl Step {
-    const ALL: [Step; 14] = [
+    const ALL: [Step; 15] = [
         Step::Build,
         Step::Leftovers,
         Step::Topology,
@@ -100,6 +102,7 @@ impl Step {
         Step::Conflict,
         Step::WireIpam,
         Step::Floating,
+        Step::Runtime,
         Step::Teardown,
     ];
 
@@ -119,6 +122,7 @@ impl Step {
             Step::Conflict => "conflict",
             Step::WireIpam => "wire-ipam",
             Step::Floating => "floating",
+            Step::Runtime => "runtime",
             Step::Teardown => "teardown",
         }
     }
@@ -152,6 +156,9 @@ impl Step {
             }
             Step::Floating => {
                 "a floating address answered by one node moves to the other after its loop is SIGKILLed and its uplink goes down; the LAN host's TCP works again (time in the report)"
+            }
+            Step::Runtime => {
+                "running pod-a gets net1 hot-plugged (LAN host reaches it), then its MTU lowered to 1400 in place (DF ping 1400 passes, 1401 fails); both undone"
             }
             Step::Teardown => "CNI DEL removes every pod and allocation; agents stop on SIGTERM",
         }
@@ -350,6 +357,7 @@ impl Lab {
             Step::Conflict => self.conflict(),
             Step::WireIpam => self.wire_ipam(),
             Step::Floating => self.floating(),
+            Step::Runtime => self.runtime_config(),
             Step::Teardown => self.teardown(),
         }
         .map(|()| None)
@@ -841,6 +849,117 @@ impl Lab {
             }
         }
         bail!("the LAN host resolves {FLOATING_V4} to {resolved:?}, no node's uplink")
+    }
+
+    /// Runtime configuration of a running pod on node1, timed from the
+    /// state-file write: an extra interface hot-plugged until the LAN host
+    /// reaches it, the subnets' MTU lowered until the pod's interface
+    /// carries it; then both undone.
+    fn runtime_config(&mut self) -> anyhow::Result<()> {
+        const LOWER_MTU: u32 = 1400;
+        let node1 = &self.nodes[0];
+        let state_file = node1.state_file_path();
+        let write = |mtu: Option<u32>, hotplug: Option<&str>| {
+            fs::write(&state_file, node1.state_file_with(mtu, hotplug))
+                .with_context(|| format!("write {}", state_file.display()))
+        };
+        let settle = |what: &str, done: &dyn Fn() -> bool| -> anyhow::Result<Duration> {
+            let started = Instant::now();
+            while !done() {
+                if started.elapsed() > Duration::from_secs(10) {
+                    bail!("{what}: not within 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(started.elapsed())
+        };
+        let entry = format!(
+            "{{name: lab-extra, netns: /run/netns/{POD_A}, pod: lab/pod-a, attachments: [{{network: {EXTRA_NETWORK}, ifname: net1}}]}}"
+        );
+        let address = || -> Option<String> {
+            let shown = process::ip(POD_A, &["-4", "-j", "addr", "show", "dev", "net1"]).ok()?;
+            let shown: serde_json::Value = serde_json::from_str(&shown).ok()?;
+            shown[0]["addr_info"][0]["local"]
+                .as_str()
+                .map(str::to_owned)
+        };
+        let reachable = || {
+            address().is_some_and(|a| {
+                process::exec_in(LAN_HOST, "ping", &["-4", "-c", "1", "-W", "1", &a]).is_ok()
+            })
+        };
+        let started = Instant::now();
+        write(None, Some(&entry))?;
+        settle(
+            "net1 hot-plugged into pod-a and reached from the LAN host",
+            &reachable,
+        )?;
+        let hotplugged = started.elapsed();
+        let net1 = address().unwrap_or_default();
+        println!(
+            "[lab]       {POD_A}: net1 {net1} hot-plugged and reached from the LAN host {:.1} ms after the state-file write",
+            hotplugged.as_secs_f64() * 1e3
+        );
+        self.report.timing(
+            "hot-plug: state file written -> LAN host reaches the new interface",
+            hotplugged,
+        );
+
+        let mtu_of = || -> Option<u64> {
+            let shown = process::ip(POD_A, &["-j", "link", "show", "dev", "eth1"]).ok()?;
+            serde_json::from_str::<serde_json::Value>(&shown).ok()?[0]["mtu"].as_u64()
+        };
+        let started = Instant::now();
+        write(Some(LOWER_MTU), Some(&entry))?;
+        settle("pod-a's eth1 at the lower MTU", &|| {
+            mtu_of() == Some(u64::from(LOWER_MTU))
+        })?;
+        let lowered = started.elapsed();
+        self.report.timing(
+            "MTU: state file written -> the running pod's interface carries it",
+            lowered,
+        );
+        // 20 bytes of IPv4 header and 8 of ICMP.
+        let df_ping = |size: u32| {
+            let payload = (size - 28).to_string();
+            process::exec_in(
+                POD_A,
+                "ping",
+                &[
+                    "-4",
+                    "-M",
+                    "do",
+                    "-s",
+                    &payload,
+                    "-c",
+                    "1",
+                    "-W",
+                    "2",
+                    LAN_HOST_V4,
+                ],
+            )
+            .is_ok()
+        };
+        if !df_ping(LOWER_MTU) || df_ping(LOWER_MTU + 1) {
+            bail!(
+                "after the MTU change a ping with Don't Fragment of {LOWER_MTU} bytes must pass and {} fail",
+                LOWER_MTU + 1
+            );
+        }
+        println!(
+            "[lab]       {POD_A}: eth1 at MTU {LOWER_MTU} {:.1} ms after the write, same interface; DF ping {LOWER_MTU} passes, {} does not",
+            lowered.as_secs_f64() * 1e3,
+            LOWER_MTU + 1
+        );
+
+        // Undone: the MTU back to the uplink's, the interface removed.
+        write(Some(1500), None)?;
+        settle("pod-a's eth1 back at 1500", &|| mtu_of() == Some(1500))?;
+        settle("net1 removed from pod-a", &|| {
+            process::ip(POD_A, &["link", "show", "dev", "net1"]).is_err()
+        })?;
+        // The file as the agent started with it.
+        write(None, None)
     }
 
     fn teardown(&mut self) -> anyhow::Result<()> {

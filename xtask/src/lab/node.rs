@@ -27,6 +27,8 @@ use crate::images::podman::{ChartContainer, host_path_below};
 pub const DUAL_NETWORK: &str = "lab-dual";
 /// node1's ipvlan L2 network.
 pub const IPVLAN_NETWORK: &str = "lab-ipvlan";
+/// The network of the interface the runtime step hot-plugs.
+pub const EXTRA_NETWORK: &str = "lab-extra";
 
 /// The built binaries the lab runs.
 #[derive(Clone)]
@@ -134,6 +136,15 @@ impl Node {
     }
 
     fn state_file(&self) -> String {
+        self.state_file_with(None, None)
+    }
+
+    /// The state file with `mtu` as `spec.mtu` of `lan4` and `lan6` (unset
+    /// when `None`) and, with `hotplug` (a YAML entry of the `hotplug`
+    /// section), subnet `extra4` (this node's addresses `.{base+100}` to
+    /// `.{base+109}` of 192.0.2.0/24 on the same uplink) on network
+    /// [`EXTRA_NETWORK`] for that entry to use.
+    pub fn state_file_with(&self, mtu: Option<u32>, hotplug: Option<&str>) -> String {
         let (first4, first6) = self.pod_address(0);
         let (last4, last6) = self.pod_address(9);
         let ipvlan = (
@@ -150,7 +161,7 @@ subnets:
       master: {UPLINK}
       cidr: 192.0.2.0/24
       gateway: {LAN_HOST_V4}
-      ranges: [{{from: {first4}, to: {last4}}}]
+      ranges: [{{from: {first4}, to: {last4}}}]{mtu}
   - name: lan6
     spec:
       flatMode: macvlan
@@ -158,7 +169,7 @@ subnets:
       master: {UPLINK}
       cidr: "2001:db8::/64"
       gateway: "{LAN_HOST_V6}"
-      ranges: [{{from: "{first6}", to: "{last6}"}}]
+      ranges: [{{from: "{first6}", to: "{last6}"}}]{mtu}
   - name: ipvlan4
     spec:
       flatMode: ipvlan
@@ -166,14 +177,29 @@ subnets:
       master: {IPVLAN_UPLINK}
       cidr: 198.51.100.0/24
       gateway: {LAN_HOST_IPVLAN_V4}
-      ranges: [{{from: {}, to: {}}}]
+      ranges: [{{from: {}, to: {}}}]{extra_subnet}
 networks:
   - {{name: {DUAL_NETWORK}, subnets: [lan4, lan6]}}
-  - {{name: {IPVLAN_NETWORK}, subnets: [ipvlan4]}}
+  - {{name: {IPVLAN_NETWORK}, subnets: [ipvlan4]}}{extra_network}
 "#,
             ipvlan.0,
             ipvlan.1,
             netns = self.netns,
+            mtu = mtu.map(|m| format!("\n      mtu: {m}")).unwrap_or_default(),
+            extra_subnet = hotplug
+                .map(|_| format!(
+                    "\n  - name: extra4\n    spec:\n      flatMode: macvlan\n      mode: bridge\n      \
+                     master: {UPLINK}\n      cidr: 192.0.2.0/24\n      \
+                     ranges: [{{from: 192.0.2.{}, to: 192.0.2.{}}}]",
+                    self.base + 100,
+                    self.base + 109
+                ))
+                .unwrap_or_default(),
+            extra_network = hotplug
+                .map(|entry| format!(
+                    "\n  - {{name: {EXTRA_NETWORK}, subnets: [extra4]}}\nhotplug:\n  - {entry}"
+                ))
+                .unwrap_or_default(),
         )
     }
 

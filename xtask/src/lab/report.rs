@@ -59,6 +59,8 @@ pub struct Report {
     steps: Vec<StepRecord>,
     /// Measurements the steps made, printed under the table.
     notes: Vec<String>,
+    /// Timings steps measured, with what they measure.
+    timings: Vec<(&'static str, Duration)>,
 }
 
 impl Default for Report {
@@ -67,6 +69,7 @@ impl Default for Report {
             started: Instant::now(),
             steps: Vec::new(),
             notes: Vec::new(),
+            timings: Vec::new(),
         }
     }
 }
@@ -110,6 +113,11 @@ impl Report {
     /// Adds a measurement to the closing report.
     pub fn note(&mut self, note: String) {
         self.notes.push(note);
+    }
+
+    /// Records a timing a step measured, listed under the table.
+    pub fn timing(&mut self, what: &'static str, took: Duration) {
+        self.timings.push((what, took));
     }
 
     /// Steps that failed.
@@ -167,7 +175,14 @@ impl fmt::Display for Report {
             f,
             "  {passed} passed, {failed} failed, {skipped} skipped in {:.1}s",
             self.elapsed().as_secs_f64()
-        )
+        )?;
+        if !self.timings.is_empty() {
+            write!(f, "\ntimings")?;
+            for (what, took) in &self.timings {
+                write!(f, "\n  {:>8.1} ms  {what}", took.as_secs_f64() * 1e3)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -205,5 +220,27 @@ mod tests {
             "{table}"
         );
         assert_eq!(report.failures().len(), 1);
+        assert_eq!(
+            lines.len(),
+            9,
+            "no timings section without timings: {table}"
+        );
+    }
+
+    #[test]
+    fn measured_timings_follow_the_table() {
+        let mut report = Report::default();
+        report.finish(record("runtime", Outcome::Passed));
+        report.timing(
+            "hot-plug: write -> reachable",
+            Duration::from_micros(41_500),
+        );
+        let table = report.to_string();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[4], "timings", "{table}");
+        assert_eq!(
+            lines[5], "      41.5 ms  hot-plug: write -> reachable",
+            "{table}"
+        );
     }
 }

@@ -5,6 +5,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 /// Condition type meaning "the object is fully reconciled and usable".
 pub const CONDITION_READY: &str = "Ready";
 
+/// On the FlatNetworkIP of an interface hot-plugged into a running pod:
+/// whether the node's agent made it (`True`) or why it could not
+/// (`False`, with the reason in the message).
+pub const CONDITION_ATTACHED: &str = "Attached";
+
 /// Inserts or replaces the condition of `new.type_`.
 ///
 /// `lastTransitionTime` only moves when the status value changes, as the

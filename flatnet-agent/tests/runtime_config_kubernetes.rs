@@ -1,0 +1,348 @@
+//! PodNetworkConfig end to end in Kubernetes mode, on the real kernel:
+//! the operator's in-memory API server (served over HTTP in this process)
+//! with the operator's allocation controllers and PodNetworkConfig
+//! controller running against it, and the real `flatnet-agent run` in
+//! Kubernetes mode (its kubeconfig names that server) with the real
+//! `flatnet-cni`, on a simulated LAN. A configuration written to the API
+//! server reaches a pod that is already running; removing it takes the
+//! interface away; an agent killed midway converges after its restart.
+
+mod support;
+
+use std::{net::IpAddr, path::Path, time::Duration};
+
+use flatnet_k8s::{
+    api::{FlatNetworkIP, FlatNetworkSubnet, PodNetworkConfig, PodNetworkConfigStatus},
+    keys::SUBNET_NAMESPACE,
+};
+use flatnet_operator::{
+    allocation::{
+        Settings as AllocationSettings, fake_api::FakeApiServer, fake_api_http,
+        fake_cluster::FakeCluster,
+    },
+    runtime_config::controller,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+use support::{
+    TestNetns, agent::StandaloneAgent, cni::run_cni, has_link, lan::SimulatedLan, ping, privileged,
+    wait_until,
+};
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "node-1";
+/// `run_cni` names the pod of container `c1` `default/pod-c1`.
+const POD: &str = "pod-c1";
+const RECORD: &str = "pod-c1.if-net2";
+/// A running pod on the node that the agent never attached.
+const OTHER_POD: &str = "pod-other";
+
+/// The API server with the operator's controllers, the LAN, the node and
+/// its agent.
+struct Cluster {
+    /// First field: the agent stops before the namespaces go.
+    agent: StandaloneAgent,
+    server: FakeApiServer,
+    /// Runs the API server and the operator's controllers.
+    _runtime: tokio::runtime::Runtime,
+    stop: CancellationToken,
+    _node: TestNetns,
+    lan: TestNetns,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn running_for_test(test: &str) -> Option<Self> {
+        if !privileged(test) {
+            return None;
+        }
+        let SimulatedLan { node, lan, master } = SimulatedLan::new("rk", &["192.0.2.1/24"]);
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let server = FakeApiServer::new();
+        server.insert(&subnet(&master));
+        server.insert(&running_pod());
+        let mut other = running_pod();
+        other.metadata.name = Some(OTHER_POD.into());
+        other.metadata.annotations = None;
+        server.insert(&other);
+        // The pod's node exists: the allocation keeps no address on a gone node.
+        server.insert(&k8s_openapi::api::core::v1::Node {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(NODE.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let stop = CancellationToken::new();
+        let address = runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            tokio::spawn(fake_api_http::serve(server.clone(), listener));
+            // Its tasks run on when the handle goes; the runtime ends them.
+            drop(FakeCluster::start(
+                server.clone(),
+                AllocationSettings::default(),
+                2,
+            ));
+            let settings = controller::Settings {
+                debounce: Duration::from_millis(20),
+                resync: Duration::from_secs(2),
+            };
+            tokio::spawn(controller::run(server.client(), settings, stop.clone()));
+            address
+        });
+        let kubeconfig = dir.path().join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &format!("http://{address}"));
+        let cni_bin_dir = dir.path().join("bin").display().to_string();
+        let agent = StandaloneAgent::new(
+            dir.path(),
+            &node,
+            &["--cni-bin-dir", &cni_bin_dir, "--conflict-probe-ms", "0"],
+        )
+        .in_kubernetes(&kubeconfig, NODE);
+        let mut this = Self {
+            agent,
+            server,
+            _runtime: runtime,
+            stop,
+            _node: node,
+            lan,
+            _dir: dir,
+        };
+        this.start(None);
+        Some(this)
+    }
+
+    /// Starts the agent (with `crash_at`, to abort at that test crash
+    /// point) and waits until it answers STATUS (it has reached the API).
+    fn start(&mut self, crash_at: Option<&str>) {
+        self.agent.start_until_status("flat4", crash_at);
+    }
+
+    fn cni(&self, command: &str, pod: &TestNetns) -> (bool, Value) {
+        run_cni(
+            &self.agent.socket(),
+            command,
+            "flat4",
+            "c1",
+            Some(&pod.path()),
+            json!({}),
+        )
+    }
+
+    fn record(&self) -> Option<FlatNetworkIP> {
+        self.server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .find(|r| r.name_any() == RECORD)
+    }
+
+    /// The hot-plugged interface's address, once allocated.
+    fn address(&self) -> Option<IpAddr> {
+        self.record()?.status?.addr
+    }
+
+    fn status(&self) -> PodNetworkConfigStatus {
+        self.server
+            .list::<PodNetworkConfig>()
+            .into_iter()
+            .find_map(|c| c.status)
+            .unwrap_or_default()
+    }
+
+    /// The pod's Multus `network-status` annotation.
+    fn network_status(&self) -> String {
+        self.server
+            .list::<Pod>()
+            .into_iter()
+            .find_map(|p| {
+                p.annotations()
+                    .get("k8s.v1.cni.cncf.io/network-status")
+                    .cloned()
+            })
+            .unwrap_or_default()
+    }
+
+    fn add_config(&self) {
+        self.server.insert(&config());
+    }
+
+    fn remove_config(&self) {
+        self.server.delete::<PodNetworkConfig>("default", "storage");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn write_kubeconfig(path: &Path, server: &str) {
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+    });
+    std::fs::write(path, serde_json::to_vec(&config).unwrap()).unwrap();
+}
+
+fn subnet(master: &str) -> FlatNetworkSubnet {
+    serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+        "metadata": {"name": "lan4", "namespace": SUBNET_NAMESPACE},
+        "spec": {"flatMode": "macvlan", "master": master, "cidr": "192.0.2.0/24",
+                 "ranges": [{"from": "192.0.2.10", "to": "192.0.2.20"}]}
+    }))
+    .unwrap()
+}
+
+/// The running pod the runtime attaches (`eth1` on `lan4`).
+fn running_pod() -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": POD, "namespace": "default", "labels": {"app": "web"},
+                     "annotations": {"flatnetwork.pandaria.io/ip": "auto",
+                                     "flatnetwork.pandaria.io/subnet": "lan4",
+                                     // As Multus wrote it at the pod's creation.
+                                     "k8s.v1.cni.cncf.io/network-status":
+                                         r#"[{"name":"k8s-pod-network","interface":"eth0","ips":["10.42.0.5"]}]"#}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "pause"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap()
+}
+
+/// Interface `net2` on `lan4` for the pods labelled `app: web`.
+fn config() -> PodNetworkConfig {
+    serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
+        "metadata": {"name": "storage", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                 "attachments": [{"subnet": "lan4", "interface": "net2"}]}
+    }))
+    .unwrap()
+}
+
+/// The runtime's ADD of the pod, once the operator allocated its address.
+fn attach_pod(cluster: &Cluster, pod: &TestNetns) {
+    wait_until("the pod's address allocated", || {
+        cluster
+            .server
+            .list::<FlatNetworkIP>()
+            .iter()
+            .any(|r| r.name_any() == POD && r.status.as_ref().is_some_and(|s| s.addr.is_some()))
+    });
+    let (ok, out) = cluster.cni("ADD", pod);
+    assert!(ok, "the runtime's ADD: {out}");
+}
+
+#[test]
+fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs",
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rkp-");
+    attach_pod(&cluster, &pod);
+
+    cluster.add_config();
+    wait_until("net2 hot-plugged", || has_link(&pod, "net2"));
+    wait_until("its address allocated", || cluster.address().is_some());
+    let address = cluster.address().unwrap().to_string();
+    ping(&cluster.lan, &address);
+    assert!(
+        pod.ip(&["-4", "addr", "show", "dev", "net2"])
+            .contains(&address),
+        "net2 carries the allocated address"
+    );
+    // Applied to the pod the agent attached; the pod it never attached
+    // (it cannot find its namespace) reported failed with the reason.
+    wait_until("the status says applied and failed", || {
+        let status = cluster.status();
+        status.matched == 2
+            && status.applied == 1
+            && status.failed.iter().any(|f| {
+                f.pod == OTHER_POD && f.reason.contains("did not attach pod default/pod-other")
+            })
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Failed")
+    });
+    wait_until("net2 in the pod's network-status", || {
+        cluster
+            .network_status()
+            .contains(&format!(r#""interface":"net2","ips":["{address}"]"#))
+    });
+    let record = cluster.record().unwrap();
+    let attached = record.status.unwrap().conditions;
+    assert!(
+        attached
+            .iter()
+            .any(|c| c.type_ == "Attached" && c.status == "True"),
+        "{attached:?}"
+    );
+
+    cluster.remove_config();
+    wait_until("its record gone", || cluster.record().is_none());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while has_link(&pod, "net2") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "net2 not removed; records {:?}",
+            cluster
+                .server
+                .list::<FlatNetworkIP>()
+                .iter()
+                .map(|r| (
+                    r.name_any(),
+                    r.metadata.deletion_timestamp.clone(),
+                    r.labels().clone()
+                ))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_until("net2 out of the network-status", || {
+        let status = cluster.network_status();
+        !status.contains("net2") && status.contains("eth0")
+    });
+    assert!(has_link(&pod, "eth1"), "the runtime's interface stays");
+    let (ok, out) = cluster.cni("DEL", &pod);
+    assert!(ok, "DEL: {out}");
+    cluster.agent.stop();
+}
+
+#[test]
+fn a_kubernetes_agent_killed_while_hot_plugging_converges_after_restart() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_kubernetes_agent_killed_while_hot_plugging_converges_after_restart",
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rkp-");
+    attach_pod(&cluster, &pod);
+    cluster.agent.stop();
+    // Dies once the interface exists, before its record is ready.
+    cluster.start(Some("add-attached"));
+    cluster.add_config();
+    let status = cluster.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+
+    cluster.start(None);
+    wait_until("hot-plugged after the restart", || {
+        has_link(&pod, "net2") && cluster.status().applied == 1
+    });
+    let address = cluster.address().unwrap().to_string();
+    ping(&cluster.lan, &address);
+    cluster.remove_config();
+    wait_until("removed", || !has_link(&pod, "net2"));
+    let (ok, out) = cluster.cni("DEL", &pod);
+    assert!(ok, "DEL: {out}");
+    cluster.agent.stop();
+}

@@ -1,0 +1,1203 @@
+//! The PodNetworkConfig controller: from the configurations to the
+//! FlatNetworkIPs of hot-plugged interfaces, which are the per-pod desired
+//! state the node agents follow, and back from those records (their phase
+//! and the agents' `Attached` condition) to each configuration's status
+//! and to Events on the pods.
+//!
+//! Why the desired state is the FlatNetworkIP: every hot-plugged interface
+//! needs one anyway (its address comes through the normal allocation
+//! path), and every agent already keeps a watch-driven copy of all
+//! FlatNetworkIPs. A record labelled with the interface
+//! ([`label::HOTPLUG_INTERFACE`]) and the pod's node, owned by the pod, is
+//! the whole request: no further object, watch or write per pod.
+//!
+//! Each pass plans from watch-driven copies ([`plan_namespace`], a pure
+//! function) and writes only the differences; passes run shortly after any
+//! change of the kinds read (debounced) and at a fixed resync interval.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+    sync::Arc,
+    time::Duration,
+};
+
+use flatnet_k8s::{
+    api::{
+        CONDITION_ATTACHED, CONDITION_READY, FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkSubnet,
+        PodFailure, PodNetworkConfig, PodNetworkConfigStatus, phase, set_condition,
+    },
+    keys::{SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
+    multus::{HotplugStatus, with_hotplug_entries},
+    selector::Labels,
+};
+use futures::{Stream, StreamExt};
+use k8s_openapi::{
+    api::core::v1::{Namespace, Pod},
+    apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::desired::{PodDesired, PodView, WantedAttachment, desired_for_pod};
+use crate::allocation::{
+    events::Events,
+    records::{FINALIZER, pod_owner},
+};
+
+/// Field manager of the controller's writes.
+pub const FIELD_MANAGER: &str = "flatnet-operator-pod-network-config";
+
+/// At most this many pods are listed in `status.failed` (the count is
+/// always complete): the status stays small on large namespaces.
+pub const MAX_FAILED_LISTED: usize = 50;
+
+/// Event reasons on pods.
+pub mod reason {
+    /// An interface a PodNetworkConfig asks for is in the running pod.
+    pub const HOTPLUGGED: &str = "InterfaceHotplugged";
+    /// It could not be added; the note says why.
+    pub const HOTPLUG_FAILED: &str = "InterfaceHotplugFailed";
+    /// No configuration asks for it any more: it is being removed.
+    pub const REMOVED: &str = "InterfaceRemoved";
+}
+
+/// Timings of the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// How long after a change the pass starts, so a burst of changes
+    /// costs one pass.
+    pub debounce: Duration,
+    /// A pass at least this often, whatever changed.
+    pub resync: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            debounce: Duration::from_millis(100),
+            resync: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where one hot-plugged interface of one pod is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InterfaceState {
+    /// Its record is being made, allocated, or waits for the node's agent.
+    Waiting,
+    /// The node's agent made it, with this address.
+    Applied(Option<IpAddr>),
+    /// It cannot be made; why.
+    Failed(String),
+}
+
+/// What a hot-plugged interface's record says about it.
+#[must_use]
+pub fn interface_state(record: &FlatNetworkIP) -> InterfaceState {
+    let Some(status) = record.status.as_ref() else {
+        return InterfaceState::Waiting;
+    };
+    if status.phase == phase::FAILED {
+        return InterfaceState::Failed(if status.failure_message.is_empty() {
+            "the address could not be allocated".into()
+        } else {
+            status.failure_message.clone()
+        });
+    }
+    let attached = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_ATTACHED);
+    if let Some(condition) = attached.filter(|c| c.status == "False") {
+        return InterfaceState::Failed(condition.message.clone());
+    }
+    if status.phase == phase::ACTIVE && !status.node.is_empty() {
+        return InterfaceState::Applied(status.addr);
+    }
+    InterfaceState::Waiting
+}
+
+/// Whether `pod` is running on a node: the only pods a configuration
+/// applies to.
+fn is_running(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// The FlatNetworkIP asking the pod's node for `wanted` in `pod`.
+#[must_use]
+pub fn hotplug_record(
+    pod: &Pod,
+    name: String,
+    wanted: &WantedAttachment,
+    subnet: Option<&FlatNetworkSubnet>,
+) -> FlatNetworkIP {
+    let attachment = &wanted.attachment;
+    let mut labels = BTreeMap::from([
+        (label::IP_SUBNET.to_owned(), attachment.subnet.clone()),
+        (
+            label::IP_TYPE.to_owned(),
+            if attachment.ip.is_some() {
+                label::IP_TYPE_SPECIFIC
+            } else {
+                label::IP_TYPE_AUTO
+            }
+            .to_owned(),
+        ),
+        (
+            label::HOTPLUG_INTERFACE.to_owned(),
+            attachment.interface.clone(),
+        ),
+        (label::POD_NETWORK_CONFIG.to_owned(), wanted.config.clone()),
+    ]);
+    if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+        labels.insert(label::NODE.to_owned(), node.clone());
+    }
+    let ipv6to4 = subnet.is_some_and(|s| {
+        s.annotations()
+            .get(annotation::IPV6_TO_4)
+            .is_some_and(|v| !v.is_empty())
+    });
+    FlatNetworkIP {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: pod.namespace(),
+            labels: Some(labels),
+            annotations: ipv6to4
+                .then(|| BTreeMap::from([(annotation::IPV6_TO_4.to_owned(), "true".to_owned())])),
+            owner_references: Some(vec![pod_owner(pod)]),
+            finalizers: Some(vec![FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: FlatNetworkIPSpec {
+            subnet: attachment.subnet.clone(),
+            addrs: attachment.ip.into_iter().collect(),
+            macs: Some(attachment.mac.clone())
+                .filter(|m| !m.is_empty())
+                .into_iter()
+                .collect(),
+            pod_id: pod.uid().unwrap_or_default(),
+        },
+        status: None,
+    }
+}
+
+/// One interface of the plan, for Events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedInterface {
+    /// The configuration asking for it.
+    pub config: String,
+    /// Its subnet.
+    pub subnet: String,
+    /// Where it is.
+    pub state: InterfaceState,
+}
+
+/// What one namespace needs written.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NamespacePlan {
+    /// Records to create.
+    pub create: Vec<FlatNetworkIP>,
+    /// Records to delete: no configuration asks for them, or they ask for
+    /// something else now (the next pass makes them again).
+    pub delete: Vec<FlatNetworkIP>,
+    /// Records whose asking configuration changed: name → configuration.
+    pub relabel: Vec<(String, String)>,
+    /// Configurations whose status must change, with the new status.
+    pub statuses: Vec<(String, PodNetworkConfigStatus)>,
+    /// Pods whose Multus `network-status` must change: name, the
+    /// resourceVersion it was computed from, the new annotation.
+    pub network_status: Vec<(String, String, String)>,
+    /// Every wanted interface of the running pods: (pod, interface) → state.
+    pub interfaces: BTreeMap<(String, String), PlannedInterface>,
+}
+
+/// The copies one namespace is planned from.
+pub struct NamespaceInput<'a> {
+    /// The namespace's name.
+    pub namespace: &'a str,
+    /// Its labels (for the subnets' namespace selectors).
+    pub labels: &'a Labels,
+    /// Its pods.
+    pub pods: &'a [Arc<Pod>],
+    /// Its PodNetworkConfigs.
+    pub configs: &'a [PodNetworkConfig],
+    /// Every FlatNetworkSubnet.
+    pub subnets: &'a [FlatNetworkSubnet],
+    /// Its hot-plugged interfaces' records.
+    pub records: &'a [Arc<FlatNetworkIP>],
+}
+
+/// Why a matched pod does not carry the parts of `config` no agent
+/// applies yet, if it asks for them.
+fn unsupported(config: &PodNetworkConfig) -> Option<String> {
+    let spec = &config.spec;
+    let mut parts = Vec::new();
+    if spec.primary.as_ref().is_some_and(|p| p.mtu.is_some()) {
+        parts.push("spec.primary.mtu");
+    }
+    if !spec.vlans.is_empty() {
+        parts.push("spec.vlans");
+    }
+    if !spec.bridges.is_empty() {
+        parts.push("spec.bridges");
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "{} not applied: the node agents do not apply them yet (docs/runtime-config.md)",
+            parts.join(", ")
+        )
+    })
+}
+
+/// Plans one namespace: the records its running pods' configurations ask
+/// for, and each configuration's status.
+#[must_use]
+pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
+    let mut plan = NamespacePlan::default();
+    let subnets: BTreeMap<String, &FlatNetworkSubnet> =
+        input.subnets.iter().map(|s| (s.name_any(), s)).collect();
+    let records: BTreeMap<String, &FlatNetworkIP> = input
+        .records
+        .iter()
+        .map(|r| (r.name_any(), r.as_ref()))
+        .collect();
+    let mut wanted_records = BTreeSet::new();
+    let mut pods: Vec<(&Pod, PodDesired)> = Vec::new();
+    for pod in input.pods.iter().filter(|p| is_running(p)) {
+        let view = PodView {
+            namespace: input.namespace.to_owned(),
+            name: pod.name_any(),
+            labels: pod.labels().clone(),
+        };
+        let mut desired = desired_for_pod(&view, input.labels, input.configs, input.subnets);
+        let wanted: Vec<WantedAttachment> = desired.attachments.values().cloned().collect();
+        let mut hotplugged = Vec::new();
+        for want in wanted {
+            let interface = want.attachment.interface.clone();
+            let name = match hotplug_record_name(&view.name, &interface) {
+                Ok(name) => name,
+                Err(problem) => {
+                    desired.attachments.remove(&interface);
+                    desired
+                        .problems
+                        .entry(want.config.clone())
+                        .or_default()
+                        .push(problem);
+                    continue;
+                }
+            };
+            let record = hotplug_record(
+                pod,
+                name.clone(),
+                &want,
+                subnets.get(&want.attachment.subnet).copied(),
+            );
+            wanted_records.insert(name.clone());
+            let state = match records.get(&name) {
+                None => {
+                    plan.create.push(record);
+                    InterfaceState::Waiting
+                }
+                Some(existing) if existing.metadata.deletion_timestamp.is_some() => {
+                    InterfaceState::Waiting
+                }
+                Some(existing)
+                    if existing.spec != record.spec
+                        || existing.owner_references() != record.owner_references() =>
+                {
+                    plan.delete.push((*existing).clone());
+                    InterfaceState::Waiting
+                }
+                Some(existing) => {
+                    if existing.labels().get(label::POD_NETWORK_CONFIG) != Some(&want.config) {
+                        plan.relabel.push((name.clone(), want.config.clone()));
+                    }
+                    let state = interface_state(existing);
+                    if let InterfaceState::Applied(addr) = &state {
+                        hotplugged.push(HotplugStatus {
+                            config: want.config.clone(),
+                            interface: interface.clone(),
+                            ips: addr.iter().copied().collect(),
+                            mac: existing
+                                .status
+                                .as_ref()
+                                .map(|s| s.mac.clone())
+                                .unwrap_or_default(),
+                        });
+                    }
+                    state
+                }
+            };
+            plan.interfaces.insert(
+                (view.name.clone(), interface),
+                PlannedInterface {
+                    config: want.config.clone(),
+                    subnet: want.attachment.subnet.clone(),
+                    state,
+                },
+            );
+        }
+        // Only where Multus keeps the annotation: on a pod without one,
+        // readers take its flat address from the `selectedIP` label, and an
+        // annotation lacking the flat attachment would hide that.
+        if let Some(current) = pod.annotations().get(annotation::MULTUS_NETWORK_STATUS)
+            && let Ok(Some(updated)) = with_hotplug_entries(current, &hotplugged)
+        {
+            plan.network_status.push((
+                view.name.clone(),
+                pod.resource_version().unwrap_or_default(),
+                updated,
+            ));
+        }
+        pods.push((pod, desired));
+    }
+    for (name, record) in &records {
+        if !wanted_records.contains(name) && record.metadata.deletion_timestamp.is_none() {
+            plan.delete.push((*record).clone());
+        }
+    }
+    let mut configs: Vec<&PodNetworkConfig> = input.configs.iter().collect();
+    configs.sort_by_key(|c| c.name_any());
+    for config in configs {
+        let status = config_status(config, &pods, &plan.interfaces);
+        if config.status.as_ref() != Some(&status) {
+            plan.statuses.push((config.name_any(), status));
+        }
+    }
+    plan
+}
+
+/// The status `config` should show, from the running pods' desired state
+/// and where their interfaces are.
+fn config_status(
+    config: &PodNetworkConfig,
+    pods: &[(&Pod, PodDesired)],
+    interfaces: &BTreeMap<(String, String), PlannedInterface>,
+) -> PodNetworkConfigStatus {
+    let name = config.name_any();
+    let unsupported = unsupported(config);
+    let (mut matched, mut applied) = (0_i64, 0_i64);
+    let mut failed = Vec::new();
+    let mut invalid_selector = None;
+    for (pod, desired) in pods {
+        let pod_name = pod.name_any();
+        let mut reasons = desired.problems.get(&name).cloned().unwrap_or_default();
+        if !desired.matched.contains(&name) {
+            // A selector that cannot be evaluated matches nothing.
+            invalid_selector = invalid_selector.or(reasons.into_iter().next());
+            continue;
+        }
+        matched += 1;
+        reasons.extend(unsupported.clone());
+        let mut waiting = false;
+        for ((of, interface), planned) in interfaces.range((pod_name.clone(), String::new())..) {
+            if *of != pod_name {
+                break;
+            }
+            if planned.config != name {
+                continue;
+            }
+            match &planned.state {
+                InterfaceState::Waiting => waiting = true,
+                InterfaceState::Applied(_) => {}
+                InterfaceState::Failed(why) => {
+                    reasons.push(format!("interface {interface}: {why}"));
+                }
+            }
+        }
+        if !reasons.is_empty() {
+            failed.push(PodFailure {
+                pod: pod_name,
+                reason: reasons.join("; "),
+            });
+        } else if !waiting {
+            applied += 1;
+        }
+    }
+    let failed_count = i64::try_from(failed.len()).unwrap_or(i64::MAX);
+    let generation = config.metadata.generation;
+    let (ready, reason, message) = if let Some(problem) = invalid_selector {
+        ("False", "InvalidSelector", problem)
+    } else if failed_count > 0 {
+        (
+            "False",
+            "Failed",
+            format!(
+                "{failed_count} of {matched} matched pods cannot be configured; see status.failed"
+            ),
+        )
+    } else if applied < matched {
+        (
+            "False",
+            "Progressing",
+            format!("{applied} of {matched} matched pods configured"),
+        )
+    } else {
+        (
+            "True",
+            "Applied",
+            format!("{applied} of {matched} matched pods configured"),
+        )
+    };
+    let mut conditions = config
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    set_condition(
+        &mut conditions,
+        Condition {
+            type_: CONDITION_READY.into(),
+            status: ready.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: Time(Timestamp::now()),
+            observed_generation: generation,
+        },
+    );
+    failed.truncate(MAX_FAILED_LISTED);
+    PodNetworkConfigStatus {
+        observed_generation: generation,
+        matched,
+        applied,
+        failed_count,
+        failed,
+        conditions,
+    }
+}
+
+/// A watch-driven copy of every object of `api` that wakes `wake` on
+/// each change.
+fn mirror<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wake: Arc<Notify>,
+) -> (Store<K>, impl Stream<Item = ()> + Send)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let kind = K::kind(&());
+    let stream = reflector::reflector(writer, watcher(api, config))
+        .default_backoff()
+        .map(move |event| {
+            if let Err(error) = event {
+                debug!(%kind, %error, "watch failed; retrying with backoff");
+            }
+            wake.notify_one();
+        });
+    (store, stream)
+}
+
+/// The copies a pass reads.
+struct Copies {
+    configs: Store<PodNetworkConfig>,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    subnets: Store<FlatNetworkSubnet>,
+    records: Store<FlatNetworkIP>,
+}
+
+/// Runs the controller until `stop`.
+pub async fn run(client: Client, settings: Settings, stop: CancellationToken) {
+    let wake = Arc::new(Notify::new());
+    let (configs, follow_configs) = mirror(
+        Api::<PodNetworkConfig>::all(client.clone()),
+        watcher::Config::default(),
+        Arc::clone(&wake),
+    );
+    let (pods, follow_pods) = mirror(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        Arc::clone(&wake),
+    );
+    let (namespaces, follow_namespaces) = mirror(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+        Arc::clone(&wake),
+    );
+    let (subnets, follow_subnets) = mirror(
+        Api::<FlatNetworkSubnet>::namespaced(client.clone(), SUBNET_NAMESPACE),
+        watcher::Config::default(),
+        Arc::clone(&wake),
+    );
+    // Only the hot-plugged interfaces' records.
+    let (records, follow_records) = mirror(
+        Api::<FlatNetworkIP>::all(client.clone()),
+        watcher::Config::default().labels(label::HOTPLUG_INTERFACE),
+        Arc::clone(&wake),
+    );
+    let copies = Copies {
+        configs,
+        pods,
+        namespaces,
+        subnets,
+        records,
+    };
+    let follow = futures::stream::select_all([
+        follow_configs.boxed(),
+        follow_pods.boxed(),
+        follow_namespaces.boxed(),
+        follow_subnets.boxed(),
+        follow_records.boxed(),
+    ])
+    .for_each(|()| async {});
+    let passes = async {
+        let ready = tokio::join!(
+            copies.configs.wait_until_ready(),
+            copies.pods.wait_until_ready(),
+            copies.namespaces.wait_until_ready(),
+            copies.subnets.wait_until_ready(),
+            copies.records.wait_until_ready(),
+        );
+        if !matches!(ready, (Ok(()), Ok(()), Ok(()), Ok(()), Ok(()))) {
+            return;
+        }
+        let mut controller = Controller {
+            client: client.clone(),
+            events: Events::new(client.clone()),
+            shown: HashMap::new(),
+            first: true,
+        };
+        let mut resync = tokio::time::interval(settings.resync);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = wake.notified() => {}
+                _ = resync.tick() => {}
+            }
+            tokio::time::sleep(settings.debounce).await;
+            controller.pass(&copies).await;
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = follow => warn!("PodNetworkConfig watches ended"),
+        () = passes => {}
+    }
+}
+
+/// The writing half, with what the Events already said.
+struct Controller {
+    client: Client,
+    events: Events,
+    /// (namespace, pod, interface) → the last state an Event reported.
+    shown: HashMap<(String, String, String), PlannedInterface>,
+    /// Before the first pass nothing was reported: interfaces already in
+    /// place get no Event again after a restart.
+    first: bool,
+}
+
+impl Controller {
+    async fn pass(&mut self, copies: &Copies) {
+        let configs: Vec<PodNetworkConfig> = copies
+            .configs
+            .state()
+            .iter()
+            .map(|c| (**c).clone())
+            .collect();
+        let records = copies.records.state();
+        let mut namespaces: BTreeSet<String> =
+            configs.iter().filter_map(ResourceExt::namespace).collect();
+        namespaces.extend(
+            records
+                .iter()
+                .filter(|r| r.labels().contains_key(label::HOTPLUG_INTERFACE))
+                .filter_map(|r| r.namespace()),
+        );
+        let subnets: Vec<FlatNetworkSubnet> = copies
+            .subnets
+            .state()
+            .iter()
+            .map(|s| (**s).clone())
+            .collect();
+        let all_pods = copies.pods.state();
+        let mut seen = BTreeSet::new();
+        for namespace in namespaces {
+            let labels = copies
+                .namespaces
+                .get(&ObjectRef::new(&namespace))
+                .map(|n| n.labels().clone())
+                .unwrap_or_default();
+            let in_namespace = |ns: Option<String>| ns.as_deref() == Some(namespace.as_str());
+            let pods: Vec<Arc<Pod>> = all_pods
+                .iter()
+                .filter(|p| in_namespace(p.namespace()))
+                .cloned()
+                .collect();
+            let configs: Vec<PodNetworkConfig> = configs
+                .iter()
+                .filter(|c| in_namespace(c.namespace()))
+                .cloned()
+                .collect();
+            let records: Vec<Arc<FlatNetworkIP>> = records
+                .iter()
+                .filter(|r| in_namespace(r.namespace()))
+                .filter(|r| r.labels().contains_key(label::HOTPLUG_INTERFACE))
+                .cloned()
+                .collect();
+            let plan = plan_namespace(&NamespaceInput {
+                namespace: &namespace,
+                labels: &labels,
+                pods: &pods,
+                configs: &configs,
+                subnets: &subnets,
+                records: &records,
+            });
+            self.write(&namespace, &plan).await;
+            self.announce(&namespace, &plan, &pods, &mut seen).await;
+        }
+        // Interfaces of pods gone or of namespaces without any left.
+        self.shown.retain(|key, _| seen.contains(key));
+        self.first = false;
+    }
+
+    async fn write(&self, namespace: &str, plan: &NamespacePlan) {
+        let ips: Api<FlatNetworkIP> = Api::namespaced(self.client.clone(), namespace);
+        for record in &plan.create {
+            let name = record.name_any();
+            match ips.create(&PostParams::default(), record).await {
+                Ok(_) => {
+                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface created");
+                }
+                // The copy lags behind an earlier create.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(error) => {
+                    warn!(namespace, record = %name, %error, "cannot create the FlatNetworkIP of a hot-plugged interface; retrying");
+                }
+            }
+        }
+        for record in &plan.delete {
+            let name = record.name_any();
+            match ips.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {
+                    info!(namespace, record = %name, "FlatNetworkIP of a hot-plugged interface deleted");
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => {
+                    warn!(namespace, record = %name, %error, "cannot delete the FlatNetworkIP of a hot-plugged interface; retrying");
+                }
+            }
+        }
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        for (name, config) in &plan.relabel {
+            let patch =
+                Patch::Merge(json!({"metadata": {"labels": {label::POD_NETWORK_CONFIG: config}}}));
+            if let Err(error) = ips.patch(name, &params, &patch).await {
+                warn!(namespace, record = %name, %error, "cannot relabel a hot-plugged interface's FlatNetworkIP; retrying");
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        for (name, version, value) in &plan.network_status {
+            // On the version read: an entry Multus wrote meanwhile is not lost
+            // (a conflict is retried by the pass its change starts).
+            let patch = Patch::Merge(json!({"metadata": {
+                "resourceVersion": version,
+                "annotations": {annotation::MULTUS_NETWORK_STATUS: value},
+            }}));
+            match pods.patch(name, &params, &patch).await {
+                Ok(_) => debug!(namespace, pod = %name, "network-status updated"),
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(error) => {
+                    warn!(namespace, pod = %name, %error, "cannot update a pod's network-status; retrying");
+                }
+            }
+        }
+        let configs: Api<PodNetworkConfig> = Api::namespaced(self.client.clone(), namespace);
+        for (name, status) in &plan.statuses {
+            // Every field written, `failed` included when empty: a merge
+            // patch leaves out what it does not name.
+            let patch = Patch::Merge(json!({"status": {
+                "observedGeneration": status.observed_generation,
+                "matched": status.matched,
+                "applied": status.applied,
+                "failedCount": status.failed_count,
+                "failed": status.failed,
+                "conditions": status.conditions,
+            }}));
+            match configs.patch_status(name, &params, &patch).await {
+                Ok(_) => debug!(namespace, config = %name, "PodNetworkConfig status updated"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => {
+                    warn!(namespace, config = %name, %error, "cannot update a PodNetworkConfig's status; retrying");
+                }
+            }
+        }
+    }
+
+    /// Events on the pods whose interfaces changed state since the last
+    /// report.
+    async fn announce(
+        &mut self,
+        namespace: &str,
+        plan: &NamespacePlan,
+        pods: &[Arc<Pod>],
+        seen: &mut BTreeSet<(String, String, String)>,
+    ) {
+        let pod_named = |name: &str| pods.iter().find(|p| p.name_any() == name);
+        for ((pod_name, interface), planned) in &plan.interfaces {
+            let key = (namespace.to_owned(), pod_name.clone(), interface.clone());
+            seen.insert(key.clone());
+            let before = self.shown.get(&key);
+            if before.map(|b| &b.state) == Some(&planned.state) {
+                continue;
+            }
+            let Some(pod) = pod_named(pod_name) else {
+                continue;
+            };
+            match &planned.state {
+                InterfaceState::Waiting => {}
+                InterfaceState::Applied(_) if self.first => {}
+                InterfaceState::Applied(addr) => {
+                    let addr = addr.map(|a| format!(", address {a}")).unwrap_or_default();
+                    self.events
+                        .normal(
+                            pod.as_ref(),
+                            reason::HOTPLUGGED,
+                            "HotplugInterface",
+                            format!(
+                                "interface {interface} (subnet {}{addr}) added for PodNetworkConfig {}",
+                                planned.subnet, planned.config
+                            ),
+                        )
+                        .await;
+                }
+                InterfaceState::Failed(why) => {
+                    self.events
+                        .warn(
+                            pod.as_ref(),
+                            reason::HOTPLUG_FAILED,
+                            "HotplugInterface",
+                            format!(
+                                "interface {interface} of PodNetworkConfig {}: {why}",
+                                planned.config
+                            ),
+                        )
+                        .await;
+                }
+            }
+            self.shown.insert(key, planned.clone());
+        }
+        for record in &plan.delete {
+            let pod_name = record.pod_name();
+            let Some(interface) = record.labels().get(label::HOTPLUG_INTERFACE) else {
+                continue;
+            };
+            if plan
+                .interfaces
+                .contains_key(&(pod_name.clone(), interface.clone()))
+            {
+                // Made again with the new request.
+                continue;
+            }
+            if let Some(pod) = pod_named(&pod_name).filter(|p| is_running(p)) {
+                self.events
+                    .normal(
+                        pod.as_ref(),
+                        reason::REMOVED,
+                        "HotplugInterface",
+                        format!(
+                            "interface {interface} is being removed: no PodNetworkConfig asks for it"
+                        ),
+                    )
+                    .await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flatnet_k8s::api::{
+        ExtraAttachment, FlatNetworkIPStatus, PodNetworkConfigSpec, PrimarySettings,
+    };
+    use k8s_openapi::api::events::v1::Event;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::allocation::{
+        Settings as AllocationSettings, fake_api::FakeApiServer, fake_cluster::FakeCluster,
+        fake_cluster::subnet,
+    };
+
+    fn running_pod(name: &str, labels: Value) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                         "labels": labels, "resourceVersion": "7",
+                         "annotations": {annotation::MULTUS_NETWORK_STATUS: MULTUS}},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "pause"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    /// What Multus wrote for the pod's cluster network.
+    const MULTUS: &str = r#"[{"name":"k8s-pod-network","interface":"eth0","ips":["10.42.0.5"]}]"#;
+
+    fn config(name: &str, interface: &str) -> PodNetworkConfig {
+        let mut config = PodNetworkConfig::new(
+            name,
+            PodNetworkConfigSpec {
+                pod_selector: serde_json::from_value(json!({"matchLabels": {"app": "web"}}))
+                    .unwrap(),
+                attachments: vec![ExtraAttachment {
+                    subnet: "lan".into(),
+                    interface: interface.into(),
+                    ..ExtraAttachment::default()
+                }],
+                ..PodNetworkConfigSpec::default()
+            },
+        );
+        config.metadata.namespace = Some("shop".into());
+        config.metadata.generation = Some(3);
+        config
+    }
+
+    fn lan() -> FlatNetworkSubnet {
+        subnet("lan", "10.0.0.0/24", None, &[("10.0.0.10", "10.0.0.20")])
+    }
+
+    fn plan(
+        pods: &[Pod],
+        configs: &[PodNetworkConfig],
+        records: &[FlatNetworkIP],
+    ) -> NamespacePlan {
+        let pods: Vec<Arc<Pod>> = pods.iter().cloned().map(Arc::new).collect();
+        let records: Vec<Arc<FlatNetworkIP>> = records.iter().cloned().map(Arc::new).collect();
+        plan_namespace(&NamespaceInput {
+            namespace: "shop",
+            labels: &Labels::new(),
+            pods: &pods,
+            configs,
+            subnets: &[lan()],
+            records: &records,
+        })
+    }
+
+    fn with_status(mut record: FlatNetworkIP, status: Value) -> FlatNetworkIP {
+        record.status = Some(serde_json::from_value::<FlatNetworkIPStatus>(status).unwrap());
+        record
+    }
+
+    fn ready(status: &PodNetworkConfigStatus) -> &Condition {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_READY)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_matching_running_pod_gets_a_record_on_its_node_owned_by_it() {
+        let web = running_pod("web-0", json!({"app": "web"}));
+        let mut pending = running_pod("web-1", json!({"app": "web"}));
+        pending.status = None;
+        let other = running_pod("db-0", json!({"app": "db"}));
+        let plan = plan(&[web, pending, other], &[config("storage", "net2")], &[]);
+        assert_eq!(plan.create.len(), 1, "only the running, matching pod");
+        let record = &plan.create[0];
+        assert_eq!(record.name_any(), "web-0.if-net2");
+        assert_eq!(record.spec.subnet, "lan");
+        assert_eq!(record.spec.pod_id, "uid-web-0");
+        assert_eq!(record.labels()[label::NODE], "node-1");
+        assert_eq!(record.labels()[label::HOTPLUG_INTERFACE], "net2");
+        assert_eq!(record.labels()[label::POD_NETWORK_CONFIG], "storage");
+        assert_eq!(record.owner_references()[0].kind, "Pod");
+        assert_eq!(record.finalizers(), [FINALIZER]);
+        let (name, status) = &plan.statuses[0];
+        assert_eq!(name, "storage");
+        assert_eq!(
+            (status.matched, status.applied, status.failed_count),
+            (1, 0, 0)
+        );
+        assert_eq!(status.observed_generation, Some(3));
+        let ready = ready(status);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Progressing")
+        );
+        assert_eq!(ready.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn the_status_follows_the_records_and_unwanted_records_go() {
+        let web = running_pod("web-0", json!({"app": "web"}));
+        let wanted = plan(
+            std::slice::from_ref(&web),
+            &[config("storage", "net2")],
+            &[],
+        )
+        .create[0]
+            .clone();
+        let active = with_status(
+            wanted.clone(),
+            json!({"phase": "Active", "addr": "10.0.0.11", "node": "node-1"}),
+        );
+        let applied = plan(
+            std::slice::from_ref(&web),
+            &[config("storage", "net2")],
+            std::slice::from_ref(&active),
+        );
+        assert!(applied.create.is_empty() && applied.delete.is_empty());
+        let status = &applied.statuses[0].1;
+        assert_eq!((status.matched, status.applied), (1, 1));
+        assert_eq!(ready(status).status, "True");
+        assert_eq!(
+            applied.interfaces[&("web-0".into(), "net2".into())].state,
+            InterfaceState::Applied(Some("10.0.0.11".parse().unwrap()))
+        );
+        let (pod, version, network_status) = &applied.network_status[0];
+        assert_eq!((pod.as_str(), version.as_str()), ("web-0", "7"));
+        let entries: Vec<Value> = serde_json::from_str(network_status).unwrap();
+        assert_eq!(entries[0]["interface"], "eth0", "Multus's entry kept");
+        assert_eq!(entries[1]["interface"], "net2");
+        assert_eq!(entries[1]["ips"][0], "10.0.0.11");
+        // Unchanged status: nothing to write.
+        let mut shown = config("storage", "net2");
+        shown.status = Some(status.clone());
+        assert!(
+            plan(
+                std::slice::from_ref(&web),
+                &[shown],
+                std::slice::from_ref(&active)
+            )
+            .statuses
+            .is_empty()
+        );
+
+        let refused = with_status(
+            wanted,
+            json!({"phase": "Pending", "addr": "10.0.0.11", "conditions": [{
+                "type": "Attached", "status": "False", "reason": "HotplugFailed",
+                "message": "node node-1: interface net2 already exists",
+                "lastTransitionTime": "2025-01-01T00:00:00Z"}]}),
+        );
+        let failed = plan(
+            std::slice::from_ref(&web),
+            &[config("storage", "net2")],
+            &[refused],
+        );
+        let status = &failed.statuses[0].1;
+        assert_eq!((status.applied, status.failed_count), (0, 1));
+        assert_eq!(status.failed[0].pod, "web-0");
+        assert_eq!(
+            status.failed[0].reason,
+            "interface net2: node node-1: interface net2 already exists"
+        );
+        assert_eq!(ready(status).reason, "Failed");
+
+        // The configuration gone: its record goes.
+        let gone = plan(&[web], &[], &[active]);
+        assert_eq!(gone.delete.len(), 1);
+        assert!(gone.statuses.is_empty());
+    }
+
+    #[test]
+    fn unusable_requests_fail_the_pod_with_the_reason() {
+        let web = running_pod("web-0", json!({"app": "web"}));
+        let mut mtu = config("a-mtu", "net3");
+        mtu.spec.primary = Some(PrimarySettings { mtu: Some(1400) });
+        let plan = plan(&[web], &[config("bad", "Net_2"), mtu], &[]);
+        let status = |name: &str| &plan.statuses.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(
+            status("bad").failed[0].reason.contains("lowercase letters"),
+            "{:?}",
+            status("bad").failed
+        );
+        assert!(
+            status("a-mtu").failed[0]
+                .reason
+                .contains("spec.primary.mtu not applied"),
+            "{:?}",
+            status("a-mtu").failed
+        );
+        // Its attachment is still made.
+        assert_eq!(plan.create.len(), 1);
+        assert_eq!(plan.create[0].name_any(), "web-0.if-net3");
+    }
+
+    async fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The controller with the allocation controllers on the fake API
+    /// server: a configuration gets the matching pod a record, allocated
+    /// by the normal path; the agent's reports become the status and
+    /// Events; the configuration deleted, the record goes and its address
+    /// is released.
+    #[tokio::test]
+    async fn configurations_become_allocated_records_and_reports_become_status() {
+        let server = FakeApiServer::new();
+        let mut subnet = lan();
+        subnet.metadata.namespace = Some(SUBNET_NAMESPACE.into());
+        server.insert(&subnet);
+        server.insert(&Namespace {
+            metadata: ObjectMeta {
+                name: Some("shop".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        });
+        server.insert(&running_pod("web-0", json!({"app": "web"})));
+        // The pod's node exists: the allocation keeps no address on a gone node.
+        server.insert(&k8s_openapi::api::core::v1::Node {
+            metadata: ObjectMeta {
+                name: Some("node-1".into()),
+                ..ObjectMeta::default()
+            },
+            ..Default::default()
+        });
+        let cluster = FakeCluster::start(server.clone(), AllocationSettings::default(), 2);
+        let stop = CancellationToken::new();
+        let controller = tokio::spawn(run(
+            server.client(),
+            Settings {
+                debounce: Duration::from_millis(10),
+                resync: Duration::from_secs(1),
+            },
+            stop.clone(),
+        ));
+        server.insert(&config("storage", "net2"));
+        let record = || {
+            server
+                .list::<FlatNetworkIP>()
+                .into_iter()
+                .find(|r| r.name_any() == "web-0.if-net2")
+        };
+        wait_for("the record allocated", || {
+            record().is_some_and(|r| r.status.is_some_and(|s| s.addr.is_some()))
+        })
+        .await;
+        let status = || {
+            server
+                .list::<PodNetworkConfig>()
+                .into_iter()
+                .find_map(|c| c.status)
+                .unwrap_or_default()
+        };
+        wait_for("matched and waiting", || {
+            let s = status();
+            s.matched == 1 && s.applied == 0
+        })
+        .await;
+
+        // The node's agent: the interface is made.
+        let mut active = record().unwrap();
+        let status_of = active.status.get_or_insert_with(Default::default);
+        status_of.phase = phase::ACTIVE.into();
+        status_of.node = "node-1".into();
+        server.insert(&active);
+        wait_for("applied", || {
+            let s = status();
+            s.applied == 1
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+        })
+        .await;
+        let network_status = || {
+            server
+                .list::<Pod>()
+                .into_iter()
+                .find_map(|p| {
+                    p.annotations()
+                        .get(annotation::MULTUS_NETWORK_STATUS)
+                        .cloned()
+                })
+                .unwrap_or_default()
+        };
+        wait_for("net2 in the pod's network-status", || {
+            network_status().contains("\"interface\":\"net2\"")
+        })
+        .await;
+        let events = || server.list::<Event>();
+        wait_for("the Normal Event on the pod", || {
+            events().iter().any(|e| {
+                e.reason.as_deref() == Some(reason::HOTPLUGGED)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-0")
+            })
+        })
+        .await;
+
+        // The agent cannot keep it (a later failure): reported per pod.
+        let status_of = active.status.get_or_insert_with(Default::default);
+        status_of.conditions = vec![Condition {
+            type_: CONDITION_ATTACHED.into(),
+            status: "False".into(),
+            reason: "HotplugFailed".into(),
+            message: "node node-1: no namespace".into(),
+            last_transition_time: Time(Timestamp::now()),
+            observed_generation: None,
+        }];
+        server.insert(&active);
+        wait_for("failed with the reason", || {
+            status()
+                .failed
+                .iter()
+                .any(|f| f.pod == "web-0" && f.reason.contains("no namespace"))
+        })
+        .await;
+        wait_for("the Warning Event", || {
+            events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(reason::HOTPLUG_FAILED))
+        })
+        .await;
+
+        // The configuration deleted: the record goes, finalizer and all,
+        // and the subnet holds no address for it.
+        server.delete::<PodNetworkConfig>("shop", "storage");
+        wait_for("the record gone", || record().is_none()).await;
+        wait_for(
+            "net2 out of the network-status, Multus's entry kept",
+            || {
+                let status = network_status();
+                !status.contains("net2") && status.contains("eth0")
+            },
+        )
+        .await;
+        wait_for("the address released", || {
+            server
+                .list::<FlatNetworkSubnet>()
+                .iter()
+                .all(|s| s.status.as_ref().is_none_or(|st| st.used_ip_count == 0))
+        })
+        .await;
+        stop.cancel();
+        controller.await.unwrap();
+        cluster.stop().await;
+    }
+}
