@@ -42,6 +42,8 @@ import sys
 from typing import Any, Iterator
 
 import helm_python as helm
+import jsonschema
+import jsonschema.exceptions
 import kubernetes_validate
 import yaml
 
@@ -648,8 +650,67 @@ def check_legacy_values(chart: Any, chart_dir: pathlib.Path, problems: Problems)
     problems.check("DEPRECATED" not in notes(mapped), where, "NOTES.txt names legacy keys for flatnet's names")
 
 
-def validate_objects(objects: dict[tuple[str, str], dict[str, Any]], where: str, problems: Problems) -> None:
+class CustomResources:
+    """The schemas of flatnet's own kinds, from the CRD chart: objects of
+    these kinds (the FlatNetworkConfig the chart creates) are validated
+    against them, as strictly as the built-in kinds (unknown fields fail)."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.schemas: dict[tuple[str, str], dict[str, Any]] = {}
+        crds = root / "charts" / "flatnet-crd" / "templates" / "crds.yaml"
+        for crd in yaml.safe_load_all(crds.read_text()):
+            if not crd or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+                schema.setdefault("properties", {}).update(
+                    {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"}}
+                )
+                self.schemas[(f"{group}/{version['name']}", kind)] = strict(schema)
+
+    def validate(self, obj: dict[str, Any]) -> str | None:
+        """None when `obj` is not of a flatnet kind or is valid; else the problem."""
+        schema = self.schemas.get((obj.get("apiVersion", ""), obj.get("kind", "")))
+        if schema is None:
+            return None
+        error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(schema).iter_errors(obj))
+        if error is None:
+            return None
+        path = ".".join(str(p) for p in error.path)
+        return f"invalid for its CRD at {path}: {error.message}"
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with unknown fields refused wherever it lists the fields and
+    keeps no unknown ones (as the API server's strict field validation)."""
+    for value in schema.values():
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, dict):
+                strict(child)
+    if (
+        isinstance(schema.get("properties"), dict)
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        schema["additionalProperties"] = False
+    return schema
+
+
+def validate_objects(
+    objects: dict[tuple[str, str], dict[str, Any]], where: str, crds: CustomResources, problems: Problems
+) -> None:
     for (_, name), obj in objects.items():
+        if obj.get("apiVersion", "").startswith("flatnetwork.pandaria.io/"):
+            problem = crds.validate(obj)
+            problems.check(
+                (obj.get("apiVersion"), obj.get("kind")) in crds.schemas,
+                f"{where} {name}",
+                "no CRD in charts/flatnet-crd for this kind",
+            )
+            if problem:
+                problems.add(f"{where} {name}", problem)
+            continue
         try:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
         except kubernetes_validate.ValidationError as err:
@@ -701,7 +762,7 @@ def check_chart(
                     problems.add(where, f"values.schema.json refuses the values: {err}")
             objects = render_objects(chart, values, where, problems)
             problems.check(bool(objects), where, "rendered no object")
-            validate_objects(objects, where, problems)
+            validate_objects(objects, where, CustomResources(docs.root), problems)
             for (_, name), obj in objects.items():
                 check_rbac(obj, f"{where} {name}", problems)
                 check_pod_security(obj, f"{where} {name}", problems)
