@@ -55,6 +55,10 @@ pub struct LabArgs {
     /// by `cargo xtask images` (with --skip-build: the images already loaded).
     #[arg(long)]
     pub images: bool,
+    /// Leave these steps out (repeat the option); each is reported as
+    /// skipped, never as passed.
+    #[arg(long = "skip", value_enum)]
+    pub skip: Vec<Step>,
 }
 
 impl LabArgs {
@@ -204,6 +208,8 @@ const POD_W2: &str = "fnlab-pod-w2";
 struct Lab {
     skip_build: bool,
     images: bool,
+    /// Steps left out (`--skip`).
+    skip: Vec<Step>,
     report: Report,
     bins: Option<Binaries>,
     nodes: Vec<Node>,
@@ -250,6 +256,7 @@ pub fn run(args: &LabArgs) -> anyhow::Result<()> {
     let mut lab = Lab {
         skip_build: args.skip_build,
         images: args.images,
+        skip: args.skip.clone(),
         ..Lab::default()
     };
     let steps_done = lab.exercise(args.interrupt_after);
@@ -309,7 +316,11 @@ impl Lab {
             self.report
                 .begin(index + 1, Step::ALL.len(), step.name(), step.checks());
             let started = Instant::now();
-            let outcome = match self.step(step) {
+            let outcome = match if self.skip.contains(&step) {
+                Ok(Some("left out with --skip".to_owned()))
+            } else {
+                self.step(step)
+            } {
                 Ok(None) => Outcome::Passed,
                 Ok(Some(reason)) => Outcome::Skipped(reason),
                 Err(_) if interrupted() => Outcome::Interrupted,
@@ -931,8 +942,10 @@ impl Lab {
                     "do",
                     "-s",
                     &payload,
+                    // Three tries: the first may wait for the neighbour
+                    // entry the MTU change flushed.
                     "-c",
-                    "1",
+                    "3",
                     "-W",
                     "2",
                     LAN_HOST_V4,
