@@ -107,25 +107,35 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
     LinkError::collect(errors)
 }
 
+/// A connection into the pod namespace; `None` when there is none to
+/// enter: the path is gone or names no network namespace, also when that
+/// happened after the check (a runtime such as podman unmounts the
+/// namespace as soon as DEL answers, leaving a plain file).
+fn open_pod(netns: &Path) -> Result<Option<Netlink>, LinkError> {
+    if !is_netns(netns) {
+        return Ok(None);
+    }
+    match Netlink::open(Some(netns)) {
+        Ok(pod) => Ok(Some(pod)),
+        Err(LinkError::Netns(crate::netns::NetnsError::Open { source, .. }))
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        Err(LinkError::Netns(crate::netns::NetnsError::NotNetns { .. })) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Deletes the pod interface and returns the addresses it had. A missing
 /// namespace or interface is not an error: there is nothing to remove. Nor
 /// is a namespace path that names no network namespace (a runtime's
 /// unmounted `/var/run/netns` file, or a bad `CNI_NETNS` of an earlier
 /// version): nothing flatnet made can be in it.
 async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, LinkError> {
-    if !is_netns(netns) {
+    let Some(pod) = timed("detach.pod_socket", || open_pod(netns))? else {
         tracing::debug!(netns = %netns.display(), "pod namespace gone or unusable");
         return Ok(Vec::new());
-    }
-    let pod = match timed("detach.pod_socket", || Netlink::open(Some(netns))) {
-        Ok(pod) => pod,
-        // Removed between the check and the open.
-        Err(LinkError::Netns(crate::netns::NetnsError::Open { source, .. }))
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
-            return Ok(Vec::new());
-        }
-        Err(e) => return Err(e),
     };
     let Some(link) = pod.link_by_name(ifname).await? else {
         return Ok(Vec::new());
@@ -193,10 +203,12 @@ async fn restore_primary_defaults(
     netns: &Path,
     defaults: &PrimaryDefaults,
 ) -> Result<(), LinkError> {
-    if defaults.gateways.is_empty() || !is_netns(netns) {
+    if defaults.gateways.is_empty() {
         return Ok(());
     }
-    let pod = Netlink::open(Some(netns))?;
+    let Some(pod) = open_pod(netns)? else {
+        return Ok(());
+    };
     let Some(link) = pod.link_by_name(&defaults.ifname).await? else {
         return Ok(());
     };
