@@ -83,6 +83,15 @@ mod tests {
 
     struct Report(Vec<String>);
 
+    /// The pass of the tests' states: 1 always fails, 2 succeeds.
+    fn outcome_of(value: u32) -> Report {
+        Report(if value == 1 {
+            vec!["no".into()]
+        } else {
+            Vec::new()
+        })
+    }
+
     impl PassReport for Report {
         fn failures(&self) -> &[String] {
             &self.0
@@ -107,14 +116,7 @@ mod tests {
                     },
                     |value| {
                         attempts.fetch_add(1, Ordering::SeqCst);
-                        // 1 always fails, 2 succeeds.
-                        async move {
-                            Report(if value == 1 {
-                                vec!["no".into()]
-                            } else {
-                                Vec::new()
-                            })
-                        }
+                        async move { outcome_of(value) }
                     },
                 )
                 .await;
@@ -154,14 +156,7 @@ mod tests {
                     },
                     |value| {
                         applied.lock().unwrap().push(value);
-                        // 1 always fails, 2 succeeds.
-                        async move {
-                            Report(if value == 1 {
-                                vec!["no".into()]
-                            } else {
-                                Vec::new()
-                            })
-                        }
+                        async move { outcome_of(value) }
                     },
                 )
                 .await;
