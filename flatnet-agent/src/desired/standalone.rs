@@ -122,6 +122,15 @@ pub enum StateFileError {
         /// The cause.
         source: serde_yaml::Error,
     },
+    /// The file holds nothing: most often an editor or `>` caught between
+    /// truncating it and writing it, never taken as "no subnets".
+    #[error(
+        "state file {path} is empty; an empty file is taken as a write in progress. To serve no subnets, write `subnets: []`"
+    )]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
     /// Entries break the rules.
     #[error("state file {path}: {}", problems.join("; "))]
     Invalid {
@@ -347,6 +356,11 @@ impl StateFile {
 
     /// Parses and validates the text of the state file at `path`.
     fn load_text(path: &Path, text: &str) -> Result<ValidState, StateFileError> {
+        if text.trim().is_empty() {
+            return Err(StateFileError::Empty {
+                path: path.to_owned(),
+            });
+        }
         Self::parse(path, text)?
             .validate()
             .map_err(|problems| StateFileError::Invalid {
@@ -1288,6 +1302,32 @@ networks:
             Standalone::following(source, &state_dir),
             Err(StandaloneError::State(StateFileError::Invalid { .. }))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_file_caught_empty_mid_write_is_not_taken_as_no_subnets() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        let (source, rejected) = followed(dir.path());
+        let store = Standalone::following(source, &state_dir).unwrap();
+        // What a reader sees between a writer's truncation and its write.
+        std::fs::write(dir.path().join("state.yaml"), "\n").unwrap();
+        store.claim(&request("flat", "a")).await.unwrap();
+        assert_eq!(rejected.get(), 1);
+        assert_eq!(store.state_text().await, STATE, "the state in force stays");
+        assert_eq!(
+            std::fs::read_to_string(state_dir.join(LAST_GOOD_STATE_FILE)).unwrap(),
+            STATE,
+            "the last good copy stays"
+        );
+        let error = StateFile::load(&dir.path().join("state.yaml")).unwrap_err();
+        assert!(error.to_string().contains("subnets: []"), "{error}");
+
+        // Saying "no subnets" explicitly is an edit like any other.
+        std::fs::write(dir.path().join("state.yaml"), "subnets: []\n").unwrap();
+        let error = store.claim(&request("flat", "b")).await.unwrap_err();
+        assert_eq!(error.to_cni().code, crate::cni::ErrorCode::SubnetNotFound);
+        assert_eq!(rejected.get(), 0);
     }
 
     #[test]
