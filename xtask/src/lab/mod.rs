@@ -732,12 +732,14 @@ impl Lab {
         }
         self.floating_loops.clear();
         let (from, to, took) = result?;
-        let note = format!(
-            "floating {FLOATING_V4}: {from} -> {to} in {} ms (SIGKILL + uplink down to the LAN host's first TCP connect)",
+        println!(
+            "[lab]       floating {FLOATING_V4}: {from} -> {to} in {} ms",
             took.as_millis()
         );
-        println!("[lab]       {note}");
-        self.report.note(note);
+        self.report.timing(
+            format!("floating {FLOATING_V4}: {from} -> {to}, SIGKILL + uplink down -> the LAN host's first TCP connect"),
+            took,
+        );
         Ok(())
     }
 

@@ -57,10 +57,8 @@ pub struct StepRecord {
 pub struct Report {
     started: Instant,
     steps: Vec<StepRecord>,
-    /// Measurements the steps made, printed under the table.
-    notes: Vec<String>,
-    /// Timings steps measured, with what they measure.
-    timings: Vec<(&'static str, Duration)>,
+    /// Times steps measured, with what each measures, listed under the table.
+    timings: Vec<(String, Duration)>,
 }
 
 impl Default for Report {
@@ -68,7 +66,6 @@ impl Default for Report {
         Self {
             started: Instant::now(),
             steps: Vec::new(),
-            notes: Vec::new(),
             timings: Vec::new(),
         }
     }
@@ -110,14 +107,10 @@ impl Report {
         });
     }
 
-    /// Adds a measurement to the closing report.
-    pub fn note(&mut self, note: String) {
-        self.notes.push(note);
-    }
-
-    /// Records a timing a step measured, listed under the table.
-    pub fn timing(&mut self, what: &'static str, took: Duration) {
-        self.timings.push((what, took));
+    /// Records a time a step measured, listed under the table with what
+    /// it measures.
+    pub fn timing(&mut self, what: impl Into<String>, took: Duration) {
+        self.timings.push((what.into(), took));
     }
 
     /// Steps that failed.
@@ -156,9 +149,6 @@ impl fmt::Display for Report {
             if let Some(detail) = step.outcome.detail() {
                 writeln!(f, "  {:<name_width$}  {:<11}           -> {detail}", "", "")?;
             }
-        }
-        for note in &self.notes {
-            writeln!(f, "  {note}")?;
         }
         let failed = self.failures().len();
         let passed = self
