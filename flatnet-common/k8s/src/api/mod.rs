@@ -7,6 +7,12 @@
 //! existed then still deserializes, and the controller can report what is
 //! wrong with it rather than fail to read every subnet in the list.
 //!
+//! Every field spells out its own `#[serde]`/`#[schemars]` attributes, even
+//! where neighbouring types repeat them (`null_as_default` lists, the
+//! `conditions` list-map): each field's attributes are its wire contract,
+//! read at the field, and a shared wrapper type would hide what the wire
+//! carries and change every caller's type for no change of behaviour.
+//!
 //! The CRDs only use stable Kubernetes APIs, so they install on clusters from
 //! 1.28 on (the generated types come from k8s-openapi's `v1_33` level, the
 //! oldest that version offers).
