@@ -246,6 +246,7 @@ fn service<S: DesiredState>(
             attachments,
             // The reference plugin has no conflict probe (as in `bench cni`).
             probe_wait: Duration::ZERO,
+            pod_sandboxes: None,
             spec: Default::default(),
         },
         desired,

@@ -140,6 +140,7 @@ async fn measure(count: usize, interval: Duration) -> anyhow::Result<Timeline> {
             node_name: "bench-node".into(),
             attachments: Default::default(),
             probe_wait: Duration::ZERO,
+            pod_sandboxes: None,
             spec: Default::default(),
         },
         desired,

@@ -4,6 +4,7 @@ pub mod atomic_file;
 pub mod cni;
 pub mod cni_service;
 pub mod crash_point;
+pub mod cri;
 pub mod datapath;
 pub mod desired;
 pub mod floating;

@@ -109,6 +109,11 @@ pub struct RunArgs {
     /// (the lab and tests); the agent's own namespace when unset.
     #[arg(long, env = "FLATNET_HOST_NETNS")]
     host_netns: Option<PathBuf>,
+    /// The container runtime's CRI socket, where the network namespace of
+    /// a pod this agent did not attach is found (hot-plugging into it);
+    /// empty: not looked up.
+    #[arg(long, env = "FLATNET_CRI_SOCKET", default_value = flatnet_agent::cri::DEFAULT_CRI_SOCKET)]
+    cri_socket: PathBuf,
     /// Kubernetes: answer for the floating addresses of LoadBalancer
     /// Services this node is eligible for (heartbeats with the other agents).
     #[arg(long, env = "FLATNET_FLOATING_IP", default_value_t = true, action = clap::ArgAction::Set)]
@@ -309,6 +314,8 @@ impl RunArgs {
                 host_link: SharedNetlink::default(),
             },
             probe_wait: Duration::from_millis(self.conflict_probe_ms),
+            pod_sandboxes: (!self.cri_socket.as_os_str().is_empty())
+                .then(|| flatnet_agent::cri::PodSandboxes::new(&self.cri_socket)),
             spec: SpecSettings {
                 arp_policy: self.arp_policy,
                 cluster_cidrs: self.cluster_cidr.clone(),

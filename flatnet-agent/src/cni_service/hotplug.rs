@@ -94,15 +94,11 @@ impl<S: DesiredState> AgentService<S> {
         let mut resolved: BTreeMap<AttachmentKey, (&HotplugAttachment, PathBuf)> = BTreeMap::new();
         let mut unresolved = Vec::new();
         for want in wanted {
-            match want
-                .netns
-                .clone()
-                .or_else(|| netns_of_pod(&records, &want.pod))
-            {
-                Some(netns) => {
+            match self.netns_of(want, &records).await {
+                Ok(netns) => {
                     resolved.insert(want.key(), (want, netns));
                 }
-                None => unresolved.push(want),
+                Err(why) => unresolved.push((want, why)),
             }
         }
         for record in records.iter().filter(|r| r.key.is_hotplug()) {
@@ -119,13 +115,7 @@ impl<S: DesiredState> AgentService<S> {
                     .push(format!("removing {}: {}", record.key, error.msg)),
             }
         }
-        for want in unresolved {
-            let failure = format!(
-                "this node's agent did not attach {} and cannot find its network namespace \
-                 (finding it through the container runtime is not built); hot-plugging needs \
-                 a pod with a flat interface the agent attached",
-                want.pod
-            );
+        for (want, failure) in unresolved {
             self.report_hotplug(want, Some(&failure), &mut pass).await;
             pass.failed
                 .push(format!("adding {} to {}: {failure}", want.ifname, want.pod));
@@ -153,6 +143,36 @@ impl<S: DesiredState> AgentService<S> {
             }
         }
         pass
+    }
+
+    /// The network namespace `want` goes into: the one the desired state
+    /// names, else that of the pod's own attachments, else the one the
+    /// container runtime reports for the pod; `Err` says why none.
+    async fn netns_of(
+        &self,
+        want: &HotplugAttachment,
+        records: &[AttachmentRecord],
+    ) -> Result<PathBuf, String> {
+        if let Some(netns) = want
+            .netns
+            .clone()
+            .or_else(|| netns_of_pod(records, &want.pod))
+        {
+            return Ok(netns);
+        }
+        let Some(sandboxes) = &self.inner.config.pod_sandboxes else {
+            return Err(format!(
+                "this node's agent did not attach {} and is not asking the container runtime \
+                 for its network namespace (--cri-socket is empty)",
+                want.pod
+            ));
+        };
+        sandboxes.network_namespace(&want.pod).await.map_err(|error| {
+            format!(
+                "this node's agent did not attach {} and cannot find its network namespace: {error}",
+                want.pod
+            )
+        })
     }
 
     /// Tells the desired state how `want` went; a report that cannot be

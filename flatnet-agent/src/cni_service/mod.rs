@@ -61,6 +61,9 @@ pub struct ServiceConfig {
     pub attachments: Attachments,
     /// How long the conflict probe listens; zero turns it off.
     pub probe_wait: Duration,
+    /// Where the network namespace of a pod the agent did not attach is
+    /// found (hot-plugging); `None`: nowhere.
+    pub pod_sandboxes: Option<crate::cri::PodSandboxes>,
     /// Settings shaping every attachment.
     pub spec: SpecSettings,
 }

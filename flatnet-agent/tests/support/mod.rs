@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod cni;
+pub mod cri;
 pub mod floating;
 pub mod frames;
 pub mod lan;
