@@ -228,7 +228,7 @@ pub fn netns_from_info(info: &HashMap<String, String>) -> Result<PathBuf, String
         };
     }
     match info.get("pid").and_then(serde_json::Value::as_u64) {
-        Some(pid) if pid > 0 && pid <= u64::from(u32::MAX) => {
+        Some(pid) if pid > 0 && u32::try_from(pid).is_ok() => {
             Ok(PathBuf::from(format!("/proc/{pid}/ns/net")))
         }
         Some(pid) => Err(format!("the sandbox's pid {pid} is not a process")),

@@ -55,7 +55,13 @@ pub enum NetnsError {
 /// it must live on nsfs, and `NS_GET_NSTYPE` must say `CLONE_NEWNET`.
 pub fn open_netns(netns_path: &Path) -> Result<File, NetnsError> {
     let path = netns_path.display().to_string();
-    let file = File::open(netns_path).map_err(|source| NetnsError::Open {
+    let opened = File::open(netns_path).or_else(|error| {
+        match run_alias(netns_path).filter(|_| error.kind() == std::io::ErrorKind::NotFound) {
+            Some(alias) => File::open(alias),
+            None => Err(error),
+        }
+    });
+    let file = opened.map_err(|source| NetnsError::Open {
         path: path.clone(),
         source,
     })?;
@@ -80,6 +86,15 @@ pub fn open_netns(netns_path: &Path) -> Result<File, NetnsError> {
         ))),
         None => Err(not_netns("an nsfs file of unknown kind".into())),
     }
+}
+
+/// `/run/<rest>` for a path under `/var/run/`: runtimes (containerd) name
+/// pod namespaces `/var/run/netns/...`, which on the host is `/run/netns/...`
+/// (`/var/run` is a link to `/run`), while the agent's image has no
+/// `/var/run` and mounts the host's `/run/netns` only.
+fn run_alias(path: &Path) -> Option<std::path::PathBuf> {
+    let rest = path.strip_prefix("/var/run").ok()?;
+    (!rest.as_os_str().is_empty()).then(|| Path::new("/run").join(rest))
 }
 
 /// `NS_GET_NSTYPE` (`_IO(0xb7, 0x3)`, linux/nsfs.h): the `CLONE_NEW*`
@@ -128,6 +143,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn var_run_paths_have_their_run_alias() {
+        assert_eq!(
+            run_alias(Path::new("/var/run/netns/cni-1")).as_deref(),
+            Some(Path::new("/run/netns/cni-1"))
+        );
+        for other in [
+            "/run/netns/cni-1",
+            "/var/run",
+            "/var/running/x",
+            "/proc/1/ns/net",
+        ] {
+            assert_eq!(run_alias(Path::new(other)), None, "{other}");
+        }
+    }
 
     #[test]
     fn only_network_namespaces_open() {

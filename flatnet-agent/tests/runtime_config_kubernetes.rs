@@ -3,9 +3,12 @@
 //! with the operator's allocation controllers and PodNetworkConfig
 //! controller running against it, and the real `flatnet-agent run` in
 //! Kubernetes mode (its kubeconfig names that server) with the real
-//! `flatnet-cni`, on a simulated LAN. A configuration written to the API
-//! server reaches a pod that is already running; removing it takes the
-//! interface away; an agent killed midway converges after its restart.
+//! `flatnet-cni`, on a simulated LAN, with a container runtime's CRI
+//! socket (a fake answering as containerd does). A configuration written
+//! to the API server reaches a pod that is already running, whether the
+//! agent attached it or only the runtime knows its namespace; removing it
+//! takes the interfaces away; an agent killed midway converges after its
+//! restart.
 
 mod support;
 
@@ -26,8 +29,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use support::{
-    TestNetns, agent::StandaloneAgent, cni::run_cni, has_link, lan::SimulatedLan, ping, privileged,
-    wait_until,
+    TestNetns,
+    agent::StandaloneAgent,
+    cni::run_cni,
+    cri::{FakeCri, Sandbox},
+    has_link,
+    lan::SimulatedLan,
+    ping, privileged, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -35,8 +43,12 @@ const NODE: &str = "node-1";
 /// `run_cni` names the pod of container `c1` `default/pod-c1`.
 const POD: &str = "pod-c1";
 const RECORD: &str = "pod-c1.if-net2";
-/// A running pod on the node that the agent never attached.
+/// A running pod on the node that the agent never attached: the
+/// container runtime knows its namespace.
 const OTHER_POD: &str = "pod-other";
+const OTHER_RECORD: &str = "pod-other.if-net2";
+/// A running pod the agent never attached and the runtime does not know.
+const UNKNOWN_POD: &str = "pod-unknown";
 
 /// The API server with the operator's controllers, the LAN, the node and
 /// its agent.
@@ -47,6 +59,8 @@ struct Cluster {
     /// Runs the API server and the operator's controllers.
     _runtime: tokio::runtime::Runtime,
     stop: CancellationToken,
+    /// `pod-other`'s namespace, which only the container runtime names.
+    other: TestNetns,
     _node: TestNetns,
     lan: TestNetns,
     _dir: tempfile::TempDir,
@@ -63,10 +77,26 @@ impl Cluster {
         let server = FakeApiServer::new();
         server.insert(&subnet(&master));
         server.insert(&running_pod());
-        let mut other = running_pod();
-        other.metadata.name = Some(OTHER_POD.into());
-        other.metadata.annotations = None;
-        server.insert(&other);
+        for name in [OTHER_POD, UNKNOWN_POD] {
+            let mut pod = running_pod();
+            pod.metadata.name = Some(name.into());
+            pod.metadata.annotations = None;
+            server.insert(&pod);
+        }
+        let other = TestNetns::new("rko-");
+        let cri = FakeCri::default();
+        // As the kubelet labels it: with the pod's UID.
+        let uid = server
+            .list::<Pod>()
+            .into_iter()
+            .find(|p| p.name_any() == OTHER_POD)
+            .and_then(|p| p.metadata.uid)
+            .expect("the API server gives every pod a UID");
+        cri.add(Sandbox {
+            uid,
+            ..Sandbox::ready("default", OTHER_POD, &other.path())
+        });
+        let cri_socket = dir.path().join("cri.sock");
         // The pod's node exists: the allocation keeps no address on a gone node.
         server.insert(&k8s_openapi::api::core::v1::Node {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -91,6 +121,7 @@ impl Cluster {
                 resync: Duration::from_secs(2),
             };
             tokio::spawn(controller::run(server.client(), settings, stop.clone()));
+            cri.serve(&cri_socket);
             address
         });
         let kubeconfig = dir.path().join("kubeconfig");
@@ -99,7 +130,14 @@ impl Cluster {
         let agent = StandaloneAgent::new(
             dir.path(),
             &node,
-            &["--cni-bin-dir", &cni_bin_dir, "--conflict-probe-ms", "0"],
+            &[
+                "--cni-bin-dir",
+                &cni_bin_dir,
+                "--conflict-probe-ms",
+                "0",
+                "--cri-socket",
+                &cri_socket.display().to_string(),
+            ],
         )
         .in_kubernetes(&kubeconfig, NODE);
         let mut this = Self {
@@ -107,6 +145,7 @@ impl Cluster {
             server,
             _runtime: runtime,
             stop,
+            other,
             _node: node,
             lan,
             _dir: dir,
@@ -132,16 +171,16 @@ impl Cluster {
         )
     }
 
-    fn record(&self) -> Option<FlatNetworkIP> {
+    fn record(&self, name: &str) -> Option<FlatNetworkIP> {
         self.server
             .list::<FlatNetworkIP>()
             .into_iter()
-            .find(|r| r.name_any() == RECORD)
+            .find(|r| r.name_any() == name)
     }
 
-    /// The hot-plugged interface's address, once allocated.
-    fn address(&self) -> Option<IpAddr> {
-        self.record()?.status?.addr
+    /// The address of the hot-plugged interface of record `name`, once allocated.
+    fn address(&self, name: &str) -> Option<IpAddr> {
+        self.record(name)?.status?.addr
     }
 
     fn status(&self) -> PodNetworkConfigStatus {
@@ -152,11 +191,12 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    /// The pod's Multus `network-status` annotation.
-    fn network_status(&self) -> String {
+    /// Pod `name`'s Multus `network-status` annotation.
+    fn network_status(&self, name: &str) -> String {
         self.server
             .list::<Pod>()
             .into_iter()
+            .filter(|p| p.name_any() == name)
             .find_map(|p| {
                 p.annotations()
                     .get("k8s.v1.cni.cncf.io/network-status")
@@ -252,34 +292,47 @@ fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
 
     cluster.add_config();
     wait_until("net2 hot-plugged", || has_link(&pod, "net2"));
-    wait_until("its address allocated", || cluster.address().is_some());
-    let address = cluster.address().unwrap().to_string();
+    wait_until("its address allocated", || {
+        cluster.address(RECORD).is_some()
+    });
+    let address = cluster.address(RECORD).unwrap().to_string();
     ping(&cluster.lan, &address);
     assert!(
         pod.ip(&["-4", "addr", "show", "dev", "net2"])
             .contains(&address),
         "net2 carries the allocated address"
     );
-    // Applied to the pod the agent attached; the pod it never attached
-    // (it cannot find its namespace) reported failed with the reason.
+    // The pod the agent never attached gets it too, in the namespace the
+    // container runtime names.
+    wait_until(
+        "net2 hot-plugged into the pod only the runtime knows",
+        || has_link(&cluster.other, "net2") && cluster.address(OTHER_RECORD).is_some(),
+    );
+    let other_address = cluster.address(OTHER_RECORD).unwrap().to_string();
+    assert_ne!(other_address, address);
+    ping(&cluster.lan, &other_address);
+    // A pod the runtime does not know is reported failed with the reason.
     wait_until("the status says applied and failed", || {
         let status = cluster.status();
-        status.matched == 2
-            && status.applied == 1
+        status.matched == 3
+            && status.applied == 2
             && status.failed.iter().any(|f| {
-                f.pod == OTHER_POD && f.reason.contains("did not attach pod default/pod-other")
+                f.pod == UNKNOWN_POD
+                    && f.reason.contains("did not attach pod default/pod-unknown")
+                    && f.reason.contains("no ready sandbox")
             })
             && status
                 .conditions
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Failed")
     });
+    // (Only the pod Multus annotated gets an entry: see the operator.)
     wait_until("net2 in the pod's network-status", || {
         cluster
-            .network_status()
+            .network_status(POD)
             .contains(&format!(r#""interface":"net2","ips":["{address}"]"#))
     });
-    let record = cluster.record().unwrap();
+    let record = cluster.record(RECORD).unwrap();
     let attached = record.status.unwrap().conditions;
     assert!(
         attached
@@ -289,9 +342,11 @@ fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
     );
 
     cluster.remove_config();
-    wait_until("its record gone", || cluster.record().is_none());
+    wait_until("its records gone", || {
+        cluster.record(RECORD).is_none() && cluster.record(OTHER_RECORD).is_none()
+    });
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while has_link(&pod, "net2") {
+    while has_link(&pod, "net2") || has_link(&cluster.other, "net2") {
         assert!(
             std::time::Instant::now() < deadline,
             "net2 not removed; records {:?}",
@@ -309,7 +364,7 @@ fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
         std::thread::sleep(Duration::from_millis(20));
     }
     wait_until("net2 out of the network-status", || {
-        let status = cluster.network_status();
+        let status = cluster.network_status(POD);
         !status.contains("net2") && status.contains("eth0")
     });
     assert!(has_link(&pod, "eth1"), "the runtime's interface stays");
@@ -336,12 +391,14 @@ fn a_kubernetes_agent_killed_while_hot_plugging_converges_after_restart() {
 
     cluster.start(None);
     wait_until("hot-plugged after the restart", || {
-        has_link(&pod, "net2") && cluster.status().applied == 1
+        has_link(&pod, "net2") && has_link(&cluster.other, "net2") && cluster.status().applied == 2
     });
-    let address = cluster.address().unwrap().to_string();
+    let address = cluster.address(RECORD).unwrap().to_string();
     ping(&cluster.lan, &address);
     cluster.remove_config();
-    wait_until("removed", || !has_link(&pod, "net2"));
+    wait_until("removed", || {
+        !has_link(&pod, "net2") && !has_link(&cluster.other, "net2")
+    });
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
     cluster.agent.stop();
