@@ -250,6 +250,17 @@ impl ApiServerVerifier {
             .body
     }
 
+    /// Expects `method` on `uri` (prefix match with a trailing `*`),
+    /// answers 200 with the object sent, as the API server does for an
+    /// accepted update, and returns the request.
+    ///
+    /// # Panics
+    /// As [`Self::expect`].
+    pub async fn expect_accepted(&mut self, method: &str, uri: &str) -> SeenRequest {
+        self.expect(method, uri, |body| (StatusCode::OK, body.clone()))
+            .await
+    }
+
     /// Checks the client sent nothing else before it was dropped.
     ///
     /// # Panics

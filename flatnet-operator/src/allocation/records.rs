@@ -147,6 +147,22 @@ pub struct RecordContext<'a> {
     pub cronjob: Option<&'a str>,
 }
 
+#[cfg(test)]
+impl<'a> RecordContext<'a> {
+    /// The first subnet request of `request`, no subnet, project or
+    /// CronJob, sticky StatefulSet addresses: what most tests vary from.
+    pub(crate) fn plain(request: &'a PodRequest) -> Self {
+        Self {
+            request,
+            index: 0,
+            subnet: None,
+            project: None,
+            policy: StatefulSetAddressPolicy::Sticky,
+            cronjob: None,
+        }
+    }
+}
+
 /// The record for one subnet request of `pod`: metadata (labels, owner,
 /// finalizer) and spec. Status is the IP controller's business.
 pub fn desired_record(pod: &Pod, ctx: &RecordContext<'_>) -> FlatNetworkIP {
@@ -326,12 +342,9 @@ mod tests {
         desired_record(
             pod,
             &RecordContext {
-                request,
                 index,
-                subnet: None,
                 project: Some("p-1"),
-                policy: StatefulSetAddressPolicy::Sticky,
-                cronjob: None,
+                ..RecordContext::plain(request)
             },
         )
     }
@@ -352,12 +365,8 @@ mod tests {
         let released = desired_record(
             &pod(Some(("apps/v1", "StatefulSet"))),
             &RecordContext {
-                request: &request,
-                index: 0,
-                subnet: None,
-                project: None,
                 policy: StatefulSetAddressPolicy::Release,
-                cronjob: None,
+                ..RecordContext::plain(&request)
             },
         );
         assert_eq!(released.owner_references()[0].kind, "Pod");
@@ -396,12 +405,8 @@ mod tests {
         let nightly = desired_record(
             &p,
             &RecordContext {
-                request: &request,
-                index: 0,
-                subnet: None,
-                project: None,
-                policy: StatefulSetAddressPolicy::Sticky,
                 cronjob: Some("nightly"),
+                ..RecordContext::plain(&request)
             },
         );
         assert!(needs_cronjob(&p));

@@ -9,7 +9,7 @@ use flatnet_k8s::{
         FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet, FlatNetworkSubnetSpec,
         FlatNetworkSubnetStatus, IpRange, phase,
     },
-    ipam::{StatefulSetAddressPolicy, used_ranges},
+    ipam::used_ranges,
     keys::SUBNET_NAMESPACE,
 };
 use k8s_openapi::{
@@ -134,17 +134,7 @@ fn record_of(pod: &Pod, version: &str) -> FlatNetworkIP {
         "",
     )
     .unwrap();
-    let mut record = records::desired_record(
-        pod,
-        &RecordContext {
-            request: &request,
-            index: 0,
-            subnet: None,
-            project: None,
-            policy: StatefulSetAddressPolicy::Sticky,
-            cronjob: None,
-        },
-    );
+    let mut record = records::desired_record(pod, &RecordContext::plain(&request));
     record.metadata.resource_version = Some(version.into());
     record.metadata.uid = Some(format!("uid-record-{}", pod.name_any()));
     record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
@@ -360,9 +350,7 @@ async fn allocation_reserves_in_the_subnet_with_its_resource_version_then_writes
             assert_eq!(reserve.body["status"]["usedIPCount"], 3);
             assert_eq!(reserve.body["status"]["totalIPCount"], 5);
             let write = api
-                .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
-                    (http::StatusCode::OK, body.clone())
-                })
+                .expect_accepted("PUT", &format!("{RECORDS}/web-1/status?*"))
                 .await;
             assert_eq!(write.body["metadata"]["resourceVersion"], "3");
             assert_eq!(write.body["status"]["addr"], "10.0.0.3");
@@ -410,16 +398,12 @@ async fn a_conflict_rereads_the_subnet_and_chooses_again() {
             )
             .await;
             let won = api
-                .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
-                    (http::StatusCode::OK, body.clone())
-                })
+                .expect_accepted("PUT", &format!("{SUBNET}/status?*"))
                 .await;
             assert_eq!(won.body["metadata"]["resourceVersion"], "6");
             assert_eq!(used_ip(&won.body), [pair("10.0.0.1", "10.0.0.4")]);
             let write = api
-                .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
-                    (http::StatusCode::OK, body.clone())
-                })
+                .expect_accepted("PUT", &format!("{RECORDS}/web-1/status?*"))
                 .await;
             assert_eq!(write.body["status"]["addr"], "10.0.0.4");
             api
@@ -457,9 +441,7 @@ async fn a_deleted_record_lets_go_of_its_finalizer_then_releases_its_address() {
             )
             .await;
             let release = api
-                .expect("PUT", &format!("{SUBNET}/status?*"), |body| {
-                    (http::StatusCode::OK, body.clone())
-                })
+                .expect_accepted("PUT", &format!("{SUBNET}/status?*"))
                 .await;
             assert_eq!(release.body["metadata"]["resourceVersion"], "5");
             assert_eq!(
@@ -534,9 +516,7 @@ async fn an_exhausted_subnet_fails_the_record_and_tells_the_pod_once() {
         let mut api = verifier;
         api.expect("GET", SUBNET, ok(to_json(&full))).await;
         let failed = api
-            .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
-                (http::StatusCode::OK, body.clone())
-            })
+            .expect_accepted("PUT", &format!("{RECORDS}/web-1/status?*"))
             .await;
         assert_eq!(failed.body["status"]["phase"], "Failed");
         let message = failed.body["status"]["failureMessage"].as_str().unwrap();
@@ -594,9 +574,7 @@ async fn a_record_pending_too_long_fails_without_touching_the_pod() {
     let result = scripted(
         |mut api| async move {
             let failed = api
-                .expect("PUT", &format!("{RECORDS}/web-1/status?*"), |body| {
-                    (http::StatusCode::OK, body.clone())
-                })
+                .expect_accepted("PUT", &format!("{RECORDS}/web-1/status?*"))
                 .await;
             assert_eq!(failed.body["status"]["phase"], "Failed");
             assert_eq!(
@@ -1890,17 +1868,7 @@ fn pod_and_record(name: &str, subnet: &str, mac: &str) -> (Pod, FlatNetworkIP) {
         p = p.annotated("flatnetwork.pandaria.io/mac", mac);
     }
     let request = parse_pod_request(subnet, "auto", mac).unwrap();
-    let mut record = records::desired_record(
-        &p,
-        &RecordContext {
-            request: &request,
-            index: 0,
-            subnet: None,
-            project: None,
-            policy: StatefulSetAddressPolicy::Sticky,
-            cronjob: None,
-        },
-    );
+    let mut record = records::desired_record(&p, &RecordContext::plain(&request));
     record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     (p, record)
 }

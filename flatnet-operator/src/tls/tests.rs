@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use http::StatusCode;
 use k8s_openapi::api::core::v1::Secret;
 use rustls::{
     ClientConfig, RootCertStore,
@@ -174,9 +173,7 @@ async fn a_foreign_secret_is_adopted_with_a_new_ca() {
         .expect("PATCH", &format!("{VWC_PATH}?*"), applied("vwc-uid"))
         .await;
     let replace = server
-        .expect("PUT", &format!("{SECRET_PATH}/webhook-certs?"), |body| {
-            (StatusCode::OK, body.clone())
-        })
+        .expect_accepted("PUT", &format!("{SECRET_PATH}/webhook-certs?"))
         .await;
     task.await.unwrap().unwrap();
     assert_eq!(replace.body["metadata"]["resourceVersion"], "3");
