@@ -605,13 +605,16 @@ fn an_address_already_on_the_lan_is_refused() {
 /// a single node, here run on Linux 6.1 in the VM too.
 #[test]
 fn an_address_a_silent_foreign_host_used_is_skipped_by_the_next_add() {
-    let Some(mut node) = Node::running_for_test(
-        "an_address_a_silent_foreign_host_used_is_skipped_by_the_next_add",
-    ) else {
+    let Some(mut node) =
+        Node::running_for_test("an_address_a_silent_foreign_host_used_is_skipped_by_the_next_add")
+    else {
         return;
     };
     let first = TestNetns::new("faw-");
-    assert_eq!(addresses(&node.add("flat4", "w1", &first)), ["192.0.2.10/24"]);
+    assert_eq!(
+        addresses(&node.add("flat4", "w1", &first)),
+        ["192.0.2.10/24"]
+    );
     let foreign: std::net::Ipv4Addr = "192.0.2.11".parse().unwrap();
     let foreign_mac = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xee];
     let request = arp_frame(

@@ -689,7 +689,12 @@ impl Lab {
                 .wire_claims(self.bins())
                 .is_ok_and(|claims| claims.iter().any(|c| c == &(foreign.into(), mac)))
         };
-        if settle("the foreign host's claim in node1's wire inventory", &claimed).is_err() {
+        if settle(
+            "the foreign host's claim in node1's wire inventory",
+            &claimed,
+        )
+        .is_err()
+        {
             bail!(
                 "node1's wire inventory never listed {foreign} claimed by the foreign host ({}): {}",
                 rogue_mac.trim(),
@@ -885,7 +890,7 @@ impl Lab {
         let changed = self.runtime_changes();
         let undone = self.undo_runtime_changes();
         match (changed, undone) {
-            (Err(failed), Err(undo)) => Err(failed.context(format!("undoing it failed too: {undo:#}"))),
+            (Err(failed), Err(undo)) => bail!("{failed:#}; undoing it failed too: {undo:#}"),
             (changed, undone) => changed.and(undone),
         }
     }
@@ -1059,8 +1064,11 @@ fn write_runtime_state(node1: &Node, mtu: Option<u32>, hotplug: bool) -> anyhow:
         "{{name: lab-extra, netns: /run/netns/{POD_A}, pod: lab/pod-a, attachments: [{{network: {EXTRA_NETWORK}, ifname: net1}}]}}"
     );
     let path = node1.state_file_path();
-    fs::write(&path, node1.state_file_with(mtu, hotplug.then_some(entry.as_str())))
-        .with_context(|| format!("write {}", path.display()))
+    fs::write(
+        &path,
+        node1.state_file_with(mtu, hotplug.then_some(entry.as_str())),
+    )
+    .with_context(|| format!("write {}", path.display()))
 }
 
 /// Waits up to 10 s for `done`; how long it took.

@@ -19,7 +19,9 @@ use anyhow::{Context, anyhow, bail};
 use nix::{
     errno::Errno,
     // `sockopt_impl!` expands to the other two.
-    getsockopt_impl, setsockopt_impl, sockopt_impl,
+    getsockopt_impl,
+    setsockopt_impl,
+    sockopt_impl,
     sys::{
         socket::{
             AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, connect,
@@ -201,14 +203,21 @@ pub fn df_echo(netns: &str, target: Ipv4Addr, size: u32, tries: u16) -> anyhow::
         setsockopt(&fd, PmtuDiscover, &libc::IP_PMTUDISC_DO).context("set IP_PMTUDISC_DO")?;
         // Connected: only the target's packets are received, and IP_MTU
         // tells the route's MTU.
-        connect(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(target, 0)))
-            .with_context(|| format!("connect a raw ICMP socket to {target}"))?;
+        connect(
+            fd.as_raw_fd(),
+            &SockaddrIn::from(SocketAddrV4::new(target, 0)),
+        )
+        .with_context(|| format!("connect a raw ICMP socket to {target}"))?;
         setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(0, 200_000))?;
         // The thread id keeps concurrent probes of this process apart.
         let id = u16::try_from(nix::unistd::gettid().as_raw() & 0xffff).unwrap_or_default();
         let mut reply = vec![0u8; size + 64];
         for seq in 1..=tries {
-            match send(fd.as_raw_fd(), &echo_request(id, seq, payload), MsgFlags::empty()) {
+            match send(
+                fd.as_raw_fd(),
+                &echo_request(id, seq, payload),
+                MsgFlags::empty(),
+            ) {
                 Ok(_) => {}
                 Err(Errno::EMSGSIZE) => {
                     let mtu = getsockopt(&fd, sockopt::IpMtu).context("read IP_MTU")?;
@@ -259,7 +268,12 @@ fn is_echo_reply(packet: &[u8], id: u16, seq: u16) -> bool {
 fn internet_checksum(bytes: &[u8]) -> u16 {
     let mut sum: u32 = bytes
         .chunks(2)
-        .map(|pair| u32::from(u16::from_be_bytes([pair[0], pair.get(1).copied().unwrap_or(0)])))
+        .map(|pair| {
+            u32::from(u16::from_be_bytes([
+                pair[0],
+                pair.get(1).copied().unwrap_or(0),
+            ]))
+        })
         .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
