@@ -9,8 +9,13 @@ mod support;
 use std::{path::Path, process::Command, time::Duration};
 
 use aya::programs::TcAttachType;
+use etherparse::ArpOperation;
 use flatnet_agent::crash_point::CRASH_AT_ENV;
-use flatnet_agent::datapath::{AttachMechanism, kernel_has_tcx};
+use flatnet_agent::datapath::{AttachMechanism, PinnedMaps, kernel_has_tcx};
+use flatnet_agent::{
+    netns::run_in_netns,
+    packet::{BROADCAST, RawSocket, arp_frame},
+};
 use serde_json::{Value, json};
 use support::{
     TestNetns,
@@ -592,6 +597,58 @@ fn an_address_already_on_the_lan_is_refused() {
         assert!(msg.contains("2.10") || msg.contains("db8::10"), "{msg}");
         node.assert_nothing_left(&pod, network);
     }
+    node.stop();
+}
+
+/// A host nobody declared that only asks (ARP requests for the gateway)
+/// from an address and never answers for it; the lab's `wire-ipam` step on
+/// a single node, here run on Linux 6.1 in the VM too.
+#[test]
+fn an_address_a_silent_foreign_host_used_is_skipped_by_the_next_add() {
+    let Some(mut node) =
+        Node::running_for_test("an_address_a_silent_foreign_host_used_is_skipped_by_the_next_add")
+    else {
+        return;
+    };
+    let first = TestNetns::new("faw-");
+    assert_eq!(
+        addresses(&node.add("flat4", "w1", &first)),
+        ["192.0.2.10/24"]
+    );
+    let foreign: std::net::Ipv4Addr = "192.0.2.11".parse().unwrap();
+    let foreign_mac = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xee];
+    let request = arp_frame(
+        foreign_mac,
+        BROADCAST,
+        ArpOperation::REQUEST,
+        (foreign_mac, foreign),
+        ([0; 6], LAN_V4.parse().unwrap()),
+    )
+    .unwrap();
+    run_in_netns(&node.lan.path(), || {
+        let socket = RawSocket::open("lan0").unwrap();
+        for _ in 0..2 {
+            socket.send(&request).unwrap();
+        }
+    })
+    .unwrap();
+    // Read as allocation reads it: the pinned maps of the agent's pin root.
+    wait_until("the foreign host's claim in the wire inventory", || {
+        PinnedMaps::open(&node.agent.pin.path)
+            .and_then(|maps| maps.wire_claims())
+            .unwrap()
+            .iter()
+            .any(|c| c.addr == std::net::IpAddr::V4(foreign) && c.mac == foreign_mac)
+    });
+    let second = TestNetns::new("faw-");
+    assert_eq!(
+        addresses(&node.add("flat4", "w2", &second)),
+        ["192.0.2.12/24"],
+        "192.0.2.11 is live on the wire"
+    );
+    node.del("flat4", "w1", Some(&first));
+    node.del("flat4", "w2", Some(&second));
+    node.assert_nothing_left(&second, "after DEL");
     node.stop();
 }
 

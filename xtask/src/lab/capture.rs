@@ -1,6 +1,6 @@
 //! Capturing the frames a namespace's interface receives (flatnet's raw
-//! `AF_PACKET` socket, no tool needed) and recognising address announcements
-//! in them.
+//! `AF_PACKET` socket, no tool needed), recognising address announcements
+//! in them, and the ARP request a foreign host sends.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -93,6 +93,21 @@ impl Drop for Capture {
     }
 }
 
+/// A broadcast ARP request from `mac` at `sender` asking for `target`:
+/// what a host using `sender` sends, and all a silent one ever sends.
+pub fn arp_request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    let mut frame = vec![0xff; 6];
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&ETHERTYPE_ARP.to_be_bytes());
+    // Ethernet, IPv4, address lengths 6 and 4, opcode 1 (request).
+    frame.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&sender.octets());
+    frame.extend_from_slice(&[0; 6]);
+    frame.extend_from_slice(&target.octets());
+    frame
+}
+
 fn ethertype(frame: &[u8]) -> u16 {
     u16::from_be_bytes([frame[12], frame[13]])
 }
@@ -144,14 +159,23 @@ mod tests {
         frame
     }
 
+    #[test]
+    fn an_arp_request_is_what_the_uplink_program_records_as_its_sender_using_the_address() {
+        let sender: Ipv4Addr = "192.0.2.12".parse().unwrap();
+        let frame = arp_request(MAC, sender, "192.0.2.1".parse().unwrap());
+        assert_eq!(frame.len(), 42);
+        assert_eq!(frame[..6], [0xff; 6], "broadcast");
+        let arp: &[u8; 28] = frame[14..].try_into().unwrap();
+        let sighting = flatnet_common::wire::arp_sighting(arp).unwrap();
+        assert_eq!(sighting.kind, flatnet_common::wire::WireKind::ArpRequest);
+        assert_eq!(sighting.mac, MAC);
+        assert_eq!(sighting.addr[12..], sender.octets());
+        assert!(sighting.recordable());
+    }
+
     fn arp(src: [u8; 6], op: u16, sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
-        let mut frame = ethernet(src, ETHERTYPE_ARP);
-        frame.extend_from_slice(&[0, 1, 0x08, 0, 6, 4]);
-        frame.extend_from_slice(&op.to_be_bytes());
-        frame.extend_from_slice(&src);
-        frame.extend_from_slice(&sender.octets());
-        frame.extend_from_slice(&[0; 6]);
-        frame.extend_from_slice(&target.octets());
+        let mut frame = arp_request(src, sender, target);
+        frame[20..22].copy_from_slice(&op.to_be_bytes());
         frame
     }
 

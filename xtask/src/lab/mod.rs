@@ -26,11 +26,12 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use flatnet_packet_socket::RawSocket;
 use serde_json::json;
 
 use self::{
     capture::Capture,
-    netns::{EchoServer, expect_tcp, ping},
+    netns::{DfEcho, EchoServer, expect_tcp, ping},
     node::{AgentImage, Binaries, DUAL_NETWORK, EXTRA_NETWORK, IPVLAN_NETWORK, Node},
     policy::{ALLOWED_PORT, BLOCKED_PORT, PolicyPod},
     process::{Interrupted, interrupted},
@@ -162,7 +163,7 @@ impl Step {
                 "a floating address answered by one node moves to the other after its loop is SIGKILLed and its uplink goes down; the LAN host's TCP works again (time in the report)"
             }
             Step::Runtime => {
-                "running pod-a gets net1 hot-plugged (LAN host reaches it), then its MTU lowered to 1400 in place (DF ping 1400 passes, 1401 fails); both undone"
+                "running pod-a gets net1 hot-plugged (LAN host reaches it), then its MTU lowered to 1400 in place (DF ping of 1400 bytes answered, 1401 refused); both undone"
             }
             Step::Teardown => "CNI DEL removes every pod and allocation; agents stop on SIGTERM",
         }
@@ -648,9 +649,9 @@ impl Lab {
     }
 
     /// A pod on node1 gets address A; a foreign host on the LAN sends ARP
-    /// requests from A+1, then falls silent (its address removed); node1's
-    /// next pod must get A+2: its uplink program saw A+1 in use, and
-    /// standalone allocation skips what the wire inventory shows live.
+    /// requests from A+1 and nothing else (it never answers for A+1);
+    /// node1's next pod must get A+2: its uplink program saw A+1 in use,
+    /// and standalone allocation skips what the wire inventory shows live.
     fn wire_ipam(&mut self) -> anyhow::Result<()> {
         let node1 = &self.nodes[0];
         let add = |netns: &str| -> anyhow::Result<Ipv4Addr> {
@@ -667,33 +668,51 @@ impl Lab {
         let first = add(POD_W1)?;
         let foreign = Ipv4Addr::from(u32::from(first) + 1);
         let expected = Ipv4Addr::from(u32::from(first) + 2);
-        let with_prefix = format!("{foreign}/24");
-        process::ip(ROGUE, &["addr", "add", &with_prefix, "dev", "eth0"])?;
-        let mut arping = std::process::Command::new("ip");
-        arping.args([
-            "netns", "exec", ROGUE, "arping", "-c", "2", "-w", "2", "-I", "eth0",
-        ]);
-        arping.args(["-S", &foreign.to_string(), LAN_HOST_V4]);
-        // The LAN host answers; the check is what node1 allocates next.
-        process::output(&mut arping, &[])?;
-        process::ip(ROGUE, &["addr", "del", &with_prefix, "dev", "eth0"])?;
-        println!("[lab]       a foreign host used {foreign} on the LAN and fell silent");
+        let rogue_mac = process::exec_in(ROGUE, "cat", &["/sys/class/net/eth0/address"])?;
+        let mac = parse_mac(rogue_mac.trim())
+            .with_context(|| format!("the rogue host's MAC {rogue_mac:?}"))?;
+        // Sent from a packet socket, not with an `arping`: its options
+        // differ between implementations (busybox's has no `-S`).
+        let request = capture::arp_request(mac, foreign, LAN_HOST_V4.parse()?);
+        netns::in_netns(ROGUE, || -> anyhow::Result<()> {
+            let socket = RawSocket::open(topology::UPLINK)?;
+            for _ in 0..2 {
+                socket.send(&request)?;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        })??;
+        // What allocation reads: without the claim there, the step would
+        // test nothing.
+        let claimed = || {
+            node1
+                .wire_claims(self.bins())
+                .is_ok_and(|claims| claims.iter().any(|c| c == &(foreign.into(), mac)))
+        };
+        if settle(
+            "the foreign host's claim in node1's wire inventory",
+            &claimed,
+        )
+        .is_err()
+        {
+            bail!(
+                "node1's wire inventory never listed {foreign} claimed by the foreign host ({}): {}",
+                rogue_mac.trim(),
+                node1.wire_inventory(self.bins())
+            );
+        }
+        println!(
+            "[lab]       a foreign host ({}) used {foreign} on the LAN and fell silent",
+            rogue_mac.trim()
+        );
         let second = add(POD_W2)?;
         for netns in [POD_W1, POD_W2] {
             node1.cni(self.bins(), "DEL", DUAL_NETWORK, Some(netns), json!({}))?;
         }
         if second != expected {
-            let map = node1.pin_root.join("WIRE_CLAIMS");
-            let inventory = process::output(
-                std::process::Command::new("bpftool")
-                    .args(["map", "dump", "pinned"])
-                    .arg(&map),
-                &[],
-            )
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
             bail!(
-                "{POD_W2} got {second} after {POD_W1} got {first} and a foreign host used {foreign}; expected {expected}; node1's inventory: {inventory}"
+                "{POD_W2} got {second} after {POD_W1} got {first} and a foreign host used {foreign}; expected {expected}; node1's wire inventory: {}",
+                node1.wire_inventory(self.bins())
             );
         }
         println!("[lab]       {POD_W1} got {first}, {POD_W2} got {second}: {foreign} skipped");
@@ -867,28 +886,20 @@ impl Lab {
     /// Runtime configuration of a running pod on node1, timed from the
     /// state-file write: an extra interface hot-plugged until the LAN host
     /// reaches it, the subnets' MTU lowered until the pod's interface
-    /// carries it; then both undone.
+    /// carries it; then both undone, also when a check failed, so no
+    /// hot-plugged address outlives the step.
     fn runtime_config(&mut self) -> anyhow::Result<()> {
-        const LOWER_MTU: u32 = 1400;
+        let changed = self.runtime_changes();
+        let undone = self.undo_runtime_changes();
+        match (changed, undone) {
+            (Err(failed), Err(undo)) => bail!("{failed:#}; undoing it failed too: {undo:#}"),
+            (changed, undone) => changed.and(undone),
+        }
+    }
+
+    /// The runtime step's changes and their checks.
+    fn runtime_changes(&mut self) -> anyhow::Result<()> {
         let node1 = &self.nodes[0];
-        let state_file = node1.state_file_path();
-        let write = |mtu: Option<u32>, hotplug: Option<&str>| {
-            fs::write(&state_file, node1.state_file_with(mtu, hotplug))
-                .with_context(|| format!("write {}", state_file.display()))
-        };
-        let settle = |what: &str, done: &dyn Fn() -> bool| -> anyhow::Result<Duration> {
-            let started = Instant::now();
-            while !done() {
-                if started.elapsed() > Duration::from_secs(10) {
-                    bail!("{what}: not within 10 s");
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok(started.elapsed())
-        };
-        let entry = format!(
-            "{{name: lab-extra, netns: /run/netns/{POD_A}, pod: lab/pod-a, attachments: [{{network: {EXTRA_NETWORK}, ifname: net1}}]}}"
-        );
         let address = || -> Option<String> {
             let shown = process::ip(POD_A, &["-4", "-j", "addr", "show", "dev", "net1"]).ok()?;
             let shown: serde_json::Value = serde_json::from_str(&shown).ok()?;
@@ -902,7 +913,7 @@ impl Lab {
             })
         };
         let started = Instant::now();
-        write(None, Some(&entry))?;
+        write_runtime_state(node1, None, true)?;
         settle(
             "net1 hot-plugged into pod-a and reached from the LAN host",
             &reachable,
@@ -918,63 +929,50 @@ impl Lab {
             hotplugged,
         );
 
-        let mtu_of = || -> Option<u64> {
-            let shown = process::ip(POD_A, &["-j", "link", "show", "dev", "eth1"]).ok()?;
-            serde_json::from_str::<serde_json::Value>(&shown).ok()?[0]["mtu"].as_u64()
-        };
         let started = Instant::now();
-        write(Some(LOWER_MTU), Some(&entry))?;
+        write_runtime_state(node1, Some(RUNTIME_MTU), true)?;
         settle("pod-a's eth1 at the lower MTU", &|| {
-            mtu_of() == Some(u64::from(LOWER_MTU))
+            pod_a_mtu() == Some(RUNTIME_MTU)
         })?;
         let lowered = started.elapsed();
         self.report.timing(
             "MTU: state file written -> the running pod's interface carries it",
             lowered,
         );
-        // 20 bytes of IPv4 header and 8 of ICMP.
-        let df_ping = |size: u32| {
-            let payload = (size - 28).to_string();
-            process::exec_in(
-                POD_A,
-                "ping",
-                &[
-                    "-4",
-                    "-M",
-                    "do",
-                    "-s",
-                    &payload,
-                    // Three tries: the first may wait for the neighbour
-                    // entry the MTU change flushed.
-                    "-c",
-                    "3",
-                    "-W",
-                    "2",
-                    LAN_HOST_V4,
-                ],
-            )
-            .is_ok()
-        };
-        if !df_ping(LOWER_MTU) || df_ping(LOWER_MTU + 1) {
+        let gateway: Ipv4Addr = LAN_HOST_V4.parse().expect("the LAN host's address");
+        // Three tries: the first may wait for the neighbour entry the MTU
+        // change flushed.
+        let fits = netns::df_echo(POD_A, gateway, RUNTIME_MTU, 3)?;
+        let too_big = netns::df_echo(POD_A, gateway, RUNTIME_MTU + 1, 3)?;
+        if fits != DfEcho::Answered {
             bail!(
-                "after the MTU change a ping with Don't Fragment of {LOWER_MTU} bytes must pass and {} fail",
-                LOWER_MTU + 1
+                "after the MTU change a ping with Don't Fragment of {RUNTIME_MTU} bytes from {POD_A} to {gateway} must be answered; it was {fits:?}"
+            );
+        }
+        if too_big != (DfEcho::TooBig { mtu: RUNTIME_MTU }) {
+            bail!(
+                "after the MTU change {POD_A} must refuse a ping with Don't Fragment of {} bytes to {gateway} (its route's MTU {RUNTIME_MTU}); it was {too_big:?}",
+                RUNTIME_MTU + 1
             );
         }
         println!(
-            "[lab]       {POD_A}: eth1 at MTU {LOWER_MTU} {:.1} ms after the write, same interface; DF ping {LOWER_MTU} passes, {} does not",
+            "[lab]       {POD_A}: eth1 at MTU {RUNTIME_MTU} {:.1} ms after the write, same interface; DF ping {RUNTIME_MTU} passes, {} is refused (path MTU {RUNTIME_MTU})",
             lowered.as_secs_f64() * 1e3,
-            LOWER_MTU + 1
+            RUNTIME_MTU + 1
         );
+        Ok(())
+    }
 
-        // Undone: the MTU back to the uplink's, the interface removed.
-        write(Some(1500), None)?;
-        settle("pod-a's eth1 back at 1500", &|| mtu_of() == Some(1500))?;
+    /// The MTU back to the uplink's, `net1` removed, then the state file
+    /// as the agent started with it.
+    fn undo_runtime_changes(&self) -> anyhow::Result<()> {
+        let node1 = &self.nodes[0];
+        write_runtime_state(node1, Some(1500), false)?;
+        settle("pod-a's eth1 back at 1500", &|| pod_a_mtu() == Some(1500))?;
         settle("net1 removed from pod-a", &|| {
             process::ip(POD_A, &["link", "show", "dev", "net1"]).is_err()
         })?;
-        // The file as the agent started with it.
-        write(None, None)
+        write_runtime_state(node1, None, false)
     }
 
     fn teardown(&mut self) -> anyhow::Result<()> {
@@ -1056,6 +1054,43 @@ impl Lab {
             took: started.elapsed(),
         });
     }
+}
+
+/// The MTU the runtime step gives pod-a's subnets.
+const RUNTIME_MTU: u32 = 1400;
+
+/// node1's state file with the runtime step's changes: the subnets' MTU,
+/// and the `hotplug` entry giving pod-a `net1` on the extra network.
+fn write_runtime_state(node1: &Node, mtu: Option<u32>, hotplug: bool) -> anyhow::Result<()> {
+    let entry = format!(
+        "{{name: lab-extra, netns: /run/netns/{POD_A}, pod: lab/pod-a, attachments: [{{network: {EXTRA_NETWORK}, ifname: net1}}]}}"
+    );
+    let path = node1.state_file_path();
+    fs::write(
+        &path,
+        node1.state_file_with(mtu, hotplug.then_some(entry.as_str())),
+    )
+    .with_context(|| format!("write {}", path.display()))
+}
+
+/// Waits up to 10 s for `done`; how long it took.
+fn settle(what: &str, done: &dyn Fn() -> bool) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    while !done() {
+        process::check_interrupt()?;
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("{what}: not within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(started.elapsed())
+}
+
+/// The MTU of pod-a's `eth1`.
+fn pod_a_mtu() -> Option<u32> {
+    let shown = process::ip(POD_A, &["-j", "link", "show", "dev", "eth1"]).ok()?;
+    let mtu = serde_json::from_str::<serde_json::Value>(&shown).ok()?[0]["mtu"].as_u64()?;
+    u32::try_from(mtu).ok()
 }
 
 fn remove_leftovers() -> anyhow::Result<()> {

@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     fs,
-    net::{SocketAddr, TcpListener},
+    net::{IpAddr, SocketAddr, TcpListener},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -371,6 +371,37 @@ networks:
             .find_map(|value| value.trim().parse::<f64>().ok())
             .map(metric_count)
             .with_context(|| format!("no {name} in the /metrics of {}", self.netns))
+    }
+
+    /// The agent's wire inventory as `flatnet-agent inspect wire` reads it
+    /// (the way allocation reads it): each address with the MAC last seen
+    /// claiming it.
+    pub fn wire_claims(&self, bins: &Binaries) -> anyhow::Result<Vec<(IpAddr, [u8; 6])>> {
+        let shown: Value = serde_json::from_str(&self.inspect_wire(bins)?)
+            .context("parse `inspect wire -o json`")?;
+        Ok(shown
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|row| {
+                let addr = row["address"].as_str()?.parse().ok()?;
+                Some((addr, super::parse_mac(row["mac"].as_str()?)?))
+            })
+            .collect())
+    }
+
+    /// The wire inventory as text for a failure message (or why it is unreadable).
+    pub fn wire_inventory(&self, bins: &Binaries) -> String {
+        self.inspect_wire(bins)
+            .unwrap_or_else(|e| format!("unreadable: {e:#}"))
+    }
+
+    fn inspect_wire(&self, bins: &Binaries) -> anyhow::Result<String> {
+        let pin_root = self.pin_root.display().to_string();
+        process::run(
+            &bins.agent.display().to_string(),
+            &["inspect", "wire", "-o", "json", "--pin-root", &pin_root],
+        )
     }
 
     /// The allocations in the agent's allocation file.
