@@ -497,6 +497,43 @@ mod tests {
         );
     }
 
+    /// The size of the ledger's data as stored (keys and values).
+    fn stored_size(ledger: &Ledger) -> usize {
+        ledger
+            .to_config_map()
+            .data
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum()
+    }
+
+    #[test]
+    fn pool_claims_beyond_the_per_mac_cap_fit_one_config_map() {
+        let mut ledger = Ledger {
+            stored: None,
+            parent: parent("eth0", 0),
+            claims: BTreeMap::new(),
+            pool: MacPoolState::default(),
+            pool_claimed: IntervalSet::new(),
+        };
+        // Per-MAC claims (about 70 bytes each) filled the 1 MiB ConfigMap
+        // at about 15,000 MACs; a run of claimed pool MACs is one range.
+        let base = mac("02:aa:00:00:00:00").to_u64();
+        let run: Vec<Mac> = (0..100_000).map(|i| Mac::from_u64(base + i)).collect();
+        ledger.claim_for_pool(&run);
+        assert!(stored_size(&ledger) < 100, "{}", stored_size(&ledger));
+        assert_eq!(ledger.claimed().len(), 100_000);
+        // The worst case is every other MAC freed: one entry per held MAC
+        // (18 bytes), so 40,000 held MACs still fit with room to spare.
+        for i in (1..80_000).step_by(2) {
+            ledger.unclaim_from_pool(Mac::from_u64(base + i), true);
+        }
+        let size = stored_size(&ledger);
+        assert!(size < 1024 * 1024, "{size}");
+        assert_eq!(parse_pool_claimed(&ledger.to_config_map()), ledger.pool_claimed);
+    }
+
     #[test]
     fn tokens_differ_per_claim() {
         assert_ne!(LedgerClaim::new("a/b").token, LedgerClaim::new("a/b").token);
