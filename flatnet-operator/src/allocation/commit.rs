@@ -484,7 +484,11 @@ async fn claim_mac(
         // Pool MACs claimed without an owner are their records': taken,
         // except the pool MAC this record holds.
         let own_pool_mac = current.filter(|m| pool.is_some() && ledger.pool_holds(*m));
-        taken.extend(ledger.pool_claimed_macs().filter(|m| Some(*m) != own_pool_mac));
+        taken.extend(
+            ledger
+                .pool_claimed_macs()
+                .filter(|m| Some(*m) != own_pool_mac),
+        );
         let mut in_use = taken.clone();
         in_use.extend(
             unledgered
@@ -582,20 +586,8 @@ pub async fn withdraw(
     mac: Mac,
     which: impl Fn(&LedgerClaim) -> bool,
 ) -> Result<(), Error> {
-    for _ in 0..MAX_ATTEMPTS {
-        let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
-        if !ledger.remove(mac, &which) {
-            return Ok(());
-        }
-        if mac_ledger::write(&ctx.client, &mut ledger).await? {
-            return Ok(());
-        }
-        ctx.metrics.allocation_conflict();
-    }
-    Err(Error::MacLedgerContention {
-        parent: parent.to_string(),
-        attempts: MAX_ATTEMPTS,
-    })
+    let change = |ledger: &mut mac_ledger::Ledger| ledger.remove(mac, &which);
+    super::mac_ahead::edit(ctx, parent, &mut None, change).await
 }
 
 /// What became of the record write.

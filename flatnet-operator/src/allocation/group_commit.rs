@@ -345,11 +345,11 @@ impl Ledgers {
                     let mac = match mac_pool {
                         None => None,
                         Some(range) => {
-                            let taken =
-                                ctx.mac_pool
-                                    .ahead
-                                    .take(ctx, &held.subnet.parent, range, 1)
-                                    .await;
+                            let taken = ctx
+                                .mac_pool
+                                .ahead
+                                .take(ctx, &held.subnet.parent, range, 1)
+                                .await;
                             match taken {
                                 Ok(mut macs) => macs.pop(),
                                 Err(error) => {
@@ -688,7 +688,12 @@ impl BatchMacs {
             let edits: Vec<usize> = (0..wanted.len())
                 .filter(|i| wanted[*i] == Some(range))
                 .collect();
-            match ctx.mac_pool.ahead.take(ctx, parent, range, edits.len()).await {
+            match ctx
+                .mac_pool
+                .ahead
+                .take(ctx, parent, range, edits.len())
+                .await
+            {
                 Ok(taken) => {
                     for (i, mac) in edits.into_iter().zip(taken) {
                         macs[i] = Ok(Some(mac));

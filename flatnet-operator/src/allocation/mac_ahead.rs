@@ -70,12 +70,7 @@ impl MacAhead {
     }
 
     /// Takes up to `count` spare MACs of `range` young enough to hand out.
-    fn take_spare(
-        ctx: &Context,
-        link: &Link,
-        range: MacRange,
-        count: usize,
-    ) -> Vec<ClaimedMac> {
+    fn take_spare(ctx: &Context, link: &Link, range: MacRange, count: usize) -> Vec<ClaimedMac> {
         let usable_for = ctx.settings.write_deadline / 2;
         let mut spare = link.spare.lock().unwrap_or_else(|e| e.into_inner());
         let mut taken = Vec::new();
@@ -175,30 +170,48 @@ impl MacAhead {
                     && r.status.as_ref().is_some_and(|s| s.mac == text)
             })
         };
-        for _ in 0..MAX_ATTEMPTS {
-            let mut ledger = match book.take() {
-                Some(ledger) => ledger,
-                None => mac_ledger::read(&ctx.client, parent).await?,
-            };
+        edit(ctx, parent, &mut book, |ledger| {
             let mut changed = ledger.remove(mac, |c| c.record == key);
             if !named_elsewhere {
                 changed |= ledger.unclaim_from_pool(mac, true);
             }
-            if !changed {
-                *book = Some(ledger);
-                return Ok(());
-            }
-            if mac_ledger::write(&ctx.client, &mut ledger).await? {
-                *book = Some(ledger);
-                return Ok(());
-            }
-            ctx.metrics.allocation_conflict();
-        }
-        Err(Error::MacLedgerContention {
-            parent: parent.to_string(),
-            attempts: MAX_ATTEMPTS,
+            changed
         })
+        .await
     }
+}
+
+/// Applies `change` to `parent`'s ledger (`book`, or read when `None`)
+/// and writes it when it changed anything, reading and applying again on
+/// conflict; `book` then holds the ledger as written.
+///
+/// # Errors
+/// The API failing, or [`Error::MacLedgerContention`].
+pub async fn edit(
+    ctx: &Context,
+    parent: &ParentLink,
+    book: &mut Option<Ledger>,
+    change: impl Fn(&mut Ledger) -> bool,
+) -> Result<(), Error> {
+    for _ in 0..MAX_ATTEMPTS {
+        let mut ledger = match book.take() {
+            Some(ledger) => ledger,
+            None => mac_ledger::read(&ctx.client, parent).await?,
+        };
+        if !change(&mut ledger) {
+            *book = Some(ledger);
+            return Ok(());
+        }
+        if mac_ledger::write(&ctx.client, &mut ledger).await? {
+            *book = Some(ledger);
+            return Ok(());
+        }
+        ctx.metrics.allocation_conflict();
+    }
+    Err(Error::MacLedgerContention {
+        parent: parent.to_string(),
+        attempts: MAX_ATTEMPTS,
+    })
 }
 
 /// Claims `needed` MACs of `range` (plus some ahead, kept spare) in one

@@ -344,10 +344,7 @@ pub async fn read(client: &kube::Client, parent: &ParentLink) -> Result<Ledger, 
     Ok(Ledger {
         claims: stored.as_ref().map(parse_claims).unwrap_or_default(),
         pool: stored.as_ref().map(parse_pool).unwrap_or_default(),
-        pool_claimed: stored
-            .as_ref()
-            .map(parse_pool_claimed)
-            .unwrap_or_default(),
+        pool_claimed: stored.as_ref().map(parse_pool_claimed).unwrap_or_default(),
         stored,
         parent: parent.clone(),
     })
@@ -395,6 +392,17 @@ mod tests {
         }
     }
 
+    /// A ledger of `eth0` that does not exist yet.
+    fn empty() -> Ledger {
+        Ledger {
+            stored: None,
+            parent: parent("eth0", 0),
+            claims: BTreeMap::new(),
+            pool: MacPoolState::default(),
+            pool_claimed: IntervalSet::new(),
+        }
+    }
+
     #[test]
     fn names_are_valid_object_names_and_distinct_per_parent_link() {
         assert_eq!(ledger_name(&parent("eth0", 0)), "flatnet-macs-0-65746830");
@@ -421,13 +429,7 @@ mod tests {
 
     #[test]
     fn claims_round_trip_and_are_shared_only_within_a_pod() {
-        let mut ledger = Ledger {
-            stored: None,
-            parent: parent("eth0", 0),
-            claims: BTreeMap::new(),
-            pool: MacPoolState::default(),
-            pool_claimed: IntervalSet::new(),
-        };
+        let mut ledger = empty();
         let m = mac("02:00:00:00:00:01");
         ledger.add(m, LedgerClaim::new("shop/web-0"));
         ledger.add(m, LedgerClaim::new("shop/web-0.ipv6"));
@@ -467,13 +469,7 @@ mod tests {
 
     #[test]
     fn pool_claims_round_trip_as_ranges_and_quarantine_only_used_macs() {
-        let mut ledger = Ledger {
-            stored: None,
-            parent: parent("eth0", 0),
-            claims: BTreeMap::new(),
-            pool: MacPoolState::default(),
-            pool_claimed: IntervalSet::new(),
-        };
+        let mut ledger = empty();
         let macs: Vec<Mac> = (1..=5).map(|x| Mac([2, 0xaa, 0, 0, 0, x])).collect();
         ledger.claim_for_pool(&macs);
         ledger.claim_for_pool(&[mac("02:aa:00:00:01:00")]);
@@ -510,13 +506,7 @@ mod tests {
 
     #[test]
     fn pool_claims_beyond_the_per_mac_cap_fit_one_config_map() {
-        let mut ledger = Ledger {
-            stored: None,
-            parent: parent("eth0", 0),
-            claims: BTreeMap::new(),
-            pool: MacPoolState::default(),
-            pool_claimed: IntervalSet::new(),
-        };
+        let mut ledger = empty();
         // Per-MAC claims (about 70 bytes each) filled the 1 MiB ConfigMap
         // at about 15,000 MACs; a run of claimed pool MACs is one range.
         let base = mac("02:aa:00:00:00:00").to_u64();
@@ -531,7 +521,10 @@ mod tests {
         }
         let size = stored_size(&ledger);
         assert!(size < 1024 * 1024, "{size}");
-        assert_eq!(parse_pool_claimed(&ledger.to_config_map()), ledger.pool_claimed);
+        assert_eq!(
+            parse_pool_claimed(&ledger.to_config_map()),
+            ledger.pool_claimed
+        );
     }
 
     #[test]

@@ -213,13 +213,18 @@ mod tests {
         let docker = spec_warnings(&spec(Some("02:40:00:00:00:00"), Some("02:43:00:00:00:00")));
         assert_eq!(docker.len(), 1, "{docker:?}");
         assert!(
-            docker[0].contains("02:42:00:00:00:00-02:42:ff:ff:ff:ff") && docker[0].contains("Docker"),
+            docker[0].contains("02:42:00:00:00:00-02:42:ff:ff:ff:ff")
+                && docker[0].contains("Docker"),
             "{docker:?}"
         );
         let qemu = spec_warnings(&spec(Some("52:54:00:12:00:00"), Some("52:54:00:12:00:ff")));
         assert!(qemu[0].contains("QEMU"), "{qemu:?}");
         let vrrp = spec_warnings(&spec(Some("00:00:5e:00:00:00"), Some("00:00:5e:00:ff:ff")));
-        assert_eq!(vrrp.len(), 2, "not locally administered, and VRRP: {vrrp:?}");
+        assert_eq!(
+            vrrp.len(),
+            2,
+            "not locally administered, and VRRP: {vrrp:?}"
+        );
         assert!(vrrp[1].contains("VRRP"), "{vrrp:?}");
         // Just beside a known range: no warning.
         assert!(

@@ -366,7 +366,10 @@ async fn pool_macs_cost_a_share_of_one_ledger_write() {
     server.insert(&sibling_subnet("right", "10.0.2.0/24"));
     const PODS: usize = 80;
     for i in 0..PODS {
-        let (p, record) = plain_pod(&format!("web-{i}"), if i % 2 == 0 { "left" } else { "right" });
+        let (p, record) = plain_pod(
+            &format!("web-{i}"),
+            if i % 2 == 0 { "left" } else { "right" },
+        );
         server.insert(&p);
         server.insert(&record);
     }
@@ -453,7 +456,10 @@ async fn a_fixed_mac_request_never_takes_a_pool_mac() {
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
     let record = stored_record(&server, "fixed").unwrap();
     let result = ips::reconcile(Arc::new(record), ctx).await;
-    let status = stored_record(&server, "fixed").unwrap().status.unwrap_or_default();
+    let status = stored_record(&server, "fixed")
+        .unwrap()
+        .status
+        .unwrap_or_default();
     assert!(
         status.addr.is_none() && status.mac.is_empty(),
         "{result:?} {status:?}"
@@ -462,5 +468,9 @@ async fn a_fixed_mac_request_never_takes_a_pool_mac() {
         status.failure_message.contains("MAC") || format!("{result:?}").contains("Mac"),
         "{result:?} {status:?}"
     );
-    assert_eq!(pool_macs(&server).unwrap().len(), 1, "the pool pod keeps it");
+    assert_eq!(
+        pool_macs(&server).unwrap().len(),
+        1,
+        "the pool pod keeps it"
+    );
 }
