@@ -494,7 +494,7 @@ mod tests {
             }
             let mut one_by_one = state.clone();
             let mut grown = in_use.clone();
-            let singles: Result<Vec<Mac>, _> = (0..count)
+            let singles: Result<Vec<Mac>, MacPoolExhausted> = (0..count)
                 .map(|_| {
                     let m = one_by_one.allocate(range, &grown, &none)?;
                     grown.insert(m);
