@@ -97,8 +97,13 @@ pub struct Reservation {
     /// The fixed MAC the record held before, to release once the record
     /// names the new one.
     pub replaces_mac: Option<Mac>,
-    /// When the subnet write succeeded.
+    /// When the subnet write succeeded (or the pool MAC was claimed, when
+    /// that was earlier): the record must be written within the write
+    /// deadline of it.
     pub at: Instant,
+    /// When `mac` was claimed for the pool without an owner by this
+    /// allocation ([`mac_ahead`](super::mac_ahead)); `None` otherwise.
+    pub mac_claimed_at: Option<Instant>,
 }
 
 /// How a record compares to what the cache says other records hold.
@@ -224,27 +229,30 @@ pub async fn reserve_batched(
 ) -> Result<Reservation, Error> {
     let subnet = record.spec.subnet.clone();
     let key = key_of(record.namespace().as_deref(), &record.name_any());
+    let mac_pool = ctx.mac_pool.range_for(record, &ctx.caches.namespaces);
     match ctx
         .ledgers
-        .reserve(ctx, &subnet, &key, &record.spec.addrs, workload)
+        .reserve(ctx, &subnet, &key, &record.spec.addrs, workload, mac_pool)
         .await?
     {
         Committed::Reserved {
             addr,
             subnet: valid,
             at,
+            mac,
         } => Ok(Reservation {
             subnet,
             addr,
-            mac: None,
-            mac_from_pool: false,
+            mac: mac.map(|(mac, _)| mac),
+            mac_from_pool: mac.is_some(),
             newly_reserved: true,
             mac_newly_listed: false,
             replaces: None,
             parent: valid.parent.clone(),
             mac_claim: None,
             replaces_mac: None,
-            at,
+            at: mac.map_or(at, |(_, claimed)| claimed.min(at)),
+            mac_claimed_at: mac.map(|(_, claimed)| claimed),
         }),
         // A reservation is always answered with an address.
         Committed::Released => Err(Error::Contention {
@@ -255,15 +263,10 @@ pub async fn reserve_batched(
 }
 
 /// Whether `record` takes the batched path: it holds no address (so no
-/// older record can claim the one it has) and asks for no MAC, fixed or
-/// from the pool.
-pub fn batchable(ctx: &Context, record: &FlatNetworkIP) -> bool {
-    record.status.as_ref().and_then(|s| s.addr).is_none()
-        && record.spec.macs.is_empty()
-        && ctx
-            .mac_pool
-            .range_for(record, &ctx.caches.namespaces)
-            .is_none()
+/// older record can claim the one it has) and asks for no fixed MAC (a
+/// MAC from the pool is claimed in the batch).
+pub fn batchable(record: &FlatNetworkIP) -> bool {
+    record.status.as_ref().and_then(|s| s.addr).is_none() && record.spec.macs.is_empty()
 }
 
 async fn reserve_address(
@@ -338,7 +341,8 @@ async fn reserve_address(
             Choice::Keep(addr) | Choice::New(addr) => addr,
         };
         let newly_reserved = !used_ranges::contains(&status.used_ranges(), addr);
-        let mac_text = mac.map(|m| m.to_string());
+        // `usedMac` lists fixed MACs; pool MACs are in the MAC ledger only.
+        let mac_text = mac.filter(|_| !mac_from_pool).map(|m| m.to_string());
         let mac_new = mac_text
             .as_ref()
             .is_some_and(|m| !status.used_mac.contains(m));
@@ -364,6 +368,7 @@ async fn reserve_address(
             mac_claim: claimed.as_ref().and_then(|(_, c)| c.made.clone()),
             replaces_mac,
             at: Instant::now(),
+            mac_claimed_at: None,
         };
         if !newly_reserved && !mac_new {
             return Ok(reservation(false, false));
@@ -475,7 +480,15 @@ async fn claim_mac(
     let unledgered = unledgered_macs(ctx, &me, parent, fresh, others);
     for attempt in 1..=MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
-        let taken = ledger.taken_from(&me);
+        let mut taken = ledger.taken_from(&me);
+        // Pool MACs claimed without an owner are their records': taken,
+        // except the pool MAC this record holds.
+        let own_pool_mac = current.filter(|m| pool.is_some() && ledger.pool_holds(*m));
+        taken.extend(
+            ledger
+                .pool_claimed_macs()
+                .filter(|m| Some(*m) != own_pool_mac),
+        );
         let mut in_use = taken.clone();
         in_use.extend(
             unledgered
@@ -492,7 +505,9 @@ async fn claim_mac(
             (Some(range), None) => ledger.pool.allocate(range, &in_use, &foreign)?,
         };
         let from_pool = pool.is_some();
-        if current == Some(mac) && !ledger.claims_of(mac, &me).is_empty() {
+        if current == Some(mac)
+            && (!ledger.claims_of(mac, &me).is_empty() || own_pool_mac == Some(mac))
+        {
             return Ok(Some(MacClaim {
                 mac,
                 from_pool,
@@ -501,7 +516,7 @@ async fn claim_mac(
         }
         let claim = LedgerClaim::new(&me);
         ledger.add(mac, claim.clone());
-        if mac_ledger::write(&ctx.client, &ledger).await? {
+        if mac_ledger::write(&ctx.client, &mut ledger).await? {
             return Ok(Some(MacClaim {
                 mac,
                 from_pool,
@@ -571,20 +586,8 @@ pub async fn withdraw(
     mac: Mac,
     which: impl Fn(&LedgerClaim) -> bool,
 ) -> Result<(), Error> {
-    for _ in 0..MAX_ATTEMPTS {
-        let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
-        if !ledger.remove(mac, &which) {
-            return Ok(());
-        }
-        if mac_ledger::write(&ctx.client, &ledger).await? {
-            return Ok(());
-        }
-        ctx.metrics.allocation_conflict();
-    }
-    Err(Error::MacLedgerContention {
-        parent: parent.to_string(),
-        attempts: MAX_ATTEMPTS,
-    })
+    let change = |ledger: &mut mac_ledger::Ledger| ledger.remove(mac, &which);
+    super::mac_ahead::edit(ctx, parent, &mut None, change).await
 }
 
 /// What became of the record write.
@@ -672,7 +675,8 @@ pub async fn write_record(
                     release(ctx, &reservation.subnet, &old_addrs, &old_macs, &key).await?;
                 }
                 if let Some(old) = reservation.replaces_mac {
-                    withdraw(ctx, &reservation.parent, old, |c| c.record == key).await?;
+                    let ahead = &ctx.mac_pool.ahead;
+                    ahead.release(ctx, &reservation.parent, old, &key).await?;
                 }
                 return Ok(Written::Done(Box::new(written)));
             }
@@ -719,6 +723,11 @@ async fn hand_back(ctx: &Context, reservation: &Reservation, key: &str) -> Resul
     // Only this allocation's own claim: safe at any age.
     if let (Some(claim), Some(mac)) = (&reservation.mac_claim, reservation.mac) {
         withdraw(ctx, &reservation.parent, mac, |c| c == claim).await?;
+    }
+    // A pool MAC claimed for it stays claimed, spare, while young enough.
+    if let (Some(claimed), Some(mac)) = (reservation.mac_claimed_at, reservation.mac) {
+        let ahead = &ctx.mac_pool.ahead;
+        ahead.put_back(&reservation.parent, vec![(mac, claimed)]);
     }
     let fresh = reservation.newly_reserved || reservation.mac_newly_listed;
     if !fresh || reservation.at.elapsed() >= ctx.settings.write_deadline {
@@ -872,7 +881,14 @@ pub async fn release_holdings(
     let key = key_of(record.namespace().as_deref(), &record.name_any());
     // Quarantined before it leaves the ledger: see `wire_exclusion`.
     ctx.wire.released(&record.spec.subnet, addrs);
-    release(ctx, &record.spec.subnet, addrs, macs, &key).await?;
+    // `usedMac` lists only fixed MACs (older versions listed pool MACs
+    // too, which the subnet repair drops).
+    let fixed: Vec<String> = macs
+        .iter()
+        .filter(|m| record.spec.macs.contains(m))
+        .cloned()
+        .collect();
+    release(ctx, &record.spec.subnet, addrs, &fixed, &key).await?;
     if macs.is_empty() {
         return Ok(());
     }
@@ -887,7 +903,7 @@ pub async fn release_holdings(
         vlan: u16::try_from(subnet.spec.vlan).unwrap_or_default(),
     };
     for mac in macs.iter().filter_map(|m| Mac::parse(m).ok()) {
-        withdraw(ctx, &parent, mac, |c| c.record == key).await?;
+        ctx.mac_pool.ahead.release(ctx, &parent, mac, &key).await?;
     }
     Ok(())
 }

@@ -33,9 +33,9 @@ use std::{
 
 use flatnet_k8s::{
     api::FlatNetworkSubnet,
-    ipam::{LiveAddresses, Pool, PoolError, Reservations},
+    ipam::{LiveAddresses, MacPoolExhausted, MacRange, Pool, PoolError, Reservations},
     keys::SUBNET_NAMESPACE,
-    validation::ValidSubnet,
+    validation::{ParentLink, ValidSubnet},
 };
 use kube::{Api, ResourceExt, api::PostParams};
 use tokio::sync::oneshot;
@@ -45,6 +45,7 @@ use super::{
     Context, Error,
     commit::{MAX_ATTEMPTS, ready_subnet},
     errors::{is_conflict, is_not_found},
+    mac_ahead::ClaimedMac,
     subnets::set_usage,
 };
 
@@ -59,6 +60,8 @@ pub enum Edit {
         /// The `reservedIP` key of the asking pod's workload: the addresses
         /// it reserved are its to take (see [`Reservations`]).
         workload: Option<String>,
+        /// The MAC pool range to take the pod's MAC from, if it takes one.
+        mac_pool: Option<MacRange>,
     },
     /// Give addresses back.
     Release {
@@ -78,6 +81,8 @@ pub enum Committed {
         subnet: Box<ValidSubnet>,
         /// When the ledger write succeeded.
         at: Instant,
+        /// The pool MAC claimed for the pod, and when, if it asked for one.
+        mac: Option<ClaimedMac>,
     },
     /// The addresses are free (or were not held).
     Released,
@@ -99,6 +104,7 @@ enum Failure {
     NotReady(String),
     Api(String),
     Contention,
+    MacPool(MacPoolExhausted),
 }
 
 type Answer = Result<Committed, Failure>;
@@ -316,9 +322,10 @@ impl Ledgers {
     }
 
     /// Reserves an address for record `key` of a pod of `workload` (its
-    /// `reservedIP` key, needed only when it asks for `candidates`): the one
-    /// held ahead for it when it is still young enough to be written, else
-    /// through a batch like any [`Edit::Reserve`].
+    /// `reservedIP` key, needed only when it asks for `candidates`), and a
+    /// MAC from `mac_pool` when given: the address held ahead for it when
+    /// it is still young enough to be written, else through a batch like
+    /// any [`Edit::Reserve`].
     ///
     /// # Errors
     /// As [`Ledgers::commit`].
@@ -329,15 +336,35 @@ impl Ledgers {
         key: &str,
         candidates: &[IpAddr],
         workload: Option<&str>,
+        mac_pool: Option<MacRange>,
     ) -> Result<Committed, Error> {
         let deadline = ctx.settings.write_deadline;
         for _ in 0..2 {
             match self.ahead(subnet, |ahead| ahead.take(key, candidates, deadline)) {
                 Take::Held(held) => {
+                    let mac = match mac_pool {
+                        None => None,
+                        Some(range) => {
+                            let taken = ctx
+                                .mac_pool
+                                .ahead
+                                .take(ctx, &held.subnet.parent, range, 1)
+                                .await;
+                            match taken {
+                                Ok(mut macs) => macs.pop(),
+                                Err(error) => {
+                                    // The next batch gives the address back.
+                                    self.ahead(subnet, |a| a.unclaimed.push((held.addr, held.at)));
+                                    return Err(error);
+                                }
+                            }
+                        }
+                    };
                     return Ok(Committed::Reserved {
                         addr: held.addr,
                         subnet: held.subnet,
                         at: held.at,
+                        mac,
                     });
                 }
                 // The batch holds the book until its answer is in `held`.
@@ -351,6 +378,7 @@ impl Ledgers {
             Edit::Reserve {
                 candidates: candidates.to_vec(),
                 workload: workload.map(str::to_owned),
+                mac_pool,
             },
         )
         .await
@@ -404,6 +432,7 @@ impl Ledgers {
                 subnet: subnet.to_owned(),
                 attempts: MAX_ATTEMPTS,
             },
+            Failure::MacPool(error) => Error::MacPool(error),
         })
     }
 }
@@ -485,14 +514,28 @@ async fn write_batch(
         None
     };
     let live = ctx.wire.avoided(name);
+    // The batch's pool MACs, taken once (a conflict re-chooses addresses only).
+    let mut macs: Option<BatchMacs> = None;
+    let give_back = |macs: Option<BatchMacs>| {
+        if let Some(macs) = macs {
+            macs.give_back(ctx, |_| true);
+        }
+    };
     for attempt in 1..=MAX_ATTEMPTS {
         let current = match book.take() {
             Some(current) => current,
             None => match read_book(&api, name).await {
                 Ok(read) => read,
-                Err(failure) => return fail_all(batch, failure),
+                Err(failure) => {
+                    give_back(macs);
+                    return fail_all(batch, failure);
+                }
             },
         };
+        if macs.is_none() {
+            macs = Some(BatchMacs::take(ctx, &current.valid.parent, &batch).await);
+        }
+        let batch_macs = macs.as_ref().map_or(&[][..], |m| &m.macs[..]);
         let mut pool = current.pool.clone();
         let mut changed = false;
         for (addr, _) in release_ahead {
@@ -502,15 +545,19 @@ async fn write_batch(
         // batch: never chosen, never written to the ledger, except the ones
         // a pod of the reserving workload asks for.
         let mut kept_out = KeptOut::new(&current.reservations, &mut pool);
-        let answers: Vec<Result<Option<IpAddr>, PoolError>> = batch
+        let answers: Vec<Result<Option<IpAddr>, Failure>> = batch
             .iter()
-            .map(|(edit, _)| match edit {
+            .zip(batch_macs)
+            .map(|((edit, _), mac)| match edit {
                 Edit::Reserve {
                     candidates,
                     workload,
+                    ..
                 } => {
-                    let addr =
-                        kept_out.reserve(&mut pool, candidates, workload.as_deref(), &live)?;
+                    mac.clone()?;
+                    let addr = kept_out
+                        .reserve(&mut pool, candidates, workload.as_deref(), &live)
+                        .map_err(Failure::Pool)?;
                     changed = true;
                     Ok(Some(addr))
                 }
@@ -551,8 +598,14 @@ async fn write_batch(
                     debug!(subnet = %name, attempt, "ledger changed since read; choosing again");
                     continue;
                 }
-                Err(error) if is_not_found(&error) => return fail_all(batch, Failure::Missing),
-                Err(error) => return fail_all(batch, Failure::Api(error.to_string())),
+                Err(error) if is_not_found(&error) => {
+                    give_back(macs);
+                    return fail_all(batch, Failure::Missing);
+                }
+                Err(error) => {
+                    give_back(macs);
+                    return fail_all(batch, Failure::Api(error.to_string()));
+                }
             }
         } else {
             current.subnet.clone()
@@ -565,15 +618,19 @@ async fn write_batch(
         ctx.orphans.reserved(name, &reserved);
         debug!(subnet = %name, edits = batch.len(), ahead = ahead.len(), version = ?written.resource_version(), "ledger committed");
         let valid = Box::new(current.valid.clone());
-        for ((_, tx), answer) in batch.into_iter().zip(answers) {
+        let macs = macs.unwrap_or_default();
+        // MACs of edits that reserved nothing stay claimed, spare.
+        macs.give_back(ctx, |i| !matches!(answers[i], Ok(Some(_))));
+        for (((_, tx), answer), mac) in batch.into_iter().zip(answers).zip(macs.macs) {
             let answer = match answer {
                 Ok(Some(addr)) => Ok(Committed::Reserved {
                     addr,
                     subnet: valid.clone(),
                     at,
+                    mac: mac.ok().flatten(),
                 }),
                 Ok(None) => Ok(Committed::Released),
-                Err(error) => Err(Failure::Pool(error)),
+                Err(failure) => Err(failure),
             };
             let _ = tx.send(answer);
         }
@@ -592,7 +649,87 @@ async fn write_batch(
             .collect();
         return Some(held);
     }
+    give_back(macs);
     fail_all(batch, Failure::Contention)
+}
+
+/// The pool MACs of a batch, by edit: `Ok(None)` for an edit taking none.
+#[derive(Default)]
+struct BatchMacs {
+    parent: Option<ParentLink>,
+    macs: Vec<Result<Option<ClaimedMac>, Failure>>,
+}
+
+impl BatchMacs {
+    /// Takes a MAC for every reservation of `batch` asking for one from
+    /// the pool, in as few MAC ledger writes as there are ranges asked for
+    /// (one; none when enough were claimed ahead).
+    async fn take(
+        ctx: &Context,
+        parent: &ParentLink,
+        batch: &[(Edit, oneshot::Sender<Answer>)],
+    ) -> Self {
+        let wanted: Vec<Option<MacRange>> = batch
+            .iter()
+            .map(|(edit, _)| match edit {
+                Edit::Reserve { mac_pool, .. } => *mac_pool,
+                Edit::Release { .. } => None,
+            })
+            .collect();
+        let mut macs: Vec<Result<Option<ClaimedMac>, Failure>> =
+            wanted.iter().map(|_| Ok(None)).collect();
+        let mut ranges: Vec<MacRange> = Vec::new();
+        for range in wanted.iter().flatten() {
+            if !ranges.contains(range) {
+                ranges.push(*range);
+            }
+        }
+        for range in ranges {
+            let edits: Vec<usize> = (0..wanted.len())
+                .filter(|i| wanted[*i] == Some(range))
+                .collect();
+            match ctx
+                .mac_pool
+                .ahead
+                .take(ctx, parent, range, edits.len())
+                .await
+            {
+                Ok(taken) => {
+                    for (i, mac) in edits.into_iter().zip(taken) {
+                        macs[i] = Ok(Some(mac));
+                    }
+                }
+                Err(error) => {
+                    let failure = match error {
+                        Error::MacPool(exhausted) => Failure::MacPool(exhausted),
+                        other => Failure::Api(other.to_string()),
+                    };
+                    for i in edits {
+                        macs[i] = Err(failure.clone());
+                    }
+                }
+            }
+        }
+        Self {
+            parent: Some(parent.clone()),
+            macs,
+        }
+    }
+
+    /// Returns the MACs of the edits `which` selects to the spare MACs.
+    fn give_back(&self, ctx: &Context, which: impl Fn(usize) -> bool) {
+        let Some(parent) = &self.parent else {
+            return;
+        };
+        let unused: Vec<ClaimedMac> = self
+            .macs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| which(*i))
+            .filter_map(|(_, mac)| mac.clone().ok().flatten())
+            .collect();
+        ctx.mac_pool.ahead.put_back(parent, unused);
+    }
 }
 
 /// The reserved addresses a batch holds as used in its pool.

@@ -155,7 +155,7 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
     let outcome = async {
         let workload = requesting_workload(record, pod, ctx).await?;
         let workload = workload.as_deref();
-        let reservation = if commit::batchable(ctx, record) {
+        let reservation = if commit::batchable(record) {
             commit::reserve_batched(ctx, record, workload).await?
         } else {
             commit::reserve(ctx, record, workload).await?

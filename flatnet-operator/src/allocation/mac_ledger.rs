@@ -1,4 +1,4 @@
-//! The fixed-MAC ledger of one parent link.
+//! The MAC ledger of one parent link.
 //!
 //! MACs are unique per parent link (`master` plus `vlan`), which several
 //! sibling subnets share, so no subnet's `usedMac` can serialise them. Every
@@ -7,6 +7,13 @@
 //! to the claims on it: `namespace/record#token`, space-separated. Only the
 //! records of one pod may share a MAC (the two records of a dual-stack pod
 //! on one interface).
+//!
+//! MACs of the MAC pool are claimed without an owner, as ranges under
+//! `pool.claimed` (see [`mac_ahead`](super::mac_ahead)): the record naming
+//! one (`macFromPool`) is its holder, as for an address in `usedIP`, and a
+//! claimed MAC no record names is freed by the subnet repair after the
+//! orphan grace. So a claim costs no per-MAC entry, and many pods' claims
+//! cost one write.
 //!
 //! A claim is made by a write carrying the resourceVersion that was read
 //! (a create when the ledger does not exist yet), so of two allocators
@@ -23,7 +30,7 @@ use std::{
 };
 
 use flatnet_k8s::{
-    ipam::{Mac, MacPoolState},
+    ipam::{IntervalSet, Mac, MacPoolState},
     keys::SUBNET_NAMESPACE,
     validation::ParentLink,
 };
@@ -43,6 +50,8 @@ pub const LEDGER_PREFIX: &str = "flatnet-macs-";
 const POOL_CURSOR_KEY: &str = "pool.cursor";
 /// Data key of the MAC pool's quarantine.
 const POOL_QUARANTINE_KEY: &str = "pool.quarantine";
+/// Data key of the pool MACs claimed without an owner.
+const POOL_CLAIMED_KEY: &str = "pool.claimed";
 
 /// Annotations naming the parent link of a ledger, for people.
 const MASTER_ANNOTATION: &str = "flatnetwork.pandaria.io/master";
@@ -108,6 +117,8 @@ pub struct Ledger {
     pub claims: BTreeMap<Mac, BTreeSet<LedgerClaim>>,
     /// The MAC pool's cursor and quarantine on this parent link.
     pub pool: MacPoolState,
+    /// Pool MACs claimed without an owner (by value, see [`Mac::to_u64`]).
+    pub pool_claimed: IntervalSet,
 }
 
 impl Ledger {
@@ -141,6 +152,45 @@ impl Ledger {
             .filter(|c| c.record == record)
             .cloned()
             .collect()
+    }
+
+    /// Whether `mac` is a pool MAC claimed without an owner.
+    #[must_use]
+    pub fn pool_holds(&self, mac: Mac) -> bool {
+        self.pool_claimed.contains(u128::from(mac.to_u64()))
+    }
+
+    /// Every MAC claimed on this parent link, with an owner or without.
+    #[must_use]
+    pub fn claimed(&self) -> BTreeSet<Mac> {
+        let mut macs: BTreeSet<Mac> = self.claims.keys().copied().collect();
+        macs.extend(pool_macs(&self.pool_claimed));
+        macs
+    }
+
+    /// The pool MACs claimed without an owner.
+    pub fn pool_claimed_macs(&self) -> impl Iterator<Item = Mac> + '_ {
+        pool_macs(&self.pool_claimed)
+    }
+
+    /// Claims `macs` for the pool, without an owner.
+    pub fn claim_for_pool(&mut self, macs: &[Mac]) {
+        for mac in macs {
+            let value = u128::from(mac.to_u64());
+            self.pool_claimed.insert(value, value);
+        }
+    }
+
+    /// Gives back a pool MAC claimed without an owner: into the quarantine
+    /// when a pod may have used it (`used`), else simply free again.
+    /// Returns whether it was claimed.
+    pub fn unclaim_from_pool(&mut self, mac: Mac, used: bool) -> bool {
+        let value = u128::from(mac.to_u64());
+        let claimed = self.pool_claimed.remove(value, value) > 0;
+        if claimed && used && !self.claims.contains_key(&mac) {
+            self.pool.free(mac);
+        }
+        claimed
     }
 
     /// Adds `claim` on `mac`.
@@ -182,6 +232,21 @@ impl Ledger {
         if let Some(cursor) = self.pool.cursor {
             data.insert(POOL_CURSOR_KEY.to_owned(), cursor.to_string());
         }
+        if !self.pool_claimed.is_empty() {
+            let ranges: Vec<String> = self
+                .pool_claimed
+                .iter()
+                .map(|range| {
+                    let (start, end) = (mac_of(*range.start()), mac_of(*range.end()));
+                    if start == end {
+                        start.to_string()
+                    } else {
+                        format!("{start}-{end}")
+                    }
+                })
+                .collect();
+            data.insert(POOL_CLAIMED_KEY.to_owned(), ranges.join(" "));
+        }
         if !self.pool.quarantine.is_empty() {
             let freed: Vec<String> = self.pool.quarantine.iter().map(Mac::to_string).collect();
             data.insert(POOL_QUARANTINE_KEY.to_owned(), freed.join(" "));
@@ -218,6 +283,37 @@ fn parse_claims(map: &ConfigMap) -> BTreeMap<Mac, BTreeSet<LedgerClaim>> {
         .collect()
 }
 
+/// The MAC of a value of [`Ledger::pool_claimed`].
+fn mac_of(value: u128) -> Mac {
+    Mac::from_u64(u64::try_from(value).unwrap_or(u64::MAX))
+}
+
+/// The members of a set of pool MACs.
+fn pool_macs(set: &IntervalSet) -> impl Iterator<Item = Mac> + '_ {
+    set.iter().flat_map(|range| range.map(mac_of))
+}
+
+/// `pool.claimed`: ranges `start-end` or single MACs; unparsable entries
+/// are skipped.
+fn parse_pool_claimed(map: &ConfigMap) -> IntervalSet {
+    let mut set = IntervalSet::new();
+    let text = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(POOL_CLAIMED_KEY))
+        .map_or("", String::as_str);
+    for entry in text.split_whitespace() {
+        // A MAC holds no '-' (colons only), so the first one splits.
+        let (start, end) = entry.split_once('-').unwrap_or((entry, entry));
+        if let (Ok(start), Ok(end)) = (Mac::parse(start), Mac::parse(end))
+            && start <= end
+        {
+            set.insert(u128::from(start.to_u64()), u128::from(end.to_u64()));
+        }
+    }
+    set
+}
+
 fn parse_pool(map: &ConfigMap) -> MacPoolState {
     let data = map.data.as_ref();
     let get = |key: &str| data.and_then(|d| d.get(key)).map_or("", String::as_str);
@@ -248,17 +344,20 @@ pub async fn read(client: &kube::Client, parent: &ParentLink) -> Result<Ledger, 
     Ok(Ledger {
         claims: stored.as_ref().map(parse_claims).unwrap_or_default(),
         pool: stored.as_ref().map(parse_pool).unwrap_or_default(),
+        pool_claimed: stored.as_ref().map(parse_pool_claimed).unwrap_or_default(),
         stored,
         parent: parent.clone(),
     })
 }
 
 /// Writes `ledger` if nobody wrote it since it was read: `Ok(false)` when
-/// another writer was first (read again and decide again).
+/// another writer was first (read again and decide again). On success the
+/// ledger holds what was written, so it can be changed and written again
+/// without a read.
 ///
 /// # Errors
 /// The API failing.
-pub async fn write(client: &kube::Client, ledger: &Ledger) -> Result<bool, Error> {
+pub async fn write(client: &kube::Client, ledger: &mut Ledger) -> Result<bool, Error> {
     let name = ledger_name(&ledger.parent);
     let api = api(client);
     let map = ledger.to_config_map();
@@ -268,7 +367,10 @@ pub async fn write(client: &kube::Client, ledger: &Ledger) -> Result<bool, Error
         api.create(&PostParams::default(), &map).await
     };
     match result {
-        Ok(_) => Ok(true),
+        Ok(written) => {
+            ledger.stored = Some(written);
+            Ok(true)
+        }
         // 409: changed since read (or created meanwhile); 404: deleted.
         Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(false),
         Err(error) => Err(Error::kube("write", "ConfigMap", &name)(error)),
@@ -287,6 +389,17 @@ mod tests {
         ParentLink {
             master: master.into(),
             vlan,
+        }
+    }
+
+    /// A ledger of `eth0` that does not exist yet.
+    fn empty() -> Ledger {
+        Ledger {
+            stored: None,
+            parent: parent("eth0", 0),
+            claims: BTreeMap::new(),
+            pool: MacPoolState::default(),
+            pool_claimed: IntervalSet::new(),
         }
     }
 
@@ -316,12 +429,7 @@ mod tests {
 
     #[test]
     fn claims_round_trip_and_are_shared_only_within_a_pod() {
-        let mut ledger = Ledger {
-            stored: None,
-            parent: parent("eth0", 0),
-            claims: BTreeMap::new(),
-            pool: MacPoolState::default(),
-        };
+        let mut ledger = empty();
         let m = mac("02:00:00:00:00:01");
         ledger.add(m, LedgerClaim::new("shop/web-0"));
         ledger.add(m, LedgerClaim::new("shop/web-0.ipv6"));
@@ -357,6 +465,66 @@ mod tests {
             "the pool's memory round-trips"
         );
         assert!(parse_claims(&map).is_empty(), "and is no claim");
+    }
+
+    #[test]
+    fn pool_claims_round_trip_as_ranges_and_quarantine_only_used_macs() {
+        let mut ledger = empty();
+        let macs: Vec<Mac> = (1..=5).map(|x| Mac([2, 0xaa, 0, 0, 0, x])).collect();
+        ledger.claim_for_pool(&macs);
+        ledger.claim_for_pool(&[mac("02:aa:00:00:01:00")]);
+        let map = ledger.to_config_map();
+        assert_eq!(
+            map.data.as_ref().unwrap()["pool.claimed"],
+            "02:aa:00:00:00:01-02:aa:00:00:00:05 02:aa:00:00:01:00"
+        );
+        assert_eq!(parse_pool_claimed(&map), ledger.pool_claimed);
+        assert!(parse_claims(&map).is_empty(), "no owner claim");
+        assert_eq!(ledger.claimed().len(), 6);
+        assert!(ledger.pool_holds(macs[2]));
+
+        assert!(ledger.unclaim_from_pool(macs[2], true));
+        assert!(!ledger.unclaim_from_pool(macs[2], true), "once");
+        assert!(ledger.unclaim_from_pool(macs[3], false));
+        assert_eq!(ledger.pool.quarantine, [macs[2]], "only the used one");
+        assert_eq!(
+            ledger.to_config_map().data.unwrap()["pool.claimed"],
+            "02:aa:00:00:00:01-02:aa:00:00:00:02 02:aa:00:00:00:05 02:aa:00:00:01:00"
+        );
+    }
+
+    /// The size of the ledger's data as stored (keys and values).
+    fn stored_size(ledger: &Ledger) -> usize {
+        ledger
+            .to_config_map()
+            .data
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum()
+    }
+
+    #[test]
+    fn pool_claims_beyond_the_per_mac_cap_fit_one_config_map() {
+        let mut ledger = empty();
+        // Per-MAC claims (about 70 bytes each) filled the 1 MiB ConfigMap
+        // at about 15,000 MACs; a run of claimed pool MACs is one range.
+        let base = mac("02:aa:00:00:00:00").to_u64();
+        let run: Vec<Mac> = (0..100_000).map(|i| Mac::from_u64(base + i)).collect();
+        ledger.claim_for_pool(&run);
+        assert!(stored_size(&ledger) < 100, "{}", stored_size(&ledger));
+        assert_eq!(ledger.claimed().len(), 100_000);
+        // The worst case is every other MAC freed: one entry per held MAC
+        // (18 bytes), so 40,000 held MACs still fit with room to spare.
+        for i in (1..80_000).step_by(2) {
+            ledger.unclaim_from_pool(Mac::from_u64(base + i), true);
+        }
+        let size = stored_size(&ledger);
+        assert!(size < 1024 * 1024, "{size}");
+        assert_eq!(
+            parse_pool_claimed(&ledger.to_config_map()),
+            ledger.pool_claimed
+        );
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! FlatNetworkConfig sets (kept current by its watch, see
 //! [`cluster_config`](crate::cluster_config)), and which records take a
 //! MAC from it. The allocation itself is `flatnet_k8s::ipam::mac_pool`'s,
-//! committed through the parent link's MAC ledger
-//! ([`mac_ledger`](super::mac_ledger)) like a fixed MAC.
+//! claimed in the parent link's MAC ledger ([`mac_ledger`](super::mac_ledger))
+//! many at a time ([`mac_ahead`](super::mac_ahead)).
 
 use std::{
     collections::BTreeMap,
@@ -16,6 +16,8 @@ use flatnet_k8s::{
     keys::{SECONDARY_RECORD_SUFFIX, label},
 };
 use k8s_openapi::api::core::v1::Namespace;
+
+use super::mac_ahead::MacAhead;
 use kube::{
     ResourceExt,
     runtime::reflector::{ObjectRef, Store},
@@ -31,27 +33,40 @@ pub struct ActivePool {
 }
 
 /// The current pool, shared by the allocation workers and replaced at run
-/// time by the FlatNetworkConfig watch. `None`: no pool (no config object
-/// yet, or no range recorded yet).
-#[derive(Clone, Debug, Default)]
-pub struct MacPoolView(Arc<RwLock<Option<ActivePool>>>);
+/// time by the FlatNetworkConfig watch (`None`: no pool: no config object
+/// yet, or no range recorded yet), and the MACs claimed from it ahead.
+#[derive(Clone, Default)]
+pub struct MacPoolView {
+    pool: Arc<RwLock<Option<ActivePool>>>,
+    /// Pool MACs claimed and not handed out yet, per parent link.
+    pub ahead: Arc<MacAhead>,
+}
+
+impl std::fmt::Debug for MacPoolView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("MacPoolView").field(&self.get()).finish()
+    }
+}
 
 impl MacPoolView {
     /// A view of `pool`.
     #[must_use]
     pub fn new(pool: Option<ActivePool>) -> Self {
-        Self(Arc::new(RwLock::new(pool)))
+        Self {
+            pool: Arc::new(RwLock::new(pool)),
+            ahead: Arc::default(),
+        }
     }
 
     /// The pool now.
     #[must_use]
     pub fn get(&self) -> Option<ActivePool> {
-        *self.0.read().unwrap_or_else(|e| e.into_inner())
+        *self.pool.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Replaces the pool; returns whether it changed.
     pub fn set(&self, pool: Option<ActivePool>) -> bool {
-        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.pool.write().unwrap_or_else(|e| e.into_inner());
         let changed = *current != pool;
         *current = pool;
         changed

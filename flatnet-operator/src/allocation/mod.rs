@@ -33,6 +33,7 @@ pub mod fake_api_http;
 pub mod fake_cluster;
 pub mod group_commit;
 pub mod ips;
+pub mod mac_ahead;
 pub mod mac_ledger;
 pub mod mac_pool;
 pub mod nodes;

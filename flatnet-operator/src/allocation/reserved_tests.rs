@@ -200,7 +200,7 @@ async fn another_workloads_pod_is_refused_the_reserved_address_and_told_whose_it
             server.insert(&record);
             record = stored(&server, &p.name_any());
         }
-        assert_eq!(commit::batchable(&ctx, &record), path == "batched");
+        assert_eq!(commit::batchable(&record), path == "batched");
         let error = ips::reconcile(Arc::new(record), Arc::clone(&ctx))
             .await
             .unwrap_err();

@@ -106,6 +106,14 @@ impl OrphanClock {
         }
     }
 
+    /// `macs` were just claimed for the pool in the MAC ledger `ledger`:
+    /// each starts a new grace (it may have been freed and claimed again
+    /// since the repair last saw it).
+    pub fn pool_claimed(&self, ledger: &str, macs: &[Mac]) {
+        let keys: BTreeSet<String> = macs.iter().map(|m| pool_key(*m)).collect();
+        self.forget(ledger, |key| keys.contains(key));
+    }
+
     /// `addrs` were just reserved in `subnet`'s ledger: an unclaimed
     /// interval holding one of them is a new allocation between its two
     /// writes, whose grace starts now, not when the interval was first seen
@@ -115,6 +123,11 @@ impl OrphanClock {
             self.forget(subnet, |key| addrs.iter().any(|a| range_key_holds(key, *a)));
         }
     }
+}
+
+/// The clock's key of a pool MAC claimed without an owner.
+fn pool_key(mac: Mac) -> String {
+    format!("pool {mac}")
 }
 
 /// The clock's key of the unclaimed `usedIP` interval `start..=end`.
@@ -192,13 +205,15 @@ async fn ensure(subnet: &Arc<FlatNetworkSubnet>, ctx: &Arc<Context>) -> Result<A
 
 /// Frees the claims of `parent`'s MAC ledger that no record has named for
 /// the orphan grace (an allocation that crashed between its ledger and
-/// record writes). Returns whether younger unnamed claims were kept.
+/// record writes, a leader gone with pool MACs claimed ahead). Returns
+/// whether younger unnamed claims were kept.
 ///
 /// Any subnet of the parent link repairs the whole ledger; writes carry
 /// the resourceVersion, so a claim made meanwhile is never lost.
 async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, Error> {
     // Read once a claim is to be freed: see `stored_users`.
     let mut stored: Option<Vec<FlatNetworkIP>> = None;
+    let ledger_name = mac_ledger::ledger_name(parent);
     for _ in 0..MAX_ATTEMPTS {
         let mut ledger = mac_ledger::read(&ctx.client, parent).await?;
         let cached = ctx.caches.records.state();
@@ -215,30 +230,47 @@ async fn repair_mac_ledger(parent: &ParentLink, ctx: &Context) -> Result<bool, E
             .flat_map(|(mac, claims)| claims.iter().map(|c| (*mac, c.clone())))
             .filter(|(mac, claim)| !named(*mac, claim))
             .collect();
+        // A pool MAC claimed without an owner is held by any record naming it.
+        let pool_named: BTreeSet<Mac> = cached
+            .iter()
+            .map(AsRef::as_ref)
+            .chain(stored.iter().flatten())
+            .filter_map(|r| Mac::parse(&r.status.as_ref()?.mac).ok())
+            .collect();
+        let unnamed_pool: Vec<Mac> = ledger
+            .pool_claimed_macs()
+            .filter(|mac| !pool_named.contains(mac))
+            .collect();
         let keys: Vec<String> = unnamed
             .iter()
             .map(|(mac, c)| format!("{mac} {}#{}", c.record, c.token))
+            .chain(unnamed_pool.iter().map(|mac| pool_key(*mac)))
             .collect();
-        let young = ctx.orphans.young(
-            &mac_ledger::ledger_name(parent),
-            &keys,
-            ctx.settings.orphan_grace,
-        );
+        let young = ctx
+            .orphans
+            .young(&ledger_name, &keys, ctx.settings.orphan_grace);
         let kept = young.iter().any(|k| *k);
         if stored.is_none() && young.iter().any(|k| !k) {
             stored = Some(stored_records(ctx).await?);
             continue;
         }
+        let (young_claims, young_pool) = young.split_at(unnamed.len());
         let mut freed = false;
-        for ((mac, claim), keep) in unnamed.iter().zip(&young) {
+        for ((mac, claim), keep) in unnamed.iter().zip(young_claims) {
             if !keep {
                 freed |= ledger.remove(*mac, |c| c == claim);
+            }
+        }
+        for (mac, keep) in unnamed_pool.iter().zip(young_pool) {
+            if !keep {
+                // A pod may have used it: quarantined.
+                freed |= ledger.unclaim_from_pool(*mac, true);
             }
         }
         if !freed {
             return Ok(kept);
         }
-        if mac_ledger::write(&ctx.client, &ledger).await? {
+        if mac_ledger::write(&ctx.client, &mut ledger).await? {
             info!(%parent, "freed MAC claims no record names");
             return Ok(kept);
         }
@@ -529,15 +561,15 @@ fn repaired_status(
     let mut pool = Pool::new(valid);
     pool.reserve_ranges(&used_ranges::from_intervals(family, &ledger));
 
-    // MACs: those records hold, plus young unclaimed ledger entries.
+    // Fixed MACs: those records hold, plus young unclaimed ledger entries.
     let mut macs: BTreeSet<String> = users
         .iter()
-        .filter_map(|r| r.ledgered_mac().map(str::to_owned))
+        .filter_map(|r| r.fixed_mac().map(str::to_owned))
         .collect();
     let stored_macs: BTreeSet<&str> = stored
         .into_iter()
         .flatten()
-        .filter_map(FlatNetworkIP::ledgered_mac)
+        .filter_map(FlatNetworkIP::fixed_mac)
         .collect();
     let unclaimed_macs: Vec<String> = current
         .used_mac

@@ -695,7 +695,7 @@ async fn allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
             .iter()
             .map(|r| (**r).clone())
             .collect();
-        for record in records.iter().filter(|r| commit::batchable(&ctx, r)) {
+        for record in records.iter().filter(|r| commit::batchable(r)) {
             let key = format!("{}/{}", record.namespace().unwrap(), record.name_any());
             ctx.ledgers
                 .expect(&record.spec.subnet, &key, &record.spec.addrs);

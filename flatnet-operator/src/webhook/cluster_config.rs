@@ -1,9 +1,11 @@
 //! Reviews the FlatNetworkConfig (create, update): only the one object
 //! named `cluster`, a valid MAC pool range, settings in range. A range
-//! that is not locally administered is admitted with a warning.
+//! that is not locally administered, or that overlaps MACs other software
+//! is known to use ([`WELL_KNOWN_MACS`]), is admitted with a warning.
 
 use flatnet_k8s::{
     api::{CONFIG_NAME, FlatNetworkConfig, FlatNetworkConfigSpec},
+    ipam::MacRange,
     validation::{MAX_MTU, MIN_MTU_IPV4},
 };
 use kube::{
@@ -41,15 +43,60 @@ pub fn spec_problems(spec: &FlatNetworkConfigSpec) -> Vec<String> {
     problems
 }
 
+/// MAC ranges other software hands out on hosts and LANs flatnet shares:
+/// a pool overlapping one may give a pod a MAC such a host or interface
+/// already has. (first, last, who uses it)
+pub const WELL_KNOWN_MACS: &[(&str, &str, &str)] = &[
+    (
+        "02:42:00:00:00:00",
+        "02:42:ff:ff:ff:ff",
+        "Docker bridge networks (02:42 and the container's IPv4 address)",
+    ),
+    (
+        "0a:58:00:00:00:00",
+        "0a:58:ff:ff:ff:ff",
+        "OVN-Kubernetes pod interfaces (0a:58 and the pod's IPv4 address)",
+    ),
+    (
+        "52:54:00:00:00:00",
+        "52:54:00:ff:ff:ff",
+        "QEMU/KVM and libvirt guests",
+    ),
+    (
+        "ee:ee:ee:ee:ee:ee",
+        "ee:ee:ee:ee:ee:ee",
+        "Calico's host-side veth interfaces",
+    ),
+    (
+        "00:00:5e:00:01:00",
+        "00:00:5e:00:02:ff",
+        "VRRP virtual routers (keepalived and routers' first-hop redundancy)",
+    ),
+];
+
 /// Warnings for an admitted spec.
 #[must_use]
 pub fn spec_warnings(spec: &FlatNetworkConfigSpec) -> Vec<String> {
-    match spec.mac_pool.range() {
-        Ok(Some(range)) if !range.is_locally_administered() => vec![format!(
+    let Ok(Some(range)) = spec.mac_pool.range() else {
+        return Vec::new();
+    };
+    let mut warnings = Vec::new();
+    if !range.is_locally_administered() {
+        warnings.push(format!(
             "spec.macPool range {range} is not locally administered (second-lowest bit of the first byte clear): its MACs may belong to a vendor's hardware on the LAN; prefer a range starting with 02"
-        )],
-        _ => Vec::new(),
+        ));
     }
+    for (first, last, user) in WELL_KNOWN_MACS {
+        // Each parses (tested).
+        if let Ok(known) = MacRange::parse(first, last)
+            && range.overlaps(&known)
+        {
+            warnings.push(format!(
+                "spec.macPool range {range} overlaps {known}, used by {user}: pods may get a MAC such an interface already has on the LAN; choose a range outside it"
+            ));
+        }
+    }
+    warnings
 }
 
 fn parse(request: &AdmissionRequest<DynamicObject>) -> Result<Option<FlatNetworkConfig>, Denial> {
@@ -159,5 +206,32 @@ mod tests {
         assert!(
             spec_warnings(&spec(Some("02:50:56:00:00:00"), Some("02:50:56:00:ff:ff"))).is_empty()
         );
+    }
+
+    #[test]
+    fn a_range_over_macs_other_software_uses_is_admitted_with_a_warning_naming_it() {
+        let docker = spec_warnings(&spec(Some("02:40:00:00:00:00"), Some("02:43:00:00:00:00")));
+        assert_eq!(docker.len(), 1, "{docker:?}");
+        assert!(
+            docker[0].contains("02:42:00:00:00:00-02:42:ff:ff:ff:ff")
+                && docker[0].contains("Docker"),
+            "{docker:?}"
+        );
+        let qemu = spec_warnings(&spec(Some("52:54:00:12:00:00"), Some("52:54:00:12:00:ff")));
+        assert!(qemu[0].contains("QEMU"), "{qemu:?}");
+        let vrrp = spec_warnings(&spec(Some("00:00:5e:00:00:00"), Some("00:00:5e:00:ff:ff")));
+        assert_eq!(
+            vrrp.len(),
+            2,
+            "not locally administered, and VRRP: {vrrp:?}"
+        );
+        assert!(vrrp[1].contains("VRRP"), "{vrrp:?}");
+        // Just beside a known range: no warning.
+        assert!(
+            spec_warnings(&spec(Some("02:41:00:00:00:00"), Some("02:41:ff:ff:ff:ff"))).is_empty()
+        );
+        for (first, last, _) in WELL_KNOWN_MACS {
+            assert!(MacRange::parse(first, last).is_ok(), "{first}-{last}");
+        }
     }
 }

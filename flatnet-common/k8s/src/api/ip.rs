@@ -142,6 +142,13 @@ impl FlatNetworkIP {
             .then_some(mac)
     }
 
+    /// The fixed MAC this record holds: one its pod asked for, which the
+    /// subnet's `usedMac` lists (pool MACs are only in the MAC ledger).
+    pub fn fixed_mac(&self) -> Option<&str> {
+        let mac = self.status.as_ref()?.mac.as_str();
+        (!mac.is_empty() && self.spec.macs.iter().any(|m| m == mac)).then_some(mac)
+    }
+
     /// The pod this record belongs to: its Pod owner, else its name without
     /// the dual-stack suffix (records owned by a StatefulSet, and a
     /// dual-stack pod's second record `<pod>.ipv6`).

@@ -70,6 +70,20 @@ fn from_u64(value: u64) -> Mac {
     Mac(mac)
 }
 
+impl Mac {
+    /// The MAC as a number (its six bytes, big-endian).
+    #[must_use]
+    pub fn to_u64(self) -> u64 {
+        to_u64(self)
+    }
+
+    /// The MAC of a number made by [`Mac::to_u64`] (the low six bytes).
+    #[must_use]
+    pub fn from_u64(value: u64) -> Self {
+        from_u64(value)
+    }
+}
+
 impl MacRange {
     /// Validates a range given as text (`rangeStart`, `rangeEnd`).
     ///
@@ -199,6 +213,23 @@ impl MacPoolState {
         in_use: &BTreeSet<Mac>,
         foreign: &BTreeSet<Mac>,
     ) -> Result<Mac, MacPoolExhausted> {
+        let mut macs = self.allocate_many(range, in_use, foreign, 1)?;
+        Ok(macs.remove(0))
+    }
+
+    /// Chooses `count` distinct MACs as [`MacPoolState::allocate`] would one
+    /// after the other, building the set of taken MACs once.
+    ///
+    /// # Errors
+    /// [`MacPoolExhausted`] when fewer than `count` MACs of the range are
+    /// free; the state is then unchanged.
+    pub fn allocate_many(
+        &mut self,
+        range: MacRange,
+        in_use: &BTreeSet<Mac>,
+        foreign: &BTreeSet<Mac>,
+        count: usize,
+    ) -> Result<Vec<Mac>, MacPoolExhausted> {
         let value = |mac: &Mac| u128::from(to_u64(*mac));
         let mut taken = IntervalSet::new();
         for mac in in_use.iter().chain(foreign).filter(|m| range.contains(**m)) {
@@ -208,33 +239,43 @@ impl MacPoolState {
         for mac in self.quarantine.iter().filter(|m| range.contains(**m)) {
             blocked.insert(value(mac), value(mac));
         }
+        let exhausted = || MacPoolExhausted {
+            range,
+            in_use: in_use.iter().filter(|m| range.contains(**m)).count(),
+            skipped: foreign
+                .iter()
+                .filter(|m| range.contains(**m) && !in_use.contains(m))
+                .count(),
+        };
 
         let (first, last) = (to_u64(range.start), to_u64(range.end));
-        let from = self
-            .cursor
-            .filter(|c| range.contains(*c))
-            .map_or(first, |c| to_u64(c).saturating_add(1));
-        let found = first_free(&blocked, from, last).or_else(|| first_free(&blocked, first, last));
-        let mac = match found {
-            Some(value) => from_u64(value),
-            None => {
-                let position = self
-                    .quarantine
-                    .iter()
-                    .position(|m| range.contains(*m) && !taken.contains(value(m)))
-                    .ok_or_else(|| MacPoolExhausted {
-                        range,
-                        in_use: in_use.iter().filter(|m| range.contains(**m)).count(),
-                        skipped: foreign
-                            .iter()
-                            .filter(|m| range.contains(**m) && !in_use.contains(m))
-                            .count(),
-                    })?;
-                self.quarantine.remove(position)
-            }
-        };
-        self.cursor = Some(mac);
-        Ok(mac)
+        let mut next = self.clone();
+        let mut chosen = Vec::with_capacity(count);
+        while chosen.len() < count {
+            let from = next
+                .cursor
+                .filter(|c| range.contains(*c))
+                .map_or(first, |c| to_u64(c).saturating_add(1));
+            let found =
+                first_free(&blocked, from, last).or_else(|| first_free(&blocked, first, last));
+            let mac = match found {
+                Some(value) => from_u64(value),
+                None => {
+                    let position = next
+                        .quarantine
+                        .iter()
+                        .position(|m| range.contains(*m) && !taken.contains(value(m)))
+                        .ok_or_else(exhausted)?;
+                    next.quarantine.remove(position)
+                }
+            };
+            blocked.insert(value(&mac), value(&mac));
+            taken.insert(value(&mac), value(&mac));
+            next.cursor = Some(mac);
+            chosen.push(mac);
+        }
+        *self = next;
+        Ok(chosen)
     }
 
     /// Puts a freed MAC into the quarantine (the oldest entry leaves when
@@ -428,6 +469,47 @@ mod tests {
                 }
             }
             prop_assert!(state.allocate(range, &in_use, &foreign).is_err());
+        }
+
+        /// Choosing many at once is choosing them one after the other, and
+        /// a request for more than is free changes nothing.
+        #[test]
+        fn many_at_once_is_one_after_the_other(
+            len in 1u8..40,
+            taken in proptest::collection::btree_set(1u8..48, 0..20),
+            freed in proptest::collection::vec(1u8..48, 0..20),
+            cursor in proptest::option::of(0u8..48),
+            count in 1usize..45,
+        ) {
+            let range = small(len);
+            let to_mac = |x: &u8| Mac([2, 0xaa, 0, 0, 0, *x]);
+            let in_use: BTreeSet<Mac> = taken.iter().map(to_mac).collect();
+            let none = BTreeSet::new();
+            let mut state = MacPoolState {
+                cursor: cursor.as_ref().map(to_mac),
+                quarantine: Vec::new(),
+            };
+            for m in freed.iter().map(to_mac) {
+                state.free(m);
+            }
+            let mut one_by_one = state.clone();
+            let mut grown = in_use.clone();
+            let singles: Result<Vec<Mac>, MacPoolExhausted> = (0..count)
+                .map(|_| {
+                    let m = one_by_one.allocate(range, &grown, &none)?;
+                    grown.insert(m);
+                    Ok(m)
+                })
+                .collect();
+            let before = state.clone();
+            match (state.allocate_many(range, &in_use, &none, count), singles) {
+                (Ok(many), Ok(singles)) => {
+                    prop_assert_eq!(many, singles);
+                    prop_assert_eq!(state, one_by_one);
+                }
+                (Err(_), Err(_)) => prop_assert_eq!(state, before),
+                (many, singles) => prop_assert!(false, "{:?} against {:?}", many, singles),
+            }
         }
     }
 }

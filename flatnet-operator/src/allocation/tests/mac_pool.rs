@@ -15,11 +15,21 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use super::*;
 use crate::allocation::{mac_ledger, mac_pool::ActivePool};
 
-/// A pool of eight MACs: small, so racing allocators collide.
+/// A pool of eight MACs: small, so racing allocators collide (and too
+/// small to claim MACs ahead).
 fn pool(mode: MacPoolMode) -> ActivePool {
     ActivePool {
         range: MacRange::parse("02:aa:00:00:00:01", "02:aa:00:00:00:08").unwrap(),
         mode,
+    }
+}
+
+/// A pool of 16,777,216 MACs, as a cluster without a configured range
+/// gets: claims take MACs ahead.
+fn wide_pool() -> ActivePool {
+    ActivePool {
+        range: MacRange::locally_administered(0xaa00),
+        mode: MacPoolMode::OptOut,
     }
 }
 
@@ -41,10 +51,12 @@ fn pool_context(
     ctx
 }
 
-/// One allocator with the pool: `rounds` passes over its stale view.
-async fn pool_allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
+/// One allocator with `pool`: `rounds` passes over its stale view (a new
+/// context each: spare MACs claimed ahead are left behind, as by a leader
+/// that goes).
+async fn pool_allocator(server: FakeApiServer, pool: ActivePool, order_seed: u64, rounds: usize) {
     for _ in 0..rounds {
-        let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+        let ctx = pool_context(&server, pool, Vec::new());
         let records: Vec<FlatNetworkIP> = server.list();
         for record in shuffled(&records, order_seed) {
             let _ = ips::reconcile(Arc::new(record), Arc::clone(&ctx)).await;
@@ -54,8 +66,14 @@ async fn pool_allocator(server: FakeApiServer, order_seed: u64, rounds: usize) {
 
 /// The pool MAC of each record holding an address, or why the state is
 /// wrong: a MAC held twice, a record without a pool MAC, a ledger that
-/// does not claim a record's MAC for exactly that record's pod.
+/// does not claim a record's MAC (for the pool, or for exactly that
+/// record's pod).
 fn pool_macs(server: &FakeApiServer) -> Result<BTreeMap<Mac, String>, String> {
+    pool_macs_of(server, pool(MacPoolMode::OptOut).range)
+}
+
+/// [`pool_macs`] for MACs of `range`.
+fn pool_macs_of(server: &FakeApiServer, range: MacRange) -> Result<BTreeMap<Mac, String>, String> {
     let mut holders: BTreeMap<Mac, String> = BTreeMap::new();
     for record in server.list::<FlatNetworkIP>() {
         let status = record.status.clone().unwrap_or_default();
@@ -69,7 +87,7 @@ fn pool_macs(server: &FakeApiServer) -> Result<BTreeMap<Mac, String>, String> {
             ));
         }
         let mac = Mac::parse(&status.mac).map_err(|e| e.to_string())?;
-        if !pool(MacPoolMode::OptOut).range.contains(mac) {
+        if !range.contains(mac) {
             return Err(format!("{mac} is outside the pool"));
         }
         if let Some(other) = holders.insert(mac, record.name_any()) {
@@ -80,7 +98,11 @@ fn pool_macs(server: &FakeApiServer) -> Result<BTreeMap<Mac, String>, String> {
         }
     }
     let ledger = ledger_data(server);
+    let for_pool = pool_claimed(&ledger);
     for (mac, holder) in &holders {
+        if for_pool.contains(mac) {
+            continue;
+        }
         let claims = ledger
             .get(&mac.to_string().replace(':', "-"))
             .cloned()
@@ -94,6 +116,22 @@ fn pool_macs(server: &FakeApiServer) -> Result<BTreeMap<Mac, String>, String> {
         }
     }
     Ok(holders)
+}
+
+/// The MACs the ledger claims for the pool without an owner.
+fn pool_claimed(ledger: &BTreeMap<String, String>) -> BTreeSet<Mac> {
+    let text = ledger.get("pool.claimed").map_or("", String::as_str);
+    text.split_whitespace()
+        .flat_map(|entry| {
+            let (start, end) = entry.split_once('-').unwrap_or((entry, entry));
+            let (start, end) = (mac_value(start), mac_value(end));
+            (start..=end).map(Mac::from_u64)
+        })
+        .collect()
+}
+
+fn mac_value(text: &str) -> u64 {
+    Mac::parse(text).unwrap().to_u64()
 }
 
 /// The data of the `eth0` MAC ledger.
@@ -111,9 +149,9 @@ fn ledger_data(server: &FakeApiServer) -> BTreeMap<String, String> {
 }
 
 /// Two allocators with chaos give three pods in each of two sibling
-/// subnets MACs from one pool; the outcome of the race, and the MACs held
+/// subnets MACs from `pool`; the outcome of the race, and the MACs held
 /// after a calm pass.
-async fn pool_race(server: &FakeApiServer, seed: u64) -> Result<usize, String> {
+async fn pool_race(server: &FakeApiServer, pool: ActivePool, seed: u64) -> Result<usize, String> {
     server.insert(&sibling_subnet("left", "10.0.1.0/29"));
     server.insert(&sibling_subnet("right", "10.0.2.0/29"));
     // An existing ledger: every claim is a replace carrying a resourceVersion.
@@ -135,28 +173,35 @@ async fn pool_race(server: &FakeApiServer, seed: u64) -> Result<usize, String> {
             server.insert(&record);
         }
     }
-    let a = pool_allocator(server.with_chaos(seed, 15), seed, 2);
-    let b = pool_allocator(server.with_chaos(seed ^ 0x5eed, 15), seed.rotate_left(9), 2);
+    let a = pool_allocator(server.with_chaos(seed, 15), pool, seed, 2);
+    let b = pool_allocator(
+        server.with_chaos(seed ^ 0x5eed, 15),
+        pool,
+        seed.rotate_left(9),
+        2,
+    );
     futures::join!(a, b);
-    pool_macs(server)?;
+    pool_macs_of(server, pool.range)?;
     // Calm: claims of allocations that gave up midway go, then every pod
     // is looked at again.
     calm_repair(server).await;
-    pool_allocator(server.clone(), seed, 2).await;
-    pool_macs(server).map(|held| held.len())
+    pool_allocator(server.clone(), pool, seed, 2).await;
+    pool_macs_of(server, pool.range).map(|held| held.len())
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn racing_allocators_never_hand_out_a_pool_mac_twice() {
-    for seed in 1..=30 {
-        let server = FakeApiServer::new();
-        let held = pool_race(&server, seed)
-            .await
-            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        assert_eq!(
-            held, 6,
-            "seed {seed}: every pod has its MAC after a calm pass"
-        );
+    for (pool, name) in [(pool(MacPoolMode::OptOut), "small"), (wide_pool(), "wide")] {
+        for seed in 1..=30 {
+            let server = FakeApiServer::new();
+            let held = pool_race(&server, pool, seed)
+                .await
+                .unwrap_or_else(|e| panic!("{name} pool, seed {seed}: {e}"));
+            assert_eq!(
+                held, 6,
+                "{name} pool, seed {seed}: every pod has its MAC after a calm pass"
+            );
+        }
     }
 }
 
@@ -168,7 +213,10 @@ async fn the_pool_race_fails_without_the_ledger_precondition() {
     let mut duplicates = 0;
     for seed in 1..=30 {
         let server = FakeApiServer::new().without_version_checks("configmaps");
-        if pool_race(&server, seed).await.is_err() {
+        if pool_race(&server, pool(MacPoolMode::OptOut), seed)
+            .await
+            .is_err()
+        {
             duplicates += 1;
         }
     }
@@ -188,10 +236,14 @@ async fn a_pool_mac_is_recorded_released_into_quarantine_and_reused_last() {
     let (mac, _) = held.first_key_value().unwrap();
     assert_eq!(mac.to_string(), "02:aa:00:00:00:01");
     let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+    assert!(
+        subnet.status.unwrap().used_mac.is_empty(),
+        "usedMac lists fixed MACs only"
+    );
     assert_eq!(
-        subnet.status.unwrap().used_mac,
-        ["02:aa:00:00:00:01"],
-        "in the subnet's usedMac too"
+        ledger_data(&server).get("pool.claimed").map(String::as_str),
+        Some("02:aa:00:00:00:01"),
+        "claimed for the pool in the MAC ledger"
     );
 
     // The pod goes: its MAC is released into the quarantine.
@@ -301,5 +353,124 @@ async fn the_multus_mac_is_a_fixed_mac_not_a_pool_one() {
     assert!(
         stored_record(&server, "bad").is_none(),
         "no record for a bad MAC"
+    );
+}
+
+/// Pods of a busy parent link share MAC ledger writes: one write claims
+/// the MACs of many pods (the rest spare, handed out without a write),
+/// and no allocation reads the ledger once it is known.
+#[tokio::test]
+async fn pool_macs_cost_a_share_of_one_ledger_write() {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/24"));
+    server.insert(&sibling_subnet("right", "10.0.2.0/24"));
+    const PODS: usize = 80;
+    for i in 0..PODS {
+        let (p, record) = plain_pod(
+            &format!("web-{i}"),
+            if i % 2 == 0 { "left" } else { "right" },
+        );
+        server.insert(&p);
+        server.insert(&record);
+    }
+    let ctx = pool_context(&server, wide_pool(), Vec::new());
+    let before = server.requests_by_kind();
+    let records: Vec<FlatNetworkIP> = server.list();
+    futures::future::join_all(
+        records
+            .into_iter()
+            .map(|r| ips::reconcile(Arc::new(r), Arc::clone(&ctx))),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .unwrap();
+    let held = pool_macs_of(&server, wide_pool().range).unwrap();
+    assert_eq!(held.len(), PODS, "every pod has its own pool MAC");
+    let spent = |kind: &str| {
+        let after = server.requests_by_kind();
+        after
+            .iter()
+            .filter(|(k, _)| k.contains(kind))
+            .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    let writes = spent("configmaps");
+    // PODS / (1 + CLAIM_AHEAD) claims at least; a few more when
+    // concurrent batches of the two subnets find the spare MACs taken.
+    assert!(
+        writes * 8 <= PODS as u64,
+        "{writes} MAC ledger requests for {PODS} pods: {:?}",
+        server.requests_by_kind()
+    );
+    assert_eq!(spent("get configmaps"), 1, "the ledger is read once");
+}
+
+/// A leader that goes leaves its spare MACs claimed; the subnet repair
+/// frees them once no record has named them for the orphan grace, and
+/// keeps every MAC a record names.
+#[tokio::test]
+async fn spare_pool_macs_left_behind_are_freed_by_the_repair() {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    let (p, record) = plain_pod("web", "left");
+    server.insert(&p);
+    server.insert(&record);
+    let ctx = pool_context(&server, wide_pool(), Vec::new());
+    reconcile_records(&server, &ctx).await;
+    drop(ctx);
+    let held = pool_macs_of(&server, wide_pool().range).unwrap();
+    assert_eq!(held.len(), 1);
+    let claimed = pool_claimed(&ledger_data(&server));
+    assert!(claimed.len() > 1, "MACs were claimed ahead: {claimed:?}");
+
+    calm_repair(&server).await;
+    let claimed = pool_claimed(&ledger_data(&server));
+    assert_eq!(
+        claimed,
+        held.keys().copied().collect::<BTreeSet<_>>(),
+        "only the pod's MAC stays claimed"
+    );
+    // The freed ones were never a pod's, but the repair cannot know: they
+    // are quarantined, so they come last.
+    assert!(ledger_data(&server).contains_key("pool.quarantine"));
+}
+
+/// A fixed MAC the pool has handed out is taken: the pod asking for it
+/// gets the error saying so, and the pool pod keeps it.
+#[tokio::test]
+async fn a_fixed_mac_request_never_takes_a_pool_mac() {
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    let (p, record) = plain_pod("pooled", "left");
+    server.insert(&p);
+    server.insert(&record);
+    let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+    reconcile_records(&server, &ctx).await;
+    let held = pool_macs(&server).unwrap();
+    let (mac, _) = held.first_key_value().unwrap();
+
+    let (p, record) = pod_and_record("fixed", "left", &mac.to_string());
+    server.insert(&p);
+    server.insert(&record);
+    let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+    let record = stored_record(&server, "fixed").unwrap();
+    let result = ips::reconcile(Arc::new(record), ctx).await;
+    let status = stored_record(&server, "fixed")
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    assert!(
+        status.addr.is_none() && status.mac.is_empty(),
+        "{result:?} {status:?}"
+    );
+    assert!(
+        status.failure_message.contains("MAC") || format!("{result:?}").contains("Mac"),
+        "{result:?} {status:?}"
+    );
+    assert_eq!(
+        pool_macs(&server).unwrap().len(),
+        1,
+        "the pool pod keeps it"
     );
 }
