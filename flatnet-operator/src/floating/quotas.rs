@@ -10,7 +10,7 @@ use flatnet_k8s::{
     floating::{QuotaScope, ValidPool, quota_scope, quota_usage},
     keys::label::RANCHER_PROJECT_ID,
 };
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, ResourceExt,
     api::PostParams,
@@ -55,6 +55,25 @@ pub fn holders(services: &[Service], namespaces: &[Namespace], pools: &[ValidPoo
                 return None;
             }
             let namespace = service.namespace().unwrap_or_default();
+            Some((
+                namespace.clone(),
+                project_label(namespaces, &namespace),
+                addrs,
+            ))
+        })
+        .collect()
+}
+
+/// The addresses every pod holds, with its namespace's project label (an
+/// address shared by an active/standby set counts once in the usage).
+pub fn pod_holders(pods: &[Pod], namespaces: &[Namespace], pools: &[ValidPool]) -> Vec<Holder> {
+    pods.iter()
+        .filter_map(|pod| {
+            let addrs = super::pods::pod_addresses(pod, pools);
+            if addrs.is_empty() {
+                return None;
+            }
+            let namespace = pod.namespace().unwrap_or_default();
             Some((
                 namespace.clone(),
                 project_label(namespaces, &namespace),
@@ -170,7 +189,16 @@ pub async fn reconcile(
                 .iter()
                 .map(|n| (**n).clone())
                 .collect();
-            status.used = usage(&scope, &holders(&services, &namespaces, &pools), &pools);
+            let pods: Vec<Pod> = ctx
+                .caches
+                .pods
+                .state()
+                .iter()
+                .map(|p| (**p).clone())
+                .collect();
+            let mut all = holders(&services, &namespaces, &pools);
+            all.extend(pod_holders(&pods, &namespaces, &pools));
+            status.used = usage(&scope, &all, &pools);
             set_condition(
                 &mut status.conditions,
                 condition(

@@ -94,7 +94,7 @@ pub fn error_policy(service: Arc<Service>, error: &Error, ctx: Arc<Context>) -> 
 }
 
 /// Whether `pool` may serve Services of `namespace`.
-fn eligible(ctx: &Context, pool: &ValidPool, namespace: &str) -> bool {
+pub(super) fn eligible(ctx: &Context, pool: &ValidPool, namespace: &str) -> bool {
     let Some(object) = ctx.caches.pools.get(&ObjectRef::new(&pool.name)) else {
         return false;
     };
@@ -227,7 +227,15 @@ async fn address_for(
         .iter()
         .map(|n| (**n).clone())
         .collect();
-    let holders = quotas::holders(&services, &namespaces, pools);
+    let pods: Vec<_> = ctx
+        .caches
+        .pods
+        .state()
+        .iter()
+        .map(|p| (**p).clone())
+        .collect();
+    let mut holders = quotas::holders(&services, &namespaces, pools);
+    holders.extend(quotas::pod_holders(&pods, &namespaces, pools));
     let held: Vec<IpAddr> = holders
         .iter()
         .flat_map(|(_, _, a)| a.iter().copied())
