@@ -23,7 +23,7 @@ use flatnet_k8s::{
     },
     ipam::Family,
 };
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -139,36 +139,24 @@ fn other_pods(ctx: &Context, pod: &Pod) -> Vec<Arc<Pod>> {
         .collect()
 }
 
-/// Every holder of floating addresses but `pod`, for quota checks.
-fn holders_but(ctx: &Context, pod: &Pod, pools: &[ValidPool]) -> Vec<quotas::Holder> {
-    let namespaces: Vec<Namespace> = ctx
-        .caches
-        .namespaces
-        .state()
-        .iter()
-        .map(|n| (**n).clone())
-        .collect();
-    let services: Vec<Service> = ctx
-        .caches
-        .services
-        .state()
-        .iter()
-        .map(|s| (**s).clone())
-        .collect();
-    let pods: Vec<Pod> = other_pods(ctx, pod).iter().map(|p| (**p).clone()).collect();
-    let mut holders = quotas::holders(&services, &namespaces, pools);
-    holders.extend(quotas::pod_holders(&pods, &namespaces, pools));
-    holders
+/// One address the pod gets.
+struct Wanted {
+    /// Its family.
+    family: Family,
+    /// The fixed address asked for, if any.
+    fixed: Option<IpAddr>,
+    /// The pools it may come from.
+    candidates: Vec<ValidPool>,
 }
 
-/// The families the pod gets an address of, and the pools each may come
-/// from.
+/// The addresses the pod gets, one per family, and the pools each may
+/// come from.
 fn wanted(
     ctx: &Context,
     pod: &Pod,
     request: &PodFloatingRequest,
     pools: &[ValidPool],
-) -> Result<Vec<(Family, Option<IpAddr>, Vec<ValidPool>)>, Error> {
+) -> Result<Vec<Wanted>, Error> {
     let key = key_of(pod.namespace().as_deref(), &pod.name_any());
     let namespace = pod.namespace().unwrap_or_default();
     let named: Vec<&ValidPool> = pools
@@ -201,7 +189,11 @@ fn wanted(
         if candidates.is_empty() {
             break;
         }
-        wanted.push((family, fixed, candidates));
+        wanted.push(Wanted {
+            family,
+            fixed,
+            candidates,
+        });
     }
     if wanted.is_empty() || (!request.fixed.is_empty() && wanted.len() < request.fixed.len()) {
         let detail = match (&request.pool, request.fixed.first()) {
@@ -230,7 +222,12 @@ async fn assign(
     let mut desired = Vec::new();
     // Newly reserved addresses per pool, handed back if not written.
     let mut fresh: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
-    for (family, fixed, candidates) in wanted(ctx, pod, request, pools)? {
+    for Wanted {
+        family,
+        fixed,
+        candidates,
+    } in wanted(ctx, pod, request, pools)?
+    {
         let fits = |a: &IpAddr| {
             Family::of(*a) == family
                 && fixed.is_none_or(|f| f == *a)
@@ -313,49 +310,15 @@ async fn reserve(
     pools: &[ValidPool],
 ) -> Result<(IpAddr, String), Error> {
     let namespace = pod.namespace().unwrap_or_default();
-    let holders = holders_but(ctx, pod, pools);
-    let held: Vec<IpAddr> = holders
-        .iter()
-        .flat_map(|(_, _, a)| a.iter().copied())
-        .collect();
-    let namespaces: Vec<Namespace> = ctx
-        .caches
-        .namespaces
-        .state()
-        .iter()
-        .map(|n| (**n).clone())
-        .collect();
-    let project = quotas::project_label(&namespaces, &namespace);
-    let quota_list: Vec<_> = ctx
-        .caches
-        .quotas
-        .state()
-        .iter()
-        .map(|q| (**q).clone())
-        .collect();
-    let mut last_error = None;
-    for pool in candidates {
-        if let Err(exceeded) = quotas::check(
-            &quota_list,
-            &holders,
-            pools,
-            &namespace,
-            project.as_deref(),
-            &pool.name,
-        ) {
-            last_error = Some(exceeded.into());
-            continue;
-        }
-        match ledger::reserve(ctx, &pool.name, family, fixed, &held).await {
-            Ok(addr) => return Ok((addr, pool.name.clone())),
-            Err(error @ Error::Pool { .. }) => last_error = Some(error),
-            Err(error) => return Err(error),
-        }
-    }
-    Err(last_error.unwrap_or_else(|| Error::NoPodPool {
-        pod: key_of(Some(&namespace), &pod.name_any()),
-        detail: format!("with a free {family} address serves namespace {namespace}"),
-    }))
+    let me = ObjectRef::from_obj(pod).erase();
+    let holders = quotas::cached_holders(ctx, pools, |o| *o == me);
+    let candidates: Vec<&ValidPool> = candidates.iter().collect();
+    quotas::reserve_within_quotas(ctx, &candidates, pools, &holders, &namespace, family, fixed)
+        .await?
+        .ok_or_else(|| Error::NoPodPool {
+            pod: key_of(Some(&namespace), &pod.name_any()),
+            detail: format!("with a free {family} address serves namespace {namespace}"),
+        })
 }
 
 /// Returns newly reserved addresses nobody will name.

@@ -219,58 +219,18 @@ async fn address_for(
             return Err(error);
         }
     }
-    let services: Vec<Service> = others.iter().map(|s| (**s).clone()).collect();
-    let namespaces: Vec<_> = ctx
-        .caches
-        .namespaces
-        .state()
-        .iter()
-        .map(|n| (**n).clone())
-        .collect();
-    let pods: Vec<_> = ctx
-        .caches
-        .pods
-        .state()
-        .iter()
-        .map(|p| (**p).clone())
-        .collect();
-    let mut holders = quotas::holders(&services, &namespaces, pools);
-    holders.extend(quotas::pod_holders(&pods, &namespaces, pools));
-    let held: Vec<IpAddr> = holders
-        .iter()
-        .flat_map(|(_, _, a)| a.iter().copied())
-        .collect();
-    let project = quotas::project_label(&namespaces, &namespace);
-    let quota_list: Vec<_> = ctx
-        .caches
-        .quotas
-        .state()
-        .iter()
-        .map(|q| (**q).clone())
-        .collect();
-    let mut last_error = None;
-    for pool in candidates {
-        if let Err(exceeded) = quotas::check(
-            &quota_list,
-            &holders,
-            pools,
-            &namespace,
-            project.as_deref(),
-            &pool.name,
-        ) {
-            last_error = Some(exceeded.into());
-            continue;
-        }
-        match ledger::reserve(ctx, &pool.name, family, fixed, &held).await {
-            Ok(addr) => return Ok((addr, Some(pool.name.clone()))),
-            Err(error @ Error::Pool { .. }) => last_error = Some(error),
-            Err(error) => return Err(error),
-        }
+    let me = ObjectRef::from_obj(service).erase();
+    let holders = quotas::cached_holders(ctx, pools, |o| *o == me);
+    if let Some((addr, pool)) =
+        quotas::reserve_within_quotas(ctx, &candidates, pools, &holders, &namespace, family, fixed)
+            .await?
+    {
+        return Ok((addr, Some(pool)));
     }
-    Err(last_error.unwrap_or(Error::NoPool {
+    Err(Error::NoPool {
         service: key,
         detail: format!("with a free {family} address serves namespace {namespace}"),
-    }))
+    })
 }
 
 /// Gives the Service an address per family and writes them.
