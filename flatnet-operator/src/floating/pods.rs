@@ -261,7 +261,7 @@ async fn assign(
                 fresh.entry(pool).or_default().push(addr);
             }
             Err(error) => {
-                hand_back(ctx, &fresh).await;
+                ledger::hand_back(ctx, &fresh).await;
                 return Err(error);
             }
         }
@@ -272,11 +272,11 @@ async fn assign(
     match write_assigned(ctx, pod, &desired).await {
         Ok(true) => {}
         Ok(false) => {
-            hand_back(ctx, &fresh).await;
+            ledger::hand_back(ctx, &fresh).await;
             return Ok(());
         }
         Err(error) => {
-            hand_back(ctx, &fresh).await;
+            ledger::hand_back(ctx, &fresh).await;
             return Err(error);
         }
     }
@@ -321,16 +321,6 @@ async fn reserve(
         })
 }
 
-/// Returns newly reserved addresses nobody will name.
-async fn hand_back(ctx: &Context, fresh: &BTreeMap<String, Vec<IpAddr>>) {
-    for (pool, addrs) in fresh {
-        if let Err(error) = ledger::release(ctx, pool, addrs).await {
-            // The pool repair frees them after the grace.
-            tracing::warn!(%error, pool, "could not hand back reserved addresses");
-        }
-    }
-}
-
 /// Releases `addrs` unless another pod (of the set) or a Service still
 /// holds them.
 async fn release_unheld(
@@ -341,7 +331,7 @@ async fn release_unheld(
 ) -> Result<(), Error> {
     let others = other_pods(ctx, pod);
     let services = ctx.caches.services.state();
-    let mut by_pool: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    let mut unheld = Vec::new();
     for addr in addrs {
         let held = others
             .iter()
@@ -349,14 +339,11 @@ async fn release_unheld(
             || services
                 .iter()
                 .any(|s| services::ingress_addresses(s, pools).contains(addr));
-        if let (false, Some(pool)) = (held, quotas::pool_of(pools, *addr)) {
-            by_pool.entry(pool).or_default().push(*addr);
+        if !held {
+            unheld.push(*addr);
         }
     }
-    for (pool, addrs) in by_pool {
-        ledger::release(ctx, &pool, &addrs).await?;
-    }
-    Ok(())
+    ledger::release_each(ctx, pools, &unheld).await
 }
 
 /// Writes `addrs` as the pod's assigned addresses (none: the annotation

@@ -257,7 +257,7 @@ async fn assign(
                 }
             }
             Err(error) => {
-                hand_back(ctx, &fresh).await;
+                ledger::hand_back(ctx, &fresh).await;
                 return Err(error);
             }
         }
@@ -268,11 +268,11 @@ async fn assign(
     match write_ingress(ctx, service, &desired).await {
         Ok(Some(_)) => {}
         Ok(None) => {
-            hand_back(ctx, &fresh).await;
+            ledger::hand_back(ctx, &fresh).await;
             return Ok(());
         }
         Err(error) => {
-            hand_back(ctx, &fresh).await;
+            ledger::hand_back(ctx, &fresh).await;
             return Err(error);
         }
     }
@@ -295,16 +295,6 @@ async fn assign(
     Ok(())
 }
 
-/// Returns newly reserved addresses nobody will name.
-async fn hand_back(ctx: &Context, fresh: &BTreeMap<String, Vec<IpAddr>>) {
-    for (pool, addrs) in fresh {
-        if let Err(error) = ledger::release(ctx, pool, addrs).await {
-            // The pool repair frees them after the grace.
-            tracing::warn!(%error, pool, "could not hand back reserved addresses");
-        }
-    }
-}
-
 /// Releases `addrs` unless another Service still holds them (a shared
 /// address stays while one of its Services remains).
 async fn release_unheld(
@@ -314,19 +304,16 @@ async fn release_unheld(
     addrs: &[IpAddr],
 ) -> Result<(), Error> {
     let others = others(ctx, service);
-    let mut by_pool: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    let mut unheld = Vec::new();
     for addr in addrs {
         let shared = others.iter().any(|o| {
             o.metadata.deletion_timestamp.is_none() && ingress_addresses(o, pools).contains(addr)
         });
-        if let (false, Some(pool)) = (shared, quotas::pool_of(pools, *addr)) {
-            by_pool.entry(pool).or_default().push(*addr);
+        if !shared {
+            unheld.push(*addr);
         }
     }
-    for (pool, addrs) in by_pool {
-        ledger::release(ctx, &pool, &addrs).await?;
-    }
-    Ok(())
+    ledger::release_each(ctx, pools, &unheld).await
 }
 
 /// Writes `addrs` as the Service's ingress, with the resourceVersion read,
