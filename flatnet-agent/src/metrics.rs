@@ -37,6 +37,8 @@ pub struct FloatingMetrics {
     pub released: Counter,
     /// Rounds of gratuitous ARP / unsolicited NA sent.
     pub announcements: Counter,
+    /// Floating addresses this node's pods hold now.
+    pub pod_addresses: Gauge,
 }
 
 impl FloatingMetrics {
@@ -60,6 +62,11 @@ impl FloatingMetrics {
             "floating_announcements",
             "Rounds of gratuitous ARP / unsolicited NA sent for floating addresses",
             self.announcements.clone(),
+        );
+        registry.register(
+            "floating_pod_addresses",
+            "Floating addresses held by pods of this node (on their flat interfaces)",
+            self.pod_addresses.clone(),
         );
     }
 }

@@ -267,11 +267,17 @@ async fn exactly_one_node_answers_and_the_other_takes_over_when_it_dies() {
     });
     assert_eq!(survivor.metrics.acquired.get(), 1);
     assert!(survivor.metrics.announcements.get() >= 1);
-    wait_until("the Service is told the address moved", || {
-        moved_notes(&api)
-            .iter()
-            .any(|n| n.starts_with(&format!("node {} answers", survivor.name)))
-    });
+    wait_until(
+        "the Service is told the address moved, and from where",
+        || {
+            moved_notes(&api).iter().any(|n| {
+                *n == format!(
+                    "node {} answers for {FLOATING} on up0 (before: node {})",
+                    survivor.name, owner.name
+                )
+            })
+        },
+    );
     drop(owner);
 }
 

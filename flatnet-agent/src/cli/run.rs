@@ -16,6 +16,7 @@ use flatnet_agent::{
     floating::{
         self,
         kubernetes::{AttachUplink, Floating},
+        pods::PodAddresses,
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
@@ -196,6 +197,7 @@ impl RunArgs {
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
             let floating = self.floating_config(&node_name);
             let floating_metrics = metrics.floating.clone();
+            let pod_records = records.clone();
             self.serve(
                 node_name,
                 desired,
@@ -215,7 +217,16 @@ impl RunArgs {
                                     .map_err(|e| e.to_string())
                             })
                         });
-                        Floating::start(client.clone(), config, floating_metrics, attach)
+                        let pods = PodAddresses::start(
+                            client.clone(),
+                            node.clone(),
+                            pod_records,
+                            floating_metrics.clone(),
+                        );
+                        (
+                            Floating::start(client.clone(), config, floating_metrics, attach),
+                            pods,
+                        )
                     });
                     sync_until_reachable(service.desired()).await;
                     wire_report::run(service.desired(), client, &node, &pin_root).await;

@@ -48,7 +48,7 @@ use crate::{desired::kubernetes::Mirror, metrics::FloatingMetrics, netns::run_in
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Field manager / reporting controller of the agent's Events.
-const REPORTER: &str = "flatnet-agent";
+pub(crate) const REPORTER: &str = "flatnet-agent";
 
 /// How long the loop waits before starting again after a failure (a
 /// heartbeat port in use, the maps missing).
@@ -380,7 +380,10 @@ async fn report(
     while let Some(event) = events.recv().await {
         match event {
             Event::Acquired {
-                addr, interface, ..
+                addr,
+                interface,
+                previous,
+                ..
             } => {
                 metrics.acquired.inc();
                 owned.insert(addr);
@@ -391,7 +394,10 @@ async fn report(
                     .get(&addr)
                     .cloned()
                     .unwrap_or_default();
-                let note = format!("node {node} answers for {addr} on {interface}");
+                let before = previous
+                    .map(|p| format!(" (before: node {p})"))
+                    .unwrap_or_default();
+                let note = format!("node {node} answers for {addr} on {interface}{before}");
                 for service in holders {
                     let event = KubeEvent {
                         type_: EventType::Normal,

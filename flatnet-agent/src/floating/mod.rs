@@ -15,10 +15,13 @@
 //!   `flatnet-agent floating` beside the agent (or `datapath attach`);
 //! - [`kubernetes`]: the daemon's Kubernetes mode: the addresses this node
 //!   may serve, from the pools, Services, EndpointSlices and Nodes, and
-//!   the Events and metrics of what the loop does.
+//!   the Events and metrics of what the loop does;
+//! - [`pods`]: floating addresses that follow pods: the set's active pod
+//!   gets the address on its flat interface.
 
 pub mod election;
 pub mod heartbeat;
 pub mod kubernetes;
 pub mod owner;
+pub mod pods;
 pub mod standalone;

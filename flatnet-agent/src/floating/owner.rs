@@ -135,6 +135,11 @@ impl StatusBook {
         }
     }
 
+    /// The owner last recorded for `addr`.
+    fn owner(&self, addr: IpAddr) -> Option<String> {
+        self.rows.get(&addr).and_then(|row| row.owner.clone())
+    }
+
     fn announced(&mut self, addr: IpAddr) {
         if let Some(row) = self.rows.get_mut(&addr) {
             row.last_announced = Some(epoch_seconds());
@@ -260,7 +265,7 @@ impl std::fmt::Display for InterfaceName {
 }
 
 /// What the loop did, for metrics, logs and tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// Took the address over; its entry answers from `at_ns` (monotonic).
     Acquired {
@@ -270,6 +275,8 @@ pub enum Event {
         interface: InterfaceName,
         /// `CLOCK_MONOTONIC` nanoseconds.
         at_ns: u64,
+        /// The node this agent saw answering for it before, if any.
+        previous: Option<String>,
     },
     /// Gave the address up.
     Released {
@@ -412,6 +419,7 @@ pub fn run(
                         addr: *addr,
                         interface: InterfaceName::new(&link.name),
                         at_ns,
+                        previous: book.owner(*addr).filter(|o| *o != settings.node),
                     });
                 }
             }

@@ -16,6 +16,7 @@ mod detach;
 mod error;
 mod mtu;
 mod netlink;
+mod secondary;
 mod spec;
 mod vlan;
 
@@ -27,6 +28,7 @@ pub use detach::DetachSpec;
 pub use error::LinkError;
 pub use mtu::{MtuChange, MtuTarget};
 pub use netlink::{FLATNET_ROUTE_PROTOCOL, SharedNetlink};
+pub use secondary::{SecondaryChange, set_secondary_addresses};
 pub use spec::{
     ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
     MAX_VLAN_ID, MacvlanMode, ParentLink, PrimaryDefaults, PrimaryRoutes, RouteSpec, ValidSpec,

@@ -262,6 +262,35 @@ impl Netlink {
             .map_err(|e| self.error("add address", format!("{net} on {ifname}"), e))
     }
 
+    /// Deletes an address; `Ok(false)` when the link does not hold it.
+    pub(crate) async fn delete_address(
+        &self,
+        index: u32,
+        ifname: &str,
+        net: IpNet,
+    ) -> Result<bool, LinkError> {
+        let mut message = AddressMessage::default();
+        message.header.family = match net.addr() {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        message.header.prefix_len = net.prefix_len();
+        message.header.index = index;
+        message
+            .attributes
+            .push(AddressAttribute::Address(net.addr()));
+        if let IpAddr::V4(addr) = net.addr() {
+            message
+                .attributes
+                .push(AddressAttribute::Local(addr.into()));
+        }
+        match self.handle.address().del(message).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if errno_of(&e) == Some(libc::EADDRNOTAVAIL) => Ok(false),
+            Err(e) => Err(self.error("delete address", format!("{net} on {ifname}"), e)),
+        }
+    }
+
     /// The global-scope addresses of a link.
     pub(crate) async fn addresses(&self, index: u32) -> Result<Vec<IpNet>, LinkError> {
         let messages: Vec<AddressMessage> = self

@@ -36,7 +36,15 @@ pub mod annotation {
     /// Services with the same key (in one namespace) share one address when
     /// their ports do not clash.
     pub const SHARING_KEY: &str = "flatnetwork.pandaria.io/floating-ip-sharing-key";
+    /// On a pod: pods of one namespace with the same set share one address
+    /// per family, held by the set's active pod ([`super::pods`]).
+    pub const SET: &str = "flatnetwork.pandaria.io/floating-ip-set";
+    /// On a pod, written by the operator: the floating addresses it was
+    /// given, comma-separated.
+    pub const ASSIGNED: &str = "flatnetwork.pandaria.io/floating-ip-assigned";
 }
+
+pub mod pods;
 
 /// A problem in a FloatingIPPool spec.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

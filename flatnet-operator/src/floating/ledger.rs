@@ -4,7 +4,7 @@
 //! (the protocol of subnets' `usedIP`, `docs/ipam.md`). Addresses come from
 //! the IPAM [`Pool`] of each of the pool's networks.
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use flatnet_k8s::{
     api::{FloatingIPPool, FloatingIPPoolStatus, set_condition},
@@ -184,4 +184,35 @@ pub async fn release(ctx: &Context, name: &str, addrs: &[IpAddr]) -> Result<(), 
         pool: name.to_owned(),
         attempts: MAX_ATTEMPTS,
     })
+}
+
+/// Releases `addrs`, each from the pool holding it.
+///
+/// # Errors
+/// The API failing, or [`Error::Contention`].
+pub async fn release_each(
+    ctx: &Context,
+    pools: &[ValidPool],
+    addrs: &[IpAddr],
+) -> Result<(), Error> {
+    let mut by_pool: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    for addr in addrs {
+        if let Some(pool) = super::quotas::pool_of(pools, *addr) {
+            by_pool.entry(pool).or_default().push(*addr);
+        }
+    }
+    for (pool, addrs) in by_pool {
+        release(ctx, &pool, &addrs).await?;
+    }
+    Ok(())
+}
+
+/// Returns newly reserved addresses (per pool) nobody will name; what
+/// cannot be returned now the pool repair frees after the orphan grace.
+pub async fn hand_back(ctx: &Context, fresh: &BTreeMap<String, Vec<IpAddr>>) {
+    for (pool, addrs) in fresh {
+        if let Err(error) = release(ctx, pool, addrs).await {
+            tracing::warn!(%error, pool, "could not hand back reserved addresses");
+        }
+    }
 }

@@ -8,11 +8,14 @@
 //!   resourceVersion it was read at, as subnets' are (`docs/ipam.md`);
 //! - [`pools`]: pool status (usage, conditions), the repair of the ledger
 //!   and the `network-interface-mappings` ConfigMap;
+//! - [`pods`]: a pod asking for an address (alone, or shared by an
+//!   active/standby set) gets one per family, written to an annotation;
 //! - [`quotas`]: FloatingIPProjectQuota usage, shared by the webhook.
 //!
 //! Only the leader runs them.
 
 pub mod ledger;
+pub mod pods;
 pub mod pools;
 pub mod quotas;
 pub mod services;
@@ -25,7 +28,7 @@ use flatnet_k8s::{
     ipam::PoolError,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
@@ -76,6 +79,8 @@ pub struct Caches {
     pub quotas: Store<FloatingIPProjectQuota>,
     /// Every namespace (labels: projects, pool namespace selectors).
     pub namespaces: Store<Namespace>,
+    /// Every pod (those asking for floating addresses are reconciled).
+    pub pods: Store<Pod>,
 }
 
 impl Caches {
@@ -136,6 +141,25 @@ pub enum Error {
         /// What is wrong.
         #[source]
         source: RequestError,
+    },
+    /// A pod's annotations cannot be read.
+    #[error("Pod {pod}: {source}")]
+    PodRequest {
+        /// `namespace/name`.
+        pod: String,
+        /// What is wrong.
+        #[source]
+        source: RequestError,
+    },
+    /// No pool may serve the pod.
+    #[error(
+        "Pod {pod}: no FloatingIPPool {detail}: create one, or fix the flatnetwork.pandaria.io/floating-ip-pool or flatnetwork.pandaria.io/floating-ip annotation"
+    )]
+    NoPodPool {
+        /// `namespace/name`.
+        pod: String,
+        /// Which pool was looked for.
+        detail: String,
     },
     /// No pool may serve the Service.
     #[error(
@@ -218,6 +242,7 @@ pub async fn run(
         Api::<FloatingIPPool>::all(client.clone()),
         watcher::Config::default(),
     );
+    let pods_ctl = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
     let quotas_ctl = Controller::new(
         Api::<FloatingIPProjectQuota>::all(client.clone()),
         watcher::Config::default(),
@@ -236,6 +261,7 @@ pub async fn run(
         pools: pools_ctl.store(),
         quotas: quotas_ctl.store(),
         namespaces,
+        pods: pods_ctl.store(),
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -257,9 +283,15 @@ pub async fn run(
             Arc::clone(&ctx),
         )
         .for_each(|r| log_result(CONTROLLER, r));
+    let pods = pods_ctl
+        .with_config(config.clone())
+        .graceful_shutdown_on(graceful(stop.clone()))
+        .run(pods::reconcile, pods::error_policy, Arc::clone(&ctx))
+        .for_each(|r| log_result(pods::CONTROLLER, r));
     // A Service's addresses change a pool's usage and a quota's: look at
     // every pool and quota again (there are few of them).
     let pool_store = caches.pools.clone();
+    let pool_store_pods = caches.pools.clone();
     let pools = pools_ctl
         .watches(
             Api::<Service>::all(client.clone()),
@@ -272,14 +304,31 @@ pub async fn run(
                     .collect::<Vec<_>>()
             },
         )
+        // A pod holding an address that goes leaves it to the repair.
+        .watches(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default(),
+            move |pod| {
+                if pod_addresses_any(&pod) {
+                    pool_store_pods
+                        .state()
+                        .iter()
+                        .map(|p| ObjectRef::from_obj(&**p))
+                        .collect::<Vec<_>>()
+                } else {
+                    Vec::new()
+                }
+            },
+        )
         .with_config(config.clone())
         .graceful_shutdown_on(graceful(stop.clone()))
         .run(pools::reconcile, pools::error_policy, Arc::clone(&ctx))
         .for_each(|r| log_result(pools::CONTROLLER, r));
     let quota_store = caches.quotas.clone();
+    let quota_store_pods = caches.quotas.clone();
     let quotas = quotas_ctl
         .watches(
-            Api::<Service>::all(client),
+            Api::<Service>::all(client.clone()),
             watcher::Config::default(),
             move |service| {
                 let namespace = service.namespace().unwrap_or_default();
@@ -291,16 +340,36 @@ pub async fn run(
                     .collect::<Vec<_>>()
             },
         )
+        .watches(
+            Api::<Pod>::all(client),
+            watcher::Config::default(),
+            move |pod| {
+                let namespace = pod.namespace().unwrap_or_default();
+                quota_store_pods
+                    .state()
+                    .iter()
+                    .filter(|_| pod_addresses_any(&pod))
+                    .filter(|q| q.spec.namespace == namespace || !q.spec.project.is_empty())
+                    .map(|q| ObjectRef::from_obj(&**q))
+                    .collect::<Vec<_>>()
+            },
+        )
         .with_config(config)
         .graceful_shutdown_on(graceful(stop.clone()))
         .run(quotas::reconcile, quotas::error_policy, Arc::clone(&ctx))
         .for_each(|r| log_result(quotas::CONTROLLER, r));
-    let all = futures::future::join3(services, pools, quotas);
+    let all = futures::future::join4(services, pods, pools, quotas);
     tokio::select! {
         _ = all => {}
         () = namespaces_reflector => warn!("namespace watch ended"),
         () = stop.cancelled() => {}
     }
+}
+
+/// Whether `pod` was given floating addresses (its changes matter to the
+/// pools' ledgers and the quotas' usage).
+fn pod_addresses_any(pod: &Pod) -> bool {
+    !flatnet_k8s::floating::pods::assigned_ips(pod).is_empty()
 }
 
 async fn log_result<T: std::fmt::Debug, E: std::fmt::Display>(

@@ -4,9 +4,10 @@
 //! tools that read it.
 //!
 //! The repair starts from the ledger read from the API server: an address
-//! a Service holds and the ledger lacks is added; an address the ledger
-//! holds and no Service names is a reservation whose Service write is in
-//! flight (or crashed), freed once unnamed for the orphan grace.
+//! a Service or pod holds and the ledger lacks is added; an address the
+//! ledger holds and no Service or pod names is a reservation whose write
+//! is in flight (or crashed), or the address of a deleted pod, freed once
+//! unnamed for the orphan grace.
 
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 
@@ -22,7 +23,7 @@ use kube::{
 };
 use tracing::{info, instrument};
 
-use super::{Context, Error, ledger, services::ingress_addresses};
+use super::{Context, Error, ledger, pods::pod_addresses, services::ingress_addresses};
 use crate::{
     allocation::commit::MAX_ATTEMPTS,
     controller::{ApiError, condition, is_conflict, is_not_found},
@@ -89,6 +90,13 @@ async fn repair(pool: &FloatingIPPool, ctx: &Context) -> Result<bool, Error> {
                         .state()
                         .iter()
                         .flat_map(|s| ingress_addresses(s, std::slice::from_ref(&valid)))
+                        .chain(
+                            ctx.caches
+                                .pods
+                                .state()
+                                .iter()
+                                .flat_map(|p| pod_addresses(p, std::slice::from_ref(&valid))),
+                        )
                         .collect();
                     let mut pools = ledger::pools_of(&valid, &status);
                     for addr in &held {
@@ -109,7 +117,7 @@ async fn repair(pool: &FloatingIPPool, ctx: &Context) -> Result<bool, Error> {
                     );
                     for (addr, keep) in unnamed.iter().zip(&young) {
                         if !keep {
-                            info!(%addr, "freeing a pool address no Service names");
+                            info!(%addr, "freeing a pool address no Service or pod names");
                             pools.iter_mut().for_each(|p| {
                                 p.release(*addr);
                             });

@@ -8,13 +8,17 @@ use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 use flatnet_k8s::{
     api::{CONDITION_READY, FloatingIPProjectQuota, FloatingIPProjectQuotaStatus, set_condition},
     floating::{QuotaScope, ValidPool, quota_scope, quota_usage},
+    ipam::Family,
     keys::label::RANCHER_PROJECT_ID,
 };
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, ResourceExt,
-    api::PostParams,
-    runtime::{controller::Action, reflector::ObjectRef},
+    api::{DynamicObject, PostParams},
+    runtime::{
+        controller::Action,
+        reflector::{ObjectRef, Store},
+    },
 };
 
 use super::{Context, Error, services::ingress_addresses};
@@ -62,6 +66,94 @@ pub fn holders(services: &[Service], namespaces: &[Namespace], pools: &[ValidPoo
             ))
         })
         .collect()
+}
+
+/// The addresses every pod holds, with its namespace's project label (an
+/// address shared by an active/standby set counts once in the usage).
+pub fn pod_holders(pods: &[Pod], namespaces: &[Namespace], pools: &[ValidPool]) -> Vec<Holder> {
+    pods.iter()
+        .filter_map(|pod| {
+            let addrs = super::pods::pod_addresses(pod, pools);
+            if addrs.is_empty() {
+                return None;
+            }
+            let namespace = pod.namespace().unwrap_or_default();
+            Some((
+                namespace.clone(),
+                project_label(namespaces, &namespace),
+                addrs,
+            ))
+        })
+        .collect()
+}
+
+/// Every holder in the caches (Services and pods) but those `skip` names.
+pub fn cached_holders(
+    ctx: &Context,
+    pools: &[ValidPool],
+    skip: impl Fn(&ObjectRef<DynamicObject>) -> bool,
+) -> Vec<Holder> {
+    let namespaces = cached(&ctx.caches.namespaces);
+    let services: Vec<Service> = cached(&ctx.caches.services)
+        .into_iter()
+        .filter(|s| !skip(&ObjectRef::from_obj(s).erase()))
+        .collect();
+    let pods: Vec<Pod> = cached(&ctx.caches.pods)
+        .into_iter()
+        .filter(|p| !skip(&ObjectRef::from_obj(p).erase()))
+        .collect();
+    let mut all = holders(&services, &namespaces, pools);
+    all.extend(pod_holders(&pods, &namespaces, pools));
+    all
+}
+
+/// The objects of a cache.
+fn cached<K: Clone + kube::Resource<DynamicType = ()>>(store: &Store<K>) -> Vec<K> {
+    store.state().iter().map(|o| (**o).clone()).collect()
+}
+
+/// Reserves an address of `family` (`fixed` when given) in the first of
+/// `candidates` within the quotas of `namespace`, given what `holders`
+/// hold; returns it and its pool. `Ok(None)` when there is no candidate.
+///
+/// # Errors
+/// The last quota or pool refusal, or the API failing.
+pub async fn reserve_within_quotas(
+    ctx: &Context,
+    candidates: &[&ValidPool],
+    pools: &[ValidPool],
+    holders: &[Holder],
+    namespace: &str,
+    family: Family,
+    fixed: Option<IpAddr>,
+) -> Result<Option<(IpAddr, String)>, Error> {
+    let held: Vec<IpAddr> = holders
+        .iter()
+        .flat_map(|(_, _, a)| a.iter().copied())
+        .collect();
+    let namespaces = cached(&ctx.caches.namespaces);
+    let project = project_label(&namespaces, namespace);
+    let quota_list = cached(&ctx.caches.quotas);
+    let mut last_error = None;
+    for pool in candidates {
+        if let Err(exceeded) = check(
+            &quota_list,
+            holders,
+            pools,
+            namespace,
+            project.as_deref(),
+            &pool.name,
+        ) {
+            last_error = Some(exceeded.into());
+            continue;
+        }
+        match super::ledger::reserve(ctx, &pool.name, family, fixed, &held).await {
+            Ok(addr) => return Ok(Some((addr, pool.name.clone()))),
+            Err(error @ Error::Pool { .. }) => last_error = Some(error),
+            Err(error) => return Err(error),
+        }
+    }
+    last_error.map_or(Ok(None), Err)
 }
 
 /// The `field.cattle.io/projectId` label of `namespace`.
@@ -156,21 +248,8 @@ pub async fn reconcile(
         }
         Ok(scope) => {
             let pools = ctx.caches.valid_pools();
-            let services: Vec<Service> = ctx
-                .caches
-                .services
-                .state()
-                .iter()
-                .map(|s| (**s).clone())
-                .collect();
-            let namespaces: Vec<Namespace> = ctx
-                .caches
-                .namespaces
-                .state()
-                .iter()
-                .map(|n| (**n).clone())
-                .collect();
-            status.used = usage(&scope, &holders(&services, &namespaces, &pools), &pools);
+            let all = cached_holders(&ctx, &pools, |_| false);
+            status.used = usage(&scope, &all, &pools);
             set_condition(
                 &mut status.conditions,
                 condition(

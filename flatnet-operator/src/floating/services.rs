@@ -94,7 +94,7 @@ pub fn error_policy(service: Arc<Service>, error: &Error, ctx: Arc<Context>) -> 
 }
 
 /// Whether `pool` may serve Services of `namespace`.
-fn eligible(ctx: &Context, pool: &ValidPool, namespace: &str) -> bool {
+pub(super) fn eligible(ctx: &Context, pool: &ValidPool, namespace: &str) -> bool {
     let Some(object) = ctx.caches.pools.get(&ObjectRef::new(&pool.name)) else {
         return false;
     };
@@ -219,50 +219,18 @@ async fn address_for(
             return Err(error);
         }
     }
-    let services: Vec<Service> = others.iter().map(|s| (**s).clone()).collect();
-    let namespaces: Vec<_> = ctx
-        .caches
-        .namespaces
-        .state()
-        .iter()
-        .map(|n| (**n).clone())
-        .collect();
-    let holders = quotas::holders(&services, &namespaces, pools);
-    let held: Vec<IpAddr> = holders
-        .iter()
-        .flat_map(|(_, _, a)| a.iter().copied())
-        .collect();
-    let project = quotas::project_label(&namespaces, &namespace);
-    let quota_list: Vec<_> = ctx
-        .caches
-        .quotas
-        .state()
-        .iter()
-        .map(|q| (**q).clone())
-        .collect();
-    let mut last_error = None;
-    for pool in candidates {
-        if let Err(exceeded) = quotas::check(
-            &quota_list,
-            &holders,
-            pools,
-            &namespace,
-            project.as_deref(),
-            &pool.name,
-        ) {
-            last_error = Some(exceeded.into());
-            continue;
-        }
-        match ledger::reserve(ctx, &pool.name, family, fixed, &held).await {
-            Ok(addr) => return Ok((addr, Some(pool.name.clone()))),
-            Err(error @ Error::Pool { .. }) => last_error = Some(error),
-            Err(error) => return Err(error),
-        }
+    let me = ObjectRef::from_obj(service).erase();
+    let holders = quotas::cached_holders(ctx, pools, |o| *o == me);
+    if let Some((addr, pool)) =
+        quotas::reserve_within_quotas(ctx, &candidates, pools, &holders, &namespace, family, fixed)
+            .await?
+    {
+        return Ok((addr, Some(pool)));
     }
-    Err(last_error.unwrap_or(Error::NoPool {
+    Err(Error::NoPool {
         service: key,
         detail: format!("with a free {family} address serves namespace {namespace}"),
-    }))
+    })
 }
 
 /// Gives the Service an address per family and writes them.
@@ -289,7 +257,7 @@ async fn assign(
                 }
             }
             Err(error) => {
-                hand_back(ctx, &fresh).await;
+                ledger::hand_back(ctx, &fresh).await;
                 return Err(error);
             }
         }
@@ -300,11 +268,11 @@ async fn assign(
     match write_ingress(ctx, service, &desired).await {
         Ok(Some(_)) => {}
         Ok(None) => {
-            hand_back(ctx, &fresh).await;
+            ledger::hand_back(ctx, &fresh).await;
             return Ok(());
         }
         Err(error) => {
-            hand_back(ctx, &fresh).await;
+            ledger::hand_back(ctx, &fresh).await;
             return Err(error);
         }
     }
@@ -327,16 +295,6 @@ async fn assign(
     Ok(())
 }
 
-/// Returns newly reserved addresses nobody will name.
-async fn hand_back(ctx: &Context, fresh: &BTreeMap<String, Vec<IpAddr>>) {
-    for (pool, addrs) in fresh {
-        if let Err(error) = ledger::release(ctx, pool, addrs).await {
-            // The pool repair frees them after the grace.
-            tracing::warn!(%error, pool, "could not hand back reserved addresses");
-        }
-    }
-}
-
 /// Releases `addrs` unless another Service still holds them (a shared
 /// address stays while one of its Services remains).
 async fn release_unheld(
@@ -346,19 +304,16 @@ async fn release_unheld(
     addrs: &[IpAddr],
 ) -> Result<(), Error> {
     let others = others(ctx, service);
-    let mut by_pool: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    let mut unheld = Vec::new();
     for addr in addrs {
         let shared = others.iter().any(|o| {
             o.metadata.deletion_timestamp.is_none() && ingress_addresses(o, pools).contains(addr)
         });
-        if let (false, Some(pool)) = (shared, quotas::pool_of(pools, *addr)) {
-            by_pool.entry(pool).or_default().push(*addr);
+        if !shared {
+            unheld.push(*addr);
         }
     }
-    for (pool, addrs) in by_pool {
-        ledger::release(ctx, &pool, &addrs).await?;
-    }
-    Ok(())
+    ledger::release_each(ctx, pools, &unheld).await
 }
 
 /// Writes `addrs` as the Service's ingress, with the resourceVersion read,

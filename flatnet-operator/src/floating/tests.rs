@@ -14,13 +14,13 @@ use flatnet_k8s::{
         FloatingIPPool, FloatingIPPoolSpec, FloatingIPProjectQuota, FloatingIPProjectQuotaSpec,
         IpRange,
     },
-    floating::{INTERFACE_MAPPINGS, LOAD_BALANCER_CLASS, annotation},
+    floating::{INTERFACE_MAPPINGS, LOAD_BALANCER_CLASS, annotation, pods::assigned_ips},
     ipam::used_ranges,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Service};
 use kube::{ResourceExt, api::ObjectMeta};
 
-use super::{Caches, Context, Error, Settings, pools, quotas, services};
+use super::{Caches, Context, Error, Settings, pods, pools, quotas, services};
 use crate::{
     allocation::{events::Events, fake_api::FakeApiServer, subnets::OrphanClock},
     controller::Backoff,
@@ -81,7 +81,7 @@ fn namespace(name: &str, project: Option<&str>) -> Namespace {
 }
 
 /// A context whose caches hold what `server` holds now.
-fn context(server: &FakeApiServer, settings: Settings) -> Arc<Context> {
+pub(super) fn context(server: &FakeApiServer, settings: Settings) -> Arc<Context> {
     let client = server.client();
     Arc::new(Context {
         events: Events::new(client.clone()),
@@ -92,6 +92,7 @@ fn context(server: &FakeApiServer, settings: Settings) -> Arc<Context> {
             pools: store(server.list()).0,
             quotas: store(server.list()).0,
             namespaces: store(server.list()).0,
+            pods: store(server.list()).0,
         },
         settings,
         backoff: Backoff::default(),
@@ -567,6 +568,9 @@ async fn the_documented_example_gets_the_documented_addresses() {
             }
             "Namespace" => server.insert(&serde_json::from_value::<Namespace>(object).unwrap()),
             "Service" => server.insert(&serde_json::from_value::<Service>(object).unwrap()),
+            "Pod" => server.insert(&serde_json::from_value::<Pod>(object).unwrap()),
+            // The pods' own addresses are the allocation controller's.
+            "FlatNetworkSubnet" => {}
             other => panic!("no step for {other}"),
         }
     }
@@ -580,6 +584,33 @@ async fn the_documented_example_gets_the_documented_addresses() {
         vec![ip("fd00:50::10"), ip("192.168.50.10")]
     );
     assert_eq!(ingress(&server, "api-grpc"), ingress(&server, "api"));
-    let status = server.list::<FloatingIPPool>()[0].status.clone().unwrap();
-    assert_eq!((status.used_ip_count, status.total_ip_count), (3, 26));
+    let usage = |name: &str| {
+        let pool = server
+            .list::<FloatingIPPool>()
+            .into_iter()
+            .find(|p| p.name_any() == name);
+        let status = pool.and_then(|p| p.status).unwrap();
+        (status.used_ip_count, status.total_ip_count)
+    };
+    assert_eq!(usage("lan-50"), (3, 26));
+    // The active/standby pair shares one address.
+    for name in ["vnf-0", "vnf-1"] {
+        let pod = server
+            .list::<Pod>()
+            .into_iter()
+            .find(|p| p.name_any() == name)
+            .unwrap();
+        pods::reconcile(Arc::new(pod), context(&server, settings.clone()))
+            .await
+            .unwrap();
+    }
+    for pod in server.list::<Pod>() {
+        assert_eq!(
+            assigned_ips(&pod),
+            vec![ip("192.168.60.10")],
+            "{}",
+            pod.name_any()
+        );
+    }
+    assert_eq!(usage("vnf-60"), (1, 10));
 }

@@ -1,0 +1,291 @@
+//! Floating addresses of pods, the pure part: what a pod asks for (its
+//! annotations), the addresses the operator gave it, and which pod of an
+//! active/standby set holds them.
+//!
+//! A pod asks with `flatnetwork.pandaria.io/floating-ip-pool` (an address
+//! of every family the pool has) or `flatnetwork.pandaria.io/floating-ip`
+//! (fixed addresses). Pods of one namespace with the same
+//! `flatnetwork.pandaria.io/floating-ip-set` share the addresses; the
+//! operator writes them to every member's
+//! `flatnetwork.pandaria.io/floating-ip-assigned`. Of the pods listing an
+//! address, the [`active_pod`] holds it: the one ready the longest, so a
+//! standby that becomes ready never takes the address from a ready active
+//! pod, and the old active pod, ready again, stays the standby.
+
+use std::net::IpAddr;
+
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+
+use super::{RequestError, annotation};
+
+/// What a pod asks of the floating addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodFloatingRequest {
+    /// The pool named by annotation.
+    pub pool: Option<String>,
+    /// Fixed addresses.
+    pub fixed: Vec<IpAddr>,
+    /// The active/standby set, when the pod is in one.
+    pub set: Option<String>,
+}
+
+/// The trimmed, non-empty value of `key` on `pod`.
+fn annotation_of<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// A comma-separated list of addresses.
+fn parse_list(value: &str) -> Option<Vec<IpAddr>> {
+    value.split(',').map(|a| a.trim().parse().ok()).collect()
+}
+
+/// What `pod` asks for; `None` when it asks for no floating address.
+///
+/// # Errors
+/// A fixed address that does not parse.
+pub fn pod_request_of(pod: &Pod) -> Result<Option<PodFloatingRequest>, RequestError> {
+    let pool = annotation_of(pod, annotation::POOL).map(str::to_owned);
+    let fixed = match annotation_of(pod, annotation::ADDRESSES) {
+        None => Vec::new(),
+        Some(value) => parse_list(value).ok_or_else(|| RequestError::BadAddress {
+            source_field: annotation::ADDRESSES,
+            value: value.to_owned(),
+        })?,
+    };
+    if pool.is_none() && fixed.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(PodFloatingRequest {
+        pool,
+        fixed,
+        set: annotation_of(pod, annotation::SET).map(str::to_owned),
+    }))
+}
+
+/// The floating addresses the operator gave `pod` (none when the
+/// annotation is missing or does not parse: the operator rewrites it).
+pub fn assigned_ips(pod: &Pod) -> Vec<IpAddr> {
+    annotation_of(pod, annotation::ASSIGNED)
+        .and_then(parse_list)
+        .unwrap_or_default()
+}
+
+/// The annotation value listing `addrs`.
+pub fn assigned_value(addrs: &[IpAddr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Since when `pod` is ready to hold its addresses: running on a node, not
+/// being deleted, its `Ready` condition true (since its last transition).
+pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
+    if pod.metadata.deletion_timestamp.is_some()
+        || pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none()
+    {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    Some(
+        ready
+            .last_transition_time
+            .as_ref()
+            .map_or(Timestamp::MAX, |t| t.0),
+    )
+}
+
+/// The pod that holds an address among the pods listing it: the ready one
+/// ready the longest, ties broken by namespace and name. The same for
+/// every observer of the same pods, whatever their order.
+pub fn active_pod<'a>(members: impl IntoIterator<Item = &'a Pod>) -> Option<&'a Pod> {
+    members
+        .into_iter()
+        .filter_map(|pod| Some((ready_since(pod)?, pod)))
+        .min_by(|(a, p), (b, q)| {
+            (a, &p.metadata.namespace, &p.metadata.name).cmp(&(
+                b,
+                &q.metadata.namespace,
+                &q.metadata.name,
+            ))
+        })
+        .map(|(_, pod)| pod)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::{
+        api::core::v1::{PodCondition, PodSpec, PodStatus},
+        apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    };
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("telco".into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-a".into()),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    /// A running pod, ready since `since` seconds after the epoch, or not
+    /// ready.
+    fn running(name: &str, ready_since: Option<i64>) -> Pod {
+        let mut p = pod(name, &[]);
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready_since.is_some() {
+                    "True"
+                } else {
+                    "False"
+                }
+                .into(),
+                last_transition_time: ready_since.map(|s| Time(Timestamp::from_second(s).unwrap())),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        });
+        p
+    }
+
+    #[test]
+    fn a_pool_or_fixed_addresses_ask_and_nothing_else_does() {
+        assert_eq!(pod_request_of(&pod("a", &[])).unwrap(), None);
+        assert_eq!(
+            pod_request_of(&pod("a", &[(annotation::SET, "pair")])).unwrap(),
+            None
+        );
+        let asked = pod(
+            "a",
+            &[
+                (annotation::POOL, " lan "),
+                (annotation::SET, "pair"),
+                (annotation::ADDRESSES, "10.0.0.5, fd00::5"),
+            ],
+        );
+        assert_eq!(
+            pod_request_of(&asked).unwrap(),
+            Some(PodFloatingRequest {
+                pool: Some("lan".into()),
+                fixed: vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
+                set: Some("pair".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn a_bad_fixed_address_is_named() {
+        let error = pod_request_of(&pod("a", &[(annotation::ADDRESSES, "10.0.0.300")]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("flatnetwork.pandaria.io/floating-ip holds \"10.0.0.300\""));
+    }
+
+    #[test]
+    fn assigned_addresses_round_trip_and_garbage_reads_as_none() {
+        let addrs: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        let value = assigned_value(&addrs);
+        assert_eq!(
+            assigned_ips(&pod("a", &[(annotation::ASSIGNED, &value)])),
+            addrs
+        );
+        assert!(assigned_ips(&pod("a", &[(annotation::ASSIGNED, "x")])).is_empty());
+    }
+
+    #[test]
+    fn the_pod_ready_longest_is_active_and_unready_or_leaving_pods_never_are() {
+        let active = running("b", Some(100));
+        let standby = running("a", Some(200));
+        let unready = running("c", None);
+        assert_eq!(
+            active_pod([&standby, &unready, &active]).and_then(|p| p.metadata.name.clone()),
+            Some("b".into())
+        );
+        let mut leaving = active.clone();
+        leaving.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(300).unwrap()));
+        assert_eq!(
+            active_pod([&leaving, &standby]).and_then(|p| p.metadata.name.clone()),
+            Some("a".into())
+        );
+        let mut pending = running("d", Some(1));
+        pending.status.as_mut().unwrap().phase = Some("Pending".into());
+        let mut unscheduled = running("e", Some(1));
+        unscheduled.spec.as_mut().unwrap().node_name = None;
+        assert_eq!(active_pod([&unready, &pending, &unscheduled]), None);
+    }
+
+    #[test]
+    fn an_old_active_pod_ready_again_stays_the_standby() {
+        // b was active, went unready at 300 and is ready again from 400;
+        // a took over at 300 (ready since 200).
+        let a = running("a", Some(200));
+        let b = running("b", Some(400));
+        assert_eq!(
+            active_pod([&b, &a]).and_then(|p| p.metadata.name.clone()),
+            Some("a".into())
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn every_observer_picks_the_same_active_pod(
+            readiness in proptest::collection::vec(proptest::option::of(0i64..5), 1..6),
+            rotation in 0usize..6,
+        ) {
+            let pods: Vec<Pod> = readiness
+                .iter()
+                .enumerate()
+                .map(|(i, r)| running(&format!("p{i}"), *r))
+                .collect();
+            let mut seen: Vec<&Pod> = pods.iter().collect();
+            let first = active_pod(seen.iter().copied()).cloned();
+            seen.rotate_left(rotation % pods.len());
+            seen.reverse();
+            let second = active_pod(seen.iter().copied()).cloned();
+            prop_assert_eq!(&first, &second);
+            // Some pod is active exactly when some pod is ready.
+            prop_assert_eq!(first.is_some(), readiness.iter().any(Option::is_some));
+            if let Some(active) = first {
+                let since = ready_since(&active).unwrap();
+                prop_assert!(pods.iter().filter_map(ready_since).all(|s| since <= s));
+            }
+        }
+    }
+}
