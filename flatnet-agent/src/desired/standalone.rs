@@ -11,6 +11,7 @@ use std::{
     fs::File,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use flatnet_k8s::{
@@ -625,13 +626,12 @@ struct Store {
 pub struct Standalone {
     /// The state file followed, if any; its changes apply from the next ADD.
     source: Option<StateSource>,
-    path: PathBuf,
     store: Mutex<Store>,
-    /// The version of the store the file on disk holds. Changes are made
-    /// in memory under the store's lock and written after it, so
-    /// concurrent claims do not queue behind each other's file writes,
-    /// and one write carries every change made before it.
-    written: Mutex<u64>,
+    /// Writes the allocation file. Changes are made in memory under the
+    /// store's lock and written after it, so concurrent claims do not
+    /// queue behind each other's file writes, and one write carries every
+    /// change made before it.
+    writer: Arc<AllocationWriter>,
     _lock: Flock<File>,
     /// Where the wire inventory is pinned, when allocation consults it.
     wire_inventory: Option<PathBuf>,
@@ -665,7 +665,6 @@ impl Standalone {
         let pools = build_pools(&state, &file);
         Ok(Self {
             source: None,
-            path,
             store: Mutex::new(Store {
                 state: LoadedState {
                     text: String::new(),
@@ -675,7 +674,10 @@ impl Standalone {
                 pools,
                 version: 0,
             }),
-            written: Mutex::new(0),
+            writer: Arc::new(AllocationWriter {
+                path: path.clone(),
+                written: std::sync::Mutex::new(0),
+            }),
             _lock: lock,
             wire_inventory: None,
         })
@@ -757,43 +759,17 @@ impl Standalone {
         self.store.lock().await.file.allocations.clone()
     }
 
-    /// Writes the allocation file, without waiting for the disk: an
-    /// allocation is durable through the attachment record ADD writes
-    /// before it creates anything, and [`Self::adopt_records`] rebuilds
-    /// the file from the records at start-up.
-    fn save(&self, file: &AllocationFile) -> Result<(), DesiredStateError> {
-        self.write(file, false)
-    }
-
     /// Returns once the file holds version `version` of the store or a
-    /// later one (see [`Self::save`]).
+    /// later one (see [`AllocationWriter`]).
     async fn flush(&self, version: u64) -> Result<(), DesiredStateError> {
-        let mut written = self.written.lock().await;
-        if *written >= version {
+        if self.writer.holds(version) {
             return Ok(());
         }
         let (file, latest) = {
             let store = self.store.lock().await;
             (store.file.clone(), store.version)
         };
-        self.save(&file)?;
-        *written = latest;
-        Ok(())
-    }
-
-    fn write(&self, file: &AllocationFile, durable: bool) -> Result<(), DesiredStateError> {
-        let bytes = serde_json::to_vec_pretty(file).expect("allocations serialize");
-        let written = if durable {
-            write_atomic(&self.path, &bytes)
-        } else {
-            write_atomic_unsynced(&self.path, &bytes)
-        };
-        written.map_err(|e| {
-            DesiredStateError::Storage(format!(
-                "cannot write the allocation file {}: {e}",
-                self.path.display()
-            ))
-        })
+        crate::atomic_file::off_runtime(|| self.writer.write(&file, latest, false))
     }
 
     /// Makes the allocations those of the attachment records (the durable
@@ -831,10 +807,10 @@ impl Standalone {
             tracing::info!(address = %gone.address, key = %gone.key, "allocation without an attachment record released");
         }
         let file = AllocationFile { allocations };
-        self.write(&file, true)?;
+        store.version += 1;
+        self.writer.write(&file, store.version, true)?;
         store.pools = build_pools(&store.state.state, &file);
         store.file = file;
-        store.version += 1;
         Ok(())
     }
 
@@ -863,6 +839,53 @@ impl Standalone {
         let version = store.version;
         drop(store);
         self.flush(version).await
+    }
+}
+
+/// Writes the allocation file, without waiting for the disk (except at
+/// start-up): an allocation is durable through the attachment record ADD
+/// writes before answering, and [`Standalone::adopt_records`] rebuilds the
+/// file from the records at start-up.
+struct AllocationWriter {
+    path: PathBuf,
+    /// The version of the store the file holds; held while writing, so
+    /// versions reach the file in order and an older one never replaces
+    /// a newer.
+    written: std::sync::Mutex<u64>,
+}
+
+impl AllocationWriter {
+    /// Whether the file holds version `version` of the store or a later one.
+    fn holds(&self, version: u64) -> bool {
+        *self.written.lock().expect("allocation writer poisoned") >= version
+    }
+
+    /// Writes `file`, version `version` of the store, unless the file holds
+    /// that version or a later one already.
+    fn write(
+        &self,
+        file: &AllocationFile,
+        version: u64,
+        durable: bool,
+    ) -> Result<(), DesiredStateError> {
+        let mut written = self.written.lock().expect("allocation writer poisoned");
+        if *written >= version {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec_pretty(file).expect("allocations serialize");
+        let result = if durable {
+            write_atomic(&self.path, &bytes)
+        } else {
+            write_atomic_unsynced(&self.path, &bytes)
+        };
+        result.map_err(|e| {
+            DesiredStateError::Storage(format!(
+                "cannot write the allocation file {}: {e}",
+                self.path.display()
+            ))
+        })?;
+        *written = version;
+        Ok(())
     }
 }
 
@@ -955,29 +978,17 @@ impl DesiredState for Standalone {
             addresses.push(IpNet::new(address, prefix).expect("prefix of the subnet's family"));
         }
         if !taken.is_empty() {
-            store.file = file;
             store.version += 1;
             let version = store.version;
+            store.file = file.clone();
             drop(store);
-            if let Err(error) = self.flush(version).await {
-                // Nothing of this claim stays: neither the addresses nor
-                // their entries (a later write drops them from the file).
-                let mut store = self.store.lock().await;
-                for (subnet, ip) in &taken {
-                    if let Some(pool) = store.pools.get_mut(subnet) {
-                        pool.release(*ip);
-                    }
+            // Written while the interface is made; `activate` waits for it.
+            let writer = Arc::clone(&self.writer);
+            tokio::task::spawn_blocking(move || {
+                if let Err(error) = writer.write(&file, version, false) {
+                    tracing::warn!(%error, "allocation file not written; the ADD's activation tries again");
                 }
-                store.file.allocations.retain(|a| {
-                    !(a.key == request.key
-                        && a.network == request.network
-                        && taken
-                            .iter()
-                            .any(|(subnet, ip)| *subnet == a.subnet && *ip == a.address))
-                });
-                store.version += 1;
-                return Err(error);
-            }
+            });
         }
         Ok(DesiredInterface {
             subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),
@@ -986,6 +997,8 @@ impl DesiredState for Standalone {
         })
     }
 
+    /// The claim's allocation is in the allocation file once this returns
+    /// (written while the interface was made, or now).
     async fn activate(
         &self,
         _key: &AttachmentKey,
@@ -994,7 +1007,8 @@ impl DesiredState for Standalone {
         _mac: MacAddr,
         _mtu: u32,
     ) -> Result<(), DesiredStateError> {
-        Ok(())
+        let version = self.store.lock().await.version;
+        self.flush(version).await
     }
 
     async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
@@ -1130,6 +1144,19 @@ networks:
                 "2001:db8::2/64".parse().unwrap()
             ]
         );
+        // In the file once an activation returns (written meanwhile).
+        store
+            .activate(
+                &request("dual", "b").key,
+                &PodRef::default(),
+                &dual,
+                [2, 0, 0, 0, 0, 1],
+                1500,
+            )
+            .await
+            .unwrap();
+        let in_file = std::fs::read_to_string(dir.path().join(ALLOCATION_FILE)).unwrap();
+        assert_eq!(in_file.matches("\"address\"").count(), 3, "{in_file}");
         drop(store);
 
         let store = Standalone::open(state(), dir.path()).unwrap();
