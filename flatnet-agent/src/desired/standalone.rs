@@ -1129,6 +1129,15 @@ networks:
         }
     }
 
+    /// What ADD does before it answers: the claim is in the file after it.
+    async fn activate(store: &Standalone, container: &str, claim: &DesiredInterface) {
+        let key = request("flat", container).key;
+        store
+            .activate(&key, &PodRef::default(), claim, [2, 0, 0, 0, 0, 1], 1500)
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn allocations_are_stable_released_and_survive_reopening() {
         let dir = tempfile::tempdir().unwrap();
@@ -1145,16 +1154,7 @@ networks:
             ]
         );
         // In the file once an activation returns (written meanwhile).
-        store
-            .activate(
-                &request("dual", "b").key,
-                &PodRef::default(),
-                &dual,
-                [2, 0, 0, 0, 0, 1],
-                1500,
-            )
-            .await
-            .unwrap();
+        activate(&store, "b", &dual).await;
         let in_file = std::fs::read_to_string(dir.path().join(ALLOCATION_FILE)).unwrap();
         assert_eq!(in_file.matches("\"address\"").count(), 3, "{in_file}");
         drop(store);
@@ -1406,6 +1406,7 @@ networks:
         // The orphan's address is free again; the record's is not.
         let next = store.claim(&request("flat", "next")).await.unwrap();
         assert_eq!(next.addresses, ["192.0.2.2/29".parse::<IpNet>().unwrap()]);
+        activate(&store, "next", &next).await;
         drop(store);
         let store = Standalone::open(state(), dir.path()).unwrap();
         assert_eq!(store.allocations().await.len(), 2, "written durably");
