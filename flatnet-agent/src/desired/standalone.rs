@@ -854,6 +854,19 @@ struct AllocationWriter {
     written: std::sync::Mutex<u64>,
 }
 
+impl Drop for Standalone {
+    /// Waits for a write in progress and turns away those still to come:
+    /// after the lock on the directory goes, only a new owner writes.
+    fn drop(&mut self) {
+        let mut written = self
+            .writer
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *written = u64::MAX;
+    }
+}
+
 impl AllocationWriter {
     /// Whether the file holds version `version` of the store or a later one.
     fn holds(&self, version: u64) -> bool {
@@ -1184,6 +1197,25 @@ networks:
     }
 
     #[tokio::test]
+    async fn a_write_after_the_store_is_gone_does_not_reach_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        let writer = Arc::clone(&store.writer);
+        store.claim(&request("flat", "a")).await.unwrap();
+        drop(store);
+        let reopened = Standalone::open(state(), dir.path()).unwrap();
+        let claim = reopened.claim(&request("flat", "b")).await.unwrap();
+        activate(&reopened, "b", &claim).await;
+        // As a write of the first store still queued would do.
+        let stale = AllocationFile {
+            allocations: Vec::new(),
+        };
+        writer.write(&stale, 100, false).unwrap();
+        let in_file = std::fs::read_to_string(dir.path().join(ALLOCATION_FILE)).unwrap();
+        assert!(in_file.contains("\"b\""), "{in_file}");
+    }
+
+    #[tokio::test]
     async fn a_second_agent_cannot_open_the_same_directory() {
         let dir = tempfile::tempdir().unwrap();
         let _first = Standalone::open(state(), dir.path()).unwrap();
@@ -1385,7 +1417,8 @@ networks:
         let dir = tempfile::tempdir().unwrap();
         let store = Standalone::open(state(), dir.path()).unwrap();
         // In the file only: its ADD never wrote a record.
-        store.claim(&request("flat", "orphan")).await.unwrap();
+        let orphan = store.claim(&request("flat", "orphan")).await.unwrap();
+        activate(&store, "orphan", &orphan).await;
         drop(store);
         let store = Standalone::open(state(), dir.path()).unwrap();
         // Recorded only: the file lost the claim.
