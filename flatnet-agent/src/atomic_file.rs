@@ -7,6 +7,22 @@ use std::{
     path::Path,
 };
 
+/// Runs `io` (a file write or sync that may wait for the disk) without
+/// stalling the async runtime it is called on: on the multi-threaded
+/// runtime the thread's other tasks move to another thread meanwhile
+/// (`block_in_place`), so concurrent CNI commands go on while one waits
+/// for the disk. Outside it (a current-thread runtime, no runtime) it
+/// simply runs.
+pub(crate) fn off_runtime<T>(io: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(io)
+        }
+        _ => io(),
+    }
+}
+
 /// Writes `bytes` to `path` (mode 0600) through a temporary file in the same
 /// directory, `fsync`, `rename` and an `fsync` of the directory, creating
 /// the directory (mode 0700) when missing.

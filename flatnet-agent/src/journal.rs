@@ -154,6 +154,17 @@ where
         self.make_durable(written)
     }
 
+    /// Sets `key` to `value` in the file without waiting for the disk: the
+    /// change survives the process (the kernel holds the written pages)
+    /// and becomes durable with the next change that is made durable
+    /// ([`Self::put`], [`Self::remove`]), this caller's or a concurrent
+    /// one's, since a sync covers everything written before it. Only for
+    /// values whose loss in a power cut loses nothing, e.g. one that
+    /// describes kernel state a reboot removes anyway.
+    pub fn put_unsynced(&self, key: K, value: V) -> Result<(), JournalError> {
+        self.write(key, Some(value)).map(drop)
+    }
+
     /// Removes `key` (absent: nothing to do), on disk before this returns.
     pub fn remove(&self, key: &K) -> Result<(), JournalError> {
         if !self.state().map.contains_key(key) {
@@ -200,6 +211,10 @@ where
     /// Returns once `written` is durable: after a sync that started after
     /// it was written, this caller's or another's.
     fn make_durable(&self, written: Written) -> Result<(), JournalError> {
+        crate::atomic_file::off_runtime(|| self.sync_covering(written))
+    }
+
+    fn sync_covering(&self, written: Written) -> Result<(), JournalError> {
         let _turn = self.sync_turn.lock().expect("journal sync lock poisoned");
         let (file, generation, end) = {
             let state = self.state();
@@ -356,6 +371,28 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["j"], "no temporary file left");
+    }
+
+    #[test]
+    fn an_unsynced_change_is_read_back_and_made_durable_by_the_next_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let journal = Map::open(&path, Vec::new()).unwrap();
+        journal.put_unsynced("staged".into(), 1).unwrap();
+        assert_eq!(journal.get(&"staged".into()), Some(1));
+        assert_eq!(
+            Map::read(&path).unwrap(),
+            BTreeMap::from([("staged".to_owned(), 1)]),
+            "in the file (a process crash keeps it)"
+        );
+        let durable_before = journal.state().durable;
+        journal.put("synced".into(), 2).unwrap();
+        let state = journal.state();
+        assert_eq!(
+            state.durable, state.tail,
+            "the sync covers the staged entry"
+        );
+        assert!(state.durable > durable_before);
     }
 
     #[test]

@@ -1,10 +1,21 @@
 //! Running code inside another network namespace.
 //!
 //! `setns(2)` changes the namespace of the calling thread only, so work is
-//! done on a dedicated short-lived thread and the caller's thread (and the
-//! async runtime's workers) never change namespace.
+//! done on a namespace thread and the caller's thread (and the async
+//! runtime's workers) never change namespace. Namespace threads are kept:
+//! after the work a thread goes back into the process's namespace and
+//! waits for the next, so an entry costs two `setns` calls (a few µs),
+//! not a thread's start (tens of µs, milliseconds on a busy node).
 
-use std::{fs::File, io, os::fd::AsRawFd, path::Path, thread};
+use std::{
+    fs::File,
+    io,
+    os::fd::AsRawFd,
+    panic::{AssertUnwindSafe, catch_unwind},
+    path::Path,
+    sync::{Mutex, OnceLock, mpsc},
+    thread,
+};
 
 use nix::{
     sched::{CloneFlags, setns},
@@ -117,8 +128,8 @@ pub fn is_netns(path: &Path) -> bool {
     open_netns(path).is_ok()
 }
 
-/// Runs `work` on a fresh thread that has joined the network namespace at
-/// `netns_path`, and returns its result.
+/// Runs `work` on a namespace thread that has joined the network namespace
+/// at `netns_path`, and returns its result.
 pub fn run_in_netns<T, F>(netns_path: &Path, work: F) -> Result<T, NetnsError>
 where
     T: Send,
@@ -126,18 +137,107 @@ where
 {
     let path = netns_path.display().to_string();
     let file = open_netns(netns_path)?;
-    thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                setns(&file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
-                    path: path.clone(),
-                    source,
-                })?;
-                Ok(work())
-            })
-            .join()
-            .map_err(|_| NetnsError::Panicked { path: path.clone() })?
-    })
+    let mut outcome = None;
+    let finished = {
+        let outcome = &mut outcome;
+        let path = &path;
+        run_on_namespace_thread(Box::new(move || {
+            *outcome = Some(
+                setns(&file, CloneFlags::CLONE_NEWNET)
+                    .map(|()| work())
+                    .map_err(|source| NetnsError::Enter {
+                        path: path.clone(),
+                        source,
+                    }),
+            );
+        }))
+    };
+    match outcome {
+        Some(result) if finished => result,
+        _ => Err(NetnsError::Panicked { path }),
+    }
+}
+
+/// Work for a namespace thread; its borrows outlive the run (see
+/// [`run_on_namespace_thread`]).
+type Job<'a> = Box<dyn FnOnce() + Send + 'a>;
+
+/// A job as a namespace thread takes it: the work and where to say that it
+/// is over (true: it returned, false: it panicked).
+struct Dispatched {
+    work: Job<'static>,
+    over: mpsc::SyncSender<bool>,
+}
+
+/// Idle namespace threads, each back in the process's namespace.
+static IDLE: Mutex<Vec<mpsc::Sender<Dispatched>>> = Mutex::new(Vec::new());
+
+/// Idle namespace threads kept; more are started when more work runs at
+/// once, and end when they find the pool full.
+const MAX_IDLE: usize = 8;
+
+/// Runs `work` on an idle namespace thread (a new one when none is idle)
+/// and waits until it is over; returns whether it returned (false: it
+/// panicked).
+fn run_on_namespace_thread(work: Job<'_>) -> bool {
+    // SAFETY: only the lifetime is changed. The thread consumes the box
+    // (runs the work, or drops it on a panic) before it sends `over`, and
+    // this function returns only after receiving it, so nothing the work
+    // borrows is used after it is gone. `over` is sent on every path: the
+    // work runs under `catch_unwind`, and a thread that cannot take the
+    // job hands it back through the failed send (below), dropping nothing.
+    let work: Job<'static> = unsafe { std::mem::transmute::<Job<'_>, Job<'static>>(work) };
+    let (over, is_over) = mpsc::sync_channel(1);
+    let mut job = Dispatched { work, over };
+    loop {
+        let idle = IDLE.lock().expect("namespace thread pool poisoned").pop();
+        match idle {
+            // A thread that ended leaves its sender behind: the job comes back.
+            Some(thread) => match thread.send(job) {
+                Ok(()) => break,
+                Err(mpsc::SendError(back)) => job = back,
+            },
+            None => {
+                let (tx, rx) = mpsc::channel();
+                tx.send(job).expect("the receiver is here");
+                match thread::Builder::new()
+                    .name("flatnet-netns".into())
+                    .spawn(move || namespace_thread(&tx, &rx))
+                {
+                    Ok(_) => break,
+                    Err(error) => panic!("cannot start a namespace thread: {error}"),
+                }
+            }
+        }
+    }
+    is_over.recv().unwrap_or(false)
+}
+
+/// The process's own network namespace, where namespace threads return.
+fn home_namespace() -> Option<&'static File> {
+    static HOME: OnceLock<Option<File>> = OnceLock::new();
+    HOME.get_or_init(|| File::open("/proc/self/ns/net").ok())
+        .as_ref()
+}
+
+/// A namespace thread: runs jobs, going back into the process's namespace
+/// after each; ends when that fails (it must not run the next job in a
+/// pod's namespace) or the pool is full.
+fn namespace_thread(me: &mpsc::Sender<Dispatched>, jobs: &mpsc::Receiver<Dispatched>) {
+    while let Ok(Dispatched { work, over }) = jobs.recv() {
+        let returned = catch_unwind(AssertUnwindSafe(work)).is_ok();
+        let home =
+            home_namespace().is_some_and(|home| setns(home, CloneFlags::CLONE_NEWNET).is_ok());
+        let _ = over.send(returned);
+        if !home {
+            return;
+        }
+        let mut idle = IDLE.lock().expect("namespace thread pool poisoned");
+        if idle.len() >= MAX_IDLE {
+            return;
+        }
+        idle.push(me.clone());
+    }
 }
 
 #[cfg(test)]
@@ -186,5 +286,68 @@ mod tests {
         let error = open_netns(Path::new("/proc/self/ns/uts")).unwrap_err();
         assert!(error.to_string().contains("another kind"), "{error}");
         assert!(is_netns(Path::new("/proc/self/ns/net")));
+    }
+
+    /// The namespace a thread is in, by inode.
+    fn current_namespace() -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino()
+    }
+
+    #[test]
+    fn namespace_threads_return_home_and_report_panics() {
+        let home = current_namespace();
+        let here = Path::new("/proc/self/ns/net");
+        // Borrowed data is written by the work.
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            run_in_netns(here, || seen.push(current_namespace())).unwrap();
+        }
+        assert_eq!(seen, [home; 3]);
+        let error = run_in_netns(here, || panic!("work fails")).unwrap_err();
+        assert!(matches!(error, NetnsError::Panicked { .. }), "{error}");
+        // Concurrent entries each get a thread.
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let inside = run_in_netns(here, current_namespace).unwrap();
+                    assert_eq!(inside, home);
+                });
+            }
+        });
+        assert!(IDLE.lock().unwrap().len() <= MAX_IDLE);
+    }
+
+    #[test]
+    fn a_namespace_thread_enters_the_namespace_and_comes_back() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("FLATNET_REQUIRE_PRIVILEGED").is_none(),
+                "needs root (unshare)"
+            );
+            eprintln!("skipped: needs root (unshare)");
+            return;
+        }
+        let home = current_namespace();
+        // A thread in a namespace of its own, alive while the test runs.
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let owner = thread::spawn(move || {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).unwrap();
+            tid_tx
+                .send((nix::unistd::gettid(), current_namespace()))
+                .unwrap();
+            let _ = done_rx.recv();
+        });
+        let (tid, other) = tid_rx.recv().unwrap();
+        assert_ne!(other, home);
+        let path = std::path::PathBuf::from(format!("/proc/self/task/{tid}/ns/net"));
+        for _ in 0..3 {
+            assert_eq!(run_in_netns(&path, current_namespace).unwrap(), other);
+            let back = run_in_netns(Path::new("/proc/self/ns/net"), current_namespace).unwrap();
+            assert_eq!(back, home, "the thread went back before its next job");
+        }
+        drop(done_tx);
+        owner.join().unwrap();
     }
 }

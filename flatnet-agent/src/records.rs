@@ -183,6 +183,18 @@ impl Records {
             .map_err(journal_error)
     }
 
+    /// Writes (replaces) a record without waiting for the disk: it
+    /// survives an agent crash and is durable with the next [`Self::save`]
+    /// or [`Self::remove`]. For the pending record of an ADD: what it
+    /// describes (the pod's interface, node routes, VLAN leases under
+    /// `/run`) does not survive a power cut either, and the ADD has not
+    /// answered; the ready record's sync makes both durable.
+    pub fn save_unsynced(&self, record: &AttachmentRecord) -> Result<(), RecordError> {
+        self.journal
+            .put_unsynced(record.key.clone(), record.clone())
+            .map_err(journal_error)
+    }
+
     /// The record of `key`, if any.
     pub fn load(&self, key: &AttachmentKey) -> Result<Option<AttachmentRecord>, RecordError> {
         Ok(self.journal.get(key))

@@ -122,7 +122,7 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(link_error(&error));
         }
-        if let Err(error) = timed("record_pending", || self.records.save(&record)) {
+        if let Err(error) = timed("record_pending", || self.records.save_unsynced(&record)) {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }

@@ -11,6 +11,7 @@ use std::{
     fs::File,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use flatnet_k8s::{
@@ -639,13 +640,12 @@ struct Store {
 pub struct Standalone {
     /// The state file followed, if any; its changes apply from the next ADD.
     source: Option<StateSource>,
-    path: PathBuf,
     store: Mutex<Store>,
-    /// The version of the store the file on disk holds. Changes are made
-    /// in memory under the store's lock and written after it, so
-    /// concurrent claims do not queue behind each other's file writes,
-    /// and one write carries every change made before it.
-    written: Mutex<u64>,
+    /// Writes the allocation file. Changes are made in memory under the
+    /// store's lock and written after it, so concurrent claims do not
+    /// queue behind each other's file writes, and one write carries every
+    /// change made before it.
+    writer: Arc<AllocationWriter>,
     _lock: Flock<File>,
     /// Where the wire inventory is pinned, when allocation consults it.
     wire_inventory: Option<PathBuf>,
@@ -679,7 +679,6 @@ impl Standalone {
         let pools = build_pools(&state, &file);
         Ok(Self {
             source: None,
-            path,
             store: Mutex::new(Store {
                 state: LoadedState {
                     text: String::new(),
@@ -689,7 +688,10 @@ impl Standalone {
                 pools,
                 version: 0,
             }),
-            written: Mutex::new(0),
+            writer: Arc::new(AllocationWriter {
+                path: path.clone(),
+                written: std::sync::Mutex::new(0),
+            }),
             _lock: lock,
             wire_inventory: None,
         })
@@ -771,43 +773,17 @@ impl Standalone {
         self.store.lock().await.file.allocations.clone()
     }
 
-    /// Writes the allocation file, without waiting for the disk: an
-    /// allocation is durable through the attachment record ADD writes
-    /// before it creates anything, and [`Self::adopt_records`] rebuilds
-    /// the file from the records at start-up.
-    fn save(&self, file: &AllocationFile) -> Result<(), DesiredStateError> {
-        self.write(file, false)
-    }
-
     /// Returns once the file holds version `version` of the store or a
-    /// later one (see [`Self::save`]).
+    /// later one (see [`AllocationWriter`]).
     async fn flush(&self, version: u64) -> Result<(), DesiredStateError> {
-        let mut written = self.written.lock().await;
-        if *written >= version {
+        if self.writer.holds(version) {
             return Ok(());
         }
         let (file, latest) = {
             let store = self.store.lock().await;
             (store.file.clone(), store.version)
         };
-        self.save(&file)?;
-        *written = latest;
-        Ok(())
-    }
-
-    fn write(&self, file: &AllocationFile, durable: bool) -> Result<(), DesiredStateError> {
-        let bytes = serde_json::to_vec_pretty(file).expect("allocations serialize");
-        let written = if durable {
-            write_atomic(&self.path, &bytes)
-        } else {
-            write_atomic_unsynced(&self.path, &bytes)
-        };
-        written.map_err(|e| {
-            DesiredStateError::Storage(format!(
-                "cannot write the allocation file {}: {e}",
-                self.path.display()
-            ))
-        })
+        crate::atomic_file::off_runtime(|| self.writer.write(&file, latest, false))
     }
 
     /// Makes the allocations those of the attachment records (the durable
@@ -845,10 +821,10 @@ impl Standalone {
             tracing::info!(address = %gone.address, key = %gone.key, "allocation without an attachment record released");
         }
         let file = AllocationFile { allocations };
-        self.write(&file, true)?;
+        store.version += 1;
+        self.writer.write(&file, store.version, true)?;
         store.pools = build_pools(&store.state.state, &file);
         store.file = file;
-        store.version += 1;
         Ok(())
     }
 
@@ -877,6 +853,66 @@ impl Standalone {
         let version = store.version;
         drop(store);
         self.flush(version).await
+    }
+}
+
+/// Writes the allocation file, without waiting for the disk (except at
+/// start-up): an allocation is durable through the attachment record ADD
+/// writes before answering, and [`Standalone::adopt_records`] rebuilds the
+/// file from the records at start-up.
+struct AllocationWriter {
+    path: PathBuf,
+    /// The version of the store the file holds; held while writing, so
+    /// versions reach the file in order and an older one never replaces
+    /// a newer.
+    written: std::sync::Mutex<u64>,
+}
+
+impl Drop for Standalone {
+    /// Waits for a write in progress and turns away those still to come:
+    /// after the lock on the directory goes, only a new owner writes.
+    fn drop(&mut self) {
+        let mut written = self
+            .writer
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *written = u64::MAX;
+    }
+}
+
+impl AllocationWriter {
+    /// Whether the file holds version `version` of the store or a later one.
+    fn holds(&self, version: u64) -> bool {
+        *self.written.lock().expect("allocation writer poisoned") >= version
+    }
+
+    /// Writes `file`, version `version` of the store, unless the file holds
+    /// that version or a later one already.
+    fn write(
+        &self,
+        file: &AllocationFile,
+        version: u64,
+        durable: bool,
+    ) -> Result<(), DesiredStateError> {
+        let mut written = self.written.lock().expect("allocation writer poisoned");
+        if *written >= version {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec_pretty(file).expect("allocations serialize");
+        let result = if durable {
+            write_atomic(&self.path, &bytes)
+        } else {
+            write_atomic_unsynced(&self.path, &bytes)
+        };
+        result.map_err(|e| {
+            DesiredStateError::Storage(format!(
+                "cannot write the allocation file {}: {e}",
+                self.path.display()
+            ))
+        })?;
+        *written = version;
+        Ok(())
     }
 }
 
@@ -969,29 +1005,17 @@ impl DesiredState for Standalone {
             addresses.push(IpNet::new(address, prefix).expect("prefix of the subnet's family"));
         }
         if !taken.is_empty() {
-            store.file = file;
             store.version += 1;
             let version = store.version;
+            store.file = file.clone();
             drop(store);
-            if let Err(error) = self.flush(version).await {
-                // Nothing of this claim stays: neither the addresses nor
-                // their entries (a later write drops them from the file).
-                let mut store = self.store.lock().await;
-                for (subnet, ip) in &taken {
-                    if let Some(pool) = store.pools.get_mut(subnet) {
-                        pool.release(*ip);
-                    }
+            // Written while the interface is made; `activate` waits for it.
+            let writer = Arc::clone(&self.writer);
+            tokio::task::spawn_blocking(move || {
+                if let Err(error) = writer.write(&file, version, false) {
+                    tracing::warn!(%error, "allocation file not written; the ADD's activation tries again");
                 }
-                store.file.allocations.retain(|a| {
-                    !(a.key == request.key
-                        && a.network == request.network
-                        && taken
-                            .iter()
-                            .any(|(subnet, ip)| *subnet == a.subnet && *ip == a.address))
-                });
-                store.version += 1;
-                return Err(error);
-            }
+            });
         }
         Ok(DesiredInterface {
             subnets: subnets.iter().map(|(named, _)| named.clone()).collect(),
@@ -1000,6 +1024,8 @@ impl DesiredState for Standalone {
         })
     }
 
+    /// The claim's allocation is in the allocation file once this returns
+    /// (written while the interface was made, or now).
     async fn activate(
         &self,
         _key: &AttachmentKey,
@@ -1008,7 +1034,8 @@ impl DesiredState for Standalone {
         _mac: MacAddr,
         _mtu: u32,
     ) -> Result<(), DesiredStateError> {
-        Ok(())
+        let version = self.store.lock().await.version;
+        self.flush(version).await
     }
 
     async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
@@ -1129,6 +1156,15 @@ networks:
         }
     }
 
+    /// What ADD does before it answers: the claim is in the file after it.
+    async fn activate(store: &Standalone, container: &str, claim: &DesiredInterface) {
+        let key = request("flat", container).key;
+        store
+            .activate(&key, &PodRef::default(), claim, [2, 0, 0, 0, 0, 1], 1500)
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn allocations_are_stable_released_and_survive_reopening() {
         let dir = tempfile::tempdir().unwrap();
@@ -1144,6 +1180,10 @@ networks:
                 "2001:db8::2/64".parse().unwrap()
             ]
         );
+        // In the file once an activation returns (written meanwhile).
+        activate(&store, "b", &dual).await;
+        let in_file = std::fs::read_to_string(dir.path().join(ALLOCATION_FILE)).unwrap();
+        assert_eq!(in_file.matches("\"address\"").count(), 3, "{in_file}");
         drop(store);
 
         let store = Standalone::open(state(), dir.path()).unwrap();
@@ -1168,6 +1208,25 @@ networks:
             .map(|a| a.key.container_id)
             .collect();
         assert_eq!(left, ["c", "d"]);
+    }
+
+    #[tokio::test]
+    async fn a_write_after_the_store_is_gone_does_not_reach_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Standalone::open(state(), dir.path()).unwrap();
+        let writer = Arc::clone(&store.writer);
+        store.claim(&request("flat", "a")).await.unwrap();
+        drop(store);
+        let reopened = Standalone::open(state(), dir.path()).unwrap();
+        let claim = reopened.claim(&request("flat", "b")).await.unwrap();
+        activate(&reopened, "b", &claim).await;
+        // As a write of the first store still queued would do.
+        let stale = AllocationFile {
+            allocations: Vec::new(),
+        };
+        writer.write(&stale, 100, false).unwrap();
+        let in_file = std::fs::read_to_string(dir.path().join(ALLOCATION_FILE)).unwrap();
+        assert!(in_file.contains("\"b\""), "{in_file}");
     }
 
     #[tokio::test]
@@ -1398,7 +1457,8 @@ networks:
         let dir = tempfile::tempdir().unwrap();
         let store = Standalone::open(state(), dir.path()).unwrap();
         // In the file only: its ADD never wrote a record.
-        store.claim(&request("flat", "orphan")).await.unwrap();
+        let orphan = store.claim(&request("flat", "orphan")).await.unwrap();
+        activate(&store, "orphan", &orphan).await;
         drop(store);
         let store = Standalone::open(state(), dir.path()).unwrap();
         // Recorded only: the file lost the claim.
@@ -1419,6 +1479,7 @@ networks:
         // The orphan's address is free again; the record's is not.
         let next = store.claim(&request("flat", "next")).await.unwrap();
         assert_eq!(next.addresses, ["192.0.2.2/29".parse::<IpNet>().unwrap()]);
+        activate(&store, "next", &next).await;
         drop(store);
         let store = Standalone::open(state(), dir.path()).unwrap();
         assert_eq!(store.allocations().await.len(), 2, "written durably");

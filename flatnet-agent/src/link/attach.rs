@@ -110,18 +110,10 @@ impl Setup<'_> {
             });
         }
 
-        let pod = self
+        let (pod, link) = self
             .create_child(&parent)
             .instrument(phase("attach.create"))
             .await?;
-        let pod_netns = pod.netns().to_owned();
-        let link = pod
-            .link_by_name(&spec.ifname)
-            .await?
-            .ok_or_else(|| LinkError::NotFound {
-                ifname: spec.ifname.clone(),
-                netns: pod_netns.clone(),
-            })?;
         let pod = self.pod.insert(pod);
 
         let kernel_notifies = spec.arp_policy == ArpPolicy::ArpNotify && {
@@ -173,16 +165,6 @@ impl Setup<'_> {
             .await?;
         }
 
-        // Read back what the kernel made (the MAC it picked, the MTU it inherited).
-        let pod = self.pod.as_ref().expect("opened above");
-        let link = pod
-            .link_by_name(&spec.ifname)
-            .instrument(phase("attach.read_back"))
-            .await?
-            .ok_or_else(|| LinkError::NotFound {
-                ifname: spec.ifname.clone(),
-                netns: pod_netns,
-            })?;
         tracing::info!(ifname = %spec.ifname, netns = %spec.netns.display(), parent = %parent.name, "attached");
         Ok(Attachment {
             ifname: spec.ifname.clone(),
@@ -217,40 +199,75 @@ impl Setup<'_> {
     }
 
     /// Creates the macvlan/ipvlan child directly inside the pod namespace
-    /// under its final name (no rename, so no window with a stray name).
-    /// Creates the pod interface under a temporary name, then renames it in
-    /// the pod. Linux 6.1 also checks a new link's name against the
-    /// namespace the request comes from, so creating `eth1` straight into a
-    /// pod fails with EEXIST on a node that has an `eth1` of its own.
-    /// Returns the pod's netlink handle.
-    async fn create_child(&mut self, parent: &Link) -> Result<Netlink, LinkError> {
+    /// under a temporary name, then renames it in the pod. Linux 6.1 also
+    /// checks a new link's name against the namespace the request comes
+    /// from, so creating `eth1` straight into a pod fails with EEXIST on a
+    /// node that has an `eth1` of its own. Returns the pod's netlink handle
+    /// and the interface as the kernel made it (index, the MAC it picked,
+    /// the MTU it inherited; bringing it up and addressing it changes
+    /// none of them).
+    async fn create_child(&mut self, parent: &Link) -> Result<(Netlink, Link), LinkError> {
         let spec = self.valid.spec();
         let pod = timed("attach.pod_socket", || Netlink::open(Some(&spec.netns)))?;
-        let taken = || LinkError::AlreadyExists {
-            ifname: spec.ifname.clone(),
-            netns: spec.netns.display().to_string(),
-        };
-        // The name is taken in the pod: that interface is not ours to undo.
-        if pod.link_by_name(&spec.ifname).await?.is_some() {
-            return Err(taken());
-        }
         let temporary = temporary_name(&spec.netns, &spec.ifname);
-        // Left over by an ADD that died between creating and renaming.
-        if let Some(stale) = pod.link_by_name(&temporary).await? {
-            pod.delete_link(stale.index, &temporary).await?;
+        match self.create_temporary(parent, &temporary).await {
+            // Left over by an ADD that died between creating and renaming.
+            Err(e) if e.errno() == Some(libc::EEXIST) => {
+                if let Some(stale) = pod.link_by_name(&temporary).await? {
+                    pod.delete_link(stale.index, &temporary).await?;
+                }
+                self.create_temporary(parent, &temporary).await?;
+            }
+            created => created?,
         }
+        self.undo.push(Undo::DeletePodLink {
+            name: temporary.clone(),
+        });
+        let mut link = pod
+            .link_by_name(&temporary)
+            .await?
+            .ok_or_else(|| LinkError::NotFound {
+                ifname: temporary.clone(),
+                netns: pod.netns().to_owned(),
+            })?;
+        let rename = LinkUnspec::new_with_index(link.index)
+            .name(spec.ifname.clone())
+            .build();
+        match pod.set_link("rename", &spec.ifname, rename).await {
+            Ok(()) => {}
+            // The name is taken in the pod: that interface is not ours to
+            // undo (the rollback removes ours).
+            Err(e) if e.errno() == Some(libc::EEXIST) => {
+                return Err(LinkError::AlreadyExists {
+                    ifname: spec.ifname.clone(),
+                    netns: spec.netns.display().to_string(),
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        link.name.clone_from(&spec.ifname);
+        self.undo.pop();
+        self.undo.push(Undo::DeletePodLink {
+            name: spec.ifname.clone(),
+        });
+        Ok((pod, link))
+    }
+
+    /// Creates the child as `temporary` in the pod's namespace.
+    async fn create_temporary(&self, parent: &Link, temporary: &str) -> Result<(), LinkError> {
+        let spec = self.valid.spec();
         let netns = open_netns_file(&spec.netns)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         let mut message = match spec.kind {
             LinkMode::Macvlan(mode) => {
-                let builder = LinkMacVlan::new(&temporary, parent.index, macvlan_mode(mode));
+                let builder = LinkMacVlan::new(temporary, parent.index, macvlan_mode(mode));
                 match spec.mac {
                     Some(mac) => builder.address(mac.to_vec()).setns_by_fd(fd).build(),
                     None => builder.setns_by_fd(fd).build(),
                 }
             }
             LinkMode::Ipvlan(mode, flag) => {
-                LinkIpVlan::new(&temporary, parent.index, ipvlan_mode(mode))
+                LinkIpVlan::new(temporary, parent.index, ipvlan_mode(mode))
                     .flag(ipvlan_flag(flag))
                     .setns_by_fd(fd)
                     .build()
@@ -268,40 +285,13 @@ impl Setup<'_> {
         let result = self.host.create_link(op, &spec.ifname, message).await;
         drop(netns);
         match result {
-            Ok(()) => {}
-            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => {
-                return Err(LinkError::Unsupported {
-                    kind,
-                    module: kind,
-                    subnet: spec.subnet.clone(),
-                });
-            }
-            Err(e) => return Err(e),
+            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => Err(LinkError::Unsupported {
+                kind,
+                module: kind,
+                subnet: spec.subnet.clone(),
+            }),
+            result => result,
         }
-        self.undo.push(Undo::DeletePodLink {
-            name: temporary.clone(),
-        });
-        let link = pod
-            .link_by_name(&temporary)
-            .await?
-            .ok_or_else(|| LinkError::NotFound {
-                ifname: temporary.clone(),
-                netns: pod.netns().to_owned(),
-            })?;
-        let rename = LinkUnspec::new_with_index(link.index)
-            .name(spec.ifname.clone())
-            .build();
-        match pod.set_link("rename", &spec.ifname, rename).await {
-            Ok(()) => {}
-            // Someone took the name meanwhile; the rollback removes ours.
-            Err(e) if e.errno() == Some(libc::EEXIST) => return Err(taken()),
-            Err(e) => return Err(e),
-        }
-        self.undo.pop();
-        self.undo.push(Undo::DeletePodLink {
-            name: spec.ifname.clone(),
-        });
-        Ok(pod)
     }
 
     /// Routes inside the pod: primary-interface destinations first (they need
