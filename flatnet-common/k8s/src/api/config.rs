@@ -10,7 +10,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::wire;
-use crate::ipam::{MacRange, MacRangeError};
+use crate::{
+    ipam::{MacRange, MacRangeError},
+    validation::{MAX_MTU, MIN_MTU_IPV4},
+};
 
 /// The only accepted name of the FlatNetworkConfig.
 pub const CONFIG_NAME: &str = "cluster";
@@ -125,6 +128,46 @@ impl MacPoolSpec {
     }
 }
 
+impl FlatNetworkConfigSpec {
+    /// Every problem of the spec, each naming its field: what the webhook
+    /// refuses.
+    #[must_use]
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Err(error) = self.mac_pool.range() {
+            problems.push(format!("spec.{error}"));
+        }
+        if let Some(mtu) = self.default_mtu
+            && mtu != 0
+            && !(MIN_MTU_IPV4..=MAX_MTU).contains(&mtu)
+        {
+            problems.push(format!(
+                "spec.defaultMtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}, or 0 for the parent link's"
+            ));
+        }
+        if let Some(policy) = &self.arp_policy
+            && !["arp_notify", "arping"].contains(&policy.as_str())
+        {
+            problems.push(format!(
+                "spec.arpPolicy {policy:?} is not a policy: use arp_notify or arping"
+            ));
+        }
+        problems
+    }
+
+    /// Warnings for a spec without [`problems`](Self::problems): what the
+    /// webhook admits but the user should hear about.
+    #[must_use]
+    pub fn warnings(&self) -> Vec<String> {
+        match self.mac_pool.range() {
+            Ok(Some(range)) if !range.is_locally_administered() => vec![format!(
+                "spec.macPool range {range} is not locally administered (second-lowest bit of the first byte clear): its MACs may belong to a vendor's hardware on the LAN; prefer a range starting with 02"
+            )],
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// The MAC range in use, as the status records it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[schemars(transform = wire::without_defaults)]
@@ -216,5 +259,55 @@ mod tests {
         assert_eq!(config.spec.mac_pool.range(), Err(MacRangeError::HalfOpen));
         config.spec.mac_pool.range_end = Some("02:00:00:00:00:1f".into());
         assert_eq!(config.mac_range().map(|r| r.len()), Some(16));
+    }
+
+    fn spec(start: Option<&str>, end: Option<&str>) -> FlatNetworkConfigSpec {
+        FlatNetworkConfigSpec {
+            mac_pool: MacPoolSpec {
+                range_start: start.map(Into::into),
+                range_end: end.map(Into::into),
+                ..MacPoolSpec::default()
+            },
+            ..FlatNetworkConfigSpec::default()
+        }
+    }
+
+    #[test]
+    fn bad_ranges_and_settings_are_refused_naming_the_field() {
+        assert!(spec(None, None).problems().is_empty());
+        assert!(
+            spec(Some("02:00:00:00:00:00"), Some("02:00:00:ff:ff:ff"))
+                .problems()
+                .is_empty()
+        );
+        let half = spec(Some("02:00:00:00:00:00"), None).problems();
+        assert!(half[0].contains("both rangeStart and rangeEnd"), "{half:?}");
+        let reversed = spec(Some("02:00:00:00:00:09"), Some("02:00:00:00:00:01")).problems();
+        assert!(reversed[0].contains("must not be after"), "{reversed:?}");
+        let multicast = spec(Some("01:00:00:00:00:00"), Some("01:00:00:00:00:09")).problems();
+        assert!(multicast[0].contains("macPool.rangeStart"), "{multicast:?}");
+        let mut bad = spec(None, None);
+        bad.default_mtu = Some(50);
+        bad.arp_policy = Some("loud".into());
+        let problems = bad.problems();
+        assert!(
+            problems[0].starts_with("spec.defaultMtu 50"),
+            "{problems:?}"
+        );
+        assert!(problems[1].starts_with("spec.arpPolicy"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_globally_administered_range_is_admitted_with_a_warning() {
+        let warnings = spec(Some("00:50:56:00:00:00"), Some("00:50:56:00:ff:ff")).warnings();
+        assert!(
+            warnings[0].contains("not locally administered"),
+            "{warnings:?}"
+        );
+        assert!(
+            spec(Some("02:50:56:00:00:00"), Some("02:50:56:00:ff:ff"))
+                .warnings()
+                .is_empty()
+        );
     }
 }
