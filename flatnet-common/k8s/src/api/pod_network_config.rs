@@ -166,7 +166,7 @@ impl PodNetworkConfigSpec {
             && !(MIN_MTU_IPV4..=MAX_MTU).contains(&mtu)
         {
             problems.push(format!(
-                "self.primary.mtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}"
+                "spec.primary.mtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}"
             ));
         }
         let mut interfaces = BTreeSet::new();
