@@ -13,6 +13,7 @@ use super::wire;
 use crate::{
     ipam::Mac,
     keys::check_hotplug_interface,
+    selector,
     validation::{MAX_MTU, MIN_MTU_IPV4, check_ifname},
 };
 
@@ -162,6 +163,9 @@ impl PodNetworkConfigSpec {
     #[must_use]
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Err(error) = selector::check(&self.pod_selector) {
+            problems.push(format!("spec.podSelector: {error}"));
+        }
         if let Some(mtu) = self.primary.as_ref().and_then(|p| p.mtu)
             && !(MIN_MTU_IPV4..=MAX_MTU).contains(&mtu)
         {
@@ -268,4 +272,36 @@ pub struct PodFailure {
     pub pod: String,
     /// Why, with what to fix.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(value: serde_json::Value) -> PodNetworkConfigSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_pod_selector_that_cannot_be_evaluated_is_refused() {
+        // Found by the pod_network_config fuzz target: admitted, then
+        // matching no pod, with the reason only in the status.
+        let problems = spec(serde_json::json!({
+            "podSelector": {"matchExpressions": [{"key": "tier"}]},
+            "attachments": [{"subnet": "lan", "interface": "net3"}]
+        }))
+        .problems();
+        assert_eq!(
+            problems,
+            [
+                "spec.podSelector: unknown label selector operator \"\" on key \"tier\"; use In, NotIn, Exists or DoesNotExist"
+            ]
+        );
+        let good = spec(serde_json::json!({
+            "podSelector": {"matchLabels": {"app": "web"},
+                            "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+            "attachments": [{"subnet": "lan", "interface": "net3"}]
+        }));
+        assert_eq!(good.problems(), Vec::<String>::new());
+    }
 }
