@@ -448,6 +448,22 @@ mod tests {
     }
 
     #[test]
+    fn a_number_in_an_unknown_field_reaches_the_agent_unchanged() {
+        // Found by the cni_invocation fuzz target: an integer too large for
+        // 64 bits is read as the nearest float only with float_roundtrip;
+        // without it, one read off by a unit in the last place was written
+        // and read again as another number.
+        let stdin = format!(
+            r#"{{"cniVersion": "1.0.0", "name": "n", "type": "flatnet-cni", "flatNetwork": {{"mtu": 15{}}}}}"#,
+            "0".repeat(90)
+        );
+        let config = NetworkConfig::decode(stdin.as_bytes()).unwrap();
+        assert_eq!(config.extra["flatNetwork"]["mtu"].as_f64(), Some(1.5e91));
+        let again = NetworkConfig::decode(&serde_json::to_vec(&config).unwrap()).unwrap();
+        assert_eq!(again, config);
+    }
+
+    #[test]
     fn not_json_or_not_an_object_is_a_decode_error() {
         for stdin in [&b"{"[..], b"", b"[1,2]", b"\"x\"", b"\xff\xfe"] {
             assert_eq!(

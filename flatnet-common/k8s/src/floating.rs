@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Service;
 use crate::{
     api::{FlatNetworkSubnetSpec, FloatingIPPoolSpec, FloatingIPProjectQuotaSpec},
     ipam::{Cidr, Family, Pool},
+    selector::{self, SelectorError},
     validation::{MAX_VLAN_ID, ParentLink, ValidSubnet, join, validate_subnet},
 };
 
@@ -66,6 +67,14 @@ pub enum PoolSpecError {
     RangeFamily {
         /// Index in `spec.ranges`.
         index: usize,
+    },
+    /// A selector whose operator is none there is: it could select nothing.
+    #[error("spec.{field}: {error}")]
+    Selector {
+        /// `nodeSelector` or `namespaceSelector`.
+        field: &'static str,
+        /// Why it cannot be evaluated.
+        error: SelectorError,
     },
     /// A per-family check of the shared subnet rules failed.
     #[error("{0}")]
@@ -165,6 +174,14 @@ pub fn validate_pool(name: &str, spec: &FloatingIPPoolSpec) -> Result<ValidPool,
             .and_then(|(from, _)| cidrs.iter().find(|c| c.family() == Family::of(from)));
         if family.is_none() {
             errors.push(PoolSpecError::RangeFamily { index });
+        }
+    }
+    for (field, selector) in [
+        ("nodeSelector", &spec.node_selector),
+        ("namespaceSelector", &spec.namespace_selector),
+    ] {
+        if let Some(Err(error)) = selector.as_ref().map(selector::check) {
+            errors.push(PoolSpecError::Selector { field, error });
         }
     }
     let mut networks = Vec::new();

@@ -24,6 +24,30 @@ pub enum SelectorError {
     },
 }
 
+/// The label selector operators there are.
+const OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+
+/// Whether `selector` can be evaluated: every operator is one there is.
+/// [`matches`] stops at the first pair that fails, so it does not tell;
+/// this is the check at admission.
+///
+/// # Errors
+/// The first expression with an unknown operator.
+pub fn check(selector: &LabelSelector) -> Result<(), SelectorError> {
+    match selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .find(|r| !OPERATORS.contains(&r.operator.as_str()))
+    {
+        Some(requirement) => Err(SelectorError::UnknownOperator {
+            key: requirement.key.clone(),
+            operator: requirement.operator.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Whether `labels` satisfy `selector` (Kubernetes semantics: every
 /// `matchLabels` pair and every expression must hold; an empty selector
 /// matches everything).

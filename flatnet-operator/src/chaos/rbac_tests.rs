@@ -20,44 +20,7 @@ mod drive;
 
 /// Grants no recorded run exercises, each with the code that needs it and
 /// why the fake cannot make it ask: (API group, resource, verb, why).
-const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkconfigs",
-        "list",
-        "cluster_config::run: the cluster configuration's watch is not driven here yet",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkconfigs",
-        "watch",
-        "cluster_config::run: the cluster configuration's watch is not driven here yet",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "flatnetworkconfigs/status",
-        "update",
-        "cluster_config::reconcile (status.macPool, observedGeneration): not driven here yet",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "podnetworkconfigs",
-        "list",
-        "runtime_config::controller: its requests are recorded by runtime_config::controller::tests, not driven here yet",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "podnetworkconfigs",
-        "watch",
-        "runtime_config::controller: its requests are recorded by runtime_config::controller::tests, not driven here yet",
-    ),
-    (
-        "flatnetwork.pandaria.io",
-        "podnetworkconfigs/status",
-        "patch",
-        "runtime_config::controller: its requests are recorded by runtime_config::controller::tests, not driven here yet",
-    ),
-];
+const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[];
 
 /// One rule line: group, resource (`plural/sub`), verb, and whether it is
 /// granted in every namespace (a ClusterRole) or in one (a Role).

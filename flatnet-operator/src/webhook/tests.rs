@@ -1077,7 +1077,8 @@ async fn pod_network_configs_name_their_bad_fields_and_may_use_only_admitted_sub
             "pnc-bad-fields",
             pod_network_config(
                 NS,
-                json!({"primary": {"mtu": 40},
+                json!({"podSelector": {"matchExpressions": [{"key": "tier", "operator": "Within"}]},
+                       "primary": {"mtu": 40},
                        "attachments": [{"subnet": "net1", "interface": "eth0"},
                                        {"subnet": "net1", "interface": "net3", "mac": "zz"},
                                        {"subnet": "net1", "interface": "net3"},
@@ -1088,6 +1089,7 @@ async fn pod_network_configs_name_their_bad_fields_and_may_use_only_admitted_sub
             deny(
                 "invalid_pod_network_config",
                 &[
+                    "spec.podSelector: unknown label selector operator \"Within\" on key \"tier\"",
                     "spec.primary.mtu 40 is out of range",
                     "spec.attachments[0].interface eth0 is the pod's primary interface",
                     "spec.attachments[1].mac \"zz\" is not a MAC address",

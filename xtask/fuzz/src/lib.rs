@@ -1,5 +1,6 @@
 //! Input formats shared by the fuzz targets: readable text seeds that
-//! libFuzzer mutates well (`KEY=VALUE` lines, line-separated fields).
+//! libFuzzer mutates well (`KEY=VALUE` lines, line-separated fields); and
+//! the properties several targets check.
 
 use std::{collections::BTreeMap, ffi::OsString};
 
@@ -28,4 +29,24 @@ pub fn lines<const N: usize>(data: &[u8]) -> Option<[&str; N]> {
     let text = std::str::from_utf8(data).ok()?;
     let mut parts = text.splitn(N, '\n');
     Some(std::array::from_fn(|_| parts.next().unwrap_or("")))
+}
+
+/// Panics unless every problem a spec check gave names its field
+/// (`spec.`…) and says more than that.
+pub fn assert_problems_name_fields(problems: &[String]) {
+    for problem in problems {
+        assert!(
+            problem.starts_with("spec.") && problem.len() > 20,
+            "a problem that names no field: {problem:?}"
+        );
+    }
+}
+
+/// Whether `selector` can be evaluated: on an object carrying its own
+/// `matchLabels`, so that every expression is reached.
+pub fn selector_evaluates(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) -> Result<(), flatnet_k8s::selector::SelectorError> {
+    let labels: flatnet_k8s::selector::Labels = selector.match_labels.clone().unwrap_or_default();
+    flatnet_k8s::selector::matches(selector, &labels).map(|_| ())
 }

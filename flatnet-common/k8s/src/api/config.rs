@@ -10,7 +10,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::wire;
-use crate::ipam::{MacRange, MacRangeError};
+use crate::{
+    ipam::{MacRange, MacRangeError},
+    validation::{MAX_MTU, MIN_MTU_IPV4},
+};
 
 /// The only accepted name of the FlatNetworkConfig.
 pub const CONFIG_NAME: &str = "cluster";
@@ -125,6 +128,92 @@ impl MacPoolSpec {
     }
 }
 
+impl FlatNetworkConfigSpec {
+    /// Every problem of the spec, each naming its field: what the webhook
+    /// refuses.
+    #[must_use]
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Err(error) = self.mac_pool.range() {
+            problems.push(format!("spec.{error}"));
+        }
+        if let Some(mtu) = self.default_mtu
+            && mtu != 0
+            && !(MIN_MTU_IPV4..=MAX_MTU).contains(&mtu)
+        {
+            problems.push(format!(
+                "spec.defaultMtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}, or 0 for the parent link's"
+            ));
+        }
+        if let Some(policy) = &self.arp_policy
+            && !["arp_notify", "arping"].contains(&policy.as_str())
+        {
+            problems.push(format!(
+                "spec.arpPolicy {policy:?} is not a policy: use arp_notify or arping"
+            ));
+        }
+        problems
+    }
+
+    /// Warnings for a spec without [`problems`](Self::problems): what the
+    /// webhook admits but the user should hear about (a range that is not
+    /// locally administered, or overlaps [`WELL_KNOWN_MACS`]).
+    #[must_use]
+    pub fn warnings(&self) -> Vec<String> {
+        let Ok(Some(range)) = self.mac_pool.range() else {
+            return Vec::new();
+        };
+        let mut warnings = Vec::new();
+        if !range.is_locally_administered() {
+            warnings.push(format!(
+                "spec.macPool range {range} is not locally administered (second-lowest bit of the first byte clear): its MACs may belong to a vendor's hardware on the LAN; prefer a range starting with 02"
+            ));
+        }
+        for (first, last, user) in WELL_KNOWN_MACS {
+            // Each parses (tested).
+            if let Ok(known) = MacRange::parse(first, last)
+                && range.overlaps(&known)
+            {
+                warnings.push(format!(
+                    "spec.macPool range {range} overlaps {known}, used by {user}: pods may get a MAC such an interface already has on the LAN; choose a range outside it"
+                ));
+            }
+        }
+        warnings
+    }
+}
+
+/// MAC ranges other software hands out on hosts and LANs flatnet shares:
+/// a pool overlapping one may give a pod a MAC such a host or interface
+/// already has. (first, last, who uses it)
+pub const WELL_KNOWN_MACS: &[(&str, &str, &str)] = &[
+    (
+        "02:42:00:00:00:00",
+        "02:42:ff:ff:ff:ff",
+        "Docker bridge networks (02:42 and the container's IPv4 address)",
+    ),
+    (
+        "0a:58:00:00:00:00",
+        "0a:58:ff:ff:ff:ff",
+        "OVN-Kubernetes pod interfaces (0a:58 and the pod's IPv4 address)",
+    ),
+    (
+        "52:54:00:00:00:00",
+        "52:54:00:ff:ff:ff",
+        "QEMU/KVM and libvirt guests",
+    ),
+    (
+        "ee:ee:ee:ee:ee:ee",
+        "ee:ee:ee:ee:ee:ee",
+        "Calico's host-side veth interfaces",
+    ),
+    (
+        "00:00:5e:00:01:00",
+        "00:00:5e:00:02:ff",
+        "VRRP virtual routers (keepalived and routers' first-hop redundancy)",
+    ),
+];
+
 /// The MAC range in use, as the status records it.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[schemars(transform = wire::without_defaults)]
@@ -216,5 +305,84 @@ mod tests {
         assert_eq!(config.spec.mac_pool.range(), Err(MacRangeError::HalfOpen));
         config.spec.mac_pool.range_end = Some("02:00:00:00:00:1f".into());
         assert_eq!(config.mac_range().map(|r| r.len()), Some(16));
+    }
+
+    fn spec(start: Option<&str>, end: Option<&str>) -> FlatNetworkConfigSpec {
+        FlatNetworkConfigSpec {
+            mac_pool: MacPoolSpec {
+                range_start: start.map(Into::into),
+                range_end: end.map(Into::into),
+                ..MacPoolSpec::default()
+            },
+            ..FlatNetworkConfigSpec::default()
+        }
+    }
+
+    #[test]
+    fn bad_ranges_and_settings_are_refused_naming_the_field() {
+        assert!(spec(None, None).problems().is_empty());
+        assert!(
+            spec(Some("02:00:00:00:00:00"), Some("02:00:00:ff:ff:ff"))
+                .problems()
+                .is_empty()
+        );
+        let half = spec(Some("02:00:00:00:00:00"), None).problems();
+        assert!(half[0].contains("both rangeStart and rangeEnd"), "{half:?}");
+        let reversed = spec(Some("02:00:00:00:00:09"), Some("02:00:00:00:00:01")).problems();
+        assert!(reversed[0].contains("must not be after"), "{reversed:?}");
+        let multicast = spec(Some("01:00:00:00:00:00"), Some("01:00:00:00:00:09")).problems();
+        assert!(multicast[0].contains("macPool.rangeStart"), "{multicast:?}");
+        let mut bad = spec(None, None);
+        bad.default_mtu = Some(50);
+        bad.arp_policy = Some("loud".into());
+        let problems = bad.problems();
+        assert!(
+            problems[0].starts_with("spec.defaultMtu 50"),
+            "{problems:?}"
+        );
+        assert!(problems[1].starts_with("spec.arpPolicy"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_globally_administered_range_is_admitted_with_a_warning() {
+        let warnings = spec(Some("00:50:56:00:00:00"), Some("00:50:56:00:ff:ff")).warnings();
+        assert!(
+            warnings[0].contains("not locally administered"),
+            "{warnings:?}"
+        );
+        assert!(
+            spec(Some("02:50:56:00:00:00"), Some("02:50:56:00:ff:ff"))
+                .warnings()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_range_over_macs_other_software_uses_is_admitted_with_a_warning_naming_it() {
+        let docker = spec(Some("02:40:00:00:00:00"), Some("02:43:00:00:00:00")).warnings();
+        assert_eq!(docker.len(), 1, "{docker:?}");
+        assert!(
+            docker[0].contains("02:42:00:00:00:00-02:42:ff:ff:ff:ff")
+                && docker[0].contains("Docker"),
+            "{docker:?}"
+        );
+        let qemu = spec(Some("52:54:00:12:00:00"), Some("52:54:00:12:00:ff")).warnings();
+        assert!(qemu[0].contains("QEMU"), "{qemu:?}");
+        let vrrp = spec(Some("00:00:5e:00:00:00"), Some("00:00:5e:00:ff:ff")).warnings();
+        assert_eq!(
+            vrrp.len(),
+            2,
+            "not locally administered, and VRRP: {vrrp:?}"
+        );
+        assert!(vrrp[1].contains("VRRP"), "{vrrp:?}");
+        // Just beside a known range: no warning.
+        assert!(
+            spec(Some("02:41:00:00:00:00"), Some("02:41:ff:ff:ff:ff"))
+                .warnings()
+                .is_empty()
+        );
+        for (first, last, _) in WELL_KNOWN_MACS {
+            assert!(MacRange::parse(first, last).is_ok(), "{first}-{last}");
+        }
     }
 }

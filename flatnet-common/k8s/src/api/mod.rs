@@ -30,6 +30,7 @@ pub use conditions::{CONDITION_ATTACHED, CONDITION_READY, set_condition};
 pub use config::{
     CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_PROGRESSING, CONFIG_NAME, FlatNetworkConfig,
     FlatNetworkConfigSpec, FlatNetworkConfigStatus, MacPoolMode, MacPoolSpec, MacPoolStatus,
+    WELL_KNOWN_MACS,
 };
 pub use floating::{
     FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,

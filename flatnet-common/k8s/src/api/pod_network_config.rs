@@ -2,7 +2,7 @@
 //! the flat network (MTU of the primary interface, extra flat interfaces,
 //! node VLANs and bridges), applied without restarting them.
 
-use std::net::IpAddr;
+use std::{collections::BTreeSet, net::IpAddr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
@@ -10,6 +10,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::wire;
+use crate::{
+    ipam::Mac,
+    keys::check_hotplug_interface,
+    selector,
+    validation::{MAX_MTU, MIN_MTU_IPV4, check_ifname},
+};
 
 /// Runtime network configuration for the running pods of one namespace
 /// that match `podSelector`.
@@ -148,6 +154,81 @@ pub struct NodeBridge {
     pub ports: Vec<String>,
 }
 
+/// The pod's primary interface, which attachments may not take.
+const PRIMARY_IFNAME: &str = "eth0";
+
+impl PodNetworkConfigSpec {
+    /// Every problem of the spec that needs no lookup (the subnets' come from
+    /// the webhook), each naming its field.
+    #[must_use]
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Err(error) = selector::check(&self.pod_selector) {
+            problems.push(format!("spec.podSelector: {error}"));
+        }
+        if let Some(mtu) = self.primary.as_ref().and_then(|p| p.mtu)
+            && !(MIN_MTU_IPV4..=MAX_MTU).contains(&mtu)
+        {
+            problems.push(format!(
+                "spec.primary.mtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}"
+            ));
+        }
+        let mut interfaces = BTreeSet::new();
+        for (index, attachment) in self.attachments.iter().enumerate() {
+            let field = format!("spec.attachments[{index}]");
+            if attachment.subnet.is_empty() {
+                problems.push(format!("{field}.subnet is empty: name a FlatNetworkSubnet"));
+            }
+            if let Err(reason) = check_ifname(&attachment.interface) {
+                problems.push(format!("{field}.interface {reason}"));
+            } else if attachment.interface == PRIMARY_IFNAME {
+                problems.push(format!(
+                "{field}.interface {PRIMARY_IFNAME} is the pod's primary interface: use another name, e.g. net2"
+            ));
+            } else if let Err(reason) = check_hotplug_interface(&attachment.interface) {
+                problems.push(format!("{field}.interface: {reason}"));
+            } else if !interfaces.insert(attachment.interface.as_str()) {
+                problems.push(format!(
+                    "{field}.interface {} is asked for twice: keep one",
+                    attachment.interface
+                ));
+            }
+            if !attachment.mac.is_empty() && Mac::parse(&attachment.mac).is_err() {
+                problems.push(format!(
+                    "{field}.mac {:?} is not a MAC address: use aa:bb:cc:dd:ee:ff",
+                    attachment.mac
+                ));
+            }
+        }
+        for (index, vlan) in self.vlans.iter().enumerate() {
+            if let Err(reason) = check_ifname(&vlan.master) {
+                problems.push(format!("spec.vlans[{index}].master {reason}"));
+            } else if let Err(reason) = check_ifname(&format!("{}.{}", vlan.master, vlan.id)) {
+                problems.push(format!(
+                    "spec.vlans[{index}]: {reason}; use a shorter master name"
+                ));
+            }
+            if !(1..=4094).contains(&vlan.id) {
+                problems.push(format!(
+                    "spec.vlans[{index}].id {} is out of range: use 1..4094",
+                    vlan.id
+                ));
+            }
+        }
+        for (index, bridge) in self.bridges.iter().enumerate() {
+            if let Err(reason) = check_ifname(&bridge.name) {
+                problems.push(format!("spec.bridges[{index}].name {reason}"));
+            }
+            for port in &bridge.ports {
+                if let Err(reason) = check_ifname(port) {
+                    problems.push(format!("spec.bridges[{index}].ports {reason}"));
+                }
+            }
+        }
+        problems
+    }
+}
+
 /// Observed state, written by the operator from the nodes' reports.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[schemars(transform = wire::without_defaults)]
@@ -191,4 +272,36 @@ pub struct PodFailure {
     pub pod: String,
     /// Why, with what to fix.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(value: serde_json::Value) -> PodNetworkConfigSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_pod_selector_that_cannot_be_evaluated_is_refused() {
+        // Found by the pod_network_config fuzz target: admitted, then
+        // matching no pod, with the reason only in the status.
+        let problems = spec(serde_json::json!({
+            "podSelector": {"matchExpressions": [{"key": "tier"}]},
+            "attachments": [{"subnet": "lan", "interface": "net3"}]
+        }))
+        .problems();
+        assert_eq!(
+            problems,
+            [
+                "spec.podSelector: unknown label selector operator \"\" on key \"tier\"; use In, NotIn, Exists or DoesNotExist"
+            ]
+        );
+        let good = spec(serde_json::json!({
+            "podSelector": {"matchLabels": {"app": "web"},
+                            "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+            "attachments": [{"subnet": "lan", "interface": "net3"}]
+        }));
+        assert_eq!(good.problems(), Vec::<String>::new());
+    }
 }

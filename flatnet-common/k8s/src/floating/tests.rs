@@ -67,6 +67,36 @@ fn bad_pools_report_every_problem_with_the_field() {
 }
 
 #[test]
+fn selectors_that_cannot_be_evaluated_are_refused() {
+    // Found by the floating_pool fuzz target: admitted, then no node could
+    // own the pool's addresses and no namespace could use it.
+    let selector = |operator: &str| {
+        serde_json::from_value(serde_json::json!({
+            "matchLabels": {"edge": "true"},
+            "matchExpressions": [{"key": "team", "operator": operator, "values": ["shop"]}]
+        }))
+        .unwrap()
+    };
+    let mut spec = pool_spec(&["192.0.2.0/24"], "eth0.100");
+    spec.node_selector = Some(selector("Within"));
+    spec.namespace_selector = Some(selector(""));
+    let text = validate_pool("edge", &spec).unwrap_err().to_string();
+    assert!(
+        text.contains(
+            "spec.nodeSelector: unknown label selector operator \"Within\" on key \"team\""
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("spec.namespaceSelector: unknown label selector operator \"\""),
+        "{text}"
+    );
+    spec.node_selector = Some(selector("In"));
+    spec.namespace_selector = Some(selector("NotIn"));
+    assert!(validate_pool("edge", &spec).is_ok());
+}
+
+#[test]
 fn interface_names_follow_the_parent_link_rules() {
     assert_eq!(parse_interface("bond0").unwrap().vlan, 0);
     assert_eq!(parse_interface("eth1.4094").unwrap().vlan, 4094);

@@ -1,7 +1,8 @@
 //! The operator's code a chaos run does not exercise, driven against
 //! recording fake API servers: the flat-Service, NetworkAttachmentDefinition,
-//! workload, floating-address and MTU-count controllers, the webhook
-//! certificate upkeep and its reviews, and the allocation's rarer paths
+//! workload, floating-address, MTU-count, cluster-configuration and
+//! PodNetworkConfig controllers, the webhook certificate upkeep and its
+//! reviews, and the allocation's rarer paths
 //! (pod labels, collection of records of vanished pods, finalizers of
 //! deleted records, a record read again after a conflict, a repeated
 //! Event). Each drive gives
@@ -61,6 +62,8 @@ pub(super) async fn every_other_controller() -> BTreeSet<Access> {
     accesses.extend(certificates().await);
     accesses.extend(reviews().await);
     accesses.extend(mtu_counts().await);
+    accesses.extend(cluster_configuration().await);
+    accesses.extend(pod_network_configs().await);
     accesses.extend(allocation_corners().await);
     accesses
 }
@@ -487,6 +490,126 @@ async fn mtu_counts() -> BTreeSet<Access> {
                     .as_ref()
                     .and_then(|s| s.pods_at_mtu)
                     == Some(1)
+            })
+            .await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+/// The FlatNetworkConfig `cluster` without a MAC range: a random range is
+/// recorded in its status and handed to allocation.
+async fn cluster_configuration() -> BTreeSet<Access> {
+    use flatnet_k8s::api::{CONFIG_NAME, FlatNetworkConfig, FlatNetworkConfigSpec};
+    let (server, recorded) = recording();
+    let mut config = FlatNetworkConfig::new(CONFIG_NAME, FlatNetworkConfigSpec::default());
+    config.metadata.generation = Some(1);
+    server.insert(&config);
+    let applied = crate::cluster_config::Applied {
+        mac_pool: crate::allocation::mac_pool::MacPoolView::default(),
+        cni: String::new().into(),
+        env: crate::config::CniSettings {
+            arp_policy: crate::config::ArpPolicy::ArpNotify,
+            proxy_arp: false,
+            mtu: None,
+        },
+        attachment: "rancher-flat-network".into(),
+        cluster_cidrs: Vec::new(),
+        service_cidrs: Vec::new(),
+    };
+    let pool = applied.mac_pool.clone();
+    let client = recorded.client();
+    running(
+        |stop| crate::cluster_config::run(client, applied, stop),
+        async {
+            reach("a random MAC range recorded and applied", || {
+                named::<FlatNetworkConfig>(&server, CONFIG_NAME)
+                    .and_then(|c| c.status?.mac_pool)
+                    .is_some_and(|p| p.generated)
+                    && pool.get().is_some()
+            })
+            .await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+/// A PodNetworkConfig: the matching running pod gets its hot-plugged
+/// interface's record; once the node reports the interface, the
+/// configuration's status, the pod's network-status and an Event follow;
+/// the configuration deleted, the record goes.
+async fn pod_network_configs() -> BTreeSet<Access> {
+    use flatnet_k8s::{
+        api::{PodNetworkConfig, phase},
+        keys::annotation,
+    };
+    let (server, recorded) = recording();
+    server.insert(&subnet("lan", "10.0.0.0/24", None, &[]));
+    server.insert(&object::<Namespace>(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+    ));
+    server.insert(&object::<Pod>(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": NS, "uid": "uid-web-0",
+                     "labels": {"app": "web"},
+                     "annotations": {annotation::MULTUS_NETWORK_STATUS:
+                         r#"[{"name":"k8s-pod-network","interface":"eth0","ips":["10.42.0.5"]}]"#}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running"}
+    })));
+    server.insert(&object::<PodNetworkConfig>(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
+        "metadata": {"name": "storage", "namespace": NS, "generation": 1},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                 "attachments": [{"subnet": "lan", "interface": "net2"}]}
+    })));
+    let record = |server: &FakeApiServer| named::<FlatNetworkIP>(server, "web-0.if-net2");
+    let status = |server: &FakeApiServer| {
+        named::<PodNetworkConfig>(server, "storage")
+            .and_then(|c| c.status)
+            .unwrap_or_default()
+    };
+    let client = recorded.client();
+    running(
+        |stop| {
+            crate::runtime_config::controller::run(
+                client,
+                crate::runtime_config::controller::Settings {
+                    debounce: Duration::from_millis(10),
+                    resync: Duration::from_secs(1),
+                },
+                stop,
+            )
+        },
+        async {
+            reach("the record created and the pod matched", || {
+                record(&server).is_some() && status(&server).matched == 1
+            })
+            .await;
+            // Allocation and the node's agent: the interface is in the pod.
+            let mut active = record(&server).expect("record");
+            let record_status = active.status.get_or_insert_with(Default::default);
+            record_status.phase = phase::ACTIVE.into();
+            record_status.node = "node-1".into();
+            record_status.addr = Some("10.0.0.5".parse().expect("address"));
+            server.insert(&active);
+            reach("applied, in the network-status, announced", || {
+                status(&server).applied == 1
+                    && named::<Pod>(&server, "web-0").is_some_and(|p| {
+                        p.annotations()
+                            .get(annotation::MULTUS_NETWORK_STATUS)
+                            .is_some_and(|s| s.contains("net2"))
+                    })
+                    && !server
+                        .list::<k8s_openapi::api::events::v1::Event>()
+                        .is_empty()
+            })
+            .await;
+            server.delete::<PodNetworkConfig>(NS, "storage");
+            reach("the record deleted", || {
+                record(&server).is_none_or(|r| r.metadata.deletion_timestamp.is_some())
             })
             .await;
         },
