@@ -76,8 +76,7 @@ mod heap {
 
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
             if new_size >= layout.size() {
-                let live = LIVE.fetch_add(new_size - layout.size(), Ordering::Relaxed)
-                    + new_size
+                let live = LIVE.fetch_add(new_size - layout.size(), Ordering::Relaxed) + new_size
                     - layout.size();
                 PEAK.fetch_max(live, Ordering::Relaxed);
             } else {
@@ -216,7 +215,10 @@ impl Fake {
             }
             assert!(
                 started.elapsed() < Duration::from_secs(600),
-                "not addressed within 600 s: {addressed} of {want}"
+                "pods {}..{} not addressed within 600 s: {addressed} of {want} (records: {})",
+                live.start,
+                live.end,
+                progress["records"]
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -500,7 +502,10 @@ fn main() {
     for n in pods {
         let figures = runtime.block_on(run(n, settings.clone()));
         if let Some(figures) = figures.filter(|_| json) {
-            println!("{}", serde_json::to_string(&figures).expect("figures serialize"));
+            println!(
+                "{}",
+                serde_json::to_string(&figures).expect("figures serialize")
+            );
         }
     }
 }

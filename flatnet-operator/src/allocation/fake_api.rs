@@ -1,7 +1,9 @@
 //! An in-memory Kubernetes API server for tests and benchmarks.
 //!
 //! It keeps objects as JSON and implements the semantics the controllers
-//! rely on: `GET`, `LIST` (namespace and equality label selectors), `POST`
+//! rely on: `GET`, `LIST` (namespace and equality label selectors; in
+//! pages with `limit` and `continue`, from a snapshot of the first page's
+//! time, 410 Gone for an unknown token), `POST`
 //! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
 //! subresource and JSON merge `PATCH` (a server-side apply, served as a
 //! merge, creates a missing object), all rejecting a stale
@@ -797,7 +799,9 @@ impl FakeApiServer {
             (Method::GET, None) => {
                 // Pages after the first come from the list as it was when
                 // the first was served, as a real server serves them.
-                let (items, version) = match query_param(query, "continue").filter(|t| !t.is_empty()) {
+                let (items, version) = match query_param(query, "continue")
+                    .filter(|t| !t.is_empty())
+                {
                     Some(token) => match token.parse().ok().and_then(|t| state.pages.remove(&t)) {
                         Some(rest) => rest,
                         None => {

@@ -99,7 +99,10 @@ fn build() -> anyhow::Result<PathBuf> {
     println!("==> bench allocation: build {cargo:?}");
     let output = cargo.output().context("cannot start cargo bench")?;
     if !output.status.success() {
-        bail!("building the allocation_scale bench failed ({})", output.status);
+        bail!(
+            "building the allocation_scale bench failed ({})",
+            output.status
+        );
     }
     String::from_utf8_lossy(&output.stdout)
         .lines()
@@ -111,11 +114,7 @@ fn build() -> anyhow::Result<PathBuf> {
 
 /// Runs the bench for one pod count; its output goes to the terminal, its
 /// last line is the figures.
-fn run_one(
-    bench: &PathBuf,
-    pods: usize,
-    reserve_ahead: Option<usize>,
-) -> anyhow::Result<Figures> {
+fn run_one(bench: &PathBuf, pods: usize, reserve_ahead: Option<usize>) -> anyhow::Result<Figures> {
     let mut command = Command::new(bench);
     command.arg(pods.to_string()).arg("--json");
     if let Some(records) = reserve_ahead {
@@ -168,7 +167,12 @@ fn count(n: usize) -> String {
     out
 }
 
-fn section(runs: &[Figures], machine: &str, load_after: &str, reserve_ahead: Option<usize>) -> String {
+fn section(
+    runs: &[Figures],
+    machine: &str,
+    load_after: &str,
+    reserve_ahead: Option<usize>,
+) -> String {
     let first = &runs[0];
     let option = reserve_ahead.map_or(String::new(), |n| format!(" --reserve-ahead {n}"));
     let pods = runs
@@ -187,9 +191,7 @@ fn section(runs: &[Figures], machine: &str, load_after: &str, reserve_ahead: Opt
          The operator's peak heap (a counting allocator) is given beside its peak RSS.\n\n\
          | pods | all addressed | requests per pod | writes per pod | replace half: all addressed | requests per replaced pod | writes per replaced pod | operator peak RSS (heap) | fake's peak RSS |\n\
          |---|---|---|---|---|---|---|---|---|\n",
-        first.workers,
-        first.latency_ms,
-        first.reserve_ahead,
+        first.workers, first.latency_ms, first.reserve_ahead,
     );
     for run in runs {
         out.push_str(&format!(

@@ -50,11 +50,9 @@ pub enum BenchCommand {
 
 /// Runs one benchmark.
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
-    if let BenchCommand::Allocation(args) = &command {
-        return allocation::run(args);
-    }
+    let needs_root = !matches!(command, BenchCommand::Allocation(_));
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if needs_root && unsafe { libc::geteuid() } != 0 {
         bail!("the benchmarks create network namespaces and load eBPF programs: run them as root");
     }
     match command {

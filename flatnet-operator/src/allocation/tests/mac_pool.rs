@@ -276,7 +276,9 @@ async fn the_multus_mac_is_a_fixed_mac_not_a_pool_one() {
         .annotated("k8s.v1.cni.cncf.io/networks", selection);
     server.insert(&p);
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
-    pods::reconcile(Arc::new(p), ctx).await.unwrap();
+    pods::reconcile(Arc::new(super::CachedPod::from(&p)), ctx)
+        .await
+        .unwrap();
     let record = stored_record(&server, "web").unwrap();
     assert_eq!(record.spec.macs, ["0a:00:00:00:00:09"]);
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
