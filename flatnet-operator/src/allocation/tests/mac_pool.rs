@@ -299,7 +299,7 @@ async fn the_multus_mac_is_a_fixed_mac_not_a_pool_one() {
         );
     server.insert(&bad);
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
-    let _ = pods::reconcile(Arc::new(bad), ctx).await;
+    let _ = pods::reconcile(Arc::new(super::CachedPod::from(&bad)), ctx).await;
     assert!(
         stored_record(&server, "bad").is_none(),
         "no record for a bad MAC"
