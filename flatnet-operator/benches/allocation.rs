@@ -19,7 +19,7 @@ use flatnet_k8s::{
 };
 use flatnet_operator::{
     allocation::{
-        Backoff, Caches, Context, Settings,
+        Backoff, CachedPod, Caches, Context, Settings,
         events::Events,
         fake_api::FakeApiServer,
         ips,
@@ -63,7 +63,7 @@ fn context(server: &FakeApiServer, pool: Option<ActivePool>) -> Arc<Context> {
         caches: Caches {
             records: store(server.list::<FlatNetworkIP>()),
             subnets: store(server.list::<FlatNetworkSubnet>()),
-            pods: store(server.list::<Pod>()),
+            pods: store(server.list::<CachedPod>()),
             namespaces: store(Vec::<Namespace>::new()),
             nodes: store(Vec::<PartialObjectMeta<Node>>::new()),
         },

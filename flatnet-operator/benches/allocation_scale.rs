@@ -13,7 +13,13 @@
 //! fake API server.
 //!
 //! `cargo bench -p flatnet-operator --features fake-api --bench allocation_scale -- 1000`
-//! (one pod count per run, so the peak RSS is that run's).
+//! (one pod count per run, so the peak RSS is that run's);
+//! `--reserve-ahead N` sets [`Settings::reserve_ahead`], `--json` ends the
+//! output with one line of JSON holding the figures (what `cargo xtask
+//! bench allocation` reads), `--create-only` stops after the first phase
+//! (to profile it). The process counts its live heap (a counting global
+//! allocator), reported beside the peak RSS: the difference is what the
+//! allocator keeps.
 
 use std::{
     collections::BTreeMap,
@@ -37,6 +43,68 @@ use flatnet_operator::{
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+/// Counts the live heap of this process (the operator's), beside the RSS.
+mod heap {
+    use std::{
+        alloc::{GlobalAlloc, Layout, System},
+        sync::atomic::{AtomicUsize, Ordering},
+    };
+
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+    static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+    /// The system allocator, counting.
+    pub struct Counting;
+
+    // SAFETY: every call is passed to the system allocator unchanged; the
+    // counters only observe the sizes.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(live, Ordering::Relaxed);
+            LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            // SAFETY: as the caller's contract.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            // SAFETY: as the caller's contract.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            if new_size >= layout.size() {
+                let live = LIVE.fetch_add(new_size - layout.size(), Ordering::Relaxed) + new_size
+                    - layout.size();
+                PEAK.fetch_max(live, Ordering::Relaxed);
+            } else {
+                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            }
+            LARGEST.fetch_max(new_size, Ordering::Relaxed);
+            // SAFETY: as the caller's contract.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    fn mib(bytes: usize) -> f64 {
+        bytes as f64 / (1024.0 * 1024.0)
+    }
+
+    /// Live heap now, its peak and the largest single allocation, in MiB.
+    pub fn figures() -> (f64, f64, f64) {
+        (
+            mib(LIVE.load(Ordering::Relaxed)),
+            mib(PEAK.load(Ordering::Relaxed)),
+            mib(LARGEST.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: heap::Counting = heap::Counting;
+
 /// Workers per controller: the operator's default.
 const WORKERS: u16 = 5;
 
@@ -45,6 +113,15 @@ const LATENCY: Duration = Duration::from_millis(3);
 
 /// The argument that makes this executable the fake API server.
 const SERVE_FAKE: &str = "--serve-fake";
+
+/// The argument that ends the output with the figures as JSON.
+const JSON: &str = "--json";
+
+/// The argument that stops after the first phase (to profile it).
+const CREATE_ONLY: &str = "--create-only";
+
+/// The argument setting [`Settings::reserve_ahead`].
+const RESERVE_AHEAD: &str = "--reserve-ahead";
 
 /// The subnet of the run.
 const SUBNET: &str = "scale";
@@ -116,6 +193,15 @@ impl Fake {
         serde_json::from_value(self.call("GET", "/fake/requests/kinds").await).expect("counts")
     }
 
+    /// Whether the operator watches pods and records (after listing them):
+    /// one pod watch, three record watches (the record controller's and the
+    /// pod and subnet controllers' triggers).
+    async fn watched(&self) -> bool {
+        let kinds = self.requests_by_kind().await;
+        let count = |kind: &str| kinds.get(kind).copied().unwrap_or(0);
+        count("watch pods 200") >= 1 && count("watch flatnetworkips 200") >= 3
+    }
+
     /// Seconds until the records are exactly those of the pods `live`, all
     /// holding an address (so the records of deleted pods are gone too).
     async fn until_addressed(&self, live: Range<usize>, started: Instant) -> f64 {
@@ -129,7 +215,10 @@ impl Fake {
             }
             assert!(
                 started.elapsed() < Duration::from_secs(600),
-                "not addressed within 600 s: {addressed} of {want}"
+                "pods {}..{} not addressed within 600 s: {addressed} of {want} (records: {})",
+                live.start,
+                live.end,
+                progress["records"]
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -158,48 +247,106 @@ fn peak_rss_of(status: &str) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-fn per_pod(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, pods: usize) -> String {
-    let mut parts = Vec::new();
-    let mut writes = 0;
-    for (verb, count) in after {
-        let delta = count - before.get(verb).copied().unwrap_or(0);
-        if matches!(verb.as_str(), "create" | "update" | "patch" | "delete") {
-            writes += delta;
-        }
-        parts.push(format!("{verb} {:.2}", delta as f64 / pods as f64));
-    }
-    format!(
-        "{} | writes {:.2}",
-        parts.join(", "),
-        writes as f64 / pods as f64
-    )
+/// The requests of a phase by verb, per pod.
+fn per_pod(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    pods: usize,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(verb, count)| {
+            let delta = count - before.get(verb).copied().unwrap_or(0);
+            (verb.clone(), delta as f64 / pods as f64)
+        })
+        .collect()
+}
+
+/// The writes among requests per pod by verb.
+fn writes(per_verb: &BTreeMap<String, f64>) -> f64 {
+    per_verb
+        .iter()
+        .filter(|(verb, _)| matches!(verb.as_str(), "create" | "update" | "patch" | "delete"))
+        .map(|(_, share)| share)
+        .sum()
+}
+
+fn show(per_verb: &BTreeMap<String, f64>) -> String {
+    let parts: Vec<String> = per_verb
+        .iter()
+        .map(|(verb, share)| format!("{verb} {share:.2}"))
+        .collect();
+    format!("{} | writes {:.2}", parts.join(", "), writes(per_verb))
 }
 
 /// The requests of a phase per verb, resource and reply code, per pod.
-fn per_kind(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, pods: usize) -> String {
+fn per_kind(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    pods: usize,
+) -> BTreeMap<String, f64> {
     after
         .iter()
         .map(|(kind, count)| (kind, count - before.get(kind).copied().unwrap_or(0)))
         .filter(|(_, delta)| *delta > 0)
-        .map(|(kind, delta)| format!("{kind}: {:.3}", delta as f64 / pods as f64))
+        .map(|(kind, delta)| (kind.clone(), delta as f64 / pods as f64))
+        .collect()
+}
+
+fn show_kinds(per_kind: &BTreeMap<String, f64>) -> String {
+    per_kind
+        .iter()
+        .map(|(kind, share)| format!("{kind}: {share:.3}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-async fn run(pods: usize) {
+/// What one phase (create at once, or delete half and replace) came to.
+#[derive(serde::Serialize)]
+struct Phase {
+    /// Seconds until every pod was addressed.
+    seconds: f64,
+    /// Requests per pod of the phase, by verb.
+    per_verb: BTreeMap<String, f64>,
+    /// Writes (create, update, patch, delete) per pod.
+    writes: f64,
+    /// Requests per pod by verb, resource and reply code.
+    per_kind: BTreeMap<String, f64>,
+}
+
+/// The figures of one run.
+#[derive(serde::Serialize)]
+struct Figures {
+    pods: usize,
+    workers: u16,
+    latency_ms: u128,
+    reserve_ahead: usize,
+    create: Phase,
+    replace: Phase,
+    operator_peak_rss_mib: f64,
+    /// The operator's largest live heap (what it allocated and had not
+    /// freed), below the RSS by what the allocator keeps.
+    operator_peak_heap_mib: f64,
+    fake_peak_rss_mib: f64,
+}
+
+async fn run(pods: usize, settings: Settings) -> Option<Figures> {
     let fake = Fake::start();
     let stop = CancellationToken::new();
     let controllers = tokio::spawn(flatnet_operator::allocation::run(
         fake.client.clone(),
         Arc::new(Metrics::new()),
-        Settings::default(),
+        settings.clone(),
         WORKERS,
         flatnet_operator::allocation::mac_pool::MacPoolView::default(),
         Arc::new(Health::default()),
         stop.clone(),
     ));
     let active = format!("/fake/subnet?name={SUBNET}");
-    while fake.call("GET", &active).await["active"] != Value::Bool(true) {
+    // The pods come to an operator that has listed pods and records and
+    // watches them, as in a running cluster (an operator starting among
+    // existing pods lists them in pages instead).
+    while !fake.watched().await || fake.call("GET", &active).await["active"] != Value::Bool(true) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -212,6 +359,18 @@ async fn run(pods: usize) {
     )
     .await;
     let first = fake.until_addressed(0..pods, started).await;
+    let heap_after_first = heap::figures();
+    if std::env::args().any(|a| a == CREATE_ONLY) {
+        let (live, peak, largest) = heap_after_first;
+        println!(
+            "{pods} pods addressed in {first:.1} s; operator peak RSS {:.0} MiB, \
+             heap live {live:.1} MiB, peak {peak:.1} MiB, largest allocation {largest:.1} MiB",
+            peak_rss_of("/proc/self/status")
+        );
+        stop.cancel();
+        let _ = controllers.await;
+        return None;
+    }
     let after_first = fake.requests_by_verb().await;
     let kinds_after_first = fake.requests_by_kind().await;
 
@@ -239,32 +398,73 @@ async fn run(pods: usize) {
         state["check"]
     );
     let operator_rss = peak_rss_of("/proc/self/status");
+    let heap = heap::figures();
     let fake_rss = fake.peak_rss_mib();
     stop.cancel();
     let _ = controllers.await;
+    let phase = |seconds, before, after, kinds_before, kinds_after, pods| {
+        let per_verb = per_pod(before, after, pods);
+        Phase {
+            seconds,
+            writes: writes(&per_verb),
+            per_verb,
+            per_kind: per_kind(kinds_before, kinds_after, pods),
+        }
+    };
+    let figures = Figures {
+        pods,
+        workers: WORKERS,
+        latency_ms: LATENCY.as_millis(),
+        reserve_ahead: settings.reserve_ahead,
+        create: phase(
+            first,
+            &before,
+            &after_first,
+            &kinds_before,
+            &kinds_after_first,
+            pods,
+        ),
+        replace: phase(
+            second,
+            &after_first,
+            &after_second,
+            &kinds_after_first,
+            &kinds_after_second,
+            pods / 2,
+        ),
+        operator_peak_rss_mib: operator_rss,
+        operator_peak_heap_mib: heap.1,
+        fake_peak_rss_mib: fake_rss,
+    };
     println!(
-        "{pods} pods, {WORKERS} workers, {} ms per request",
-        LATENCY.as_millis()
+        "{pods} pods, {WORKERS} workers, {} ms per request, reserving ahead {}",
+        LATENCY.as_millis(),
+        settings.reserve_ahead
     );
     println!(
         "  all addressed: {first:.1} s | requests per pod: {}",
-        per_pod(&before, &after_first, pods)
+        show(&figures.create.per_verb)
     );
     println!(
         "  half deleted and replaced, all addressed: {second:.1} s | requests per replaced pod: {}",
-        per_pod(&after_first, &after_second, pods / 2)
+        show(&figures.replace.per_verb)
     );
     println!(
         "  requests per pod by kind and reply, first phase: {}",
-        per_kind(&kinds_before, &kinds_after_first, pods)
+        show_kinds(&figures.create.per_kind)
     );
     println!(
         "  requests per replaced pod by kind and reply: {}",
-        per_kind(&kinds_after_first, &kinds_after_second, pods / 2)
+        show_kinds(&figures.replace.per_kind)
     );
     println!(
         "  peak RSS: operator {operator_rss:.0} MiB, fake API server (own process) {fake_rss:.0} MiB"
     );
+    println!(
+        "  operator heap: live {:.1} MiB once all were first addressed, {:.1} MiB at the end; peak {:.1} MiB; largest allocation {:.1} MiB",
+        heap_after_first.0, heap.0, heap.1, heap.2
+    );
+    Some(figures)
 }
 
 fn main() {
@@ -277,9 +477,35 @@ fn main() {
         runtime.block_on(serve_fake());
         return;
     }
-    let pods: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let pods = if pods.is_empty() { vec![1000] } else { pods };
+    let mut settings = Settings {
+        // No node sets the pods up here: none may time out during the run.
+        pending_timeout: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let mut pods = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == RESERVE_AHEAD {
+            let value = args.next().map(|v| v.parse());
+            let Some(Ok(records)) = value else {
+                panic!("{RESERVE_AHEAD} takes a number of records");
+            };
+            settings.reserve_ahead = records;
+        } else if let Ok(count) = arg.parse() {
+            pods.push(count);
+        }
+    }
+    let json = std::env::args().any(|a| a == JSON);
+    if pods.is_empty() {
+        pods.push(1000);
+    }
     for n in pods {
-        runtime.block_on(run(n));
+        let figures = runtime.block_on(run(n, settings.clone()));
+        if let Some(figures) = figures.filter(|_| json) {
+            println!(
+                "{}",
+                serde_json::to_string(&figures).expect("figures serialize")
+            );
+        }
     }
 }

@@ -6,7 +6,6 @@ use std::{collections::HashMap, sync::Mutex, time::Duration};
 
 use flatnet_k8s::keys::annotation;
 use k8s_openapi::{
-    api::core::v1::Pod,
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
 };
@@ -123,7 +122,7 @@ pub fn condition(
 /// True when the pod asks for a flat address: both the `ip` and the `subnet`
 /// annotations are non-empty, exactly the original's test.
 #[must_use]
-pub fn is_flat_pod(pod: &Pod) -> bool {
+pub fn is_flat_pod<K: kube::Resource>(pod: &K) -> bool {
     let annotations = pod.annotations();
     [annotation::IP, annotation::SUBNET]
         .iter()

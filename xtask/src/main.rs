@@ -38,7 +38,7 @@ enum Command {
     BuildEbpf,
     /// Build the operator and agent images into target/images/ and load them into podman.
     Images(images::ImagesArgs),
-    /// Benchmarks (root): cni, throughput, policy, conflicts, hotplug; each updates docs/benchmarks.md.
+    /// Benchmarks: cni, throughput, policy, conflicts, hotplug, failover (root) and allocation; each updates docs/benchmarks.md.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Same as `bench policy`.

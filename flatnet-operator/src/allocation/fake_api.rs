@@ -1,7 +1,9 @@
 //! An in-memory Kubernetes API server for tests and benchmarks.
 //!
 //! It keeps objects as JSON and implements the semantics the controllers
-//! rely on: `GET`, `LIST` (namespace and equality label selectors), `POST`
+//! rely on: `GET`, `LIST` (namespace and equality label selectors; in
+//! pages with `limit` and `continue`, from a snapshot of the first page's
+//! time, 410 Gone for an unknown token), `POST`
 //! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
 //! subresource and JSON merge `PATCH` (a server-side apply, served as a
 //! merge, creates a missing object), all rejecting a stale
@@ -140,6 +142,11 @@ struct State {
     owned_by: HashMap<String, BTreeSet<Key>>,
     /// The uids of the stored objects.
     uids: BTreeSet<String>,
+    /// The rest of paginated lists (`limit`), by continue token, with the
+    /// version each list was taken at.
+    pages: BTreeMap<u64, (Vec<Value>, String)>,
+    /// The last continue token given.
+    last_page: u64,
 }
 
 /// The uids `value` names in its `ownerReferences`.
@@ -154,7 +161,20 @@ fn owner_uids(value: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Most paginated lists kept for their next page; the oldest expire.
+const KEPT_PAGES: usize = 64;
+
 impl State {
+    /// Keeps the rest of a paginated list; returns its continue token.
+    fn keep_page(&mut self, rest: Vec<Value>, version: String) -> u64 {
+        self.last_page += 1;
+        self.pages.insert(self.last_page, (rest, version));
+        while self.pages.len() > KEPT_PAGES {
+            self.pages.pop_first();
+        }
+        self.last_page
+    }
+
     /// Stores `value` at `key` and logs the change.
     fn put(&mut self, key: &Key, kind: &'static str, value: Value, history: usize) {
         self.log(key, kind, &value, history);
@@ -777,25 +797,55 @@ impl FakeApiServer {
         }
         match (method.clone(), name) {
             (Method::GET, None) => {
-                let selector = label_selector(query);
-                let items: Vec<Value> = state
-                    .objects
-                    .iter()
-                    .filter(|((c, ns, _), _)| {
-                        *c == target.collection && target.namespace.as_ref().is_none_or(|n| n == ns)
-                    })
-                    .map(|(_, v)| v)
-                    .filter(|v| {
-                        selector
+                // Pages after the first come from the list as it was when
+                // the first was served, as a real server serves them.
+                let (items, version) = match query_param(query, "continue")
+                    .filter(|t| !t.is_empty())
+                {
+                    Some(token) => match token.parse().ok().and_then(|t| state.pages.remove(&t)) {
+                        Some(rest) => rest,
+                        None => {
+                            return (
+                                StatusCode::GONE,
+                                status(410, "Expired", "the continue token has expired"),
+                            );
+                        }
+                    },
+                    None => {
+                        let selector = label_selector(query);
+                        let items: Vec<Value> = state
+                            .objects
                             .iter()
-                            .all(|(k, want)| v["metadata"]["labels"][k].as_str() == Some(want))
-                    })
-                    .cloned()
-                    .collect();
-                let version = state.version.to_string();
+                            .filter(|((c, ns, _), _)| {
+                                *c == target.collection
+                                    && target.namespace.as_ref().is_none_or(|n| n == ns)
+                            })
+                            .map(|(_, v)| v)
+                            .filter(|v| {
+                                selector.iter().all(|(k, want)| {
+                                    v["metadata"]["labels"][k].as_str() == Some(want)
+                                })
+                            })
+                            .cloned()
+                            .collect();
+                        (items, state.version.to_string())
+                    }
+                };
+                let mut items = items;
+                let limit = query_param(query, "limit")
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .filter(|l| *l > 0);
+                let rest = limit
+                    .filter(|l| *l < items.len())
+                    .map(|l| items.split_off(l));
+                let mut metadata = json!({"resourceVersion": version});
+                if let Some(rest) = rest {
+                    metadata["remainingItemCount"] = json!(rest.len());
+                    metadata["continue"] = json!(state.keep_page(rest, version).to_string());
+                }
                 (
                     StatusCode::OK,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": version}, "items": items}),
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": metadata, "items": items}),
                 )
             }
             (Method::GET, Some(name)) => match state.objects.get(&key(name)) {

@@ -19,7 +19,7 @@ use flatnet_k8s::{
     validation::validate_subnet,
 };
 use futures::FutureExt;
-use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -31,7 +31,7 @@ use tracing::{info, instrument, warn};
 use crate::controller::condition;
 
 use super::{
-    Context, Error,
+    CachedPod, Context, Error,
     commit::{self, Written},
     errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
@@ -67,7 +67,7 @@ pub async fn reconcile(record: Arc<FlatNetworkIP>, ctx: Arc<Context>) -> Result<
         return finalize(&record, &ctx).await;
     }
     let namespace = record.namespace().unwrap_or_default();
-    let pod_ref = ObjectRef::<Pod>::new(&record.pod_name()).within(&namespace);
+    let pod_ref = ObjectRef::<CachedPod>::new(&record.pod_name()).within(&namespace);
     let Some(pod) = ctx.caches.pods.get(&pod_ref) else {
         return collect(&record, &ctx).await;
     };
@@ -145,7 +145,7 @@ fn mac_satisfied(record: &FlatNetworkIP) -> bool {
         .any(|m| Mac::parse(m).is_ok_and(|m| m == held))
 }
 
-async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {
+async fn allocate(record: &FlatNetworkIP, pod: &CachedPod, ctx: &Context) -> Result<Action, Error> {
     if let Some(wait) = ctx.wire.unsynced_for() {
         // A new leader: the wire's reports are not listed yet.
         return Ok(Action::requeue(wait));
@@ -186,7 +186,7 @@ async fn allocate(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Ac
 /// request never takes a reserved address, so it needs none.
 async fn requesting_workload(
     record: &FlatNetworkIP,
-    pod: &Pod,
+    pod: &CachedPod,
     ctx: &Context,
 ) -> Result<Option<String>, Error> {
     if record.spec.addrs.is_empty() {
@@ -198,7 +198,7 @@ async fn requesting_workload(
 
 /// Marks the record Failed with the error's message and tells the pod,
 /// once per distinct message so a failing pod causes no Event storm.
-async fn report_failure(record: &FlatNetworkIP, pod: &Pod, error: &Error, ctx: &Context) {
+async fn report_failure(record: &FlatNetworkIP, pod: &CachedPod, error: &Error, ctx: &Context) {
     let message = error.to_string();
     let mut status = record.status.clone().unwrap_or_default();
     if status.phase == phase::FAILED && status.failure_message == message {
@@ -235,7 +235,7 @@ async fn report_failure(record: &FlatNetworkIP, pod: &Pod, error: &Error, ctx: &
 
 /// A Pending record: fail it once the node had `pending_timeout` to set the
 /// pod up. The pod is left alone (deleting it would only loop).
-async fn pending(record: &FlatNetworkIP, pod: &Pod, ctx: &Context) -> Result<Action, Error> {
+async fn pending(record: &FlatNetworkIP, pod: &CachedPod, ctx: &Context) -> Result<Action, Error> {
     let status = record.status.clone().unwrap_or_default();
     let timeout = ctx.settings.pending_timeout;
     let allocated = status

@@ -40,6 +40,7 @@ pub mod nodes;
 pub mod pods;
 pub mod records;
 mod slim;
+pub use self::slim::{CachedPod, CachedPodSpec};
 pub mod subnets;
 pub mod wire_exclusion;
 pub mod wire_release;
@@ -51,7 +52,7 @@ use flatnet_k8s::{
     ipam::StatefulSetAddressPolicy,
 };
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::{
     Api, Client,
     api::PartialObjectMeta,
@@ -135,7 +136,7 @@ pub struct Caches {
     /// Every FlatNetworkSubnet.
     pub subnets: Store<FlatNetworkSubnet>,
     /// Every pod, as [`slim::pod`] leaves it (metadata and `spec.nodeName`).
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     /// Every namespace (for the Rancher project label).
     pub namespaces: Store<Namespace>,
     /// Every node (metadata only: whether it exists).
@@ -188,7 +189,7 @@ where
 /// # Errors
 /// Reading the pod's ReplicaSet or Job failed.
 pub(crate) async fn pod_workload(
-    pod: &Pod,
+    pod: &CachedPod,
     ctx: &Context,
 ) -> Result<crate::workloads::owner::WorkloadRef, Error> {
     use kube::ResourceExt;
@@ -232,7 +233,7 @@ pub async fn run(
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
-    let pods_ctl = slim::cached_controller(Api::<Pod>::all(client.clone()), slim::pod);
+    let pods_ctl = slim::cached_controller(Api::<CachedPod>::all(client.clone()), slim::pod);
     // Marked before the cache drops the record, so the pod controller
     // never finds a record gone without its pod marked departed.
     let departed = Arc::new(pods::Departed::default());
@@ -314,7 +315,7 @@ pub async fn run(
             watcher::Config::default(),
             |record| {
                 let ns = kube::ResourceExt::namespace(&record)?;
-                Some(ObjectRef::<Pod>::new(&record.pod_name()).within(&ns))
+                Some(ObjectRef::<CachedPod>::new(&record.pod_name()).within(&ns))
             },
         )
         .with_config(config.clone())

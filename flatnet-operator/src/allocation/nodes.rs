@@ -30,7 +30,7 @@ use flatnet_k8s::{
     ipam::StatefulSetAddressPolicy,
 };
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{PartialObjectMeta, PostParams},
@@ -46,7 +46,7 @@ use tracing::{info, warn};
 use crate::controller::condition;
 
 use super::{
-    Context, Error, commit,
+    CachedPod, Context, Error, commit,
     errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
 };
@@ -131,7 +131,7 @@ pub enum NodeVerdict {
 
 /// Judges the node `pod` is bound to. `pod` must be the record's pod (same
 /// UID).
-pub fn judge(pod: &Pod, ctx: &Context) -> NodeVerdict {
+pub fn judge(pod: &CachedPod, ctx: &Context) -> NodeVerdict {
     let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
         return NodeVerdict::Fine;
     };
@@ -170,7 +170,7 @@ pub fn kept_by_statefulset(record: &FlatNetworkIP, ctx: &Context) -> bool {
 /// An API call failed.
 pub async fn release_in_place(
     record: &FlatNetworkIP,
-    pod: &Pod,
+    pod: &CachedPod,
     node: &str,
     ctx: &Context,
 ) -> Result<Action, Error> {

@@ -28,7 +28,7 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::{
-    Context, Error,
+    CachedPod, Context, Error,
     errors::{CONFLICT_RETRY, is_conflict, is_not_found},
     key_of,
     records::{
@@ -105,7 +105,7 @@ impl Departed {
 /// # Errors
 /// An API call failed.
 #[instrument(skip_all, fields(pod = %pod.name_any(), namespace = pod.namespace().unwrap_or_default()))]
-pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let result = ensure(&pod, &ctx).await;
     if result.is_ok() {
         ctx.backoff.reset(&backoff_key(&pod));
@@ -114,7 +114,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
 }
 
 /// The key of `pod` in the shared backoff.
-fn backoff_key(pod: &Pod) -> String {
+fn backoff_key(pod: &CachedPod) -> String {
     format!(
         "pod/{}",
         key_of(pod.namespace().as_deref(), &pod.name_any())
@@ -123,7 +123,7 @@ fn backoff_key(pod: &Pod) -> String {
 
 /// The CronJob owning the Job of `pod`, when its workload selector needs it
 /// (read through the Job, as the workload controller keys CronJobs).
-async fn cronjob_of(pod: &Pod, ctx: &Context) -> Result<Option<String>, Error> {
+async fn cronjob_of(pod: &CachedPod, ctx: &Context) -> Result<Option<String>, Error> {
     if !needs_cronjob(pod) {
         return Ok(None);
     }
@@ -131,9 +131,9 @@ async fn cronjob_of(pod: &Pod, ctx: &Context) -> Result<Option<String>, Error> {
     Ok((workload.kind == "CronJob").then_some(workload.name))
 }
 
-async fn ensure(pod: &Arc<Pod>, ctx: &Arc<Context>) -> Result<Action, Error> {
+async fn ensure(pod: &Arc<CachedPod>, ctx: &Arc<Context>) -> Result<Action, Error> {
     let (pod, ctx) = (Arc::clone(pod), Arc::clone(ctx));
-    if !is_flat_pod(&pod) || pod.metadata.deletion_timestamp.is_some() {
+    if !is_flat_pod(pod.as_ref()) || pod.metadata.deletion_timestamp.is_some() {
         // Records go with their owner (garbage collection); see ips::collect.
         return Ok(Action::await_change());
     }
@@ -265,7 +265,7 @@ fn check_families(
 }
 
 /// Reports a problem only the user can fix and waits for the pod to change.
-async fn user_error(pod: &Pod, error: Error, ctx: &Context) -> Result<Action, Error> {
+async fn user_error(pod: &CachedPod, error: Error, ctx: &Context) -> Result<Action, Error> {
     warn!(%error, "flat-network pod cannot be served");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());
@@ -360,7 +360,7 @@ async fn update(
 
 /// Sets the `selectedIP`, `selectedMac`, subnet, type and mode labels.
 async fn label_pod(
-    pod: &Pod,
+    pod: &CachedPod,
     request: &PodRequest,
     first: &FlatNetworkIP,
     flat_mode: &str,
@@ -393,7 +393,7 @@ async fn label_pod(
 }
 
 /// Logs the failure, counts it, and retries with backoff.
-pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(pod: Arc<CachedPod>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(pod = %key_of(pod.namespace().as_deref(), &pod.name_any()), %error, "pod reconcile failed");
     ctx.metrics
         .reconcile_failed(CONTROLLER, error.metric_label());

@@ -19,11 +19,10 @@ use flatnet_k8s::{
     ipam::{PodController, StatefulSetAddressPolicy, fate_on_pod_deletion},
     keys::{annotation, label},
 };
-use k8s_openapi::{
-    api::core::v1::Pod,
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
+
+use super::CachedPod;
 
 /// Finalizer flatnet puts on every record: the address goes back to the
 /// subnet the moment the record is deleted, not after a repair delay.
@@ -54,7 +53,7 @@ pub fn names_fit(pod_name: &str, subnets: usize) -> bool {
 }
 
 /// The controller owning `pod`, as far as address stickiness goes.
-pub fn pod_controller(pod: &Pod) -> PodController {
+pub fn pod_controller(pod: &CachedPod) -> PodController {
     match pod
         .owner_references()
         .iter()
@@ -70,7 +69,7 @@ pub fn pod_controller(pod: &Pod) -> PodController {
 /// The owner reference of a pod's record: the StatefulSet (`apps/v1`) when
 /// the policy keeps StatefulSet addresses, else the pod, so the record is
 /// garbage-collected with whichever should take the address away.
-pub fn record_owner(pod: &Pod, policy: StatefulSetAddressPolicy) -> OwnerReference {
+pub fn record_owner(pod: &CachedPod, policy: StatefulSetAddressPolicy) -> OwnerReference {
     let keep =
         fate_on_pod_deletion(pod_controller(pod), policy) == flatnet_k8s::ipam::RecordFate::Keep;
     if keep
@@ -92,7 +91,7 @@ pub fn record_owner(pod: &Pod, policy: StatefulSetAddressPolicy) -> OwnerReferen
 }
 
 /// `pod` as the controlling owner of a record: the record goes with it.
-pub fn pod_owner(pod: &Pod) -> OwnerReference {
+pub fn pod_owner<K: kube::Resource>(pod: &K) -> OwnerReference {
     OwnerReference {
         api_version: "v1".into(),
         kind: "Pod".into(),
@@ -104,7 +103,7 @@ pub fn pod_owner(pod: &Pod) -> OwnerReference {
 }
 
 /// The Job controlling `pod`, if any.
-pub fn controlling_job(pod: &Pod) -> Option<&OwnerReference> {
+pub fn controlling_job(pod: &CachedPod) -> Option<&OwnerReference> {
     pod.owner_references()
         .iter()
         .find(|o| o.controller == Some(true) && o.kind == "Job")
@@ -112,14 +111,14 @@ pub fn controlling_job(pod: &Pod) -> Option<&OwnerReference> {
 
 /// Whether the pod controller must look up the CronJob of `pod`'s Job for
 /// its workload selector: a Job's pod without the selector label.
-pub fn needs_cronjob(pod: &Pod) -> bool {
+pub fn needs_cronjob(pod: &CachedPod) -> bool {
     !pod.labels().contains_key(label::RANCHER_WORKLOAD_SELECTOR) && controlling_job(pod).is_some()
 }
 
 /// The Rancher workload selector of a record: the pod's label, or for a
 /// Job's pod `cronjob-<namespace>-<cronjob>` when `cronjob` owns the Job,
 /// else `job-<namespace>-<job>`, as the original wrote it.
-fn workload_selector(pod: &Pod, cronjob: Option<&str>) -> Option<String> {
+fn workload_selector(pod: &CachedPod, cronjob: Option<&str>) -> Option<String> {
     if let Some(selector) = pod.labels().get(label::RANCHER_WORKLOAD_SELECTOR) {
         return Some(selector.clone());
     }
@@ -165,7 +164,7 @@ impl<'a> RecordContext<'a> {
 
 /// The record for one subnet request of `pod`: metadata (labels, owner,
 /// finalizer) and spec. Status is the IP controller's business.
-pub fn desired_record(pod: &Pod, ctx: &RecordContext<'_>) -> FlatNetworkIP {
+pub fn desired_record(pod: &CachedPod, ctx: &RecordContext<'_>) -> FlatNetworkIP {
     let wanted: &SubnetRequest = &ctx.request.subnets[ctx.index];
     let mut labels = BTreeMap::from([
         (label::IP_SUBNET.to_owned(), wanted.subnet.clone()),
@@ -309,11 +308,12 @@ pub fn desired_pod_labels(
 mod tests {
     use super::*;
     use flatnet_k8s::annotations::parse_pod_request;
-    use k8s_openapi::api::core::v1::PodSpec;
     use proptest::prelude::*;
 
-    fn pod(owner: Option<(&str, &str)>) -> Pod {
-        Pod {
+    use super::super::CachedPodSpec;
+
+    fn pod(owner: Option<(&str, &str)>) -> CachedPod {
+        CachedPod {
             metadata: ObjectMeta {
                 name: Some("web-0".into()),
                 namespace: Some("shop".into()),
@@ -330,15 +330,13 @@ mod tests {
                 }),
                 ..ObjectMeta::default()
             },
-            spec: Some(PodSpec {
+            spec: Some(CachedPodSpec {
                 node_name: Some("node-1".into()),
-                ..PodSpec::default()
             }),
-            status: None,
         }
     }
 
-    fn record_for(pod: &Pod, request: &PodRequest, index: usize) -> FlatNetworkIP {
+    fn record_for(pod: &CachedPod, request: &PodRequest, index: usize) -> FlatNetworkIP {
         desired_record(
             pod,
             &RecordContext {

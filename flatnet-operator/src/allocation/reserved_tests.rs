@@ -347,7 +347,7 @@ async fn a_cronjob_pods_record_carries_the_cronjob_workload_selector() {
     server.insert(&once);
     let ctx = fresh(&server);
     for (p, selector) in [(&nightly, "cronjob-shop-nightly"), (&once, "job-shop-once")] {
-        super::pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+        super::pods::reconcile(Arc::new(super::CachedPod::from(p)), Arc::clone(&ctx))
             .await
             .unwrap();
         let record = stored(&server, &p.name_any());

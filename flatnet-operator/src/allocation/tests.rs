@@ -25,7 +25,7 @@ use kube::{
 use serde_json::{Value, json};
 
 use super::{
-    Backoff, Caches, Context, Settings, commit,
+    Backoff, CachedPod, Caches, Context, Settings, commit,
     events::Events,
     fake_api::FakeApiServer,
     ips, pods,
@@ -75,7 +75,7 @@ fn caches_with_nodes(
     Caches {
         records: store(records).0,
         subnets: store(subnets).0,
-        pods: store(pods).0,
+        pods: store(pods.iter().map(CachedPod::from).collect()).0,
         namespaces: store::<Namespace>(Vec::new()).0,
         nodes: store(nodes.iter().map(|n| node_meta(n)).collect()).0,
     }
@@ -134,7 +134,8 @@ fn record_of(pod: &Pod, version: &str) -> FlatNetworkIP {
         "",
     )
     .unwrap();
-    let mut record = records::desired_record(pod, &RecordContext::plain(&request));
+    let mut record =
+        records::desired_record(&CachedPod::from(pod), &RecordContext::plain(&request));
     record.metadata.resource_version = Some(version.into());
     record.metadata.uid = Some(format!("uid-record-{}", pod.name_any()));
     record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
@@ -187,7 +188,7 @@ async fn reconcile_pod(
         caches(vec![], subnets, vec![pod.clone()]),
         Settings::default(),
     );
-    pods::reconcile(Arc::new(pod), ctx).await
+    pods::reconcile(Arc::new(CachedPod::from(&pod)), ctx).await
 }
 
 /// The IP controller reconciling `record` with caches holding it and `pods`.
@@ -482,7 +483,7 @@ async fn a_stale_copy_of_a_released_record_releases_nothing() {
         [IpRange::new(ip("10.0.0.1"), ip("10.0.0.2"))]
     );
     // The next allocation takes .3 again.
-    pods::reconcile(Arc::new(filler), Arc::clone(&ctx))
+    pods::reconcile(Arc::new(CachedPod::from(&filler)), Arc::clone(&ctx))
         .await
         .unwrap();
     let record = stored_record(&server, "filler").unwrap();
@@ -1490,7 +1491,7 @@ fn statefulset_cluster() -> FakeApiServer {
 async fn pod_cycle(server: &FakeApiServer, p: Pod) -> FlatNetworkIP {
     server.insert(&p);
     let ctx = context_from(server, Settings::default());
-    pods::reconcile(Arc::new(p.clone()), Arc::clone(&ctx))
+    pods::reconcile(Arc::new(CachedPod::from(&p)), Arc::clone(&ctx))
         .await
         .unwrap();
     let ctx = context_from(server, Settings::default());
@@ -1575,7 +1576,7 @@ async fn pod_and_subnet_successes_reset_their_backoff() {
         .await
         .unwrap();
     let web = server.list::<Pod>().remove(0);
-    pods::reconcile(Arc::new(web), Arc::clone(&ctx))
+    pods::reconcile(Arc::new(CachedPod::from(&web)), Arc::clone(&ctx))
         .await
         .unwrap();
     assert!(ctx.backoff.is_empty(), "{} entries left", ctx.backoff.len());
@@ -1765,7 +1766,7 @@ async fn a_statefulset_pod_moved_to_another_node_keeps_its_address() {
         caches_from_with_nodes(&server, &["node-2"]),
         gone_now(),
     );
-    pods::reconcile(Arc::new(moved), Arc::clone(&ctx))
+    pods::reconcile(Arc::new(CachedPod::from(&moved)), Arc::clone(&ctx))
         .await
         .unwrap();
     let ctx = context(
@@ -1868,7 +1869,7 @@ fn pod_and_record(name: &str, subnet: &str, mac: &str) -> (Pod, FlatNetworkIP) {
         p = p.annotated("flatnetwork.pandaria.io/mac", mac);
     }
     let request = parse_pod_request(subnet, "auto", mac).unwrap();
-    let mut record = records::desired_record(&p, &RecordContext::plain(&request));
+    let mut record = records::desired_record(&CachedPod::from(&p), &RecordContext::plain(&request));
     record.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     (p, record)
 }
@@ -2065,3 +2066,56 @@ mod wire;
 mod mac_pool;
 #[path = "reserved_tests.rs"]
 mod reserved;
+
+/// Lists are paginated as a real server paginates them (`limit`,
+/// `continue`), from a snapshot taken at the first page, and an unknown
+/// continue token gets 410 Gone; so a relist of many objects holds one
+/// page at a time in the client.
+#[tokio::test]
+async fn lists_come_in_pages_from_the_first_pages_snapshot() {
+    let server = FakeApiServer::new();
+    for i in 0..5 {
+        server.insert(&crate::allocation::fake_cluster::pod(&format!("p{i}"), "s"));
+    }
+    let pods: kube::Api<Pod> = kube::Api::all(server.client());
+    let first = pods
+        .list(&kube::api::ListParams::default().limit(2))
+        .await
+        .unwrap();
+    assert_eq!(first.items.len(), 2);
+    assert_eq!(first.metadata.remaining_item_count, Some(3));
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    // Created after the first page: not in this list.
+    server.insert(&crate::allocation::fake_cluster::pod("p9", "s"));
+    let mut names: Vec<String> = first.items.iter().map(ResourceExt::name_any).collect();
+    let mut next = Some(token);
+    while let Some(token) = next.take() {
+        let page = pods
+            .list(
+                &kube::api::ListParams::default()
+                    .limit(2)
+                    .continue_token(&token),
+            )
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 2);
+        assert_eq!(
+            page.metadata.resource_version,
+            first.metadata.resource_version
+        );
+        names.extend(page.items.iter().map(ResourceExt::name_any));
+        next = page.metadata.continue_.filter(|t| !t.is_empty());
+    }
+    assert_eq!(names, ["p0", "p1", "p2", "p3", "p4"]);
+    let expired = pods
+        .list(
+            &kube::api::ListParams::default()
+                .limit(2)
+                .continue_token("12345"),
+        )
+        .await;
+    assert!(
+        matches!(&expired, Err(kube::Error::Api(status)) if status.code == 410),
+        "{expired:?}"
+    );
+}

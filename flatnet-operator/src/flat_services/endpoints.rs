@@ -165,7 +165,7 @@ pub fn desired_slices(
     let mut groups: BTreeMap<(Family, Vec<PortKey>), Vec<Endpoint>> = BTreeMap::new();
     let mut skipped = Vec::new();
 
-    for pod in pods.iter().filter(|p| is_flat_pod(p) && !finished(p)) {
+    for pod in pods.iter().filter(|p| is_flat_pod(*p) && !finished(p)) {
         let addrs = match flat_addresses(pod, attachment) {
             FlatAddresses::Found(addrs) => addrs,
             FlatAddresses::NotYet => continue,

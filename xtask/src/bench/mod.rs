@@ -1,6 +1,8 @@
-//! `cargo xtask bench <cni|throughput|policy|conflicts|hotplug|failover>`: on-demand benchmarks (root).
-//! Each writes its results into its own section of docs/benchmarks.md.
+//! `cargo xtask bench <cni|throughput|policy|conflicts|hotplug|failover|allocation>`:
+//! on-demand benchmarks (root, except `allocation`). Each writes its
+//! results into its own section of docs/benchmarks.md.
 
+mod allocation;
 mod cni;
 mod conflicts;
 mod failover;
@@ -40,12 +42,17 @@ pub enum BenchCommand {
     /// Floating-address failover: from killing the owner to the first TCP
     /// connection through the other node, IPv4 and IPv6.
     Failover,
+    /// The allocation controllers at scale against the fake API server:
+    /// pods created at once, half replaced; seconds, requests per pod,
+    /// peak RSS (no root needed).
+    Allocation(allocation::AllocationArgs),
 }
 
 /// Runs one benchmark.
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    let needs_root = !matches!(command, BenchCommand::Allocation(_));
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if needs_root && unsafe { libc::geteuid() } != 0 {
         bail!("the benchmarks create network namespaces and load eBPF programs: run them as root");
     }
     match command {
@@ -55,6 +62,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Conflicts => conflicts::run(),
         BenchCommand::Hotplug => hotplug::run(),
         BenchCommand::Failover => failover::run(),
+        BenchCommand::Allocation(args) => allocation::run(&args),
     }
 }
 

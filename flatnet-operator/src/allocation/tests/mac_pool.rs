@@ -328,7 +328,9 @@ async fn the_multus_mac_is_a_fixed_mac_not_a_pool_one() {
         .annotated("k8s.v1.cni.cncf.io/networks", selection);
     server.insert(&p);
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
-    pods::reconcile(Arc::new(p), ctx).await.unwrap();
+    pods::reconcile(Arc::new(super::CachedPod::from(&p)), ctx)
+        .await
+        .unwrap();
     let record = stored_record(&server, "web").unwrap();
     assert_eq!(record.spec.macs, ["0a:00:00:00:00:09"]);
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
@@ -349,7 +351,7 @@ async fn the_multus_mac_is_a_fixed_mac_not_a_pool_one() {
         );
     server.insert(&bad);
     let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
-    let _ = pods::reconcile(Arc::new(bad), ctx).await;
+    let _ = pods::reconcile(Arc::new(super::CachedPod::from(&bad)), ctx).await;
     assert!(
         stored_record(&server, "bad").is_none(),
         "no record for a bad MAC"
