@@ -387,6 +387,8 @@ async fn report(
             } => {
                 metrics.acquired.inc();
                 owned.insert(addr);
+                // Before the Events, whose API calls take a while.
+                set_owned(&metrics, &owned);
                 tracing::info!(%addr, %interface, "floating address acquired");
                 let holders = view
                     .borrow()
@@ -414,6 +416,7 @@ async fn report(
             Event::Released { addr } => {
                 metrics.released.inc();
                 owned.remove(&addr);
+                set_owned(&metrics, &owned);
                 tracing::info!(%addr, "floating address released");
             }
             Event::Announced { .. } => {
@@ -421,10 +424,13 @@ async fn report(
             }
             Event::Renewed { .. } => {}
         }
-        metrics
-            .owned
-            .set(i64::try_from(owned.len()).unwrap_or(i64::MAX));
     }
+}
+
+fn set_owned(metrics: &FloatingMetrics, owned: &BTreeSet<IpAddr>) {
+    metrics
+        .owned
+        .set(i64::try_from(owned.len()).unwrap_or(i64::MAX));
 }
 
 #[cfg(test)]
