@@ -79,14 +79,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
     let request = match request {
         Ok(request) => request,
         Err(error) => {
-            ctx.events
-                .warn(
-                    &*pod,
-                    services::REASON_FAILED,
-                    "Allocate",
-                    error.to_string(),
-                )
-                .await;
+            warn_failed(&ctx, &pod, &error).await;
             return Err(error);
         }
     };
@@ -106,18 +99,18 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         }
         Err(error) => {
             if error.needs_user() {
-                ctx.events
-                    .warn(
-                        &*pod,
-                        services::REASON_FAILED,
-                        "Allocate",
-                        error.to_string(),
-                    )
-                    .await;
+                warn_failed(&ctx, &pod, &error).await;
             }
             Err(error)
         }
     }
+}
+
+/// Tells the pod why its floating address cannot be given (a Warning).
+async fn warn_failed(ctx: &Context, pod: &Pod, error: &Error) {
+    ctx.events
+        .warn(pod, services::REASON_FAILED, "Allocate", error.to_string())
+        .await;
 }
 
 /// Retries: slowly when the user must act, else with the per-object backoff.
