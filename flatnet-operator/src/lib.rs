@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod allocation;
+pub mod cache;
 #[cfg(any(test, feature = "fake-api"))]
 pub mod chaos;
 pub mod cidr;

@@ -44,7 +44,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::metrics::Metrics;
+use crate::{cache, metrics::Metrics};
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "workloads";
@@ -413,11 +413,11 @@ pub async fn run(
     // Reconciles start once every workload cache has synced, so no
     // reservation is dropped for a workload not listed yet.
     let ready = async {
-        let synced = caches.deployments.wait_until_ready().await.is_ok()
-            && caches.statefulsets.wait_until_ready().await.is_ok()
-            && caches.daemonsets.wait_until_ready().await.is_ok()
-            && caches.jobs.wait_until_ready().await.is_ok()
-            && caches.cronjobs.wait_until_ready().await.is_ok();
+        let synced = cache::synced(&caches.deployments).await
+            && cache::synced(&caches.statefulsets).await
+            && cache::synced(&caches.daemonsets).await
+            && cache::synced(&caches.jobs).await
+            && cache::synced(&caches.cronjobs).await;
         if synced {
             controller
                 .for_each(|result| async move {

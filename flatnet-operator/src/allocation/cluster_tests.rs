@@ -48,6 +48,41 @@ async fn started(seed: u64) -> FakeCluster {
     cluster
 }
 
+/// An operator starting among existing pods, more than one page of list
+/// (the fake pages lists as a real server does), reports ready once its
+/// caches have synced, and addresses the pods it found.
+#[tokio::test]
+async fn an_operator_starting_among_many_pods_becomes_ready() {
+    let server = lagging(3);
+    server.insert(&subnet(
+        SUBNET,
+        "10.9.0.0/21",
+        Some("10.9.0.1"),
+        &[("10.9.0.10", "10.9.7.250")],
+    ));
+    // kube's watcher lists 500 objects a page.
+    let pods = 1_100;
+    for i in 0..pods {
+        server.insert(&super::fake_cluster::pod(&format!("pod-{i}"), SUBNET));
+    }
+    let cluster = FakeCluster::start(server, Settings::default(), 5);
+    assert!(
+        !cluster.health.is_ready(),
+        "not ready before the caches sync"
+    );
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    while !cluster.health.is_ready() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the allocation controllers never reported ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let view = cluster.settle(SUBNET, SETTLE * 4).await.unwrap();
+    assert_eq!(view.addressed.len(), pods);
+    cluster.stop().await;
+}
+
 /// The scenario: N pods, half deleted, the ledger right within a
 /// few seconds (not after the orphan grace), the other half created.
 #[tokio::test]

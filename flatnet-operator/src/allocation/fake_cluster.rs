@@ -29,6 +29,8 @@ pub const POD_NAMESPACE: &str = "churn";
 pub struct FakeCluster {
     /// The API server.
     pub server: FakeApiServer,
+    /// The controllers' readiness, as the operator's `/readyz` reads it.
+    pub health: Arc<Health>,
     stop: CancellationToken,
     controllers: JoinHandle<()>,
 }
@@ -188,17 +190,19 @@ impl FakeCluster {
     /// against `server`, which holds `subnet`.
     pub fn start(server: FakeApiServer, settings: Settings, workers: u16) -> Self {
         let stop = CancellationToken::new();
+        let health = Arc::new(Health::default());
         let controllers = tokio::spawn(super::run(
             server.client(),
             Arc::new(Metrics::new()),
             settings,
             workers,
             super::mac_pool::MacPoolView::default(),
-            Arc::new(Health::default()),
+            Arc::clone(&health),
             stop.clone(),
         ));
         Self {
             server,
+            health,
             stop,
             controllers,
         }

@@ -18,7 +18,6 @@ use flatnet_k8s::{
     keys::SUBNET_NAMESPACE,
     validation::validate_subnet,
 };
-use futures::FutureExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
@@ -298,13 +297,7 @@ async fn pending(record: &FlatNetworkIP, pod: &CachedPod, ctx: &Context) -> Resu
 /// A record whose pod is gone: deleted, unless the StatefulSet policy keeps
 /// it for the next pod of that name.
 async fn collect(record: &FlatNetworkIP, ctx: &Context) -> Result<Action, Error> {
-    if ctx
-        .caches
-        .pods
-        .wait_until_ready()
-        .now_or_never()
-        .is_none_or(|ready| ready.is_err())
-    {
+    if !crate::cache::listed(&ctx.caches.pods) {
         return Ok(Action::requeue(GC_MIN_AGE));
     }
     if nodes::kept_by_statefulset(record, ctx) {

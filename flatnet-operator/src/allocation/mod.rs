@@ -51,7 +51,7 @@ use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims},
     ipam::StatefulSetAddressPolicy,
 };
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::{
     Api, Client,
@@ -68,7 +68,7 @@ use tracing::{debug, info, warn};
 pub use self::errors::Error;
 use self::events::Events;
 pub use crate::controller::Backoff;
-use crate::{admin::Health, metrics::Metrics};
+use crate::{admin::Health, cache, metrics::Metrics};
 
 /// Settings of the allocation controllers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,17 +170,6 @@ pub struct Context {
     pub wire: wire_exclusion::WireView,
     /// The MAC pool, as the FlatNetworkConfig sets it now.
     pub mac_pool: mac_pool::MacPoolView,
-}
-
-/// Whether `store` has had its first complete list.
-pub(crate) fn listed<K: kube::Resource + Clone>(store: &Store<K>) -> bool
-where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store
-        .wait_until_ready()
-        .now_or_never()
-        .is_some_and(|ready| ready.is_ok())
 }
 
 /// `namespace/name` of an object, for logs and keys.
@@ -292,11 +281,11 @@ pub async fn run(
     {
         let caches = caches.clone();
         tokio::spawn(async move {
-            let synced = caches.records.wait_until_ready().await.is_ok()
-                && caches.subnets.wait_until_ready().await.is_ok()
-                && caches.pods.wait_until_ready().await.is_ok()
-                && caches.namespaces.wait_until_ready().await.is_ok()
-                && caches.nodes.wait_until_ready().await.is_ok();
+            let synced = cache::synced(&caches.records).await
+                && cache::synced(&caches.subnets).await
+                && cache::synced(&caches.pods).await
+                && cache::synced(&caches.namespaces).await
+                && cache::synced(&caches.nodes).await;
             if synced {
                 info!("allocation caches synced");
                 health.set_ready(true);
@@ -373,7 +362,7 @@ pub async fn run(
             // Before the first sync nothing is in flight (and kube-runtime
             // would wait for the sync forever); after it, let in-flight
             // reconciles finish, within a bound.
-            if caches.records.wait_until_ready().now_or_never().is_some() {
+            if cache::listed(&caches.records) {
                 tokio::select! {
                     _ = &mut all => {}
                     () = tokio::time::sleep(SHUTDOWN_GRACE) => {

@@ -135,7 +135,7 @@ pub fn judge(pod: &CachedPod, ctx: &Context) -> NodeVerdict {
     let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
         return NodeVerdict::Fine;
     };
-    if !super::listed(&ctx.caches.nodes) {
+    if !crate::cache::listed(&ctx.caches.nodes) {
         return NodeVerdict::Fine;
     }
     if ctx.caches.nodes.get(&ObjectRef::new(node)).is_some() {

@@ -74,7 +74,7 @@ impl WireView {
     /// once listed (or once [`SYNC_WAIT`] has passed, or with the wire
     /// window off).
     pub fn unsynced_for(&self) -> Option<Duration> {
-        let listed = super::listed(&self.reports);
+        let listed = crate::cache::listed(&self.reports);
         let waited = self.since.elapsed();
         (!listed && !self.window.is_zero() && waited < SYNC_WAIT)
             .then(|| SYNC_WAIT.saturating_sub(waited).min(Duration::from_secs(1)))

@@ -65,7 +65,7 @@ impl WireWitness {
     /// The reports and nodes of the caches: enough to decide whether to
     /// look closer, never to free.
     pub fn cached(ctx: &Context, subnet: &str) -> Self {
-        let synced = super::listed(&ctx.caches.nodes);
+        let synced = crate::cache::listed(&ctx.caches.nodes);
         Self {
             reports: ctx
                 .wire

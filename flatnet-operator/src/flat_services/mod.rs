@@ -11,7 +11,7 @@ pub mod legacy_endpoints;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::{core::v1::Pod, core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -341,7 +341,7 @@ pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: Can
     let store = controller.store();
     let ready_store = store.clone();
     tokio::spawn(async move {
-        if ready_store.wait_until_ready().await.is_ok() {
+        if crate::cache::synced(&ready_store).await {
             info!("service cache synced");
             health.set_ready(true);
         }
@@ -382,7 +382,7 @@ pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: Can
             // Before the first sync nothing is in flight, and kube-runtime
             // would wait for that sync forever; after it, let in-flight
             // reconciles finish, within a bound.
-            if sync_check.wait_until_ready().now_or_never().is_some() {
+            if crate::cache::listed(&sync_check) {
                 tokio::select! {
                     () = &mut drained => {}
                     () = tokio::time::sleep(SHUTDOWN_GRACE) => {

@@ -52,9 +52,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::desired::{PodDesired, PodView, WantedAttachment, desired_for_pod};
-use crate::allocation::{
-    events::Events,
-    records::{FINALIZER, pod_owner},
+use crate::{
+    allocation::{
+        events::Events,
+        records::{FINALIZER, pod_owner},
+    },
+    cache,
 };
 
 /// Field manager of the controller's writes.
@@ -569,13 +572,13 @@ pub async fn run(client: Client, settings: Settings, stop: CancellationToken) {
     .for_each(|()| async {});
     let passes = async {
         let ready = tokio::join!(
-            copies.configs.wait_until_ready(),
-            copies.pods.wait_until_ready(),
-            copies.namespaces.wait_until_ready(),
-            copies.subnets.wait_until_ready(),
-            copies.records.wait_until_ready(),
+            cache::synced(&copies.configs),
+            cache::synced(&copies.pods),
+            cache::synced(&copies.namespaces),
+            cache::synced(&copies.subnets),
+            cache::synced(&copies.records),
         );
-        if !matches!(ready, (Ok(()), Ok(()), Ok(()), Ok(()), Ok(()))) {
+        if ready != (true, true, true, true, true) {
             return;
         }
         let mut controller = Controller {

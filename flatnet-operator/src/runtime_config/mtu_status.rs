@@ -22,6 +22,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::cache;
+
 /// How often the counts are compared with the subnets' status.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -68,10 +70,9 @@ pub async fn run(client: Client, interval: Duration, stop: CancellationToken) {
     .default_backoff()
     .for_each(|_| async {});
     let count = async {
-        let (Ok(()), Ok(())) = tokio::join!(subnets.wait_until_ready(), ips.wait_until_ready())
-        else {
+        if tokio::join!(cache::synced(&subnets), cache::synced(&ips)) != (true, true) {
             return;
-        };
+        }
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PatchParams::default()
