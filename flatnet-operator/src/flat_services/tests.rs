@@ -413,3 +413,33 @@ fn slice_events_map_to_the_parent_service() {
     slice.metadata.labels = None;
     assert_eq!(parent_of_slice(&slice), None);
 }
+
+/// The service controllers report ready once their cache has synced, as
+/// the leader's `/readyz` needs (kube's own wait on the same store would
+/// leave a second waiter asleep).
+#[tokio::test]
+async fn the_service_controllers_become_ready_once_synced() {
+    let server = crate::allocation::fake_api::FakeApiServer::new();
+    server.insert(&service("web"));
+    let ctx = Arc::new(Context {
+        client: server.client(),
+        metrics: Arc::new(Metrics::new()),
+        attachment: "rancher-flat-network".into(),
+        resync: Duration::from_secs(600),
+    });
+    let health = Arc::new(Health::default());
+    let stop = CancellationToken::new();
+    let controllers = tokio::spawn(run(ctx, 2, Arc::clone(&health), stop.clone()));
+    let ready = tokio::time::timeout(Duration::from_secs(20), async {
+        while !health.is_ready() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    stop.cancel();
+    controllers.await.unwrap();
+    assert!(
+        ready.is_ok(),
+        "the service controllers never reported ready"
+    );
+}
