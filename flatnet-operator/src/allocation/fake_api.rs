@@ -69,6 +69,19 @@ type Key = (String, String, String);
 /// The body of every reply: one chunk, or the events of a watch.
 pub type ReplyBody = StreamBody<BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
 
+/// Waits `latency` to within tens of microseconds, on a blocking thread:
+/// tokio's timer rounds every sleep up to its next millisecond tick, which
+/// made a 1 ms request take nearly 2.
+async fn request_latency(latency: Duration) {
+    if tokio::task::spawn_blocking(move || std::thread::sleep(latency))
+        .await
+        .is_err()
+    {
+        // The runtime is shutting down; the request is moot.
+        futures::future::pending::<()>().await;
+    }
+}
+
 /// How far the server behaves like a real one (see the module docs).
 #[derive(Clone, Debug)]
 pub struct Realism {
@@ -623,7 +636,7 @@ impl FakeApiServer {
                 });
         }
         if !self.realism.latency.is_zero() {
-            tokio::time::sleep(self.realism.latency).await;
+            request_latency(self.realism.latency).await;
         }
         let plan = self.faults.as_ref().map_or(faults::Plan::Serve, |f| {
             f.plan(self.client, &method, &target)

@@ -417,14 +417,19 @@ fn missing_from_ledger<'a>(
     current: &FlatNetworkSubnetStatus,
     users: &[&'a FlatNetworkIP],
 ) -> Vec<(&'a FlatNetworkIP, IpAddr)> {
+    // Parsed once: a fragmented ledger has thousands of ranges, and a
+    // subnet thousands of records.
+    let (v4, v6) = used_ranges::to_intervals(&current.used_ranges());
+    let in_ledger = |addr: IpAddr| match addr {
+        IpAddr::V4(_) => v4.contains(to_u128(addr)),
+        IpAddr::V6(_) => v6.contains(to_u128(addr)),
+    };
     users
         .iter()
         .filter(|r| r.metadata.deletion_timestamp.is_none())
         .filter_map(|r| Some((*r, named_addr(r)?)))
         .filter(|(_, addr)| {
-            valid.cidr.contains(*addr)
-                && Some(*addr) != valid.gateway
-                && !used_ranges::contains(&current.used_ranges(), *addr)
+            valid.cidr.contains(*addr) && Some(*addr) != valid.gateway && !in_ledger(*addr)
         })
         .collect()
 }

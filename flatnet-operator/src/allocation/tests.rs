@@ -2119,3 +2119,33 @@ async fn lists_come_in_pages_from_the_first_pages_snapshot() {
         "{expired:?}"
     );
 }
+
+/// Every request takes at least the server's latency, also when several
+/// are in flight at once (they wait side by side, not in turn).
+#[tokio::test]
+async fn every_request_takes_the_latency_side_by_side() {
+    let latency = Duration::from_millis(100);
+    let server = FakeApiServer::realistic(super::fake_api::Realism {
+        latency,
+        ..super::fake_api::Realism::default()
+    });
+    server.insert(&crate::allocation::fake_cluster::pod("p", "s"));
+    let pods: kube::Api<Pod> = kube::Api::namespaced(
+        server.client(),
+        crate::allocation::fake_cluster::POD_NAMESPACE,
+    );
+    let started = std::time::Instant::now();
+    pods.get("p").await.unwrap();
+    assert!(started.elapsed() >= latency);
+    let started = std::time::Instant::now();
+    let (a, b, c, d) = tokio::join!(pods.get("p"), pods.get("p"), pods.get("p"), pods.get("p"));
+    let together = started.elapsed();
+    for result in [a, b, c, d] {
+        result.unwrap();
+    }
+    assert!(together >= latency);
+    assert!(
+        together < latency * 3,
+        "four requests in flight took {together:?}, as if one after the other"
+    );
+}
