@@ -767,10 +767,11 @@ pub async fn release(
         .iter()
         .copied()
         .filter(|a| {
+            // The cheap tests first: `held_elsewhere` formats a key.
             !records.iter().any(|r| {
-                held_elsewhere(r)
+                r.status.as_ref().and_then(|s| s.addr) == Some(*a)
                     && r.spec.subnet == subnet
-                    && r.status.as_ref().and_then(|s| s.addr) == Some(*a)
+                    && held_elsewhere(r)
             })
         })
         .collect();
@@ -779,7 +780,7 @@ pub async fn release(
         .filter(|m| {
             !records
                 .iter()
-                .any(|r| held_elsewhere(r) && r.status.as_ref().is_some_and(|s| &s.mac == *m))
+                .any(|r| r.status.as_ref().is_some_and(|s| &s.mac == *m) && held_elsewhere(r))
         })
         .collect();
     if addrs.is_empty() && macs.is_empty() {

@@ -479,7 +479,9 @@ fn repaired_status(
     ctx: &Context,
 ) -> Repaired {
     let mut duplicates = Vec::new();
-    let mut claimed: HashMap<IpAddr, String> = HashMap::new();
+    // Keys are formatted for duplicates only: a pass looks at every record.
+    let key = |r: &FlatNetworkIP| key_of(r.namespace().as_deref(), &r.name_any());
+    let mut claimed: HashMap<IpAddr, &FlatNetworkIP> = HashMap::with_capacity(users.len());
     for record in users
         .iter()
         .filter(|r| r.metadata.deletion_timestamp.is_none())
@@ -487,11 +489,14 @@ fn repaired_status(
         let Some(addr) = named_addr(record) else {
             continue;
         };
-        let key = key_of(record.namespace().as_deref(), &record.name_any());
         if let Some(first) = claimed.get(&addr) {
-            duplicates.push(format!("{addr} is named by {first} and {key}"));
+            duplicates.push(format!(
+                "{addr} is named by {} and {}",
+                key(first),
+                key(record)
+            ));
         } else {
-            claimed.insert(addr, key);
+            claimed.insert(addr, record);
         }
     }
 
