@@ -207,6 +207,22 @@ pub async fn release_each(
     Ok(())
 }
 
+/// Runs `write`, which names the addresses just reserved in `fresh` on
+/// their holder: `Ok(true)` when it wrote them, `Ok(false)` when the holder
+/// changed or went meanwhile. Unless written, the addresses are handed
+/// back. Returns what `write` did.
+pub async fn write_or_hand_back(
+    ctx: &Context,
+    fresh: &BTreeMap<String, Vec<IpAddr>>,
+    write: impl Future<Output = Result<bool, Error>>,
+) -> Result<bool, Error> {
+    let written = write.await;
+    if !matches!(written, Ok(true)) {
+        hand_back(ctx, fresh).await;
+    }
+    written
+}
+
 /// Returns newly reserved addresses (per pool) nobody will name; what
 /// cannot be returned now the pool repair frees after the orphan grace.
 pub async fn hand_back(ctx: &Context, fresh: &BTreeMap<String, Vec<IpAddr>>) {

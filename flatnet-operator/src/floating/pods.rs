@@ -262,16 +262,8 @@ async fn assign(
     if desired == current {
         return Ok(());
     }
-    match write_assigned(ctx, pod, &desired).await {
-        Ok(true) => {}
-        Ok(false) => {
-            ledger::hand_back(ctx, &fresh).await;
-            return Ok(());
-        }
-        Err(error) => {
-            ledger::hand_back(ctx, &fresh).await;
-            return Err(error);
-        }
+    if !ledger::write_or_hand_back(ctx, &fresh, write_assigned(ctx, pod, &desired)).await? {
+        return Ok(());
     }
     let replaced: Vec<IpAddr> = current
         .iter()

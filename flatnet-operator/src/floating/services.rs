@@ -265,16 +265,13 @@ async fn assign(
     if desired == current {
         return Ok(());
     }
-    match write_ingress(ctx, service, &desired).await {
-        Ok(Some(_)) => {}
-        Ok(None) => {
-            ledger::hand_back(ctx, &fresh).await;
-            return Ok(());
-        }
-        Err(error) => {
-            ledger::hand_back(ctx, &fresh).await;
-            return Err(error);
-        }
+    let write = async {
+        write_ingress(ctx, service, &desired)
+            .await
+            .map(|written| written.is_some())
+    };
+    if !ledger::write_or_hand_back(ctx, &fresh, write).await? {
+        return Ok(());
     }
     let replaced: Vec<IpAddr> = current
         .iter()
