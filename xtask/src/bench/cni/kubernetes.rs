@@ -58,7 +58,9 @@ pub fn run(write: bool) -> anyhow::Result<()> {
          runs twice in one process on one node namespace, each on its own\n\
          master: with the Kubernetes desired state against the operator's\n\
          in-memory API server (`FakeApiServer`, every request delayed by the\n\
-         latency in the table), and with the standalone desired state. Their\n\
+         latency in the table, on a blocking thread: to within tens of\n\
+         microseconds, where a tokio timer rounds up to the next whole\n\
+         millisecond), and with the standalone desired state. Their\n\
          ADD+DEL pairs alternate, {ITERATIONS} measured per mode and latency, a\n\
          fresh pod namespace each; before each Kubernetes ADD the pod's\n\
          FlatNetworkIP exists, allocated, as the operator leaves it. Times run\n\
