@@ -288,7 +288,9 @@ mod tests {
             )
         };
         let readiness = Readiness::default();
-        let task = tokio::spawn(Heartbeat::new(server.client(), settings).run(readiness.clone()));
+        // Its requests are recorded: the chart's agent Role must grant them.
+        let recorded = server.for_client(1);
+        let task = tokio::spawn(Heartbeat::new(recorded.client(), settings).run(readiness.clone()));
 
         let starting = written(&server, REASON_STARTING).await;
         assert_eq!(starting.node, "node-1");
@@ -347,5 +349,23 @@ mod tests {
         readiness.stopping();
         written(&server, REASON_STOPPING).await;
         task.abort();
+
+        // What charts/flatnet/templates/agent-rbac.yaml's Role grants, and
+        // nothing else: patch on Leases in flatnet's namespace.
+        let asked: Vec<_> = recorded
+            .accesses()
+            .into_iter()
+            .map(|a| (a.verb, a.group, a.resource, a.subresource, a.namespaced))
+            .collect();
+        assert_eq!(
+            asked,
+            [(
+                "patch",
+                "coordination.k8s.io".to_owned(),
+                "leases".to_owned(),
+                None,
+                true
+            )]
+        );
     }
 }

@@ -413,7 +413,7 @@ pub fn merged(current: &[Condition], wanted: [Condition; 3]) -> Option<Vec<Condi
 }
 
 /// Where the controller looks, and who it is.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// Namespace of the agent DaemonSet and of the heartbeats (flatnet's).
     pub namespace: String,
