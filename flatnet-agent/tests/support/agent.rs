@@ -123,6 +123,10 @@ impl StandaloneAgent {
         let deadline = Instant::now() + Duration::from_secs(300);
         while !serving(self) {
             if let Some(status) = self.process_mut().try_wait().unwrap() {
+                // What it did just before exiting may be what was awaited.
+                if serving(self) {
+                    break;
+                }
                 panic!("flatnet-agent exited during start-up: {status}");
             }
             assert!(Instant::now() < deadline, "flatnet-agent did not start");

@@ -283,19 +283,19 @@ fn messages_name_the_nodes_and_their_reasons() {
 fn merging_keeps_the_transition_time_while_a_status_stays() {
     let first = conditions(&healthy(), Some(1), at(NOW));
     let written = merged(&[], first.clone()).expect("new conditions are a change");
-    assert_eq!(merged(&written, conditions(&healthy(), Some(1), at(NOW + 60))), None);
+    assert_eq!(merged(&written, conditions(&healthy(), Some(1), at(NOW + 20))), None);
 
     let mut failing = healthy();
     failing.heartbeats[0].readiness =
         AgentReadiness::not_ready(REASON_CNI_SOCKET_NOT_SERVING, "connection refused");
-    let after = merged(&written, conditions(&failing, Some(1), at(NOW + 60))).expect("a change");
+    let after = merged(&written, conditions(&failing, Some(1), at(NOW + 20))).expect("a change");
     let time = |list: &[Condition], type_: &str| {
         list.iter()
             .find(|c| c.type_ == type_)
             .map(|c| c.last_transition_time.clone())
     };
-    assert_eq!(time(&after, CONDITION_AVAILABLE), Some(Time(at(NOW + 60))));
-    assert_eq!(time(&after, CONDITION_DEGRADED), Some(Time(at(NOW + 60))));
+    assert_eq!(time(&after, CONDITION_AVAILABLE), Some(Time(at(NOW + 20))));
+    assert_eq!(time(&after, CONDITION_DEGRADED), Some(Time(at(NOW + 20))));
     assert_eq!(
         time(&after, CONDITION_PROGRESSING),
         Some(Time(at(NOW))),
@@ -359,9 +359,11 @@ fn is(conditions: &[Condition], type_: &str, status: &str, reason: &str) -> bool
 #[tokio::test]
 async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover() {
     let server = FakeApiServer::new();
-    let mut config = FlatNetworkConfig::new(CONFIG_NAME, FlatNetworkConfigSpec::default());
-    config.metadata.generation = Some(4);
-    server.insert(&config);
+    // Stored as created: generation 1.
+    server.insert(&FlatNetworkConfig::new(
+        CONFIG_NAME,
+        FlatNetworkConfigSpec::default(),
+    ));
     server.insert(&daemonset(2, 2, 2));
     let health = Arc::new(Health::default());
     health.set_ready(true);
@@ -385,7 +387,11 @@ async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover(
             && is(c, CONDITION_DEGRADED, "True", REASON_HEARTBEATS_MISSING)
     })
     .await;
-    assert!(stored(&server).iter().all(|c| c.observed_generation == Some(4)));
+    assert!(
+        stored(&server)
+            .iter()
+            .all(|c| c.observed_generation == Some(1))
+    );
 
     // Both agents report ready.
     for node in ["node-1", "node-2"] {
