@@ -68,6 +68,8 @@ impl Api {
 
 fn agent(dir: &Path, node: &TestNetns, api: &Api) -> StandaloneAgent {
     let cni_bin_dir = dir.join("bin").display().to_string();
+    // No container runtime here: looked up only for hot-plugging.
+    let cri_socket = dir.join("cri.sock").display().to_string();
     StandaloneAgent::new(
         dir,
         node,
@@ -77,7 +79,7 @@ fn agent(dir: &Path, node: &TestNetns, api: &Api) -> StandaloneAgent {
             "--floating-ip",
             "false",
             "--cri-socket",
-            "",
+            &cri_socket,
         ],
     )
     .in_kubernetes(&api.kubeconfig, NODE)
