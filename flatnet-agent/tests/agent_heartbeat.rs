@@ -94,7 +94,9 @@ fn a_serving_agent_says_ready_and_stopping() {
     let api = Api::start(dir.path());
     let node = TestNetns::new("hb-");
     let mut agent = agent(dir.path(), &node, &api);
-    agent.start(Some(("POD_NAMESPACE", NAMESPACE)), |_| api.says(REASON_READY));
+    agent.start(Some(("POD_NAMESPACE", NAMESPACE)), |_| {
+        api.says(REASON_READY)
+    });
     let (ready, _) = api.heartbeat().unwrap();
     assert!(ready.readiness.ready, "{ready:?}");
     assert!(ready.is_fresh(Timestamp::now()), "{ready:?}");

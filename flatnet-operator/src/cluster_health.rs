@@ -195,11 +195,14 @@ impl Agents {
             if said.ready {
                 agents.ready += 1;
             } else if said.is_transient() {
-                agents.starting.push(format!("{} ({})", heartbeat.node, said.reason));
-            } else {
                 agents
-                    .failing
-                    .push(format!("{}: {}: {}", heartbeat.node, said.reason, said.message));
+                    .starting
+                    .push(format!("{} ({})", heartbeat.node, said.reason));
+            } else {
+                agents.failing.push(format!(
+                    "{}: {}: {}",
+                    heartbeat.node, said.reason, said.message
+                ));
             }
         }
         agents
@@ -275,26 +278,15 @@ pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) 
             ),
         ));
     }
-    let degraded = match failures.first() {
-        Some((reason, _)) => condition(
-            CONDITION_DEGRADED,
-            true,
-            reason,
-            failures
-                .iter()
-                .map(|(_, m)| m.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
-            generation,
-        ),
-        None => condition(
-            CONDITION_DEGRADED,
-            false,
+    let degraded = any_of(
+        CONDITION_DEGRADED,
+        &failures,
+        (
             REASON_AS_EXPECTED,
             "no part of flatnet is failing".to_owned(),
-            generation,
         ),
-    };
+        generation,
+    );
 
     // Progressing: a change is on its way.
     let mut changes: Vec<(&str, String)> = Vec::new();
@@ -322,29 +314,18 @@ pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) 
             format!("{missing} of {desired} agents have not reported yet"),
         ));
     }
-    let progressing = match changes.first() {
-        Some((reason, _)) => condition(
-            CONDITION_PROGRESSING,
-            true,
-            reason,
-            changes
-                .iter()
-                .map(|(_, m)| m.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
-            generation,
-        ),
-        None => condition(
-            CONDITION_PROGRESSING,
-            false,
+    let progressing = any_of(
+        CONDITION_PROGRESSING,
+        &changes,
+        (
             REASON_ROLLOUT_COMPLETE,
             observed
                 .rollout
                 .as_ref()
                 .map_or_else(String::new, Rollout::describe),
-            generation,
         ),
-    };
+        generation,
+    );
 
     // Available: every part serves, on every node.
     let unavailable = if !observed.operator.controllers_ready {
@@ -397,6 +378,23 @@ pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) 
         c.last_transition_time = Time(now);
         c
     })
+}
+
+/// Condition `type_`: True with the first of `found`'s reasons and all
+/// their messages, or False with `otherwise` when nothing was found.
+fn any_of(
+    type_: &str,
+    found: &[(&str, String)],
+    otherwise: (&str, String),
+    generation: Option<i64>,
+) -> Condition {
+    match found.first() {
+        Some((reason, _)) => {
+            let messages: Vec<&str> = found.iter().map(|(_, m)| m.as_str()).collect();
+            condition(type_, true, reason, messages.join("; "), generation)
+        }
+        None => condition(type_, false, otherwise.0, otherwise.1, generation),
+    }
 }
 
 /// `current` with `wanted` merged in (each condition's
@@ -511,8 +509,8 @@ pub async fn run(
             _ = ticker.tick() => {}
         }
         // Until every store listed once, a missing object is only unseen.
-        ready = ready
-            || (configs.is_ready_now() && daemonsets.is_ready_now() && leases.is_ready_now());
+        ready =
+            ready || (configs.is_ready_now() && daemonsets.is_ready_now() && leases.is_ready_now());
         if !ready {
             continue;
         }
@@ -546,7 +544,10 @@ async fn write(api: &Api<FlatNetworkConfig>, config: &FlatNetworkConfig, observe
         return;
     };
     for condition in &conditions {
-        let before = status.conditions.iter().find(|c| c.type_ == condition.type_);
+        let before = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition.type_);
         if before.is_none_or(|b| b.status != condition.status || b.reason != condition.reason) {
             info!(
                 condition = %condition.type_,

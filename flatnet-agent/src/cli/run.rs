@@ -245,29 +245,29 @@ impl RunArgs {
                     metrics,
                     readiness.clone(),
                     |service| async move {
-                    // Kept for the agent's life: dropping it stops the loop.
-                    let _floating = floating.map(|config| {
-                        let attach_service = service.clone();
-                        let attach: AttachUplink = Arc::new(move |interface: String| {
-                            let service = attach_service.clone();
-                            Box::pin(async move {
-                                service
-                                    .attach_uplink(&interface)
-                                    .await
-                                    .map_err(|e| e.to_string())
-                            })
+                        // Kept for the agent's life: dropping it stops the loop.
+                        let _floating = floating.map(|config| {
+                            let attach_service = service.clone();
+                            let attach: AttachUplink = Arc::new(move |interface: String| {
+                                let service = attach_service.clone();
+                                Box::pin(async move {
+                                    service
+                                        .attach_uplink(&interface)
+                                        .await
+                                        .map_err(|e| e.to_string())
+                                })
+                            });
+                            let pods = PodAddresses::start(
+                                client.clone(),
+                                node.clone(),
+                                pod_records,
+                                floating_metrics.clone(),
+                            );
+                            (
+                                Floating::start(client.clone(), config, floating_metrics, attach),
+                                pods,
+                            )
                         });
-                        let pods = PodAddresses::start(
-                            client.clone(),
-                            node.clone(),
-                            pod_records,
-                            floating_metrics.clone(),
-                        );
-                        (
-                            Floating::start(client.clone(), config, floating_metrics, attach),
-                            pods,
-                        )
-                    });
                         sync_until_reachable(service.desired()).await;
                         wire_report::run(service.desired(), client, &node, &pin_root).await;
                     },

@@ -74,7 +74,11 @@ fn judge(observed: &Observed) -> ([(String, String); 3], [String; 3]) {
     }
     assert_eq!(
         conditions.each_ref().map(|c| c.type_.as_str()),
-        [CONDITION_AVAILABLE, CONDITION_PROGRESSING, CONDITION_DEGRADED]
+        [
+            CONDITION_AVAILABLE,
+            CONDITION_PROGRESSING,
+            CONDITION_DEGRADED
+        ]
     );
     (
         conditions
@@ -90,7 +94,11 @@ fn pair(status: &str, reason: &str) -> (String, String) {
 
 #[test]
 fn the_conditions_follow_the_leader_webhook_rollout_and_agents() {
-    type Case = (&'static str, fn(&mut Observed), [(&'static str, &'static str); 3]);
+    type Case = (
+        &'static str,
+        fn(&mut Observed),
+        [(&'static str, &'static str); 3],
+    );
     let cases: &[Case] = &[
         (
             "everything serves",
@@ -275,7 +283,10 @@ fn messages_name_the_nodes_and_their_reasons() {
         })
         .collect();
     let (_, [_, _, degraded]) = judge(&many);
-    assert!(degraded.contains("n4: ") && !degraded.contains("n5: "), "{degraded}");
+    assert!(
+        degraded.contains("n4: ") && !degraded.contains("n5: "),
+        "{degraded}"
+    );
     assert!(degraded.ends_with("and 3 more"), "{degraded}");
 }
 
@@ -283,7 +294,10 @@ fn messages_name_the_nodes_and_their_reasons() {
 fn merging_keeps_the_transition_time_while_a_status_stays() {
     let first = conditions(&healthy(), Some(1), at(NOW));
     let written = merged(&[], first.clone()).expect("new conditions are a change");
-    assert_eq!(merged(&written, conditions(&healthy(), Some(1), at(NOW + 20))), None);
+    assert_eq!(
+        merged(&written, conditions(&healthy(), Some(1), at(NOW + 20))),
+        None
+    );
 
     let mut failing = healthy();
     failing.heartbeats[0].readiness =
@@ -454,7 +468,11 @@ async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover(
 
     // node-2 recovers; node-1's agent dies: its heartbeat ages out with
     // no event at all.
-    server.insert(&lease_of("node-2", &AgentReadiness::ready(), Timestamp::now()));
+    server.insert(&lease_of(
+        "node-2",
+        &AgentReadiness::ready(),
+        Timestamp::now(),
+    ));
     let long_ago = Timestamp::now() - SignedDuration::from_secs(41);
     server.insert(&lease_of("node-1", &AgentReadiness::ready(), long_ago));
     reach("node-1 stale", &server, |c| {
@@ -477,7 +495,11 @@ async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover(
     })
     .await;
     server.insert(&daemonset(2, 2, 2));
-    server.insert(&lease_of("node-1", &AgentReadiness::ready(), Timestamp::now()));
+    server.insert(&lease_of(
+        "node-1",
+        &AgentReadiness::ready(),
+        Timestamp::now(),
+    ));
     reach("available again", &server, |c| {
         is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
             && is(c, CONDITION_PROGRESSING, "False", REASON_ROLLOUT_COMPLETE)
