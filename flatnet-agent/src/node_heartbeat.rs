@@ -1,7 +1,7 @@
 //! The agent's readiness, published for the operator: the node's heartbeat
 //! Lease (`flatnet-agent-<node>`, see [`flatnet_k8s::agent_heartbeat`]),
-//! written at start, renewed every [`RENEW_EVERY`] and at once whenever
-//! the readiness changes.
+//! written at once whenever the readiness changes and renewed every
+//! [`RENEW_EVERY`].
 //!
 //! The readiness is what the agent knows of itself: `Starting` until it
 //! serves; a failure to load the eBPF programs (or another start-up step)
@@ -213,11 +213,18 @@ impl Heartbeat {
             .map(drop)
     }
 
-    /// Publishes `readiness` now and then every renewal period or change,
-    /// for ever (the agent's life).
+    /// Publishes `readiness` at its first change or after one renewal
+    /// period, then at every change and renewal period, for ever (the
+    /// agent's life). Waiting first keeps a restarting agent that fails at
+    /// once from writing `Starting` over its failure, which would read as
+    /// a recovery.
     pub async fn run(self, readiness: Readiness) {
         let mut last: Option<AgentReadiness> = None;
         loop {
+            tokio::select! {
+                () = readiness.changed.notified() => {}
+                () = tokio::time::sleep(self.settings.renew_every) => {}
+            }
             let now = readiness.current();
             match self.publish(&now).await {
                 Ok(()) => {
@@ -231,10 +238,6 @@ impl Heartbeat {
                     tracing::warn!(%error, lease = %agent_heartbeat::lease_name(&self.settings.node),
                         "cannot write the readiness heartbeat; retrying");
                 }
-            }
-            tokio::select! {
-                () = readiness.changed.notified() => {}
-                () = tokio::time::sleep(self.settings.renew_every) => {}
             }
         }
     }
@@ -274,6 +277,29 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_failure_at_start_is_written_without_starting_before_it() {
+        let server = FakeApiServer::new();
+        let settings = Settings {
+            renew_every: Duration::from_secs(3600),
+            ..Settings::new("flatnet", "node-1", None)
+        };
+        let readiness = Readiness::default();
+        let task = tokio::spawn(Heartbeat::new(server.client(), settings).run(readiness.clone()));
+        // The task runs before the programs fail to load.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        readiness.failed(REASON_PROGRAMS_NOT_LOADED, "no bpf filesystem");
+        written(&server, REASON_PROGRAMS_NOT_LOADED).await;
+        let patches: u64 = server
+            .requests_by_kind()
+            .iter()
+            .filter(|(kind, _)| kind.starts_with("patch leases"))
+            .map(|(_, n)| *n)
+            .sum();
+        assert_eq!(patches, 1, "only the failure was written");
+        task.abort();
     }
 
     #[tokio::test]
