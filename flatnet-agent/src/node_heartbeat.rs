@@ -33,6 +33,9 @@ use tokio::sync::Notify;
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// How long a renewal stays valid: four missed renewals make it stale.
 pub const VALID_FOR: Duration = Duration::from_secs(40);
+/// How often a starting agent's readiness is looked at again, so `Ready`
+/// follows within a second of the agent becoming ready.
+pub const STARTING_RECHECK: Duration = Duration::from_secs(1);
 /// Field manager of the agent's writes.
 const FIELD_MANAGER: &str = "flatnet-agent";
 
@@ -42,7 +45,8 @@ type Check = Arc<dyn Fn() -> AgentReadiness + Send + Sync>;
 enum State {
     Starting,
     Failed(AgentReadiness),
-    Serving(Check),
+    /// Serving; whether the check has passed once.
+    Serving(Check, bool),
     Stopping,
 }
 
@@ -75,7 +79,7 @@ impl Readiness {
 
     /// The agent serves; `check` says, at each renewal, whether it still does.
     pub fn serving(&self, check: impl Fn() -> AgentReadiness + Send + Sync + 'static) {
-        self.set(State::Serving(Arc::new(check)));
+        self.set(State::Serving(Arc::new(check), false));
     }
 
     /// The agent is shutting down.
@@ -92,7 +96,8 @@ impl Readiness {
         )
     }
 
-    /// The readiness now.
+    /// The readiness now. Until the serving agent's check has passed once,
+    /// its failures (the API server not reached yet) are still `Starting`.
     #[must_use]
     pub fn current(&self) -> AgentReadiness {
         let check = match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -106,9 +111,21 @@ impl Readiness {
             State::Stopping => {
                 return AgentReadiness::not_ready(REASON_STOPPING, "the agent is shutting down");
             }
-            State::Serving(check) => Arc::clone(check),
+            State::Serving(check, _) => Arc::clone(check),
         };
-        check()
+        let now = check();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *state {
+            State::Serving(_, passed) if now.ready => *passed = true,
+            State::Serving(_, false) => {
+                return AgentReadiness::not_ready(
+                    REASON_STARTING,
+                    format!("serving once this passes: {}", now.message),
+                );
+            }
+            _ => {}
+        }
+        now
     }
 }
 
@@ -221,9 +238,15 @@ impl Heartbeat {
     pub async fn run(self, readiness: Readiness) {
         let mut last: Option<AgentReadiness> = None;
         loop {
+            let wait = match &last {
+                Some(said) if said.reason == REASON_STARTING => {
+                    STARTING_RECHECK.min(self.settings.renew_every)
+                }
+                _ => self.settings.renew_every,
+            };
             tokio::select! {
                 () = readiness.changed.notified() => {}
-                () = tokio::time::sleep(self.settings.renew_every) => {}
+                () = tokio::time::sleep(wait) => {}
             }
             let now = readiness.current();
             match self.publish(&now).await {
@@ -341,7 +364,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("agent.sock");
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-        let add_ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        // ADD not servable yet (the API server not reached): still starting.
+        let add_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let serves_add = {
             let add_ready = Arc::clone(&add_ready);
             move || {
@@ -353,10 +377,16 @@ mod tests {
             }
         };
         readiness.serving(serving_check(socket.clone(), serves_add));
+        let waiting = written(&server, REASON_STARTING).await;
+        assert!(
+            waiting.readiness.message.contains("not reachable"),
+            "{waiting:?}"
+        );
+        add_ready.store(true, std::sync::atomic::Ordering::SeqCst);
         let ready = written(&server, REASON_READY).await;
         assert!(ready.readiness.ready);
 
-        // ADD not servable: noticed at the next renewal.
+        // ADD not servable after it was: a failure, noticed at the next renewal.
         add_ready.store(false, std::sync::atomic::Ordering::SeqCst);
         let not_ready = written(&server, REASON_CNI_NOT_READY).await;
         assert!(not_ready.readiness.message.contains("not reachable"));
