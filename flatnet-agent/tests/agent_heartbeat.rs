@@ -13,8 +13,11 @@ use flatnet_k8s::agent_heartbeat::{
 };
 use flatnet_operator::allocation::{fake_api::FakeApiServer, fake_api_http};
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
-use serde_json::json;
-use support::{TestNetns, agent::StandaloneAgent, privileged};
+use support::{
+    TestNetns,
+    agent::{StandaloneAgent, write_kubeconfig},
+    privileged,
+};
 
 const NODE: &str = "node-hb";
 const NAMESPACE: &str = "flatnet";
@@ -37,13 +40,7 @@ impl Api {
             address
         });
         let kubeconfig = dir.join("kubeconfig");
-        let config = json!({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": format!("http://{address}")}}],
-            "users": [{"name": "fake", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
-        });
-        std::fs::write(&kubeconfig, serde_json::to_vec(&config).unwrap()).unwrap();
+        write_kubeconfig(&kubeconfig, &format!("http://{address}"));
         Self {
             server,
             _runtime: runtime,

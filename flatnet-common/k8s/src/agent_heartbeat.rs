@@ -47,8 +47,8 @@ pub const REASON_STOPPING: &str = "Stopping";
 pub const REASON_PROGRAMS_NOT_LOADED: &str = "ProgramsNotLoaded";
 /// The CNI socket does not accept connections.
 pub const REASON_CNI_SOCKET_NOT_SERVING: &str = "CniSocketNotServing";
-/// The socket answers but ADD cannot be served (desired state not in sync,
-/// API server unreachable).
+/// After the agent served: the socket answers but ADD cannot be served
+/// (desired state not in sync, API server unreachable).
 pub const REASON_CNI_NOT_READY: &str = "CniNotReady";
 /// Another start-up step failed (recovering attachments, the maps).
 pub const REASON_START_FAILED: &str = "StartFailed";
