@@ -502,6 +502,9 @@ pub async fn run(
     let mut ticker = tokio::time::interval(settings.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ready = false;
+    // The resourceVersion the last write replaced: while the cache still
+    // shows it, that write has not come back yet and nothing is written.
+    let mut replaced: Option<String> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -509,14 +512,16 @@ pub async fn run(
             _ = ticker.tick() => {}
         }
         // Until every store listed once, a missing object is only unseen.
-        ready =
-            ready || (configs.is_ready_now() && daemonsets.is_ready_now() && leases.is_ready_now());
+        ready = ready || (has_listed(&configs) && has_listed(&daemonsets) && has_listed(&leases));
         if !ready {
             continue;
         }
         let Some(config) = configs.state().into_iter().next() else {
             continue;
         };
+        if replaced.is_some() && replaced == config.metadata.resource_version {
+            continue;
+        }
         let observed = Observed {
             operator: Operator {
                 leader: settings.leader.clone(),
@@ -531,33 +536,40 @@ pub async fn run(
                 .filter_map(|l| agent_heartbeat::read(l))
                 .collect(),
         };
-        write(&config_api, &config, &observed).await;
+        if write(&config_api, &config, &observed).await {
+            replaced.clone_from(&config.metadata.resource_version);
+        }
     }
 }
 
+/// Whether `store` has listed its objects once.
+fn has_listed<K: kube::Resource<DynamicType = ()> + Clone + 'static>(
+    store: &reflector::Store<K>,
+) -> bool {
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+}
+
 /// Writes the conditions `observed` gives when they differ from those of
-/// `config` (the cached copy: a conflict means a newer one is coming).
-async fn write(api: &Api<FlatNetworkConfig>, config: &FlatNetworkConfig, observed: &Observed) {
+/// `config` (the cached copy: a conflict means a newer one is coming);
+/// whether it wrote.
+async fn write(
+    api: &Api<FlatNetworkConfig>,
+    config: &FlatNetworkConfig,
+    observed: &Observed,
+) -> bool {
     let wanted = conditions(observed, config.metadata.generation, Timestamp::now());
     let mut status = config.status.clone().unwrap_or_default();
     let Some(conditions) = merged(&status.conditions, wanted) else {
-        return;
+        return false;
     };
-    for condition in &conditions {
-        let before = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == condition.type_);
-        if before.is_none_or(|b| b.status != condition.status || b.reason != condition.reason) {
-            info!(
-                condition = %condition.type_,
-                status = %condition.status,
-                reason = %condition.reason,
-                message = %condition.message,
-                "FlatNetworkConfig condition changed"
-            );
-        }
-    }
+    let transitions: Vec<Condition> = conditions
+        .iter()
+        .filter(|c| {
+            let before = status.conditions.iter().find(|b| b.type_ == c.type_);
+            before.is_none_or(|b| b.status != c.status || b.reason != c.reason)
+        })
+        .cloned()
+        .collect();
     status.conditions = conditions;
     let mut updated = config.clone();
     updated.status = Some(status);
@@ -565,21 +577,22 @@ async fn write(api: &Api<FlatNetworkConfig>, config: &FlatNetworkConfig, observe
         .replace_status(&config.name_any(), &PostParams::default(), &updated)
         .await
     {
-        Ok(_) => debug!("FlatNetworkConfig conditions written"),
+        Ok(_) => {
+            for c in transitions {
+                info!(condition = %c.type_, status = %c.status, reason = %c.reason,
+                    message = %c.message, "FlatNetworkConfig condition changed");
+            }
+            debug!("FlatNetworkConfig conditions written");
+            true
+        }
         Err(error) if is_conflict(&error) || is_not_found(&error) => {
             debug!(%error, "FlatNetworkConfig changed meanwhile; the next look writes");
+            false
         }
-        Err(error) => warn!(%error, "cannot write the FlatNetworkConfig conditions; retrying"),
-    }
-}
-
-trait ReadyNow {
-    fn is_ready_now(&self) -> bool;
-}
-
-impl<K: kube::Resource<DynamicType = ()> + Clone + 'static> ReadyNow for reflector::Store<K> {
-    fn is_ready_now(&self) -> bool {
-        futures::FutureExt::now_or_never(self.wait_until_ready()).is_some_and(|r| r.is_ok())
+        Err(error) => {
+            warn!(%error, "cannot write the FlatNetworkConfig conditions; retrying");
+            false
+        }
     }
 }
 
