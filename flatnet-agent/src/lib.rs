@@ -13,6 +13,7 @@ pub mod journal;
 pub mod link;
 pub mod metrics;
 pub mod netns;
+pub mod node_heartbeat;
 pub mod packet;
 pub mod phases;
 pub mod policy_compiler;

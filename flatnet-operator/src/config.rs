@@ -205,6 +205,10 @@ pub struct Cli {
     /// `loadBalancerClass` (only when no other load balancer serves them).
     #[arg(long, env = "FLATNET_FLOATING_IP_CLASSLESS", default_value_t = false, action = ArgAction::Set)]
     pub floating_ip_classless: bool,
+    /// The agent DaemonSet (in the operator's namespace), whose rollout the
+    /// FlatNetworkConfig's conditions report.
+    #[arg(long, env = "FLATNET_AGENT_DAEMONSET", default_value = "flatnet-agent")]
+    pub agent_daemonset: String,
 }
 
 /// `--statefulset-address-policy` values.
@@ -287,6 +291,8 @@ pub struct Config {
     pub allocation: crate::allocation::Settings,
     /// Settings of the floating-address controllers.
     pub floating: crate::floating::Settings,
+    /// What the FlatNetworkConfig's conditions look at.
+    pub cluster_health: crate::cluster_health::Settings,
 }
 
 /// How the CNI announces a pod's new address on the LAN.
@@ -432,6 +438,16 @@ impl Cli {
         // The Lease lives in the operator's namespace, and so do the webhook's objects.
         let operator_namespace = self.lease_namespace.clone();
         let floating_namespace = operator_namespace.clone();
+        let cluster_health = crate::cluster_health::Settings {
+            namespace: operator_namespace.clone(),
+            daemonset: self.agent_daemonset.clone(),
+            leader: self
+                .identity
+                .clone()
+                .filter(|i| !i.is_empty())
+                .unwrap_or_else(|| "the only replica".to_owned()),
+            interval: crate::cluster_health::DEFAULT_INTERVAL,
+        };
         let election = if self.leader_election {
             let mut timing = election_timing(
                 &self.election_lease_duration,
@@ -523,6 +539,7 @@ impl Cli {
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
                 ..crate::floating::Settings::default()
             },
+            cluster_health,
         })
     }
 

@@ -19,6 +19,7 @@ pub mod cache;
 pub mod chaos;
 pub mod cidr;
 pub mod cluster_config;
+pub mod cluster_health;
 pub mod config;
 pub mod controller;
 pub mod flat_services;

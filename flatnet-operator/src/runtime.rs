@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use crate::{
     admin::{self, AdminState, Health},
-    allocation, cluster_config,
+    allocation, cluster_config, cluster_health,
     config::{Config, Election},
     flat_services, floating,
     leader::{self, Outcome},
@@ -131,8 +131,10 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
     // Every replica serves the webhook and follows the certificate Secret;
     // the leader alone keeps the certificates and the registration up to date.
     let cert_changed = Arc::new(Notify::new());
+    let mut webhook_probe = cluster_health::WebhookProbe::Disabled;
     if config.webhook.enabled {
         let resolver = Arc::new(ReloadingResolver::default());
+        webhook_probe = cluster_health::WebhookProbe::Enabled(Arc::clone(&resolver));
         let listener = TcpListener::bind(config.webhook.listen)
             .await
             .map_err(|source| StartError::WebhookListen {
@@ -204,8 +206,19 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             cluster_cidrs: config.cluster_cidrs.clone(),
             service_cidrs: config.service_cidrs.clone(),
         };
+        let health_settings = config.cluster_health.clone();
         move |stop: CancellationToken| {
             let workload_client = client.clone();
+            let conditions = cancel_when_done(
+                cluster_health::run(
+                    client.clone(),
+                    health_settings,
+                    Arc::clone(&health),
+                    webhook_probe,
+                    stop.clone(),
+                ),
+                stop.clone(),
+            );
             let cluster_config = cancel_when_done(
                 cluster_config::run(client.clone(), applied.clone(), stop.clone()),
                 stop.clone(),
@@ -308,6 +321,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                     certificates,
                     mtu_status,
                     cluster_config,
+                    conditions,
                     pod_network_configs
                 );
                 ready.abort();

@@ -21,6 +21,7 @@ use flatnet_agent::{
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
     metrics::Metrics,
+    node_heartbeat::{self, Heartbeat, Readiness},
     policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
     policy_controller::{
         self, PinnedPolicy, PolicyController, PolicyTrigger, standalone::StandalonePolicies,
@@ -30,7 +31,10 @@ use flatnet_agent::{
     wire_report,
 };
 use flatnet_common::pin::PIN_ROOT;
-use flatnet_k8s::env;
+use flatnet_k8s::{
+    agent_heartbeat::{REASON_PROGRAMS_NOT_LOADED, REASON_START_FAILED},
+    env,
+};
 use ipnet::IpNet;
 
 #[derive(Args, Debug)]
@@ -132,6 +136,17 @@ pub struct RunArgs {
     #[arg(long = "policy-network", env = "FLATNET_POLICY_NETWORKS", value_delimiter = ',',
           default_value = DEFAULT_NETWORK_NAME)]
     policy_networks: Vec<String>,
+    /// Kubernetes: flatnet's namespace, where the node's readiness
+    /// heartbeat (Lease `flatnet-agent-<node>`) is written; the service
+    /// account's when unset.
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: Option<String>,
+    /// Kubernetes: the agent's pod name, owner of its heartbeat.
+    #[arg(long, env = "POD_NAME", requires = "pod_uid")]
+    pod_name: Option<String>,
+    /// Kubernetes: the agent's pod UID, owner of its heartbeat.
+    #[arg(long, env = "POD_UID", requires = "pod_name")]
+    pod_uid: Option<String>,
 }
 
 /// Where the policy controller reads policies from.
@@ -183,8 +198,17 @@ impl RunArgs {
                 path: state_file.to_owned(),
                 text: desired.state_text().await,
             };
-            self.serve(node_name, desired, records, source, metrics, |_| async {})
-                .await
+            let readiness = Readiness::default();
+            self.serve(
+                node_name,
+                desired,
+                records,
+                source,
+                metrics,
+                readiness,
+                |_| async {},
+            )
+            .await
         } else {
             let client = kube::Client::try_default()
                 .await
@@ -198,41 +222,67 @@ impl RunArgs {
             let floating = self.floating_config(&node_name);
             let floating_metrics = metrics.floating.clone();
             let pod_records = records.clone();
-            self.serve(
-                node_name,
-                desired,
-                records,
-                source,
-                metrics,
-                |service| async move {
-                    // Kept for the agent's life: dropping it stops the loop.
-                    let _floating = floating.map(|config| {
-                        let attach_service = service.clone();
-                        let attach: AttachUplink = Arc::new(move |interface: String| {
-                            let service = attach_service.clone();
-                            Box::pin(async move {
-                                service
-                                    .attach_uplink(&interface)
-                                    .await
-                                    .map_err(|e| e.to_string())
-                            })
+            let readiness = Readiness::default();
+            let namespace = self
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            let heartbeat = Heartbeat::new(
+                client.clone(),
+                node_heartbeat::Settings::new(
+                    &namespace,
+                    &node_name,
+                    self.pod_name.clone().zip(self.pod_uid.clone()),
+                ),
+            );
+            tokio::spawn(heartbeat.clone().run(readiness.clone()));
+            let served = self
+                .serve(
+                    node_name,
+                    desired,
+                    records,
+                    source,
+                    metrics,
+                    readiness.clone(),
+                    |service| async move {
+                        // Kept for the agent's life: dropping it stops the loop.
+                        let _floating = floating.map(|config| {
+                            let attach_service = service.clone();
+                            let attach: AttachUplink = Arc::new(move |interface: String| {
+                                let service = attach_service.clone();
+                                Box::pin(async move {
+                                    service
+                                        .attach_uplink(&interface)
+                                        .await
+                                        .map_err(|e| e.to_string())
+                                })
+                            });
+                            let pods = PodAddresses::start(
+                                client.clone(),
+                                node.clone(),
+                                pod_records,
+                                floating_metrics.clone(),
+                            );
+                            (
+                                Floating::start(client.clone(), config, floating_metrics, attach),
+                                pods,
+                            )
                         });
-                        let pods = PodAddresses::start(
-                            client.clone(),
-                            node.clone(),
-                            pod_records,
-                            floating_metrics.clone(),
-                        );
-                        (
-                            Floating::start(client.clone(), config, floating_metrics, attach),
-                            pods,
-                        )
-                    });
-                    sync_until_reachable(service.desired()).await;
-                    wire_report::run(service.desired(), client, &node, &pin_root).await;
-                },
-            )
-            .await
+                        sync_until_reachable(service.desired()).await;
+                        wire_report::run(service.desired(), client, &node, &pin_root).await;
+                    },
+                )
+                .await;
+            // The last word before exiting: why, or that it stops.
+            if let Err(error) = &served
+                && !readiness.has_failed()
+            {
+                readiness.failed(REASON_START_FAILED, format!("{error:#}"));
+            }
+            heartbeat
+                .publish_last(&readiness.current(), LAST_HEARTBEAT_WAIT)
+                .await;
+            served
         }
     }
 
@@ -282,6 +332,10 @@ impl RunArgs {
         Ok(())
     }
 
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "each is one part of the agent handed over once at start"
+    )]
     async fn serve<S, F, Fut>(
         self,
         node_name: String,
@@ -289,6 +343,7 @@ impl RunArgs {
         records: Records,
         policy_source: PolicySource,
         metrics: Arc<Metrics>,
+        readiness: Readiness,
         after_start: F,
     ) -> anyhow::Result<()>
     where
@@ -300,7 +355,8 @@ impl RunArgs {
             pin_root: self.pin_root.clone(),
             tc_attach: self.attach.tc_attach,
         })
-        .context("load the flatnet eBPF programs")?;
+        .context("load the flatnet eBPF programs")
+        .inspect_err(|error| readiness.failed(REASON_PROGRAMS_NOT_LOADED, format!("{error:#}")))?;
         tracing::info!(
             mechanism = %datapath.attach_mechanism(),
             "programs are attached through {}",
@@ -399,6 +455,10 @@ impl RunArgs {
         if let Some(address) = self.admin_address {
             serve_admin(address, metrics, service.clone()).await?;
         }
+        let check = {
+            let service = service.clone();
+            node_heartbeat::serving_check(self.socket.clone(), move || service.readiness())
+        };
         let server = AgentServer::bind(
             ServerConfig {
                 socket_path: self.socket.clone(),
@@ -406,11 +466,20 @@ impl RunArgs {
             },
             service,
         )?;
-        server.serve(shutdown_signal()).await;
+        readiness.serving(check);
+        server
+            .serve(async {
+                shutdown_signal().await;
+                readiness.stopping();
+            })
+            .await;
         tracing::info!("flatnet-agent stopped; pinned maps and uplink programs stay in place");
         Ok(())
     }
 }
+
+/// How long an exiting agent waits to write its last heartbeat.
+const LAST_HEARTBEAT_WAIT: Duration = Duration::from_secs(5);
 
 /// Retries the first API call with backoff; STATUS reports not ready
 /// until it succeeds.

@@ -279,6 +279,12 @@ async fn read_request(
 
     let body = match tokio::time::timeout(config.read_timeout, read_frame_async(stream)).await {
         Ok(Ok(body)) => body,
+        // A connection closed before sending anything: the heartbeat's
+        // check that the socket accepts connections.
+        Ok(Err(error @ super::frame::FrameError::Closed)) => {
+            tracing::debug!(%error, "a CNI client closed without a request");
+            return Err(None);
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "cannot read a CNI request");
             return Err(None);

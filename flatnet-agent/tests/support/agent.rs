@@ -123,6 +123,10 @@ impl StandaloneAgent {
         let deadline = Instant::now() + Duration::from_secs(300);
         while !serving(self) {
             if let Some(status) = self.process_mut().try_wait().unwrap() {
+                // What it did just before exiting may be what was awaited.
+                if serving(self) {
+                    break;
+                }
                 panic!("flatnet-agent exited during start-up: {status}");
             }
             assert!(Instant::now() < deadline, "flatnet-agent did not start");
@@ -188,6 +192,19 @@ impl StandaloneAgent {
             .map(|records| records.len())
             .unwrap_or(0)
     }
+}
+
+/// Writes a kubeconfig at `path` naming the API server at `server` (an
+/// `http://` URL, no credentials), namespace `default`.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn write_kubeconfig(path: &Path, server: &str) {
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+    });
+    std::fs::write(path, serde_json::to_vec(&config).unwrap()).unwrap();
 }
 
 /// A binary of this package. Cargo names them to integration tests only;

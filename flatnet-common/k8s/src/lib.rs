@@ -5,6 +5,7 @@
 //! `flatnet-common` stays the `no_std` kernel ABI and nothing here can make
 //! the eBPF object stale.
 
+pub mod agent_heartbeat;
 pub mod annotations;
 pub mod api;
 pub mod env;

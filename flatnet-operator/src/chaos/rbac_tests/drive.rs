@@ -1,7 +1,7 @@
 //! The operator's code a chaos run does not exercise, driven against
 //! recording fake API servers: the flat-Service, NetworkAttachmentDefinition,
-//! workload, floating-address, MTU-count, cluster-configuration and
-//! PodNetworkConfig controllers, the webhook certificate upkeep and its
+//! workload, floating-address, MTU-count, cluster-configuration,
+//! cluster-conditions and PodNetworkConfig controllers, the webhook certificate upkeep and its
 //! reviews, and the allocation's rarer paths
 //! (pod labels, collection of records of vanished pods, finalizers of
 //! deleted records, a record read again after a conflict, a repeated
@@ -63,6 +63,7 @@ pub(super) async fn every_other_controller() -> BTreeSet<Access> {
     accesses.extend(reviews().await);
     accesses.extend(mtu_counts().await);
     accesses.extend(cluster_configuration().await);
+    accesses.extend(cluster_conditions().await);
     accesses.extend(pod_network_configs().await);
     accesses.extend(allocation_corners().await);
     accesses
@@ -528,6 +529,70 @@ async fn cluster_configuration() -> BTreeSet<Access> {
                     .and_then(|c| c.status?.mac_pool)
                     .is_some_and(|p| p.generated)
                     && pool.get().is_some()
+            })
+            .await;
+        },
+    )
+    .await;
+    recorded.accesses()
+}
+
+/// The FlatNetworkConfig's conditions: the agent DaemonSet and the agents'
+/// heartbeat Leases followed, the conditions written.
+async fn cluster_conditions() -> BTreeSet<Access> {
+    use flatnet_k8s::{
+        agent_heartbeat::{self, AgentReadiness},
+        api::{CONDITION_AVAILABLE, CONFIG_NAME, FlatNetworkConfig, FlatNetworkConfigSpec},
+    };
+    let namespace = "cattle-flat-network";
+    let (server, recorded) = recording();
+    server.insert(&FlatNetworkConfig::new(
+        CONFIG_NAME,
+        FlatNetworkConfigSpec::default(),
+    ));
+    server.insert(&object::<DaemonSet>(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "flatnet-agent", "namespace": namespace},
+        "spec": {"selector": {}, "template": {}},
+        "status": {"desiredNumberScheduled": 1, "updatedNumberScheduled": 1, "numberReady": 1,
+                   "numberAvailable": 1, "currentNumberScheduled": 1, "numberMisscheduled": 0}
+    })));
+    server.insert(&agent_heartbeat::lease(
+        namespace,
+        "node-1",
+        &AgentReadiness::ready(),
+        Timestamp::now(),
+        Duration::from_secs(40),
+        None,
+    ));
+    let health = Arc::new(Health::default());
+    health.set_ready(true);
+    let client = recorded.client();
+    let settings = crate::cluster_health::Settings {
+        namespace: namespace.into(),
+        daemonset: "flatnet-agent".into(),
+        leader: "flatnet-operator-0".into(),
+        interval: Duration::from_millis(50),
+    };
+    running(
+        |stop| {
+            crate::cluster_health::run(
+                client,
+                settings,
+                health,
+                crate::cluster_health::WebhookProbe::Disabled,
+                stop,
+            )
+        },
+        async {
+            reach("Available written", || {
+                named::<FlatNetworkConfig>(&server, CONFIG_NAME)
+                    .and_then(|c| c.status)
+                    .is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == CONDITION_AVAILABLE && c.status == "True")
+                    })
             })
             .await;
         },
