@@ -68,8 +68,7 @@ fn tells_client(
     floating: &str,
 ) -> bool {
     use etherparse::{
-        ArpOperation, ArpPacketSlice, Icmpv6Type, LinkSlice, NetSlice, SlicedPacket,
-        TransportSlice,
+        ArpOperation, ArpPacketSlice, Icmpv6Type, LinkSlice, NetSlice, SlicedPacket, TransportSlice,
     };
     let Ok(packet) = SlicedPacket::from_ethernet(frame) else {
         return false;

@@ -1746,7 +1746,10 @@ fn test_run_records_the_requesters_of_watched_addresses_only() {
     let mut zero_length_option = asked_v6.clone();
     zero_length_option[option + 1] = 0;
     let ignored = [
-        ("a request for an unwatched address", request(mac(4), v4(72), v4(99))),
+        (
+            "a request for an unwatched address",
+            request(mac(4), v4(72), v4(99)),
+        ),
         ("a gratuitous ARP", gratuitous_arp(mac(5), OWNED_V4)),
         (
             "an ARP probe (no requester address)",
@@ -1756,12 +1759,18 @@ fn test_run_records_the_requesters_of_watched_addresses_only() {
             "a multicast sender MAC",
             request([0x01, 0x00, 0x5e, 0, 0, 1], v4(73), OWNED_V4),
         ),
-        ("an ARP request cut before its target", asked_v4[..14 + 20].to_vec()),
+        (
+            "an ARP request cut before its target",
+            asked_v4[..14 + 20].to_vec(),
+        ),
         (
             "a solicitation cut in its option",
             asked_v6[..option + 4].to_vec(),
         ),
-        ("a solicitation with a zero-length option", zero_length_option),
+        (
+            "a solicitation with a zero-length option",
+            zero_length_option,
+        ),
         (
             "duplicate address detection",
             flatnet_agent::packet::dad_probe_frame(mac(7), owned_v6()).unwrap(),

@@ -321,7 +321,10 @@ mod tests {
     #[test]
     fn layouts() {
         use core::mem::{align_of, size_of};
-        assert_eq!((size_of::<ResolverKey>(), align_of::<ResolverKey>()), (40, 4));
+        assert_eq!(
+            (size_of::<ResolverKey>(), align_of::<ResolverKey>()),
+            (40, 4)
+        );
         assert_eq!(
             (size_of::<ResolverSeen>(), align_of::<ResolverSeen>()),
             (16, 8)

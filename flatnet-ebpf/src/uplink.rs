@@ -190,8 +190,8 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
             let claimed = arp_sighting(&arp).is_some_and(|seen| note_claim(ifindex, &seen));
             if kind == FrameKind::ArpRequest {
-                let asked = arp_resolution(&arp)
-                    .is_some_and(|request| note_resolution(ifindex, &request));
+                let asked =
+                    arp_resolution(&arp).is_some_and(|request| note_resolution(ifindex, &request));
                 let verdict = u64::from(answer_arp(ctx, l3, ifindex, &arp).cast_unsigned());
                 return Ok((verdict | resolution_bit(asked), claimed));
             }
@@ -367,8 +367,14 @@ fn handle_resolution(ctx: &TcContext) {
         return;
     };
     // SAFETY: per-CPU slot written by this run's parser; copied out at once.
-    let (target, requester, mac, ifindex) =
-        unsafe { ((*slot).target, (*slot).requester, (*slot).mac, (*slot).ifindex) };
+    let (target, requester, mac, ifindex) = unsafe {
+        (
+            (*slot).target,
+            (*slot).requester,
+            (*slot).mac,
+            (*slot).ifindex,
+        )
+    };
     let watch_key = AddrKey {
         ifindex,
         addr: target,

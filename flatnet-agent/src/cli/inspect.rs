@@ -354,7 +354,8 @@ fn print_floating(status: &owner::Status) {
             row.owner.as_deref().unwrap_or("(claiming)"),
             ago(row.since),
             row.last_announced.map_or_else(|| "-".to_owned(), ago),
-            row.last_told.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            row.last_told
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
         );
     }
 }

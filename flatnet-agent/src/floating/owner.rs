@@ -419,17 +419,6 @@ pub fn run(
             let before: BTreeSet<(IpAddr, &Link)> = owned.iter().map(|(a, l)| (*a, l)).collect();
             let after: BTreeSet<(IpAddr, &Link)> = now_owned.iter().map(|(a, l)| (*a, l)).collect();
             let acquired: Vec<(IpAddr, &Link)> = after.difference(&before).copied().collect();
-            if !acquired.is_empty() {
-                let heard = maps.resolvers().unwrap_or_else(|error| {
-                    tracing::warn!(%error, "the LAN hosts resolving floating addresses are unknown; announcing by broadcast only");
-                    Vec::new()
-                });
-                let now_ns = monotonic_ns();
-                for (addr, link) in &acquired {
-                    let hosts = recent_resolvers(&heard, link.ifindex, *addr, link.mac, now_ns);
-                    told.insert(*addr, hosts);
-                }
-            }
             {
                 let mut responders = maps.responders()?;
                 for (addr, link) in before.difference(&after) {
@@ -452,6 +441,19 @@ pub fn run(
                         at_ns,
                         previous: book.owner(*addr).filter(|o| *o != settings.node),
                     });
+                }
+            }
+            // After the responder entries: reading the whole map takes a
+            // while when it is full, and answering must not wait for it.
+            if !acquired.is_empty() {
+                let heard = maps.resolvers().unwrap_or_else(|error| {
+                    tracing::warn!(%error, "the LAN hosts resolving floating addresses are unknown; announcing by broadcast only");
+                    Vec::new()
+                });
+                let now_ns = monotonic_ns();
+                for (addr, link) in &acquired {
+                    let hosts = recent_resolvers(&heard, link.ifindex, *addr, link.mac, now_ns);
+                    told.insert(*addr, hosts);
                 }
             }
             book.update(&mine, |addr| {

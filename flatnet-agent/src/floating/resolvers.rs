@@ -80,7 +80,9 @@ pub fn recent_resolvers(
 pub fn unicast_reply_frames(link_mac: MacAddr, addr: IpAddr, told: &[Resolver]) -> Vec<Vec<u8>> {
     told.iter()
         .filter_map(|host| match (addr, host.requester) {
-            (IpAddr::V4(ip), IpAddr::V4(requester)) => Some(arp_reply(link_mac, ip, host.mac, requester)),
+            (IpAddr::V4(ip), IpAddr::V4(requester)) => {
+                Some(arp_reply(link_mac, ip, host.mac, requester))
+            }
             (IpAddr::V6(ip), IpAddr::V6(requester)) => Some(ndp_frame(
                 link_mac,
                 host.mac,

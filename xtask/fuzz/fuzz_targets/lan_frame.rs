@@ -18,8 +18,8 @@ use flatnet_common::{
     },
     resolver::{arp_resolution, ndp_resolution},
     responder::{
-        ARP_LEN, IPV6_LEN, NA_LEN, NS_LEN, ResponderEntry, arp_question, arp_reply, ndp_question,
-        NdpAnswer, neighbor_advertisement,
+        ARP_LEN, IPV6_LEN, NA_LEN, NS_LEN, NdpAnswer, ResponderEntry, arp_question, arp_reply,
+        ndp_question, neighbor_advertisement,
     },
 };
 use libfuzzer_sys::fuzz_target;
@@ -129,8 +129,14 @@ fn ipv6(l3: &[u8], eth_src: [u8; 6]) {
         assert!(!question.is_dad());
         let seen = flatnet_common::wire::ndp_sighting(header, icmp, &kernel_option, eth_src)
             .expect("a solicitation is a sighting");
-        assert_eq!(seen.kind, flatnet_common::wire::WireKind::NeighborSolicitation);
-        assert_eq!((seen.addr, seen.mac), (resolution.requester, resolution.mac));
+        assert_eq!(
+            seen.kind,
+            flatnet_common::wire::WireKind::NeighborSolicitation
+        );
+        assert_eq!(
+            (seen.addr, seen.mac),
+            (resolution.requester, resolution.mac)
+        );
     }
     for flags in [0, ResponderEntry::FLAG_ROUTER] {
         let entry = ResponderEntry {
