@@ -131,6 +131,20 @@ fn takeover_tells_the_resolving_host(plan: &Plan) {
     start(&a, b.address);
     start(&b, a.address);
     let target = SocketAddr::new(plan.floating.parse().unwrap(), PORT);
+    // Both loops watch the address before the client asks (on a slow
+    // machine the first owner may otherwise answer before the second loop
+    // started, and a request nobody watched is recorded nowhere).
+    for node in [&a, &b] {
+        let mut maps = PinnedMaps::open(&node.pin.path).expect("pinned maps");
+        wait_until("both loops watch the floating address", || {
+            maps.resolve_watch()
+                .unwrap()
+                .entries()
+                .unwrap()
+                .iter()
+                .any(|(_, addr)| addr.to_string() == plan.floating)
+        });
+    }
 
     // The client resolves the address through the owner.
     wait_until("an owner answers", || {
