@@ -9,7 +9,8 @@
 //! last rule's address. Every case runs on the programs loaded with kernel
 //! logs off and on; the uplink program also answers an ARP request, a
 //! logged path, and records the sender of an ARP request and the target of
-//! a neighbour advertisement in the wire inventory.
+//! a neighbour advertisement in the wire inventory, and the requester of an
+//! ARP request for a watched (floating) address in `RESOLVERS`.
 //!
 //! The policy programs track allowed flows, so repeating one frame measures
 //! a tracked flow's later packets. The first packet of a flow (the full
@@ -38,6 +39,8 @@ const POD: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const LOOPBACK_IFINDEX: u32 = 1;
 /// The address the uplink program answers ARP requests for.
 const ANSWERED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 50);
+/// A floating address another node answers for: its requesters are recorded.
+const WATCHED: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 51);
 const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xbb];
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +65,15 @@ fn run(pin_root: &std::path::Path) -> anyhow::Result<()> {
     quiet
         .responders()?
         .insert(LOOPBACK_IFINDEX, ANSWERED.into(), NODE_MAC)?;
+    // An object without the resolver maps (an older build measured side by
+    // side) has no such case.
+    let watching = match quiet.pinned_maps() {
+        Ok(mut pinned) => match pinned.resolve_watch() {
+            Ok(mut watch) => watch.insert(LOOPBACK_IFINDEX, WATCHED.into()).is_ok(),
+            Err(_) => false,
+        },
+        Err(_) => false,
+    };
 
     println!(
         "| case | rules | LPM entries | ns/packet, kernel logs off | ns/packet, kernel logs on | verdict |"
@@ -80,6 +92,12 @@ fn run(pin_root: &std::path::Path) -> anyhow::Result<()> {
     println!("| uplink program: ARP request answered (logged) | – | – | {off} | {on} | redirect |");
     let (off, on) = uplink(&arp_request(Ipv4Addr::new(192, 0, 2, 99)))?;
     println!("| uplink program: ARP request not for us | – | – | {off} | {on} | pass |");
+    if watching {
+        let (off, on) = uplink(&arp_request(WATCHED))?;
+        println!(
+            "| uplink program: ARP request for a watched floating address (requester recorded) | – | – | {off} | {on} | pass |"
+        );
+    }
     let (off, on) = uplink(&lan_neighbor_advertisement())?;
     println!(
         "| uplink program: neighbour advertisement from a LAN host | – | – | {off} | {on} | pass |"

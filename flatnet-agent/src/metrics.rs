@@ -37,6 +37,9 @@ pub struct FloatingMetrics {
     pub released: Counter,
     /// Rounds of gratuitous ARP / unsolicited NA sent.
     pub announcements: Counter,
+    /// Unicast ARP replies / neighbour advertisements sent in those rounds
+    /// to LAN hosts seen resolving the address.
+    pub unicast_replies: Counter,
     /// Floating addresses this node's pods hold now.
     pub pod_addresses: Gauge,
 }
@@ -62,6 +65,11 @@ impl FloatingMetrics {
             "floating_announcements",
             "Rounds of gratuitous ARP / unsolicited NA sent for floating addresses",
             self.announcements.clone(),
+        );
+        registry.register(
+            "floating_unicast_replies",
+            "Unicast ARP replies / neighbour advertisements sent with the announcements, to LAN hosts seen resolving the floating address",
+            self.unicast_replies.clone(),
         );
         registry.register(
             "floating_pod_addresses",
@@ -149,12 +157,14 @@ mod tests {
         metrics.floating.owned.set(2);
         metrics.floating.acquired.inc();
         metrics.floating.announcements.inc();
+        metrics.floating.unicast_replies.inc_by(3);
         let text = metrics.encode();
         for line in [
             "flatnet_agent_floating_addresses_owned 2",
             "flatnet_agent_floating_acquisitions_total 1",
             "flatnet_agent_floating_releases_total 0",
             "flatnet_agent_floating_announcements_total 1",
+            "flatnet_agent_floating_unicast_replies_total 3",
         ] {
             assert!(text.contains(line), "{line} missing in {text}");
         }

@@ -18,118 +18,17 @@
 mod support;
 
 use std::{
-    net::{IpAddr, SocketAddr},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
+    net::SocketAddr,
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
-use flatnet_agent::{
-    datapath::{Datapath, DatapathConfig},
-    floating::owner::{self, Assignment, Event, Settings},
-    netns::run_in_netns,
-};
+use flatnet_agent::floating::owner::Event;
 use support::{
-    TestNetns, TestPinRoot,
-    floating::{plug, serve_name},
+    TestNetns,
+    floating::{IPV4, IPV6, Node, PORT, Plan, kill, node, plug, serve_name, start},
     privileged, wait_until,
 };
-
-const PORT: u16 = 8080;
-
-/// The addresses of one run: the floating one, the nodes', the client's,
-/// and the LAN prefix length.
-struct Plan {
-    floating: &'static str,
-    node_a: &'static str,
-    node_b: &'static str,
-    client: &'static str,
-    prefix: u8,
-}
-
-const IPV4: Plan = Plan {
-    floating: "10.77.0.50",
-    node_a: "10.77.0.1",
-    node_b: "10.77.0.2",
-    client: "10.77.0.100",
-    prefix: 24,
-};
-
-const IPV6: Plan = Plan {
-    floating: "fd00:77::50",
-    node_a: "fd00:77::1",
-    node_b: "fd00:77::2",
-    client: "fd00:77::100",
-    prefix: 64,
-};
-
-/// One node: namespace, pin root, datapath, and its loop.
-struct Node {
-    name: &'static str,
-    ns: TestNetns,
-    _pin: TestPinRoot,
-    _datapath: Datapath,
-    stop: Arc<AtomicBool>,
-    events: Arc<Mutex<Vec<Event>>>,
-    address: &'static str,
-    floating: &'static str,
-}
-
-/// A node on the bridge of `lan` with address `address`, serving its name
-/// on the floating address.
-fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan) -> Node {
-    let ns = TestNetns::new(&format!("fip{name}"));
-    plug(&ns, lan);
-    ns.add_address("up0", &format!("{address}/{}", plan.prefix));
-    let host = if plan.floating.contains(':') { 128 } else { 32 };
-    ns.add_address("lo", &format!("{}/{host}", plan.floating));
-    ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
-    ns.sysctl("net.ipv4.conf.all.arp_announce", "2");
-    let floating: IpAddr = plan.floating.parse().unwrap();
-    serve_name(&ns, SocketAddr::new(floating, PORT), name);
-    let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
-    run_in_netns(&ns.path(), || datapath.attach_uplink("up0"))
-        .unwrap()
-        .expect("attach uplink");
-    Node {
-        name,
-        ns,
-        _pin: pin,
-        _datapath: datapath,
-        stop: Arc::new(AtomicBool::new(false)),
-        events: Arc::default(),
-        address,
-        floating: plan.floating,
-    }
-}
-
-/// Starts the node's loop with `peer` as the other node.
-fn start(node: &Node, pin_root: std::path::PathBuf, peer: &str) {
-    let mut settings = Settings::new(node.name, pin_root);
-    settings.bind = SocketAddr::new(node.address.parse().unwrap(), 7946);
-    let (_fixed, assignment) = tokio::sync::watch::channel(Assignment {
-        addresses: [(node.floating.parse().unwrap(), "up0".to_owned())].into(),
-        peers: vec![SocketAddr::new(peer.parse().unwrap(), 7946)],
-    });
-    let (stop, events, path) = (
-        Arc::clone(&node.stop),
-        Arc::clone(&node.events),
-        node.ns.path(),
-    );
-    thread::spawn(move || {
-        run_in_netns(&path, || {
-            owner::run(&settings, &assignment, &stop, |event| {
-                events.lock().unwrap().push(event);
-            })
-        })
-        .unwrap()
-        .unwrap();
-    });
-}
 
 /// The node that answers a TCP connection to the floating address from
 /// the client, if any within 200 ms.
@@ -171,8 +70,8 @@ fn failover(plan: &Plan) -> Duration {
     let (lan, client) = lan_and_client(plan);
     let a = node("a", &lan, plan.node_a, plan);
     let b = node("b", &lan, plan.node_b, plan);
-    start(&a, a._pin.path.clone(), b.address);
-    start(&b, b._pin.path.clone(), a.address);
+    start(&a, b.address);
+    start(&b, a.address);
 
     wait_until("an owner answers", || {
         answering(&client, plan.floating).is_some()
@@ -195,8 +94,7 @@ fn failover(plan: &Plan) -> Duration {
     // SIGKILL as the loop sees it: it stops with no cleanup; then the
     // node's link goes down.
     let killed = Instant::now();
-    owner.stop.store(true, Ordering::Relaxed);
-    owner.ns.ip(&["link", "set", "up0", "down"]);
+    kill(owner);
     wait_until("the survivor answers", || {
         answering(&client, plan.floating).as_deref() == Some(survivor.name)
     });

@@ -1669,3 +1669,167 @@ fn test_run_never_records_truncated_or_hostile_frames() {
     datapath.test_run_uplink(&advertisement, 1).unwrap();
     assert_eq!(inventory(&datapath).len(), 2);
 }
+
+// ---------------------------------------------------------------------------
+// Requesters of floating addresses
+// ---------------------------------------------------------------------------
+
+/// `(vlan, address asked for, requester, MAC)` of every `RESOLVERS` entry,
+/// sorted.
+fn resolvers(pin_root: &Path) -> Vec<(u16, IpAddr, IpAddr, [u8; 6])> {
+    flatnet_agent::datapath::PinnedMaps::open(pin_root)
+        .unwrap()
+        .resolvers()
+        .unwrap()
+        .into_iter()
+        .inspect(|e| assert_eq!(e.ifindex, LOOPBACK_IFINDEX))
+        .map(|e| (e.vlan, e.addr, e.requester, e.mac))
+        .collect()
+}
+
+#[test]
+fn test_run_records_the_requesters_of_watched_addresses_only() {
+    if !privileged("test_run_records_the_requesters_of_watched_addresses_only") {
+        return;
+    }
+    let pin = TestPinRoot::new();
+    // The IPv4 address is answered here (this node owns it), the IPv6 one
+    // is only watched (a peer owns it): requesters of both are recorded.
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
+    datapath
+        .responders()
+        .unwrap()
+        .insert(LOOPBACK_IFINDEX, OWNED_V4.into(), NODE_MAC)
+        .unwrap();
+    let mut pinned = datapath.pinned_maps().unwrap();
+    let mut watch = pinned.resolve_watch().unwrap();
+    watch.insert(LOOPBACK_IFINDEX, OWNED_V4.into()).unwrap();
+    watch.insert(LOOPBACK_IFINDEX, owned_v6().into()).unwrap();
+    assert_eq!(
+        watch.entries().unwrap(),
+        [
+            (LOOPBACK_IFINDEX, IpAddr::from(OWNED_V4)),
+            (LOOPBACK_IFINDEX, IpAddr::from(owned_v6()))
+        ]
+    );
+    drop(pinned);
+
+    let mac = |last: u8| [0x02, 0x00, 0x5e, 0x00, 0x02, last];
+    let v4 = |last: u8| Ipv4Addr::new(192, 0, 2, last);
+    let v6 = |last: u16| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, last);
+    let request = |sender_mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr| {
+        arp_frame(
+            sender_mac,
+            BROADCAST,
+            ArpOperation::REQUEST,
+            (sender_mac, sender),
+            ([0; 6], target),
+        )
+        .unwrap()
+    };
+    let asked_v4 = request(mac(1), v4(70), OWNED_V4);
+    // The MAC of the source link-layer option, not the Ethernet source.
+    let asked_v6 = from_eth(
+        ndp_frame(
+            mac(2),
+            ipv6_multicast_mac(solicited_node(owned_v6())),
+            v6(70),
+            solicited_node(owned_v6()),
+            NdpMessage::NeighborSolicitation { target: owned_v6() },
+        )
+        .unwrap(),
+        mac(0x22),
+    );
+    let tagged = vlan_tagged(&request(mac(3), v4(71), OWNED_V4), 0x8100, 100);
+    // Option after Ethernet, IPv6 and the 24 bytes of the solicitation.
+    let option = 14 + 40 + 24;
+    let mut zero_length_option = asked_v6.clone();
+    zero_length_option[option + 1] = 0;
+    let ignored = [
+        (
+            "a request for an unwatched address",
+            request(mac(4), v4(72), v4(99)),
+        ),
+        ("a gratuitous ARP", gratuitous_arp(mac(5), OWNED_V4)),
+        (
+            "an ARP probe (no requester address)",
+            request(mac(6), Ipv4Addr::UNSPECIFIED, OWNED_V4),
+        ),
+        (
+            "a multicast sender MAC",
+            request([0x01, 0x00, 0x5e, 0, 0, 1], v4(73), OWNED_V4),
+        ),
+        (
+            "an ARP request cut before its target",
+            asked_v4[..14 + 20].to_vec(),
+        ),
+        (
+            "a solicitation cut in its option",
+            asked_v6[..option + 4].to_vec(),
+        ),
+        (
+            "a solicitation with a zero-length option",
+            zero_length_option,
+        ),
+        (
+            "duplicate address detection",
+            flatnet_agent::packet::dad_probe_frame(mac(7), owned_v6()).unwrap(),
+        ),
+    ];
+    for (what, frame) in &ignored {
+        datapath.test_run_uplink(frame, 1).unwrap();
+        assert_eq!(resolvers(&pin.path), vec![], "{what} recorded");
+    }
+
+    let before = monotonic_ns();
+    let answered = datapath.test_run_uplink(&asked_v4, 1).unwrap();
+    assert_eq!(answered.verdict, REDIRECT, "still answered");
+    let passed = datapath.test_run_uplink(&asked_v6, 1).unwrap();
+    assert_eq!(passed.verdict, PASS, "not answered here");
+    datapath.test_run_uplink(&tagged, 1).unwrap();
+    use std::net::IpAddr::{V4, V6};
+    assert_eq!(
+        resolvers(&pin.path),
+        vec![
+            (0, V4(OWNED_V4), V4(v4(70)), mac(1)),
+            (0, V6(owned_v6()), V6(v6(70)), mac(2)),
+            (100, V4(OWNED_V4), V4(v4(71)), mac(3)),
+        ]
+    );
+    let now = monotonic_ns();
+    let pinned = datapath.pinned_maps().unwrap();
+    for entry in pinned.resolvers().unwrap() {
+        assert!(
+            (before..=now).contains(&entry.last_seen_ns),
+            "{entry:?} outside {before}..={now}"
+        );
+    }
+    drop(pinned);
+
+    // No longer watched: no longer recorded.
+    let mut pinned = datapath.pinned_maps().unwrap();
+    assert!(
+        pinned
+            .resolve_watch()
+            .unwrap()
+            .remove(LOOPBACK_IFINDEX, owned_v6().into())
+            .unwrap()
+    );
+    drop(pinned);
+    let mut other = asked_v6.clone();
+    // Another requester address (the last byte of the IPv6 source).
+    other[14 + 8 + 15] = 71;
+    datapath.test_run_uplink(&other, 1).unwrap();
+    assert_eq!(resolvers(&pin.path).len(), 3);
+
+    // bpftool shows the key's and value's field names (BTF).
+    let map_path = pin.path.join(flatnet_common::pin::MAP_RESOLVERS);
+    let dump = support::run(
+        "bpftool",
+        &["-j", "map", "dump", "pinned", map_path.to_str().unwrap()],
+    );
+    assert!(
+        dump.contains("\"requester\"") && dump.contains("\"last_seen_ns\""),
+        "bpftool did not show BTF field names: {dump}"
+    );
+}

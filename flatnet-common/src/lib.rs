@@ -10,6 +10,7 @@ pub mod conflict;
 pub mod frame_counter;
 pub mod pin;
 pub mod policy;
+pub mod resolver;
 pub mod responder;
 pub mod verdict;
 pub mod wire;

@@ -40,6 +40,14 @@ pub const MAP_RECENT_CONFLICTS: &str = "RECENT_CONFLICT";
 /// inventory, the MAC last seen claiming each address on each uplink.
 pub const MAP_WIRE_CLAIMS: &str = "WIRE_CLAIMS";
 
+/// Hash map [`crate::conflict::AddrKey`] → `u32` ([`crate::resolver::WATCHED`]):
+/// the floating addresses whose requesters the uplink program records.
+pub const MAP_RESOLVE_WATCH: &str = "RESOLVE_WATCH";
+
+/// LRU hash [`crate::resolver::ResolverKey`] → [`crate::resolver::ResolverSeen`]:
+/// the LAN hosts seen resolving each watched address, with their MAC and when.
+pub const MAP_RESOLVERS: &str = "RESOLVERS";
+
 /// LPM trie [`crate::policy::PolicyLpmData`] → [`crate::policy::PolicyAllow`]:
 /// what each pod address may exchange with each remote prefix, per direction.
 pub const MAP_POLICY_CIDRS: &str = "POLICY_CIDRS";
@@ -70,7 +78,7 @@ pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
 pub const MAP_POLICY_EVENT_BUDGET: &str = "POLICY_EVBUDGET";
 
 /// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
-pub const PINNED_MAPS: [&str; 16] = [
+pub const PINNED_MAPS: [&str; 18] = [
     MAP_FRAME_COUNTERS,
     MAP_ARP_RESPONDER,
     MAP_NDP_RESPONDER,
@@ -79,6 +87,8 @@ pub const PINNED_MAPS: [&str; 16] = [
     MAP_CONFLICT_EVENTS,
     MAP_RECENT_CONFLICTS,
     MAP_WIRE_CLAIMS,
+    MAP_RESOLVE_WATCH,
+    MAP_RESOLVERS,
     MAP_POLICY_CIDRS,
     MAP_POLICY_SUBJECTS,
     MAP_POLICY_RULE_STATS,
@@ -127,3 +137,5 @@ const _: () = assert!(MAP_POLICY_EVENT_BUDGET.len() <= 15);
 const _: () = assert!(PROG_POLICY_INGRESS.len() <= 15);
 const _: () = assert!(PROG_POLICY_EGRESS.len() <= 15);
 const _: () = assert!(MAP_WIRE_CLAIMS.len() <= 15);
+const _: () = assert!(MAP_RESOLVE_WATCH.len() <= 15);
+const _: () = assert!(MAP_RESOLVERS.len() <= 15);

@@ -8,7 +8,9 @@
 //! frame continues up the stack untouched. ARP and NDP frames in which a
 //! foreign MAC claims a managed address are reported through a ring buffer,
 //! and every address an ARP or NDP frame names with a MAC goes into the
-//! wire inventory (`WIRE_CLAIMS`, see `flatnet_common::wire`).
+//! wire inventory (`WIRE_CLAIMS`, see `flatnet_common::wire`). The
+//! requesters of ARP requests and neighbour solicitations for watched
+//! (floating) addresses go into `RESOLVERS` (see `flatnet_common::resolver`).
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
@@ -24,6 +26,10 @@ use flatnet_common::{
         RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, should_report, vlan_id,
     },
     pin::RESPONDER_MAX_ENTRIES,
+    resolver::{
+        RESOLVE_WATCH_MAX_ENTRIES, RESOLVERS_MAX_ENTRIES, Resolution, ResolverKey, ResolverSeen,
+        arp_resolution, ndp_resolution,
+    },
     responder::{
         ARP_LEN, ArpResponderKey, IPV6_LEN, NA_LEN, NS_LEN, NdpAnswer, NdpResponderKey,
         ResponderEntry, ResponderStat, arp_question, arp_reply, ipv6_dst_mac, ndp_question,
@@ -76,6 +82,14 @@ static RECENT_CONFLICT: LruHashMap<
 static WIRE_CLAIMS: LruHashMap<WireKey, WireClaim, { WIRE_CLAIMS_MAX_ENTRIES as usize }> =
     LruHashMap::new();
 
+#[btf_map]
+static RESOLVE_WATCH: HashMap<AddrKey, u32, { RESOLVE_WATCH_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+#[btf_map]
+static RESOLVERS: LruHashMap<ResolverKey, ResolverSeen, { RESOLVERS_MAX_ENTRIES as usize }> =
+    LruHashMap::new();
+
 /// Offset of the opcode inside the ARP header.
 const ARP_OPCODE_OFFSET: usize = 6;
 /// Offset of the next-header field inside the IPv6 header.
@@ -99,6 +113,20 @@ struct PendingClaim {
 #[btf_map]
 static PENDING_CLAIM: PerCpuArray<PendingClaim, 1> = PerCpuArray::new();
 
+/// A request seen by the parser, recorded once the parser returned.
+#[repr(C)]
+struct PendingResolution {
+    target: [u8; 16],
+    requester: [u8; 16],
+    mac: [u8; 6],
+    reserved: u16,
+    ifindex: u32,
+}
+
+/// One slot per CPU, as for claims.
+#[btf_map]
+static PENDING_RESOLUTION: PerCpuArray<PendingResolution, 1> = PerCpuArray::new();
+
 /// The advertisement being built: one slot per CPU, as for claims. Built on
 /// the stack it would take [`answer_neighbor_solicitation`]'s frame past what
 /// Linux 6.1 allows a called function.
@@ -111,6 +139,8 @@ const CLAIM_PENDING: u64 = 1 << 32;
 /// the offset of its IPv6 header is in the 16 bits from [`L3_SHIFT`].
 const ANSWER_SOLICITATION: u64 = 1 << 33;
 const L3_SHIFT: u32 = 40;
+/// Set in [`judge`]'s result when a request waits in `PENDING_RESOLUTION`.
+const RESOLUTION_PENDING: u64 = 1 << 34;
 
 #[classifier]
 pub fn uplink_ingress(ctx: TcContext) -> i32 {
@@ -120,6 +150,9 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
     let outcome = judge(&ctx);
     if outcome & CLAIM_PENDING != 0 {
         handle_claim(&ctx);
+    }
+    if outcome & RESOLUTION_PENDING != 0 {
+        handle_resolution(&ctx);
     }
     // The low 32 bits carry the verdict's bit pattern.
     let mut verdict = (outcome as u32).cast_signed();
@@ -131,7 +164,8 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
     verdict
 }
 
-/// The verdict in the low 32 bits, [`CLAIM_PENDING`] above them.
+/// The verdict in the low 32 bits, [`CLAIM_PENDING`], [`ANSWER_SOLICITATION`]
+/// and [`RESOLUTION_PENDING`] above them.
 #[inline(never)]
 fn judge(ctx: &TcContext) -> u64 {
     // A frame we cannot parse or answer is passed on, never dropped.
@@ -156,10 +190,10 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let arp: [u8; ARP_LEN] = ctx.load(l3).map_err(|_| ParseError::Truncated)?;
             let claimed = arp_sighting(&arp).is_some_and(|seen| note_claim(ifindex, &seen));
             if kind == FrameKind::ArpRequest {
-                return Ok((
-                    u64::from(answer_arp(ctx, l3, ifindex, &arp).cast_unsigned()),
-                    claimed,
-                ));
+                let asked =
+                    arp_resolution(&arp).is_some_and(|request| note_resolution(ifindex, &request));
+                let verdict = u64::from(answer_arp(ctx, l3, ifindex, &arp).cast_unsigned());
+                return Ok((verdict | resolution_bit(asked), claimed));
             }
             Ok((pass, claimed))
         }
@@ -180,10 +214,12 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<(u64, bool), ParseError> {
             let claimed = ndp_sighting(&ip6, &icmp, &option, eth_src)
                 .is_some_and(|seen| note_claim(ifindex, &seen));
             if kind == FrameKind::NeighborSolicitation {
+                let asked = ndp_resolution(&ip6, &icmp, &option, eth_src)
+                    .is_some_and(|request| note_resolution(ifindex, &request));
                 // Answered after the parser returned: building the
                 // advertisement needs stack room the parser's frame lacks.
                 let answer = ANSWER_SOLICITATION | ((l3 as u64 & 0xffff) << L3_SHIFT);
-                return Ok((pass | answer, claimed));
+                return Ok((pass | answer | resolution_bit(asked), claimed));
             }
             Ok((pass, claimed))
         }
@@ -300,6 +336,75 @@ fn handle_claim(ctx: &TcContext) {
     };
     // A full ring buffer drops the event; the next claim after the interval reports again.
     let _ = CONFLICT_EVENTS.output(event, 0);
+}
+
+#[inline(always)]
+fn resolution_bit(pending: bool) -> u64 {
+    if pending { RESOLUTION_PENDING } else { 0 }
+}
+
+/// Notes `request` for [`handle_resolution`]; false when there is no slot.
+#[inline(always)]
+fn note_resolution(ifindex: u32, request: &Resolution) -> bool {
+    let Some(slot) = PENDING_RESOLUTION.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, so no other program instance writes it concurrently.
+    unsafe {
+        (*slot).target = request.target;
+        (*slot).requester = request.requester;
+        (*slot).mac = request.mac;
+        (*slot).ifindex = ifindex;
+    }
+    true
+}
+
+/// Records the requester of a request for a watched address in
+/// `RESOLVERS`; a request for any other address costs this one lookup.
+#[inline(never)]
+fn handle_resolution(ctx: &TcContext) {
+    let Some(slot) = PENDING_RESOLUTION.get_ptr(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot written by this run's parser; copied out at once.
+    let (target, requester, mac, ifindex) = unsafe {
+        (
+            (*slot).target,
+            (*slot).requester,
+            (*slot).mac,
+            (*slot).ifindex,
+        )
+    };
+    let watch_key = AddrKey {
+        ifindex,
+        addr: target,
+    };
+    if RESOLVE_WATCH.get_ptr(watch_key).is_none() {
+        return;
+    }
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = ResolverKey {
+        ifindex,
+        vlan: frame_vlan(ctx),
+        reserved: 0,
+        addr: target,
+        requester,
+    };
+    let seen = ResolverSeen {
+        mac,
+        reserved: [0; 2],
+        last_seen_ns: now,
+    };
+    // SAFETY: the pointer from the lookup is valid for this program run; a
+    // racing update at worst writes the same requester twice.
+    let fresh = RESOLVERS
+        .get_ptr(key)
+        .is_some_and(|entry| unsafe { (*entry).refreshed_by(&seen) });
+    if !fresh {
+        // A full map evicts the requester heard from longest ago.
+        let _ = RESOLVERS.insert(key, seen, 0);
+    }
 }
 
 /// The VLAN id of the frame: from skb metadata when the driver took the tag

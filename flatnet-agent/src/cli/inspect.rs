@@ -59,7 +59,8 @@ pub enum InspectCommand {
     },
     /// The floating addresses this node offers: interface, the node
     /// answering for each as this node sees it, since when, and when this
-    /// node last announced it (from the running loop's status file).
+    /// node last announced it and to how many LAN hosts by unicast (from
+    /// the running loop's status file).
     Floating {
         /// The status file of the agent's floating-address loop.
         #[arg(long, env = "FLATNET_FLOATING_STATUS_FILE", default_value = owner::DEFAULT_STATUS_FILE)]
@@ -342,17 +343,19 @@ fn print_floating(status: &owner::Status) {
     let ago = |at: u64| format!("{}s ago", now.saturating_sub(at));
     println!("node {}", status.node);
     println!(
-        "{:<40} {:<16} {:<24} {:<12} LAST ANNOUNCE",
-        "ADDRESS", "INTERFACE", "OWNER", "SINCE"
+        "{:<40} {:<16} {:<24} {:<12} {:<14} HOSTS TOLD",
+        "ADDRESS", "INTERFACE", "OWNER", "SINCE", "LAST ANNOUNCE"
     );
     for row in &status.addresses {
         println!(
-            "{:<40} {:<16} {:<24} {:<12} {}",
+            "{:<40} {:<16} {:<24} {:<12} {:<14} {}",
             row.address,
             row.interface,
             row.owner.as_deref().unwrap_or("(claiming)"),
             ago(row.since),
             row.last_announced.map_or_else(|| "-".to_owned(), ago),
+            row.last_told
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
         );
     }
 }

@@ -218,7 +218,7 @@ impl AsRawFd for ConflictMonitor {
     }
 }
 
-fn key(ifindex: u32, addr: IpAddr) -> AddrKey {
+pub(super) fn key(ifindex: u32, addr: IpAddr) -> AddrKey {
     match addr {
         IpAddr::V4(v4) => AddrKey::v4(ifindex, v4.octets()),
         IpAddr::V6(v6) => AddrKey::v6(ifindex, v6.octets()),

@@ -17,6 +17,7 @@ mod kernel_log;
 mod pin_layout;
 mod pinned;
 mod policy;
+mod resolvers;
 mod responder;
 mod tc;
 mod tc_netlink;
@@ -46,6 +47,7 @@ pub use policy::{
     ApplyReport, InstalledPolicy, PolicyDrop, PolicyDrops, PolicyMaps, PolicyRuleIds, PolicyStats,
     detach_policy,
 };
+pub use resolvers::{ResolveWatch, ResolverEntry};
 pub use responder::{ResponderStats, Responders};
 pub use tc::{AttachMechanism, TcAttach, kernel_has_tcx};
 pub use test_run::TestRunOutput;

@@ -21,7 +21,7 @@ use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
     MAP_NDP_RESPONDER, MAP_POLICY_CIDRS, MAP_POLICY_CT, MAP_POLICY_EVENT_BUDGET, MAP_POLICY_EVENTS,
     MAP_POLICY_FRAGS, MAP_POLICY_RULE_STATS, MAP_POLICY_STATS, MAP_POLICY_SUBJECTS,
-    MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
+    MAP_RECENT_CONFLICTS, MAP_RESOLVE_WATCH, MAP_RESOLVERS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
 };
 
 use super::DatapathError;
@@ -246,6 +246,12 @@ fn state_lost(map: &str) -> &'static str {
         MAP_RECENT_CONFLICTS => "the record of recent address conflicts is forgotten",
         MAP_WIRE_CLAIMS => {
             "the wire inventory starts empty: addresses the LAN uses are known again when they are next claimed"
+        }
+        MAP_RESOLVE_WATCH => {
+            "requesters of floating addresses go unrecorded until the floating-address loop lists its addresses again (its next heartbeat)"
+        }
+        MAP_RESOLVERS => {
+            "a takeover tells by unicast only the LAN hosts that resolve the address from then on (the broadcast announcements still go out)"
         }
         MAP_POLICY_CIDRS | MAP_POLICY_SUBJECTS => {
             "pods are not isolated by network policy until the policy controller applies it again"

@@ -6,12 +6,13 @@ use std::{collections::HashMap, path::Path};
 use aya::maps::{Map, MapData};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, MAP_NDP_RESPONDER,
-    MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
+    MAP_RECENT_CONFLICTS, MAP_RESOLVE_WATCH, MAP_RESOLVERS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
 };
 
 use super::{
-    DatapathError, FrameCounters, ManagedAddrs, RecentConflictEntry, ResponderStats, Responders,
-    WireClaimEntry, conflicts, map_error, map_pin_path, wire,
+    DatapathError, FrameCounters, ManagedAddrs, RecentConflictEntry, ResolveWatch, ResolverEntry,
+    ResponderStats, Responders, WireClaimEntry, conflicts, map_error, map_pin_path, resolvers,
+    wire,
 };
 
 /// The maps pinned under one pin root.
@@ -32,6 +33,8 @@ impl PinnedMaps {
             MAP_MANAGED_ADDRS,
             MAP_RECENT_CONFLICTS,
             MAP_WIRE_CLAIMS,
+            MAP_RESOLVE_WATCH,
+            MAP_RESOLVERS,
         ] {
             let data = MapData::from_pin(map_pin_path(pin_root, name)).map_err(map_error(name))?;
             maps.insert(name, Map::from_map_data(data).map_err(map_error(name))?);
@@ -72,6 +75,20 @@ impl PinnedMaps {
     /// The wire inventory: the MAC last seen claiming each address.
     pub fn wire_claims(&self) -> Result<Vec<WireClaimEntry>, DatapathError> {
         wire::wire_claims(self.map(MAP_WIRE_CLAIMS)?)
+    }
+
+    /// The floating addresses whose requesters the uplink program records.
+    pub fn resolve_watch(&mut self) -> Result<ResolveWatch<'_>, DatapathError> {
+        let map = self
+            .maps
+            .get_mut(MAP_RESOLVE_WATCH)
+            .ok_or(DatapathError::MissingMap(MAP_RESOLVE_WATCH))?;
+        ResolveWatch::new(map)
+    }
+
+    /// The LAN hosts seen resolving the watched addresses.
+    pub fn resolvers(&self) -> Result<Vec<ResolverEntry>, DatapathError> {
+        resolvers::resolvers(self.map(MAP_RESOLVERS)?)
     }
 
     /// The addresses watched for conflicts.

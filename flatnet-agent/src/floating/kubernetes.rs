@@ -419,8 +419,13 @@ async fn report(
                 set_owned(&metrics, &owned);
                 tracing::info!(%addr, "floating address released");
             }
-            Event::Announced { .. } => {
+            Event::Announced {
+                unicast_replies, ..
+            } => {
                 metrics.announcements.inc();
+                metrics
+                    .unicast_replies
+                    .inc_by(u64::try_from(unicast_replies).unwrap_or(u64::MAX));
             }
             Event::Renewed { .. } => {}
         }

@@ -9,7 +9,9 @@
 //!   every [`HEARTBEAT_INTERVAL`](heartbeat::HEARTBEAT_INTERVAL), and its
 //!   UDP transport;
 //! - [`owner`]: the loop that runs both, renews the responder-map leases of
-//!   the owned addresses and announces acquired ones.
+//!   the owned addresses and announces acquired ones;
+//! - [`resolvers`]: the LAN hosts seen resolving an address, told by
+//!   unicast when this node takes it over.
 //!
 //! - [`standalone`]: the state file's `floating` section, run by
 //!   `flatnet-agent floating` beside the agent (or `datapath attach`);
@@ -24,4 +26,5 @@ pub mod heartbeat;
 pub mod kubernetes;
 pub mod owner;
 pub mod pods;
+pub mod resolvers;
 pub mod standalone;

@@ -6,7 +6,10 @@
 //! so a peer's last heartbeat is never older than the last lease), then
 //! applies ownership changes: a released address leaves the map, an
 //! acquired one enters it and is announced with gratuitous ARP / unsolicited
-//! NA at [`ANNOUNCE_AT`]. What the node may serve (addresses, their
+//! NA at [`ANNOUNCE_AT`], and in the same rounds by unicast to the LAN hosts
+//! the uplink program saw resolving it ([`super::resolvers`]); every offered
+//! address is listed for that watch (`RESOLVE_WATCH`), owned or not, so a
+//! standby knows whom to tell. What the node may serve (addresses, their
 //! interfaces, the peers) is an [`Assignment`] read at every heartbeat. An
 //! address is claimed only after it has been offered for one timeout,
 //! while the agent learns whether a peer holds it. The lease ([`Settings::lease`]) is shorter than
@@ -28,6 +31,7 @@ use tokio::sync::watch;
 use super::{
     election::{Election, MISSED_HEARTBEATS},
     heartbeat::{HEARTBEAT_INTERVAL, Heartbeat, HeartbeatError, HeartbeatSocket},
+    resolvers::{Resolver, recent_resolvers, unicast_reply_frames},
 };
 use crate::{
     datapath::{DatapathError, PinnedMaps, monotonic_ns},
@@ -95,6 +99,10 @@ pub struct AddressStatus {
     /// When this node last announced it (seconds since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_announced: Option<u64>,
+    /// How many LAN hosts that announcement also told by unicast (those
+    /// seen resolving the address recently).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_told: Option<usize>,
 }
 
 fn epoch_seconds() -> u64 {
@@ -126,6 +134,7 @@ impl StatusBook {
                 owner: owner.clone(),
                 since: epoch_seconds(),
                 last_announced: None,
+                last_told: None,
             });
             row.interface.clone_from(&link.name);
             if row.owner != owner {
@@ -140,9 +149,10 @@ impl StatusBook {
         self.rows.get(&addr).and_then(|row| row.owner.clone())
     }
 
-    fn announced(&mut self, addr: IpAddr) {
+    fn announced(&mut self, addr: IpAddr, told: usize) {
         if let Some(row) = self.rows.get_mut(&addr) {
             row.last_announced = Some(epoch_seconds());
+            row.last_told = Some(told);
         }
     }
 
@@ -288,10 +298,13 @@ pub enum Event {
         /// `CLOCK_MONOTONIC` nanoseconds.
         until_ns: u64,
     },
-    /// Sent one round of announcements for the address.
+    /// Sent one round of announcements for the address: the broadcast
+    /// one and a unicast reply to each host seen resolving it.
     Announced {
         /// The address.
         addr: IpAddr,
+        /// Unicast replies sent in this round.
+        unicast_replies: usize,
     },
 }
 
@@ -344,6 +357,11 @@ pub fn run(
     // Since when each address has been offered without a break.
     let mut offered_since: BTreeMap<IpAddr, Instant> = BTreeMap::new();
     let mut announcements: Vec<(Instant, IpAddr)> = Vec::new();
+    // The hosts each acquired address's announcements also go to.
+    let mut told: BTreeMap<IpAddr, Vec<Resolver>> = BTreeMap::new();
+    // The addresses listed in `RESOLVE_WATCH`; read from the map at the
+    // first heartbeat, so what an earlier run left is cleaned up.
+    let mut watched: Option<BTreeSet<(u32, IpAddr)>> = None;
     let mut raw_sockets: BTreeMap<String, RawSocket> = BTreeMap::new();
     let mut book = StatusBook::default();
     let mut next_tick = Instant::now();
@@ -377,6 +395,7 @@ pub fn run(
                     ))
                 })
                 .collect();
+            watch_offered(&mut maps, &mut watched, &mine)?;
             offered_since.retain(|addr, _| mine.contains_key(addr));
             for addr in mine.keys() {
                 offered_since.entry(*addr).or_insert(now);
@@ -399,6 +418,7 @@ pub fn run(
             // An address whose interface changed is released and acquired again.
             let before: BTreeSet<(IpAddr, &Link)> = owned.iter().map(|(a, l)| (*a, l)).collect();
             let after: BTreeSet<(IpAddr, &Link)> = now_owned.iter().map(|(a, l)| (*a, l)).collect();
+            let acquired: Vec<(IpAddr, &Link)> = after.difference(&before).copied().collect();
             {
                 let mut responders = maps.responders()?;
                 for (addr, link) in before.difference(&after) {
@@ -406,7 +426,7 @@ pub fn run(
                     announcements.retain(|(_, a)| a != addr);
                     on_event(Event::Released { addr: *addr });
                 }
-                for (addr, link) in after.difference(&before) {
+                for (addr, link) in &acquired {
                     let at_ns = monotonic_ns();
                     responders.insert_until(
                         link.ifindex,
@@ -423,6 +443,19 @@ pub fn run(
                     });
                 }
             }
+            // After the responder entries: reading the whole map takes a
+            // while when it is full, and answering must not wait for it.
+            if !acquired.is_empty() {
+                let heard = maps.resolvers().unwrap_or_else(|error| {
+                    tracing::warn!(%error, "the LAN hosts resolving floating addresses are unknown; announcing by broadcast only");
+                    Vec::new()
+                });
+                let now_ns = monotonic_ns();
+                for (addr, link) in &acquired {
+                    let hosts = recent_resolvers(&heard, link.ifindex, *addr, link.mac, now_ns);
+                    told.insert(*addr, hosts);
+                }
+            }
             book.update(&mine, |addr| {
                 if now_owned.contains_key(&addr) {
                     Some(settings.node.clone())
@@ -434,6 +467,7 @@ pub fn run(
                 }
             });
             owned = now_owned;
+            told.retain(|addr, _| owned.contains_key(addr));
             raw_sockets.retain(|name, _| owned.values().any(|l| &l.name == name));
             next_tick += settings.interval;
             if next_tick < now {
@@ -462,8 +496,19 @@ pub fn run(
                     tracing::debug!(%addr, %error, "announcement not sent");
                 }
             }
-            book.announced(addr);
-            on_event(Event::Announced { addr });
+            let hosts = told.get(&addr).map_or(&[][..], Vec::as_slice);
+            let mut unicast_replies = 0;
+            for frame in unicast_reply_frames(link.mac, addr, hosts) {
+                match raw.send(&frame) {
+                    Ok(()) => unicast_replies += 1,
+                    Err(error) => tracing::debug!(%addr, %error, "unicast reply not sent"),
+                }
+            }
+            book.announced(addr, unicast_replies);
+            on_event(Event::Announced {
+                addr,
+                unicast_replies,
+            });
         }
         book.write(&settings.node, settings.status_file.as_deref());
         let wake = announcements
@@ -476,5 +521,33 @@ pub fn run(
             election.heard(&heard, Instant::now());
         }
     }
+    Ok(())
+}
+
+/// Lists every offered address in `RESOLVE_WATCH` and removes the others:
+/// a standby records who resolves an address as the owner does.
+/// `watched` is what the map holds; `None` before the first call, which
+/// reads it.
+fn watch_offered(
+    maps: &mut PinnedMaps,
+    watched: &mut Option<BTreeSet<(u32, IpAddr)>>,
+    offered: &BTreeMap<IpAddr, Link>,
+) -> Result<(), DatapathError> {
+    let mut watch = maps.resolve_watch()?;
+    let listed = match watched.take() {
+        Some(listed) => listed,
+        None => watch.entries()?.into_iter().collect(),
+    };
+    let wanted: BTreeSet<(u32, IpAddr)> = offered
+        .iter()
+        .map(|(addr, link)| (link.ifindex, *addr))
+        .collect();
+    for (ifindex, addr) in listed.difference(&wanted) {
+        watch.remove(*ifindex, *addr)?;
+    }
+    for (ifindex, addr) in wanted.difference(&listed) {
+        watch.insert(*ifindex, *addr)?;
+    }
+    *watched = Some(wanted);
     Ok(())
 }

@@ -1,17 +1,127 @@
 //! What the floating-address tests share: a LAN (bridge) with a client,
-//! TCP servers that answer with their node's name, and the client's view
-//! of which node answers.
+//! nodes on it running the floating-address loop, TCP servers that answer
+//! with their node's name, and the client's view of which node answers.
 
 use std::{
     io::Read,
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     thread,
     time::Duration,
 };
 
-use flatnet_agent::netns::run_in_netns;
+use flatnet_agent::{
+    datapath::{Datapath, DatapathConfig},
+    floating::owner::{self, Assignment, Event, Settings},
+    netns::run_in_netns,
+};
 
-use super::{TestNetns, unique_name, veth_pair};
+use super::{TestNetns, TestPinRoot, unique_name, veth_pair};
+
+/// The port the nodes serve their names on, at the floating address.
+pub const PORT: u16 = 8080;
+
+/// The addresses of one run: the floating one, the nodes', the client's,
+/// and the LAN prefix length.
+pub struct Plan {
+    pub floating: &'static str,
+    pub node_a: &'static str,
+    pub node_b: &'static str,
+    pub client: &'static str,
+    pub prefix: u8,
+}
+
+pub const IPV4: Plan = Plan {
+    floating: "10.77.0.50",
+    node_a: "10.77.0.1",
+    node_b: "10.77.0.2",
+    client: "10.77.0.100",
+    prefix: 24,
+};
+
+pub const IPV6: Plan = Plan {
+    floating: "fd00:77::50",
+    node_a: "fd00:77::1",
+    node_b: "fd00:77::2",
+    client: "fd00:77::100",
+    prefix: 64,
+};
+
+/// One node: namespace, pin root, datapath, and its loop.
+pub struct Node {
+    pub name: &'static str,
+    pub ns: TestNetns,
+    pub pin: TestPinRoot,
+    _datapath: Datapath,
+    pub stop: Arc<AtomicBool>,
+    pub events: Arc<Mutex<Vec<Event>>>,
+    pub address: &'static str,
+    pub floating: &'static str,
+}
+
+/// A node on the bridge of `lan` with address `address`, serving its name
+/// on the floating address (on `lo`: the kernel never answers ARP for it
+/// on the uplink, `arp_ignore=1`), the uplink program attached to `up0`.
+pub fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan) -> Node {
+    let ns = TestNetns::new(&format!("fip{name}"));
+    plug(&ns, lan);
+    ns.add_address("up0", &format!("{address}/{}", plan.prefix));
+    let host = if plan.floating.contains(':') { 128 } else { 32 };
+    ns.add_address("lo", &format!("{}/{host}", plan.floating));
+    ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
+    ns.sysctl("net.ipv4.conf.all.arp_announce", "2");
+    let floating: IpAddr = plan.floating.parse().unwrap();
+    serve_name(&ns, SocketAddr::new(floating, PORT), name);
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
+    run_in_netns(&ns.path(), || datapath.attach_uplink("up0"))
+        .unwrap()
+        .expect("attach uplink");
+    Node {
+        name,
+        ns,
+        pin,
+        _datapath: datapath,
+        stop: Arc::new(AtomicBool::new(false)),
+        events: Arc::default(),
+        address,
+        floating: plan.floating,
+    }
+}
+
+/// Starts the node's loop with `peer` as the other node.
+pub fn start(node: &Node, peer: &str) {
+    let mut settings = Settings::new(node.name, node.pin.path.clone());
+    settings.bind = SocketAddr::new(node.address.parse().unwrap(), 7946);
+    let (_fixed, assignment) = tokio::sync::watch::channel(Assignment {
+        addresses: [(node.floating.parse().unwrap(), "up0".to_owned())].into(),
+        peers: vec![SocketAddr::new(peer.parse().unwrap(), 7946)],
+    });
+    let (stop, events, path) = (
+        Arc::clone(&node.stop),
+        Arc::clone(&node.events),
+        node.ns.path(),
+    );
+    thread::spawn(move || {
+        run_in_netns(&path, || {
+            owner::run(&settings, &assignment, &stop, |event| {
+                events.lock().unwrap().push(event);
+            })
+        })
+        .unwrap()
+        .unwrap();
+    });
+}
+
+/// Stops the node's loop with no cleanup (as a SIGKILL leaves it) and
+/// takes its uplink down: the node is dead to the LAN.
+pub fn kill(node: &Node) {
+    node.stop.store(true, Ordering::Relaxed);
+    node.ns.ip(&["link", "set", "up0", "down"]);
+}
 
 /// A bridge `br0` (the LAN) and a client on it at `address` (with prefix
 /// length), without duplicate address detection.

@@ -1,9 +1,11 @@
 //! An Ethernet frame from the LAN, as the eBPF programs see it, through the
 //! pure functions they share with user space (flatnet-common): 802.1Q, ARP,
-//! NDP, IPv4, IPv6 extension headers, ICMP flow ports and the
-//! connection-tracking keys. Properties: the headers read the same as
-//! etherparse reads them; a built ARP reply or neighbour advertisement
-//! parses back as the claim it makes, with a valid ICMPv6 checksum; a
+//! NDP, IPv4, IPv6 extension headers, ICMP flow ports, the requesters of
+//! floating addresses and the connection-tracking keys. Properties: the
+//! headers read the same as etherparse reads them; a built ARP reply or
+//! neighbour advertisement parses back as the claim it makes, with a valid
+//! ICMPv6 checksum; a recorded requester asked a question the responder
+//! would answer and is the host the wire inventory sees; a
 //! flow's reply key is the key of the reversed flow; an ICMP echo reply's
 //! flow is the reverse of its request's.
 #![no_main]
@@ -14,9 +16,10 @@ use flatnet_common::{
         Direction, Flow, Fragment, icmp_ports, ipv6_ext, is_ipv6_extension, parse_ipv4, parse_ipv6,
         proto,
     },
+    resolver::{arp_resolution, ndp_resolution},
     responder::{
-        ARP_LEN, IPV6_LEN, NA_LEN, NS_LEN, ResponderEntry, arp_question, arp_reply, ndp_question,
-        NdpAnswer, neighbor_advertisement,
+        ARP_LEN, IPV6_LEN, NA_LEN, NS_LEN, NdpAnswer, ResponderEntry, arp_question, arp_reply,
+        ndp_question, neighbor_advertisement,
     },
 };
 use libfuzzer_sys::fuzz_target;
@@ -35,9 +38,18 @@ fn arp(l3: &[u8]) {
         return;
     };
     let _ = arp_claim(request);
+    let resolution = arp_resolution(request);
     let Some(question) = arp_question(request) else {
+        assert_eq!(resolution, None, "a requester without a question");
         return;
     };
+    if let Some(resolution) = resolution {
+        assert_eq!(resolution.target, AddrKey::v4(0, question.target).addr);
+        assert_eq!(resolution.mac, question.requester_mac);
+        let seen = flatnet_common::wire::arp_sighting(request).expect("a request is a sighting");
+        assert_eq!(seen.kind, flatnet_common::wire::WireKind::ArpRequest);
+        assert_eq!(seen.addr, resolution.requester);
+    }
     let reply = arp_reply(request, NODE_MAC);
     assert_eq!(arp_question(&reply), None, "a reply is no question");
     let parsed =
@@ -98,9 +110,34 @@ fn ipv6(l3: &[u8], eth_src: [u8; 6]) {
         .copied()
         .unwrap_or([0; 8]);
     let _ = ndp_claim(header, icmp, &option, eth_src);
+    // As the program reads it: the option only when the header says there is one.
+    let kernel_option = if flatnet_common::wire::ndp_has_option(header) {
+        option
+    } else {
+        [0; 8]
+    };
+    let truncated = flatnet_common::wire::ndp_has_option(header)
+        && l3.get(IPV6_LEN + NS_LEN..).and_then(array::<8>).is_none();
+    let resolution = ndp_resolution(header, icmp, &kernel_option, eth_src);
     let Some(question) = ndp_question(header, icmp) else {
+        assert_eq!(resolution, None, "a requester without a question");
         return;
     };
+    if let (Some(resolution), false) = (resolution, truncated) {
+        assert_eq!(resolution.target, question.target);
+        assert_eq!(resolution.requester, question.source);
+        assert!(!question.is_dad());
+        let seen = flatnet_common::wire::ndp_sighting(header, icmp, &kernel_option, eth_src)
+            .expect("a solicitation is a sighting");
+        assert_eq!(
+            seen.kind,
+            flatnet_common::wire::WireKind::NeighborSolicitation
+        );
+        assert_eq!(
+            (seen.addr, seen.mac),
+            (resolution.requester, resolution.mac)
+        );
+    }
     for flags in [0, ResponderEntry::FLAG_ROUTER] {
         let entry = ResponderEntry {
             mac: NODE_MAC,
