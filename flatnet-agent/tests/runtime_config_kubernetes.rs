@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::{net::IpAddr, path::Path, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet, PodNetworkConfig, PodNetworkConfigStatus},
@@ -30,7 +30,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 use support::{
     TestNetns,
-    agent::StandaloneAgent,
+    agent::{StandaloneAgent, write_kubeconfig},
     cni::run_cni,
     cri::{FakeCri, Sandbox},
     has_link,
@@ -218,16 +218,6 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop.cancel();
     }
-}
-
-fn write_kubeconfig(path: &Path, server: &str) {
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "fake", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
-    });
-    std::fs::write(path, serde_json::to_vec(&config).unwrap()).unwrap();
 }
 
 fn subnet(master: &str) -> FlatNetworkSubnet {

@@ -190,6 +190,19 @@ impl StandaloneAgent {
     }
 }
 
+/// Writes a kubeconfig at `path` naming the API server at `server` (an
+/// `http://` address: the operator's in-memory server served over HTTP).
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn write_kubeconfig(path: &Path, server: &str) {
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+    });
+    std::fs::write(path, serde_json::to_vec(&config).unwrap()).unwrap();
+}
+
 /// A binary of this package. Cargo names them to integration tests only;
 /// this module is also compiled into examples and benchmarks, which do not
 /// start an agent.
