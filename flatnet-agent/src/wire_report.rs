@@ -450,14 +450,17 @@ mod tests {
             entry("192.0.2.7", 0x25, 0, mono_now),
         ];
         let pods = HashSet::from([[0x02, 0, 0, 0, 0, 0x24]]);
-        let out = foreign_claims(
-            &claims,
-            &subnets,
-            &pods,
-            Some(pool),
-            (mono_now, now),
-            Duration::from_secs(3600),
-        );
+        let report = |pool| {
+            foreign_claims(
+                &claims,
+                &subnets,
+                &pods,
+                pool,
+                (mono_now, now),
+                Duration::from_secs(3600),
+            )
+        };
+        let out = report(Some(pool));
         let macs = |name: &str| -> Vec<&str> { out[name].iter().map(|c| c.mac.as_str()).collect() };
         assert_eq!(
             macs("a-tagged"),
@@ -467,14 +470,7 @@ mod tests {
         assert_eq!(macs("b-lan"), ["02:00:00:00:00:25"]);
         assert!(out["c-tagged"].is_empty());
         // Without a pool, only the claim in a subnet is reported.
-        let without = foreign_claims(
-            &claims,
-            &subnets,
-            &pods,
-            None,
-            (mono_now, now),
-            Duration::from_secs(3600),
-        );
+        let without = report(None);
         let count: usize = without.values().map(Vec::len).sum();
         assert_eq!(count, 1);
     }

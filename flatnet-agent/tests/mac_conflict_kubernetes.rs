@@ -14,28 +14,20 @@ use std::{
     net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
 };
 
-use etherparse::ArpOperation;
-use flatnet_agent::{
-    netns::run_in_netns,
-    packet::{BROADCAST, RawSocket, arp_frame},
-};
 use flatnet_k8s::{
     api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet},
     ipam::{Mac, MacRange},
     keys::SUBNET_NAMESPACE,
 };
-use flatnet_operator::allocation::{
-    Settings as AllocationSettings, fake_api::FakeApiServer, fake_api_http,
-    fake_cluster::FakeCluster, mac_pool::ActivePool,
-};
+use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
 use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
 use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, write_kubeconfig},
+    agent::{StandaloneAgent, insert_node, serve_with_allocation},
     cni::{IFNAME, run_cni},
-    lan::SimulatedLan,
+    lan::{SimulatedLan, send_arp_requests},
     ping, privileged, wait_until,
 };
 
@@ -76,33 +68,13 @@ impl Cluster {
         let server = FakeApiServer::new();
         server.insert(&subnet(&master));
         server.insert(&running_pod());
-        // The pod's node exists: the allocation keeps no address on a gone node.
-        server.insert(&k8s_openapi::api::core::v1::Node {
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                name: Some(NODE.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        insert_node(&server, NODE);
         let pool = ActivePool {
             range: MacRange::parse(POOL_START, POOL_END).unwrap(),
             mode: flatnet_k8s::api::MacPoolMode::OptOut,
         };
-        let address = runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let address = listener.local_addr().unwrap();
-            tokio::spawn(fake_api_http::serve(server.clone(), listener));
-            // Its tasks run on when the handle goes; the runtime ends them.
-            drop(FakeCluster::start_with_mac_pool(
-                server.clone(),
-                AllocationSettings::default(),
-                2,
-                Some(pool),
-            ));
-            address
-        });
         let kubeconfig = dir.path().join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &format!("http://{address}"));
+        serve_with_allocation(&runtime, &server, Some(pool), &kubeconfig);
         let admin = free_local_address();
         let cni_bin_dir = dir.path().join("bin").display().to_string();
         let agent = StandaloneAgent::new(
@@ -175,21 +147,7 @@ impl Cluster {
     /// Sends three gratuitous ARPs from the LAN host with `mac`, claiming `addr`.
     fn rogue_announces(&self, mac: [u8; 6], addr: &str) {
         let addr: Ipv4Addr = addr.parse().unwrap();
-        let frame = arp_frame(
-            mac,
-            BROADCAST,
-            ArpOperation::REQUEST,
-            (mac, addr),
-            ([0; 6], addr),
-        )
-        .unwrap();
-        run_in_netns(&self.lan.path(), || {
-            let socket = RawSocket::open("lan0").unwrap();
-            for _ in 0..3 {
-                socket.send(&frame).unwrap();
-            }
-        })
-        .unwrap();
+        send_arp_requests(&self.lan, "lan0", mac, addr, addr);
     }
 }
 

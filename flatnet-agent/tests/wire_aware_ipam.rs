@@ -9,11 +9,9 @@ mod support;
 
 use std::{net::IpAddr, time::Duration};
 
-use etherparse::ArpOperation;
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, monotonic_ns},
     netns::run_in_netns,
-    packet::{BROADCAST, RawSocket, arp_frame},
     wire_report::{
         PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims, live_record_macs,
     },
@@ -29,7 +27,7 @@ use flatnet_operator::allocation::{
     mac_pool::ActivePool,
 };
 use k8s_openapi::jiff::Timestamp;
-use support::{TestNetns, TestPinRoot, privileged, veth_pair};
+use support::{TestNetns, TestPinRoot, lan::send_arp_requests, privileged, veth_pair};
 use tokio::time::Instant;
 
 const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xee];
@@ -97,35 +95,16 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
     // A rogue host at 192.0.2.10, the first address of the range, that
     // only ever asks (ARP requests for the gateway) and never answers:
     // nothing on the LAN side holds the address, so nobody can reply.
-    let request = arp_frame(
+    send_arp_requests(
+        &lan,
+        &lan_if,
         ROGUE_MAC,
-        BROADCAST,
-        ArpOperation::REQUEST,
-        (ROGUE_MAC, "192.0.2.10".parse().unwrap()),
-        ([0; 6], "192.0.2.1".parse().unwrap()),
-    )
-    .unwrap();
-    run_in_netns(&lan.path(), || {
-        let socket = RawSocket::open(&lan_if).unwrap();
-        for _ in 0..3 {
-            socket.send(&request).unwrap();
-        }
-    })
-    .unwrap();
+        "192.0.2.10".parse().unwrap(),
+        "192.0.2.1".parse().unwrap(),
+    );
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let server = FakeApiServer::new();
-        server.insert(&fake_cluster::subnet(
-            "lan",
-            "192.0.2.0/24",
-            Some("192.0.2.1"),
-            &[("192.0.2.10", "192.0.2.30")],
-        ));
+    runtime().block_on(async {
+        let server = server_with_subnet();
         let cluster = FakeCluster::start(server.clone(), Settings::default(), 2);
         cluster.wait_active("lan", SETTLE).await.unwrap();
 
@@ -220,6 +199,27 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
     });
 }
 
+/// The runtime of the operator's controllers and the publisher.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An API server holding the subnet `lan`, 192.0.2.0/24, pool .10-.30.
+fn server_with_subnet() -> FakeApiServer {
+    let server = FakeApiServer::new();
+    server.insert(&fake_cluster::subnet(
+        "lan",
+        "192.0.2.0/24",
+        Some("192.0.2.1"),
+        &[("192.0.2.10", "192.0.2.30")],
+    ));
+    server
+}
+
 /// A LAN host and a node joined by a veth, the node's end (`node_if`)
 /// with the uplink program recording what the host says. Fields drop in
 /// order: the program before the namespaces.
@@ -242,35 +242,11 @@ fn a_pool_mac_a_lan_host_uses_outside_every_subnet_is_never_given_to_a_pod() {
     // A host on the LAN (not flatnet's) with the pool's first MAC, on an
     // address of no subnet.
     let rogue = range.start();
-    let announce = arp_frame(
-        rogue.0,
-        BROADCAST,
-        ArpOperation::REQUEST,
-        (rogue.0, "10.99.0.5".parse().unwrap()),
-        ([0; 6], "10.99.0.5".parse().unwrap()),
-    )
-    .unwrap();
-    run_in_netns(&lab.lan.path(), || {
-        let socket = RawSocket::open(&lab.lan_if).unwrap();
-        for _ in 0..3 {
-            socket.send(&announce).unwrap();
-        }
-    })
-    .unwrap();
+    let outside = "10.99.0.5".parse().unwrap();
+    send_arp_requests(&lab.lan, &lab.lan_if, rogue.0, outside, outside);
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let server = FakeApiServer::new();
-        server.insert(&fake_cluster::subnet(
-            "lan",
-            "192.0.2.0/24",
-            Some("192.0.2.1"),
-            &[("192.0.2.10", "192.0.2.30")],
-        ));
+    runtime().block_on(async {
+        let server = server_with_subnet();
         wait_for("the host's announcement in the inventory", || {
             lab.datapath
                 .wire_claims()
