@@ -19,11 +19,12 @@
 //! Only sightings after the record was allocated count (the inventory
 //! keeps claims for a day, and a MAC freed long ago may have had another
 //! holder). Every new sighting is counted in
-//! `flatnet_agent_mac_conflicts_total{reason}`; the record gets a Warning
-//! Event `MACConflict` and the condition `MACConflict` at most once per
-//! (record, claimed address) per [`REPORT_INTERVAL`], and the condition
-//! goes back to `False` once this node has seen no conflict on the record
-//! for [`CLEAR_AFTER`].
+//! `flatnet_agent_mac_conflicts_total{reason}` by every node that sees it;
+//! one node reports it ([`reported_by`]): the record gets a Warning Event
+//! `MACConflict` and the condition `MACConflict` at most once per (record,
+//! claimed address) per [`REPORT_INTERVAL`], and the condition goes back
+//! to `False` once that node has seen no conflict on the record for
+//! [`CLEAR_AFTER`].
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -49,6 +50,8 @@ use kube::{
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use serde_json::json;
 use tokio::time::Instant;
+
+use flatnet_common::wire::WireKind;
 
 use crate::{
     datapath::{WireClaimEntry, format_mac},
@@ -125,6 +128,8 @@ struct Holder {
     addr: IpAddr,
     /// When the record got its address and MAC.
     allocated_at: Option<Timestamp>,
+    /// The node its pod is attached to (empty before).
+    node: String,
 }
 
 /// The live records that hold a flatnet MAC (a pool MAC or a fixed MAC:
@@ -159,6 +164,7 @@ impl MacHolders {
                 },
                 addr,
                 allocated_at: status.allocated_time_stamp.as_ref().map(|t| t.0),
+                node: status.node.clone(),
             });
         }
         for holders in by_mac.values_mut() {
@@ -173,18 +179,22 @@ impl MacHolders {
     }
 }
 
-/// What this node knows of its own pods: the flatnet MACs attached here
-/// (on subnets not in VEPA mode) and its uplinks' names.
+/// What this node knows of its own pods: its name, the flatnet MACs
+/// attached here (on subnets not in VEPA mode) and its uplinks' names.
 #[derive(Clone, Debug, Default)]
 pub struct LocalPods {
+    node: String,
     macs: BTreeSet<[u8; 6]>,
     uplinks: BTreeMap<u32, String>,
 }
 
 impl LocalPods {
-    /// From the node's attachment records.
-    pub fn new<'a>(records: impl IntoIterator<Item = &'a AttachmentRecord>) -> Self {
-        let mut local = Self::default();
+    /// From the attachment records of `node`.
+    pub fn new<'a>(node: &str, records: impl IntoIterator<Item = &'a AttachmentRecord>) -> Self {
+        let mut local = Self {
+            node: node.to_owned(),
+            ..Self::default()
+        };
         for record in records {
             if let Some(uplink) = &record.uplink {
                 local.uplinks.insert(uplink.ifindex, uplink.ifname.clone());
@@ -254,6 +264,24 @@ pub struct MacConflict {
     pub vlan: u16,
     /// Monotonic time of the sighting.
     pub last_seen_ns: u64,
+    /// Whether this node reports it to the API server (every node counts
+    /// it): see [`reported_by`].
+    pub reported_here: bool,
+}
+
+/// Whether the node `local` reports (Event, condition) a conflict on the
+/// record of `holder` seen in a `frame`: the node of the record's pod (any
+/// node while the pod is attached nowhere) reports frames that reach every
+/// node (broadcast ARP, multicast NDP); frames sent to one host (ARP
+/// replies, neighbour advertisements, which may be unicast) are reported
+/// by the node that saw them. So one rogue broadcast costs one node's
+/// writes, not every node's.
+fn reported_by(local: &LocalPods, holder: &Holder, frame: Option<WireKind>) -> bool {
+    let directed = matches!(
+        frame,
+        Some(WireKind::ArpReply | WireKind::NeighborAdvertisement)
+    );
+    directed || holder.node.is_empty() || holder.node == local.node
 }
 
 /// Whether `claim`, seen at wall time `seen_at`, is a MAC conflict, and on
@@ -275,9 +303,9 @@ pub fn classify(
         .filter(|h| h.allocated_at.is_none_or(|at| at <= seen_at))
         .collect();
     let own = holders.iter().find(|h| holds(h, claim.addr));
-    let (kind, record) = match own {
+    let (kind, holder) = match own {
         Some(holder) if local.macs.contains(&claim.mac) => {
-            (MacConflictKind::PodOnThisNode, &holder.record)
+            (MacConflictKind::PodOnThisNode, *holder)
         }
         Some(_) => return None,
         None if floating.contains(claim.addr) => return None,
@@ -286,11 +314,12 @@ pub fn classify(
                 .iter()
                 .find(|h| h.addr.is_ipv4() == claim.addr.is_ipv4())
                 .or(holders.first())?;
-            (MacConflictKind::OtherAddress, &target.record)
+            (MacConflictKind::OtherAddress, *target)
         }
     };
     Some(MacConflict {
-        record: record.clone(),
+        record: holder.record.clone(),
+        reported_here: reported_by(local, holder, claim.kind),
         kind,
         mac: claim.mac,
         addr: claim.addr,
@@ -348,7 +377,8 @@ pub struct Actions {
 /// What was last counted and reported of one (record, claimed address).
 struct Seen {
     last_seen_ns: u64,
-    reported_at: Instant,
+    /// `None`: counted, never reported by this node.
+    reported_at: Option<Instant>,
 }
 
 /// Counts and rate-limits the conflicts of successive scans.
@@ -368,31 +398,25 @@ impl Limiter {
         let mut actions = Actions::default();
         for conflict in found {
             let key = (conflict.record.clone(), conflict.addr);
-            let new = match self.seen.get_mut(&key) {
-                None => true,
-                Some(seen) => {
-                    let newer = conflict.last_seen_ns > seen.last_seen_ns;
-                    seen.last_seen_ns = seen.last_seen_ns.max(conflict.last_seen_ns);
-                    newer
-                }
-            };
-            if !new {
+            let fresh = !self.seen.contains_key(&key);
+            let seen = self.seen.entry(key).or_insert(Seen {
+                last_seen_ns: conflict.last_seen_ns,
+                reported_at: None,
+            });
+            if !fresh && conflict.last_seen_ns <= seen.last_seen_ns {
                 continue;
             }
+            seen.last_seen_ns = conflict.last_seen_ns;
             *actions.sightings.entry(conflict.kind).or_default() += 1;
+            if !conflict.reported_here {
+                continue;
+            }
             self.active.insert(conflict.record.clone(), now);
-            let due = self
-                .seen
-                .get(&key)
-                .is_none_or(|s| now.duration_since(s.reported_at) >= REPORT_INTERVAL);
+            let due = seen
+                .reported_at
+                .is_none_or(|at| now.duration_since(at) >= REPORT_INTERVAL);
             if due {
-                self.seen.insert(
-                    key,
-                    Seen {
-                        last_seen_ns: conflict.last_seen_ns,
-                        reported_at: now,
-                    },
-                );
+                seen.reported_at = Some(now);
                 actions.reports.push(conflict);
             }
         }
@@ -556,7 +580,7 @@ pub async fn run(
             continue;
         }
         let local = match records.all() {
-            Ok(all) => LocalPods::new(&all),
+            Ok(all) => LocalPods::new(node, &all),
             Err(error) => {
                 tracing::warn!(%error, "MAC conflicts: cannot read the attachment records");
                 continue;

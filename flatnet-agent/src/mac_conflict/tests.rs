@@ -178,7 +178,7 @@ fn floating_addresses_are_announced_from_pod_macs() {
 #[test]
 fn the_own_address_from_the_wire_on_the_pods_node_is_a_conflict() {
     let own = claim("192.0.2.10", POD_MAC, 5);
-    let here = LocalPods::new(&[attachment(POD_MAC, "bridge", "ready")]);
+    let here = LocalPods::new("node-1", &[attachment(POD_MAC, "bridge", "ready")]);
     let found = classify_one(&own, &[pod_record()], &here).expect("a clone of the pod");
     assert_eq!(found.kind, MacConflictKind::PodOnThisNode);
     assert_eq!(here.uplink_name(7), "up0");
@@ -186,7 +186,7 @@ fn the_own_address_from_the_wire_on_the_pods_node_is_a_conflict() {
     // A VEPA switch reflects the pod's own frames; an attachment not
     // finished is not attached.
     for (mode, phase) in [("vepa", "ready"), ("bridge", "pending")] {
-        let local = LocalPods::new(&[attachment(POD_MAC, mode, phase)]);
+        let local = LocalPods::new("node-1", &[attachment(POD_MAC, mode, phase)]);
         assert_eq!(
             classify_one(&own, &[pod_record()], &local),
             None,
@@ -258,6 +258,58 @@ fn a_record_quiet_for_long_enough_is_cleared_once() {
         t0 + CLEAR_AFTER * 3,
     );
     assert_eq!(back.reports.len(), 1);
+}
+
+#[test]
+fn a_broadcast_is_reported_by_the_pods_node_and_a_directed_frame_by_whoever_saw_it() {
+    let mut on_node_1 = pod_record();
+    on_node_1.status.as_mut().unwrap().node = "node-1".into();
+    let records = [on_node_1];
+    let seen_on = |node: &str, kind: WireKind| {
+        let local = LocalPods::new(node, &[]);
+        let mut rogue = claim("192.0.2.77", POD_MAC, 5);
+        rogue.kind = Some(kind);
+        classify_one(&rogue, &records, &local)
+            .unwrap()
+            .reported_here
+    };
+    for kind in [
+        WireKind::GratuitousArp,
+        WireKind::ArpRequest,
+        WireKind::ArpProbe,
+        WireKind::NeighborSolicitation,
+        WireKind::DuplicateAddressDetection,
+    ] {
+        assert!(seen_on("node-1", kind), "{kind:?} on the pod's node");
+        assert!(!seen_on("node-2", kind), "{kind:?} reaches node-1 too");
+    }
+    for kind in [WireKind::ArpReply, WireKind::NeighborAdvertisement] {
+        assert!(seen_on("node-2", kind), "{kind:?} may reach node-2 alone");
+    }
+    // A pod attached nowhere yet: every node that sees it reports.
+    let local = LocalPods::new("node-2", &[]);
+    let unattached = classify_one(&claim("192.0.2.77", POD_MAC, 5), &[pod_record()], &local);
+    assert!(unattached.unwrap().reported_here);
+}
+
+#[test]
+fn a_conflict_another_node_reports_is_counted_here_only() {
+    let mut limiter = Limiter::default();
+    let t0 = Instant::now();
+    let mut elsewhere = conflict("192.0.2.77", SECOND);
+    elsewhere.reported_here = false;
+    let scan = limiter.scan(vec![elsewhere.clone()], t0);
+    assert_eq!(scan.sightings[&MacConflictKind::OtherAddress], 1);
+    assert!(scan.reports.is_empty());
+    assert_eq!(
+        limiter.scan(vec![elsewhere.clone()], t0),
+        Actions::default()
+    );
+    let later = MacConflict {
+        last_seen_ns: 2 * SECOND,
+        ..elsewhere
+    };
+    assert_eq!(limiter.scan(vec![later], t0 + CLEAR_AFTER * 2).clears, []);
 }
 
 #[test]
