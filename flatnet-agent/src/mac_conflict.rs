@@ -59,8 +59,8 @@ use crate::{
     records::{AttachmentRecord, RecordPhase},
 };
 
-/// How often the inventory is read for conflicts.
-pub const SCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the inventory (at most 32 Ki entries) is read for conflicts.
+pub const SCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Least time between two reports (Event and condition) of one claimed
 /// address on one record: a rogue host that keeps talking costs two API
@@ -390,6 +390,35 @@ pub struct Limiter {
 }
 
 impl Limiter {
+    /// Takes over the conditions an earlier run of the agent on `node` set
+    /// to `True` on `records` (its message names the node), as if their
+    /// conflict had been seen at `now`: cleared after [`CLEAR_AFTER`]
+    /// unless seen again.
+    pub fn adopt<'a>(
+        &mut self,
+        records: impl IntoIterator<Item = &'a FlatNetworkIP>,
+        node: &str,
+        now: Instant,
+    ) {
+        let mark = node_mark(node);
+        for record in records {
+            let set_here = record.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == CONDITION_MAC_CONFLICT
+                        && c.status == "True"
+                        && c.message.contains(&mark)
+                })
+            });
+            if set_here {
+                let name = RecordName {
+                    namespace: record.namespace().unwrap_or_default(),
+                    name: record.name_any(),
+                };
+                self.active.entry(name).or_insert(now);
+            }
+        }
+    }
+
     /// The actions for the conflicts of a scan at `now`: a sighting newer
     /// than the one counted before is counted; a (record, address) not
     /// reported within [`REPORT_INTERVAL`] is reported; a record with no
@@ -446,12 +475,19 @@ pub fn message(conflict: &MacConflict, node: &str, uplink: &str) -> String {
         tag => format!(" VLAN {tag}"),
     };
     format!(
-        "MAC {} of this record was seen claiming {} ({}) on node {node}, interface {uplink}{vlan}: {}; another host uses the pod's MAC",
+        "MAC {} of this record was seen claiming {} ({}){} interface {uplink}{vlan}: {}; another host uses the pod's MAC",
         format_mac(conflict.mac),
         conflict.addr,
         conflict.frame,
+        node_mark(node),
         conflict.kind.explanation(),
     )
+}
+
+/// How a message names the node that wrote it (what [`Limiter::adopt`]
+/// looks for).
+fn node_mark(node: &str) -> String {
+    format!(" on node {node},")
 }
 
 /// Writes the reports of one node.
@@ -567,6 +603,7 @@ pub async fn run(
         None,
     );
     let mut limiter = Limiter::default();
+    let mut adopted = false;
     let mut tick = tokio::time::interval(SCAN_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -575,6 +612,10 @@ pub async fn run(
         let (Some(flatnet), Some(pools)) = (desired.followed_records(), pools.objects()) else {
             continue;
         };
+        if !adopted {
+            limiter.adopt(flatnet.iter().map(AsRef::as_ref), node, Instant::now());
+            adopted = true;
+        }
         let holders = MacHolders::new(flatnet.iter().map(AsRef::as_ref));
         if holders.is_empty() {
             continue;

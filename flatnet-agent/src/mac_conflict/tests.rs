@@ -313,6 +313,33 @@ fn a_conflict_another_node_reports_is_counted_here_only() {
 }
 
 #[test]
+fn a_condition_set_before_a_restart_is_cleared_by_the_node_that_set_it() {
+    let mut limiter = Limiter::default();
+    let t0 = Instant::now();
+    let with_condition = |node: &str| {
+        let mut record = pod_record();
+        let text = message(&conflict("192.0.2.77", SECOND), node, "up0");
+        record.status.as_mut().unwrap().conditions = vec![
+            serde_json::from_value(json!({
+                "type": CONDITION_MAC_CONFLICT, "status": "True", "reason": REASON,
+                "message": text, "lastTransitionTime": "2027-01-15T08:00:00Z"
+            }))
+            .unwrap(),
+        ];
+        record
+    };
+    limiter.adopt(&[with_condition("node-2")], "node-1", t0);
+    assert!(
+        limiter.scan(vec![], t0 + CLEAR_AFTER).clears.is_empty(),
+        "another node's"
+    );
+    limiter.adopt(&[with_condition("node-1")], "node-1", t0);
+    let scan = limiter.scan(vec![], t0 + CLEAR_AFTER);
+    assert_eq!(scan.clears.len(), 1);
+    assert_eq!(scan.clears[0].name, "web-0");
+}
+
+#[test]
 fn the_message_names_mac_address_node_and_interface() {
     let mut tagged = conflict("192.0.2.77", SECOND);
     tagged.vlan = 100;
