@@ -141,22 +141,28 @@ pub struct MacHolders {
 
 impl MacHolders {
     /// The holders among `records`: not being deleted, with an address and
-    /// a ledgered MAC.
-    pub fn new<'a>(records: impl IntoIterator<Item = &'a FlatNetworkIP>) -> Self {
+    /// a ledgered MAC, or the MAC another such record ledgers (the second
+    /// record of a dual-stack pod names its interface's MAC, which the
+    /// first record holds in the ledger).
+    pub fn new<'a>(records: impl IntoIterator<Item = &'a FlatNetworkIP> + Clone) -> Self {
+        let live = |record: &&FlatNetworkIP| record.metadata.deletion_timestamp.is_none();
+        let ledgered: BTreeSet<[u8; 6]> = records
+            .clone()
+            .into_iter()
+            .filter(live)
+            .filter_map(|r| r.ledgered_mac().and_then(parse_mac))
+            .collect();
         let mut by_mac: HashMap<[u8; 6], Vec<Holder>> = HashMap::new();
-        for record in records {
-            if record.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let Some(mac) = record.ledgered_mac().and_then(parse_mac) else {
-                continue;
-            };
+        for record in records.into_iter().filter(live) {
             let Some(status) = record.status.as_ref() else {
                 continue;
             };
-            let Some(addr) = status.addr else {
+            let (Some(mac), Some(addr)) = (parse_mac(&status.mac), status.addr) else {
                 continue;
             };
+            if !ledgered.contains(&mac) {
+                continue;
+            }
             by_mac.entry(mac).or_default().push(Holder {
                 record: RecordName {
                     namespace: record.namespace().unwrap_or_default(),

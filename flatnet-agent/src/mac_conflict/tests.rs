@@ -110,7 +110,9 @@ fn a_pool_mac_claiming_another_address_is_a_conflict() {
 
 #[test]
 fn a_pod_on_another_node_claiming_its_own_addresses_is_no_conflict() {
-    let six = record("web-0.ipv6", "2001:db8::10", "02:10:00:00:00:07", true);
+    // The second record names the interface's MAC, not from the pool.
+    let mut six = record("web-0.ipv6", "2001:db8::10", "02:10:00:00:00:07", false);
+    six.spec.macs.clear();
     let records = [pod_record(), six];
     let local = LocalPods::default();
     for addr in ["192.0.2.10", "2001:db8::10", "2002:c000:20a::"] {
