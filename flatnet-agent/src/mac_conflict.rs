@@ -10,7 +10,8 @@
 //!
 //! - [`MacConflictKind::OtherAddress`]: `M` claims an address that no live
 //!   record naming `M` holds (nor the 6to4 address of one of them, nor an
-//!   address of a FloatingIPPool, which pods announce from their own MACs);
+//!   address of a FloatingIPPool, which pods announce from their own MACs,
+//!   nor the IPv6 address autoconfiguration forms from `M`);
 //! - [`MacConflictKind::PodOnThisNode`]: `M` arrives from the wire on this
 //!   node, where the pod with `M` is attached: its own frames leave through
 //!   the uplink and never come back in (except in VEPA mode, where the
@@ -314,7 +315,9 @@ pub fn classify(
             (MacConflictKind::PodOnThisNode, *holder)
         }
         Some(_) => return None,
-        None if floating.contains(claim.addr) => return None,
+        None if floating.contains(claim.addr) || is_slaac_of(claim.addr, claim.mac) => {
+            return None;
+        }
         None => {
             let target = holders
                 .iter()
@@ -345,6 +348,27 @@ fn holds(holder: &Holder, addr: IpAddr) -> bool {
         (IpAddr::V4(v4), IpAddr::V6(v6)) => six_to_four(v4, 32).is_some_and(|(a, _)| a == v6),
         _ => false,
     }
+}
+
+/// Whether `addr` is an IPv6 address the kernel forms from `mac` by
+/// stateless autoconfiguration (modified EUI-64 interface identifier):
+/// a pod on a LAN with router advertisements takes one in each
+/// advertised prefix, beside the address flatnet gave it.
+fn is_slaac_of(addr: IpAddr, mac: [u8; 6]) -> bool {
+    let IpAddr::V6(v6) = addr else {
+        return false;
+    };
+    let eui64 = [
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ];
+    v6.octets()[8..] == eui64
 }
 
 /// The conflicts among the inventory's `claims`, read at monotonic time

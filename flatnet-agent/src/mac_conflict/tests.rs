@@ -115,13 +115,23 @@ fn a_pod_on_another_node_claiming_its_own_addresses_is_no_conflict() {
     six.spec.macs.clear();
     let records = [pod_record(), six];
     let local = LocalPods::default();
-    for addr in ["192.0.2.10", "2001:db8::10", "2002:c000:20a::"] {
+    // The last: the SLAAC address of 02:10:00:00:00:07 in a prefix a router
+    // advertises.
+    for addr in [
+        "192.0.2.10",
+        "2001:db8::10",
+        "2002:c000:20a::",
+        "2001:db8:1:2:10:ff:fe00:7",
+    ] {
         assert_eq!(
             classify_one(&claim(addr, POD_MAC, 5), &records, &local),
             None,
-            "{addr}: the pod's own (the dual-stack sibling's, the 6to4 one)"
+            "{addr}: the pod's own (the dual-stack sibling's, the 6to4 one, SLAAC)"
         );
     }
+    // Another MAC's SLAAC address is no address of the pod.
+    let other_slaac = claim("2001:db8:1:2:10:ff:fe00:8", POD_MAC, 5);
+    assert!(classify_one(&other_slaac, &records, &local).is_some());
     // Another address of the IPv6 family goes to the IPv6 record.
     let found = classify_one(&claim("2001:db8::99", POD_MAC, 5), &records, &local).unwrap();
     assert_eq!(found.record.name, "web-0.ipv6");
