@@ -106,6 +106,19 @@ impl Cluster {
         Some(this)
     }
 
+    /// The runtime's `command` (ADD, DEL) for the pod in `netns`; it must succeed.
+    fn cni(&self, command: &str, netns: &TestNetns) {
+        let (ok, out) = run_cni(
+            &self.agent.socket(),
+            command,
+            "flat4",
+            "c1",
+            Some(&netns.path()),
+            json!({}),
+        );
+        assert!(ok, "the runtime's {command}: {out}");
+    }
+
     fn record(&self) -> Option<FlatNetworkIP> {
         self.server
             .list::<FlatNetworkIP>()
@@ -220,15 +233,7 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     assert_eq!(status.addr, Some(POD_ADDRESS.parse::<IpAddr>().unwrap()));
 
     let pod = TestNetns::new("mcp-");
-    let (ok, out) = run_cni(
-        &cluster.agent.socket(),
-        "ADD",
-        "flat4",
-        "c1",
-        Some(&pod.path()),
-        json!({}),
-    );
-    assert!(ok, "the runtime's ADD: {out}");
+    cluster.cni("ADD", &pod);
     assert_eq!(
         interface_mac(&pod),
         status.mac,
@@ -303,14 +308,6 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     });
     assert_eq!(cluster.conflict_events().len(), 2, "one Event per claim");
 
-    let (ok, out) = run_cni(
-        &cluster.agent.socket(),
-        "DEL",
-        "flat4",
-        "c1",
-        Some(&pod.path()),
-        json!({}),
-    );
-    assert!(ok, "DEL: {out}");
+    cluster.cni("DEL", &pod);
     cluster.agent.stop();
 }
