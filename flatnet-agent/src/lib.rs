@@ -11,6 +11,7 @@ pub mod floating;
 pub mod install;
 pub mod journal;
 pub mod link;
+pub mod mac_conflict;
 pub mod metrics;
 pub mod netns;
 pub mod node_heartbeat;

@@ -9,13 +9,16 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::policy_controller::PolicyMetrics;
+use crate::{mac_conflict::MacConflictCounters, policy_controller::PolicyMetrics};
 
 /// The agent's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     conflicts: Counter,
+    /// Frames from other hosts with a flatnet MAC, by reason
+    /// ([`crate::mac_conflict`]).
+    pub mac_conflicts: MacConflictCounters,
     /// Standalone: 1 while the state file on disk is rejected and an older
     /// version (the last good copy) is in force.
     pub state_file_rejected: Gauge,
@@ -88,6 +91,12 @@ impl Default for Metrics {
             "Foreign ARP/NDP claims of pod addresses seen on the uplinks",
             conflicts.clone(),
         );
+        let mac_conflicts = MacConflictCounters::default();
+        registry.register(
+            "mac_conflicts",
+            "Sightings on the uplinks of a flatnet MAC used by another host, by reason (other_address, pod_on_this_node)",
+            mac_conflicts.clone(),
+        );
         let state_file_rejected = Gauge::default();
         registry.register(
             "state_file_rejected",
@@ -106,6 +115,7 @@ impl Default for Metrics {
         Self {
             registry,
             conflicts,
+            mac_conflicts,
             state_file_rejected,
             policy,
             floating,
@@ -148,6 +158,20 @@ mod tests {
                 .contains("flatnet_agent_ip_conflicts_total 2"),
             "{}",
             metrics.encode()
+        );
+    }
+
+    #[test]
+    fn mac_conflicts_are_exposed_by_reason() {
+        let metrics = Metrics::default();
+        metrics
+            .mac_conflicts
+            .get_or_create(&[("reason", "other_address")])
+            .inc_by(2);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"flatnet_agent_mac_conflicts_total{reason="other_address"} 2"#),
+            "{text}"
         );
     }
 

@@ -3,8 +3,9 @@
 //! Every [`PUBLISH_INTERVAL`] the agent reads the uplink program's wire
 //! inventory, keeps the claims made by MACs of no live flatnet record (no
 //! FlatNetworkIP anywhere records the MAC, or only records being deleted:
-//! hosts outside flatnet, and pods that are gone) on addresses of a subnet,
-//! within the wire window, and writes them into one `FlatNetworkWireClaims`
+//! hosts outside flatnet, and pods that are gone) on addresses of a subnet
+//! (and, by MACs of the MAC pool's range, on any address), within the wire
+//! window, and writes them into one `FlatNetworkWireClaims`
 //! per subnet (`<subnet>.<node>`, owned by the subnet) with the time it read
 //! them (`observedAt`). API writes stay few: `lastSeen` is rounded down to
 //! [`LAST_SEEN_GRANULARITY`], an object is written only when its content
@@ -21,9 +22,10 @@ use std::{
 
 use flatnet_k8s::{
     api::{
-        FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims, FlatNetworkWireClaimsSpec,
-        ForeignClaim,
+        CONFIG_NAME, FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims,
+        FlatNetworkWireClaimsSpec, ForeignClaim,
     },
+    ipam::{Mac, MacRange},
     keys::SUBNET_NAMESPACE,
 };
 use ipnet::IpNet;
@@ -69,21 +71,28 @@ pub enum WireReportError {
 ///
 /// A claim belongs to every subnet whose CIDR holds its address (and whose
 /// VLAN is the frame's, when the frame was tagged); claims by
-/// `flatnet_macs`, or older than `window`, are left out.
+/// `flatnet_macs`, or older than `window`, are left out. A claim on an
+/// address of no subnet by a MAC of the cluster's MAC pool range
+/// `mac_pool` goes to the first subnet (by name) of the frame's VLAN: the
+/// operator skips the MACs of every report, and without it such a MAC
+/// could be handed to a pod.
 pub fn foreign_claims(
     claims: &[WireClaimEntry],
     subnets: &[FlatNetworkSubnet],
     flatnet_macs: &HashSet<[u8; 6]>,
+    mac_pool: Option<MacRange>,
     (mono_now_ns, now): (u64, Timestamp),
     window: Duration,
 ) -> BTreeMap<String, Vec<ForeignClaim>> {
-    let networks: Vec<(String, IpNet, i64)> = subnets
+    let mut networks: Vec<(String, IpNet, i64)> = subnets
         .iter()
         .filter_map(|s| {
             let net: IpNet = s.spec.cidr.parse().ok()?;
             Some((s.name_any(), net.trunc(), s.spec.vlan))
         })
         .collect();
+    networks.sort();
+    let in_pool = |mac: [u8; 6]| mac_pool.is_some_and(|range| range.contains(Mac(mac)));
     let mut out: BTreeMap<String, BTreeMap<IpAddr, ForeignClaim>> = networks
         .iter()
         .map(|(name, _, _)| (name.clone(), BTreeMap::new()))
@@ -97,23 +106,34 @@ pub fn foreign_claims(
             .checked_sub(SignedDuration::try_from(age).unwrap_or(SignedDuration::MAX))
             .unwrap_or(now);
         let last_seen = round_down(seen);
-        for (name, net, vlan) in &networks {
-            if !net.contains(&claim.addr) || (claim.vlan != 0 && i64::from(claim.vlan) != *vlan) {
-                continue;
-            }
-            let entry = ForeignClaim {
-                ip: claim.addr,
-                mac: format_mac(claim.mac),
-                last_seen: Time(last_seen),
-                kind: claim.kind.map_or("unknown", |k| k.name()).to_owned(),
-            };
+        let entry = ForeignClaim {
+            ip: claim.addr,
+            mac: format_mac(claim.mac),
+            last_seen: Time(last_seen),
+            kind: claim.kind.map_or("unknown", |k| k.name()).to_owned(),
+        };
+        let on_vlan = |vlan: i64| claim.vlan == 0 || i64::from(claim.vlan) == vlan;
+        let mut homes: Vec<&String> = networks
+            .iter()
+            .filter(|(_, net, vlan)| net.contains(&claim.addr) && on_vlan(*vlan))
+            .map(|(name, _, _)| name)
+            .collect();
+        if homes.is_empty() && in_pool(claim.mac) {
+            homes.extend(
+                networks
+                    .iter()
+                    .find(|(_, _, vlan)| on_vlan(*vlan))
+                    .map(|(name, _, _)| name),
+            );
+        }
+        for name in homes {
             let slot = out.get_mut(name).expect("every subnet has a slot");
             // Seen on two uplinks (or VLANs): the latest sighting counts.
             if slot
                 .get(&claim.addr)
                 .is_none_or(|c| c.last_seen.0 < entry.last_seen.0)
             {
-                slot.insert(claim.addr, entry);
+                slot.insert(claim.addr, entry.clone());
             }
         }
     }
@@ -292,6 +312,12 @@ pub async fn run(
     node: &str,
     pin_root: &std::path::Path,
 ) {
+    // The MAC pool's range: foreign MACs in it are reported wherever they
+    // claim (without the grant, or before the first list: none).
+    let config = crate::desired::kubernetes::Mirror::follow_notifying(
+        Api::<FlatNetworkConfig>::all(client.clone()),
+        None,
+    );
     let mut publisher = WirePublisher::new(client, node);
     let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -310,7 +336,18 @@ pub async fn run(
                 }
             };
         let now = (crate::datapath::monotonic_ns(), Timestamp::now());
-        let summary = foreign_claims(&claims, &subnets, &flatnet_macs, now, REPORT_HORIZON);
+        let mac_pool = config.objects().and_then(|configs| {
+            let cluster = configs.iter().find(|c| c.name_any() == CONFIG_NAME)?;
+            cluster.mac_range()
+        });
+        let summary = foreign_claims(
+            &claims,
+            &subnets,
+            &flatnet_macs,
+            mac_pool,
+            now,
+            REPORT_HORIZON,
+        );
         // Failures are logged by `publish` and retried next pass.
         let _ = publisher.publish(&summary, &subnets, Instant::now()).await;
     }
@@ -372,6 +409,7 @@ mod tests {
             &claims,
             &subnets,
             &pods,
+            None,
             (mono_now, now),
             Duration::from_secs(3600),
         );
@@ -386,6 +424,55 @@ mod tests {
         let tagged = &out["tagged"];
         assert_eq!(tagged.len(), 1, "{tagged:?}");
         assert_eq!(tagged[0].ip, "198.51.100.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn a_pool_range_mac_is_reported_whatever_address_it_claims() {
+        let subnets = [
+            subnet("b-lan", "192.0.2.0/24", 0),
+            subnet("a-tagged", "198.51.100.0/24", 100),
+            subnet("c-tagged", "203.0.113.0/24", 100),
+        ];
+        let pool = MacRange::parse("02:00:00:00:00:20", "02:00:00:00:00:2f").unwrap();
+        let mono_now = 10_000 * SECOND;
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let claims = [
+            // Outside every subnet, in the pool range: untagged, tagged 100.
+            entry("10.9.9.9", 0x21, 0, mono_now),
+            entry("10.9.9.10", 0x22, 100, mono_now),
+            // Outside every subnet and the pool range: none of flatnet's business.
+            entry("10.9.9.11", 0x30, 0, mono_now),
+            // Outside every subnet, tagged with a VLAN of no subnet.
+            entry("10.9.9.12", 0x23, 200, mono_now),
+            // A flatnet pod's pool MAC.
+            entry("10.9.9.13", 0x24, 0, mono_now),
+            // In a subnet: reported there, as any foreign claim.
+            entry("192.0.2.7", 0x25, 0, mono_now),
+        ];
+        let pods = HashSet::from([[0x02, 0, 0, 0, 0, 0x24]]);
+        let report = |pool| {
+            foreign_claims(
+                &claims,
+                &subnets,
+                &pods,
+                pool,
+                (mono_now, now),
+                Duration::from_secs(3600),
+            )
+        };
+        let out = report(Some(pool));
+        let macs = |name: &str| -> Vec<&str> { out[name].iter().map(|c| c.mac.as_str()).collect() };
+        assert_eq!(
+            macs("a-tagged"),
+            ["02:00:00:00:00:21", "02:00:00:00:00:22"],
+            "the first subnet of the frame's VLAN, by name"
+        );
+        assert_eq!(macs("b-lan"), ["02:00:00:00:00:25"]);
+        assert!(out["c-tagged"].is_empty());
+        // Without a pool, only the claim in a subnet is reported.
+        let without = report(None);
+        let count: usize = without.values().map(Vec::len).sum();
+        assert_eq!(count, 1);
     }
 
     #[test]

@@ -18,19 +18,13 @@ use flatnet_k8s::{
     api::{FlatNetworkIP, FlatNetworkSubnet, PodNetworkConfig, PodNetworkConfigStatus},
     keys::SUBNET_NAMESPACE,
 };
-use flatnet_operator::{
-    allocation::{
-        Settings as AllocationSettings, fake_api::FakeApiServer, fake_api_http,
-        fake_cluster::FakeCluster,
-    },
-    runtime_config::controller,
-};
+use flatnet_operator::{allocation::fake_api::FakeApiServer, runtime_config::controller};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, write_kubeconfig},
+    agent::{StandaloneAgent, insert_node, serve_with_allocation},
     cni::run_cni,
     cri::{FakeCri, Sandbox},
     has_link,
@@ -97,35 +91,18 @@ impl Cluster {
             ..Sandbox::ready("default", OTHER_POD, &other.path())
         });
         let cri_socket = dir.path().join("cri.sock");
-        // The pod's node exists: the allocation keeps no address on a gone node.
-        server.insert(&k8s_openapi::api::core::v1::Node {
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                name: Some(NODE.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        insert_node(&server, NODE);
+        let kubeconfig = dir.path().join("kubeconfig");
+        serve_with_allocation(&runtime, &server, None, &kubeconfig);
         let stop = CancellationToken::new();
-        let address = runtime.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let address = listener.local_addr().unwrap();
-            tokio::spawn(fake_api_http::serve(server.clone(), listener));
-            // Its tasks run on when the handle goes; the runtime ends them.
-            drop(FakeCluster::start(
-                server.clone(),
-                AllocationSettings::default(),
-                2,
-            ));
+        runtime.block_on(async {
             let settings = controller::Settings {
                 debounce: Duration::from_millis(20),
                 resync: Duration::from_secs(2),
             };
             tokio::spawn(controller::run(server.client(), settings, stop.clone()));
             cri.serve(&cri_socket);
-            address
         });
-        let kubeconfig = dir.path().join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &format!("http://{address}"));
         let cni_bin_dir = dir.path().join("bin").display().to_string();
         let agent = StandaloneAgent::new(
             dir.path(),

@@ -2,29 +2,32 @@
 //! namespace reach the uplink program over a veth pair, the agent's
 //! publisher writes what the inventory saw into the operator's fake API
 //! server, and the allocation controllers running against it never hand
-//! out an address the LAN still uses.
+//! out an address the LAN still uses, nor a MAC of the pool's range a host
+//! on the LAN uses.
 
 mod support;
 
 use std::{net::IpAddr, time::Duration};
 
-use etherparse::ArpOperation;
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, monotonic_ns},
     netns::run_in_netns,
-    packet::{BROADCAST, RawSocket, arp_frame},
     wire_report::{
         PUBLISH_INTERVAL, REPORT_HORIZON, WirePublisher, foreign_claims, live_record_macs,
     },
 };
-use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+use flatnet_k8s::{
+    api::{FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims, MacPoolMode},
+    ipam::{Mac, MacRange},
+};
 use flatnet_operator::allocation::{
     Settings,
     fake_api::FakeApiServer,
     fake_cluster::{self, FakeCluster},
+    mac_pool::ActivePool,
 };
 use k8s_openapi::jiff::Timestamp;
-use support::{TestNetns, TestPinRoot, privileged, veth_pair};
+use support::{TestNetns, TestPinRoot, lan::send_arp_requests, privileged, veth_pair};
 use tokio::time::Instant;
 
 const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0xee];
@@ -36,11 +39,13 @@ fn ip(text: &str) -> IpAddr {
 }
 
 /// What one agent pass publishes: the inventory read now, summarised
-/// against the subnets and records the server holds.
+/// against the subnets and records the server holds (and the MAC pool's
+/// range `mac_pool`).
 async fn publish(
     datapath: &Datapath,
     server: &FakeApiServer,
     publisher: &mut WirePublisher,
+    mac_pool: Option<MacRange>,
     at: Instant,
 ) {
     let subnets: Vec<FlatNetworkSubnet> = server.list();
@@ -50,6 +55,7 @@ async fn publish(
         &claims,
         &subnets,
         &flatnet_macs,
+        mac_pool,
         (monotonic_ns(), Timestamp::now()),
         REPORT_HORIZON,
     );
@@ -76,53 +82,29 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
     if !privileged("addresses_the_lan_still_uses_are_never_given_to_a_pod") {
         return;
     }
-    let lan = TestNetns::new("fl-wlan");
-    let node = TestNetns::new("fl-wnode");
-    lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
-    let lan_if = support::unique_name("lan");
-    let node_if = support::unique_name("up");
-    veth_pair(&lan, &lan_if, &node, &node_if);
-    lan.ip(&["link", "set", &lan_if, "up"]);
-    node.ip(&["link", "set", &node_if, "up"]);
+    let WireLab {
+        datapath,
+        _pin,
+        node,
+        lan,
+        lan_if,
+        node_if,
+    } = wire_lab("fl-w");
     node.add_address(&node_if, "192.0.2.1/24");
-    let pin = TestPinRoot::new();
-    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
-    run_in_netns(&node.path(), || datapath.attach_uplink(&node_if))
-        .unwrap()
-        .unwrap();
 
     // A rogue host at 192.0.2.10, the first address of the range, that
     // only ever asks (ARP requests for the gateway) and never answers:
     // nothing on the LAN side holds the address, so nobody can reply.
-    let request = arp_frame(
+    send_arp_requests(
+        &lan,
+        &lan_if,
         ROGUE_MAC,
-        BROADCAST,
-        ArpOperation::REQUEST,
-        (ROGUE_MAC, "192.0.2.10".parse().unwrap()),
-        ([0; 6], "192.0.2.1".parse().unwrap()),
-    )
-    .unwrap();
-    run_in_netns(&lan.path(), || {
-        let socket = RawSocket::open(&lan_if).unwrap();
-        for _ in 0..3 {
-            socket.send(&request).unwrap();
-        }
-    })
-    .unwrap();
+        "192.0.2.10".parse().unwrap(),
+        "192.0.2.1".parse().unwrap(),
+    );
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let server = FakeApiServer::new();
-        server.insert(&fake_cluster::subnet(
-            "lan",
-            "192.0.2.0/24",
-            Some("192.0.2.1"),
-            &[("192.0.2.10", "192.0.2.30")],
-        ));
+    runtime().block_on(async {
+        let server = server_with_subnet();
         let cluster = FakeCluster::start(server.clone(), Settings::default(), 2);
         cluster.wait_active("lan", SETTLE).await.unwrap();
 
@@ -136,7 +118,7 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
                 .any(|c| c.addr == ip("192.0.2.10") && c.mac == ROGUE_MAC)
         })
         .await;
-        publish(&datapath, &server, &mut publisher, t0).await;
+        publish(&datapath, &server, &mut publisher, None, t0).await;
         wait_for("the subnet counting the rogue address", || {
             excluded(&server) == 1
         })
@@ -188,7 +170,14 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
             })
         })
         .await;
-        publish(&datapath, &server, &mut publisher, t0 + PUBLISH_INTERVAL).await;
+        publish(
+            &datapath,
+            &server,
+            &mut publisher,
+            None,
+            t0 + PUBLISH_INTERVAL,
+        )
+        .await;
         wait_for("the subnet counting both live addresses", || {
             excluded(&server) == 2
         })
@@ -208,4 +197,127 @@ fn addresses_the_lan_still_uses_are_never_given_to_a_pod() {
         );
         cluster.stop().await;
     });
+}
+
+/// The runtime of the operator's controllers and the publisher.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An API server holding the subnet `lan`, 192.0.2.0/24, pool .10-.30.
+fn server_with_subnet() -> FakeApiServer {
+    let server = FakeApiServer::new();
+    server.insert(&fake_cluster::subnet(
+        "lan",
+        "192.0.2.0/24",
+        Some("192.0.2.1"),
+        &[("192.0.2.10", "192.0.2.30")],
+    ));
+    server
+}
+
+/// A LAN host and a node joined by a veth, the node's end (`node_if`)
+/// with the uplink program recording what the host says. Fields drop in
+/// order: the program before the namespaces.
+struct WireLab {
+    datapath: Datapath,
+    _pin: TestPinRoot,
+    node: TestNetns,
+    lan: TestNetns,
+    lan_if: String,
+    node_if: String,
+}
+
+#[test]
+fn a_pool_mac_a_lan_host_uses_outside_every_subnet_is_never_given_to_a_pod() {
+    if !privileged("a_pool_mac_a_lan_host_uses_outside_every_subnet_is_never_given_to_a_pod") {
+        return;
+    }
+    let lab = wire_lab("fl-wm");
+    let range = MacRange::parse("02:aa:00:00:00:01", "02:aa:00:00:00:08").unwrap();
+    // A host on the LAN (not flatnet's) with the pool's first MAC, on an
+    // address of no subnet.
+    let rogue = range.start();
+    let outside = "10.99.0.5".parse().unwrap();
+    send_arp_requests(&lab.lan, &lab.lan_if, rogue.0, outside, outside);
+
+    runtime().block_on(async {
+        let server = server_with_subnet();
+        wait_for("the host's announcement in the inventory", || {
+            lab.datapath
+                .wire_claims()
+                .unwrap()
+                .iter()
+                .any(|c| c.mac == rogue.0)
+        })
+        .await;
+        let mut publisher = WirePublisher::new(server.client(), "node-1");
+        publish(
+            &lab.datapath,
+            &server,
+            &mut publisher,
+            Some(range),
+            Instant::now(),
+        )
+        .await;
+        let reports: Vec<FlatNetworkWireClaims> = server.list();
+        assert!(
+            reports
+                .iter()
+                .flat_map(|r| &r.spec.claims)
+                .any(|c| c.ip == ip("10.99.0.5") && c.mac == rogue.to_string()),
+            "reported though outside the subnet: {reports:?}"
+        );
+
+        // An operator starting now lists the report before it allocates.
+        let pool = ActivePool {
+            range,
+            mode: MacPoolMode::OptOut,
+        };
+        let cluster =
+            FakeCluster::start_with_mac_pool(server.clone(), Settings::default(), 2, Some(pool));
+        cluster.wait_active("lan", SETTLE).await.unwrap();
+        cluster.create_pod("p0", "lan");
+        cluster.settle("lan", SETTLE).await.unwrap();
+        let record = server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .find(|r| r.metadata.name.as_deref() == Some("p0"))
+            .unwrap();
+        let status = record.status.unwrap();
+        assert!(status.mac_from_pool, "{status:?}");
+        let mac: Mac = status.mac.parse().unwrap();
+        assert!(range.contains(mac));
+        assert_ne!(mac, rogue, "the MAC the LAN host uses is skipped");
+        cluster.stop().await;
+    });
+}
+
+/// The [`WireLab`] of namespaces named `<prefix>lan…` and `<prefix>node…`.
+fn wire_lab(prefix: &str) -> WireLab {
+    let lan = TestNetns::new(&format!("{prefix}lan"));
+    let node = TestNetns::new(&format!("{prefix}node"));
+    lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+    let lan_if = support::unique_name("lan");
+    let node_if = support::unique_name("up");
+    veth_pair(&lan, &lan_if, &node, &node_if);
+    lan.ip(&["link", "set", &lan_if, "up"]);
+    node.ip(&["link", "set", &node_if, "up"]);
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
+    run_in_netns(&node.path(), || datapath.attach_uplink(&node_if))
+        .unwrap()
+        .unwrap();
+    WireLab {
+        datapath,
+        _pin: pin,
+        node,
+        lan,
+        lan_if,
+        node_if,
+    }
 }

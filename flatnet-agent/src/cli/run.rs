@@ -20,6 +20,7 @@ use flatnet_agent::{
     },
     install,
     link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
+    mac_conflict,
     metrics::Metrics,
     node_heartbeat::{self, Heartbeat, Readiness},
     policy_compiler::{NetworkNames, api::DEFAULT_NETWORK_NAME},
@@ -221,7 +222,9 @@ impl RunArgs {
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
             let floating = self.floating_config(&node_name);
             let floating_metrics = metrics.floating.clone();
+            let mac_conflicts = metrics.mac_conflicts.clone();
             let pod_records = records.clone();
+            let conflict_records = records.clone();
             let readiness = Readiness::default();
             let namespace = self
                 .namespace
@@ -269,7 +272,17 @@ impl RunArgs {
                             )
                         });
                         sync_until_reachable(service.desired()).await;
-                        wire_report::run(service.desired(), client, &node, &pin_root).await;
+                        tokio::join!(
+                            wire_report::run(service.desired(), client.clone(), &node, &pin_root),
+                            mac_conflict::run(
+                                service.desired(),
+                                client,
+                                &node,
+                                &pin_root,
+                                conflict_records,
+                                mac_conflicts,
+                            ),
+                        );
                     },
                 )
                 .await;

@@ -241,6 +241,12 @@ impl Kubernetes {
         ))
     }
 
+    /// Every FlatNetworkIP in the copy of [`Self::follow_allocations`];
+    /// `None` before it is complete.
+    pub fn followed_records(&self) -> Option<Vec<Arc<FlatNetworkIP>>> {
+        self.followed.get()?.ips.objects()
+    }
+
     /// Whether the copy of [`Self::follow_allocations`] holds FlatNetworkIP
     /// `namespace/name` allocated (benchmarks wait for it).
     pub fn follows(&self, namespace: &str, name: &str) -> bool {

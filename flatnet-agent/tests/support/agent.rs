@@ -207,6 +207,47 @@ pub fn write_kubeconfig(path: &Path, server: &str) {
     std::fs::write(path, serde_json::to_vec(&config).unwrap()).unwrap();
 }
 
+/// Inserts the Node `name` into `server`: the allocation keeps no address
+/// on a node that does not exist.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn insert_node(server: &flatnet_operator::allocation::fake_api::FakeApiServer, name: &str) {
+    server.insert(&k8s_openapi::api::core::v1::Node {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+}
+
+/// Serves `server` over HTTP on a loopback port from `runtime`, with the
+/// operator's allocation controllers (MAC pool `mac_pool`) running against
+/// it until the runtime ends, and writes a kubeconfig naming it at
+/// `kubeconfig`.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn serve_with_allocation(
+    runtime: &tokio::runtime::Runtime,
+    server: &flatnet_operator::allocation::fake_api::FakeApiServer,
+    mac_pool: Option<flatnet_operator::allocation::mac_pool::ActivePool>,
+    kubeconfig: &Path,
+) {
+    use flatnet_operator::allocation::{Settings, fake_api_http, fake_cluster::FakeCluster};
+    let address = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(fake_api_http::serve(server.clone(), listener));
+        // Its tasks run on when the handle goes; the runtime ends them.
+        drop(FakeCluster::start_with_mac_pool(
+            server.clone(),
+            Settings::default(),
+            2,
+            mac_pool,
+        ));
+        address
+    });
+    write_kubeconfig(kubeconfig, &format!("http://{address}"));
+}
+
 /// A binary of this package. Cargo names them to integration tests only;
 /// this module is also compiled into examples and benchmarks, which do not
 /// start an agent.

@@ -2,7 +2,43 @@
 //! a "LAN host" namespace. Both namespaces are removed on drop. With
 //! [`AgentOnLan`], a standalone agent on that node.
 
+use std::net::Ipv4Addr;
+
+use etherparse::ArpOperation;
+use flatnet_agent::{
+    netns::run_in_netns,
+    packet::{BROADCAST, RawSocket, arp_frame},
+};
+
 use crate::support::{TestNetns, agent::StandaloneAgent, unique_name, veth_pair};
+
+/// Sends three broadcast ARP requests from `mac` out of `ifname` in `ns`
+/// (a LAN host), with sender address `sender`, for `target` (a gratuitous
+/// ARP when they are the same).
+#[allow(dead_code, reason = "not every test binary plays a LAN host")]
+pub fn send_arp_requests(
+    ns: &TestNetns,
+    ifname: &str,
+    mac: [u8; 6],
+    sender: Ipv4Addr,
+    target: Ipv4Addr,
+) {
+    let frame = arp_frame(
+        mac,
+        BROADCAST,
+        ArpOperation::REQUEST,
+        (mac, sender),
+        ([0; 6], target),
+    )
+    .unwrap();
+    run_in_netns(&ns.path(), || {
+        let socket = RawSocket::open(ifname).unwrap();
+        for _ in 0..3 {
+            socket.send(&frame).unwrap();
+        }
+    })
+    .unwrap();
+}
 
 /// Node and LAN host joined by a veth: `master` in the node, `lan0` in the LAN.
 pub struct SimulatedLan {

@@ -189,6 +189,17 @@ impl FakeCluster {
     /// Starts the allocation controllers with `workers` workers each
     /// against `server`, which holds `subnet`.
     pub fn start(server: FakeApiServer, settings: Settings, workers: u16) -> Self {
+        Self::start_with_mac_pool(server, settings, workers, None)
+    }
+
+    /// [`Self::start`] with the MAC pool `pool` (as the FlatNetworkConfig
+    /// watch would set it).
+    pub fn start_with_mac_pool(
+        server: FakeApiServer,
+        settings: Settings,
+        workers: u16,
+        pool: Option<super::mac_pool::ActivePool>,
+    ) -> Self {
         let stop = CancellationToken::new();
         let health = Arc::new(Health::default());
         let controllers = tokio::spawn(super::run(
@@ -196,7 +207,7 @@ impl FakeCluster {
             Arc::new(Metrics::new()),
             settings,
             workers,
-            super::mac_pool::MacPoolView::default(),
+            super::mac_pool::MacPoolView::new(pool),
             Arc::clone(&health),
             stop.clone(),
         ));

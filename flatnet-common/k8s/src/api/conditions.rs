@@ -10,6 +10,12 @@ pub const CONDITION_READY: &str = "Ready";
 /// (`False`, with the reason in the message).
 pub const CONDITION_ATTACHED: &str = "Attached";
 
+/// On a FlatNetworkIP holding a flatnet MAC (pool or fixed): `True` while
+/// a node's agent sees another host on the LAN use that MAC (flatnet
+/// addition, ignored by rancher-flat-network), with what it saw in the
+/// message; `False` once that node has not seen it for a while.
+pub const CONDITION_MAC_CONFLICT: &str = "MACConflict";
+
 /// Inserts or replaces the condition of `new.type_`.
 ///
 /// `lastTransitionTime` only moves when the status value changes, as the

@@ -26,7 +26,7 @@ mod subnet;
 pub(crate) mod wire;
 mod wire_claims;
 
-pub use conditions::{CONDITION_ATTACHED, CONDITION_READY, set_condition};
+pub use conditions::{CONDITION_ATTACHED, CONDITION_MAC_CONFLICT, CONDITION_READY, set_condition};
 pub use config::{
     CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_PROGRESSING, CONFIG_NAME, FlatNetworkConfig,
     FlatNetworkConfigSpec, FlatNetworkConfigStatus, MacPoolMode, MacPoolSpec, MacPoolStatus,

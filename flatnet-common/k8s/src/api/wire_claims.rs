@@ -4,7 +4,10 @@
 //! `<subnet>.<node>`, in the subnet's namespace, owned by the subnet) that
 //! lists the addresses of the subnet that a MAC belonging to no live
 //! flatnet record claimed on the wire (a host outside flatnet, or the
-//! interface of a pod whose record is gone or being deleted). A separate object, not a field of the subnet's
+//! interface of a pod whose record is gone or being deleted). Claims by
+//! MACs of the cluster's MAC pool range on addresses of no subnet go to
+//! the report of the first subnet (by name) of the frame's VLAN, so the
+//! pool skips those MACs too. A separate object, not a field of the subnet's
 //! status: the subnet is the object every allocation commits through, so
 //! writes from every node there would make allocations conflict; one
 //! object per node and subnet has a single writer and never conflicts.

@@ -1,0 +1,313 @@
+//! MAC pool and MAC conflicts end to end in Kubernetes mode, on the real
+//! kernel (root): the operator's in-memory API server (served over HTTP in
+//! this process) with the allocation controllers and a MAC pool, the real
+//! `flatnet-agent run` in Kubernetes mode and the real `flatnet-cni`, on a
+//! simulated LAN. The pod's interface carries the MAC its FlatNetworkIP
+//! got from the pool; a LAN host sending frames with that MAC is reported
+//! on the record (Warning Event, condition) and in the agent's metrics,
+//! while the pod's own traffic is not.
+
+mod support;
+
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
+};
+
+use flatnet_k8s::{
+    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet},
+    ipam::{Mac, MacRange},
+    keys::SUBNET_NAMESPACE,
+};
+use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
+use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
+use kube::ResourceExt;
+use serde_json::json;
+use support::{
+    TestNetns,
+    agent::{StandaloneAgent, insert_node, serve_with_allocation},
+    cni::{IFNAME, run_cni},
+    lan::{SimulatedLan, send_arp_requests},
+    ping, privileged, wait_until,
+};
+
+const NODE: &str = "node-1";
+/// `run_cni` names the pod of container `c1` `default/pod-c1`.
+const POD: &str = "pod-c1";
+const POD_ADDRESS: &str = "192.0.2.10";
+/// An address of the subnet no pod holds, which the rogue host claims.
+const ROGUE_ADDRESS: &str = "192.0.2.77";
+const POOL_START: &str = "02:aa:00:00:00:01";
+const POOL_END: &str = "02:aa:00:00:00:ff";
+
+/// The API server with the allocation controllers, the LAN, the node and
+/// its agent.
+struct Cluster {
+    /// First field: the agent stops before the namespaces go.
+    agent: StandaloneAgent,
+    server: FakeApiServer,
+    /// Runs the API server and the operator's controllers.
+    _runtime: tokio::runtime::Runtime,
+    /// The agent's `/metrics` address.
+    admin: String,
+    _node: TestNetns,
+    lan: TestNetns,
+    master: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn running_for_test(test: &str) -> Option<Self> {
+        if !privileged(test) {
+            return None;
+        }
+        let SimulatedLan { node, lan, master } = SimulatedLan::new("mc", &["192.0.2.1/24"]);
+        lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let server = FakeApiServer::new();
+        server.insert(&subnet(&master));
+        server.insert(&running_pod());
+        insert_node(&server, NODE);
+        let pool = ActivePool {
+            range: MacRange::parse(POOL_START, POOL_END).unwrap(),
+            mode: flatnet_k8s::api::MacPoolMode::OptOut,
+        };
+        let kubeconfig = dir.path().join("kubeconfig");
+        serve_with_allocation(&runtime, &server, Some(pool), &kubeconfig);
+        let admin = free_local_address();
+        let cni_bin_dir = dir.path().join("bin").display().to_string();
+        let agent = StandaloneAgent::new(
+            dir.path(),
+            &node,
+            &[
+                "--cni-bin-dir",
+                &cni_bin_dir,
+                "--conflict-probe-ms",
+                "0",
+                "--admin-address",
+                &admin,
+                "--floating-ip",
+                "false",
+            ],
+        )
+        .in_kubernetes(&kubeconfig, NODE);
+        let mut this = Self {
+            agent,
+            server,
+            _runtime: runtime,
+            admin,
+            _node: node,
+            lan,
+            master,
+            _dir: dir,
+        };
+        this.agent.start_until_status("flat4", None);
+        Some(this)
+    }
+
+    /// The runtime's `command` (ADD, DEL) for the pod in `netns`; it must succeed.
+    fn cni(&self, command: &str, netns: &TestNetns) {
+        let (ok, out) = run_cni(
+            &self.agent.socket(),
+            command,
+            "flat4",
+            "c1",
+            Some(&netns.path()),
+            json!({}),
+        );
+        assert!(ok, "the runtime's {command}: {out}");
+    }
+
+    fn record(&self) -> Option<FlatNetworkIP> {
+        self.server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .find(|r| r.name_any() == POD)
+    }
+
+    fn status(&self) -> FlatNetworkIPStatus {
+        self.record().and_then(|r| r.status).unwrap_or_default()
+    }
+
+    /// The notes of the `MACConflict` Events on the pod's record.
+    fn conflict_events(&self) -> Vec<String> {
+        self.server
+            .list::<Event>()
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("MACConflict")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some("FlatNetworkIP")
+                            && r.name.as_deref() == Some(POD)
+                            && r.namespace.as_deref() == Some("default")
+                    })
+            })
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
+    /// The agent's count of MAC conflicts of `reason`.
+    fn conflicts_counted(&self, reason: &str) -> u64 {
+        let text = http_get(&self.admin, "/metrics");
+        let prefix = format!("flatnet_agent_mac_conflicts_total{{reason=\"{reason}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+
+    /// Sends three gratuitous ARPs from the LAN host with `mac`, claiming `addr`.
+    fn rogue_announces(&self, mac: [u8; 6], addr: &str) {
+        let addr: Ipv4Addr = addr.parse().unwrap();
+        send_arp_requests(&self.lan, "lan0", mac, addr, addr);
+    }
+}
+
+/// A loopback address with a port nothing listens on now.
+fn free_local_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// The body of `GET path` from the HTTP server at `address`.
+fn http_get(address: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+fn subnet(master: &str) -> FlatNetworkSubnet {
+    serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+        "metadata": {"name": "lan4", "namespace": SUBNET_NAMESPACE},
+        "spec": {"flatMode": "macvlan", "master": master, "cidr": "192.0.2.0/24",
+                 "ranges": [{"from": POD_ADDRESS, "to": "192.0.2.20"}]}
+    }))
+    .unwrap()
+}
+
+/// The running pod the runtime attaches (`eth1` on `lan4`), naming no MAC.
+fn running_pod() -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": POD, "namespace": "default",
+                     "annotations": {"flatnetwork.pandaria.io/ip": "auto",
+                                     "flatnetwork.pandaria.io/subnet": "lan4"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "pause"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap()
+}
+
+fn interface_mac(pod: &TestNetns) -> String {
+    let out = pod.ip(&["-o", "link", "show", "dev", IFNAME]);
+    let after = out.split("link/ether ").nth(1).expect("an Ethernet link");
+    after.split_whitespace().next().unwrap().to_owned()
+}
+
+#[test]
+fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported",
+    ) else {
+        return;
+    };
+    wait_until("the pod's address and pool MAC allocated", || {
+        let status = cluster.status();
+        status.addr.is_some() && status.mac_from_pool
+    });
+    let status = cluster.status();
+    let range = MacRange::parse(POOL_START, POOL_END).unwrap();
+    let pool_mac: Mac = status.mac.parse().unwrap();
+    assert!(range.contains(pool_mac), "{} is from the pool", status.mac);
+    assert_eq!(status.addr, Some(POD_ADDRESS.parse::<IpAddr>().unwrap()));
+
+    let pod = TestNetns::new("mcp-");
+    cluster.cni("ADD", &pod);
+    assert_eq!(
+        interface_mac(&pod),
+        status.mac,
+        "the interface carries the record's pool MAC"
+    );
+    wait_until("the record Active with its MAC", || {
+        let now = cluster.status();
+        now.phase == "Active" && now.mac == status.mac && now.node == NODE
+    });
+    // The pod's own traffic: the LAN resolves it and it answers, from
+    // the pool MAC, through the uplink.
+    ping(&cluster.lan, POD_ADDRESS);
+    let mac = pool_mac.0;
+
+    // A LAN host announces another address with the pod's MAC.
+    cluster.rogue_announces(mac, ROGUE_ADDRESS);
+    wait_until("a MACConflict Event on the record", || {
+        !cluster.conflict_events().is_empty()
+    });
+    let notes = cluster.conflict_events();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    for part in [
+        status.mac.as_str(),
+        ROGUE_ADDRESS,
+        "gratuitous_arp",
+        &format!("node {NODE}"),
+        &format!("interface {}", cluster.master),
+        "none of its FlatNetworkIPs holds",
+    ] {
+        assert!(notes[0].contains(part), "{part} missing in {}", notes[0]);
+    }
+    let condition = cluster
+        .status()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == CONDITION_MAC_CONFLICT)
+        .expect("the MACConflict condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "MACConflict")
+    );
+    assert!(condition.message.contains(ROGUE_ADDRESS), "{condition:?}");
+    wait_until("the sighting counted", || {
+        cluster.conflicts_counted("other_address") >= 1
+    });
+    // The pod's own frames left through the uplink and were never taken
+    // for a conflict (scanned before the rogue's, or with them).
+    assert_eq!(cluster.conflicts_counted("pod_on_this_node"), 0);
+
+    // A clone of the pod (its MAC and its address) on the LAN, while the
+    // pod runs on this node.
+    cluster.rogue_announces(mac, POD_ADDRESS);
+    wait_until("the clone reported", || {
+        cluster
+            .conflict_events()
+            .iter()
+            .any(|n| n.contains(&format!("claiming {POD_ADDRESS} ")))
+    });
+    assert!(cluster.conflicts_counted("pod_on_this_node") >= 1);
+    let notes = cluster.conflict_events();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("arriving from the LAN on the node its pod is attached to")),
+        "{notes:?}"
+    );
+    // Repeated frames within the report interval: counted, no more Events.
+    cluster.rogue_announces(mac, ROGUE_ADDRESS);
+    let counted = cluster.conflicts_counted("other_address");
+    wait_until("the repeat counted", || {
+        cluster.conflicts_counted("other_address") > counted
+    });
+    assert_eq!(cluster.conflict_events().len(), 2, "one Event per claim");
+
+    cluster.cni("DEL", &pod);
+    cluster.agent.stop();
+}
