@@ -58,6 +58,10 @@ pub const MTU_FIELD_MANAGER: &str = "flatnet-agent-mtu";
 /// Field manager of the `Attached` condition of hot-plugged interfaces'
 /// FlatNetworkIPs.
 pub const HOTPLUG_FIELD_MANAGER: &str = "flatnet-agent-hotplug";
+/// Field manager of the `IPConflict` condition. Its own: an apply drops
+/// the fields its manager set before and leaves out, so under
+/// [`FIELD_MANAGER`] the condition would erase the Active status.
+pub const IP_CONFLICT_FIELD_MANAGER: &str = "flatnet-agent-ip-conflict";
 /// Default bound on waiting for the operator's allocation.
 pub const DEFAULT_ALLOCATION_WAIT: Duration = Duration::from_secs(30);
 
@@ -880,7 +884,7 @@ impl DesiredState for Kubernetes {
         });
         ips.patch_status(
             &ip.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
+            &PatchParams::apply(IP_CONFLICT_FIELD_MANAGER).force(),
             &Patch::Apply(status),
         )
         .await
