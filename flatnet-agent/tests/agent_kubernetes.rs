@@ -512,3 +512,53 @@ async fn a_changed_mtu_is_applied_to_both_records_of_a_dual_stack_pod_under_its_
         .unwrap();
     server.await.unwrap();
 }
+
+/// Each status report after the activation is applied under a field
+/// manager of its own: against a server that removes the fields a manager
+/// stops applying (the in-memory one models that), a conflict report or
+/// an MTU change leaves the Active status whole.
+#[tokio::test]
+async fn reports_after_the_activation_keep_the_active_status() {
+    use flatnet_agent::datapath::Conflict;
+    use flatnet_common::conflict::ClaimKind;
+    use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+    use flatnet_operator::allocation::fake_api::FakeApiServer;
+
+    let api = FakeApiServer::new();
+    let subnet: FlatNetworkSubnet =
+        serde_json::from_value(subnet("lan4", "192.0.2.0/24", "192.0.2.1")).unwrap();
+    api.insert(&subnet);
+    let allocated: FlatNetworkIP = serde_json::from_value(flip(Some("192.0.2.10"))).unwrap();
+    api.insert(&allocated);
+    let source = Kubernetes::new(api.client(), "node-1", Duration::from_secs(5));
+    let claim = source.claim(&request()).await.unwrap();
+    activate(&source, &claim).await;
+
+    let conflict = Conflict {
+        ifindex: 2,
+        addr: "192.0.2.10".parse().unwrap(),
+        kind: ClaimKind::GratuitousArp,
+        foreign_mac: [2, 0, 0, 0, 0, 0x66],
+        owner_mac: ATTACHED_MAC,
+        monotonic_ns: 1,
+    };
+    source
+        .report_conflict(&request().pod, &conflict)
+        .await
+        .unwrap();
+    source
+        .report_mtu(&request().key, &request().pod, &claim.subnets, 1400)
+        .await
+        .unwrap();
+
+    let status = api.list::<FlatNetworkIP>()[0].status.clone().unwrap();
+    assert_eq!(status.phase, "Active");
+    assert_eq!(status.mac, "02:00:00:00:00:09");
+    assert_eq!(status.node, "node-1");
+    assert_eq!(status.mtu, Some(1400));
+    assert!(
+        status.conditions.iter().any(|c| c.type_ == "IPConflict"),
+        "{:?}",
+        status.conditions
+    );
+}
