@@ -2292,17 +2292,12 @@ async fn conditions_of_two_managers_merge_per_type() {
     apply_as::<FlatNetworkIP>(&server, "a", "ip", true, a_both).await;
     let b = conditions(vec![condition("B", "False")]);
     apply_as::<FlatNetworkIP>(&server, "b", "ip", true, b).await;
+    // Condition type and status, in stored order.
     let types = |status: Value| -> Vec<(String, String)> {
-        status["conditions"]
-            .as_array()
-            .unwrap()
+        let conditions = status["conditions"].as_array().unwrap().clone();
+        conditions
             .iter()
-            .map(|c| {
-                (
-                    c["type"].as_str().unwrap().into(),
-                    c["status"].as_str().unwrap().into(),
-                )
-            })
+            .map(|c| pair(c["type"].as_str().unwrap(), c["status"].as_str().unwrap()))
             .collect()
     };
     assert_eq!(
