@@ -2172,6 +2172,12 @@ where
     applied.expect("the apply succeeds");
 }
 
+/// Applies `data` as ConfigMap `c`'s data, as `manager`.
+async fn apply_data(server: &FakeApiServer, manager: &str, data: Value) {
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": data});
+    apply_as::<k8s_openapi::api::core::v1::ConfigMap>(server, manager, "c", false, cm).await;
+}
+
 async fn config_map_data(server: &FakeApiServer, name: &str) -> Value {
     let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
         kube::Api::namespaced(server.client(), NS);
@@ -2183,41 +2189,25 @@ async fn config_map_data(server: &FakeApiServer, name: &str) -> Value {
 /// applied, stays.
 #[tokio::test]
 async fn an_apply_removes_the_fields_its_manager_no_longer_applies() {
-    use k8s_openapi::api::core::v1::ConfigMap;
     let server = FakeApiServer::new();
-    let cm = |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "data": data});
-    apply_as::<ConfigMap>(
-        &server,
-        "a",
-        "c",
-        false,
-        cm(json!({"x": "1", "y": "1", "shared": "s"})),
-    )
-    .await;
-    apply_as::<ConfigMap>(
-        &server,
-        "b",
-        "c",
-        false,
-        cm(json!({"z": "2", "shared": "s"})),
-    )
-    .await;
-    apply_as::<ConfigMap>(&server, "a", "c", false, cm(json!({"x": "1"}))).await;
+    apply_data(&server, "a", json!({"x": "1", "y": "1", "shared": "s"})).await;
+    apply_data(&server, "b", json!({"z": "2", "shared": "s"})).await;
+    apply_data(&server, "a", json!({"x": "1"})).await;
     assert_eq!(
         config_map_data(&server, "c").await,
         json!({"x": "1", "z": "2", "shared": "s"}),
         "y, applied by a alone, is gone; z and shared, b's, stay"
     );
     // b now leaves out what it alone owns: removed too.
-    apply_as::<ConfigMap>(&server, "b", "c", false, cm(json!({"z": "2"}))).await;
+    apply_data(&server, "b", json!({"z": "2"})).await;
     assert_eq!(
         config_map_data(&server, "c").await,
         json!({"x": "1", "z": "2"})
     );
     // A forced apply of another value takes the field over: b leaving it
     // out then keeps it (a owns it now).
-    apply_as::<ConfigMap>(&server, "a", "c", false, cm(json!({"x": "1", "z": "3"}))).await;
-    apply_as::<ConfigMap>(&server, "b", "c", false, cm(json!({}))).await;
+    apply_data(&server, "a", json!({"x": "1", "z": "3"})).await;
+    apply_data(&server, "b", json!({})).await;
     assert_eq!(
         config_map_data(&server, "c").await,
         json!({"x": "1", "z": "3"})
@@ -2243,16 +2233,8 @@ async fn an_apply_keeps_the_fields_another_write_set() {
     api.create(&kube::api::PostParams::default(), &created)
         .await
         .unwrap();
-    let cm = |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "data": data});
-    apply_as::<ConfigMap>(
-        &server,
-        "a",
-        "c",
-        false,
-        cm(json!({"kept": "k", "mine": "m"})),
-    )
-    .await;
-    apply_as::<ConfigMap>(&server, "a", "c", false, cm(json!({}))).await;
+    apply_data(&server, "a", json!({"kept": "k", "mine": "m"})).await;
+    apply_data(&server, "a", json!({})).await;
     assert_eq!(config_map_data(&server, "c").await, json!({"kept": "k"}));
 }
 
