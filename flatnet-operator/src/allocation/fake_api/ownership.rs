@@ -330,3 +330,73 @@ fn merge_named(target: &mut Value, applied: &Value, name: Option<&str>) {
         _ => *target = applied.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn path(steps: &[&str]) -> FieldPath {
+        steps.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// Leaves, map list entries and their fields; atomic lists as one
+    /// leaf; nothing the server owns; each scope its own part.
+    #[test]
+    fn fields_are_the_leaves_and_the_map_list_entries() {
+        let object = json!({
+            "apiVersion": "v1", "kind": "X",
+            "metadata": {"name": "n", "resourceVersion": "3", "labels": {"a": "1"}},
+            "spec": {"ports": [1, 2]},
+            "status": {"phase": "Active", "conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        let object_fields: Vec<FieldPath> = fields(&object, Scope::Object).into_iter().collect();
+        assert_eq!(
+            object_fields,
+            [
+                path(&["f:metadata", "f:labels", "f:a"]),
+                path(&["f:spec", "f:ports"])
+            ]
+        );
+        let ready = r#"k:"Ready""#;
+        let status_fields: Vec<FieldPath> = fields(&object, Scope::Status).into_iter().collect();
+        assert_eq!(
+            status_fields,
+            [
+                path(&["f:status", "f:conditions", ready]),
+                path(&["f:status", "f:conditions", ready, "f:status"]),
+                path(&["f:status", "f:conditions", ready, "f:type"]),
+                path(&["f:status", "f:phase"]),
+            ]
+        );
+        let entry = path(&["f:status", "f:conditions", ready]);
+        assert_eq!(
+            get(&object, &entry),
+            Some(&object["status"]["conditions"][0])
+        );
+        let mut without = object.clone();
+        remove(&mut without, &entry);
+        assert_eq!(without["status"]["conditions"], json!([]));
+    }
+
+    /// A map list merges by key; any other list is replaced; `null`
+    /// removes a field.
+    #[test]
+    fn merge_joins_map_lists_by_key_and_replaces_other_lists() {
+        let mut target = json!({"conditions": [{"type": "A", "status": "True"}],
+                                "ports": [1, 2], "gone": 1});
+        merge(
+            &mut target,
+            &json!({"conditions": [{"type": "B", "status": "False"},
+                                   {"type": "A", "reason": "R"}],
+                    "ports": [3], "gone": null}),
+        );
+        assert_eq!(
+            target,
+            json!({"conditions": [{"type": "A", "status": "True", "reason": "R"},
+                                  {"type": "B", "status": "False"}],
+                   "ports": [3]})
+        );
+    }
+}
