@@ -1,7 +1,7 @@
 //! The Kubernetes desired-state source against a mocked API server
-//! (`tower-test`): waiting by watch for the operator's allocation, the
-//! bounded wait, the subnet lookup and the Active status written after
-//! attach.
+//! (`tower-test`) and the in-memory one: waiting by watch for the
+//! operator's allocation, the bounded wait, the subnet lookup and the
+//! Active status written after attach (and kept by the later reports).
 
 use std::time::Duration;
 
@@ -199,6 +199,24 @@ async fn answer_activation(handle: &mut Handle, name: &str) {
         body["status"],
         json!({"phase": "Active", "mac": "02:00:00:00:00:09", "node": "node-1", "mtu": ATTACHED_MTU})
     );
+}
+
+/// An in-memory API server holding subnet `lan4` and the FlatNetworkIP of
+/// pod `web-0` allocated in it, and a source on it.
+fn allocated_in_memory() -> (
+    flatnet_operator::allocation::fake_api::FakeApiServer,
+    Kubernetes,
+) {
+    use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
+
+    let api = flatnet_operator::allocation::fake_api::FakeApiServer::new();
+    let subnet: FlatNetworkSubnet =
+        serde_json::from_value(subnet("lan4", "192.0.2.0/24", "192.0.2.1")).unwrap();
+    api.insert(&subnet);
+    let allocated: FlatNetworkIP = serde_json::from_value(flip(Some("192.0.2.10"))).unwrap();
+    api.insert(&allocated);
+    let source = Kubernetes::new(api.client(), "node-1", Duration::from_secs(5));
+    (api, source)
 }
 
 /// Answers the next request (a GET of `path`) with 404.
@@ -426,16 +444,9 @@ async fn a_dual_stack_pod_whose_ipv6_record_is_never_allocated_names_it() {
 /// status; a pod the copy does not know yet is read as without it.
 #[tokio::test]
 async fn a_followed_allocation_is_claimed_without_asking_the_api_server() {
-    use flatnet_k8s::api::{FlatNetworkIP, FlatNetworkSubnet};
-    use flatnet_operator::allocation::fake_api::FakeApiServer;
+    use flatnet_k8s::api::FlatNetworkIP;
 
-    let api = FakeApiServer::new();
-    let subnet: FlatNetworkSubnet =
-        serde_json::from_value(subnet("lan4", "192.0.2.0/24", "192.0.2.1")).unwrap();
-    api.insert(&subnet);
-    let allocated: FlatNetworkIP = serde_json::from_value(flip(Some("192.0.2.10"))).unwrap();
-    api.insert(&allocated);
-    let source = Kubernetes::new(api.client(), "node-1", Duration::from_secs(5));
+    let (api, source) = allocated_in_memory();
     source.follow_allocations();
     tokio::time::timeout(Duration::from_secs(10), async {
         while !(source.allocations_followed() && source.follows("default", "web-0")) {
@@ -511,4 +522,47 @@ async fn a_changed_mtu_is_applied_to_both_records_of_a_dual_stack_pod_under_its_
         .await
         .unwrap();
     server.await.unwrap();
+}
+
+/// Each status report after the activation is applied under a field
+/// manager of its own: against a server that removes the fields a manager
+/// stops applying (the in-memory one models that), a conflict report or
+/// an MTU change leaves the Active status whole.
+#[tokio::test]
+async fn reports_after_the_activation_keep_the_active_status() {
+    use flatnet_agent::datapath::Conflict;
+    use flatnet_common::conflict::ClaimKind;
+    use flatnet_k8s::api::FlatNetworkIP;
+
+    let (api, source) = allocated_in_memory();
+    let claim = source.claim(&request()).await.unwrap();
+    activate(&source, &claim).await;
+
+    let conflict = Conflict {
+        ifindex: 2,
+        addr: "192.0.2.10".parse().unwrap(),
+        kind: ClaimKind::GratuitousArp,
+        foreign_mac: [2, 0, 0, 0, 0, 0x66],
+        owner_mac: ATTACHED_MAC,
+        monotonic_ns: 1,
+    };
+    source
+        .report_conflict(&request().pod, &conflict)
+        .await
+        .unwrap();
+    source
+        .report_mtu(&request().key, &request().pod, &claim.subnets, 1400)
+        .await
+        .unwrap();
+
+    let status = api.list::<FlatNetworkIP>()[0].status.clone().unwrap();
+    assert_eq!(status.phase, "Active");
+    assert_eq!(status.mac, "02:00:00:00:00:09");
+    assert_eq!(status.node, "node-1");
+    assert_eq!(status.mtu, Some(1400));
+    assert!(
+        status.conditions.iter().any(|c| c.type_ == "IPConflict"),
+        "{:?}",
+        status.conditions
+    );
 }

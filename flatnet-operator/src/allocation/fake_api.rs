@@ -5,8 +5,9 @@
 //! pages with `limit` and `continue`, from a snapshot of the first page's
 //! time, 410 Gone for an unknown token), `POST`
 //! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
-//! subresource and JSON merge `PATCH` (a server-side apply, served as a
-//! merge, creates a missing object), all rejecting a stale
+//! subresource, JSON merge `PATCH` and server-side apply (field ownership
+//! per manager as [`ownership`] models it; an apply creates a missing
+//! object), all rejecting a stale
 //! `metadata.resourceVersion` with 409 Conflict, and `DELETE` that only
 //! marks objects with finalizers (`deletionTimestamp`) and removes them
 //! once the last finalizer goes.
@@ -39,6 +40,7 @@
 //! timeouts, cut watches and the death of the client mid-request.
 
 pub mod faults;
+pub mod ownership;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
@@ -155,6 +157,8 @@ struct State {
     owned_by: HashMap<String, BTreeSet<Key>>,
     /// The uids of the stored objects.
     uids: BTreeSet<String>,
+    /// Who owns which fields of each stored object.
+    owners: HashMap<Key, ownership::Owners>,
     /// The rest of paginated lists (`limit`), by continue token, with the
     /// version each list was taken at.
     pages: BTreeMap<u64, (Vec<Value>, String)>,
@@ -234,6 +238,7 @@ impl State {
     fn remove(&mut self, key: &Key, history: usize) {
         if let Some(mut gone) = self.objects.remove(key) {
             self.unindex(key, &gone);
+            self.owners.remove(key);
             if let Some(uid) = gone["metadata"]["uid"].as_str() {
                 self.uids.remove(uid);
             }
@@ -475,6 +480,11 @@ impl FakeApiServer {
             "ADDED"
         };
         stamp_new(&mut state, &mut value);
+        let stored = state.objects.get(&key).cloned().unwrap_or(Value::Null);
+        let owners = state.owners.entry(key.clone()).or_default();
+        for scope in [ownership::Scope::Object, ownership::Scope::Status] {
+            owners.update(ownership::INSERTED, scope, &stored, &value);
+        }
         state.put(&key, kind, value, self.realism.history);
         self.wake(&state);
     }
@@ -798,6 +808,8 @@ impl FakeApiServer {
         };
         let mut method = method.clone();
         let mut name = target.name.as_deref();
+        let manager = query_param(query, "fieldManager").unwrap_or(ownership::UNKNOWN);
+        let applied = server_side_apply.then(|| body.clone());
         // A server-side apply of an object that does not exist creates it
         // (RBAC still asks for `patch` only).
         if server_side_apply
@@ -889,6 +901,16 @@ impl FakeApiServer {
                     return too_large_reply();
                 }
                 stamp_new(&mut state, &mut value);
+                let mut owners = ownership::Owners::default();
+                match &applied {
+                    Some(applied) => {
+                        let mut created = value.clone();
+                        let scope = ownership::Scope::Object;
+                        owners.apply(manager, scope, &Value::Null, &mut created, applied);
+                    }
+                    None => owners.update(manager, ownership::Scope::Object, &Value::Null, &value),
+                }
+                state.owners.insert(key(&name), owners);
                 // Created after its owner went: the collector deletes it.
                 for uid in owner_uids(&value) {
                     if !state.uids.contains(&uid) {
@@ -929,7 +951,11 @@ impl FakeApiServer {
                         updated["status"] = stored["status"].clone();
                     }
                 } else {
-                    merge_patch(&mut updated, &body);
+                    if applied.is_some() {
+                        ownership::merge(&mut updated, &body);
+                    } else {
+                        merge_patch(&mut updated, &body);
+                    }
                     if !status_only {
                         updated["status"] = stored["status"].clone();
                     } else {
@@ -947,6 +973,16 @@ impl FakeApiServer {
                 ] {
                     updated["metadata"][field] = stored["metadata"][field].clone();
                 }
+                let scope = if status_only {
+                    ownership::Scope::Status
+                } else {
+                    ownership::Scope::Object
+                };
+                let mut owners = state.owners.get(&key(name)).cloned().unwrap_or_default();
+                match &applied {
+                    Some(applied) => owners.apply(manager, scope, &stored, &mut updated, applied),
+                    None => owners.update(manager, scope, &stored, &updated),
+                }
                 if updated["spec"] != stored["spec"] {
                     let generation = stored["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
                     updated["metadata"]["generation"] = json!(generation);
@@ -954,6 +990,7 @@ impl FakeApiServer {
                 if too_large(&updated) {
                     return too_large_reply();
                 }
+                state.owners.insert(key(name), owners);
                 if updated == stored {
                     // A real server does not bump the version of a no-op write.
                     return (StatusCode::OK, updated);

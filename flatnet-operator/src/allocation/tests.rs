@@ -2149,3 +2149,178 @@ async fn every_request_takes_the_latency_side_by_side() {
         "four requests in flight took {together:?}, as if one after the other"
     );
 }
+
+/// A server-side apply of `patch` by `manager`, to the object or (with
+/// `status`) its status subresource, of the ConfigMap or FlatNetworkIP
+/// `name` in [`NS`].
+async fn apply_as<K>(server: &FakeApiServer, manager: &str, name: &str, status: bool, patch: Value)
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let api: kube::Api<K> = kube::Api::namespaced(server.client(), NS);
+    let params = kube::api::PatchParams::apply(manager).force();
+    let patch = kube::api::Patch::Apply(patch);
+    let applied = if status {
+        api.patch_status(name, &params, &patch).await
+    } else {
+        api.patch(name, &params, &patch).await
+    };
+    applied.expect("the apply succeeds");
+}
+
+/// Applies `data` as ConfigMap `c`'s data, as `manager`.
+async fn apply_data(server: &FakeApiServer, manager: &str, data: Value) {
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "data": data});
+    apply_as::<k8s_openapi::api::core::v1::ConfigMap>(server, manager, "c", false, cm).await;
+}
+
+async fn config_map_data(server: &FakeApiServer, name: &str) -> Value {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(server.client(), NS);
+    json!(api.get(name).await.unwrap().data)
+}
+
+/// As on a real server, a manager's apply that leaves out a field it
+/// applied before removes it; a field another manager applied, or also
+/// applied, stays.
+#[tokio::test]
+async fn an_apply_removes_the_fields_its_manager_no_longer_applies() {
+    let server = FakeApiServer::new();
+    apply_data(&server, "a", json!({"x": "1", "y": "1", "shared": "s"})).await;
+    apply_data(&server, "b", json!({"z": "2", "shared": "s"})).await;
+    apply_data(&server, "a", json!({"x": "1"})).await;
+    assert_eq!(
+        config_map_data(&server, "c").await,
+        json!({"x": "1", "z": "2", "shared": "s"}),
+        "y, applied by a alone, is gone; z and shared, b's, stay"
+    );
+    // b now leaves out what it alone owns: removed too.
+    apply_data(&server, "b", json!({"z": "2"})).await;
+    assert_eq!(
+        config_map_data(&server, "c").await,
+        json!({"x": "1", "z": "2"})
+    );
+    // A forced apply of another value takes the field over: b leaving it
+    // out then keeps it (a owns it now).
+    apply_data(&server, "a", json!({"x": "1", "z": "3"})).await;
+    apply_data(&server, "b", json!({})).await;
+    assert_eq!(
+        config_map_data(&server, "c").await,
+        json!({"x": "1", "z": "3"})
+    );
+}
+
+/// Fields written by a non-apply request (here the object's creation) are
+/// that request's: an applier leaving them out does not remove them.
+#[tokio::test]
+async fn an_apply_keeps_the_fields_another_write_set() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let server = FakeApiServer::new();
+    let created = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("c".into()),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        },
+        data: Some([("kept".to_owned(), "k".to_owned())].into()),
+        ..Default::default()
+    };
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(server.client(), NS);
+    api.create(&kube::api::PostParams::default(), &created)
+        .await
+        .unwrap();
+    apply_data(&server, "a", json!({"kept": "k", "mine": "m"})).await;
+    apply_data(&server, "a", json!({})).await;
+    assert_eq!(config_map_data(&server, "c").await, json!({"kept": "k"}));
+}
+
+async fn ip_status(server: &FakeApiServer, name: &str) -> Value {
+    let api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
+    serde_json::to_value(api.get_status(name).await.unwrap().status).unwrap()
+}
+
+fn new_ip(server: &FakeApiServer, name: &str) {
+    let mut ip = FlatNetworkIP::new(name, Default::default());
+    ip.metadata.namespace = Some(NS.into());
+    server.insert(&ip);
+}
+
+fn status_apply(status: Value) -> Value {
+    json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1",
+        "kind": "FlatNetworkIP",
+        "status": status,
+    })
+}
+
+fn condition(kind: &str, status: &str) -> Value {
+    json!({"type": kind, "status": status, "reason": "Test", "message": "",
+           "lastTransitionTime": "2025-01-01T00:00:00Z"})
+}
+
+/// `status.conditions` is a map list keyed by `type`: the conditions two
+/// managers apply coexist, and a condition its manager leaves out goes
+/// while the other manager's stays.
+#[tokio::test]
+async fn conditions_of_two_managers_merge_per_type() {
+    let server = FakeApiServer::new();
+    new_ip(&server, "ip");
+    let conditions = |cs: Vec<Value>| status_apply(json!({"conditions": cs}));
+    let a_both = conditions(vec![condition("A1", "True"), condition("A2", "True")]);
+    apply_as::<FlatNetworkIP>(&server, "a", "ip", true, a_both).await;
+    let b = conditions(vec![condition("B", "False")]);
+    apply_as::<FlatNetworkIP>(&server, "b", "ip", true, b).await;
+    // Condition type and status, in stored order.
+    let types = |status: Value| -> Vec<(String, String)> {
+        let conditions = status["conditions"].as_array().unwrap().clone();
+        conditions
+            .iter()
+            .map(|c| pair(c["type"].as_str().unwrap(), c["status"].as_str().unwrap()))
+            .collect()
+    };
+    assert_eq!(
+        types(ip_status(&server, "ip").await),
+        [
+            ("A1".into(), "True".into()),
+            ("A2".into(), "True".into()),
+            ("B".into(), "False".into())
+        ]
+    );
+    let a_one = conditions(vec![condition("A2", "False")]);
+    apply_as::<FlatNetworkIP>(&server, "a", "ip", true, a_one).await;
+    assert_eq!(
+        types(ip_status(&server, "ip").await),
+        [("A2".into(), "False".into()), ("B".into(), "False".into())],
+        "A1, left out by its manager, is gone; B stays"
+    );
+}
+
+/// The agent once applied a condition to a FlatNetworkIP's status under
+/// the manager that had applied its phase and MAC: on a real server (and
+/// this one) that erases them. Under a manager of its own they stay.
+#[tokio::test]
+async fn a_condition_applied_under_the_status_manager_erases_the_status() {
+    let server = FakeApiServer::new();
+    let active = status_apply(json!({"phase": "Active", "mac": "02:00:00:00:00:01"}));
+    let conflict = status_apply(json!({"conditions": [condition("IPConflict", "True")]}));
+
+    new_ip(&server, "same");
+    apply_as::<FlatNetworkIP>(&server, "agent", "same", true, active.clone()).await;
+    apply_as::<FlatNetworkIP>(&server, "agent", "same", true, conflict.clone()).await;
+    let status = ip_status(&server, "same").await;
+    assert_eq!(status["phase"], json!(""), "{status}");
+    assert!(status.get("mac").is_none(), "{status}");
+    assert_eq!(status["conditions"][0]["type"], "IPConflict");
+
+    new_ip(&server, "own");
+    apply_as::<FlatNetworkIP>(&server, "agent", "own", true, active).await;
+    apply_as::<FlatNetworkIP>(&server, "agent-ip-conflict", "own", true, conflict).await;
+    let status = ip_status(&server, "own").await;
+    assert_eq!(status["phase"], "Active", "{status}");
+    assert_eq!(status["mac"], "02:00:00:00:00:01");
+    assert_eq!(status["conditions"][0]["type"], "IPConflict");
+}
