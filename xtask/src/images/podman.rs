@@ -28,6 +28,21 @@ pub fn host_path_below(scratch: &Path) -> impl Fn(&str) -> String + Copy + '_ {
     }
 }
 
+/// Namespace the checks and the lab give the chart's pods.
+pub const POD_NAMESPACE: &str = "cattle-flat-network";
+
+/// What the kubelet fills into the agent's environment from the pod of
+/// node `node` (the chart's `fieldRef`s).
+pub fn agent_pod_env(node: &str) -> BTreeMap<&'static str, String> {
+    BTreeMap::from([
+        ("NODE_NAME", node.to_owned()),
+        ("POD_NAMESPACE", POD_NAMESPACE.to_owned()),
+        ("POD_NAME", format!("flatnet-agent-{node}")),
+        // Any UID: only an owner reference in a cluster reads it.
+        ("POD_UID", format!("flatnet-agent-{node}-uid")),
+    ])
+}
+
 /// One container of a rendered workload, with what its pod adds.
 #[derive(Debug, Clone)]
 pub struct ChartContainer {

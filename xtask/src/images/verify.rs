@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 use super::{
     ChartImages, Component,
-    podman::{ChartContainer, host_path_below},
+    podman::{ChartContainer, POD_NAMESPACE as NAMESPACE, agent_pod_env, host_path_below},
     qualify,
 };
 use crate::{
@@ -65,7 +65,6 @@ const POD_ADDRESS: &str = "192.0.2.10";
 /// Where the standalone state file is mounted in the agent container.
 const STATE_FILE: &str = "/etc/flatnet/state.yaml";
 const KUBECONFIG: &str = "/etc/flatnet/kubeconfig";
-const NAMESPACE: &str = "cattle-flat-network";
 /// A bound on waiting for start-up, not a measurement.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -277,7 +276,7 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
     let mut args = container.podman_args(
         AGENT_CONTAINER,
         host,
-        &BTreeMap::from([("NODE_NAME", NODE.to_owned())]),
+        &agent_pod_env(NODE),
         &BTreeMap::from([("FLATNET_BPF_PIN_ROOT", PIN_ROOT.to_owned())]),
     )?;
     args.extend([

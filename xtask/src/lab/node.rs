@@ -21,7 +21,7 @@ use super::{
         IPVLAN_UPLINK, LAN_HOST_IPVLAN_V4, LAN_HOST_V4, LAN_HOST_V6, PIN_DIR, UPLINK, WORK_DIR,
     },
 };
-use crate::images::podman::{ChartContainer, host_path_below};
+use crate::images::podman::{ChartContainer, agent_pod_env, host_path_below};
 
 /// The dual-stack macvlan network of every node.
 pub const DUAL_NETWORK: &str = "lab-dual";
@@ -59,7 +59,7 @@ impl AgentImage {
         let mut options = self.chart.podman_args(
             &container_name(node.netns),
             host_dir,
-            &BTreeMap::from([("NODE_NAME", node.netns.to_owned())]),
+            &agent_pod_env(node.netns),
             &BTreeMap::new(),
         )?;
         // Attached (podman relays SIGTERM and the logs) and removed on exit.
