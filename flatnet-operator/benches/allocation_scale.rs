@@ -247,7 +247,7 @@ fn peak_rss_of(status: &str) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// The requests of a phase by verb, per pod.
+/// The requests of a phase by key (verb, or verb, resource and reply), per pod.
 fn per_pod(
     before: &BTreeMap<String, u64>,
     after: &BTreeMap<String, u64>,
@@ -279,17 +279,16 @@ fn show(per_verb: &BTreeMap<String, f64>) -> String {
     format!("{} | writes {:.2}", parts.join(", "), writes(per_verb))
 }
 
-/// The requests of a phase per verb, resource and reply code, per pod.
+/// The requests of a phase per verb, resource and reply code, per pod:
+/// those the phase made only.
 fn per_kind(
     before: &BTreeMap<String, u64>,
     after: &BTreeMap<String, u64>,
     pods: usize,
 ) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .map(|(kind, count)| (kind, count - before.get(kind).copied().unwrap_or(0)))
-        .filter(|(_, delta)| *delta > 0)
-        .map(|(kind, delta)| (kind.clone(), delta as f64 / pods as f64))
+    per_pod(before, after, pods)
+        .into_iter()
+        .filter(|(_, share)| *share > 0.0)
         .collect()
 }
 
