@@ -265,12 +265,17 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     ] {
         assert!(notes[0].contains(part), "{part} missing in {}", notes[0]);
     }
-    let condition = cluster
-        .status()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == CONDITION_MAC_CONFLICT)
-        .expect("the MACConflict condition");
+    // The Event is written before the condition: wait for the second write.
+    let mut condition = None;
+    wait_until("the MACConflict condition", || {
+        condition = cluster
+            .status()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_MAC_CONFLICT);
+        condition.is_some()
+    });
+    let condition = condition.expect("the MACConflict condition");
     assert_eq!(
         (condition.status.as_str(), condition.reason.as_str()),
         ("True", "MACConflict")
@@ -301,8 +306,8 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
         "{notes:?}"
     );
     // Repeated frames within the report interval: counted, no more Events.
-    cluster.rogue_announces(mac, ROGUE_ADDRESS);
     let counted = cluster.conflicts_counted("other_address");
+    cluster.rogue_announces(mac, ROGUE_ADDRESS);
     wait_until("the repeat counted", || {
         cluster.conflicts_counted("other_address") > counted
     });
