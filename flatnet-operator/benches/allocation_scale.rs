@@ -30,6 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocation_scale_report::{Figures, Phase};
 use flatnet_operator::{
     admin::Health,
     allocation::{
@@ -42,6 +43,8 @@ use flatnet_operator::{
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+
+mod allocation_scale_report;
 
 /// Counts the live heap of this process (the operator's), beside the RSS.
 mod heap {
@@ -300,35 +303,6 @@ fn show_kinds(per_kind: &BTreeMap<String, f64>) -> String {
         .join(", ")
 }
 
-/// What one phase (create at once, or delete half and replace) came to.
-#[derive(serde::Serialize)]
-struct Phase {
-    /// Seconds until every pod was addressed.
-    seconds: f64,
-    /// Requests per pod of the phase, by verb.
-    per_verb: BTreeMap<String, f64>,
-    /// Writes (create, update, patch, delete) per pod.
-    writes: f64,
-    /// Requests per pod by verb, resource and reply code.
-    per_kind: BTreeMap<String, f64>,
-}
-
-/// The figures of one run.
-#[derive(serde::Serialize)]
-struct Figures {
-    pods: usize,
-    workers: u16,
-    latency_ms: u128,
-    reserve_ahead: usize,
-    create: Phase,
-    replace: Phase,
-    operator_peak_rss_mib: f64,
-    /// The operator's largest live heap (what it allocated and had not
-    /// freed), below the RSS by what the allocator keeps.
-    operator_peak_heap_mib: f64,
-    fake_peak_rss_mib: f64,
-}
-
 async fn run(pods: usize, settings: Settings) -> Option<Figures> {
     let fake = Fake::start();
     let stop = CancellationToken::new();
@@ -413,7 +387,7 @@ async fn run(pods: usize, settings: Settings) -> Option<Figures> {
     let figures = Figures {
         pods,
         workers: WORKERS,
-        latency_ms: LATENCY.as_millis(),
+        latency_ms: u64::try_from(LATENCY.as_millis()).unwrap_or(u64::MAX),
         reserve_ahead: settings.reserve_ahead,
         create: phase(
             first,

@@ -14,7 +14,6 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::Args;
-use serde::Deserialize;
 
 use super::report;
 use crate::workspace;
@@ -35,28 +34,9 @@ pub struct AllocationArgs {
     no_write: bool,
 }
 
-/// One phase of a run, as the bench reports it.
-#[derive(Deserialize)]
-struct Phase {
-    seconds: f64,
-    per_verb: BTreeMap<String, f64>,
-    writes: f64,
-    per_kind: BTreeMap<String, f64>,
-}
-
-/// The figures of one run, as the bench reports them (`--json`).
-#[derive(Deserialize)]
-struct Figures {
-    pods: usize,
-    workers: u16,
-    latency_ms: u64,
-    reserve_ahead: usize,
-    create: Phase,
-    replace: Phase,
-    operator_peak_rss_mib: f64,
-    operator_peak_heap_mib: f64,
-    fake_peak_rss_mib: f64,
-}
+#[path = "../../../flatnet-operator/benches/allocation_scale_report/mod.rs"]
+mod report_figures;
+use report_figures::Figures;
 
 /// Builds the bench, runs it once per pod count and writes the section.
 pub fn run(args: &AllocationArgs) -> anyhow::Result<()> {
