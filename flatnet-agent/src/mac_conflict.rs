@@ -27,6 +27,7 @@
 //! to `False` once that node has seen no conflict on the record for
 //! [`CLEAR_AFTER`].
 
+use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fmt,
@@ -46,7 +47,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::events::{Event, EventType, Recorder, Reporter},
+    runtime::events::{Event, EventType, Reporter},
 };
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use serde_json::json;
@@ -523,18 +524,21 @@ fn node_mark(node: &str) -> String {
 /// Writes the reports of one node.
 pub struct MacConflictReporter {
     client: Client,
-    reporter: Reporter,
+    node: String,
+    events: EventRecorder,
 }
 
 impl MacConflictReporter {
     /// A reporter for `node` through `client`.
     pub fn new(client: Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: crate::desired::kubernetes::FIELD_MANAGER.into(),
+            instance: Some(node.to_owned()),
+        };
         Self {
+            events: EventRecorder::new(client.clone(), reporter),
             client,
-            reporter: Reporter {
-                controller: crate::desired::kubernetes::FIELD_MANAGER.into(),
-                instance: Some(node.to_owned()),
-            },
+            node: node.to_owned(),
         }
     }
 
@@ -550,10 +554,7 @@ impl MacConflictReporter {
             name: Some(conflict.record.name.clone()),
             ..ObjectReference::default()
         };
-        // A recorder of its own: one shared by every report would fold
-        // this Event into the record's first one (same reason and object),
-        // keeping that one's note; the rate limit keeps Events few.
-        Recorder::new(self.client.clone(), self.reporter.clone())
+        self.events
             .publish(
                 &Event {
                     type_: EventType::Warning,
@@ -576,7 +577,7 @@ impl MacConflictReporter {
     pub async fn clear(&self, record: &RecordName) -> Result<(), kube::Error> {
         let message = format!(
             "node {} has seen no frame with this record's MAC from another host for {} minutes",
-            self.reporter.instance.as_deref().unwrap_or_default(),
+            self.node,
             CLEAR_AFTER.as_secs() / 60
         );
         self.condition(record, "False", "NoConflictSeen", &message)

@@ -10,6 +10,7 @@
 //! and its node through the status subresource (server-side apply), and
 //! labels the object with its node.
 
+use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::BTreeMap,
     sync::{
@@ -33,7 +34,7 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
     runtime::{
         WatchStreamExt,
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, EventType, Reporter},
         reflector::{self, ObjectRef, Store},
         wait::await_condition,
         watcher,
@@ -71,7 +72,7 @@ pub struct Kubernetes {
     node: String,
     allocation_wait: Duration,
     synced: AtomicBool,
-    recorder: Recorder,
+    recorder: EventRecorder,
     /// Set by [`Self::follow_allocations`].
     followed: OnceLock<Followed>,
 }
@@ -175,7 +176,7 @@ impl Kubernetes {
     /// The source for node `node`, waiting at most `allocation_wait` for
     /// an allocation.
     pub fn new(client: Client, node: &str, allocation_wait: Duration) -> Self {
-        let recorder = Recorder::new(
+        let recorder = EventRecorder::new(
             client.clone(),
             Reporter {
                 controller: FIELD_MANAGER.into(),

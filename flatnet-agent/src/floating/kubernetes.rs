@@ -14,6 +14,7 @@
 //! peers are the other nodes a pool in use may place its addresses on, at
 //! their `InternalIP`s.
 
+use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
@@ -37,7 +38,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter},
+    runtime::events::{Event as KubeEvent, EventType, Reporter},
 };
 use tokio::sync::{Notify, watch};
 
@@ -369,7 +370,7 @@ async fn report(
     metrics: FloatingMetrics,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) {
-    let recorder = Recorder::new(
+    let recorder = EventRecorder::new(
         client,
         Reporter {
             controller: REPORTER.into(),

@@ -13,6 +13,7 @@
 //! as the kubelet needs to report the active pod unready (its readiness
 //! probe) plus one watch event.
 
+use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -31,7 +32,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter},
+    runtime::events::{Event as KubeEvent, EventType, Reporter},
 };
 use tokio::sync::Notify;
 
@@ -294,7 +295,7 @@ async fn follow(client: Client, node: String, records: Records, metrics: Floatin
         Api::<FloatingIPPool>::all(client.clone()),
         Some(Arc::clone(&changed)),
     );
-    let recorder = Recorder::new(
+    let recorder = EventRecorder::new(
         client,
         Reporter {
             controller: super::kubernetes::REPORTER.into(),

@@ -7,6 +7,7 @@
 //! sets `flatnet_agent_policy_source_problem`, enforces nothing (there are
 //! no policies) and keeps retrying with backoff until the API appears.
 
+use flatnet_k8s::events::EventRecorder;
 use std::{
     fmt::Debug,
     sync::{Arc, Mutex},
@@ -19,7 +20,7 @@ use kube::{
     Api, Client, Resource,
     runtime::{
         WatchStreamExt,
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, EventType, Reporter},
         watcher,
     },
 };
@@ -77,7 +78,7 @@ pub async fn run<S: PolicySink>(
     ));
     drop(trigger);
     let events = PolicyEvents {
-        recorder: Recorder::new(
+        recorder: EventRecorder::new(
             client,
             Reporter {
                 controller: FIELD_MANAGER.into(),
@@ -160,7 +161,7 @@ fn is_not_found(error: &watcher::Error) -> bool {
 
 /// Publishes diagnostics as Warning Events on the policy.
 struct PolicyEvents {
-    recorder: Recorder,
+    recorder: EventRecorder,
 }
 
 impl DiagnosticEvents for PolicyEvents {

@@ -1,7 +1,8 @@
 //! flatnet's Kubernetes core: the `flatnetwork.pandaria.io` API types,
 //! well-known names, pod annotation parsing, subnet validation and the pure
 //! IPAM engine, shared by the operator, the agent and xtask. Nothing here
-//! talks to an API server; they bring the I/O. A std crate of its own, so
+//! talks to an API server, they bring the I/O; except `events` (feature
+//! `events`), the Event publisher both share. A std crate of its own, so
 //! `flatnet-common` stays the `no_std` kernel ABI and nothing here can make
 //! the eBPF object stale.
 
@@ -9,6 +10,8 @@ pub mod agent_heartbeat;
 pub mod annotations;
 pub mod api;
 pub mod env;
+#[cfg(feature = "events")]
+pub mod events;
 pub mod floating;
 pub mod ipam;
 pub mod keys;

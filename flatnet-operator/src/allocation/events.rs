@@ -1,9 +1,10 @@
 //! Kubernetes Events about pods and subnets (`kubectl describe` shows them).
 
+use flatnet_k8s::events::EventRecorder;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Client, Resource,
-    runtime::events::{Event, EventType, Recorder, Reporter},
+    runtime::events::{Event, EventType, Reporter},
 };
 use tracing::warn;
 
@@ -16,7 +17,7 @@ pub const ALLOCATION_ERROR_REASON: &str = "FlatNetworkIPError";
 /// Publishes Events; a failure to publish is logged, never fatal.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    recorder: EventRecorder,
 }
 
 impl Events {
@@ -28,7 +29,7 @@ impl Events {
             instance: std::env::var("HOSTNAME").ok(),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder: EventRecorder::new(client, reporter),
         }
     }
 
@@ -101,5 +102,61 @@ impl Events {
         if let Err(error) = self.recorder.publish(&event, &reference).await {
             warn!(%error, reason, "could not publish an Event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::{core::v1::Pod, events::v1::Event as StoredEvent};
+    use kube::api::ObjectMeta;
+
+    use super::Events;
+    use crate::allocation::fake_api::FakeApiServer;
+
+    fn pod() -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-1".into()),
+                namespace: Some("shop".into()),
+                uid: Some("uid-web-1".into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    /// (note, count of the series) of every stored Event, by note.
+    fn stored(server: &FakeApiServer) -> Vec<(String, i32)> {
+        let mut notes: Vec<_> = server
+            .list::<StoredEvent>()
+            .into_iter()
+            .map(|e| (e.note.unwrap_or_default(), e.series.map_or(1, |s| s.count)))
+            .collect();
+        notes.sort();
+        notes
+    }
+
+    #[tokio::test]
+    async fn a_new_note_about_an_object_is_an_event_of_its_own_and_a_repeat_counts() {
+        let server = FakeApiServer::new();
+        let events = Events::new(server.client());
+        let pod = pod();
+        for note in [
+            "MAC a claims 10.0.0.5",
+            "MAC b claims 10.0.0.5",
+            "MAC a claims 10.0.0.5",
+        ] {
+            events
+                .warn(&pod, "IPConflict", "WatchAddress", note.into())
+                .await;
+        }
+        assert_eq!(
+            stored(&server),
+            [
+                ("MAC a claims 10.0.0.5".to_owned(), 2),
+                ("MAC b claims 10.0.0.5".to_owned(), 1)
+            ],
+            "the second note is not folded into the first Event's series"
+        );
     }
 }
