@@ -27,7 +27,6 @@
 //! to `False` once that node has seen no conflict on the record for
 //! [`CLEAR_AFTER`].
 
-use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fmt,
@@ -37,6 +36,7 @@ use std::{
 
 use flatnet_k8s::{
     api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FloatingIPPool},
+    events::EventRecorder,
     ipam::six_to_four,
 };
 use ipnet::IpNet;

@@ -10,7 +10,6 @@
 //! and its node through the status subresource (server-side apply), and
 //! labels the object with its node.
 
-use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::BTreeMap,
     sync::{
@@ -24,6 +23,7 @@ use futures::StreamExt;
 
 use flatnet_k8s::{
     api::{CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkSubnet},
+    events::EventRecorder,
     ipam::Pool,
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
 };

@@ -14,7 +14,6 @@
 //! peers are the other nodes a pool in use may place its addresses on, at
 //! their `InternalIP`s.
 
-use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
@@ -28,6 +27,7 @@ use std::{
 
 use flatnet_k8s::{
     api::FloatingIPPool,
+    events::EventRecorder,
     floating::{ValidPool, ingress_ips, validate_pool, wants_floating},
     selector::{Labels, matches},
 };

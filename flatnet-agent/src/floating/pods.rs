@@ -13,7 +13,6 @@
 //! as the kubelet needs to report the active pod unready (its readiness
 //! probe) plus one watch event.
 
-use flatnet_k8s::events::EventRecorder;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -23,6 +22,7 @@ use std::{
 
 use flatnet_k8s::{
     api::FloatingIPPool,
+    events::EventRecorder,
     floating::{
         pods::{active_pod, assigned_ips},
         validate_pool,

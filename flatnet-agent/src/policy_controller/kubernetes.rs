@@ -7,13 +7,12 @@
 //! sets `flatnet_agent_policy_source_problem`, enforces nothing (there are
 //! no policies) and keeps retrying with backoff until the API appears.
 
-use flatnet_k8s::events::EventRecorder;
 use std::{
     fmt::Debug,
     sync::{Arc, Mutex},
 };
 
-use flatnet_k8s::api::FlatNetworkIP;
+use flatnet_k8s::{api::FlatNetworkIP, events::EventRecorder};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
