@@ -15,17 +15,16 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet},
+    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus},
     ipam::{Mac, MacRange},
-    keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
-use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, insert_node, serve_with_allocation},
+    agent::{StandaloneAgent, flat_subnet, insert_node, running_flat_pod, serve_with_allocation},
     cni::{IFNAME, run_cni},
     lan::{SimulatedLan, send_arp_requests},
     ping, privileged, wait_until,
@@ -66,8 +65,13 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let server = FakeApiServer::new();
-        server.insert(&subnet(&master));
-        server.insert(&running_pod());
+        server.insert(&flat_subnet(
+            "lan4",
+            &master,
+            "192.0.2.0/24",
+            (POD_ADDRESS, "192.0.2.20"),
+        ));
+        server.insert(&running_flat_pod(POD, NODE, "lan4"));
         insert_node(&server, NODE);
         let pool = ActivePool {
             range: MacRange::parse(POOL_START, POOL_END).unwrap(),
@@ -184,29 +188,6 @@ fn http_get(address: &str, path: &str) -> String {
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default()
-}
-
-fn subnet(master: &str) -> FlatNetworkSubnet {
-    serde_json::from_value(json!({
-        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
-        "metadata": {"name": "lan4", "namespace": SUBNET_NAMESPACE},
-        "spec": {"flatMode": "macvlan", "master": master, "cidr": "192.0.2.0/24",
-                 "ranges": [{"from": POD_ADDRESS, "to": "192.0.2.20"}]}
-    }))
-    .unwrap()
-}
-
-/// The running pod the runtime attaches (`eth1` on `lan4`), naming no MAC.
-fn running_pod() -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": POD, "namespace": "default",
-                     "annotations": {"flatnetwork.pandaria.io/ip": "auto",
-                                     "flatnetwork.pandaria.io/subnet": "lan4"}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "pause"}]},
-        "status": {"phase": "Running"}
-    }))
-    .unwrap()
 }
 
 fn interface_mac(pod: &TestNetns) -> String {

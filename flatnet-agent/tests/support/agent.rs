@@ -267,3 +267,36 @@ impl Drop for StandaloneAgent {
         }
     }
 }
+
+/// The macvlan FlatNetworkSubnet `name` over `master` (`cidr`, pods get
+/// `from`..`to`).
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn flat_subnet(
+    name: &str,
+    master: &str,
+    cidr: &str,
+    (from, to): (&str, &str),
+) -> flatnet_k8s::api::FlatNetworkSubnet {
+    serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+        "metadata": {"name": name, "namespace": flatnet_k8s::keys::SUBNET_NAMESPACE},
+        "spec": {"flatMode": "macvlan", "master": master, "cidr": cidr,
+                 "ranges": [{"from": from, "to": to}]}
+    }))
+    .unwrap()
+}
+
+/// The running pod `default/name` on `node` with a flat interface on
+/// `subnet` (an automatic address, no MAC named).
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn running_flat_pod(name: &str, node: &str, subnet: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default",
+                     "annotations": {"flatnetwork.pandaria.io/ip": "auto",
+                                     "flatnetwork.pandaria.io/subnet": subnet}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap()
+}
