@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use flatnet_k8s::api::{AgentsSpec, CONFIG_NAME, FlatNetworkConfig};
+use flatnet_k8s::api::{AgentsSpec, CONFIG_NAME, FlatNetworkConfig, setting_source};
 use futures::StreamExt;
 use kube::{
     Api,
@@ -74,13 +74,7 @@ pub fn effective(spec: Option<&AgentsSpec>, env: EnvSettings) -> AgentSettings {
 /// The settings in force, each with where it came from, for the log.
 #[must_use]
 pub fn describe(spec: Option<&AgentsSpec>, env: EnvSettings) -> String {
-    let source = |set: bool| {
-        if set {
-            "FlatNetworkConfig"
-        } else {
-            "environment"
-        }
-    };
+    let source = setting_source;
     let applied = effective(spec, env);
     let probe = spec.map(|s| &s.conflict_probe);
     let enabled_from = source(probe.and_then(|p| p.enabled).is_some());

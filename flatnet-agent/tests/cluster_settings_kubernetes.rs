@@ -18,7 +18,7 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, flat_subnet, insert_node, running_flat_pod, serve_with_allocation},
+    agent::{StandaloneAgent, insert_flat_pod, serve_with_allocation},
     cni::run_cni,
     lan::SimulatedLan,
     privileged, wait_until,
@@ -61,14 +61,7 @@ fn the_conflict_probe_follows_the_cluster_configuration_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let server = FakeApiServer::new();
-    server.insert(&flat_subnet(
-        "lan4",
-        &master,
-        "192.0.2.0/24",
-        (POD_ADDRESS, "192.0.2.20"),
-    ));
-    server.insert(&running_flat_pod(POD, NODE, "lan4"));
-    insert_node(&server, NODE);
+    insert_flat_pod(&server, (&master, "bridge"), NODE, POD);
     server.insert(&cluster_config(ConflictProbeSpec {
         enabled: Some(false),
         wait_milliseconds: None,

@@ -5,7 +5,8 @@
 //! simulated LAN. The pod's interface carries the MAC its FlatNetworkIP
 //! got from the pool; a LAN host sending frames with that MAC is reported
 //! on the record (Warning Event, condition) and in the agent's metrics,
-//! while the pod's own traffic is not.
+//! while the pod's own traffic is not, nor, on a VEPA subnet, the pod's own
+//! frames a switch reflects back to the node.
 
 mod support;
 
@@ -24,7 +25,7 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, flat_subnet, insert_node, running_flat_pod, serve_with_allocation},
+    agent::{StandaloneAgent, insert_flat_pod, serve_with_allocation},
     cni::{IFNAME, run_cni},
     lan::{SimulatedLan, send_arp_requests},
     ping, privileged, wait_until,
@@ -56,7 +57,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn running_for_test(test: &str) -> Option<Self> {
+    /// The cluster with the pod's subnet in macvlan `mode`.
+    fn running_for_test(test: &str, mode: &str) -> Option<Self> {
         if !privileged(test) {
             return None;
         }
@@ -65,14 +67,7 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let server = FakeApiServer::new();
-        server.insert(&flat_subnet(
-            "lan4",
-            &master,
-            "192.0.2.0/24",
-            (POD_ADDRESS, "192.0.2.20"),
-        ));
-        server.insert(&running_flat_pod(POD, NODE, "lan4"));
-        insert_node(&server, NODE);
+        insert_flat_pod(&server, (&master, mode), NODE, POD);
         let pool = ActivePool {
             range: MacRange::parse(POOL_START, POOL_END).unwrap(),
             mode: flatnet_k8s::api::MacPoolMode::OptOut,
@@ -200,6 +195,7 @@ fn interface_mac(pod: &TestNetns) -> String {
 fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     let Some(mut cluster) = Cluster::running_for_test(
         "a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported",
+        "bridge",
     ) else {
         return;
     };
@@ -294,6 +290,72 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     });
     assert_eq!(cluster.conflict_events().len(), 2, "one Event per claim");
 
+    cluster.cni("DEL", &pod);
+    cluster.agent.stop();
+}
+
+/// How many frames the LAN host reflected (its `lan0` ingress filter).
+fn reflected(lan: &TestNetns) -> u64 {
+    let stats = lan.exec("tc", &["-s", "filter", "show", "dev", "lan0", "ingress"]);
+    stats
+        .split("Sent ")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().nth(2)?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still_is() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still_is",
+        "vepa",
+    ) else {
+        return;
+    };
+    // The LAN side acts as a VEPA switch: every frame from the node goes
+    // back to it (hairpin), the pod's ARP among them.
+    cluster
+        .lan
+        .exec("tc", &["qdisc", "add", "dev", "lan0", "clsact"]);
+    cluster.lan.exec(
+        "tc",
+        &[
+            "filter", "add", "dev", "lan0", "ingress", "u32", "match", "u32", "0", "0", "action",
+            "mirred", "egress", "mirror", "dev", "lan0",
+        ],
+    );
+    wait_until("the pod's address and pool MAC allocated", || {
+        let status = cluster.status();
+        status.addr.is_some() && status.mac_from_pool
+    });
+    let status = cluster.status();
+    let pod = TestNetns::new("mcv-");
+    cluster.cni("ADD", &pod);
+    wait_until("the record Active", || cluster.status().phase == "Active");
+    // The pod resolves the LAN host: its ARP request (its MAC, its address)
+    // comes back in through the uplink.
+    // (Whether the echo is answered is not the point here.)
+    pod.try_exec("ping", &["-c", "1", "-W", "2", "192.0.2.1"]);
+    wait_until("the pod's frames reflected", || reflected(&cluster.lan) > 0);
+
+    // A rogue host with the pod's MAC claiming another address, sent
+    // after the reflections: once it is counted, the scan has seen both.
+    let mac: Mac = status.mac.parse().unwrap();
+    cluster.rogue_announces(mac.0, ROGUE_ADDRESS);
+    wait_until("the rogue counted", || {
+        cluster.conflicts_counted("other_address") >= 1
+    });
+    assert_eq!(
+        cluster.conflicts_counted("pod_on_this_node"),
+        0,
+        "the pod's own reflected frames are no conflict on a VEPA subnet"
+    );
+    let notes = cluster.conflict_events();
+    assert!(
+        notes.iter().all(|n| n.contains(ROGUE_ADDRESS)),
+        "only the rogue is reported: {notes:?}"
+    );
     cluster.cni("DEL", &pod);
     cluster.agent.stop();
 }

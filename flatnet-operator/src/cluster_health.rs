@@ -298,12 +298,7 @@ impl Tally {
 
 /// The changes on their way: `Progressing`'s reasons and messages.
 fn changes(observed: &Observed, tally: &Tally) -> Vec<(&'static str, String)> {
-    let Tally {
-        agents,
-        desired,
-        missing,
-        rollout_complete,
-    } = tally;
+    let (starting, desired, missing) = (&tally.agents.starting, tally.desired, tally.missing);
     let mut changes: Vec<(&str, String)> = Vec::new();
     if !observed.operator.controllers_ready {
         changes.push((
@@ -317,13 +312,13 @@ fn changes(observed: &Observed, tally: &Tally) -> Vec<(&'static str, String)> {
     if let Some(rollout) = observed.rollout.as_ref().filter(|r| !r.is_complete()) {
         changes.push((REASON_ROLLING_OUT, rollout.describe()));
     }
-    if !agents.starting.is_empty() {
+    if !starting.is_empty() {
         changes.push((
             REASON_AGENTS_STARTING,
-            format!("agents starting or stopping: {}", listed(&agents.starting)),
+            format!("agents starting or stopping: {}", listed(starting)),
         ));
     }
-    if *missing > 0 && !rollout_complete && observed.rollout.is_some() {
+    if missing > 0 && !tally.rollout_complete && observed.rollout.is_some() {
         changes.push((
             REASON_AGENTS_STARTING,
             format!("{missing} of {desired} agents have not reported yet"),

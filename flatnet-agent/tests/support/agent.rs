@@ -268,35 +268,34 @@ impl Drop for StandaloneAgent {
     }
 }
 
-/// The macvlan FlatNetworkSubnet `name` over `master` (`cidr`, pods get
-/// `from`..`to`).
+/// Inserts into `server` what one flat pod on `node` needs: the macvlan
+/// FlatNetworkSubnet `lan4` in `mode` over `master` (192.0.2.0/24, pods get
+/// 192.0.2.10-192.0.2.20), the Node, and the running pod `default/pod`
+/// with a flat interface on `lan4` (an automatic address, no MAC named).
 #[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
-pub fn flat_subnet(
-    name: &str,
-    master: &str,
-    cidr: &str,
-    (from, to): (&str, &str),
-) -> flatnet_k8s::api::FlatNetworkSubnet {
-    serde_json::from_value(json!({
+pub fn insert_flat_pod(
+    server: &flatnet_operator::allocation::fake_api::FakeApiServer,
+    (master, mode): (&str, &str),
+    node: &str,
+    pod: &str,
+) {
+    let subnet: flatnet_k8s::api::FlatNetworkSubnet = serde_json::from_value(json!({
         "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
-        "metadata": {"name": name, "namespace": flatnet_k8s::keys::SUBNET_NAMESPACE},
-        "spec": {"flatMode": "macvlan", "master": master, "cidr": cidr,
-                 "ranges": [{"from": from, "to": to}]}
+        "metadata": {"name": "lan4", "namespace": flatnet_k8s::keys::SUBNET_NAMESPACE},
+        "spec": {"flatMode": "macvlan", "master": master, "mode": mode, "cidr": "192.0.2.0/24",
+                 "ranges": [{"from": "192.0.2.10", "to": "192.0.2.20"}]}
     }))
-    .unwrap()
-}
-
-/// The running pod `default/name` on `node` with a flat interface on
-/// `subnet` (an automatic address, no MAC named).
-#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
-pub fn running_flat_pod(name: &str, node: &str, subnet: &str) -> k8s_openapi::api::core::v1::Pod {
-    serde_json::from_value(json!({
+    .unwrap();
+    server.insert(&subnet);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default",
+        "metadata": {"name": pod, "namespace": "default",
                      "annotations": {"flatnetwork.pandaria.io/ip": "auto",
-                                     "flatnetwork.pandaria.io/subnet": subnet}},
+                                     "flatnetwork.pandaria.io/subnet": "lan4"}},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]},
         "status": {"phase": "Running"}
     }))
-    .unwrap()
+    .unwrap();
+    server.insert(&pod);
+    insert_node(server, node);
 }

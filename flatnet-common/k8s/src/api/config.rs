@@ -97,6 +97,18 @@ pub struct FlatNetworkConfigSpec {
     pub progress_deadline_seconds: Option<u32>,
 }
 
+/// Where a setting in force comes from, as the operator's and the agents'
+/// logs name it: the FlatNetworkConfig when it sets the field, else the
+/// environment (a variable, a flag, or the built-in default).
+#[must_use]
+pub fn setting_source(set_in_config: bool) -> &'static str {
+    if set_in_config {
+        "FlatNetworkConfig"
+    } else {
+        "environment"
+    }
+}
+
 /// How long a rollout may make no progress, when the spec does not say.
 pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u32 = 600;
 

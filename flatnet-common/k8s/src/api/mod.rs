@@ -31,7 +31,7 @@ pub use config::{
     AgentsSpec, CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_PROGRESSING, CONFIG_NAME,
     ConflictProbeSpec, DEFAULT_PROGRESS_DEADLINE_SECONDS, FlatNetworkConfig, FlatNetworkConfigSpec,
     FlatNetworkConfigStatus, MAX_CONFLICT_PROBE_MILLISECONDS, MacPoolMode, MacPoolSpec,
-    MacPoolStatus, WELL_KNOWN_MACS,
+    MacPoolStatus, WELL_KNOWN_MACS, setting_source,
 };
 pub use floating::{
     FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,
