@@ -16,18 +16,19 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus},
+    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet},
     ipam::{Mac, MacRange},
+    keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
 use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
     agent::{StandaloneAgent, insert_flat_pod, serve_with_allocation},
     cni::{IFNAME, run_cni},
-    lan::{SimulatedLan, send_arp_requests},
+    lan::{SimulatedLan, send_arp_requests, send_neighbour_advertisements},
     ping, privileged, wait_until,
 };
 
@@ -57,8 +58,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// The cluster with the pod's subnet in macvlan `mode`.
-    fn running_for_test(test: &str, mode: &str) -> Option<Self> {
+    /// The cluster with the pod's subnet in macvlan `mode`; a
+    /// `dual_stack` pod also gets an address of the IPv6 subnet `lan6`.
+    fn running_for_test(test: &str, mode: &str, dual_stack: bool) -> Option<Self> {
         if !privileged(test) {
             return None;
         }
@@ -68,6 +70,17 @@ impl Cluster {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let server = FakeApiServer::new();
         insert_flat_pod(&server, (&master, mode), NODE, POD);
+        if dual_stack {
+            server.insert(&ipv6_subnet(&master));
+            let mut pod = server
+                .list::<Pod>()
+                .into_iter()
+                .find(|p| p.name_any() == POD)
+                .expect("the pod");
+            pod.annotations_mut()
+                .insert("flatnetwork.pandaria.io/subnet".into(), "lan4,lan6".into());
+            server.insert(&pod);
+        }
         let pool = ActivePool {
             range: MacRange::parse(POOL_START, POOL_END).unwrap(),
             mode: flatnet_k8s::api::MacPoolMode::OptOut,
@@ -118,19 +131,28 @@ impl Cluster {
         assert!(ok, "the runtime's {command}: {out}");
     }
 
-    fn record(&self) -> Option<FlatNetworkIP> {
+    /// The status of the pod's record `name`.
+    fn status_of(&self, name: &str) -> FlatNetworkIPStatus {
         self.server
             .list::<FlatNetworkIP>()
             .into_iter()
-            .find(|r| r.name_any() == POD)
+            .find(|r| r.name_any() == name)
+            .and_then(|r| r.status)
+            .unwrap_or_default()
     }
 
+    /// The status of the pod's (first) record.
     fn status(&self) -> FlatNetworkIPStatus {
-        self.record().and_then(|r| r.status).unwrap_or_default()
+        self.status_of(POD)
     }
 
-    /// The notes of the `MACConflict` Events on the pod's record.
+    /// The notes of the `MACConflict` Events on the pod's (first) record.
     fn conflict_events(&self) -> Vec<String> {
+        self.conflict_events_on(POD)
+    }
+
+    /// The notes of the `MACConflict` Events on the pod's record `record`.
+    fn conflict_events_on(&self, record: &str) -> Vec<String> {
         self.server
             .list::<Event>()
             .into_iter()
@@ -139,7 +161,7 @@ impl Cluster {
                     && e.type_.as_deref() == Some("Warning")
                     && e.regarding.as_ref().is_some_and(|r| {
                         r.kind.as_deref() == Some("FlatNetworkIP")
-                            && r.name.as_deref() == Some(POD)
+                            && r.name.as_deref() == Some(record)
                             && r.namespace.as_deref() == Some("default")
                     })
             })
@@ -196,6 +218,7 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     let Some(mut cluster) = Cluster::running_for_test(
         "a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported",
         "bridge",
+        false,
     ) else {
         return;
     };
@@ -310,6 +333,7 @@ fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still
     let Some(mut cluster) = Cluster::running_for_test(
         "a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still_is",
         "vepa",
+        false,
     ) else {
         return;
     };
@@ -356,6 +380,69 @@ fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still
         notes.iter().all(|n| n.contains(ROGUE_ADDRESS)),
         "only the rogue is reported: {notes:?}"
     );
+    cluster.cni("DEL", &pod);
+    cluster.agent.stop();
+}
+
+/// The IPv6 subnet `lan6` over `master` beside `lan4`.
+fn ipv6_subnet(master: &str) -> FlatNetworkSubnet {
+    serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+        "metadata": {"name": "lan6", "namespace": SUBNET_NAMESPACE},
+        "spec": {"flatMode": "macvlan", "master": master, "cidr": "2001:db8:5::/64",
+                 "ranges": [{"from": "2001:db8:5::10", "to": "2001:db8:5::20"}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_dual_stack_pods_mac_claiming_another_ipv6_address_is_reported_on_its_ipv6_record() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_dual_stack_pods_mac_claiming_another_ipv6_address_is_reported_on_its_ipv6_record",
+        "bridge",
+        true,
+    ) else {
+        return;
+    };
+    let six = format!("{POD}.ipv6");
+    wait_until("both records allocated, the pool MAC on the first", || {
+        cluster.status().mac_from_pool && cluster.status_of(&six).addr.is_some()
+    });
+    let status = cluster.status();
+    let pod_v6 = cluster.status_of(&six).addr.expect("allocated");
+    let pod = TestNetns::new("mcd-");
+    cluster.cni("ADD", &pod);
+    assert_eq!(interface_mac(&pod), status.mac, "one interface, one MAC");
+    let ipv6 = pod.ip(&["-6", "-o", "addr", "show", "dev", IFNAME]);
+    assert!(ipv6.contains(&pod_v6.to_string()), "{ipv6}");
+    wait_until("both records Active", || {
+        cluster.status().phase == "Active" && cluster.status_of(&six).phase == "Active"
+    });
+    let mac: Mac = status.mac.parse().unwrap();
+
+    // A LAN host advertises another IPv6 address with the pod's MAC.
+    let rogue: std::net::Ipv6Addr = "2001:db8:5::77".parse().unwrap();
+    send_neighbour_advertisements(&cluster.lan, "lan0", mac.0, rogue);
+    wait_until("a MACConflict Event on the IPv6 record", || {
+        !cluster.conflict_events_on(&six).is_empty()
+    });
+    let notes = cluster.conflict_events_on(&six);
+    for part in [
+        status.mac.as_str(),
+        "2001:db8:5::77",
+        &format!("node {NODE}"),
+    ] {
+        assert!(notes[0].contains(part), "{part} missing in {notes:?}");
+    }
+    // The IPv4 record holds no IPv6 address: nothing reported on it. Its
+    // own IPv6 address advertised from its MAC (the pod's DAD and
+    // announcements) is no conflict either.
+    assert!(
+        cluster.conflict_events().is_empty(),
+        "{:?}",
+        cluster.conflict_events()
+    );
+    assert_eq!(cluster.conflicts_counted("pod_on_this_node"), 0);
     cluster.cni("DEL", &pod);
     cluster.agent.stop();
 }
