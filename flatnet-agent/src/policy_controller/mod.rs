@@ -290,6 +290,7 @@ impl<S: PolicySink> PolicyController<S> {
     /// A controller installing into `sink` the policies whose `policy-for`
     /// names one of `networks`.
     pub fn new(sink: S, networks: NetworkNames, metrics: PolicyMetrics) -> Self {
+        metrics.enforced.set(1);
         Self {
             sink,
             networks,
@@ -308,6 +309,7 @@ impl<S: PolicySink> PolicyController<S> {
     #[must_use]
     pub fn enforcing_as(mut self, settings: SettingsView) -> Self {
         self.enforcement = Some(settings);
+        self.metrics.enforced.set(i64::from(self.enforces()));
         self
     }
 
@@ -357,6 +359,7 @@ impl<S: PolicySink> PolicyController<S> {
             self.enforced = Some(enforced);
         }
         let in_force = if enforced { selected } else { 0 };
+        self.metrics.enforced.set(i64::from(enforced));
         self.metrics.applies.inc();
         self.metrics.policies.set(gauge(in_force));
         self.metrics
@@ -609,8 +612,11 @@ mod tests {
             policy_enforcement: true,
         };
         let (settings, view) = SettingsView::channel(enforcing);
-        let (controller, recorder) = recording_controller();
-        let controller = controller.enforcing_as(view.clone());
+        let recorder = Recorder::default();
+        let metrics = PolicyMetrics::default();
+        let controller =
+            PolicyController::new(recorder.clone(), NetworkNames::default(), metrics.clone())
+                .enforcing_as(view.clone());
         let (trigger, changes) = PolicyTrigger::new();
         let policies = vec![policy_for_the_flat_network()];
         tokio::spawn(controller.run(
@@ -642,6 +648,7 @@ mod tests {
         tokio::time::sleep(DEBOUNCE * 2).await;
         assert_eq!(recorder.0.lock().unwrap().len(), 1);
         assert!(isolates(0), "enforced: the policy isolates the pod");
+        assert_eq!((metrics.enforced.get(), metrics.policies.get()), (1, 1));
 
         // Turned off: a round starts by itself and installs open tables.
         settings.send_modify(|s| s.policy_enforcement = false);
@@ -652,6 +659,8 @@ mod tests {
             "one round for the change"
         );
         assert!(!isolates(1), "not enforced: nothing isolates the pod");
+        assert_eq!(metrics.enforced.get(), 0);
+        assert_eq!(metrics.policies.get(), 0, "no policy in force");
         // An ADD does not wait for tables that hold no policy.
         assert_eq!(
             trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await,
@@ -671,6 +680,7 @@ mod tests {
         let last = recorder.0.lock().unwrap().len() - 1;
         assert_eq!(last, rounds, "one round for the change");
         assert!(isolates(last), "enforced again");
+        assert_eq!((metrics.enforced.get(), metrics.policies.get()), (1, 1));
     }
 
     #[tokio::test(start_paused = true)]
