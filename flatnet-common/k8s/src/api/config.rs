@@ -26,8 +26,9 @@ pub const CONDITION_PROGRESSING: &str = "Progressing";
 /// Condition: a part of flatnet is not working; the message names it.
 pub const CONDITION_DEGRADED: &str = "Degraded";
 
-/// Cluster-wide flatnet settings. Each field left out keeps the operator's
-/// environment variable or its default.
+/// Cluster-wide flatnet settings. Each field left out keeps the
+/// environment variable of the operator (or, under `agents`, of the
+/// agents) or its default.
 #[allow(
     clippy::duplicated_attributes,
     reason = "kube's printcolumn(...) attributes repeat the same keys by design"
