@@ -176,7 +176,8 @@ pub enum CaBundle {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WebhookRoute {
     /// The webhook's Service (`namespace/name`) and its ready endpoints;
-    /// `None` when a URL is registered instead.
+    /// `None` when a URL is registered instead, or its EndpointSlices have
+    /// not been listed yet.
     pub service: Option<(String, usize)>,
     /// The configuration's `caBundle` against the served certificate.
     pub ca_bundle: CaBundle,
@@ -750,11 +751,7 @@ pub async fn run(
             _ = ticker.tick() => {}
         }
         // Until every store listed once, a missing object is only unseen.
-        ready = ready
-            || (has_listed(&configs)
-                && has_listed(&daemonsets)
-                && has_listed(&leases)
-                && (webhook_service.is_none() || has_listed(&slices)));
+        ready = ready || (has_listed(&configs) && has_listed(&daemonsets) && has_listed(&leases));
         if !ready {
             continue;
         }
@@ -791,12 +788,17 @@ pub async fn run(
                 .filter_map(|l| agent_heartbeat::read(l))
                 .collect(),
             webhook_route: matches!(webhook, WebhookProbe::Enabled { .. }).then(|| WebhookRoute {
-                service: webhook_service.as_ref().map(|service| {
-                    (
-                        format!("{}/{service}", settings.namespace),
-                        ready_endpoints(&slices.state()),
-                    )
-                }),
+                // Until the slices are listed, not looked at (rather than
+                // none ready).
+                service: webhook_service
+                    .as_ref()
+                    .filter(|_| has_listed(&slices))
+                    .map(|service| {
+                        (
+                            format!("{}/{service}", settings.namespace),
+                            ready_endpoints(&slices.state()),
+                        )
+                    }),
                 ca_bundle: ca_bundle.clone(),
             }),
             progress_since: None,
