@@ -24,9 +24,8 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, insert_flat_pod, serve_with_allocation},
+    agent::{FlatPodCluster, StandaloneAgent, serve_with_allocation},
     cni::run_cni,
-    lan::SimulatedLan,
     privileged, wait_until,
 };
 
@@ -65,12 +64,14 @@ impl Cluster {
         if !privileged(test) {
             return None;
         }
-        let SimulatedLan { node, lan, master } = SimulatedLan::new("cs", &["192.0.2.1/24"]);
-        lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
-        let dir = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let server = FakeApiServer::new();
-        insert_flat_pod(&server, (&master, "bridge"), NODE, POD);
+        let FlatPodCluster {
+            node,
+            lan,
+            dir,
+            runtime,
+            server,
+            ..
+        } = FlatPodCluster::new("cs", "bridge", NODE, POD);
         server.insert(&cluster_config(agents));
         let kubeconfig = dir.path().join("kubeconfig");
         serve_with_allocation(&runtime, &server, None, &kubeconfig);

@@ -16,9 +16,8 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet},
+    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus},
     ipam::{Mac, MacRange},
-    keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
 use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
@@ -26,9 +25,9 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, insert_flat_pod, serve_with_allocation},
+    agent::{FlatPodCluster, StandaloneAgent, macvlan_subnet, serve_with_allocation},
     cni::{IFNAME, run_cni},
-    lan::{SimulatedLan, send_arp_requests, send_neighbour_advertisements},
+    lan::{send_arp_requests, send_neighbour_advertisements},
     ping, privileged, wait_until,
 };
 
@@ -64,14 +63,21 @@ impl Cluster {
         if !privileged(test) {
             return None;
         }
-        let SimulatedLan { node, lan, master } = SimulatedLan::new("mc", &["192.0.2.1/24"]);
-        lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
-        let dir = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let server = FakeApiServer::new();
-        insert_flat_pod(&server, (&master, mode), NODE, POD);
+        let FlatPodCluster {
+            node,
+            lan,
+            master,
+            dir,
+            runtime,
+            server,
+        } = FlatPodCluster::new("mc", mode, NODE, POD);
         if dual_stack {
-            server.insert(&ipv6_subnet(&master));
+            server.insert(&macvlan_subnet(
+                "lan6",
+                (&master, "bridge"),
+                "2001:db8:5::/64",
+                ("2001:db8:5::10", "2001:db8:5::20"),
+            ));
             let mut pod = server
                 .list::<Pod>()
                 .into_iter()
@@ -382,17 +388,6 @@ fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still
     );
     cluster.cni("DEL", &pod);
     cluster.agent.stop();
-}
-
-/// The IPv6 subnet `lan6` over `master` beside `lan4`.
-fn ipv6_subnet(master: &str) -> FlatNetworkSubnet {
-    serde_json::from_value(json!({
-        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
-        "metadata": {"name": "lan6", "namespace": SUBNET_NAMESPACE},
-        "spec": {"flatMode": "macvlan", "master": master, "cidr": "2001:db8:5::/64",
-                 "ranges": [{"from": "2001:db8:5::10", "to": "2001:db8:5::20"}]}
-    }))
-    .unwrap()
 }
 
 #[test]

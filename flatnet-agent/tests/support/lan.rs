@@ -31,13 +31,7 @@ pub fn send_arp_requests(
         ([0; 6], target),
     )
     .unwrap();
-    run_in_netns(&ns.path(), || {
-        let socket = RawSocket::open(ifname).unwrap();
-        for _ in 0..3 {
-            socket.send(&frame).unwrap();
-        }
-    })
-    .unwrap();
+    send_three(ns, ifname, &frame);
 }
 
 /// Sends three unsolicited neighbour advertisements (to all nodes) from
@@ -59,10 +53,15 @@ pub fn send_neighbour_advertisements(ns: &TestNetns, ifname: &str, mac: [u8; 6],
         message,
     )
     .unwrap();
+    send_three(ns, ifname, &frame);
+}
+
+/// Sends `frame` three times out of `ifname` in `ns`.
+fn send_three(ns: &TestNetns, ifname: &str, frame: &[u8]) {
     run_in_netns(&ns.path(), || {
         let socket = RawSocket::open(ifname).unwrap();
         for _ in 0..3 {
-            socket.send(&frame).unwrap();
+            socket.send(frame).unwrap();
         }
     })
     .unwrap();
