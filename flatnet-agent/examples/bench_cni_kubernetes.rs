@@ -245,7 +245,12 @@ fn service<S: DesiredState>(
             node_name: "bench-node".into(),
             attachments,
             // The reference plugin has no conflict probe (as in `bench cni`).
-            probe_wait: Duration::ZERO,
+            settings: flatnet_agent::cluster_settings::SettingsView::fixed(
+                flatnet_agent::cluster_settings::AgentSettings {
+                    probe_wait: Duration::ZERO,
+                    policy_enforcement: true,
+                },
+            ),
             pod_sandboxes: None,
             spec: Default::default(),
         },

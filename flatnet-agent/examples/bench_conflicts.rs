@@ -139,7 +139,12 @@ async fn measure(count: usize, interval: Duration) -> anyhow::Result<Timeline> {
         ServiceConfig {
             node_name: "bench-node".into(),
             attachments: Default::default(),
-            probe_wait: Duration::ZERO,
+            settings: flatnet_agent::cluster_settings::SettingsView::fixed(
+                flatnet_agent::cluster_settings::AgentSettings {
+                    probe_wait: Duration::ZERO,
+                    policy_enforcement: true,
+                },
+            ),
             pod_sandboxes: None,
             spec: Default::default(),
         },

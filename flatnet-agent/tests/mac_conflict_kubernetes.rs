@@ -5,7 +5,8 @@
 //! simulated LAN. The pod's interface carries the MAC its FlatNetworkIP
 //! got from the pool; a LAN host sending frames with that MAC is reported
 //! on the record (Warning Event, condition) and in the agent's metrics,
-//! while the pod's own traffic is not.
+//! while the pod's own traffic is not, nor, on a VEPA subnet, the pod's own
+//! frames a switch reflects back to the node.
 
 mod support;
 
@@ -15,9 +16,8 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet},
+    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus},
     ipam::{Mac, MacRange},
-    keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
 use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
@@ -25,9 +25,9 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, insert_node, serve_with_allocation},
+    agent::{FlatPodCluster, StandaloneAgent, macvlan_subnet, serve_with_allocation},
     cni::{IFNAME, run_cni},
-    lan::{SimulatedLan, send_arp_requests},
+    lan::{send_arp_requests, send_neighbour_advertisements},
     ping, privileged, wait_until,
 };
 
@@ -57,18 +57,36 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn running_for_test(test: &str) -> Option<Self> {
+    /// The cluster with the pod's subnet in macvlan `mode`; a
+    /// `dual_stack` pod also gets an address of the IPv6 subnet `lan6`.
+    fn running_for_test(test: &str, mode: &str, dual_stack: bool) -> Option<Self> {
         if !privileged(test) {
             return None;
         }
-        let SimulatedLan { node, lan, master } = SimulatedLan::new("mc", &["192.0.2.1/24"]);
-        lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
-        let dir = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let server = FakeApiServer::new();
-        server.insert(&subnet(&master));
-        server.insert(&running_pod());
-        insert_node(&server, NODE);
+        let FlatPodCluster {
+            node,
+            lan,
+            master,
+            dir,
+            runtime,
+            server,
+        } = FlatPodCluster::new("mc", mode, NODE, POD);
+        if dual_stack {
+            server.insert(&macvlan_subnet(
+                "lan6",
+                (&master, "bridge"),
+                "2001:db8:5::/64",
+                ("2001:db8:5::10", "2001:db8:5::20"),
+            ));
+            let mut pod = server
+                .list::<Pod>()
+                .into_iter()
+                .find(|p| p.name_any() == POD)
+                .expect("the pod");
+            pod.annotations_mut()
+                .insert("flatnetwork.pandaria.io/subnet".into(), "lan4,lan6".into());
+            server.insert(&pod);
+        }
         let pool = ActivePool {
             range: MacRange::parse(POOL_START, POOL_END).unwrap(),
             mode: flatnet_k8s::api::MacPoolMode::OptOut,
@@ -119,19 +137,28 @@ impl Cluster {
         assert!(ok, "the runtime's {command}: {out}");
     }
 
-    fn record(&self) -> Option<FlatNetworkIP> {
+    /// The status of the pod's record `name`.
+    fn status_of(&self, name: &str) -> FlatNetworkIPStatus {
         self.server
             .list::<FlatNetworkIP>()
             .into_iter()
-            .find(|r| r.name_any() == POD)
+            .find(|r| r.name_any() == name)
+            .and_then(|r| r.status)
+            .unwrap_or_default()
     }
 
+    /// The status of the pod's (first) record.
     fn status(&self) -> FlatNetworkIPStatus {
-        self.record().and_then(|r| r.status).unwrap_or_default()
+        self.status_of(POD)
     }
 
-    /// The notes of the `MACConflict` Events on the pod's record.
+    /// The notes of the `MACConflict` Events on the pod's (first) record.
     fn conflict_events(&self) -> Vec<String> {
+        self.conflict_events_on(POD)
+    }
+
+    /// The notes of the `MACConflict` Events on the pod's record `record`.
+    fn conflict_events_on(&self, record: &str) -> Vec<String> {
         self.server
             .list::<Event>()
             .into_iter()
@@ -140,7 +167,7 @@ impl Cluster {
                     && e.type_.as_deref() == Some("Warning")
                     && e.regarding.as_ref().is_some_and(|r| {
                         r.kind.as_deref() == Some("FlatNetworkIP")
-                            && r.name.as_deref() == Some(POD)
+                            && r.name.as_deref() == Some(record)
                             && r.namespace.as_deref() == Some("default")
                     })
             })
@@ -186,29 +213,6 @@ fn http_get(address: &str, path: &str) -> String {
         .unwrap_or_default()
 }
 
-fn subnet(master: &str) -> FlatNetworkSubnet {
-    serde_json::from_value(json!({
-        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
-        "metadata": {"name": "lan4", "namespace": SUBNET_NAMESPACE},
-        "spec": {"flatMode": "macvlan", "master": master, "cidr": "192.0.2.0/24",
-                 "ranges": [{"from": POD_ADDRESS, "to": "192.0.2.20"}]}
-    }))
-    .unwrap()
-}
-
-/// The running pod the runtime attaches (`eth1` on `lan4`), naming no MAC.
-fn running_pod() -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": POD, "namespace": "default",
-                     "annotations": {"flatnetwork.pandaria.io/ip": "auto",
-                                     "flatnetwork.pandaria.io/subnet": "lan4"}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "pause"}]},
-        "status": {"phase": "Running"}
-    }))
-    .unwrap()
-}
-
 fn interface_mac(pod: &TestNetns) -> String {
     let out = pod.ip(&["-o", "link", "show", "dev", IFNAME]);
     let after = out.split("link/ether ").nth(1).expect("an Ethernet link");
@@ -219,6 +223,8 @@ fn interface_mac(pod: &TestNetns) -> String {
 fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     let Some(mut cluster) = Cluster::running_for_test(
         "a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported",
+        "bridge",
+        false,
     ) else {
         return;
     };
@@ -313,6 +319,125 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     });
     assert_eq!(cluster.conflict_events().len(), 2, "one Event per claim");
 
+    cluster.cni("DEL", &pod);
+    cluster.agent.stop();
+}
+
+/// How many frames the LAN host reflected (its `lan0` ingress filter).
+fn reflected(lan: &TestNetns) -> u64 {
+    let stats = lan.exec("tc", &["-s", "filter", "show", "dev", "lan0", "ingress"]);
+    stats
+        .split("Sent ")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().nth(2)?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still_is() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still_is",
+        "vepa",
+        false,
+    ) else {
+        return;
+    };
+    // The LAN side acts as a VEPA switch: every frame from the node goes
+    // back to it (hairpin), the pod's ARP among them.
+    cluster
+        .lan
+        .exec("tc", &["qdisc", "add", "dev", "lan0", "clsact"]);
+    cluster.lan.exec(
+        "tc",
+        &[
+            "filter", "add", "dev", "lan0", "ingress", "u32", "match", "u32", "0", "0", "action",
+            "mirred", "egress", "mirror", "dev", "lan0",
+        ],
+    );
+    wait_until("the pod's address and pool MAC allocated", || {
+        let status = cluster.status();
+        status.addr.is_some() && status.mac_from_pool
+    });
+    let status = cluster.status();
+    let pod = TestNetns::new("mcv-");
+    cluster.cni("ADD", &pod);
+    wait_until("the record Active", || cluster.status().phase == "Active");
+    // The pod resolves the LAN host: its ARP request (its MAC, its address)
+    // comes back in through the uplink.
+    // (Whether the echo is answered is not the point here.)
+    pod.try_exec("ping", &["-c", "1", "-W", "2", "192.0.2.1"]);
+    wait_until("the pod's frames reflected", || reflected(&cluster.lan) > 0);
+
+    // A rogue host with the pod's MAC claiming another address, sent
+    // after the reflections: once it is counted, the scan has seen both.
+    let mac: Mac = status.mac.parse().unwrap();
+    cluster.rogue_announces(mac.0, ROGUE_ADDRESS);
+    wait_until("the rogue counted", || {
+        cluster.conflicts_counted("other_address") >= 1
+    });
+    assert_eq!(
+        cluster.conflicts_counted("pod_on_this_node"),
+        0,
+        "the pod's own reflected frames are no conflict on a VEPA subnet"
+    );
+    let notes = cluster.conflict_events();
+    assert!(
+        notes.iter().all(|n| n.contains(ROGUE_ADDRESS)),
+        "only the rogue is reported: {notes:?}"
+    );
+    cluster.cni("DEL", &pod);
+    cluster.agent.stop();
+}
+
+#[test]
+fn a_dual_stack_pods_mac_claiming_another_ipv6_address_is_reported_on_its_ipv6_record() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "a_dual_stack_pods_mac_claiming_another_ipv6_address_is_reported_on_its_ipv6_record",
+        "bridge",
+        true,
+    ) else {
+        return;
+    };
+    let six = format!("{POD}.ipv6");
+    wait_until("both records allocated, the pool MAC on the first", || {
+        cluster.status().mac_from_pool && cluster.status_of(&six).addr.is_some()
+    });
+    let status = cluster.status();
+    let pod_v6 = cluster.status_of(&six).addr.expect("allocated");
+    let pod = TestNetns::new("mcd-");
+    cluster.cni("ADD", &pod);
+    assert_eq!(interface_mac(&pod), status.mac, "one interface, one MAC");
+    let ipv6 = pod.ip(&["-6", "-o", "addr", "show", "dev", IFNAME]);
+    assert!(ipv6.contains(&pod_v6.to_string()), "{ipv6}");
+    wait_until("both records Active", || {
+        cluster.status().phase == "Active" && cluster.status_of(&six).phase == "Active"
+    });
+    let mac: Mac = status.mac.parse().unwrap();
+
+    // A LAN host advertises another IPv6 address with the pod's MAC.
+    let rogue: std::net::Ipv6Addr = "2001:db8:5::77".parse().unwrap();
+    send_neighbour_advertisements(&cluster.lan, "lan0", mac.0, rogue);
+    wait_until("a MACConflict Event on the IPv6 record", || {
+        !cluster.conflict_events_on(&six).is_empty()
+    });
+    let notes = cluster.conflict_events_on(&six);
+    for part in [
+        status.mac.as_str(),
+        "2001:db8:5::77",
+        &format!("node {NODE}"),
+    ] {
+        assert!(notes[0].contains(part), "{part} missing in {notes:?}");
+    }
+    // The IPv4 record holds no IPv6 address: nothing reported on it. Its
+    // own IPv6 address advertised from its MAC (the pod's DAD and
+    // announcements) is no conflict either.
+    assert!(
+        cluster.conflict_events().is_empty(),
+        "{:?}",
+        cluster.conflict_events()
+    );
+    assert_eq!(cluster.conflicts_counted("pod_on_this_node"), 0);
     cluster.cni("DEL", &pod);
     cluster.agent.stop();
 }

@@ -134,13 +134,7 @@ pub fn active_pool(config: Option<&FlatNetworkConfig>) -> Option<ActivePool> {
 #[must_use]
 pub fn describe(config: Option<&FlatNetworkConfig>, env: &CniSettings) -> String {
     let spec = config.map(|c| &c.spec);
-    let source = |set: bool| {
-        if set {
-            "FlatNetworkConfig"
-        } else {
-            "environment"
-        }
-    };
+    let source = flatnet_k8s::api::setting_source;
     let effective = effective_cni(config, env);
     let pool = match active_pool(config) {
         Some(pool) => format!("{} ({:?})", pool.range, pool.mode),

@@ -18,7 +18,10 @@ use flatnet_k8s::{
 };
 use futures::StreamExt;
 use k8s_openapi::{
-    api::{apps::v1::DaemonSet, coordination::v1::Lease},
+    api::{
+        admissionregistration::v1::ValidatingWebhookConfiguration, apps::v1::DaemonSet,
+        coordination::v1::Lease, discovery::v1::EndpointSlice,
+    },
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::{SignedDuration, Timestamp},
 };
@@ -33,7 +36,7 @@ use tracing::{debug, info, warn};
 use crate::{
     admin::Health,
     controller::{condition, is_conflict, is_not_found},
-    tls::resolver::ReloadingResolver,
+    tls::{cert, resolver::ReloadingResolver},
 };
 
 /// `Available` True: every part serves.
@@ -63,6 +66,15 @@ pub const REASON_ROLLING_OUT: &str = "AgentsRollingOut";
 pub const REASON_AGENTS_STARTING: &str = "AgentsStarting";
 /// `Progressing` False.
 pub const REASON_ROLLOUT_COMPLETE: &str = "RolloutComplete";
+/// What `Progressing` names made no progress for the configuration's
+/// `progressDeadlineSeconds` (`Progressing` False, `Degraded` True).
+pub const REASON_PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+/// The webhook's Service has no ready endpoint: the API server cannot
+/// reach any replica.
+pub const REASON_WEBHOOK_ENDPOINTS_NOT_READY: &str = "WebhookEndpointsNotReady";
+/// The ValidatingWebhookConfiguration's `caBundle` does not trust the
+/// certificate the webhook serves: the API server refuses its TLS.
+pub const REASON_WEBHOOK_CA_BUNDLE_MISMATCH: &str = "WebhookCABundleMismatch";
 
 /// How many nodes a message names before it says "and N more".
 const NAMED_NODES: usize = 5;
@@ -149,6 +161,28 @@ impl Rollout {
     }
 }
 
+/// Whether the ValidatingWebhookConfiguration trusts the served certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CaBundle {
+    /// Not looked at yet, or not readable (the next look tries again).
+    Unchecked,
+    /// Every webhook's `caBundle` holds a CA that signed the served certificate.
+    Trusted,
+    /// Not so, and why (the webhooks named).
+    Mismatch(String),
+}
+
+/// How the API server reaches the webhook, as last looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookRoute {
+    /// The webhook's Service (`namespace/name`) and its ready endpoints;
+    /// `None` when a URL is registered instead, or its EndpointSlices have
+    /// not been listed yet.
+    pub service: Option<(String, usize)>,
+    /// The configuration's `caBundle` against the served certificate.
+    pub ca_bundle: CaBundle,
+}
+
 /// Everything the conditions are computed from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
@@ -162,6 +196,14 @@ pub struct Observed {
     pub daemonset: String,
     /// Every agent heartbeat.
     pub heartbeats: Vec<Heartbeat>,
+    /// How the API server reaches the webhook; `None` when it is turned
+    /// off or was not looked at.
+    pub webhook_route: Option<WebhookRoute>,
+    /// Since when what `Progressing` names (its [`progress_key`]) has not
+    /// changed; `None`: nothing progresses.
+    pub progress_since: Option<Timestamp>,
+    /// How long that may last before it is `ProgressDeadlineExceeded`.
+    pub progress_deadline: SignedDuration,
 }
 
 /// The agents' heartbeats sorted by what they say at `now`.
@@ -228,17 +270,123 @@ fn listed(items: &[String]) -> String {
     text
 }
 
+/// What the conditions are judged on, tallied once.
+struct Tally {
+    agents: Agents,
+    /// Agents the DaemonSet schedules.
+    desired: usize,
+    /// Of those, how many wrote no heartbeat.
+    missing: usize,
+    rollout_complete: bool,
+}
+
+impl Tally {
+    fn of(observed: &Observed, now: Timestamp) -> Self {
+        let agents = Agents::tally(&observed.heartbeats, now);
+        let desired = observed
+            .rollout
+            .as_ref()
+            .map_or(0, |r| usize::try_from(r.desired).unwrap_or_default());
+        let missing = desired.saturating_sub(agents.fresh + agents.stale.len());
+        Self {
+            agents,
+            desired,
+            missing,
+            rollout_complete: observed.rollout.as_ref().is_some_and(Rollout::is_complete),
+        }
+    }
+}
+
+/// The changes on their way: `Progressing`'s reasons and messages.
+fn changes(observed: &Observed, tally: &Tally) -> Vec<(&'static str, String)> {
+    let (starting, desired, missing) = (&tally.agents.starting, tally.desired, tally.missing);
+    let mut changes: Vec<(&str, String)> = Vec::new();
+    if !observed.operator.controllers_ready {
+        changes.push((
+            REASON_OPERATOR_STARTING,
+            format!(
+                "the operator's leader {} is syncing its caches",
+                observed.operator.leader
+            ),
+        ));
+    }
+    if let Some(rollout) = observed.rollout.as_ref().filter(|r| !r.is_complete()) {
+        changes.push((REASON_ROLLING_OUT, rollout.describe()));
+    }
+    if !starting.is_empty() {
+        changes.push((
+            REASON_AGENTS_STARTING,
+            format!("agents starting or stopping: {}", listed(starting)),
+        ));
+    }
+    if missing > 0 && !tally.rollout_complete && observed.rollout.is_some() {
+        changes.push((
+            REASON_AGENTS_STARTING,
+            format!("{missing} of {desired} agents have not reported yet"),
+        ));
+    }
+    if let Some((service, 0)) = observed
+        .webhook_route
+        .as_ref()
+        .and_then(|r| r.service.as_ref())
+        && observed.webhook == Webhook::Serving
+    {
+        changes.push((
+            REASON_WEBHOOK_ENDPOINTS_NOT_READY,
+            format!(
+                "the webhook Service {service} has no ready endpoint (no operator pod ready, or its selector matches none)"
+            ),
+        ));
+    }
+    changes
+}
+
+/// What `Progressing` names at `now`, as one text that changes whenever
+/// any of it moves (a count, a node, a reason); `None` when nothing
+/// progresses. The controller keeps since when it is unchanged
+/// ([`Observed::progress_since`]).
+#[must_use]
+pub fn progress_key(observed: &Observed, now: Timestamp) -> Option<String> {
+    let changes = changes(observed, &Tally::of(observed, now));
+    (!changes.is_empty()).then(|| {
+        changes
+            .iter()
+            .map(|(_, m)| m.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
 /// The three conditions for `observed` at `now`, stamped with `generation`
 /// (the FlatNetworkConfig's) and `now` as their transition time.
 #[must_use]
 pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) -> [Condition; 3] {
-    let agents = Agents::tally(&observed.heartbeats, now);
-    let desired = observed
-        .rollout
-        .as_ref()
-        .map_or(0, |r| usize::try_from(r.desired).unwrap_or_default());
-    let missing = desired.saturating_sub(agents.fresh + agents.stale.len());
-    let rollout_complete = observed.rollout.as_ref().is_some_and(Rollout::is_complete);
+    let tally = Tally::of(observed, now);
+    let changes = changes(observed, &tally);
+    let Tally {
+        agents,
+        desired,
+        missing,
+        rollout_complete,
+    } = tally;
+    // No progress for longer than the deadline.
+    let stalled = observed
+        .progress_since
+        .map(|since| now.duration_since(since))
+        .filter(|unchanged| !changes.is_empty() && *unchanged >= observed.progress_deadline)
+        .map(|unchanged| {
+            let messages: Vec<&str> = changes.iter().map(|(_, m)| m.as_str()).collect();
+            format!(
+                "no progress for {} (progressDeadlineSeconds {}): {}",
+                seconds(unchanged),
+                observed.progress_deadline.as_secs(),
+                messages.join("; ")
+            )
+        });
+    let ca_mismatch = match observed.webhook_route.as_ref().map(|r| &r.ca_bundle) {
+        Some(CaBundle::Mismatch(why)) if observed.webhook == Webhook::Serving => Some(why.clone()),
+        _ => None,
+    };
 
     // Degraded: something fails that no rollout explains.
     let mut failures: Vec<(&str, String)> = Vec::new();
@@ -247,6 +395,9 @@ pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) 
             REASON_WEBHOOK_NOT_SERVING,
             format!("the admission webhook does not serve: {why}"),
         ));
+    }
+    if let Some(why) = &ca_mismatch {
+        failures.push((REASON_WEBHOOK_CA_BUNDLE_MISMATCH, why.clone()));
     }
     if observed.rollout.is_none() {
         failures.push((
@@ -278,6 +429,9 @@ pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) 
             ),
         ));
     }
+    if let Some(message) = &stalled {
+        failures.push((REASON_PROGRESS_DEADLINE_EXCEEDED, message.clone()));
+    }
     let degraded = any_of(
         CONDITION_DEGRADED,
         &failures,
@@ -288,50 +442,42 @@ pub fn conditions(observed: &Observed, generation: Option<i64>, now: Timestamp) 
         generation,
     );
 
-    // Progressing: a change is on its way.
-    let mut changes: Vec<(&str, String)> = Vec::new();
-    if !observed.operator.controllers_ready {
-        changes.push((
-            REASON_OPERATOR_STARTING,
-            format!(
-                "the operator's leader {} is syncing its caches",
-                observed.operator.leader
-            ),
-        ));
-    }
-    if let Some(rollout) = observed.rollout.as_ref().filter(|r| !r.is_complete()) {
-        changes.push((REASON_ROLLING_OUT, rollout.describe()));
-    }
-    if !agents.starting.is_empty() {
-        changes.push((
-            REASON_AGENTS_STARTING,
-            format!("agents starting or stopping: {}", listed(&agents.starting)),
-        ));
-    }
-    if missing > 0 && !rollout_complete && observed.rollout.is_some() {
-        changes.push((
-            REASON_AGENTS_STARTING,
-            format!("{missing} of {desired} agents have not reported yet"),
-        ));
-    }
-    let progressing = any_of(
-        CONDITION_PROGRESSING,
-        &changes,
-        (
-            REASON_ROLLOUT_COMPLETE,
-            observed
-                .rollout
-                .as_ref()
-                .map_or_else(String::new, Rollout::describe),
+    // Progressing: a change is on its way (False, as a Deployment's, once
+    // it is past its deadline).
+    let progressing = match stalled {
+        Some(message) => condition(
+            CONDITION_PROGRESSING,
+            false,
+            REASON_PROGRESS_DEADLINE_EXCEEDED,
+            message,
+            generation,
         ),
-        generation,
-    );
+        None => any_of(
+            CONDITION_PROGRESSING,
+            &changes,
+            (
+                REASON_ROLLOUT_COMPLETE,
+                observed
+                    .rollout
+                    .as_ref()
+                    .map_or_else(String::new, Rollout::describe),
+            ),
+            generation,
+        ),
+    };
 
     // Available: every part serves, on every node.
     let unavailable = if !observed.operator.controllers_ready {
         Some((REASON_OPERATOR_STARTING, changes[0].1.clone()))
     } else if let Webhook::NotServing(_) = &observed.webhook {
         Some((REASON_WEBHOOK_NOT_SERVING, failures[0].1.clone()))
+    } else if let Some(why) = ca_mismatch {
+        Some((REASON_WEBHOOK_CA_BUNDLE_MISMATCH, why))
+    } else if let Some((_, message)) = changes
+        .iter()
+        .find(|(reason, _)| *reason == REASON_WEBHOOK_ENDPOINTS_NOT_READY)
+    {
+        Some((REASON_WEBHOOK_ENDPOINTS_NOT_READY, message.clone()))
     } else if observed.rollout.is_none() {
         Some((
             REASON_DAEMONSET_NOT_FOUND,
@@ -422,21 +568,36 @@ pub struct Settings {
     /// How often the conditions are looked at besides on changes (a
     /// heartbeat goes stale without any event).
     pub interval: Duration,
+    /// How often the ValidatingWebhookConfiguration's `caBundle` is read.
+    pub ca_bundle_interval: Duration,
 }
 
 /// How often a heartbeat's staleness is looked at: well under the
 /// heartbeats' validity.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Whether the leader's replica serves its webhook.
+/// Whether the leader's replica serves its webhook, and how the API
+/// server reaches it.
 #[derive(Clone)]
 pub enum WebhookProbe {
     /// Turned off.
     Disabled,
     /// Served with the certificate `resolver` holds (none until the
     /// Secret is read).
-    Enabled(Arc<ReloadingResolver>),
+    Enabled {
+        /// The served certificate.
+        resolver: Arc<ReloadingResolver>,
+        /// The webhook's Service in the operator's namespace; `None` when
+        /// a URL is registered instead.
+        service: Option<String>,
+        /// The ValidatingWebhookConfiguration's name.
+        configuration: String,
+    },
 }
+
+/// How often the ValidatingWebhookConfiguration's `caBundle` is read by
+/// default (a GET: the operator may not list or watch configurations).
+pub const DEFAULT_CA_BUNDLE_INTERVAL: Duration = Duration::from_secs(30);
 
 impl WebhookProbe {
     /// The webhook's state now.
@@ -444,12 +605,60 @@ impl WebhookProbe {
     pub fn state(&self) -> Webhook {
         match self {
             Self::Disabled => Webhook::Disabled,
-            Self::Enabled(resolver) if resolver.is_loaded() => Webhook::Serving,
-            Self::Enabled(_) => Webhook::NotServing(
+            Self::Enabled { resolver, .. } if resolver.is_loaded() => Webhook::Serving,
+            Self::Enabled { .. } => Webhook::NotServing(
                 "no serving certificate loaded from the webhook Secret yet".to_owned(),
             ),
         }
     }
+
+    /// Whether the `caBundle` of each webhook of `registered` trusts the
+    /// served certificate.
+    #[must_use]
+    pub fn ca_bundle(&self, registered: &ValidatingWebhookConfiguration) -> CaBundle {
+        let Self::Enabled { resolver, .. } = self else {
+            return CaBundle::Unchecked;
+        };
+        let Some(served) = resolver.served_certificate() else {
+            return CaBundle::Unchecked;
+        };
+        let untrusting: Vec<String> = registered
+            .webhooks
+            .iter()
+            .flatten()
+            .filter_map(|webhook| {
+                let bundle = webhook
+                    .client_config
+                    .ca_bundle
+                    .as_ref()
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .unwrap_or_default();
+                cert::trusts(&bundle, &served)
+                    .err()
+                    .map(|why| format!("{}: {why}", webhook.name))
+            })
+            .collect();
+        if untrusting.is_empty() {
+            CaBundle::Trusted
+        } else {
+            CaBundle::Mismatch(format!(
+                "ValidatingWebhookConfiguration {}: the caBundle does not trust the certificate the webhook serves, so the API server refuses its TLS ({}); the leader rewrites it from the webhook Secret's ca.crt within 10 minutes, or at once when the Secret changes",
+                registered.name_any(),
+                untrusting.join("; ")
+            ))
+        }
+    }
+}
+
+/// Ready endpoints of the Service `slices` belong to (an endpoint whose
+/// `ready` is unset counts as ready, as the API says).
+#[must_use]
+pub fn ready_endpoints(slices: &[Arc<EndpointSlice>]) -> usize {
+    slices
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .count()
 }
 
 /// Keeps the conditions of the FlatNetworkConfig `cluster` up to date
@@ -487,14 +696,40 @@ pub async fn run(
     let follow_leases = reflector::reflector(
         lease_writer,
         watcher(
-            Api::<Lease>::namespaced(client, &settings.namespace),
+            Api::<Lease>::namespaced(client.clone(), &settings.namespace),
             watcher::Config::default().labels(&format!("{}=true", agent_heartbeat::LABEL)),
         ),
     )
     .default_backoff()
     .map(|_| ());
+    // The webhook Service's endpoints (EndpointSlices by their Service label).
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
+    let webhook_service = match &webhook {
+        WebhookProbe::Enabled {
+            service: Some(service),
+            ..
+        } => Some(service.clone()),
+        _ => None,
+    };
+    let follow_slices = match &webhook_service {
+        Some(service) => reflector::reflector(
+            slice_writer,
+            watcher(
+                Api::<EndpointSlice>::namespaced(client.clone(), &settings.namespace),
+                watcher::Config::default().labels(&format!(
+                    "{}={service}",
+                    flatnet_k8s::keys::label::ENDPOINTSLICE_SERVICE_NAME
+                )),
+            ),
+        )
+        .default_backoff()
+        .map(|_| ())
+        .boxed(),
+        None => futures::stream::pending().boxed(),
+    };
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let changes = futures::stream::select(
-        follow_config,
+        futures::stream::select(follow_config, follow_slices),
         futures::stream::select(follow_daemonset, follow_leases),
     );
     tokio::pin!(changes);
@@ -505,6 +740,10 @@ pub async fn run(
     // The resourceVersion the last write replaced: while the cache still
     // shows it, that write has not come back yet and nothing is written.
     let mut replaced: Option<String> = None;
+    // What Progressing named at the last look, and since when.
+    let mut progress: Option<(String, Timestamp)> = None;
+    let mut ca_bundle = CaBundle::Unchecked;
+    let mut ca_checked: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -516,13 +755,26 @@ pub async fn run(
         if !ready {
             continue;
         }
+        if let WebhookProbe::Enabled { configuration, .. } = &webhook
+            && ca_checked.is_none_or(|at| at.elapsed() >= settings.ca_bundle_interval)
+        {
+            ca_checked = Some(tokio::time::Instant::now());
+            ca_bundle = match configurations.get(configuration).await {
+                Ok(registered) => webhook.ca_bundle(&registered),
+                Err(error) => {
+                    debug!(%error, "cannot read the ValidatingWebhookConfiguration; the next look tries again");
+                    CaBundle::Unchecked
+                }
+            };
+        }
         let Some(config) = configs.state().into_iter().next() else {
             continue;
         };
         if replaced.is_some() && replaced == config.metadata.resource_version {
             continue;
         }
-        let observed = Observed {
+        let now = Timestamp::now();
+        let mut observed = Observed {
             operator: Operator {
                 leader: settings.leader.clone(),
                 controllers_ready: controllers.is_ready(),
@@ -535,8 +787,30 @@ pub async fn run(
                 .iter()
                 .filter_map(|l| agent_heartbeat::read(l))
                 .collect(),
+            webhook_route: matches!(webhook, WebhookProbe::Enabled { .. }).then(|| WebhookRoute {
+                // Until the slices are listed, not looked at (rather than
+                // none ready).
+                service: webhook_service
+                    .as_ref()
+                    .filter(|_| has_listed(&slices))
+                    .map(|service| {
+                        (
+                            format!("{}/{service}", settings.namespace),
+                            ready_endpoints(&slices.state()),
+                        )
+                    }),
+                ca_bundle: ca_bundle.clone(),
+            }),
+            progress_since: None,
+            progress_deadline: SignedDuration::try_from(config.progress_deadline())
+                .unwrap_or(SignedDuration::MAX),
         };
-        if write(&config_api, &config, &observed).await {
+        progress = progress_key(&observed, now).map(|key| match progress.take() {
+            Some((seen, since)) if seen == key => (seen, since),
+            _ => (key, now),
+        });
+        observed.progress_since = progress.as_ref().map(|(_, since)| *since);
+        if write(&config_api, &config, &observed, now).await {
             replaced.clone_from(&config.metadata.resource_version);
         }
     }
@@ -556,8 +830,9 @@ async fn write(
     api: &Api<FlatNetworkConfig>,
     config: &FlatNetworkConfig,
     observed: &Observed,
+    now: Timestamp,
 ) -> bool {
-    let wanted = conditions(observed, config.metadata.generation, Timestamp::now());
+    let wanted = conditions(observed, config.metadata.generation, now);
     let mut status = config.status.clone().unwrap_or_default();
     let Some(conditions) = merged(&status.conditions, wanted) else {
         return false;

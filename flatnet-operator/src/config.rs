@@ -447,6 +447,7 @@ impl Cli {
                 .filter(|i| !i.is_empty())
                 .unwrap_or_else(|| "the only replica".to_owned()),
             interval: crate::cluster_health::DEFAULT_INTERVAL,
+            ca_bundle_interval: crate::cluster_health::DEFAULT_CA_BUNDLE_INTERVAL,
         };
         let election = if self.leader_election {
             let mut timing = election_timing(

@@ -374,3 +374,47 @@ pub fn shuffled<T: Clone>(items: &[T], seed: u64) -> Vec<T> {
     }
     items
 }
+
+/// The ValidatingWebhookConfiguration `name` with one webhook whose
+/// `caBundle` is the PEM `ca_bundle`.
+pub fn webhook_configuration(
+    name: &str,
+    ca_bundle: &str,
+) -> k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![ValidatingWebhook {
+            name: "subnets.flatnetwork.pandaria.io".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            client_config: WebhookClientConfig {
+                ca_bundle: Some(k8s_openapi::ByteString(ca_bundle.as_bytes().to_vec())),
+                ..WebhookClientConfig::default()
+            },
+            ..ValidatingWebhook::default()
+        }]),
+    }
+}
+
+/// An EndpointSlice of Service `namespace/service` with one endpoint,
+/// `ready` or not.
+pub fn endpoint_slice(
+    namespace: &str,
+    service: &str,
+    ready: bool,
+) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-x1"), "namespace": namespace,
+                     "labels": {flatnet_k8s::keys::label::ENDPOINTSLICE_SERVICE_NAME: service}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.42.0.7"], "conditions": {"ready": ready}}]
+    }))
+    .expect("an EndpointSlice")
+}

@@ -134,7 +134,16 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
     let mut webhook_probe = cluster_health::WebhookProbe::Disabled;
     if config.webhook.enabled {
         let resolver = Arc::new(ReloadingResolver::default());
-        webhook_probe = cluster_health::WebhookProbe::Enabled(Arc::clone(&resolver));
+        webhook_probe = cluster_health::WebhookProbe::Enabled {
+            resolver: Arc::clone(&resolver),
+            // A registered URL bypasses the Service.
+            service: config
+                .webhook
+                .url
+                .is_none()
+                .then(|| config.webhook.service.clone()),
+            configuration: config.webhook.configuration.clone(),
+        };
         let listener = TcpListener::bind(config.webhook.listen)
             .await
             .map_err(|source| StartError::WebhookListen {

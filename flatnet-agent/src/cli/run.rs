@@ -5,6 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::Args;
 use flatnet_agent::{
+    cluster_settings::{self, EnvSettings, SettingsView},
     cni::plugin::DEFAULT_AGENT_SOCKET,
     cni_service::{AgentService, ServiceConfig, SpecSettings},
     datapath::{Datapath, DatapathConfig, PolicyMaps},
@@ -93,9 +94,15 @@ pub struct RunArgs {
     #[arg(long, env = env::FLAT_NETWORK_SERVICE_CIDR, default_value = env::DEFAULT_SERVICE_CIDR, value_delimiter = ',')]
     service_cidr: Vec<IpNet>,
     /// How long ADD listens for another host answering for a new address
-    /// (milliseconds, 0 turns the probe off).
+    /// (milliseconds, 0 turns the probe off). The FlatNetworkConfig's
+    /// `spec.agents.conflictProbe` wins over it.
     #[arg(long, env = "FLATNET_CONFLICT_PROBE_MS", default_value_t = 500)]
     conflict_probe_ms: u64,
+    /// Enforce MultiNetworkPolicies (false: pods send and receive
+    /// unfiltered). The FlatNetworkConfig's `spec.agents.policyEnforcement`
+    /// wins over it.
+    #[arg(long, env = "FLATNET_POLICY_ENFORCEMENT", default_value_t = true, action = clap::ArgAction::Set)]
+    policy_enforcement: bool,
     /// Kubernetes: how long ADD waits for the operator's allocation.
     #[arg(long, env = "FLATNET_ALLOCATION_WAIT_SECONDS", default_value_t = 30)]
     allocation_wait_seconds: u64,
@@ -200,11 +207,12 @@ impl RunArgs {
                 text: desired.state_text().await,
             };
             let readiness = Readiness::default();
+            let settings = cluster_settings::from_environment(self.env_settings());
             self.serve(
                 node_name,
                 desired,
                 records,
-                source,
+                (source, settings),
                 metrics,
                 readiness,
                 |_| async {},
@@ -219,6 +227,7 @@ impl RunArgs {
             desired.follow_allocations();
             let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client.clone());
+            let settings = cluster_settings::follow(client.clone(), self.env_settings());
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
             let floating = self.floating_config(&node_name);
             let floating_metrics = metrics.floating.clone();
@@ -244,7 +253,7 @@ impl RunArgs {
                     node_name,
                     desired,
                     records,
-                    source,
+                    (source, settings),
                     metrics,
                     readiness.clone(),
                     |service| async move {
@@ -296,6 +305,14 @@ impl RunArgs {
                 .publish_last(&readiness.current(), LAST_HEARTBEAT_WAIT)
                 .await;
             served
+        }
+    }
+
+    /// The run-time settings as the environment (flags) gives them.
+    fn env_settings(&self) -> EnvSettings {
+        EnvSettings {
+            probe_wait: Duration::from_millis(self.conflict_probe_ms),
+            policy_enforcement: self.policy_enforcement,
         }
     }
 
@@ -354,7 +371,7 @@ impl RunArgs {
         node_name: String,
         desired: S,
         records: Records,
-        policy_source: PolicySource,
+        (policy_source, settings): (PolicySource, SettingsView),
         metrics: Arc<Metrics>,
         readiness: Readiness,
         after_start: F,
@@ -393,7 +410,7 @@ impl RunArgs {
                 announce: AnnounceSettings::default(),
                 host_link: SharedNetlink::default(),
             },
-            probe_wait: Duration::from_millis(self.conflict_probe_ms),
+            settings: settings.clone(),
             pod_sandboxes: (!self.cri_socket.as_os_str().is_empty())
                 .then(|| flatnet_agent::cri::PodSandboxes::new(&self.cri_socket)),
             spec: SpecSettings {
@@ -419,13 +436,18 @@ impl RunArgs {
         // The CNI service signals new pods and waits for their tables.
         let (trigger, changes) = PolicyTrigger::new();
         service.set_policy_trigger(trigger.clone());
+        tokio::spawn(policy_controller::follow_enforcement(
+            settings.clone(),
+            trigger.clone(),
+        ));
         match policy_source {
             PolicySource::Standalone { path, text } => {
                 let policies =
                     StandalonePolicies::open_from(&path, text, records, metrics.policy.clone())
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let networks = policies.networks(&self.policy_networks);
-                let controller = PolicyController::new(sink, networks, metrics.policy.clone());
+                let controller = PolicyController::new(sink, networks, metrics.policy.clone())
+                    .enforcing_as(settings);
                 tokio::spawn(policy_controller::standalone::run(
                     Arc::new(policies),
                     controller,
@@ -435,7 +457,8 @@ impl RunArgs {
             }
             PolicySource::Kubernetes(client) => {
                 let networks = NetworkNames::new(self.policy_networks.clone());
-                let controller = PolicyController::new(sink, networks, metrics.policy.clone());
+                let controller = PolicyController::new(sink, networks, metrics.policy.clone())
+                    .enforcing_as(settings);
                 let policy_metrics = metrics.policy.clone();
                 tokio::spawn(async move {
                     policy_controller::kubernetes::run(

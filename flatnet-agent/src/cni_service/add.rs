@@ -252,7 +252,7 @@ impl<S: DesiredState> Inner<S> {
         attachment: &AttachmentSpec,
         record: &AttachmentRecord,
     ) -> Result<(), CniError> {
-        let wait = self.config.probe_wait;
+        let wait = self.config.settings.current().probe_wait;
         if wait.is_zero() {
             return Ok(());
         }

@@ -29,7 +29,6 @@ use std::{
     net::IpAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use tracing::Instrument;
@@ -59,8 +58,8 @@ pub struct ServiceConfig {
     pub node_name: String,
     /// The link layer (node namespace, VLAN leases, announcements).
     pub attachments: Attachments,
-    /// How long the conflict probe listens; zero turns it off.
-    pub probe_wait: Duration,
+    /// The run-time settings (the conflict probe's wait, read by every ADD).
+    pub settings: crate::cluster_settings::SettingsView,
     /// Where the network namespace of a pod the agent did not attach is
     /// found (hot-plugging); `None`: nowhere.
     pub pod_sandboxes: Option<crate::cri::PodSandboxes>,

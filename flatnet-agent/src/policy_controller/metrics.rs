@@ -26,6 +26,9 @@ pub struct PolicyMetrics {
     pub source_problem: Gauge,
     /// CNI ADDs that answered before the tables included their pod.
     pub add_wait_timeouts: Counter,
+    /// 1 while policies are enforced, 0 while enforcement is turned off
+    /// (FlatNetworkConfig `spec.agents.policyEnforcement`).
+    pub enforced: Gauge,
 }
 
 impl PolicyMetrics {
@@ -61,6 +64,11 @@ impl PolicyMetrics {
             "last_apply_seconds",
             "Duration of the last compile-and-install round",
             self.last_apply_seconds.clone(),
+        );
+        registry.register(
+            "enforced",
+            "1 while MultiNetworkPolicies are enforced, 0 while enforcement is turned off",
+            self.enforced.clone(),
         );
         registry.register(
             "source_problem",

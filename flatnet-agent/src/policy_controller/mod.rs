@@ -28,6 +28,7 @@ use std::{
 use tokio::sync::watch;
 
 use crate::{
+    cluster_settings::SettingsView,
     datapath::{ApplyReport, DatapathError, PolicyMaps, PolicyRuleIds},
     policy_compiler::{
         CompiledPolicy, FlatPod, MultiNetworkPolicy, NetworkNames, PolicyInputs, compile,
@@ -279,19 +280,43 @@ pub struct PolicyController<S> {
     metrics: PolicyMetrics,
     debounce: Duration,
     log: DiagnosticLog,
+    /// Whether policies are enforced (always, without a view).
+    enforcement: Option<SettingsView>,
+    /// Enforcement as the last round installed it.
+    enforced: Option<bool>,
 }
 
 impl<S: PolicySink> PolicyController<S> {
     /// A controller installing into `sink` the policies whose `policy-for`
     /// names one of `networks`.
     pub fn new(sink: S, networks: NetworkNames, metrics: PolicyMetrics) -> Self {
+        metrics.enforced.set(1);
         Self {
             sink,
             networks,
             metrics,
             debounce: DEBOUNCE,
             log: DiagnosticLog::default(),
+            enforcement: None,
+            enforced: None,
         }
+    }
+
+    /// Enforces policies only while `settings` say so: when enforcement is
+    /// off, the tables installed hold no policy, so nothing is filtered.
+    /// Pair it with [`follow_enforcement`], which starts a round on each
+    /// change.
+    #[must_use]
+    pub fn enforcing_as(mut self, settings: SettingsView) -> Self {
+        self.enforcement = Some(settings);
+        self.metrics.enforced.set(i64::from(self.enforces()));
+        self
+    }
+
+    fn enforces(&self) -> bool {
+        self.enforcement
+            .as_ref()
+            .is_none_or(|s| s.current().policy_enforcement)
     }
 
     /// Compiles and installs one snapshot; returns how many policies for
@@ -303,8 +328,9 @@ impl<S: PolicySink> PolicyController<S> {
         events: &mut impl DiagnosticEvents,
     ) -> Result<usize, DatapathError> {
         let started = std::time::Instant::now();
+        let enforced = self.enforces();
         let compiled = compile(PolicyInputs {
-            policies: &snapshot.policies,
+            policies: if enforced { &snapshot.policies } else { &[] },
             networks: &self.networks,
             namespaces: &snapshot.namespaces,
             pods: &snapshot.pods,
@@ -320,7 +346,20 @@ impl<S: PolicySink> PolicyController<S> {
                 return Err(error);
             }
         };
-        let in_force = self.policies_in_force(snapshot);
+        let selected = self.policies_in_force(snapshot);
+        if self.enforced != Some(enforced) {
+            if enforced {
+                tracing::info!(policies = selected, "network policy enforcement on");
+            } else {
+                tracing::warn!(
+                    policies_not_enforced = selected,
+                    "network policy enforcement off: every flat pod sends and receives unfiltered"
+                );
+            }
+            self.enforced = Some(enforced);
+        }
+        let in_force = if enforced { selected } else { 0 };
+        self.metrics.enforced.set(i64::from(enforced));
         self.metrics.applies.inc();
         self.metrics.policies.set(gauge(in_force));
         self.metrics
@@ -381,6 +420,18 @@ impl<S: PolicySink> PolicyController<S> {
                     tracing::error!(%error, "cannot install the network policy; the previous tables stay in force until the next change");
                 }
             }
+        }
+    }
+}
+
+/// Starts a policy round through `trigger` each time policy enforcement is
+/// turned on or off in `settings`, for as long as they can change.
+pub async fn follow_enforcement(mut settings: SettingsView, trigger: PolicyTrigger) {
+    let mut enforced = settings.current().policy_enforcement;
+    while let Some(now) = settings.changed().await {
+        if now.policy_enforcement != enforced {
+            enforced = now.policy_enforcement;
+            trigger.changed();
         }
     }
 }
@@ -550,6 +601,86 @@ mod tests {
         let outcome = trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await;
         assert_eq!(outcome, PodTables::TimedOut);
         assert!(!recorder.0.lock().unwrap().is_empty(), "rounds ran");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn enforcement_turned_off_and_on_installs_open_then_isolating_tables() {
+        use crate::cluster_settings::AgentSettings;
+        use flatnet_common::policy::Direction;
+        let enforcing = AgentSettings {
+            probe_wait: Duration::ZERO,
+            policy_enforcement: true,
+        };
+        let (settings, view) = SettingsView::channel(enforcing);
+        let recorder = Recorder::default();
+        let metrics = PolicyMetrics::default();
+        let controller =
+            PolicyController::new(recorder.clone(), NetworkNames::default(), metrics.clone())
+                .enforcing_as(view.clone());
+        let (trigger, changes) = PolicyTrigger::new();
+        let policies = vec![policy_for_the_flat_network()];
+        tokio::spawn(controller.run(
+            changes,
+            move || {
+                Some(PolicySnapshot {
+                    policies: policies.clone(),
+                    namespaces: BTreeMap::new(),
+                    pods: vec![FlatPod {
+                        namespace: "a".into(),
+                        name: "web".into(),
+                        labels: BTreeMap::new(),
+                        ips: vec!["10.0.0.1".parse().unwrap()],
+                        local: true,
+                    }],
+                })
+            },
+            NoEvents,
+        ));
+        tokio::spawn(follow_enforcement(view, trigger.clone()));
+        let pod: IpAddr = "10.0.0.1".parse().unwrap();
+        // The policy denies every ingress to the pod.
+        let isolates = |round: usize| {
+            let rounds = recorder.0.lock().unwrap();
+            let remote = "10.0.0.9".parse().unwrap();
+            !rounds[round].allows(Direction::Ingress, pod, remote, 6, Some(80))
+        };
+        trigger.changed();
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        assert_eq!(recorder.0.lock().unwrap().len(), 1);
+        assert!(isolates(0), "enforced: the policy isolates the pod");
+        assert_eq!((metrics.enforced.get(), metrics.policies.get()), (1, 1));
+
+        // Turned off: a round starts by itself and installs open tables.
+        settings.send_modify(|s| s.policy_enforcement = false);
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        assert_eq!(
+            recorder.0.lock().unwrap().len(),
+            2,
+            "one round for the change"
+        );
+        assert!(!isolates(1), "not enforced: nothing isolates the pod");
+        assert_eq!(metrics.enforced.get(), 0);
+        assert_eq!(metrics.policies.get(), 0, "no policy in force");
+        // An ADD does not wait for tables that hold no policy.
+        assert_eq!(
+            trigger.pod_attached(&new_pod(), ADD_WAIT_LIMIT).await,
+            PodTables::InForce
+        );
+
+        // (the ADD's own round)
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        // A change of another setting starts no round.
+        let rounds = recorder.0.lock().unwrap().len();
+        settings.send_modify(|s| s.probe_wait = Duration::from_millis(5));
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        assert_eq!(recorder.0.lock().unwrap().len(), rounds);
+
+        settings.send_modify(|s| s.policy_enforcement = true);
+        tokio::time::sleep(DEBOUNCE * 2).await;
+        let last = recorder.0.lock().unwrap().len() - 1;
+        assert_eq!(last, rounds, "one round for the change");
+        assert!(isolates(last), "enforced again");
+        assert_eq!((metrics.enforced.get(), metrics.policies.get()), (1, 1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -267,3 +267,73 @@ impl Drop for StandaloneAgent {
         }
     }
 }
+
+/// The macvlan FlatNetworkSubnet `name` in `mode` over `master`: `cidr`,
+/// pods get `from`..`to`.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn macvlan_subnet(
+    name: &str,
+    (master, mode): (&str, &str),
+    cidr: &str,
+    (from, to): (&str, &str),
+) -> flatnet_k8s::api::FlatNetworkSubnet {
+    serde_json::from_value(json!({
+        "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+        "metadata": {"name": name, "namespace": flatnet_k8s::keys::SUBNET_NAMESPACE},
+        "spec": {"flatMode": "macvlan", "master": master, "mode": mode, "cidr": cidr,
+                 "ranges": [{"from": from, "to": to}]}
+    }))
+    .unwrap()
+}
+
+/// A node on a [`SimulatedLan`] (IPv6 off on the LAN host) with the
+/// operator's in-memory API server holding one flat pod: the macvlan
+/// FlatNetworkSubnet `lan4` in `mode` over the node's master
+/// (192.0.2.0/24, pods get 192.0.2.10-192.0.2.20), the Node, and the
+/// running pod `default/pod` with a flat interface on `lan4` (an automatic
+/// address, no MAC named). Nothing runs yet.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub struct FlatPodCluster {
+    pub node: crate::support::TestNetns,
+    pub lan: crate::support::TestNetns,
+    pub master: String,
+    pub dir: tempfile::TempDir,
+    pub runtime: tokio::runtime::Runtime,
+    pub server: flatnet_operator::allocation::fake_api::FakeApiServer,
+}
+
+impl FlatPodCluster {
+    /// Namespaces named after `prefix`; the pod `pod` on Node `node`.
+    #[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+    pub fn new(prefix: &str, mode: &str, node_name: &str, pod: &str) -> Self {
+        let crate::support::lan::SimulatedLan { node, lan, master } =
+            crate::support::lan::SimulatedLan::new(prefix, &["192.0.2.1/24"]);
+        lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+        let server = flatnet_operator::allocation::fake_api::FakeApiServer::new();
+        server.insert(&macvlan_subnet(
+            "lan4",
+            (&master, mode),
+            "192.0.2.0/24",
+            ("192.0.2.10", "192.0.2.20"),
+        ));
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": "default",
+                         "annotations": {"flatnetwork.pandaria.io/ip": "auto",
+                                         "flatnetwork.pandaria.io/subnet": "lan4"}},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "pause"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        server.insert(&pod);
+        insert_node(&server, node_name);
+        Self {
+            node,
+            lan,
+            master,
+            dir: tempfile::tempdir().unwrap(),
+            runtime: tokio::runtime::Runtime::new().unwrap(),
+            server,
+        }
+    }
+}

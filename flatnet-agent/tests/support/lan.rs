@@ -2,12 +2,12 @@
 //! a "LAN host" namespace. Both namespaces are removed on drop. With
 //! [`AgentOnLan`], a standalone agent on that node.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use etherparse::ArpOperation;
 use flatnet_agent::{
     netns::run_in_netns,
-    packet::{BROADCAST, RawSocket, arp_frame},
+    packet::{BROADCAST, NdpMessage, RawSocket, arp_frame, ipv6_multicast_mac, ndp_frame},
 };
 
 use crate::support::{TestNetns, agent::StandaloneAgent, unique_name, veth_pair};
@@ -31,10 +31,37 @@ pub fn send_arp_requests(
         ([0; 6], target),
     )
     .unwrap();
+    send_three(ns, ifname, &frame);
+}
+
+/// Sends three unsolicited neighbour advertisements (to all nodes) from
+/// `mac` out of `ifname` in `ns` (a LAN host), claiming `target`: IPv6's
+/// gratuitous ARP.
+#[allow(dead_code, reason = "not every test binary plays a LAN host")]
+pub fn send_neighbour_advertisements(ns: &TestNetns, ifname: &str, mac: [u8; 6], target: Ipv6Addr) {
+    let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+    let message = NdpMessage::NeighborAdvertisement {
+        target,
+        solicited: false,
+        override_flag: true,
+    };
+    let frame = ndp_frame(
+        mac,
+        ipv6_multicast_mac(all_nodes),
+        target,
+        all_nodes,
+        message,
+    )
+    .unwrap();
+    send_three(ns, ifname, &frame);
+}
+
+/// Sends `frame` three times out of `ifname` in `ns`.
+fn send_three(ns: &TestNetns, ifname: &str, frame: &[u8]) {
     run_in_netns(&ns.path(), || {
         let socket = RawSocket::open(ifname).unwrap();
         for _ in 0..3 {
-            socket.send(&frame).unwrap();
+            socket.send(frame).unwrap();
         }
     })
     .unwrap();

@@ -61,8 +61,16 @@ fn healthy() -> Observed {
         rollout: Some(rollout(2, 2, 2)),
         daemonset: format!("{NS}/{DS}"),
         heartbeats: vec![ready("node-1"), ready("node-2")],
+        webhook_route: Some(WebhookRoute {
+            service: Some((format!("{NS}/{WEBHOOK_SERVICE}"), 2)),
+            ca_bundle: CaBundle::Trusted,
+        }),
+        progress_since: None,
+        progress_deadline: SignedDuration::from_secs(600),
     }
 }
+
+const WEBHOOK_SERVICE: &str = "flatnet-webhook";
 
 /// (Available, Progressing, Degraded) as (status, reason) each, and the
 /// messages.
@@ -103,6 +111,111 @@ fn the_conditions_follow_the_leader_webhook_rollout_and_agents() {
         (
             "everything serves",
             |_| {},
+            [
+                ("True", REASON_ALL_SERVING),
+                ("False", REASON_ROLLOUT_COMPLETE),
+                ("False", REASON_AS_EXPECTED),
+            ],
+        ),
+        (
+            "the webhook Service has no ready endpoint",
+            |o| {
+                o.webhook_route = Some(WebhookRoute {
+                    service: Some((format!("{NS}/{WEBHOOK_SERVICE}"), 0)),
+                    ca_bundle: CaBundle::Trusted,
+                });
+            },
+            [
+                ("False", REASON_WEBHOOK_ENDPOINTS_NOT_READY),
+                ("True", REASON_WEBHOOK_ENDPOINTS_NOT_READY),
+                ("False", REASON_AS_EXPECTED),
+            ],
+        ),
+        (
+            "a URL is registered: no Service to look at",
+            |o| {
+                o.webhook_route = Some(WebhookRoute {
+                    service: None,
+                    ca_bundle: CaBundle::Trusted,
+                });
+            },
+            [
+                ("True", REASON_ALL_SERVING),
+                ("False", REASON_ROLLOUT_COMPLETE),
+                ("False", REASON_AS_EXPECTED),
+            ],
+        ),
+        (
+            "the caBundle does not trust the served certificate",
+            |o| {
+                o.webhook_route = Some(WebhookRoute {
+                    service: Some((format!("{NS}/{WEBHOOK_SERVICE}"), 2)),
+                    ca_bundle: CaBundle::Mismatch("signed by another CA".into()),
+                });
+            },
+            [
+                ("False", REASON_WEBHOOK_CA_BUNDLE_MISMATCH),
+                ("False", REASON_ROLLOUT_COMPLETE),
+                ("True", REASON_WEBHOOK_CA_BUNDLE_MISMATCH),
+            ],
+        ),
+        (
+            "the caBundle not read yet is no failure",
+            |o| {
+                o.webhook_route = Some(WebhookRoute {
+                    service: Some((format!("{NS}/{WEBHOOK_SERVICE}"), 2)),
+                    ca_bundle: CaBundle::Unchecked,
+                });
+            },
+            [
+                ("True", REASON_ALL_SERVING),
+                ("False", REASON_ROLLOUT_COMPLETE),
+                ("False", REASON_AS_EXPECTED),
+            ],
+        ),
+        (
+            "a rollout within its deadline",
+            |o| {
+                o.rollout = Some(rollout(2, 1, 1));
+                o.progress_since = Some(at(NOW - 599));
+            },
+            [
+                ("True", REASON_ALL_SERVING),
+                ("True", REASON_ROLLING_OUT),
+                ("False", REASON_AS_EXPECTED),
+            ],
+        ),
+        (
+            "a rollout past its deadline",
+            |o| {
+                o.rollout = Some(rollout(2, 1, 1));
+                o.progress_since = Some(at(NOW - 600));
+            },
+            [
+                ("True", REASON_ALL_SERVING),
+                ("False", REASON_PROGRESS_DEADLINE_EXCEEDED),
+                ("True", REASON_PROGRESS_DEADLINE_EXCEEDED),
+            ],
+        ),
+        (
+            "an agent starting past the deadline",
+            |o| {
+                o.heartbeats[1] = heartbeat(
+                    "node-2",
+                    AgentReadiness::not_ready(REASON_STARTING, "opening the CNI socket"),
+                    NOW,
+                );
+                o.progress_since = Some(at(NOW - 601));
+            },
+            [
+                ("False", REASON_AGENTS_NOT_READY),
+                ("False", REASON_PROGRESS_DEADLINE_EXCEEDED),
+                ("True", REASON_PROGRESS_DEADLINE_EXCEEDED),
+            ],
+        ),
+        (
+            "a deadline with nothing progressing is no failure",
+            |o| o.progress_since = Some(at(0)),
             [
                 ("True", REASON_ALL_SERVING),
                 ("False", REASON_ROLLOUT_COMPLETE),
@@ -291,6 +404,49 @@ fn messages_name_the_nodes_and_their_reasons() {
 }
 
 #[test]
+fn a_stalled_rollout_names_what_is_stuck_and_for_how_long() {
+    let mut observed = healthy();
+    observed.rollout = Some(rollout(3, 1, 1));
+    observed.heartbeats.push(heartbeat(
+        "node-3",
+        AgentReadiness::not_ready(REASON_STARTING, "loading the eBPF programs"),
+        NOW,
+    ));
+    observed.progress_deadline = SignedDuration::from_secs(120);
+    observed.progress_since = Some(at(NOW - 130));
+    let (_, [_, progressing, degraded]) = judge(&observed);
+    assert_eq!(progressing, degraded);
+    assert!(
+        degraded.starts_with("no progress for 130s (progressDeadlineSeconds 120): ")
+            && degraded.contains("DaemonSet flatnet/flatnet-agent: 1 of 3 agents updated")
+            && degraded.contains("node-3 (Starting)"),
+        "{degraded}"
+    );
+}
+
+#[test]
+fn the_progress_key_moves_with_any_progress_and_only_then() {
+    let mut observed = healthy();
+    assert_eq!(progress_key(&observed, at(NOW)), None, "nothing progresses");
+    observed.rollout = Some(rollout(3, 1, 1));
+    let stuck = progress_key(&observed, at(NOW)).expect("a rollout");
+    assert_eq!(
+        progress_key(&observed, at(NOW + 30)),
+        Some(stuck.clone()),
+        "time alone is no progress"
+    );
+    observed.rollout = Some(rollout(3, 2, 1));
+    let updated = progress_key(&observed, at(NOW)).expect("still rolling out");
+    assert_ne!(updated, stuck, "one more agent updated is progress");
+    observed.rollout = Some(rollout(3, 2, 2));
+    assert_ne!(
+        progress_key(&observed, at(NOW)),
+        Some(updated),
+        "one more available is progress"
+    );
+}
+
+#[test]
 fn merging_keeps_the_transition_time_while_a_status_stays() {
     let first = conditions(&healthy(), Some(1), at(NOW));
     let written = merged(&[], first.clone()).expect("new conditions are a change");
@@ -389,6 +545,7 @@ async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover(
             daemonset: DS.into(),
             leader: "flatnet-operator-0".into(),
             interval: Duration::from_millis(20),
+            ca_bundle_interval: DEFAULT_CA_BUNDLE_INTERVAL,
         },
         Arc::clone(&health),
         WebhookProbe::Disabled,
@@ -511,6 +668,158 @@ async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover(
     reach("operator starting", &server, |c| {
         is(c, CONDITION_AVAILABLE, "False", REASON_OPERATOR_STARTING)
             && is(c, CONDITION_PROGRESSING, "True", REASON_OPERATOR_STARTING)
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("the controller ends on stop");
+}
+
+/// The controller over a cluster whose agents all report ready, with
+/// `probe` for the webhook and `spec`'s progress deadline.
+fn spawn_controller(
+    server: &FakeApiServer,
+    spec: FlatNetworkConfigSpec,
+    probe: WebhookProbe,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    server.insert(&FlatNetworkConfig::new(CONFIG_NAME, spec));
+    for node in ["node-1", "node-2"] {
+        server.insert(&lease_of(node, &AgentReadiness::ready(), Timestamp::now()));
+    }
+    let health = Arc::new(Health::default());
+    health.set_ready(true);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run(
+        server.client(),
+        Settings {
+            namespace: NS.into(),
+            daemonset: DS.into(),
+            leader: "flatnet-operator-0".into(),
+            interval: Duration::from_millis(20),
+            ca_bundle_interval: Duration::from_millis(20),
+        },
+        health,
+        probe,
+        stop.clone(),
+    ));
+    (stop, task)
+}
+
+#[tokio::test]
+async fn a_rollout_stuck_past_its_deadline_turns_degraded_until_it_moves() {
+    let server = FakeApiServer::new();
+    // One agent updated of two, and it stays so.
+    server.insert(&daemonset(2, 1, 1));
+    let spec = FlatNetworkConfigSpec {
+        progress_deadline_seconds: Some(1),
+        ..FlatNetworkConfigSpec::default()
+    };
+    let (stop, task) = spawn_controller(&server, spec, WebhookProbe::Disabled);
+    reach("rolling out", &server, |c| {
+        is(c, CONDITION_PROGRESSING, "True", REASON_ROLLING_OUT)
+            && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
+    })
+    .await;
+    reach("past the deadline", &server, |c| {
+        is(c, CONDITION_PROGRESSING, "False", REASON_PROGRESS_DEADLINE_EXCEEDED)
+            && is(c, CONDITION_DEGRADED, "True", REASON_PROGRESS_DEADLINE_EXCEEDED)
+            && status_of(c, CONDITION_DEGRADED).is_some_and(|(_, _, m)| {
+                m.contains("(progressDeadlineSeconds 1): DaemonSet flatnet/flatnet-agent: 1 of 2 agents updated")
+            })
+    })
+    .await;
+
+    // The rollout moves: progressing again, within a new deadline
+    // (raised, so the next look cannot be past it).
+    let mut config = server.list::<FlatNetworkConfig>().remove(0);
+    config.spec.progress_deadline_seconds = Some(3600);
+    server.insert(&config);
+    server.insert(&daemonset(3, 2, 2));
+    reach("progressing again", &server, |c| {
+        is(c, CONDITION_PROGRESSING, "True", REASON_ROLLING_OUT)
+            && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
+    })
+    .await;
+    server.insert(&daemonset(2, 2, 2));
+    reach("complete", &server, |c| {
+        is(c, CONDITION_PROGRESSING, "False", REASON_ROLLOUT_COMPLETE)
+            && is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("the controller ends on stop");
+}
+
+#[tokio::test]
+async fn available_needs_webhook_endpoints_and_a_ca_bundle_trusting_the_served_certificate() {
+    use crate::{
+        fixtures::{endpoint_slice, webhook_configuration},
+        tls::cert::{self, Renewal},
+    };
+    let hosts = cert::hosts(WEBHOOK_SERVICE, NS, None);
+    let now = time::OffsetDateTime::now_utc();
+    let served = cert::renew(None, &Renewal::Ca("test"), &hosts, now).expect("certificates");
+    let other = cert::renew(None, &Renewal::Ca("test"), &hosts, now).expect("certificates");
+    let resolver = Arc::new(ReloadingResolver::default());
+    resolver.load(&served.cert, &served.key).expect("loads");
+
+    let server = FakeApiServer::new();
+    server.insert(&daemonset(2, 2, 2));
+    // Registered with another CA; the Service's one endpoint not ready.
+    server.insert(&webhook_configuration("flatnet-webhook", &other.ca_bundle));
+    server.insert(&endpoint_slice(NS, WEBHOOK_SERVICE, false));
+    let probe = WebhookProbe::Enabled {
+        resolver,
+        service: Some(WEBHOOK_SERVICE.into()),
+        configuration: "flatnet-webhook".into(),
+    };
+    let (stop, task) = spawn_controller(&server, FlatNetworkConfigSpec::default(), probe);
+    reach("the caBundle mismatch", &server, |c| {
+        is(
+            c,
+            CONDITION_AVAILABLE,
+            "False",
+            REASON_WEBHOOK_CA_BUNDLE_MISMATCH,
+        ) && is(
+            c,
+            CONDITION_DEGRADED,
+            "True",
+            REASON_WEBHOOK_CA_BUNDLE_MISMATCH,
+        ) && status_of(c, CONDITION_DEGRADED).is_some_and(|(_, _, m)| {
+            m.contains("ValidatingWebhookConfiguration flatnet-webhook")
+                && m.contains(
+                    "subnets.flatnetwork.pandaria.io: none of its 1 CA certificates signed",
+                )
+        }) && is(
+            c,
+            CONDITION_PROGRESSING,
+            "True",
+            REASON_WEBHOOK_ENDPOINTS_NOT_READY,
+        )
+    })
+    .await;
+
+    // The bundle repaired: no endpoint ready yet.
+    server.insert(&webhook_configuration("flatnet-webhook", &served.ca_bundle));
+    reach("no ready endpoint", &server, |c| {
+        is(
+            c,
+            CONDITION_AVAILABLE,
+            "False",
+            REASON_WEBHOOK_ENDPOINTS_NOT_READY,
+        ) && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
+            && status_of(c, CONDITION_AVAILABLE).is_some_and(|(_, _, m)| {
+                m.contains(&format!(
+                    "the webhook Service {NS}/{WEBHOOK_SERVICE} has no ready endpoint"
+                ))
+            })
+    })
+    .await;
+
+    server.insert(&endpoint_slice(NS, WEBHOOK_SERVICE, true));
+    reach("available", &server, |c| {
+        is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
+            && is(c, CONDITION_PROGRESSING, "False", REASON_ROLLOUT_COMPLETE)
+            && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
     })
     .await;
     stop.cancel();

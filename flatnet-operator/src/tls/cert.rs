@@ -115,6 +115,39 @@ pub fn pem_certificates(pem: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Whether one of the certificates of the PEM `ca_bundle` signed the DER
+/// certificate `served`, as the API server checks before it calls the
+/// webhook; `Err` says why not.
+///
+/// # Errors
+/// The text naming what fails: no bundle, no certificate in it, an
+/// unreadable served certificate, or no CA of the bundle that signed it.
+pub fn trusts(ca_bundle: &str, served: &[u8]) -> Result<(), String> {
+    let Ok((_, leaf)) = X509Certificate::from_der(served) else {
+        return Err("the served certificate does not parse".to_owned());
+    };
+    if ca_bundle.trim().is_empty() {
+        return Err("caBundle is empty".to_owned());
+    }
+    let cas = pem_certificates(ca_bundle);
+    if cas.is_empty() {
+        return Err("caBundle holds no PEM certificate".to_owned());
+    }
+    let signed = cas.iter().any(|der| {
+        X509Certificate::from_der(der)
+            .is_ok_and(|(_, ca)| leaf.verify_signature(Some(ca.public_key())).is_ok())
+    });
+    if signed {
+        Ok(())
+    } else {
+        Err(format!(
+            "none of its {} CA certificates signed the served certificate (issuer {})",
+            cas.len(),
+            leaf.issuer()
+        ))
+    }
+}
+
 /// Reads the facts of a DER certificate.
 ///
 /// # Errors

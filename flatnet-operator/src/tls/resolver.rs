@@ -52,6 +52,14 @@ impl ReloadingResolver {
         Ok(())
     }
 
+    /// The DER of the certificate served (the chain's first), `None`
+    /// before the first load.
+    #[must_use]
+    pub fn served_certificate(&self) -> Option<Vec<u8>> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        Some(current.as_ref()?.cert.first()?.as_ref().to_vec())
+    }
+
     /// Whether a certificate has been loaded.
     #[must_use]
     pub fn is_loaded(&self) -> bool {

@@ -449,3 +449,40 @@ async fn rotating_the_certificate_under_load_fails_no_review() {
     assert!(served_new > 0, "the new certificate was served");
     stop.cancel();
 }
+
+#[test]
+fn the_served_certificate_is_trusted_only_by_a_bundle_holding_its_ca() {
+    let material = fresh();
+    let resolver = resolver::ReloadingResolver::default();
+    assert_eq!(resolver.served_certificate(), None);
+    resolver.load(&material.cert, &material.key).unwrap();
+    let served = resolver.served_certificate().expect("loaded");
+    assert_eq!(
+        served,
+        cert::pem_certificates(&material.cert)[0],
+        "the chain's first"
+    );
+    assert_eq!(cert::trusts(&material.ca_bundle, &served), Ok(()));
+
+    // Another cluster's CA (or one replaced long ago): refused, saying so.
+    let other = fresh();
+    let refused = cert::trusts(&other.ca_bundle, &served).unwrap_err();
+    assert!(
+        refused.contains("none of its 1 CA certificates signed"),
+        "{refused}"
+    );
+    // During a rotation the bundle holds both: trusted.
+    let both = format!("{}{}", other.ca_bundle, material.ca_bundle);
+    assert_eq!(cert::trusts(&both, &served), Ok(()));
+    assert_eq!(
+        cert::trusts("", &served).unwrap_err(),
+        "caBundle is empty".to_owned()
+    );
+    assert!(
+        cert::trusts("not pem", &served)
+            .unwrap_err()
+            .contains("no PEM")
+    );
+    // The serving certificate is not a CA: it trusts nothing it did not sign.
+    assert!(cert::trusts(&material.cert, &served).is_err());
+}

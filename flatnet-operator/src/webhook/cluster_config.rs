@@ -72,3 +72,56 @@ pub fn warnings(request: &AdmissionRequest<DynamicObject>) -> Vec<String> {
         .map(|c| c.spec.warnings())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use kube::core::admission::AdmissionReview;
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::admission_review;
+
+    fn request(spec: serde_json::Value) -> AdmissionRequest<DynamicObject> {
+        let object = json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkConfig",
+            "metadata": {"name": CONFIG_NAME}, "spec": spec
+        });
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_value(admission_review("u1", "UPDATE", Some(&object), None))
+                .expect("a review");
+        review.try_into().expect("a request")
+    }
+
+    #[test]
+    fn the_agents_settings_and_the_progress_deadline_are_reviewed() {
+        let admitted = request(json!({
+            "agents": {"conflictProbe": {"enabled": true, "waitMilliseconds": 300},
+                       "policyEnforcement": false},
+            "progressDeadlineSeconds": 900
+        }));
+        assert!(review(&admitted).is_ok());
+
+        let refused = review(&request(json!({
+            "agents": {"conflictProbe": {"waitMilliseconds": 60000}},
+            "progressDeadlineSeconds": 0
+        })))
+        .expect_err("out of range");
+        assert_eq!(refused.reason, "invalid_config");
+        assert!(
+            refused
+                .message
+                .contains("spec.agents.conflictProbe.waitMilliseconds 60000 is out of range")
+                && refused.message.contains("spec.progressDeadlineSeconds 0"),
+            "{}",
+            refused.message
+        );
+        let mistyped = review(&request(json!({"agents": {"policyEnforcement": "off"}})))
+            .expect_err("not a boolean");
+        assert_eq!(mistyped.reason, "bad_request");
+        assert!(
+            mistyped.message.contains("does not match its schema"),
+            "{}",
+            mistyped.message
+        );
+    }
+}

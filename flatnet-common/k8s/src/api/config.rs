@@ -26,8 +26,9 @@ pub const CONDITION_PROGRESSING: &str = "Progressing";
 /// Condition: a part of flatnet is not working; the message names it.
 pub const CONDITION_DEGRADED: &str = "Degraded";
 
-/// Cluster-wide flatnet settings. Each field left out keeps the operator's
-/// environment variable or its default.
+/// Cluster-wide flatnet settings. Each field left out keeps the
+/// environment variable of the operator (or, under `agents`, of the
+/// agents) or its default.
 #[allow(
     clippy::duplicated_attributes,
     reason = "kube's printcolumn(...) attributes repeat the same keys by design"
@@ -82,6 +83,71 @@ pub struct FlatNetworkConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = ["arp_notify", "arping"]))]
     pub arp_policy: Option<String>,
+
+    /// The node agents' settings, applied by every agent as it reads
+    /// them (no rollout).
+    #[serde(default)]
+    pub agents: AgentsSpec,
+
+    /// How long the agent DaemonSet's rollout, or agents starting, may make
+    /// no progress before the configuration turns `Degraded`
+    /// (`ProgressDeadlineExceeded`); 600 when left out, like a
+    /// Deployment's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub progress_deadline_seconds: Option<u32>,
+}
+
+/// Where a setting in force comes from, as the operator's and the agents'
+/// logs name it: the FlatNetworkConfig when it sets the field, else the
+/// environment (a variable, a flag, or the built-in default).
+#[must_use]
+pub fn setting_source(set_in_config: bool) -> &'static str {
+    if set_in_config {
+        "FlatNetworkConfig"
+    } else {
+        "environment"
+    }
+}
+
+/// How long a rollout may make no progress, when the spec does not say.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u32 = 600;
+
+/// The longest conflict probe: it delays every ADD by its wait.
+pub const MAX_CONFLICT_PROBE_MILLISECONDS: u32 = 10_000;
+
+/// The node agents' settings. Each field left out keeps the agent's
+/// environment variable (or flag), or its default.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentsSpec {
+    /// The ADD-time conflict probe: before a pod gets an address, the
+    /// node asks the LAN whether another host uses it.
+    #[serde(default)]
+    pub conflict_probe: ConflictProbeSpec,
+
+    /// Whether the agents enforce MultiNetworkPolicies for the flat
+    /// network (false: every pod sends and receives unfiltered). Overrides
+    /// `FLATNET_POLICY_ENFORCEMENT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_enforcement: Option<bool>,
+}
+
+/// The conflict probe's settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+pub struct ConflictProbeSpec {
+    /// Probe at all. Overrides `FLATNET_CONFLICT_PROBE_MS=0` (off) or
+    /// another value (on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How long ADD listens for an answer (1..10000 ms). Overrides the
+    /// value of `FLATNET_CONFLICT_PROBE_MS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub wait_milliseconds: Option<u32>,
 }
 
 /// Which namespaces' pods get MACs from the pool.
@@ -151,6 +217,19 @@ impl FlatNetworkConfigSpec {
             problems.push(format!(
                 "spec.arpPolicy {policy:?} is not a policy: use arp_notify or arping"
             ));
+        }
+        if let Some(wait) = self.agents.conflict_probe.wait_milliseconds
+            && !(1..=MAX_CONFLICT_PROBE_MILLISECONDS).contains(&wait)
+        {
+            problems.push(format!(
+                "spec.agents.conflictProbe.waitMilliseconds {wait} is out of range: use 1..{MAX_CONFLICT_PROBE_MILLISECONDS} (every ADD waits that long), or enabled: false to turn the probe off"
+            ));
+        }
+        if self.progress_deadline_seconds == Some(0) {
+            problems.push(
+                "spec.progressDeadlineSeconds 0 is out of range: use 1 or more (600 when left out)"
+                    .to_owned(),
+            );
         }
         problems
     }
@@ -260,6 +339,17 @@ pub struct FlatNetworkConfigStatus {
 }
 
 impl FlatNetworkConfig {
+    /// How long a rollout may make no progress.
+    #[must_use]
+    pub fn progress_deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.spec
+                .progress_deadline_seconds
+                .filter(|s| *s > 0)
+                .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS),
+        ))
+    }
+
     /// The MAC range allocation uses: the spec's when set and valid, else
     /// the one recorded in the status.
     #[must_use]
@@ -341,6 +431,66 @@ mod tests {
             "{problems:?}"
         );
         assert!(problems[1].starts_with("spec.arpPolicy"), "{problems:?}");
+    }
+
+    #[test]
+    fn agent_settings_and_the_progress_deadline_are_checked_naming_the_field() {
+        let mut good = spec(None, None);
+        good.agents.conflict_probe = ConflictProbeSpec {
+            enabled: Some(true),
+            wait_milliseconds: Some(MAX_CONFLICT_PROBE_MILLISECONDS),
+        };
+        good.agents.policy_enforcement = Some(false);
+        good.progress_deadline_seconds = Some(1);
+        assert!(good.problems().is_empty(), "{:?}", good.problems());
+        for wait in [0, MAX_CONFLICT_PROBE_MILLISECONDS + 1] {
+            let mut bad = good.clone();
+            bad.agents.conflict_probe.wait_milliseconds = Some(wait);
+            let problems = bad.problems();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].starts_with(&format!(
+                    "spec.agents.conflictProbe.waitMilliseconds {wait} is out of range"
+                )),
+                "{problems:?}"
+            );
+        }
+        let mut bad = good;
+        bad.progress_deadline_seconds = Some(0);
+        assert!(
+            bad.problems()[0].starts_with("spec.progressDeadlineSeconds 0"),
+            "{:?}",
+            bad.problems()
+        );
+    }
+
+    #[test]
+    fn the_progress_deadline_defaults_like_a_deployments() {
+        let mut config = FlatNetworkConfig::new(CONFIG_NAME, spec(None, None));
+        assert_eq!(config.progress_deadline().as_secs(), 600);
+        config.spec.progress_deadline_seconds = Some(30);
+        assert_eq!(config.progress_deadline().as_secs(), 30);
+    }
+
+    #[test]
+    fn agent_settings_read_from_their_wire_form() {
+        let spec: FlatNetworkConfigSpec = serde_json::from_value(serde_json::json!({
+            "agents": {"conflictProbe": {"enabled": false, "waitMilliseconds": 300},
+                       "policyEnforcement": true},
+            "progressDeadlineSeconds": 120
+        }))
+        .unwrap();
+        assert_eq!(spec.agents.conflict_probe.enabled, Some(false));
+        assert_eq!(spec.agents.conflict_probe.wait_milliseconds, Some(300));
+        assert_eq!(spec.agents.policy_enforcement, Some(true));
+        assert_eq!(spec.progress_deadline_seconds, Some(120));
+        // Left out: nothing is written back.
+        let empty = serde_json::to_value(FlatNetworkConfigSpec::default()).unwrap();
+        assert_eq!(
+            empty["agents"],
+            serde_json::json!({"conflictProbe": {}}),
+            "{empty}"
+        );
     }
 
     #[test]

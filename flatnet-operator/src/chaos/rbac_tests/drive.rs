@@ -573,17 +573,36 @@ async fn cluster_conditions() -> BTreeSet<Access> {
         daemonset: "flatnet-agent".into(),
         leader: "flatnet-operator-0".into(),
         interval: Duration::from_millis(50),
+        ca_bundle_interval: Duration::from_millis(50),
+    };
+    // The webhook: its Service's endpoints and its registration's caBundle.
+    let material = tls::cert::renew(
+        None,
+        &tls::cert::Renewal::Ca("test"),
+        &tls::cert::hosts("webhook-svc", namespace, None),
+        time::OffsetDateTime::now_utc(),
+    )
+    .expect("certificates");
+    let resolver = Arc::new(tls::resolver::ReloadingResolver::default());
+    resolver
+        .load(&material.cert, &material.key)
+        .expect("a certificate");
+    server.insert(&crate::fixtures::webhook_configuration(
+        "flatnet-test",
+        &material.ca_bundle,
+    ));
+    server.insert(&crate::fixtures::endpoint_slice(
+        namespace,
+        "webhook-svc",
+        true,
+    ));
+    let webhook = crate::cluster_health::WebhookProbe::Enabled {
+        resolver,
+        service: Some("webhook-svc".into()),
+        configuration: "flatnet-test".into(),
     };
     running(
-        |stop| {
-            crate::cluster_health::run(
-                client,
-                settings,
-                health,
-                crate::cluster_health::WebhookProbe::Disabled,
-                stop,
-            )
-        },
+        |stop| crate::cluster_health::run(client, settings, health, webhook, stop),
         async {
             reach("Available written", || {
                 named::<FlatNetworkConfig>(&server, CONFIG_NAME)

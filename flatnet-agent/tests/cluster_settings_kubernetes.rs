@@ -1,0 +1,244 @@
+//! The agents' settings in the FlatNetworkConfig `cluster`, applied live,
+//! on the real kernel (root): the operator's in-memory API server (over
+//! HTTP, with the allocation controllers), the real `flatnet-agent run` in
+//! Kubernetes mode and the real `flatnet-cni`, on a simulated LAN.
+//!
+//! - The conflict probe: the LAN host already uses the pod's address. The
+//!   agent's environment turns the probe on; the object turns it off, so
+//!   ADD succeeds; an edit turns it back on, and the next ADD of the same
+//!   pod, with no restart in between, is refused naming the LAN host's MAC.
+//! - Policy enforcement: a MultiNetworkPolicy denies the pod every
+//!   ingress; the LAN host's ping goes unanswered, is answered once the
+//!   object turns enforcement off, and unanswered again once it turns it
+//!   back on.
+
+mod support;
+
+use flatnet_agent::policy_compiler::MultiNetworkPolicy;
+use flatnet_k8s::api::{
+    AgentsSpec, CONFIG_NAME, ConflictProbeSpec, FlatNetworkConfig, FlatNetworkConfigSpec,
+    FlatNetworkIP,
+};
+use flatnet_operator::allocation::fake_api::FakeApiServer;
+use kube::ResourceExt;
+use serde_json::json;
+use support::{
+    TestNetns,
+    agent::{FlatPodCluster, StandaloneAgent, serve_with_allocation},
+    cni::run_cni,
+    privileged, wait_until,
+};
+
+const NODE: &str = "node-1";
+/// `run_cni` names the pod of container `c1` `default/pod-c1`.
+const POD: &str = "pod-c1";
+const POD_ADDRESS: &str = "192.0.2.10";
+
+fn cluster_config(agents: AgentsSpec) -> FlatNetworkConfig {
+    FlatNetworkConfig::new(
+        CONFIG_NAME,
+        FlatNetworkConfigSpec {
+            agents,
+            ..FlatNetworkConfigSpec::default()
+        },
+    )
+}
+
+/// The API server with the allocation controllers, the LAN, the node and
+/// its agent (Kubernetes mode), the pod's address allocated.
+struct Cluster {
+    /// First field: the agent stops before the namespaces go.
+    agent: StandaloneAgent,
+    server: FakeApiServer,
+    /// Runs the API server and the operator's controllers.
+    _runtime: tokio::runtime::Runtime,
+    _node: TestNetns,
+    lan: TestNetns,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Started with the FlatNetworkConfig `agents` and the agent's flags
+    /// `args`; `None` when the test cannot run.
+    fn running_for_test(test: &str, agents: AgentsSpec, args: &[&str]) -> Option<Self> {
+        if !privileged(test) {
+            return None;
+        }
+        let FlatPodCluster {
+            node,
+            lan,
+            dir,
+            runtime,
+            server,
+            ..
+        } = FlatPodCluster::new("cs", "bridge", NODE, POD);
+        server.insert(&cluster_config(agents));
+        let kubeconfig = dir.path().join("kubeconfig");
+        serve_with_allocation(&runtime, &server, None, &kubeconfig);
+        let cni_bin_dir = dir.path().join("bin").display().to_string();
+        let mut all_args = vec!["--cni-bin-dir", &cni_bin_dir, "--floating-ip", "false"];
+        all_args.extend_from_slice(args);
+        let mut agent =
+            StandaloneAgent::new(dir.path(), &node, &all_args).in_kubernetes(&kubeconfig, NODE);
+        agent.start_until_status("flat4", None);
+        wait_until("the pod's address allocated", || {
+            server
+                .list::<FlatNetworkIP>()
+                .iter()
+                .any(|r| r.name_any() == POD && r.status.as_ref().is_some_and(|s| s.addr.is_some()))
+        });
+        Some(Self {
+            agent,
+            server,
+            _runtime: runtime,
+            _node: node,
+            lan,
+            _dir: dir,
+        })
+    }
+
+    /// The runtime's `command` (ADD, DEL) for the pod in `netns`: whether
+    /// it succeeded, and the answer.
+    fn cni(&self, command: &str, netns: &TestNetns) -> (bool, serde_json::Value) {
+        run_cni(
+            &self.agent.socket(),
+            command,
+            "flat4",
+            "c1",
+            Some(&netns.path()),
+            json!({}),
+        )
+    }
+
+    /// Edits the FlatNetworkConfig while the agent runs and waits until
+    /// the agent logs that it applied `settings`.
+    fn edit(&self, agents: AgentsSpec, settings: &str) {
+        self.server.insert(&cluster_config(agents));
+        self.wait_applied(settings);
+    }
+
+    /// Waits until the agent logs that it applied `settings`.
+    fn wait_applied(&self, settings: &str) {
+        wait_until(&format!("the agent applies {settings}"), || {
+            std::fs::read_to_string(self.agent.log_file())
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains("agent settings applied") && l.contains(settings))
+        });
+    }
+
+    /// Whether the LAN host's ping of the pod is answered.
+    fn ping_answered(&self) -> bool {
+        self.lan
+            .try_exec("ping", &["-c", "1", "-W", "1", POD_ADDRESS])
+    }
+}
+
+fn probe(enabled: bool, wait_milliseconds: Option<u32>) -> AgentsSpec {
+    AgentsSpec {
+        conflict_probe: ConflictProbeSpec {
+            enabled: Some(enabled),
+            wait_milliseconds,
+        },
+        policy_enforcement: None,
+    }
+}
+
+fn enforcement(on: bool) -> AgentsSpec {
+    AgentsSpec {
+        policy_enforcement: Some(on),
+        ..AgentsSpec::default()
+    }
+}
+
+#[test]
+fn the_conflict_probe_follows_the_cluster_configuration_without_a_restart() {
+    // The environment turns the probe on, the object off.
+    let Some(mut cluster) = Cluster::running_for_test(
+        "the_conflict_probe_follows_the_cluster_configuration_without_a_restart",
+        probe(false, None),
+        &["--conflict-probe-ms", "500"],
+    ) else {
+        return;
+    };
+    // A LAN host already uses the address (after the allocation, which
+    // would skip an address seen on the wire).
+    cluster
+        .lan
+        .add_address("lan0", &format!("{POD_ADDRESS}/24"));
+    cluster.wait_applied("conflictProbe off (enabled from FlatNetworkConfig)");
+    let pod = TestNetns::new("csp-");
+    let (ok, out) = cluster.cni("ADD", &pod);
+    assert!(ok, "no probe: ADD does not ask the LAN: {out}");
+    let (ok, out) = cluster.cni("DEL", &pod);
+    assert!(ok, "DEL: {out}");
+
+    cluster.edit(
+        probe(true, Some(300)),
+        "conflictProbe on, 300 ms (enabled from FlatNetworkConfig, waitMilliseconds from FlatNetworkConfig)",
+    );
+    let lan_mac = cluster.lan.ip(&["-o", "link", "show", "dev", "lan0"]);
+    let lan_mac = lan_mac
+        .split("link/ether ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the LAN host's MAC")
+        .to_owned();
+    let pod = TestNetns::new("csp-");
+    let (ok, out) = cluster.cni("ADD", &pod);
+    assert!(!ok, "the probe is on again: ADD refused: {out}");
+    let message = out.to_string();
+    for part in [
+        &format!("address {POD_ADDRESS}"),
+        "already in use on the LAN",
+        &lan_mac,
+    ] {
+        assert!(message.contains(part), "{part} missing in {message}");
+    }
+    cluster.agent.stop();
+}
+
+#[test]
+fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
+    let Some(mut cluster) = Cluster::running_for_test(
+        "policy_enforcement_follows_the_cluster_configuration_without_a_restart",
+        enforcement(true),
+        &["--conflict-probe-ms", "0"],
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("csq-");
+    let (ok, out) = cluster.cni("ADD", &pod);
+    assert!(ok, "ADD: {out}");
+    wait_until("the LAN host reaches the pod", || cluster.ping_answered());
+
+    // Every ingress to the pods of `default` denied.
+    let deny: MultiNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1beta1", "kind": "MultiNetworkPolicy",
+        "metadata": {"name": "deny-ingress", "namespace": "default",
+                     "annotations": {"k8s.v1.cni.cncf.io/policy-for": "rancher-flat-network"}},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+    }))
+    .unwrap();
+    cluster.server.insert(&deny);
+    wait_until("the policy drops the ping", || !cluster.ping_answered());
+
+    cluster.edit(
+        enforcement(false),
+        "policyEnforcement off from FlatNetworkConfig",
+    );
+    wait_until("not enforced: the ping answered", || {
+        cluster.ping_answered()
+    });
+
+    cluster.edit(
+        enforcement(true),
+        "policyEnforcement on from FlatNetworkConfig",
+    );
+    wait_until("enforced again: the ping dropped", || {
+        !cluster.ping_answered()
+    });
+    let (ok, out) = cluster.cni("DEL", &pod);
+    assert!(ok, "DEL: {out}");
+    cluster.agent.stop();
+}
