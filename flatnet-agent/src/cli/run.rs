@@ -260,16 +260,16 @@ impl RunArgs {
                                         .map_err(|e| e.to_string())
                                 })
                             });
+                            let floating =
+                                Floating::start(client.clone(), config, floating_metrics.clone(), attach);
                             let pods = PodAddresses::start(
                                 client.clone(),
                                 node.clone(),
                                 pod_records,
-                                floating_metrics.clone(),
+                                floating_metrics,
+                                floating.agent_link(),
                             );
-                            (
-                                Floating::start(client.clone(), config, floating_metrics, attach),
-                                pods,
-                            )
+                            (floating, pods)
                         });
                         sync_until_reachable(service.desired()).await;
                         tokio::join!(

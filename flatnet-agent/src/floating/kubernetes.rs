@@ -11,8 +11,9 @@
 //! Service has a ready endpoint on the node. An address shared by several
 //! Services needs every one of them to be servable from the node. The loop
 //! offers it only while the pool's `targetNetworkInterface` is up. The
-//! peers are the other nodes a pool in use may place its addresses on, at
-//! their `InternalIP`s.
+//! peers are the other nodes a pool in use may place its addresses on, and
+//! the nodes of the pods holding floating addresses
+//! ([`super::liveness`]), at their `InternalIP`s.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -41,7 +42,10 @@ use kube::{
 };
 use tokio::sync::{Notify, watch};
 
-use super::owner::{self, Assignment, Event, Settings};
+use super::{
+    liveness::{AgentLink, AliveAgents},
+    owner::{self, Assignment, Event, Settings},
+};
 use crate::{desired::kubernetes::Mirror, metrics::FloatingMetrics, netns::run_in_netns};
 
 /// Label of an EndpointSlice naming its Service.
@@ -84,6 +88,8 @@ pub struct Objects<'a> {
     pub classless: bool,
     /// The peers' heartbeat port.
     pub port: u16,
+    /// The nodes of the pods holding floating addresses: peers too.
+    pub pod_nodes: &'a BTreeSet<String>,
 }
 
 /// The node's labels; `None` when the node is unknown.
@@ -172,9 +178,10 @@ pub fn view_of(objects: &Objects<'_>) -> View {
         .iter()
         .filter(|n| n.name_any() != objects.node)
         .filter(|n| {
-            pools_in_use
-                .iter()
-                .any(|pool| pool_allows(pools[*pool].0, n.labels()))
+            objects.pod_nodes.contains(&n.name_any())
+                || pools_in_use
+                    .iter()
+                    .any(|pool| pool_allows(pools[*pool].0, n.labels()))
         })
         .flat_map(|n| {
             n.status
@@ -209,6 +216,7 @@ pub type AttachUplink = Arc<dyn Fn(String) -> BoxFuture<'static, Result<(), Stri
 pub struct Floating {
     stop: Arc<AtomicBool>,
     view: watch::Receiver<View>,
+    agents: AgentLink,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -225,10 +233,13 @@ impl Floating {
         let (view_tx, view_rx) = watch::channel(View::default());
         let (assignment_tx, assignment_rx) = watch::channel(Assignment::default());
         let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (alive_tx, alive_rx) = watch::channel(None);
+        let (pod_nodes_tx, pod_nodes_rx) = watch::channel(BTreeSet::new());
         let follow = tokio::spawn(follow(
             client.clone(),
             config.clone(),
             attach_uplink,
+            pod_nodes_rx,
             view_tx,
             assignment_tx,
         ));
@@ -238,6 +249,7 @@ impl Floating {
             view_rx.clone(),
             metrics,
             events_rx,
+            alive_tx,
         ));
         let loop_stop = Arc::clone(&stop);
         std::thread::Builder::new()
@@ -268,8 +280,18 @@ impl Floating {
         Self {
             stop,
             view: view_rx,
+            agents: AgentLink {
+                alive: alive_rx,
+                peers: Arc::new(pod_nodes_tx),
+            },
             tasks: vec![follow, report],
         }
+    }
+
+    /// The link for [`super::pods::PodAddresses`]: the agents the loop
+    /// hears, and where the pods' nodes are listed as peers.
+    pub fn agent_link(&self) -> AgentLink {
+        self.agents.clone()
     }
 
     /// What this node may serve now.
@@ -299,10 +321,20 @@ async fn follow(
     client: Client,
     config: Config,
     attach_uplink: AttachUplink,
+    mut pod_nodes: watch::Receiver<BTreeSet<String>>,
     view_tx: watch::Sender<View>,
     assignment_tx: watch::Sender<Assignment>,
 ) {
     let changed = Arc::new(Notify::new());
+    {
+        let changed = Arc::clone(&changed);
+        let mut pod_nodes = pod_nodes.clone();
+        tokio::spawn(async move {
+            while pod_nodes.changed().await.is_ok() {
+                changed.notify_one();
+            }
+        });
+    }
     let notify = || Some(Arc::clone(&changed));
     let nodes = Mirror::follow_notifying(Api::<Node>::all(client.clone()), notify());
     let pools = Mirror::follow_notifying(Api::<FloatingIPPool>::all(client.clone()), notify());
@@ -319,6 +351,7 @@ async fn follow(
         ) else {
             continue;
         };
+        let pod_nodes = pod_nodes.borrow_and_update().clone();
         let mut view = view_of(&Objects {
             node: &config.settings.node,
             nodes: &nodes,
@@ -327,6 +360,7 @@ async fn follow(
             slices: &slices,
             classless: config.classless,
             port: config.settings.bind.port(),
+            pod_nodes: &pod_nodes,
         });
         let interfaces: BTreeSet<String> = view.assignment.addresses.values().cloned().collect();
         for interface in interfaces.difference(&attached.clone()) {
@@ -368,6 +402,7 @@ async fn report(
     view: watch::Receiver<View>,
     metrics: FloatingMetrics,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    alive: watch::Sender<Option<AliveAgents>>,
 ) {
     let recorder = Recorder::new(
         client,
@@ -426,6 +461,9 @@ async fn report(
                 metrics
                     .unicast_replies
                     .inc_by(u64::try_from(unicast_replies).unwrap_or(u64::MAX));
+            }
+            Event::Agents { alive: agents } => {
+                alive.send_replace(Some(agents));
             }
             Event::Renewed { .. } => {}
         }

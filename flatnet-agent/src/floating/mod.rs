@@ -19,11 +19,14 @@
 //!   may serve, from the pools, Services, EndpointSlices and Nodes, and
 //!   the Events and metrics of what the loop does;
 //! - [`pods`]: floating addresses that follow pods: the set's active pod
-//!   gets the address on its flat interface.
+//!   gets the address on its flat interface;
+//! - [`liveness`]: the agents the loop hears, for the pod addresses (a pod
+//!   whose node's agent is silent holds nothing).
 
 pub mod election;
 pub mod heartbeat;
 pub mod kubernetes;
+pub mod liveness;
 pub mod owner;
 pub mod pods;
 pub mod resolvers;

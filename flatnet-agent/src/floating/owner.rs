@@ -298,6 +298,12 @@ pub enum Event {
         /// `CLOCK_MONOTONIC` nanoseconds.
         until_ns: u64,
     },
+    /// The agents alive changed (sent at the first heartbeat, then on
+    /// every change): node name to incarnation, this node included.
+    Agents {
+        /// Every agent heard within the timeout, and this one.
+        alive: BTreeMap<String, u64>,
+    },
     /// Sent one round of announcements for the address: the broadcast
     /// one and a unicast reply to each host seen resolving it.
     Announced {
@@ -364,6 +370,7 @@ pub fn run(
     let mut watched: Option<BTreeSet<(u32, IpAddr)>> = None;
     let mut raw_sockets: BTreeMap<String, RawSocket> = BTreeMap::new();
     let mut book = StatusBook::default();
+    let mut alive: Option<BTreeMap<String, u64>> = None;
     let mut next_tick = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -403,6 +410,13 @@ pub fn run(
             let offers: Vec<IpAddr> = mine.keys().copied().collect();
             for heartbeat in Heartbeat::split(&settings.node, incarnation, &offers) {
                 socket.send(&heartbeat, &current.peers)?;
+            }
+            let now_alive = election.live_agents(incarnation, now);
+            if alive.as_ref() != Some(&now_alive) {
+                on_event(Event::Agents {
+                    alive: now_alive.clone(),
+                });
+                alive = Some(now_alive);
             }
             let offered: BTreeSet<IpAddr> = mine.keys().copied().collect();
             let now_owned: BTreeMap<IpAddr, Link> = election

@@ -4,7 +4,8 @@
 //! fixed addresses in `flatnetwork.pandaria.io/floating-ip`) gets an
 //! address of every family its pool has (or of the fixed addresses'
 //! families), written to its `flatnetwork.pandaria.io/floating-ip-assigned`
-//! annotation. Pods of one namespace with the same
+//! annotation, and labelled `flatnetwork.pandaria.io/floating-ip-assigned:
+//! "true"` so the agents can watch only those pods. Pods of one namespace with the same
 //! `flatnetwork.pandaria.io/floating-ip-set` get the same addresses (the
 //! lowest of its members', when two reserved one each at once): the
 //! agents give them to the set's active pod (`flatnet_k8s::floating::pods`).
@@ -19,7 +20,10 @@ use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 use flatnet_k8s::{
     floating::{
         ValidPool, annotation,
-        pods::{PodFloatingRequest, assigned_ips, assigned_value, pod_request_of},
+        pods::{
+            ASSIGNED_LABEL, PodFloatingRequest, assigned_ips, assigned_value,
+            is_labelled_assigned, pod_request_of,
+        },
     },
     ipam::Family,
 };
@@ -87,7 +91,8 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         return Ok(Action::await_change());
     }
     let Some(request) = request.filter(|_| !finished(&pod)) else {
-        if !current.is_empty() && write_assigned(&ctx, &pod, &[]).await? {
+        let stale = !current.is_empty() || is_labelled_assigned(&pod);
+        if stale && write_assigned(&ctx, &pod, &[]).await? {
             release_unheld(&ctx, &pod, &pools, &current).await?;
         }
         return Ok(Action::await_change());
@@ -260,6 +265,10 @@ async fn assign(
         }
     }
     if desired == current {
+        // A pod assigned before the label existed gets it now.
+        if !is_labelled_assigned(pod) {
+            write_assigned(ctx, pod, &desired).await?;
+        }
         return Ok(());
     }
     if !ledger::write_or_hand_back(ctx, &fresh, write_assigned(ctx, pod, &desired)).await? {
@@ -331,8 +340,8 @@ async fn release_unheld(
     ledger::release_each(ctx, pools, &unheld).await
 }
 
-/// Writes `addrs` as the pod's assigned addresses (none: the annotation
-/// removed), with the resourceVersion read. `false` when the pod changed
+/// Writes `addrs` as the pod's assigned addresses and its label (none:
+/// both removed), with the resourceVersion read. `false` when the pod changed
 /// or went meanwhile: the caller hands a reservation back and the next
 /// reconcile starts over.
 async fn write_assigned(ctx: &Context, pod: &Pod, addrs: &[IpAddr]) -> Result<bool, Error> {
@@ -340,10 +349,12 @@ async fn write_assigned(ctx: &Context, pod: &Pod, addrs: &[IpAddr]) -> Result<bo
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let value = (!addrs.is_empty()).then(|| assigned_value(addrs));
+    let label = (!addrs.is_empty()).then_some("true");
     let patch = json!({
         "metadata": {
             "resourceVersion": pod.resource_version(),
             "annotations": { annotation::ASSIGNED: value },
+            "labels": { ASSIGNED_LABEL: label },
         }
     });
     match api
