@@ -33,14 +33,9 @@ use std::{
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig},
     desired::{AttachmentKey, PodRef},
-    floating::{
-        kubernetes::{AttachUplink, Config, Floating},
-        owner::Settings,
-        pods::PodAddresses,
-    },
+    floating::{kubernetes::Floating, pods::PodAddresses},
     link::ParentLink,
     metrics::FloatingMetrics,
-    netns::run_in_netns,
     records::{AttachmentRecord, RecordPhase, Records},
 };
 use flatnet_k8s::{
@@ -58,7 +53,7 @@ use k8s_openapi::{
 use serde_json::json;
 use support::{
     TestNetns, TestPinRoot,
-    floating::{answering, lan_and_client, plug, serve_name},
+    floating::{answering, lan_and_client, plug, serve_name, start_kubernetes_mode},
     privileged, wait_until,
 };
 use tokio_util::sync::CancellationToken;
@@ -93,31 +88,29 @@ impl Node {
             .to_owned()
     }
 
+    /// Whether this node's agent hears `node`'s heartbeats.
+    fn hears(&self, node: &str) -> bool {
+        self.agent.as_ref().is_some_and(|(floating, _)| {
+            floating
+                .agent_link()
+                .alive
+                .borrow()
+                .as_ref()
+                .is_some_and(|alive| alive.contains_key(node))
+        })
+    }
+
     /// Starts the agent's floating service against `api`, as the daemon
     /// does.
     fn start(&mut self, api: &FakeApiServer) {
-        let mut settings = Settings::new(self.name, self.pin.path.clone());
-        settings.bind = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 7946));
-        let (datapath, netns) = (Arc::clone(&self.datapath), self.ns.path());
-        let attach: AttachUplink = Arc::new(move |interface: String| {
-            let (datapath, netns) = (Arc::clone(&datapath), netns.clone());
-            Box::pin(async move {
-                run_in_netns(&netns, || {
-                    datapath.lock().unwrap().attach_uplink(&interface)
-                })
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
-            })
-        });
-        let floating = Floating::start(
+        let floating = start_kubernetes_mode(
             api.client(),
-            Config {
-                settings,
-                classless: false,
-                host_netns: Some(self.ns.path()),
-            },
+            self.name,
+            self.ns.path(),
+            self.pin.path.clone(),
+            &self.datapath,
+            None,
             FloatingMetrics::default(),
-            attach,
         );
         let pods = PodAddresses::start(
             api.client(),
@@ -150,10 +143,12 @@ fn node(
     v4: &str,
     v6: &str,
 ) -> Node {
-    let ns = TestNetns::new(&format!("fp{node}"));
+    // Namespace names end up in interface names: the node's last letter.
+    let tag = &node[node.len() - 1..];
+    let ns = TestNetns::new(&format!("fp{tag}"));
     plug(&ns, lan);
     ns.add_address("up0", &format!("{address}/24"));
-    let pod_ns = TestNetns::new(&format!("fpp{node}"));
+    let pod_ns = TestNetns::new(&format!("fpp{tag}"));
     ns.ip(&[
         "link", "add", "link", "up0", "name", "pf0", "type", "macvlan", "mode", "bridge",
     ]);
@@ -321,8 +316,22 @@ impl Drop for Cluster {
 async fn cluster() -> Cluster {
     let (lan, client) = lan_and_client("10.79.0.100/24");
     client.add_address("eth0", "fd00:79::100/64");
-    let mut a = node("node-a", "10.79.0.1", "vnf-a", &lan, "10.79.0.11", "fd00:79::11");
-    let mut b = node("node-b", "10.79.0.2", "vnf-b", &lan, "10.79.0.12", "fd00:79::12");
+    let mut a = node(
+        "node-a",
+        "10.79.0.1",
+        "vnf-a",
+        &lan,
+        "10.79.0.11",
+        "fd00:79::11",
+    );
+    let mut b = node(
+        "node-b",
+        "10.79.0.2",
+        "vnf-b",
+        &lan,
+        "10.79.0.12",
+        "fd00:79::12",
+    );
 
     let api = FakeApiServer::new();
     api.insert(&pool());
@@ -340,23 +349,25 @@ async fn cluster() -> Cluster {
     b.start(&api);
     // Ready after the agents started (a pod's readiness counts from its
     // agent's start at the earliest), vnf-a first.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
     let now = Timestamp::now().as_second();
-    api.insert(&pod("vnf-a", "node-a", now));
-    api.insert(&pod("vnf-b", "node-b", now + 1));
-
+    // The active pod first; the standby joins the set, which holds its
+    // addresses by then.
     let api_ref = &api;
-    tokio::task::block_in_place(|| {
-        wait_until("the operator gives the set its addresses", || {
-            let (pa, pb) = (stored(api_ref, "vnf-a"), stored(api_ref, "vnf-b"));
-            let expected: [std::net::IpAddr; 2] =
-                [FLOATING_V4.parse().unwrap(), FLOATING_V6.parse().unwrap()];
-            assigned_ips(&pa) == expected
-                && assigned_ips(&pb) == expected
-                && is_labelled_assigned(&pa)
-                && is_labelled_assigned(&pb)
+    let expected: [std::net::IpAddr; 2] =
+        [FLOATING_V4.parse().unwrap(), FLOATING_V6.parse().unwrap()];
+    for (name, node, ready) in [("vnf-a", "node-a", now - 1), ("vnf-b", "node-b", now)] {
+        api.insert(&pod(name, node, ready));
+        tokio::task::block_in_place(|| {
+            wait_until(
+                &format!("the operator gives {name} the set's addresses"),
+                || {
+                    let stored = stored(api_ref, name);
+                    assigned_ips(&stored) == expected && is_labelled_assigned(&stored)
+                },
+            );
         });
-    });
+    }
     let cluster = Cluster {
         api,
         client,
@@ -365,6 +376,13 @@ async fn cluster() -> Cluster {
         operator,
         _lan: lan,
     };
+    // Steady state: each agent hears the other (the pods' nodes are
+    // heartbeat peers once both pods hold the set's addresses).
+    tokio::task::block_in_place(|| {
+        wait_until("the agents hear each other", || {
+            cluster.a.hears("node-b") && cluster.b.hears("node-a")
+        });
+    });
     wait_answering(&cluster.client, "vnf-a");
     for (addr, prefix) in [(FLOATING_V4, 24), (FLOATING_V6, 64)] {
         assert!(
@@ -395,7 +413,14 @@ async fn the_active_pod_holds_the_address_and_the_standby_takes_it_over() {
 
     // The active pod's readiness probe fails.
     let mut unready = stored(api, "vnf-a");
-    unready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    unready
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[0]
+        .status = "False".into();
     api.insert(&unready);
     wait_answering(client, "vnf-b");
     let mac_b = b.pod_mac();
@@ -421,8 +446,7 @@ async fn the_active_pod_holds_the_address_and_the_standby_takes_it_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_when_the_active_pods_node_dies_and_keeps_the_address() {
-    if !privileged("the_standby_takes_over_when_the_active_pods_node_dies_and_keeps_the_address")
-    {
+    if !privileged("the_standby_takes_over_when_the_active_pods_node_dies_and_keeps_the_address") {
         return;
     }
     let mut cluster = cluster().await;
@@ -443,7 +467,10 @@ async fn the_standby_takes_over_when_the_active_pods_node_dies_and_keeps_the_add
     // The API server never learned of it: vnf-a is still Ready there.
     let a_pod = stored(&cluster.api, "vnf-a");
     let ready = &a_pod.status.as_ref().unwrap().conditions.as_ref().unwrap()[0];
-    assert_eq!((ready.type_.as_str(), ready.status.as_str()), ("Ready", "True"));
+    assert_eq!(
+        (ready.type_.as_str(), ready.status.as_str()),
+        ("Ready", "True")
+    );
     let notes = moved_notes(&cluster.api, "vnf-b");
     assert!(
         notes.iter().any(|n| n

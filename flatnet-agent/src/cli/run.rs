@@ -220,7 +220,6 @@ impl RunArgs {
             let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client.clone());
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
-            let floating = self.floating_config(&node_name);
             let floating_metrics = metrics.floating.clone();
             let mac_conflicts = metrics.mac_conflicts.clone();
             let pod_records = records.clone();
@@ -230,6 +229,7 @@ impl RunArgs {
                 .namespace
                 .clone()
                 .unwrap_or_else(|| client.default_namespace().to_owned());
+            let floating = self.floating_config(&node_name, &namespace);
             let heartbeat = Heartbeat::new(
                 client.clone(),
                 node_heartbeat::Settings::new(
@@ -260,8 +260,12 @@ impl RunArgs {
                                         .map_err(|e| e.to_string())
                                 })
                             });
-                            let floating =
-                                Floating::start(client.clone(), config, floating_metrics.clone(), attach);
+                            let floating = Floating::start(
+                                client.clone(),
+                                config,
+                                floating_metrics.clone(),
+                                attach,
+                            );
                             let pods = PodAddresses::start(
                                 client.clone(),
                                 node.clone(),
@@ -300,7 +304,11 @@ impl RunArgs {
     }
 
     /// The floating addresses' settings, `None` when turned off.
-    fn floating_config(&self, node_name: &str) -> Option<floating::kubernetes::Config> {
+    fn floating_config(
+        &self,
+        node_name: &str,
+        namespace: &str,
+    ) -> Option<floating::kubernetes::Config> {
         if !self.floating_ip {
             tracing::info!("floating addresses turned off (FLATNET_FLOATING_IP=false)");
             return None;
@@ -319,6 +327,8 @@ impl RunArgs {
             settings,
             classless: self.floating_ip_classless,
             host_netns: self.host_netns.clone(),
+            // The address Leases live beside the node heartbeats.
+            lease_namespace: Some(namespace.to_owned()),
         })
     }
 

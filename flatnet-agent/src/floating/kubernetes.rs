@@ -43,6 +43,7 @@ use kube::{
 use tokio::sync::{Notify, watch};
 
 use super::{
+    lease::{self, LeaseLink},
     liveness::{AgentLink, AliveAgents},
     owner::{self, Assignment, Event, Settings},
 };
@@ -206,6 +207,9 @@ pub struct Config {
     pub classless: bool,
     /// The node's network namespace when the agent runs outside it.
     pub host_netns: Option<PathBuf>,
+    /// The namespace of the address Leases ([`super::lease`]); none: no
+    /// Leases, the heartbeats alone decide.
+    pub lease_namespace: Option<String>,
 }
 
 /// Attaches the uplink program to an interface (once; later calls for the
@@ -235,14 +239,30 @@ impl Floating {
         let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
         let (alive_tx, alive_rx) = watch::channel(None);
         let (pod_nodes_tx, pod_nodes_rx) = watch::channel(BTreeSet::new());
+        let (owned_tx, owned_rx) = watch::channel(BTreeSet::new());
+        let (yielded_tx, yielded_rx) = watch::channel(BTreeMap::new());
         let follow = tokio::spawn(follow(
             client.clone(),
             config.clone(),
             attach_uplink,
             pod_nodes_rx,
+            yielded_rx,
             view_tx,
             assignment_tx,
         ));
+        let mut tasks = Vec::new();
+        if let Some(namespace) = config.lease_namespace.clone() {
+            tasks.push(tokio::spawn(lease::run(
+                client.clone(),
+                namespace,
+                config.settings.node.clone(),
+                LeaseLink {
+                    owned: owned_rx,
+                    alive: alive_rx.clone(),
+                    yielded: yielded_tx,
+                },
+            )));
+        }
         let report = tokio::spawn(report(
             client,
             config.settings.node.clone(),
@@ -250,6 +270,7 @@ impl Floating {
             metrics,
             events_rx,
             alive_tx,
+            owned_tx,
         ));
         let loop_stop = Arc::clone(&stop);
         std::thread::Builder::new()
@@ -284,7 +305,10 @@ impl Floating {
                 alive: alive_rx,
                 peers: Arc::new(pod_nodes_tx),
             },
-            tasks: vec![follow, report],
+            tasks: {
+                tasks.extend([follow, report]);
+                tasks
+            },
         }
     }
 
@@ -322,19 +346,13 @@ async fn follow(
     config: Config,
     attach_uplink: AttachUplink,
     mut pod_nodes: watch::Receiver<BTreeSet<String>>,
+    mut yielded: watch::Receiver<BTreeMap<IpAddr, String>>,
     view_tx: watch::Sender<View>,
     assignment_tx: watch::Sender<Assignment>,
 ) {
     let changed = Arc::new(Notify::new());
-    {
-        let changed = Arc::clone(&changed);
-        let mut pod_nodes = pod_nodes.clone();
-        tokio::spawn(async move {
-            while pod_nodes.changed().await.is_ok() {
-                changed.notify_one();
-            }
-        });
-    }
+    super::wake_on_change(pod_nodes.clone(), &changed);
+    super::wake_on_change(yielded.clone(), &changed);
     let notify = || Some(Arc::clone(&changed));
     let nodes = Mirror::follow_notifying(Api::<Node>::all(client.clone()), notify());
     let pools = Mirror::follow_notifying(Api::<FloatingIPPool>::all(client.clone()), notify());
@@ -376,6 +394,7 @@ async fn follow(
         view.assignment
             .addresses
             .retain(|_, interface| attached.contains(interface));
+        view.assignment.yielded = yielded.borrow_and_update().keys().copied().collect();
         assignment_tx.send_if_modified(|current| {
             let modified = *current != view.assignment;
             if modified {
@@ -403,6 +422,7 @@ async fn report(
     metrics: FloatingMetrics,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     alive: watch::Sender<Option<AliveAgents>>,
+    owned_tx: watch::Sender<BTreeSet<IpAddr>>,
 ) {
     let recorder = Recorder::new(
         client,
@@ -422,6 +442,7 @@ async fn report(
             } => {
                 metrics.acquired.inc();
                 owned.insert(addr);
+                owned_tx.send_replace(owned.clone());
                 // Before the Events, whose API calls take a while.
                 set_owned(&metrics, &owned);
                 tracing::info!(%addr, %interface, "floating address acquired");
@@ -451,6 +472,7 @@ async fn report(
             Event::Released { addr } => {
                 metrics.released.inc();
                 owned.remove(&addr);
+                owned_tx.send_replace(owned.clone());
                 set_owned(&metrics, &owned);
                 tracing::info!(%addr, "floating address released");
             }

@@ -55,6 +55,9 @@ pub struct Liveness {
     alive: Option<(AliveAgents, Instant)>,
     /// Since when each node has been listed as a peer.
     listed_since: BTreeMap<String, Instant>,
+    /// The listed nodes heard at least once: silent, they are dead at
+    /// once, without [`DEAD_AFTER`].
+    heard: BTreeSet<String>,
     /// The nodes dead at the last [`Self::observe`].
     dead: BTreeSet<String>,
 }
@@ -71,8 +74,12 @@ impl Liveness {
         now: Instant,
     ) -> BTreeSet<String> {
         self.listed_since.retain(|node, _| listed.contains(node));
+        self.heard.retain(|node| listed.contains(node));
         for node in listed {
             self.listed_since.entry(node.clone()).or_insert(now);
+            if alive.is_some_and(|a| a.contains_key(node)) {
+                self.heard.insert(node.clone());
+            }
         }
         self.alive = match (alive, self.alive.take()) {
             (None, _) => None,
@@ -103,9 +110,9 @@ impl Liveness {
     }
 
     /// What is known at `now` of the agent on `node`: alive when the loop
-    /// hears it; dead when it is silent though listed as a peer, and the
-    /// loop running, for [`DEAD_AFTER`]; unknown otherwise (no loop, or
-    /// not listed long enough).
+    /// hears it; dead when it was heard and is silent now, or is silent
+    /// though listed as a peer, and the loop running, for [`DEAD_AFTER`];
+    /// unknown otherwise (no loop, or not listed long enough).
     pub fn agent_of(&self, node: &str, now: Instant) -> NodeAgent {
         let Some((alive, reporting_since)) = &self.alive else {
             return NodeAgent::Unknown;
@@ -116,7 +123,10 @@ impl Liveness {
             return NodeAgent::Alive { since };
         }
         let long_enough = |since: &Instant| now.saturating_duration_since(*since) >= DEAD_AFTER;
-        if long_enough(reporting_since) && self.listed_since.get(node).is_some_and(long_enough) {
+        if self.heard.contains(node)
+            || (long_enough(reporting_since)
+                && self.listed_since.get(node).is_some_and(long_enough))
+        {
             NodeAgent::Dead
         } else {
             NodeAgent::Unknown
@@ -129,7 +139,7 @@ impl Liveness {
         let (alive, reporting_since) = self.alive.as_ref()?;
         self.listed_since
             .iter()
-            .filter(|(node, _)| !alive.contains_key(*node))
+            .filter(|(node, _)| !alive.contains_key(*node) && !self.heard.contains(*node))
             .map(|(_, since)| (*since).max(*reporting_since) + DEAD_AFTER)
             .chain(std::iter::once(*reporting_since + SETTLE))
             .filter(|at| *at > now)
@@ -204,6 +214,21 @@ mod tests {
     }
 
     #[test]
+    fn a_node_heard_and_silent_is_dead_at_once_even_when_listed_just_now() {
+        let mut liveness = Liveness::default();
+        let start = Instant::now();
+        let listed = nodes(&["me", "b"]);
+        liveness.observe(Some(&alive(&[("me", 1), ("b", 2)])), &listed, start);
+        let soon = start + SETTLE;
+        liveness.observe(Some(&alive(&[("me", 1)])), &listed, soon);
+        assert_eq!(liveness.agent_of("b", soon), NodeAgent::Dead);
+        // Unlisted, then listed again: a fresh start for it.
+        liveness.observe(Some(&alive(&[("me", 1)])), &nodes(&["me"]), soon);
+        liveness.observe(Some(&alive(&[("me", 1)])), &listed, soon);
+        assert_eq!(liveness.agent_of("b", soon), NodeAgent::Unknown);
+    }
+
+    #[test]
     fn a_node_never_heard_is_dead_only_after_the_grace_for_listing_and_for_the_loop() {
         let mut liveness = Liveness::default();
         let start = Instant::now();
@@ -228,6 +253,9 @@ mod tests {
         assert_eq!(liveness.agent_of("d", after), NodeAgent::Unknown);
         assert_eq!(liveness.next_change(after), Some(after + DEAD_AFTER));
         // Not listed: never dead.
-        assert_eq!(liveness.agent_of("e", after + DEAD_AFTER * 5), NodeAgent::Unknown);
+        assert_eq!(
+            liveness.agent_of("e", after + DEAD_AFTER * 5),
+            NodeAgent::Unknown
+        );
     }
 }

@@ -203,6 +203,10 @@ pub struct Assignment {
     pub addresses: BTreeMap<IpAddr, String>,
     /// The peers' heartbeat addresses.
     pub peers: Vec<SocketAddr>,
+    /// Addresses this node must not own though the election gives them to
+    /// it: another node it does not hear claimed them last
+    /// ([`super::lease`]). Offered still, so the election is unchanged.
+    pub yielded: BTreeSet<IpAddr>,
 }
 
 /// The interface an owned address is answered on.
@@ -427,6 +431,7 @@ pub fn run(
                         now.saturating_duration_since(*since) >= election.timeout()
                     })
                 })
+                .filter(|addr| !current.yielded.contains(addr))
                 .filter_map(|addr| Some((addr, mine.get(&addr)?.clone())))
                 .collect();
             // An address whose interface changed is released and acquired again.

@@ -328,14 +328,7 @@ async fn follow(
     agents: AgentLink,
 ) {
     let changed = Arc::new(Notify::new());
-    {
-        let (mut alive, changed) = (agents.alive.clone(), Arc::clone(&changed));
-        tokio::spawn(async move {
-            while alive.changed().await.is_ok() {
-                changed.notify_one();
-            }
-        });
-    }
+    super::wake_on_change(agents.alive.clone(), &changed);
     let mut liveness = Liveness::default();
     // Only the pods the operator gave floating addresses to (labelled):
     // the members of a set on every node, as the active pod needs them.
@@ -389,14 +382,15 @@ async fn follow(
             continue;
         }
         if !revived.is_empty() {
-            tracing::info!(?revived, "floating addresses: agents heard again; announcing the held addresses again");
+            tracing::info!(
+                ?revived,
+                "floating addresses: agents heard again; announcing the held addresses again"
+            );
         }
         let view = view_of(&pods, &pools, |n| liveness.agent_of(n, now));
-        wake = liveness
-            .next_change(now)
-            .map_or(RECHECK_INTERVAL, |at| {
-                at.saturating_duration_since(now).min(RECHECK_INTERVAL)
-            });
+        wake = liveness.next_change(now).map_or(RECHECK_INTERVAL, |at| {
+            at.saturating_duration_since(now).min(RECHECK_INTERVAL)
+        });
         let all = match records.all() {
             Ok(all) => all,
             Err(error) => {

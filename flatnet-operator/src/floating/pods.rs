@@ -21,8 +21,8 @@ use flatnet_k8s::{
     floating::{
         ValidPool, annotation,
         pods::{
-            ASSIGNED_LABEL, PodFloatingRequest, assigned_ips, assigned_value,
-            is_labelled_assigned, pod_request_of,
+            ASSIGNED_LABEL, PodFloatingRequest, assigned_ips, assigned_value, is_labelled_assigned,
+            pod_request_of,
         },
     },
     ipam::Family,
@@ -54,6 +54,31 @@ pub fn pod_addresses(pod: &Pod, pools: &[ValidPool]) -> Vec<IpAddr> {
     assigned_ips(pod)
         .into_iter()
         .filter(|a| quotas::pool_of(pools, *a).is_some())
+        .collect()
+}
+
+/// The addresses the other members of `set` in `namespace` hold, among
+/// `others` (none without a set); members being deleted hold nothing.
+pub fn set_addresses<'a>(
+    others: impl IntoIterator<Item = &'a Pod>,
+    namespace: &str,
+    set: Option<&str>,
+    pools: &[ValidPool],
+) -> Vec<IpAddr> {
+    let Some(set) = set else {
+        return Vec::new();
+    };
+    others
+        .into_iter()
+        .filter(|o| o.namespace().as_deref() == Some(namespace))
+        .filter(|o| o.metadata.deletion_timestamp.is_none())
+        .filter(|o| {
+            pod_request_of(o)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.set.as_deref() == Some(set))
+        })
+        .flat_map(|o| pod_addresses(o, pools))
         .collect()
 }
 
@@ -234,21 +259,12 @@ async fn assign(
         // Kept while it still satisfies the request; a set shares its
         // members' address, the lowest when two members reserved one each
         // at the same time, so the set converges on one.
-        let siblings: Vec<IpAddr> = match &request.set {
-            None => Vec::new(),
-            Some(set) => others
-                .iter()
-                .filter(|o| o.namespace().as_deref() == Some(namespace.as_str()))
-                .filter(|o| o.metadata.deletion_timestamp.is_none())
-                .filter(|o| {
-                    pod_request_of(o)
-                        .ok()
-                        .flatten()
-                        .is_some_and(|r| r.set.as_ref() == Some(set))
-                })
-                .flat_map(|o| pod_addresses(o, pools))
-                .collect(),
-        };
+        let siblings = set_addresses(
+            others.iter().map(|o| &**o),
+            &namespace,
+            request.set.as_deref(),
+            pools,
+        );
         if let Some(addr) = current.iter().chain(&siblings).copied().filter(fits).min() {
             desired.push(addr);
             continue;

@@ -37,7 +37,7 @@ use kube::{
 
 use super::{Denial, lookup::Lookup};
 use crate::floating::{
-    pods::pod_addresses,
+    pods::{pod_addresses, set_addresses},
     quotas,
     services::{ingress_addresses, serves_namespace},
 };
@@ -214,7 +214,10 @@ fn pod_request(object: &DynamicObject) -> Result<(Pod, Option<PodFloatingRequest
     let request = pod_request_of(&pod).map_err(|error| {
         Denial::new(
             "invalid_floating_request",
-            format!("pod {}: {error}: give one address per family, comma-separated", pod.name_any()),
+            format!(
+                "pod {}: {error}: give one address per family, comma-separated",
+                pod.name_any()
+            ),
         )
     })?;
     Ok((pod, request))
@@ -311,9 +314,10 @@ pub async fn review_pod(
             ));
         }
         families.push(family);
-        let inside = candidates
-            .iter()
-            .any(|p| p.pool(family).is_some_and(|pool| pool.is_allocatable(*addr)));
+        let inside = candidates.iter().any(|p| {
+            p.pool(family)
+                .is_some_and(|pool| pool.is_allocatable(*addr))
+        });
         if !inside {
             let whose = match &wanted.pool {
                 Some(pool_name) => format!("FloatingIPPool {pool_name}"),
@@ -370,22 +374,11 @@ async fn review_pod_quota(
     let pods = lookup.floating_pods().await?;
     let others: Vec<Pod> = pods
         .into_iter()
-        .filter(|p| !(p.namespace().as_deref() == Some(namespace) && p.name_any() == pod.name_any()))
+        .filter(|p| {
+            !(p.namespace().as_deref() == Some(namespace) && p.name_any() == pod.name_any())
+        })
         .collect();
-    let set_holds: Vec<IpAddr> = match &wanted.set {
-        None => Vec::new(),
-        Some(set) => others
-            .iter()
-            .filter(|o| o.namespace().as_deref() == Some(namespace))
-            .filter(|o| {
-                pod_request_of(o)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|r| r.set.as_ref() == Some(set))
-            })
-            .flat_map(|o| pod_addresses(o, pools))
-            .collect(),
-    };
+    let set_holds = set_addresses(&others, namespace, wanted.set.as_deref(), pools);
     let held: Vec<IpAddr> = pod_addresses(pod, pools)
         .into_iter()
         .chain(set_holds)

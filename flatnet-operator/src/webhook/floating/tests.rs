@@ -182,7 +182,9 @@ async fn pod_requests_name_a_missing_pool_an_address_outside_it_and_the_quota() 
     .await
     .unwrap();
     assert!(
-        missing.contains("FloatingIPPool lab") && missing.contains("does not exist") && missing.contains("[lan]"),
+        missing.contains("FloatingIPPool lab")
+            && missing.contains("does not exist")
+            && missing.contains("[lan]"),
         "{missing}"
     );
     let outside = verdict(
@@ -193,7 +195,8 @@ async fn pod_requests_name_a_missing_pool_an_address_outside_it_and_the_quota() 
     .await
     .unwrap();
     assert!(
-        outside.contains("192.168.11.5") && outside.contains("outside FloatingIPPool lan")
+        outside.contains("192.168.11.5")
+            && outside.contains("outside FloatingIPPool lan")
             && outside.contains("192.168.10.0-192.168.10.255"),
         "{outside}"
     );
@@ -214,7 +217,8 @@ async fn pod_requests_name_a_missing_pool_an_address_outside_it_and_the_quota() 
     .await
     .unwrap();
     assert!(
-        over.contains("pod vnf") && over.contains("FloatingIPProjectQuota shop-quota")
+        over.contains("pod vnf")
+            && over.contains("FloatingIPProjectQuota shop-quota")
             && over.contains("flatnetwork.pandaria.io/floating-ip-set"),
         "{over}"
     );
