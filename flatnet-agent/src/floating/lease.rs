@@ -410,6 +410,138 @@ mod tests {
         assert!(!still_yielding("a", None, |_| false));
     }
 
+    use flatnet_operator::allocation::fake_api::FakeApiServer;
+
+    /// One agent's Lease task against `server`, owning `owned` and hearing
+    /// `heard` (itself included).
+    struct Agent {
+        owned: watch::Sender<BTreeSet<IpAddr>>,
+        alive: watch::Sender<Option<AliveAgents>>,
+        yielded: watch::Receiver<BTreeMap<IpAddr, String>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Agent {
+        fn start(server: &FakeApiServer, node: &str, owned: &[IpAddr], heard: &[&str]) -> Self {
+            let (owned_tx, owned_rx) = watch::channel(owned.iter().copied().collect());
+            let (alive_tx, alive_rx) = watch::channel(Some(alive_of(heard)));
+            let (yielded_tx, yielded_rx) = watch::channel(BTreeMap::new());
+            let task = tokio::spawn(run(
+                server.client(),
+                "flatnet".into(),
+                node.into(),
+                LeaseLink {
+                    owned: owned_rx,
+                    alive: alive_rx,
+                    yielded: yielded_tx,
+                },
+            ));
+            Self {
+                owned: owned_tx,
+                alive: alive_tx,
+                yielded: yielded_rx,
+                task,
+            }
+        }
+
+        fn yielded(&self) -> BTreeMap<IpAddr, String> {
+            self.yielded.borrow().clone()
+        }
+    }
+
+    impl Drop for Agent {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn alive_of(nodes: &[&str]) -> AliveAgents {
+        nodes.iter().map(|n| ((*n).to_owned(), 1)).collect()
+    }
+
+    fn holder(server: &FakeApiServer, addr: IpAddr) -> Option<String> {
+        server
+            .list::<Lease>()
+            .into_iter()
+            .find(|l| l.metadata.name.as_deref() == Some(lease_name(addr).as_str()))?
+            .spec?
+            .holder_identity
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn against_the_api_one_of_two_unheard_owners_yields_and_only_leases_are_touched() {
+        let server = FakeApiServer::new();
+        let addr: IpAddr = "10.0.0.5".parse().unwrap();
+        let a = Agent::start(&server, "a", &[addr], &["a"]);
+        let b = Agent::start(&server, "b", &[addr], &["b"]);
+        until("one of them yields", || {
+            a.yielded().is_empty() != b.yielded().is_empty()
+        })
+        .await;
+        let (winner, loser, loser_agent) = if a.yielded().is_empty() {
+            ("a", "b", &b)
+        } else {
+            ("b", "a", &a)
+        };
+        assert_eq!(loser_agent.yielded()[&addr], winner);
+        until("the Lease names the winner", || {
+            holder(&server, addr).as_deref() == Some(winner)
+        })
+        .await;
+        // The loser's loop releases the address; its yield holds while the
+        // winner's claim is live and the winner unheard.
+        loser_agent.owned.send_replace(BTreeSet::new());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(loser_agent.yielded()[&addr], winner);
+        // Heard again: the heartbeats decide, the yield ends.
+        loser_agent
+            .alive
+            .send_replace(Some(alive_of(&[loser, winner])));
+        until("the yield ends", || loser_agent.yielded().is_empty()).await;
+        assert_eq!(holder(&server, addr).as_deref(), Some(winner));
+
+        // What the agent's Role grants, and nothing else: patch, list and
+        // watch of Leases in flatnet's namespace.
+        let asked: BTreeSet<_> = server
+            .accesses()
+            .into_iter()
+            .map(|a| (a.verb, a.group, a.resource, a.subresource, a.namespaced))
+            .collect();
+        for (verb, group, resource, subresource, namespaced) in &asked {
+            assert!(
+                ["patch", "list", "watch"].contains(verb)
+                    && group == "coordination.k8s.io"
+                    && resource == "leases"
+                    && subresource.is_none()
+                    && *namespaced,
+                "{asked:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_owner_overwrites_a_dead_owners_live_claim_and_clears_its_own_on_release() {
+        let server = FakeApiServer::new();
+        let addr: IpAddr = "fd00::5".parse().unwrap();
+        // a owned the address and died: its claim is live, a is not heard.
+        server.insert(&claim_lease("flatnet", addr, "a", Timestamp::now()));
+        let b = Agent::start(&server, "b", &[addr], &["b"]);
+        until("b claims", || holder(&server, addr).as_deref() == Some("b")).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(b.yielded().is_empty());
+        // b lets the address go: its claim is cleared.
+        b.owned.send_replace(BTreeSet::new());
+        until("b's claim is cleared", || holder(&server, addr).is_none()).await;
+    }
+
     #[test]
     fn of_two_owners_that_do_not_hear_each_other_exactly_one_yields() {
         // Both claimed and saw their own claim; b's write landed last.
