@@ -301,6 +301,14 @@ pub async fn review_pod(
             })
             .collect(),
     };
+    if candidates.is_empty() {
+        return Err(Denial::new(
+            "floating_ip_pool_missing",
+            format!(
+                "pod {name}: no valid FloatingIPPool serves namespace {namespace}: create one, or widen a pool's spec.namespaceSelector or spec.projects"
+            ),
+        ));
+    }
     let mut families: Vec<Family> = Vec::new();
     for addr in &wanted.fixed {
         let family = Family::of(*addr);
@@ -349,14 +357,6 @@ pub async fn review_pod(
                 ),
             ));
         }
-    }
-    if candidates.is_empty() {
-        return Err(Denial::new(
-            "floating_ip_pool_missing",
-            format!(
-                "pod {name}: no valid FloatingIPPool serves namespace {namespace}: create one, or widen a pool's spec.namespaceSelector or spec.projects"
-            ),
-        ));
     }
     review_pod_quota(lookup, &pod, &wanted, &candidates, &pools, &namespace).await
 }
