@@ -356,6 +356,17 @@ async fn of_two_owners_that_do_not_hear_each_other_the_overtaken_one_stops_answe
     wait_until("the client reaches the winner", || {
         answering(&client).as_deref() == Some(winner.name)
     });
+    wait_until("the Service is warned", || {
+        api.list::<Event>().into_iter().any(|e| {
+            e.reason.as_deref() == Some("FloatingIPSplitBrain")
+                && e.note.as_deref().is_some_and(|n| {
+                    n.starts_with(&format!(
+                        "node {} stops answering for {FLOATING}: node {}, whose heartbeats",
+                        loser.name, winner.name
+                    ))
+                })
+        })
+    });
 
     // The heartbeat network heals: they hear each other, the election
     // decides, and one node answers.

@@ -241,6 +241,13 @@ impl Floating {
         let (pod_nodes_tx, pod_nodes_rx) = watch::channel(BTreeSet::new());
         let (owned_tx, owned_rx) = watch::channel(BTreeSet::new());
         let (yielded_tx, yielded_rx) = watch::channel(BTreeMap::new());
+        let mut tasks = vec![tokio::spawn(report_yields(
+            client.clone(),
+            config.settings.node.clone(),
+            view_rx.clone(),
+            yielded_rx.clone(),
+            config.settings.bind.port(),
+        ))];
         let follow = tokio::spawn(follow(
             client.clone(),
             config.clone(),
@@ -250,7 +257,6 @@ impl Floating {
             view_tx,
             assignment_tx,
         ));
-        let mut tasks = Vec::new();
         if let Some(namespace) = config.lease_namespace.clone() {
             tasks.push(tokio::spawn(lease::run(
                 client.clone(),
@@ -489,6 +495,51 @@ async fn report(
             }
             Event::Renewed { .. } => {}
         }
+    }
+}
+
+/// Tells the Services holding an address when this node yields it to a
+/// node it does not hear (a Warning `FloatingIPSplitBrain`): the
+/// heartbeats between the two are lost, which only the operator can fix.
+async fn report_yields(
+    client: Client,
+    node: String,
+    view: watch::Receiver<View>,
+    mut yielded: watch::Receiver<BTreeMap<IpAddr, String>>,
+    port: u16,
+) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: REPORTER.into(),
+            instance: Some(node.clone()),
+        },
+    );
+    let mut told: BTreeMap<IpAddr, String> = BTreeMap::new();
+    while yielded.changed().await.is_ok() {
+        let now = yielded.borrow_and_update().clone();
+        for (addr, to) in &now {
+            if told.get(addr) == Some(to) {
+                continue;
+            }
+            let note = format!(
+                "node {node} stops answering for {addr}: node {to}, whose heartbeats it does not receive, claimed it last; check that the nodes reach each other on UDP port {port} at their InternalIPs"
+            );
+            let holders = view.borrow().holders.get(addr).cloned().unwrap_or_default();
+            for service in holders {
+                let event = KubeEvent {
+                    type_: EventType::Warning,
+                    reason: "FloatingIPSplitBrain".into(),
+                    note: Some(note.clone()),
+                    action: "Withdraw".into(),
+                    secondary: None,
+                };
+                if let Err(error) = recorder.publish(&event, &service).await {
+                    tracing::warn!(%addr, %error, "cannot record the FloatingIPSplitBrain Event");
+                }
+            }
+        }
+        told = now;
     }
 }
 
