@@ -55,6 +55,17 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Field manager / reporting controller of the agent's Events.
 pub(crate) const REPORTER: &str = "flatnet-agent";
 
+/// The recorder of the floating addresses' Events of `node`'s agent.
+pub(crate) fn recorder(client: Client, node: &str) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: REPORTER.into(),
+            instance: Some(node.to_owned()),
+        },
+    )
+}
+
 /// How long the loop waits before starting again after a failure (a
 /// heartbeat port in use, the maps missing).
 const RESTART_DELAY: Duration = Duration::from_secs(1);
@@ -430,13 +441,7 @@ async fn report(
     alive: watch::Sender<Option<AliveAgents>>,
     owned_tx: watch::Sender<BTreeSet<IpAddr>>,
 ) {
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: REPORTER.into(),
-            instance: Some(node.clone()),
-        },
-    );
+    let recorder = recorder(client, &node);
     let mut owned: BTreeSet<IpAddr> = BTreeSet::new();
     while let Some(event) = events.recv().await {
         match event {
@@ -508,13 +513,7 @@ async fn report_yields(
     mut yielded: watch::Receiver<BTreeMap<IpAddr, String>>,
     port: u16,
 ) {
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: REPORTER.into(),
-            instance: Some(node.clone()),
-        },
-    );
+    let recorder = recorder(client, &node);
     let mut told: BTreeMap<IpAddr, String> = BTreeMap::new();
     while yielded.changed().await.is_ok() {
         let now = yielded.borrow_and_update().clone();

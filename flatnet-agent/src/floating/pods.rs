@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
-        events::{Event as KubeEvent, EventType, Recorder, Reporter},
+        events::{Event as KubeEvent, EventType},
         watcher,
     },
 };
@@ -341,13 +341,7 @@ async fn follow(
         Api::<FloatingIPPool>::all(client.clone()),
         Some(Arc::clone(&changed)),
     );
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: super::kubernetes::REPORTER.into(),
-            instance: Some(node.clone()),
-        },
-    );
+    let recorder = super::kubernetes::recorder(client, &node);
     // Who held each address when last seen, for the Events.
     let mut previous: BTreeMap<IpAddr, Holder> = BTreeMap::new();
     let mut held: BTreeSet<IpAddr> = BTreeSet::new();
