@@ -14,6 +14,12 @@
 //! - Eligibility: a pool's `nodeSelector` keeps a node out; with
 //!   `externalTrafficPolicy: Local` only the node with a ready endpoint
 //!   answers, and ownership moves when the endpoint does.
+//! - Split brain: the nodes do not hear each other's heartbeats (their
+//!   `InternalIP`s lead nowhere) while the LAN and the API server work;
+//!   both own the address, both claim its Lease, and the one whose claim
+//!   was overtaken withdraws its responder entry: one node answers, the
+//!   Lease's holder, and stays the only one. Once they hear each other,
+//!   the heartbeats decide again, still one node answering.
 
 mod support;
 
@@ -24,16 +30,13 @@ use std::{
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig, PinnedMaps},
-    floating::{
-        kubernetes::{AttachUplink, Config, Floating},
-        owner::Settings,
-    },
+    floating::kubernetes::Floating,
     metrics::FloatingMetrics,
-    netns::run_in_netns,
 };
 use flatnet_k8s::api::FloatingIPPool;
 use flatnet_operator::allocation::fake_api::FakeApiServer;
 use k8s_openapi::api::{
+    coordination::v1::Lease,
     core::v1::{Node as KubeNode, Service},
     discovery::v1::EndpointSlice,
     events::v1::Event,
@@ -41,7 +44,7 @@ use k8s_openapi::api::{
 use serde_json::{Value, json};
 use support::{
     TestNetns, TestPinRoot,
-    floating::{lan_and_client, plug, serve_name},
+    floating::{lan_and_client, plug, serve_name, start_kubernetes_mode},
     privileged, wait_until,
 };
 
@@ -89,30 +92,14 @@ impl Node {
 
     /// Starts the node's floating service against `api`.
     fn start(&mut self, api: &FakeApiServer) {
-        let mut settings = Settings::new(self.name, self.pin.path.clone());
-        // As the daemon binds: every address of both families.
-        settings.bind = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 7946));
-        settings.status_file = Some(self.status_dir.path().join("floating.json"));
-        let (datapath, netns) = (Arc::clone(&self.datapath), self.ns.path());
-        let attach: AttachUplink = Arc::new(move |interface: String| {
-            let (datapath, netns) = (Arc::clone(&datapath), netns.clone());
-            Box::pin(async move {
-                run_in_netns(&netns, || {
-                    datapath.lock().unwrap().attach_uplink(&interface)
-                })
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
-            })
-        });
-        self.floating = Some(Floating::start(
+        self.floating = Some(start_kubernetes_mode(
             api.client(),
-            Config {
-                settings,
-                classless: false,
-                host_netns: Some(self.ns.path()),
-            },
+            self.name,
+            self.ns.path(),
+            self.pin.path.clone(),
+            &self.datapath,
+            Some(self.status_dir.path().join("floating.json")),
             self.metrics.clone(),
-            attach,
         ));
     }
 }
@@ -323,4 +310,95 @@ async fn only_eligible_nodes_answer_and_ownership_follows_eligibility() {
         answering(&client).as_deref() == Some("b")
     });
     wait_until("a lets go", || !a.answers());
+}
+
+/// The holder of the floating address's Lease.
+fn lease_holder(api: &FakeApiServer) -> Option<String> {
+    let name = flatnet_agent::floating::lease::lease_name(FLOATING.parse().unwrap());
+    api.list::<Lease>()
+        .into_iter()
+        .find(|l| l.metadata.name.as_deref() == Some(name.as_str()))?
+        .spec?
+        .holder_identity
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_owners_that_do_not_hear_each_other_the_overtaken_one_stops_answering() {
+    if !privileged("of_two_owners_that_do_not_hear_each_other_the_overtaken_one_stops_answering") {
+        return;
+    }
+    let (lan, client) = lan();
+    let mut a = node("a", &lan, "10.78.0.1");
+    let mut b = node("b", &lan, "10.78.0.2");
+    // Heartbeats go to addresses no node has: each thinks the other dead.
+    let api = FakeApiServer::new();
+    api.insert(&kube_node("a", "east", "10.78.9.1"));
+    api.insert(&kube_node("b", "east", "10.78.9.2"));
+    api.insert(&pool(None));
+    api.insert(&service("Cluster"));
+    a.start(&api);
+    b.start(&api);
+
+    wait_until("both have owned the address", || {
+        a.metrics.acquired.get() >= 1 && b.metrics.acquired.get() >= 1
+    });
+    wait_until("exactly one node answers", || a.answers() != b.answers());
+    let (winner, loser) = if a.answers() { (&a, &b) } else { (&b, &a) };
+    eprintln!("{} kept the address, {} withdrew", winner.name, loser.name);
+    assert_eq!(lease_holder(&api).as_deref(), Some(winner.name));
+    assert!(loser.metrics.released.get() >= 1);
+    // It stays so: the loser does not claim again while the winner's
+    // claim is live and the winner unheard.
+    for _ in 0..30 {
+        assert!(winner.answers() && !loser.answers());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    wait_until("the client reaches the winner", || {
+        answering(&client).as_deref() == Some(winner.name)
+    });
+    wait_until("the Service is warned", || {
+        api.list::<Event>().into_iter().any(|e| {
+            e.reason.as_deref() == Some("FloatingIPSplitBrain")
+                && e.note.as_deref().is_some_and(|n| {
+                    n.starts_with(&format!(
+                        "node {} stops answering for {FLOATING}: node {}, whose heartbeats",
+                        loser.name, winner.name
+                    ))
+                })
+        })
+    });
+
+    // The heartbeat network heals: they hear each other, the election
+    // decides, and one node answers.
+    api.insert(&kube_node("a", "east", "10.78.0.1"));
+    api.insert(&kube_node("b", "east", "10.78.0.2"));
+    wait_until("both send their heartbeats to the other's address", || {
+        let heard = |n: &Node| {
+            n.floating
+                .as_ref()
+                .unwrap()
+                .view()
+                .assignment
+                .peers
+                .iter()
+                .all(|p| p.ip().to_string().starts_with("10.78.0."))
+        };
+        heard(&a) && heard(&b)
+    });
+    wait_until("both agree on the owner, and only it answers", || {
+        let owner = a.status_owner();
+        owner.is_some()
+            && owner == b.status_owner()
+            && a.answers() == (owner.as_deref() == Some("a"))
+            && b.answers() == (owner.as_deref() == Some("b"))
+    });
+    let owner = if a.answers() { "a" } else { "b" };
+    for _ in 0..10 {
+        assert_eq!(a.answers(), owner == "a");
+        assert_eq!(b.answers(), owner == "b");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    wait_until("the Lease names the owner", || {
+        lease_holder(&api).as_deref() == Some(owner)
+    });
 }

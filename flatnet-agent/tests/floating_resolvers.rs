@@ -7,7 +7,10 @@
 //! client's request while standing by, takes over and must tell the client
 //! by a reply addressed to the client's MAC (captured on the client's
 //! interface), which moves the client's neighbour entry to the survivor
-//! without the client sending anything.
+//! without the client sending anything. The same on a VLAN: the nodes
+//! serve the address on `up0.50` of their trunk `up0` (a pool's
+//! `targetNetworkInterface` `up0.50`), the client is on `eth0.50`, every
+//! frame between them crosses the bridge tagged.
 
 mod support;
 
@@ -21,7 +24,7 @@ use flatnet_agent::{
 };
 use support::{
     TestNetns,
-    floating::{IPV4, IPV6, Node, PORT, Plan, kill, lan_and_client, node, start},
+    floating::{IPV4, IPV6, Node, PORT, Plan, kill, lan_and_client, node, start, vlan_link},
     privileged, wait_until,
 };
 
@@ -39,9 +42,10 @@ fn parse_mac(text: &str) -> [u8; 6] {
     bytes.try_into().unwrap_or_else(|_| panic!("MAC {text}"))
 }
 
-/// The MAC the client's neighbour entry for `addr` holds, if any.
-fn neighbour_mac(client: &TestNetns, addr: &str) -> Option<[u8; 6]> {
-    let line = client.ip(&["neigh", "show", "to", addr, "dev", "eth0"]);
+/// The MAC the client's neighbour entry for `addr` on `ifname` holds, if
+/// any.
+fn neighbour_mac(client: &TestNetns, ifname: &str, addr: &str) -> Option<[u8; 6]> {
+    let line = client.ip(&["neigh", "show", "to", addr, "dev", ifname]);
     let mut words = line.split_whitespace();
     words.find(|w| *w == "lladdr")?;
     words.next().map(parse_mac)
@@ -51,10 +55,12 @@ fn neighbour_mac(client: &TestNetns, addr: &str) -> Option<[u8; 6]> {
 /// address) and unsolicited neighbour advertisements, as hosts behind an
 /// ARP/NA proxy are told to (`drop_gratuitous_arp`,
 /// `drop_unsolicited_na`). ARP replies and solicited advertisements pass.
-fn ignore_broadcast_announcements(client: &TestNetns) {
+fn ignore_broadcast_announcements(client: &TestNetns, ifname: &str) {
+    // sysctl keys write a VLAN link's dot as a slash.
+    let key = ifname.replace('.', "/");
     client.sysctl("net.ipv4.conf.all.drop_gratuitous_arp", "1");
-    client.sysctl("net.ipv4.conf.eth0.drop_gratuitous_arp", "1");
-    client.sysctl("net.ipv6.conf.eth0.drop_unsolicited_na", "1");
+    client.sysctl(&format!("net.ipv4.conf.{key}.drop_gratuitous_arp"), "1");
+    client.sysctl(&format!("net.ipv6.conf.{key}.drop_unsolicited_na"), "1");
 }
 
 /// Whether `frame` tells `client_mac` (at `client_ip`) that `node_mac`
@@ -123,9 +129,19 @@ fn unicast_replies(node: &Node) -> usize {
 }
 
 fn takeover_tells_the_resolving_host(plan: &Plan) {
-    let (lan, client) = lan_and_client(&format!("{}/{}", plan.client, plan.prefix));
-    ignore_broadcast_announcements(&client);
-    let client_mac = mac_of(&client, "eth0");
+    let client_address = format!("{}/{}", plan.client, plan.prefix);
+    let (lan, client) = if plan.vlan == 0 {
+        lan_and_client(&client_address)
+    } else {
+        // The client's untagged eth0 holds no address of the plan's.
+        let (lan, client) = lan_and_client("192.0.2.100/24");
+        let ifname = vlan_link(&client, "eth0", plan.vlan);
+        client.add_address(&ifname, &client_address);
+        (lan, client)
+    };
+    let client_if = plan.client_interface();
+    ignore_broadcast_announcements(&client, &client_if);
+    let client_mac = mac_of(&client, &client_if);
     let a = node("a", &lan, plan.node_a, plan);
     let b = node("b", &lan, plan.node_b, plan);
     start(&a, b.address);
@@ -156,20 +172,38 @@ fn takeover_tells_the_resolving_host(plan: &Plan) {
     } else {
         (&b, &a)
     };
-    let (owner_mac, survivor_mac) = (mac_of(&owner.ns, "up0"), mac_of(&survivor.ns, "up0"));
-    assert_eq!(neighbour_mac(&client, plan.floating), Some(owner_mac));
+    let (owner_mac, survivor_mac) = (
+        mac_of(&owner.ns, &owner.interface),
+        mac_of(&survivor.ns, &survivor.interface),
+    );
+    assert_eq!(
+        neighbour_mac(&client, &client_if, plan.floating),
+        Some(owner_mac)
+    );
     // The standby recorded who asked, in its pinned map.
     let maps = PinnedMaps::open(&survivor.pin.path).expect("the survivor's pinned maps");
+    // On a VLAN, the program on the VLAN link sees the request untagged.
+    let link_index: u32 = survivor
+        .ns
+        .exec(
+            "cat",
+            &[&format!("/sys/class/net/{}/ifindex", survivor.interface)],
+        )
+        .trim()
+        .parse()
+        .unwrap();
     wait_until("the standby records the client's request", || {
         maps.resolvers().unwrap().iter().any(|r| {
             r.addr.to_string() == plan.floating
                 && r.requester.to_string() == plan.client
                 && r.mac == client_mac
+                && r.ifindex == link_index
+                && r.vlan == 0
         })
     });
 
     let capture = run_in_netns(&client.path(), || {
-        RawSocket::open_receiving("eth0", Receive::All)
+        RawSocket::open_receiving(&client_if, Receive::All)
     })
     .unwrap()
     .expect("a packet socket on the client");
@@ -177,7 +211,7 @@ fn takeover_tells_the_resolving_host(plan: &Plan) {
     kill(owner);
     // The client sends nothing: only a frame to it can move its entry.
     wait_until("the client's neighbour entry moves to the survivor", || {
-        neighbour_mac(&client, plan.floating) == Some(survivor_mac)
+        neighbour_mac(&client, &client_if, plan.floating) == Some(survivor_mac)
     });
 
     let mut frame = [0u8; 2048];
@@ -222,4 +256,60 @@ fn an_ipv6_takeover_tells_the_resolving_host_by_unicast_advertisement() {
         return;
     }
     takeover_tells_the_resolving_host(&IPV6);
+}
+
+/// Whether the kernel makes 802.1Q VLAN links (tried in a namespace of its
+/// own); prints the skip, or panics when the VM stage requires it, when not.
+fn has_vlan_links(test: &str) -> bool {
+    let probe = TestNetns::new("fipvp");
+    probe.ip(&["link", "add", "p0", "type", "veth", "peer", "name", "p1"]);
+    let out = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &probe.name,
+            "link",
+            "add",
+            "link",
+            "p0",
+            "name",
+            "p0.5",
+        ])
+        .args(["type", "vlan", "id", "5"])
+        .output()
+        .expect("run ip");
+    if out.status.success() {
+        return true;
+    }
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains("Unknown device type"),
+        "making a VLAN link failed for another reason than a missing link type: {error}"
+    );
+    support::skip_for_missing_kernel_feature(test, "802.1Q VLAN links");
+    false
+}
+
+/// [`IPV4`] on VLAN 50.
+const IPV4_VLAN: Plan = Plan { vlan: 50, ..IPV4 };
+
+/// [`IPV6`] on VLAN 50.
+const IPV6_VLAN: Plan = Plan { vlan: 50, ..IPV6 };
+
+#[test]
+fn an_ipv4_takeover_on_a_vlan_tells_the_resolving_host_by_unicast_arp_reply() {
+    const TEST: &str = "an_ipv4_takeover_on_a_vlan_tells_the_resolving_host_by_unicast_arp_reply";
+    if !privileged(TEST) || !has_vlan_links(TEST) {
+        return;
+    }
+    takeover_tells_the_resolving_host(&IPV4_VLAN);
+}
+
+#[test]
+fn an_ipv6_takeover_on_a_vlan_tells_the_resolving_host_by_unicast_advertisement() {
+    const TEST: &str =
+        "an_ipv6_takeover_on_a_vlan_tells_the_resolving_host_by_unicast_advertisement";
+    if !privileged(TEST) || !has_vlan_links(TEST) {
+        return;
+    }
+    takeover_tells_the_resolving_host(&IPV6_VLAN);
 }

@@ -75,6 +75,8 @@ const VM_TESTS: &[(&str, &str)] = &[
     ),
     // The policy programs on crafted frames (BPF_PROG_TEST_RUN).
     ("flatnet-agent:policy_program", ""),
+    // Unicast replies to hosts resolving a floating address on a VLAN.
+    ("flatnet-agent:floating_resolvers", "on_a_vlan"),
 ];
 
 fn vm_tests(totals: &mut Totals) -> anyhow::Result<()> {

@@ -229,7 +229,6 @@ impl RunArgs {
             let source = PolicySource::Kubernetes(client.clone());
             let settings = cluster_settings::follow(client.clone(), self.env_settings());
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
-            let floating = self.floating_config(&node_name);
             let floating_metrics = metrics.floating.clone();
             let mac_conflicts = metrics.mac_conflicts.clone();
             let pod_records = records.clone();
@@ -239,6 +238,7 @@ impl RunArgs {
                 .namespace
                 .clone()
                 .unwrap_or_else(|| client.default_namespace().to_owned());
+            let floating = self.floating_config(&node_name, &namespace);
             let heartbeat = Heartbeat::new(
                 client.clone(),
                 node_heartbeat::Settings::new(
@@ -269,16 +269,20 @@ impl RunArgs {
                                         .map_err(|e| e.to_string())
                                 })
                             });
+                            let floating = Floating::start(
+                                client.clone(),
+                                config,
+                                floating_metrics.clone(),
+                                attach,
+                            );
                             let pods = PodAddresses::start(
                                 client.clone(),
                                 node.clone(),
                                 pod_records,
-                                floating_metrics.clone(),
+                                floating_metrics,
+                                floating.agent_link(),
                             );
-                            (
-                                Floating::start(client.clone(), config, floating_metrics, attach),
-                                pods,
-                            )
+                            (floating, pods)
                         });
                         sync_until_reachable(service.desired()).await;
                         tokio::join!(
@@ -317,7 +321,11 @@ impl RunArgs {
     }
 
     /// The floating addresses' settings, `None` when turned off.
-    fn floating_config(&self, node_name: &str) -> Option<floating::kubernetes::Config> {
+    fn floating_config(
+        &self,
+        node_name: &str,
+        namespace: &str,
+    ) -> Option<floating::kubernetes::Config> {
         if !self.floating_ip {
             tracing::info!("floating addresses turned off (FLATNET_FLOATING_IP=false)");
             return None;
@@ -336,6 +344,8 @@ impl RunArgs {
             settings,
             classless: self.floating_ip_classless,
             host_netns: self.host_netns.clone(),
+            // The address Leases live beside the node heartbeats.
+            lease_namespace: Some(namespace.to_owned()),
         })
     }
 

@@ -112,12 +112,21 @@ where
     /// [`Self::follow`], also waking `changed` after every change once the
     /// copy is complete.
     pub(crate) fn follow_notifying(api: Api<K>, changed: Option<Arc<tokio::sync::Notify>>) -> Self {
+        Self::follow_selected(api, watcher::Config::default(), changed)
+    }
+
+    /// [`Self::follow_notifying`] of the objects `config` selects.
+    pub(crate) fn follow_selected(
+        api: Api<K>,
+        config: watcher::Config,
+        changed: Option<Arc<tokio::sync::Notify>>,
+    ) -> Self {
         let (store, writer) = reflector::store();
         let complete = Arc::new(AtomicBool::new(false));
         let listed = Arc::clone(&complete);
         let kind = K::kind(&());
         let task = tokio::spawn(async move {
-            let mut events = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            let mut events = reflector::reflector(writer, watcher(api, config))
                 .default_backoff()
                 .boxed();
             while let Some(event) = events.next().await {

@@ -109,6 +109,17 @@ impl Election {
             .collect()
     }
 
+    /// The agents alive at `now` with their incarnations: the live peers
+    /// and this agent (of `incarnation`).
+    pub fn live_agents(&self, incarnation: u64, now: Instant) -> BTreeMap<String, u64> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.heard) < self.timeout)
+            .map(|(name, p)| (name.clone(), p.incarnation))
+            .chain(std::iter::once((self.me.clone(), incarnation)))
+            .collect()
+    }
+
     /// The owner of `addr` at `now` when this agent is a candidate for the
     /// addresses in `mine`: `None` when no live agent is.
     pub fn owner(&self, addr: IpAddr, mine: &BTreeSet<IpAddr>, now: Instant) -> Option<&str> {

@@ -11,8 +11,9 @@
 //! Service has a ready endpoint on the node. An address shared by several
 //! Services needs every one of them to be servable from the node. The loop
 //! offers it only while the pool's `targetNetworkInterface` is up. The
-//! peers are the other nodes a pool in use may place its addresses on, at
-//! their `InternalIP`s.
+//! peers are the other nodes a pool in use may place its addresses on, and
+//! the nodes of the pods holding floating addresses
+//! ([`super::liveness`]), at their `InternalIP`s.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -42,7 +43,11 @@ use kube::{
 };
 use tokio::sync::{Notify, watch};
 
-use super::owner::{self, Assignment, Event, Settings};
+use super::{
+    lease::{self, LeaseLink},
+    liveness::{AgentLink, AliveAgents},
+    owner::{self, Assignment, Event, Settings},
+};
 use crate::{desired::kubernetes::Mirror, metrics::FloatingMetrics, netns::run_in_netns};
 
 /// Label of an EndpointSlice naming its Service.
@@ -50,6 +55,17 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Field manager / reporting controller of the agent's Events.
 pub(crate) const REPORTER: &str = "flatnet-agent";
+
+/// The recorder of the floating addresses' Events of `node`'s agent.
+pub(crate) fn recorder(client: Client, node: &str) -> EventRecorder {
+    EventRecorder::new(
+        client,
+        Reporter {
+            controller: REPORTER.into(),
+            instance: Some(node.to_owned()),
+        },
+    )
+}
 
 /// How long the loop waits before starting again after a failure (a
 /// heartbeat port in use, the maps missing).
@@ -85,6 +101,8 @@ pub struct Objects<'a> {
     pub classless: bool,
     /// The peers' heartbeat port.
     pub port: u16,
+    /// The nodes of the pods holding floating addresses: peers too.
+    pub pod_nodes: &'a BTreeSet<String>,
 }
 
 /// The node's labels; `None` when the node is unknown.
@@ -173,9 +191,10 @@ pub fn view_of(objects: &Objects<'_>) -> View {
         .iter()
         .filter(|n| n.name_any() != objects.node)
         .filter(|n| {
-            pools_in_use
-                .iter()
-                .any(|pool| pool_allows(pools[*pool].0, n.labels()))
+            objects.pod_nodes.contains(&n.name_any())
+                || pools_in_use
+                    .iter()
+                    .any(|pool| pool_allows(pools[*pool].0, n.labels()))
         })
         .flat_map(|n| {
             n.status
@@ -200,6 +219,9 @@ pub struct Config {
     pub classless: bool,
     /// The node's network namespace when the agent runs outside it.
     pub host_netns: Option<PathBuf>,
+    /// The namespace of the address Leases ([`super::lease`]); none: no
+    /// Leases, the heartbeats alone decide.
+    pub lease_namespace: Option<String>,
 }
 
 /// Attaches the uplink program to an interface (once; later calls for the
@@ -210,6 +232,7 @@ pub type AttachUplink = Arc<dyn Fn(String) -> BoxFuture<'static, Result<(), Stri
 pub struct Floating {
     stop: Arc<AtomicBool>,
     view: watch::Receiver<View>,
+    agents: AgentLink,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -226,19 +249,46 @@ impl Floating {
         let (view_tx, view_rx) = watch::channel(View::default());
         let (assignment_tx, assignment_rx) = watch::channel(Assignment::default());
         let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (alive_tx, alive_rx) = watch::channel(None);
+        let (pod_nodes_tx, pod_nodes_rx) = watch::channel(BTreeSet::new());
+        let (owned_tx, owned_rx) = watch::channel(BTreeSet::new());
+        let (yielded_tx, yielded_rx) = watch::channel(BTreeMap::new());
+        let mut tasks = vec![tokio::spawn(report_yields(
+            client.clone(),
+            config.settings.node.clone(),
+            view_rx.clone(),
+            yielded_rx.clone(),
+            config.settings.bind.port(),
+        ))];
         let follow = tokio::spawn(follow(
             client.clone(),
             config.clone(),
             attach_uplink,
+            pod_nodes_rx,
+            yielded_rx,
             view_tx,
             assignment_tx,
         ));
+        if let Some(namespace) = config.lease_namespace.clone() {
+            tasks.push(tokio::spawn(lease::run(
+                client.clone(),
+                namespace,
+                config.settings.node.clone(),
+                LeaseLink {
+                    owned: owned_rx,
+                    alive: alive_rx.clone(),
+                    yielded: yielded_tx,
+                },
+            )));
+        }
         let report = tokio::spawn(report(
             client,
             config.settings.node.clone(),
             view_rx.clone(),
             metrics,
             events_rx,
+            alive_tx,
+            owned_tx,
         ));
         let loop_stop = Arc::clone(&stop);
         std::thread::Builder::new()
@@ -269,8 +319,21 @@ impl Floating {
         Self {
             stop,
             view: view_rx,
-            tasks: vec![follow, report],
+            agents: AgentLink {
+                alive: alive_rx,
+                peers: Arc::new(pod_nodes_tx),
+            },
+            tasks: {
+                tasks.extend([follow, report]);
+                tasks
+            },
         }
+    }
+
+    /// The link for [`super::pods::PodAddresses`]: the agents the loop
+    /// hears, and where the pods' nodes are listed as peers.
+    pub fn agent_link(&self) -> AgentLink {
+        self.agents.clone()
     }
 
     /// What this node may serve now.
@@ -300,10 +363,14 @@ async fn follow(
     client: Client,
     config: Config,
     attach_uplink: AttachUplink,
+    mut pod_nodes: watch::Receiver<BTreeSet<String>>,
+    mut yielded: watch::Receiver<BTreeMap<IpAddr, String>>,
     view_tx: watch::Sender<View>,
     assignment_tx: watch::Sender<Assignment>,
 ) {
     let changed = Arc::new(Notify::new());
+    super::wake_on_change(pod_nodes.clone(), &changed);
+    super::wake_on_change(yielded.clone(), &changed);
     let notify = || Some(Arc::clone(&changed));
     let nodes = Mirror::follow_notifying(Api::<Node>::all(client.clone()), notify());
     let pools = Mirror::follow_notifying(Api::<FloatingIPPool>::all(client.clone()), notify());
@@ -320,6 +387,7 @@ async fn follow(
         ) else {
             continue;
         };
+        let pod_nodes = pod_nodes.borrow_and_update().clone();
         let mut view = view_of(&Objects {
             node: &config.settings.node,
             nodes: &nodes,
@@ -328,6 +396,7 @@ async fn follow(
             slices: &slices,
             classless: config.classless,
             port: config.settings.bind.port(),
+            pod_nodes: &pod_nodes,
         });
         let interfaces: BTreeSet<String> = view.assignment.addresses.values().cloned().collect();
         for interface in interfaces.difference(&attached.clone()) {
@@ -343,6 +412,7 @@ async fn follow(
         view.assignment
             .addresses
             .retain(|_, interface| attached.contains(interface));
+        view.assignment.yielded = yielded.borrow_and_update().keys().copied().collect();
         assignment_tx.send_if_modified(|current| {
             let modified = *current != view.assignment;
             if modified {
@@ -369,14 +439,10 @@ async fn report(
     view: watch::Receiver<View>,
     metrics: FloatingMetrics,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    alive: watch::Sender<Option<AliveAgents>>,
+    owned_tx: watch::Sender<BTreeSet<IpAddr>>,
 ) {
-    let recorder = EventRecorder::new(
-        client,
-        Reporter {
-            controller: REPORTER.into(),
-            instance: Some(node.clone()),
-        },
-    );
+    let recorder = recorder(client, &node);
     let mut owned: BTreeSet<IpAddr> = BTreeSet::new();
     while let Some(event) = events.recv().await {
         match event {
@@ -388,6 +454,7 @@ async fn report(
             } => {
                 metrics.acquired.inc();
                 owned.insert(addr);
+                owned_tx.send_replace(owned.clone());
                 // Before the Events, whose API calls take a while.
                 set_owned(&metrics, &owned);
                 tracing::info!(%addr, %interface, "floating address acquired");
@@ -417,6 +484,7 @@ async fn report(
             Event::Released { addr } => {
                 metrics.released.inc();
                 owned.remove(&addr);
+                owned_tx.send_replace(owned.clone());
                 set_owned(&metrics, &owned);
                 tracing::info!(%addr, "floating address released");
             }
@@ -428,8 +496,50 @@ async fn report(
                     .unicast_replies
                     .inc_by(u64::try_from(unicast_replies).unwrap_or(u64::MAX));
             }
+            Event::Agents { alive: agents } => {
+                alive.send_replace(Some(agents));
+            }
             Event::Renewed { .. } => {}
         }
+    }
+}
+
+/// Tells the Services holding an address when this node yields it to a
+/// node it does not hear (a Warning `FloatingIPSplitBrain`): the
+/// heartbeats between the two are lost, which only the operator can fix.
+async fn report_yields(
+    client: Client,
+    node: String,
+    view: watch::Receiver<View>,
+    mut yielded: watch::Receiver<BTreeMap<IpAddr, String>>,
+    port: u16,
+) {
+    let recorder = recorder(client, &node);
+    let mut told: BTreeMap<IpAddr, String> = BTreeMap::new();
+    while yielded.changed().await.is_ok() {
+        let now = yielded.borrow_and_update().clone();
+        for (addr, to) in &now {
+            if told.get(addr) == Some(to) {
+                continue;
+            }
+            let note = format!(
+                "node {node} stops answering for {addr}: node {to}, whose heartbeats it does not receive, claimed it last; check that the nodes reach each other on UDP port {port} at their InternalIPs"
+            );
+            let holders = view.borrow().holders.get(addr).cloned().unwrap_or_default();
+            for service in holders {
+                let event = KubeEvent {
+                    type_: EventType::Warning,
+                    reason: "FloatingIPSplitBrain".into(),
+                    note: Some(note.clone()),
+                    action: "Withdraw".into(),
+                    secondary: None,
+                };
+                if let Err(error) = recorder.publish(&event, &service).await {
+                    tracing::warn!(%addr, %error, "cannot record the FloatingIPSplitBrain Event");
+                }
+            }
+        }
+        told = now;
     }
 }
 

@@ -19,12 +19,36 @@
 //!   may serve, from the pools, Services, EndpointSlices and Nodes, and
 //!   the Events and metrics of what the loop does;
 //! - [`pods`]: floating addresses that follow pods: the set's active pod
-//!   gets the address on its flat interface.
+//!   gets the address on its flat interface;
+//! - [`liveness`]: the agents the loop hears, for the pod addresses (a pod
+//!   whose node's agent is silent holds nothing);
+//! - [`lease`]: the Lease per address, the tie-breaker when two owners do
+//!   not hear each other.
 
 pub mod election;
 pub mod heartbeat;
 pub mod kubernetes;
+pub mod lease;
+pub mod liveness;
 pub mod owner;
 pub mod pods;
 pub mod resolvers;
 pub mod standalone;
+
+use std::sync::Arc;
+
+use tokio::sync::{Notify, watch};
+
+/// Wakes `changed` whenever `receiver` sees a new value, until its sender
+/// goes.
+pub(crate) fn wake_on_change<T: Send + Sync + 'static>(
+    mut receiver: watch::Receiver<T>,
+    changed: &Arc<Notify>,
+) {
+    let changed = Arc::clone(changed);
+    tokio::spawn(async move {
+        while receiver.changed().await.is_ok() {
+            changed.notify_one();
+        }
+    });
+}

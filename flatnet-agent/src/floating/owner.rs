@@ -203,6 +203,10 @@ pub struct Assignment {
     pub addresses: BTreeMap<IpAddr, String>,
     /// The peers' heartbeat addresses.
     pub peers: Vec<SocketAddr>,
+    /// Addresses this node must not own though the election gives them to
+    /// it: another node it does not hear claimed them last
+    /// ([`super::lease`]). Offered still, so the election is unchanged.
+    pub yielded: BTreeSet<IpAddr>,
 }
 
 /// The interface an owned address is answered on.
@@ -298,6 +302,12 @@ pub enum Event {
         /// `CLOCK_MONOTONIC` nanoseconds.
         until_ns: u64,
     },
+    /// The agents alive changed (sent at the first heartbeat, then on
+    /// every change): node name to incarnation, this node included.
+    Agents {
+        /// Every agent heard within the timeout, and this one.
+        alive: BTreeMap<String, u64>,
+    },
     /// Sent one round of announcements for the address: the broadcast
     /// one and a unicast reply to each host seen resolving it.
     Announced {
@@ -364,6 +374,7 @@ pub fn run(
     let mut watched: Option<BTreeSet<(u32, IpAddr)>> = None;
     let mut raw_sockets: BTreeMap<String, RawSocket> = BTreeMap::new();
     let mut book = StatusBook::default();
+    let mut alive: Option<BTreeMap<String, u64>> = None;
     let mut next_tick = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -404,6 +415,13 @@ pub fn run(
             for heartbeat in Heartbeat::split(&settings.node, incarnation, &offers) {
                 socket.send(&heartbeat, &current.peers)?;
             }
+            let now_alive = election.live_agents(incarnation, now);
+            if alive.as_ref() != Some(&now_alive) {
+                on_event(Event::Agents {
+                    alive: now_alive.clone(),
+                });
+                alive = Some(now_alive);
+            }
             let offered: BTreeSet<IpAddr> = mine.keys().copied().collect();
             let now_owned: BTreeMap<IpAddr, Link> = election
                 .owned(&offered, now)
@@ -413,6 +431,7 @@ pub fn run(
                         now.saturating_duration_since(*since) >= election.timeout()
                     })
                 })
+                .filter(|addr| !current.yielded.contains(addr))
                 .filter_map(|addr| Some((addr, mine.get(&addr)?.clone())))
                 .collect();
             // An address whose interface changed is released and acquired again.

@@ -11,20 +11,23 @@
 //! then answers ARP/NDP and serves the traffic, so nothing else on the
 //! node changes. Failover between pods follows readiness: it takes as long
 //! as the kubelet needs to report the active pod unready (its readiness
-//! probe) plus one watch event.
+//! probe) plus one watch event; or the agents' heartbeats
+//! ([`super::liveness`]): a pod whose node's agent falls silent holds
+//! nothing from the heartbeat timeout on, though the API still shows it
+//! ready, and a pod whose agent (re)started after another member became
+//! ready does not take the address back.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use flatnet_k8s::{
     api::FloatingIPPool,
-    events::EventRecorder,
     floating::{
-        pods::{active_pod, assigned_ips},
+        pods::{ASSIGNED_SELECTOR, NodeAgent, active_pod_given, assigned_ips},
         validate_pool,
     },
 };
@@ -32,10 +35,14 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    runtime::events::{Event as KubeEvent, EventType, Reporter},
+    runtime::{
+        events::{Event as KubeEvent, EventType},
+        watcher,
+    },
 };
 use tokio::sync::Notify;
 
+use super::liveness::{AgentLink, Liveness};
 use crate::{
     desired::AttachmentKey,
     desired::kubernetes::Mirror,
@@ -86,10 +93,17 @@ pub struct PodView {
     /// `namespace/name` of every pod listing an address: the only pods
     /// that may carry one.
     pub listed: BTreeSet<String>,
+    /// The nodes those pods run on: the agents whose liveness counts.
+    pub nodes: BTreeSet<String>,
 }
 
-/// The view of `pods` given addresses of `pools`.
-pub fn view_of(pods: &[Arc<Pod>], pools: &[Arc<FloatingIPPool>]) -> PodView {
+/// The view of `pods` given addresses of `pools`, where `agent_of` says
+/// what is known of the agent on a node.
+pub fn view_of(
+    pods: &[Arc<Pod>],
+    pools: &[Arc<FloatingIPPool>],
+    agent_of: impl Fn(&str) -> NodeAgent,
+) -> PodView {
     let pools: Vec<_> = pools
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -116,7 +130,11 @@ pub fn view_of(pods: &[Arc<Pod>], pools: &[Arc<FloatingIPPool>]) -> PodView {
             pods.iter()
                 .map(|p| pod_key(p.metadata.namespace.as_ref(), p.metadata.name.as_ref())),
         );
-        let holder = active_pod(pods).map(|pod| Holder {
+        view.nodes.extend(
+            pods.iter()
+                .filter_map(|p| p.spec.as_ref()?.node_name.clone()),
+        );
+        let holder = active_pod_given(pods, &agent_of).map(|pod| Holder {
             pod: pod.object_ref(&()),
             node: pod
                 .spec
@@ -180,14 +198,18 @@ pub type Applied = BTreeMap<AttachmentKey, BTreeSet<IpAddr>>;
 /// their pods hold: adds (and announces) the missing ones, removes the
 /// others. An attachment is visited when what it should hold differs
 /// from `applied`, or on a `full` round when its pod is listed for an
-/// address (a standby may carry one from before a restart). A pod whose
-/// interface cannot be changed is logged and visited again next round.
+/// address (a standby may carry one from before a restart). With
+/// `reannounce`, the addresses a pod already holds are announced again
+/// (an agent heard again after a silence may have had a pod of its own
+/// announce them meanwhile). A pod whose interface cannot be changed is
+/// logged and visited again next round.
 pub async fn apply(
     node: &str,
     records: &[AttachmentRecord],
     view: &PodView,
     applied: &mut Applied,
     full: bool,
+    reannounce: bool,
     settings: AnnounceSettings,
 ) -> Vec<Change> {
     let mut changes = Vec::new();
@@ -213,10 +235,11 @@ pub async fn apply(
             .collect();
         let wanted_set: BTreeSet<IpAddr> = wanted.iter().map(|(a, _)| *a).collect();
         let last = applied.get(&record.key).cloned().unwrap_or_default();
-        if last == wanted_set && !(full && view.listed.contains(&pod)) {
+        let again = reannounce && !wanted_set.is_empty();
+        if last == wanted_set && !(full && view.listed.contains(&pod)) && !again {
             continue;
         }
-        match apply_one(record, &pod, &wanted, view, settings).await {
+        match apply_one(record, &pod, &wanted, view, settings, again).await {
             Ok(mut done) => {
                 applied.insert(record.key.clone(), wanted_set);
                 changes.append(&mut done);
@@ -237,6 +260,7 @@ async fn apply_one(
     wanted: &[(IpAddr, &Holder)],
     view: &PodView,
     settings: AnnounceSettings,
+    reannounce: bool,
 ) -> Result<Vec<Change>, LinkError> {
     let nets: Vec<IpNet> = wanted
         .iter()
@@ -248,6 +272,7 @@ async fn apply_one(
         &nets,
         |addr| view.holders.contains_key(&addr),
         settings,
+        reannounce,
     )
     .await?;
     let removed = change.removed.iter().map(|net| Change::Removed {
@@ -272,10 +297,18 @@ pub struct PodAddresses {
 
 impl PodAddresses {
     /// Starts following the pods and pools and keeping the node's pod
-    /// interfaces in line.
-    pub fn start(client: Client, node: String, records: Records, metrics: FloatingMetrics) -> Self {
+    /// interfaces in line; `agents` is the heartbeat loop's
+    /// ([`super::kubernetes::Floating::agent_link`]): a pod whose node's
+    /// agent is silent holds nothing.
+    pub fn start(
+        client: Client,
+        node: String,
+        records: Records,
+        metrics: FloatingMetrics,
+        agents: AgentLink,
+    ) -> Self {
         Self {
-            task: tokio::spawn(follow(client, node, records, metrics)),
+            task: tokio::spawn(follow(client, node, records, metrics, agents)),
         }
     }
 }
@@ -287,33 +320,71 @@ impl Drop for PodAddresses {
 }
 
 /// Follows the API objects and applies the holders whenever they change.
-async fn follow(client: Client, node: String, records: Records, metrics: FloatingMetrics) {
+async fn follow(
+    client: Client,
+    node: String,
+    records: Records,
+    metrics: FloatingMetrics,
+    agents: AgentLink,
+) {
     let changed = Arc::new(Notify::new());
-    let pods =
-        Mirror::follow_notifying(Api::<Pod>::all(client.clone()), Some(Arc::clone(&changed)));
+    super::wake_on_change(agents.alive.clone(), &changed);
+    let mut liveness = Liveness::default();
+    // Only the pods the operator gave floating addresses to (labelled):
+    // the members of a set on every node, as the active pod needs them.
+    let pods = Mirror::follow_selected(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(ASSIGNED_SELECTOR),
+        Some(Arc::clone(&changed)),
+    );
     let pools = Mirror::follow_notifying(
         Api::<FloatingIPPool>::all(client.clone()),
         Some(Arc::clone(&changed)),
     );
-    let recorder = EventRecorder::new(
-        client,
-        Reporter {
-            controller: super::kubernetes::REPORTER.into(),
-            instance: Some(node.clone()),
-        },
-    );
+    let recorder = super::kubernetes::recorder(client, &node);
     // Who held each address when last seen, for the Events.
     let mut previous: BTreeMap<IpAddr, Holder> = BTreeMap::new();
     let mut held: BTreeSet<IpAddr> = BTreeSet::new();
     let mut applied = Applied::new();
+    let mut wake = RECHECK_INTERVAL;
     loop {
-        let full = tokio::time::timeout(RECHECK_INTERVAL, changed.notified())
+        let full = tokio::time::timeout(wake, changed.notified())
             .await
             .is_err();
         let (Some(pods), Some(pools)) = (pods.objects(), pools.objects()) else {
+            wake = RECHECK_INTERVAL;
             continue;
         };
-        let view = view_of(&pods, &pools);
+        // The nodes to hear from are those of the pods listing an address.
+        let listed = view_of(&pods, &pools, |_| NodeAgent::Unknown).nodes;
+        let now = Instant::now();
+        agents.peers.send_if_modified(|peers| {
+            let modified = *peers != listed;
+            if modified {
+                peers.clone_from(&listed);
+            }
+            modified
+        });
+        let alive = agents.alive.borrow().clone();
+        let revived = liveness.observe(alive.as_ref(), &listed, now);
+        if !liveness.settled(now) {
+            // The loop has not heard its peers yet: a view without them
+            // could move an address for nothing.
+            wake = liveness
+                .next_change(now)
+                .map_or(RECHECK_INTERVAL, |at| at.saturating_duration_since(now));
+            continue;
+        }
+        if !revived.is_empty() {
+            tracing::info!(
+                ?revived,
+                "floating addresses: agents heard again; announcing the held addresses again"
+            );
+        }
+        let view = view_of(&pods, &pools, |n| liveness.agent_of(n, now));
+        wake = liveness.next_change(now).map_or(RECHECK_INTERVAL, |at| {
+            at.saturating_duration_since(now).min(RECHECK_INTERVAL)
+        });
         let all = match records.all() {
             Ok(all) => all,
             Err(error) => {
@@ -321,7 +392,8 @@ async fn follow(client: Client, node: String, records: Records, metrics: Floatin
                 continue;
             }
         };
-        for change in apply(&node, &all, &view, &mut applied, full, ANNOUNCE).await {
+        let reannounce = !revived.is_empty();
+        for change in apply(&node, &all, &view, &mut applied, full, reannounce, ANNOUNCE).await {
             match change {
                 Change::Added { addr, pod, ifname } => {
                     metrics.acquired.inc();

@@ -62,6 +62,7 @@ impl FloatingSection {
                 .map(|addr| (*addr, self.interface.clone()))
                 .collect(),
             peers: self.peers.clone(),
+            yielded: std::collections::BTreeSet::new(),
         };
         (settings, assignment)
     }

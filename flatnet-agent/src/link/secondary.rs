@@ -20,8 +20,9 @@ pub struct SecondaryChange {
 /// Makes interface `ifname` in the namespace at `netns` hold the `wanted`
 /// addresses among those `managed` says are its to manage: adds the
 /// missing ones and announces them from the interface's MAC (gratuitous
-/// ARP / unsolicited NA, `settings` rounds), removes managed ones not
-/// wanted. Other addresses stay.
+/// ARP / unsolicited NA, `settings` rounds; with `announce_present`, the
+/// wanted ones already there too), removes managed ones not wanted. Other
+/// addresses stay.
 ///
 /// # Errors
 /// The namespace or interface missing, or netlink refusing a change.
@@ -31,6 +32,7 @@ pub async fn set_secondary_addresses(
     wanted: &[IpNet],
     managed: impl Fn(IpAddr) -> bool,
     settings: AnnounceSettings,
+    announce_present: bool,
 ) -> Result<SecondaryChange, LinkError> {
     let netlink = Netlink::open(Some(netns))?;
     let link = netlink.existing_link(ifname).await?;
@@ -51,8 +53,13 @@ pub async fn set_secondary_addresses(
         netlink.add_address(link.index, ifname, *net).await?;
         change.added.push(*net);
     }
-    if let (false, Some(mac)) = (change.added.is_empty(), link.mac) {
-        announce(netns, ifname, mac, &change.added, settings).await?;
+    let announced = if announce_present {
+        wanted
+    } else {
+        &change.added[..]
+    };
+    if let (false, Some(mac)) = (announced.is_empty(), link.mac) {
+        announce(netns, ifname, mac, announced, settings).await?;
     }
     Ok(change)
 }

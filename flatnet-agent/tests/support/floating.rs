@@ -15,7 +15,11 @@ use std::{
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig},
-    floating::owner::{self, Assignment, Event, Settings},
+    floating::{
+        kubernetes::{AttachUplink, Config, Floating},
+        owner::{self, Assignment, Event, Settings},
+    },
+    metrics::FloatingMetrics,
     netns::run_in_netns,
 };
 
@@ -32,6 +36,53 @@ pub struct Plan {
     pub node_b: &'static str,
     pub client: &'static str,
     pub prefix: u8,
+    /// The VLAN the floating address lives on: the nodes serve it on
+    /// `up0.<vlan>` of their trunk `up0` (the pool's `targetNetworkInterface`),
+    /// the client is on `eth0.<vlan>`; 0: untagged on `up0` and `eth0`.
+    pub vlan: u16,
+}
+
+impl Plan {
+    /// The nodes' interface for the floating address.
+    pub fn interface(&self) -> String {
+        with_vlan("up0", self.vlan)
+    }
+
+    /// The client's interface on the LAN.
+    pub fn client_interface(&self) -> String {
+        with_vlan("eth0", self.vlan)
+    }
+}
+
+/// `name`, or its VLAN link `name.<vlan>`.
+fn with_vlan(name: &str, vlan: u16) -> String {
+    if vlan == 0 {
+        name.to_owned()
+    } else {
+        format!("{name}.{vlan}")
+    }
+}
+
+/// Makes the VLAN link `<master>.<vlan>` in `ns` (nothing when `vlan` is 0)
+/// and brings it up; returns its name.
+pub fn vlan_link(ns: &TestNetns, master: &str, vlan: u16) -> String {
+    let name = with_vlan(master, vlan);
+    if vlan != 0 {
+        ns.ip(&[
+            "link",
+            "add",
+            "link",
+            master,
+            "name",
+            &name,
+            "type",
+            "vlan",
+            "id",
+            &vlan.to_string(),
+        ]);
+        ns.ip(&["link", "set", &name, "up"]);
+    }
+    name
 }
 
 pub const IPV4: Plan = Plan {
@@ -40,6 +91,7 @@ pub const IPV4: Plan = Plan {
     node_b: "10.77.0.2",
     client: "10.77.0.100",
     prefix: 24,
+    vlan: 0,
 };
 
 pub const IPV6: Plan = Plan {
@@ -48,6 +100,7 @@ pub const IPV6: Plan = Plan {
     node_b: "fd00:77::2",
     client: "fd00:77::100",
     prefix: 64,
+    vlan: 0,
 };
 
 /// One node: namespace, pin root, datapath, and its loop.
@@ -60,6 +113,8 @@ pub struct Node {
     pub events: Arc<Mutex<Vec<Event>>>,
     pub address: &'static str,
     pub floating: &'static str,
+    /// Where the floating address is served (`up0` or `up0.<vlan>`).
+    pub interface: String,
 }
 
 /// A node on the bridge of `lan` with address `address`, serving its name
@@ -68,7 +123,8 @@ pub struct Node {
 pub fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &Plan) -> Node {
     let ns = TestNetns::new(&format!("fip{name}"));
     plug(&ns, lan);
-    ns.add_address("up0", &format!("{address}/{}", plan.prefix));
+    let interface = vlan_link(&ns, "up0", plan.vlan);
+    ns.add_address(&interface, &format!("{address}/{}", plan.prefix));
     let host = if plan.floating.contains(':') { 128 } else { 32 };
     ns.add_address("lo", &format!("{}/{host}", plan.floating));
     ns.sysctl("net.ipv4.conf.all.arp_ignore", "1");
@@ -77,7 +133,7 @@ pub fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &P
     serve_name(&ns, SocketAddr::new(floating, PORT), name);
     let pin = TestPinRoot::new();
     let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
-    run_in_netns(&ns.path(), || datapath.attach_uplink("up0"))
+    run_in_netns(&ns.path(), || datapath.attach_uplink(&interface))
         .unwrap()
         .expect("attach uplink");
     Node {
@@ -89,6 +145,7 @@ pub fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &P
         events: Arc::default(),
         address,
         floating: plan.floating,
+        interface,
     }
 }
 
@@ -97,8 +154,9 @@ pub fn start(node: &Node, peer: &str) {
     let mut settings = Settings::new(node.name, node.pin.path.clone());
     settings.bind = SocketAddr::new(node.address.parse().unwrap(), 7946);
     let (_fixed, assignment) = tokio::sync::watch::channel(Assignment {
-        addresses: [(node.floating.parse().unwrap(), "up0".to_owned())].into(),
+        addresses: [(node.floating.parse().unwrap(), node.interface.clone())].into(),
         peers: vec![SocketAddr::new(peer.parse().unwrap(), 7946)],
+        ..Assignment::default()
     });
     let (stop, events, path) = (
         Arc::clone(&node.stop),
@@ -172,4 +230,44 @@ pub fn answering(client: &TestNetns, target: SocketAddr) -> Option<String> {
         Some(name)
     })
     .unwrap()
+}
+
+/// Starts node `name`'s floating service in Kubernetes mode as the daemon
+/// does (heartbeats on every address of both families, the address Leases
+/// in namespace `flatnet`), in the node's namespace `netns`, with its
+/// data plane, against the API server behind `client`.
+pub fn start_kubernetes_mode(
+    client: kube::Client,
+    name: &str,
+    netns: std::path::PathBuf,
+    pin_root: std::path::PathBuf,
+    datapath: &Arc<Mutex<Datapath>>,
+    status_file: Option<std::path::PathBuf>,
+    metrics: FloatingMetrics,
+) -> Floating {
+    let mut settings = Settings::new(name, pin_root);
+    settings.bind = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 7946));
+    settings.status_file = status_file;
+    let (datapath, attach_netns) = (Arc::clone(datapath), netns.clone());
+    let attach: AttachUplink = Arc::new(move |interface: String| {
+        let (datapath, netns) = (Arc::clone(&datapath), attach_netns.clone());
+        Box::pin(async move {
+            run_in_netns(&netns, || {
+                datapath.lock().unwrap().attach_uplink(&interface)
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+        })
+    });
+    Floating::start(
+        client,
+        Config {
+            settings,
+            classless: false,
+            host_netns: Some(netns),
+            lease_namespace: Some("flatnet".into()),
+        },
+        metrics,
+        attach,
+    )
 }

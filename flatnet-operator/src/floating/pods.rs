@@ -4,7 +4,8 @@
 //! fixed addresses in `flatnetwork.pandaria.io/floating-ip`) gets an
 //! address of every family its pool has (or of the fixed addresses'
 //! families), written to its `flatnetwork.pandaria.io/floating-ip-assigned`
-//! annotation. Pods of one namespace with the same
+//! annotation, and labelled `flatnetwork.pandaria.io/floating-ip-assigned:
+//! "true"` so the agents can watch only those pods. Pods of one namespace with the same
 //! `flatnetwork.pandaria.io/floating-ip-set` get the same addresses (the
 //! lowest of its members', when two reserved one each at once): the
 //! agents give them to the set's active pod (`flatnet_k8s::floating::pods`).
@@ -19,7 +20,10 @@ use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 use flatnet_k8s::{
     floating::{
         ValidPool, annotation,
-        pods::{PodFloatingRequest, assigned_ips, assigned_value, pod_request_of},
+        pods::{
+            ASSIGNED_LABEL, PodFloatingRequest, assigned_ips, assigned_value, is_labelled_assigned,
+            pod_request_of,
+        },
     },
     ipam::Family,
 };
@@ -50,6 +54,31 @@ pub fn pod_addresses(pod: &Pod, pools: &[ValidPool]) -> Vec<IpAddr> {
     assigned_ips(pod)
         .into_iter()
         .filter(|a| quotas::pool_of(pools, *a).is_some())
+        .collect()
+}
+
+/// The addresses the other members of `set` in `namespace` hold, among
+/// `others` (none without a set); members being deleted hold nothing.
+pub fn set_addresses<'a>(
+    others: impl IntoIterator<Item = &'a Pod>,
+    namespace: &str,
+    set: Option<&str>,
+    pools: &[ValidPool],
+) -> Vec<IpAddr> {
+    let Some(set) = set else {
+        return Vec::new();
+    };
+    others
+        .into_iter()
+        .filter(|o| o.namespace().as_deref() == Some(namespace))
+        .filter(|o| o.metadata.deletion_timestamp.is_none())
+        .filter(|o| {
+            pod_request_of(o)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.set.as_deref() == Some(set))
+        })
+        .flat_map(|o| pod_addresses(o, pools))
         .collect()
 }
 
@@ -87,7 +116,8 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         return Ok(Action::await_change());
     }
     let Some(request) = request.filter(|_| !finished(&pod)) else {
-        if !current.is_empty() && write_assigned(&ctx, &pod, &[]).await? {
+        let stale = !current.is_empty() || is_labelled_assigned(&pod);
+        if stale && write_assigned(&ctx, &pod, &[]).await? {
             release_unheld(&ctx, &pod, &pools, &current).await?;
         }
         return Ok(Action::await_change());
@@ -229,21 +259,12 @@ async fn assign(
         // Kept while it still satisfies the request; a set shares its
         // members' address, the lowest when two members reserved one each
         // at the same time, so the set converges on one.
-        let siblings: Vec<IpAddr> = match &request.set {
-            None => Vec::new(),
-            Some(set) => others
-                .iter()
-                .filter(|o| o.namespace().as_deref() == Some(namespace.as_str()))
-                .filter(|o| o.metadata.deletion_timestamp.is_none())
-                .filter(|o| {
-                    pod_request_of(o)
-                        .ok()
-                        .flatten()
-                        .is_some_and(|r| r.set.as_ref() == Some(set))
-                })
-                .flat_map(|o| pod_addresses(o, pools))
-                .collect(),
-        };
+        let siblings = set_addresses(
+            others.iter().map(|o| &**o),
+            &namespace,
+            request.set.as_deref(),
+            pools,
+        );
         if let Some(addr) = current.iter().chain(&siblings).copied().filter(fits).min() {
             desired.push(addr);
             continue;
@@ -260,6 +281,10 @@ async fn assign(
         }
     }
     if desired == current {
+        // A pod assigned before the label existed gets it now.
+        if !is_labelled_assigned(pod) {
+            write_assigned(ctx, pod, &desired).await?;
+        }
         return Ok(());
     }
     if !ledger::write_or_hand_back(ctx, &fresh, write_assigned(ctx, pod, &desired)).await? {
@@ -331,8 +356,8 @@ async fn release_unheld(
     ledger::release_each(ctx, pools, &unheld).await
 }
 
-/// Writes `addrs` as the pod's assigned addresses (none: the annotation
-/// removed), with the resourceVersion read. `false` when the pod changed
+/// Writes `addrs` as the pod's assigned addresses and its label (none:
+/// both removed), with the resourceVersion read. `false` when the pod changed
 /// or went meanwhile: the caller hands a reservation back and the next
 /// reconcile starts over.
 async fn write_assigned(ctx: &Context, pod: &Pod, addrs: &[IpAddr]) -> Result<bool, Error> {
@@ -340,10 +365,12 @@ async fn write_assigned(ctx: &Context, pod: &Pod, addrs: &[IpAddr]) -> Result<bo
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let value = (!addrs.is_empty()).then(|| assigned_value(addrs));
+    let label = (!addrs.is_empty()).then_some("true");
     let patch = json!({
         "metadata": {
             "resourceVersion": pod.resource_version(),
             "annotations": { annotation::ASSIGNED: value },
+            "labels": { ASSIGNED_LABEL: label },
         }
     });
     match api

@@ -33,7 +33,7 @@ pub const CONDITION_EXHAUSTED: &str = "Exhausted";
 /// One more address would exceed a quota.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "FloatingIPProjectQuota {quota} allows {scope} {limit} address(es) of FloatingIPPool {pool} and all are in use: delete a LoadBalancer Service of the {scope}, share an address (flatnetwork.pandaria.io/floating-ip-sharing-key), or raise spec.limits[{pool}]"
+    "FloatingIPProjectQuota {quota} allows {scope} {limit} address(es) of FloatingIPPool {pool} and all are in use: release one (delete a LoadBalancer Service or a pod of the {scope} holding one), share one (Services: flatnetwork.pandaria.io/floating-ip-sharing-key; pods: flatnetwork.pandaria.io/floating-ip-set), or raise spec.limits[{pool}]"
 )]
 pub struct QuotaExceeded {
     /// The quota's name.

@@ -14,6 +14,7 @@
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 
 use flatnet_k8s::{
+    api::FloatingIPPool,
     floating::{FloatingRequest, ValidPool, clashing_port, project_of, request_of, wants_floating},
     ipam::Family,
     selector,
@@ -104,15 +105,22 @@ pub(super) fn eligible(ctx: &Context, pool: &ValidPool, namespace: &str) -> bool
         .get(&ObjectRef::new(namespace))
         .map(|n| n.labels().clone())
         .unwrap_or_default();
-    let selected = object
+    serves_namespace(&object, &labels)
+}
+
+/// Whether `pool` serves a namespace with `labels`: its
+/// `namespaceSelector` (if any) matches them, and its `projects` (if any)
+/// hold the namespace's Rancher project.
+pub fn serves_namespace(pool: &FloatingIPPool, labels: &selector::Labels) -> bool {
+    let selected = pool
         .spec
         .namespace_selector
         .as_ref()
-        .is_none_or(|s| selector::matches(s, &labels).unwrap_or(false));
-    let in_project = object.spec.projects.is_empty()
+        .is_none_or(|s| selector::matches(s, labels).unwrap_or(false));
+    let in_project = pool.spec.projects.is_empty()
         || labels
             .get(flatnet_k8s::keys::label::RANCHER_PROJECT_ID)
-            .is_some_and(|p| object.spec.projects.iter().any(|w| w == project_of(p)));
+            .is_some_and(|p| pool.spec.projects.iter().any(|w| w == project_of(p)));
     selected && in_project
 }
 

@@ -8,14 +8,25 @@
 //! - Services of flatnet's `loadBalancerClass`, create and update: the
 //!   fixed addresses parse, and a Service that needs a new address does not
 //!   exceed a quota (the denial names the quota). The controller makes the
-//!   same quota check, since admission can race or be bypassed.
+//!   same quota check, since admission can race or be bypassed;
+//! - Pods asking for a floating address ([`review_pod`]), create and
+//!   update of the request: the named pool exists, is valid and serves the
+//!   namespace, fixed addresses parse and lie inside the pool (its CIDRs
+//!   and ranges), and a pod needing a new address (its set holds none) does
+//!   not exceed a quota.
+
+use std::net::IpAddr;
 
 use flatnet_k8s::{
     api::{FloatingIPPool, FloatingIPProjectQuota},
-    floating::{ValidPool, quota_scope, request_of, validate_pool, wants_floating},
-    ipam::Family,
+    floating::{
+        ValidPool, annotation,
+        pods::{PodFloatingRequest, pod_request_of},
+        quota_scope, request_of, validate_pool, wants_floating,
+    },
+    ipam::{Family, from_u128},
 };
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     ResourceExt,
     core::{
@@ -25,7 +36,11 @@ use kube::{
 };
 
 use super::{Denial, lookup::Lookup};
-use crate::floating::{quotas, services::ingress_addresses};
+use crate::floating::{
+    pods::{pod_addresses, set_addresses},
+    quotas,
+    services::{ingress_addresses, serves_namespace},
+};
 
 /// The kinds reviewed here.
 pub const KINDS: [&str; 3] = ["FloatingIPPool", "FloatingIPProjectQuota", "Service"];
@@ -188,6 +203,221 @@ async fn review_service(lookup: &Lookup, service: &Service) -> Result<(), Denial
             &pool.name,
         )
         .map_err(|exceeded| Denial::new("floating_ip_quota", exceeded.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The floating request of `object` (a pod); a request that does not
+/// parse is denied naming the annotation.
+fn pod_request(object: &DynamicObject) -> Result<(Pod, Option<PodFloatingRequest>), Denial> {
+    let pod: Pod = parse(object, "Pod")?;
+    let request = pod_request_of(&pod).map_err(|error| {
+        Denial::new(
+            "invalid_floating_request",
+            format!(
+                "pod {}: {error}: give one address per family, comma-separated",
+                pod.name_any()
+            ),
+        )
+    })?;
+    Ok((pod, request))
+}
+
+/// Reviews the floating-address request of a pod (create, or an update
+/// that changes it): see the module's list. A pod asking for nothing, or
+/// whose request is unchanged (the operator's own writes, relabelling),
+/// is allowed.
+///
+/// # Errors
+/// The [`Denial`] the user sees.
+pub async fn review_pod(
+    lookup: &Lookup,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Result<(), Denial> {
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return Ok(());
+    }
+    let Some(object) = &request.object else {
+        return Ok(());
+    };
+    let (pod, Some(wanted)) = pod_request(object)? else {
+        return Ok(());
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    if let Some(old) = &request.old_object
+        && pod_request(old).ok().and_then(|(_, r)| r).as_ref() == Some(&wanted)
+    {
+        return Ok(());
+    }
+    let name = pod.name_any();
+    let namespace = request
+        .namespace
+        .clone()
+        .or_else(|| pod.namespace())
+        .unwrap_or_default();
+    let labels = lookup.namespace_labels(&namespace).await?;
+    let objects = lookup.list::<FloatingIPPool>().await?;
+    let pools = valid_pools(lookup).await?;
+    // The pools the pod may take from: the named one, or any serving the
+    // namespace.
+    let candidates: Vec<&ValidPool> = match &wanted.pool {
+        Some(pool_name) => {
+            let Some(object) = objects.iter().find(|p| p.name_any() == *pool_name) else {
+                let mut names: Vec<String> = objects.iter().map(ResourceExt::name_any).collect();
+                names.sort();
+                return Err(Denial::new(
+                    "floating_ip_pool_missing",
+                    format!(
+                        "pod {name}: FloatingIPPool {pool_name} ({}) does not exist: name one of [{}] or create it",
+                        annotation::POOL,
+                        names.join(", ")
+                    ),
+                ));
+            };
+            let valid = validate_pool(pool_name, &object.spec).map_err(|invalid| {
+                Denial::new(
+                    "floating_ip_pool_invalid",
+                    format!("pod {name}: {invalid}: fix the pool first"),
+                )
+            })?;
+            if !serves_namespace(object, &labels) {
+                return Err(Denial::new(
+                    "floating_ip_pool_not_serving",
+                    format!(
+                        "pod {name}: FloatingIPPool {pool_name} does not serve namespace {namespace} (its spec.namespaceSelector or spec.projects): name a pool that does, or widen the pool's selector"
+                    ),
+                ));
+            }
+            pools.iter().filter(|p| p.name == valid.name).collect()
+        }
+        None => pools
+            .iter()
+            .filter(|p| {
+                objects
+                    .iter()
+                    .any(|o| o.name_any() == p.name && serves_namespace(o, &labels))
+            })
+            .collect(),
+    };
+    if candidates.is_empty() {
+        return Err(Denial::new(
+            "floating_ip_pool_missing",
+            format!(
+                "pod {name}: no valid FloatingIPPool serves namespace {namespace}: create one, or widen a pool's spec.namespaceSelector or spec.projects"
+            ),
+        ));
+    }
+    let mut families: Vec<Family> = Vec::new();
+    for addr in &wanted.fixed {
+        let family = Family::of(*addr);
+        if families.contains(&family) {
+            return Err(Denial::new(
+                "invalid_floating_request",
+                format!(
+                    "pod {name}: {} lists two {family} addresses: give at most one per family",
+                    annotation::ADDRESSES
+                ),
+            ));
+        }
+        families.push(family);
+        let inside = candidates.iter().any(|p| {
+            p.pool(family)
+                .is_some_and(|pool| pool.is_allocatable(*addr))
+        });
+        if !inside {
+            let whose = match &wanted.pool {
+                Some(pool_name) => format!("FloatingIPPool {pool_name}"),
+                None => format!("every FloatingIPPool serving namespace {namespace}"),
+            };
+            let ranges: Vec<String> = candidates
+                .iter()
+                .filter_map(|p| p.network(family))
+                .map(|n| {
+                    n.pool_intervals()
+                        .iter()
+                        .map(|(from, to)| {
+                            format!("{}-{}", from_u128(family, *from), from_u128(family, *to))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .collect();
+            return Err(Denial::new(
+                "floating_ip_outside_pool",
+                format!(
+                    "pod {name}: {addr} ({}) is outside {whose}: give an address of {}",
+                    annotation::ADDRESSES,
+                    if ranges.is_empty() {
+                        format!("a pool with a {family} network")
+                    } else {
+                        ranges.join("; ")
+                    }
+                ),
+            ));
+        }
+    }
+    review_pod_quota(lookup, &pod, &wanted, &candidates, &pools, &namespace).await
+}
+
+/// Denies a pod that needs a new address (neither it nor its set holds
+/// one) when the first pool it would take from is at a quota's limit.
+async fn review_pod_quota(
+    lookup: &Lookup,
+    pod: &Pod,
+    wanted: &PodFloatingRequest,
+    candidates: &[&ValidPool],
+    pools: &[ValidPool],
+    namespace: &str,
+) -> Result<(), Denial> {
+    let pods = lookup.floating_pods().await?;
+    let others: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| {
+            !(p.namespace().as_deref() == Some(namespace) && p.name_any() == pod.name_any())
+        })
+        .collect();
+    let set_holds = set_addresses(&others, namespace, wanted.set.as_deref(), pools);
+    let held: Vec<IpAddr> = pod_addresses(pod, pools)
+        .into_iter()
+        .chain(set_holds)
+        .collect();
+    let families: Vec<Family> = if wanted.fixed.is_empty() {
+        candidates
+            .first()
+            .map(|p| p.networks.iter().map(|n| n.cidr.family()).collect())
+            .unwrap_or_default()
+    } else {
+        wanted.fixed.iter().map(|a| Family::of(*a)).collect()
+    };
+    let namespaces = lookup.list::<Namespace>().await?;
+    let services = lookup.list::<Service>().await?;
+    let mut holders = quotas::holders(&services, &namespaces, pools);
+    holders.extend(quotas::pod_holders(&others, &namespaces, pools));
+    let project = quotas::project_label(&namespaces, namespace);
+    let quota_list = lookup.list::<FloatingIPProjectQuota>().await?;
+    for family in families {
+        if held.iter().any(|a| Family::of(*a) == family) {
+            continue;
+        }
+        let Some(pool) = candidates.iter().find(|p| p.network(family).is_some()) else {
+            continue;
+        };
+        quotas::check(
+            &quota_list,
+            &holders,
+            pools,
+            namespace,
+            project.as_deref(),
+            &pool.name,
+        )
+        .map_err(|exceeded| {
+            Denial::new(
+                "floating_ip_quota",
+                format!("pod {}: {exceeded}", pod.name_any()),
+            )
+        })?;
     }
     Ok(())
 }

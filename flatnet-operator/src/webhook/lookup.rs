@@ -102,6 +102,23 @@ impl Lookup {
             .items)
     }
 
+    /// The pods the operator gave floating addresses to (labelled so).
+    ///
+    /// # Errors
+    /// The list failed.
+    pub async fn floating_pods(&self) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, LookupError> {
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(self.client.clone());
+        Ok(api
+            .list(
+                &ListParams::default()
+                    .match_any()
+                    .labels(flatnet_k8s::floating::pods::ASSIGNED_SELECTOR),
+            )
+            .await
+            .map_err(failed("list the pods holding floating addresses"))?
+            .items)
+    }
+
     /// Every object of kind `K` in the cluster.
     ///
     /// # Errors

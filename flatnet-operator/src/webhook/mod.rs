@@ -95,6 +95,12 @@ impl Validator {
             kind if floating::KINDS.contains(&kind) => {
                 floating::review(&self.lookup, request).await
             }
+            // A pod's flat-network request, then its floating addresses
+            // (both webhooks post here; each review ignores what is not its).
+            "Pod" => match pods::review(&self.lookup, request).await {
+                Ok(()) => floating::review_pod(&self.lookup, request).await,
+                denied => denied,
+            },
             kind if workload::KINDS.contains(&kind) => pods::review(&self.lookup, request).await,
             _ => Ok(()),
         };

@@ -9,8 +9,9 @@
 //!   create and update, `failurePolicy: Fail`, but only for objects that
 //!   carry a flat annotation (a CEL `matchCondition`), so an unavailable
 //!   webhook never blocks pods that do not use the flat network;
-//! - `floating.flatnetwork.pandaria.io`: FloatingIPPools, quotas, and the
-//!   LoadBalancer Services of flatnet's class (a CEL `matchCondition`).
+//! - `floating.flatnetwork.pandaria.io`: FloatingIPPools, quotas, the
+//!   LoadBalancer Services of flatnet's class and the pods asking for a
+//!   floating address (a CEL `matchCondition`).
 
 use std::collections::BTreeMap;
 
@@ -35,12 +36,17 @@ pub const VALIDATE_PATH: &str = "/validate";
 pub const SUBNET_WEBHOOK: &str = "subnets.flatnetwork.pandaria.io";
 /// Name of the floating-address webhook.
 pub const FLOATING_WEBHOOK: &str = "floating.flatnetwork.pandaria.io";
-/// Sends only Services of flatnet's `loadBalancerClass` (pools and quotas
-/// always), so an unavailable webhook never blocks other Services.
-pub const FLOATING_SERVICES_CONDITION: &str = "request.kind.kind != 'Service' || \
+/// Sends only the Services of flatnet's `loadBalancerClass` and the pods
+/// asking for a floating address (pools and quotas always), so an
+/// unavailable webhook never blocks other Services or pods.
+pub const FLOATING_REQUESTS_CONDITION: &str = "request.kind.kind == 'Pod' ? \
+(has(object.metadata.annotations) && \
+('flatnetwork.pandaria.io/floating-ip-pool' in object.metadata.annotations || \
+'flatnetwork.pandaria.io/floating-ip' in object.metadata.annotations)) : \
+(request.kind.kind != 'Service' || \
 (has(object.spec.type) && object.spec.type == 'LoadBalancer' && \
 has(object.spec.loadBalancerClass) && \
-object.spec.loadBalancerClass == 'flatnetwork.pandaria.io/floating-ip')";
+object.spec.loadBalancerClass == 'flatnetwork.pandaria.io/floating-ip'))";
 /// Name of the pod and workload webhook.
 pub const WORKLOAD_WEBHOOK: &str = "workloads.flatnetwork.pandaria.io";
 /// How long the API server waits for an answer.
@@ -185,11 +191,11 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
                             &create_update,
                         )
                     },
-                    rule("", &["v1"], &["services"], &create_update),
+                    rule("", &["v1"], &["services", "pods"], &create_update),
                 ],
                 Some(vec![MatchCondition {
-                    name: "floating-ip-services-only".into(),
-                    expression: FLOATING_SERVICES_CONDITION.into(),
+                    name: "floating-ip-requests-only".into(),
+                    expression: FLOATING_REQUESTS_CONDITION.into(),
                 }]),
             ),
         ]),

@@ -65,6 +65,17 @@ fn view(
     slices: &[Arc<EndpointSlice>],
     classless: bool,
 ) -> View {
+    view_with_pods(me, pools, services, slices, classless, &BTreeSet::new())
+}
+
+fn view_with_pods(
+    me: &str,
+    pools: &[Arc<FloatingIPPool>],
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
+    classless: bool,
+    pod_nodes: &BTreeSet<String>,
+) -> View {
     let nodes = [
         node("a", "east", "10.0.0.1"),
         node("b", "east", "10.0.0.2"),
@@ -78,6 +89,7 @@ fn view(
         slices,
         classless,
         port: 7946,
+        pod_nodes,
     })
 }
 
@@ -111,6 +123,29 @@ fn an_allocated_address_is_served_on_its_pools_interface_with_the_pools_nodes_as
             .assignment
             .addresses
             .is_empty()
+    );
+}
+
+#[test]
+fn the_nodes_of_pods_holding_floating_addresses_are_peers_too() {
+    let pools = [pool("lan", "192.168.50.0/24", "eth0", Some("east"))];
+    let services = [typed(service("web", CLASS, "Cluster", &["192.168.50.10"]))];
+    let pod_nodes: BTreeSet<String> = ["c".to_owned(), "a".to_owned()].into();
+    // c runs a pod with a floating address: heard though outside the
+    // Service pool's nodeSelector; never a candidate for the Service's.
+    let a = view_with_pods("a", &pools, &services, &[], false, &pod_nodes);
+    assert_eq!(
+        a.assignment.peers,
+        vec![
+            SocketAddr::new(addr("10.0.0.2"), 7946),
+            SocketAddr::new(addr("10.0.0.3"), 7946)
+        ]
+    );
+    let c = view_with_pods("c", &pools, &[], &[], false, &pod_nodes);
+    assert!(c.assignment.addresses.is_empty());
+    assert_eq!(
+        c.assignment.peers,
+        vec![SocketAddr::new(addr("10.0.0.1"), 7946)]
     );
 }
 

@@ -78,7 +78,7 @@ fn the_active_pod_of_each_address_holds_it_on_the_pools_interface() {
         pod("invalid-pool", "node-a", "10.8.0.5", Some(1)),
         pod("no-pool", "node-a", "10.7.0.5", Some(1)),
     ];
-    let view = view_of(&pods, &pools);
+    let view = view_of(&pods, &pools, |_| NodeAgent::Unknown);
     assert_eq!(
         view.holders.keys().copied().collect::<Vec<_>>(),
         [ip("10.9.0.5"), ip("10.9.0.6"), ip("fd00:9::5")]
@@ -104,7 +104,7 @@ fn the_active_pod_of_each_address_holds_it_on_the_pools_interface() {
 fn the_standby_takes_over_when_the_active_pod_is_not_ready_and_keeps_it() {
     let pools = [pool("lan", &["10.9.0.0/24"], "eth0")];
     let holder_of = |pods: &[Arc<Pod>]| {
-        view_of(pods, &pools).holders[&ip("10.9.0.5")]
+        view_of(pods, &pools, |_| NodeAgent::Unknown).holders[&ip("10.9.0.5")]
             .as_ref()
             .map(Holder::pod_key)
     };

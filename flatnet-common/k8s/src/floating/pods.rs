@@ -18,6 +18,23 @@ use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 
 use super::{RequestError, annotation};
 
+/// Label the operator puts (`"true"`) on every pod it gave floating
+/// addresses to, beside [`annotation::ASSIGNED`], and removes with it: the
+/// agents watch only the pods selected by [`ASSIGNED_SELECTOR`].
+pub const ASSIGNED_LABEL: &str = annotation::ASSIGNED;
+
+/// The label selector of the pods given floating addresses.
+pub const ASSIGNED_SELECTOR: &str = "flatnetwork.pandaria.io/floating-ip-assigned=true";
+
+/// Whether `pod` carries [`ASSIGNED_LABEL`].
+pub fn is_labelled_assigned(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ASSIGNED_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
 /// What a pod asks of the floating addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFloatingRequest {
@@ -113,13 +130,55 @@ pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
     )
 }
 
+/// What an observer knows of the agent on a pod's node, from the agents'
+/// heartbeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeAgent {
+    /// Not known (not heard yet, or no heartbeats at all): the pod's
+    /// readiness alone counts.
+    Unknown,
+    /// Heard, running since `since` (its incarnation): the node's pods
+    /// count as ready from then at the earliest, so a pod whose agent
+    /// restarted does not take an address back from the pod that took
+    /// it over meanwhile.
+    Alive {
+        /// When the agent started.
+        since: Timestamp,
+    },
+    /// Listed as a peer and silent past the heartbeat timeout: the node
+    /// (or its agent) is gone, and its pods hold nothing, though the API
+    /// still shows them ready.
+    Dead,
+}
+
 /// The pod that holds an address among the pods listing it: the ready one
 /// ready the longest, ties broken by namespace and name. The same for
 /// every observer of the same pods, whatever their order.
 pub fn active_pod<'a>(members: impl IntoIterator<Item = &'a Pod>) -> Option<&'a Pod> {
+    active_pod_given(members, |_| NodeAgent::Unknown)
+}
+
+/// [`active_pod`] where `agent_of` tells what is known of the agent on a
+/// node: a pod on a [`NodeAgent::Dead`] node is never active, and one on
+/// an [`NodeAgent::Alive`] node counts as ready from the later of its
+/// `Ready` transition and its agent's start. Observers that know the same
+/// pods and agents pick the same pod.
+pub fn active_pod_given<'a>(
+    members: impl IntoIterator<Item = &'a Pod>,
+    agent_of: impl Fn(&str) -> NodeAgent,
+) -> Option<&'a Pod> {
     members
         .into_iter()
-        .filter_map(|pod| Some((ready_since(pod)?, pod)))
+        .filter_map(|pod| {
+            let ready = ready_since(pod)?;
+            let node = pod.spec.as_ref()?.node_name.as_deref()?;
+            let rank = match agent_of(node) {
+                NodeAgent::Unknown => ready,
+                NodeAgent::Alive { since } => ready.max(since),
+                NodeAgent::Dead => return None,
+            };
+            Some((rank, pod))
+        })
         .min_by(|(a, p), (b, q)| {
             (a, &p.metadata.namespace, &p.metadata.name).cmp(&(
                 b,
@@ -211,6 +270,15 @@ mod tests {
     }
 
     #[test]
+    fn the_selector_selects_the_label() {
+        assert_eq!(ASSIGNED_SELECTOR, format!("{ASSIGNED_LABEL}=true"));
+        let mut p = pod("a", &[]);
+        assert!(!is_labelled_assigned(&p));
+        p.metadata.labels = Some([(ASSIGNED_LABEL.to_owned(), "true".to_owned())].into());
+        assert!(is_labelled_assigned(&p));
+    }
+
+    #[test]
     fn a_bad_fixed_address_is_named() {
         let error = pod_request_of(&pod("a", &[(annotation::ADDRESSES, "10.0.0.300")]))
             .unwrap_err()
@@ -263,7 +331,96 @@ mod tests {
         );
     }
 
+    fn on_node(name: &str, node: &str, ready_since: Option<i64>) -> Pod {
+        let mut p = running(name, ready_since);
+        p.spec.as_mut().unwrap().node_name = Some(node.into());
+        p
+    }
+
+    fn name_of(pod: Option<&Pod>) -> Option<String> {
+        pod.and_then(|p| p.metadata.name.clone())
+    }
+
+    #[test]
+    fn a_pod_on_a_dead_node_never_holds_and_a_restarted_agent_does_not_take_back() {
+        let active = on_node("a", "n1", Some(100));
+        let standby = on_node("b", "n2", Some(200));
+        let n1 = |state: NodeAgent| {
+            move |node: &str| {
+                if node == "n1" {
+                    state
+                } else {
+                    NodeAgent::Alive {
+                        since: Timestamp::from_second(10).unwrap(),
+                    }
+                }
+            }
+        };
+        // Heard, or not known: readiness decides.
+        for state in [
+            NodeAgent::Unknown,
+            NodeAgent::Alive {
+                since: Timestamp::from_second(50).unwrap(),
+            },
+        ] {
+            assert_eq!(
+                name_of(active_pod_given([&standby, &active], n1(state))),
+                Some("a".into())
+            );
+        }
+        // n1 silent: its pod, still Ready in the API, holds nothing.
+        assert_eq!(
+            name_of(active_pod_given([&active, &standby], n1(NodeAgent::Dead))),
+            Some("b".into())
+        );
+        assert_eq!(active_pod_given([&active], n1(NodeAgent::Dead)), None);
+        // n1's agent is back (started at 300, after b became ready): b
+        // keeps the address.
+        let back = NodeAgent::Alive {
+            since: Timestamp::from_second(300).unwrap(),
+        };
+        assert_eq!(
+            name_of(active_pod_given([&active, &standby], n1(back))),
+            Some("b".into())
+        );
+    }
+
     proptest! {
+        #[test]
+        fn observers_knowing_the_same_agents_pick_the_same_pod_and_never_one_on_a_dead_node(
+            pods in proptest::collection::vec((proptest::option::of(0i64..5), 0usize..3), 1..6),
+            agents in proptest::collection::vec(0u8..3, 3),
+            rotation in 0usize..6,
+        ) {
+            let pods: Vec<Pod> = pods
+                .iter()
+                .enumerate()
+                .map(|(i, (r, node))| on_node(&format!("p{i}"), &format!("n{node}"), *r))
+                .collect();
+            let agent_of = |node: &str| {
+                let index: usize = node[1..].parse().unwrap();
+                match agents[index] {
+                    0 => NodeAgent::Unknown,
+                    1 => NodeAgent::Dead,
+                    _ => NodeAgent::Alive { since: Timestamp::from_second(i64::try_from(index).unwrap() + 2).unwrap() },
+                }
+            };
+            let mut seen: Vec<&Pod> = pods.iter().collect();
+            let first = active_pod_given(seen.iter().copied(), agent_of).cloned();
+            seen.rotate_left(rotation % pods.len());
+            seen.reverse();
+            let second = active_pod_given(seen.iter().copied(), agent_of).cloned();
+            prop_assert_eq!(&first, &second);
+            let holdable = |p: &Pod| {
+                ready_since(p).is_some()
+                    && agent_of(p.spec.as_ref().unwrap().node_name.as_deref().unwrap()) != NodeAgent::Dead
+            };
+            prop_assert_eq!(first.is_some(), pods.iter().any(holdable));
+            if let Some(active) = first {
+                prop_assert!(holdable(&active));
+            }
+        }
+
         #[test]
         fn every_observer_picks_the_same_active_pod(
             readiness in proptest::collection::vec(proptest::option::of(0i64..5), 1..6),

@@ -10,7 +10,10 @@ use flatnet_k8s::{
         FloatingIPPool, FloatingIPPoolSpec, FloatingIPProjectQuota, FloatingIPProjectQuotaSpec,
         IpRange,
     },
-    floating::{annotation, pods::assigned_ips},
+    floating::{
+        annotation,
+        pods::{assigned_ips, is_labelled_assigned},
+    },
     ipam::used_ranges,
 };
 use k8s_openapi::api::{
@@ -152,6 +155,9 @@ async fn a_pod_gets_an_address_of_every_family_of_its_pool_and_gives_it_back() {
     reconcile(&server, "vnf").await.unwrap();
     let addrs = assigned(&server, "vnf");
     assert_eq!(addrs, [ip("10.9.0.10"), ip("fd00:9::10")]);
+    // Labelled for the agents' watch.
+    assert!(is_labelled_assigned(&get(&server, "vnf").unwrap()));
+    assert!(!is_labelled_assigned(&get(&server, "plain").unwrap()));
     assert!(addrs.iter().all(|a| in_ledger(&server, "lan", *a)));
     assert_eq!(
         notes(&server, "FloatingIPAssigned"),
@@ -165,7 +171,25 @@ async fn a_pod_gets_an_address_of_every_family_of_its_pool_and_gives_it_back() {
     annotate(&server, "vnf", annotation::POOL, None);
     reconcile(&server, "vnf").await.unwrap();
     assert!(assigned(&server, "vnf").is_empty());
+    assert!(!is_labelled_assigned(&get(&server, "vnf").unwrap()));
     assert!(ledger(&server, "lan").is_empty());
+}
+
+#[tokio::test]
+async fn a_pod_assigned_before_the_label_existed_gets_it() {
+    let server = server_with(
+        &[pod(
+            "old",
+            &[
+                (annotation::POOL, "lan"),
+                (annotation::ASSIGNED, "10.9.0.10"),
+            ],
+        )],
+        &[pool("lan", &["10.9.0.0/24"], &[])],
+    );
+    reconcile(&server, "old").await.unwrap();
+    assert_eq!(assigned(&server, "old"), [ip("10.9.0.10")]);
+    assert!(is_labelled_assigned(&get(&server, "old").unwrap()));
 }
 
 #[tokio::test]

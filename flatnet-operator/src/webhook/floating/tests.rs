@@ -1,5 +1,5 @@
-//! Reviews of pools, quotas and LoadBalancer Services against the fake API
-//! server holding a small cluster.
+//! Reviews of pools, quotas, LoadBalancer Services and pods' floating
+//! requests against the fake API server holding a small cluster.
 
 use std::sync::Arc;
 
@@ -58,6 +58,17 @@ fn cluster() -> FakeApiServer {
 /// The verdict on `operation` of `object`: `None` when allowed, else the
 /// message.
 async fn verdict(server: &FakeApiServer, operation: &str, object: &Value) -> Option<String> {
+    let old = (operation == "DELETE").then(|| object.clone());
+    verdict_on(server, operation, object, old).await
+}
+
+/// [`verdict`] of an update from `old`, or of a delete.
+async fn verdict_on(
+    server: &FakeApiServer,
+    operation: &str,
+    object: &Value,
+    old: Option<Value>,
+) -> Option<String> {
     let kind = object["kind"].as_str().unwrap();
     let api_version = object["apiVersion"].as_str().unwrap();
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -73,7 +84,7 @@ async fn verdict(server: &FakeApiServer, operation: &str, object: &Value) -> Opt
             "operation": operation,
             "userInfo": {"username": "alice"},
             "object": if operation == "DELETE" { Value::Null } else { object.clone() },
-            "oldObject": if operation == "DELETE" { object.clone() } else { Value::Null },
+            "oldObject": old.unwrap_or(Value::Null),
             "dryRun": false,
         }
     }))
@@ -147,5 +158,124 @@ async fn quotas_name_exactly_one_target() {
     assert!(
         denial.contains("exactly one of spec.project and spec.namespace"),
         "{denial}"
+    );
+}
+
+fn floating_pod(name: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        "spec": {"containers": [{"name": "vnf", "image": "vnf"}]},
+    })
+}
+
+#[tokio::test]
+async fn pod_requests_name_a_missing_pool_an_address_outside_it_and_the_quota() {
+    let server = cluster();
+    let pool_key = "flatnetwork.pandaria.io/floating-ip-pool";
+    let fixed_key = "flatnetwork.pandaria.io/floating-ip";
+    let missing = verdict(
+        &server,
+        "CREATE",
+        &floating_pod("vnf", json!({pool_key: "lab"})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        missing.contains("FloatingIPPool lab")
+            && missing.contains("does not exist")
+            && missing.contains("[lan]"),
+        "{missing}"
+    );
+    let outside = verdict(
+        &server,
+        "CREATE",
+        &floating_pod("vnf", json!({pool_key: "lan", fixed_key: "192.168.11.5"})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        outside.contains("192.168.11.5")
+            && outside.contains("outside FloatingIPPool lan")
+            && outside.contains("192.168.10.0-192.168.10.255"),
+        "{outside}"
+    );
+    let garbage = verdict(
+        &server,
+        "CREATE",
+        &floating_pod("vnf", json!({fixed_key: "192.168.10.300"})),
+    )
+    .await
+    .unwrap();
+    assert!(garbage.contains("192.168.10.300"), "{garbage}");
+    // The project's one address is held by Service web.
+    let over = verdict(
+        &server,
+        "CREATE",
+        &floating_pod("vnf", json!({pool_key: "lan"})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        over.contains("pod vnf")
+            && over.contains("FloatingIPProjectQuota shop-quota")
+            && over.contains("flatnetwork.pandaria.io/floating-ip-set"),
+        "{over}"
+    );
+    // A pool that does not serve the namespace.
+    let mut narrow = pool("narrow", "192.168.40.0/24");
+    narrow["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": "net"}});
+    server.insert(&serde_json::from_value::<FloatingIPPool>(narrow).unwrap());
+    let not_serving = verdict(
+        &server,
+        "CREATE",
+        &floating_pod("vnf", json!({pool_key: "narrow"})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        not_serving.contains("does not serve namespace shop"),
+        "{not_serving}"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_joining_a_set_that_holds_an_address_and_unchanged_requests_pass() {
+    let server = cluster();
+    let pool_key = "flatnetwork.pandaria.io/floating-ip-pool";
+    let set_key = "flatnetwork.pandaria.io/floating-ip-set";
+    // Raise the quota to 2; an active pod of set `pair` holds .6.
+    server.insert(
+        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
+            "metadata": {"name": "shop-quota"},
+            "spec": {"project": "p-shop", "limits": {"lan": 2}},
+        }))
+        .unwrap(),
+    );
+    let mut active = floating_pod(
+        "vnf-0",
+        json!({pool_key: "lan", set_key: "pair",
+               "flatnetwork.pandaria.io/floating-ip-assigned": "192.168.10.6"}),
+    );
+    active["metadata"]["labels"] = json!({"flatnetwork.pandaria.io/floating-ip-assigned": "true"});
+    server.insert(&serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(active).unwrap());
+    // Quota full (web and the set); the standby shares the set's address.
+    let standby = floating_pod("vnf-1", json!({pool_key: "lan", set_key: "pair"}));
+    assert_eq!(verdict(&server, "CREATE", &standby).await, None);
+    let loner = floating_pod("vnf-2", json!({pool_key: "lan"}));
+    assert!(verdict(&server, "CREATE", &loner).await.is_some());
+    // An update leaving the request as it was (the operator's own write,
+    // a relabel) passes even over quota.
+    let mut relabelled = loner.clone();
+    relabelled["metadata"]["labels"] = json!({"tier": "x"});
+    assert_eq!(
+        verdict_on(&server, "UPDATE", &relabelled, Some(loner)).await,
+        None
+    );
+    // A pod asking for nothing is not reviewed here.
+    assert_eq!(
+        verdict(&server, "CREATE", &floating_pod("plain", json!({}))).await,
+        None
     );
 }
