@@ -37,7 +37,7 @@ pub struct LiveAddresses {
 }
 
 /// The earliest time within `window` of `now`.
-fn window_start(now: Timestamp, window: Duration) -> Timestamp {
+pub(crate) fn window_start(now: Timestamp, window: Duration) -> Timestamp {
     let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
     now.checked_sub(window).unwrap_or(Timestamp::MIN)
 }
