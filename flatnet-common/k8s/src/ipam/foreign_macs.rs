@@ -83,35 +83,8 @@ pub fn overlap_warning(what: &str, range: &MacRange, seen: &[LiveClaim]) -> Opti
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
     use super::*;
-    use crate::api::{FlatNetworkWireClaimsSpec, ForeignClaim};
-
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
-
-    fn report(node: &str, claims: &[(&str, i64)]) -> FlatNetworkWireClaims {
-        FlatNetworkWireClaims::new(
-            &FlatNetworkWireClaims::object_name("lan", node),
-            FlatNetworkWireClaimsSpec {
-                subnet: "lan".into(),
-                node: node.into(),
-                observed_at: None,
-                claims: claims
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (mac, seen))| ForeignClaim {
-                        ip: format!("192.0.2.{}", i + 2).parse().unwrap(),
-                        mac: (*mac).into(),
-                        last_seen: Time(at(*seen)),
-                        kind: "arp_request".into(),
-                    })
-                    .collect(),
-            },
-        )
-    }
+    use crate::ipam::wire::tests::{at, report};
 
     fn range() -> MacRange {
         MacRange::parse("02:aa:00:00:00:00", "02:aa:00:ff:ff:ff").unwrap()
@@ -123,15 +96,18 @@ mod tests {
             report(
                 "a",
                 &[
-                    ("02:aa:00:00:00:01", 100),
+                    ("192.0.2.2", "02:aa:00:00:00:01", at(100)),
                     // Seen before the window: forgotten.
-                    ("02:aa:00:00:00:02", -4_000),
-                    ("not a mac", 100),
+                    ("192.0.2.3", "02:aa:00:00:00:02", at(-4_000)),
+                    ("192.0.2.4", "not a mac", at(100)),
                 ],
             ),
             report(
                 "b",
-                &[("02:AA:00:00:00:01", 200), ("02:bb:00:00:00:01", 50)],
+                &[
+                    ("192.0.2.2", "02:AA:00:00:00:01", at(200)),
+                    ("192.0.2.5", "02:bb:00:00:00:01", at(50)),
+                ],
             ),
         ];
         let foreign = foreign_macs(&reports, at(300), Duration::from_secs(3600));
