@@ -12,18 +12,29 @@
 //! When `spec.macPool` names no range, a random locally administered range
 //! (`02:XX:XX:00:00:00`-`02:XX:XX:FF:FF:FF`) is chosen once and recorded in
 //! `status.macPool` with the resourceVersion that was read, so two
-//! replicas can never record two ranges, and later leaders keep it.
+//! replicas can never record two ranges, and later leaders keep it. A
+//! drawn range holding a MAC the node agents saw on the LAN within the
+//! default wire window (another flatnet cluster, or hosts, using it) is
+//! drawn again ([`range_avoiding`]).
 
-use std::hash::{BuildHasher, Hasher};
+use std::{
+    collections::BTreeMap,
+    hash::{BuildHasher, Hasher},
+};
 
 use flatnet_k8s::{
-    api::{CONFIG_NAME, FlatNetworkConfig, MacPoolMode, MacPoolStatus},
-    ipam::MacRange,
+    api::{CONFIG_NAME, FlatNetworkConfig, FlatNetworkWireClaims, MacPoolMode, MacPoolStatus},
+    ipam::{
+        DEFAULT_WIRE_WINDOW, LiveClaim, Mac, MacRange,
+        foreign_macs::{foreign_macs, inside, overlap_warning},
+    },
+    keys::SUBNET_NAMESPACE,
 };
 use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
-    api::PostParams,
+    api::{ListParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use tokio_util::sync::CancellationToken;
@@ -88,6 +99,68 @@ pub fn random_range() -> MacRange {
         .build_hasher()
         .finish();
     MacRange::locally_administered(u16::try_from(bits & 0xffff).unwrap_or_default())
+}
+
+/// How many random ranges are drawn before one holding foreign MACs is
+/// taken anyway: with 65536 ranges, only a LAN full of other clusters'
+/// ranges gets that far.
+pub const RANGE_DRAWS: usize = 32;
+
+/// The first of up to [`RANGE_DRAWS`] ranges from `draw` that holds none
+/// of the `foreign` MACs seen on the LAN; when every draw holds some, the
+/// one holding fewest, with the warning to log.
+pub fn range_avoiding(
+    foreign: &BTreeMap<Mac, LiveClaim>,
+    mut draw: impl FnMut() -> MacRange,
+) -> (MacRange, Option<String>) {
+    let mut best: Option<(MacRange, Vec<LiveClaim>)> = None;
+    for _ in 0..RANGE_DRAWS {
+        let range = draw();
+        let seen = inside(&range, foreign);
+        if seen.is_empty() {
+            return (range, None);
+        }
+        if best
+            .as_ref()
+            .is_none_or(|(_, fewest)| seen.len() < fewest.len())
+        {
+            best = Some((range, seen));
+        }
+    }
+    let (range, seen) = best.expect("RANGE_DRAWS > 0");
+    let warning = overlap_warning("the randomly chosen macPool range", &range, &seen);
+    (range, warning)
+}
+
+/// Whether `config` needs a random range drawn: its spec names no range
+/// and its status records no random one yet.
+fn needs_random_range(config: &FlatNetworkConfig) -> bool {
+    matches!(config.spec.mac_pool.range(), Ok(None))
+        && !config
+            .status
+            .as_ref()
+            .and_then(|s| s.mac_pool.as_ref())
+            .is_some_and(|p| p.generated && p.range().is_some())
+}
+
+/// A random range holding no MAC the node agents saw on the LAN. Without
+/// their reports (a failed list) any random range is taken: the allocator
+/// still skips the MACs they report later.
+async fn fresh_range(client: &Client) -> MacRange {
+    let api: Api<FlatNetworkWireClaims> = Api::namespaced(client.clone(), SUBNET_NAMESPACE);
+    let reports = match api.list(&ListParams::default().match_any()).await {
+        Ok(list) => list.items,
+        Err(error) => {
+            warn!(%error, "cannot list FlatNetworkWireClaims; choosing the MAC range without them");
+            Vec::new()
+        }
+    };
+    let foreign = foreign_macs(&reports, Timestamp::now(), DEFAULT_WIRE_WINDOW);
+    let (range, warning) = range_avoiding(&foreign, random_range);
+    if let Some(warning) = warning {
+        warn!("{warning}");
+    }
+    range
 }
 
 /// The `status.macPool` `config` should have: the spec's range, else the
@@ -163,7 +236,12 @@ pub async fn reconcile(
     config: &FlatNetworkConfig,
 ) -> Result<Option<FlatNetworkConfig>, kube::Error> {
     let mut status = config.status.clone().unwrap_or_default();
-    let pool = wanted_pool_status(config, random_range());
+    let fresh = if needs_random_range(config) {
+        fresh_range(client).await
+    } else {
+        random_range()
+    };
+    let pool = wanted_pool_status(config, fresh);
     let generation = config.metadata.generation;
     let pool_changed = pool.is_some() && status.mac_pool != pool;
     if !pool_changed && status.observed_generation == generation {
@@ -356,5 +434,62 @@ mod tests {
             "0: the parent link's"
         );
         assert_eq!(effective_cni(None, &env), env);
+    }
+
+    fn seen(macs: &[&str]) -> BTreeMap<Mac, LiveClaim> {
+        macs.iter()
+            .map(|m| {
+                let mac = Mac::parse(m).unwrap();
+                let claim = LiveClaim {
+                    mac: mac.to_string(),
+                    last_seen: Timestamp::UNIX_EPOCH,
+                    node: "node-1".into(),
+                };
+                (mac, claim)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_random_range_holding_macs_seen_on_the_lan_is_drawn_again() {
+        let foreign = seen(&[
+            "02:00:01:00:00:05",
+            "02:00:02:00:00:01",
+            "02:00:02:00:00:02",
+        ]);
+        let mut seeds = [1u16, 2, 3].into_iter().cycle();
+        let mut draw = || MacRange::locally_administered(seeds.next().unwrap());
+        assert_eq!(
+            range_avoiding(&foreign, &mut draw),
+            (MacRange::locally_administered(3), None),
+            "the first draw with none of them"
+        );
+
+        // Every draw crowded: the one holding fewest, with the warning.
+        let mut seeds = [2u16, 1].into_iter().cycle();
+        let (range, warning) = range_avoiding(&foreign, || {
+            MacRange::locally_administered(seeds.next().unwrap())
+        });
+        assert_eq!(range, MacRange::locally_administered(1));
+        let warning = warning.expect("a warning");
+        assert!(
+            warning.contains("1 MAC(s)") && warning.contains("02:00:01:00:00:05"),
+            "{warning}"
+        );
+    }
+
+    #[test]
+    fn a_range_is_drawn_only_while_none_is_named_or_recorded() {
+        assert!(needs_random_range(&config(None)));
+        assert!(!needs_random_range(&config(Some((
+            "02:10:00:00:00:00",
+            "02:10:00:00:ff:ff"
+        )))));
+        let mut recorded = config(None);
+        recorded.status = Some(flatnet_k8s::api::FlatNetworkConfigStatus {
+            mac_pool: wanted_pool_status(&recorded, MacRange::locally_administered(9)),
+            ..Default::default()
+        });
+        assert!(!needs_random_range(&recorded));
     }
 }

@@ -2,9 +2,19 @@
 //! named `cluster`, and a spec without
 //! [`problems`](flatnet_k8s::api::FlatNetworkConfigSpec::problems) (a
 //! valid MAC pool range, settings in range). A range that is not locally
-//! administered is admitted with a warning.
+//! administered is admitted with a warning, as is a range the node agents
+//! saw foreign MACs in on the LAN ([`wire_warnings`]).
 
-use flatnet_k8s::api::{CONFIG_NAME, FlatNetworkConfig};
+use std::collections::BTreeSet;
+
+use flatnet_k8s::{
+    api::{CONFIG_NAME, FlatNetworkConfig},
+    ipam::{
+        DEFAULT_WIRE_WINDOW, Mac,
+        foreign_macs::{foreign_macs, inside, overlap_warning},
+    },
+};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     ResourceExt,
     core::{
@@ -13,7 +23,7 @@ use kube::{
     },
 };
 
-use super::Denial;
+use super::{Denial, lookup::Lookup};
 
 fn parse(request: &AdmissionRequest<DynamicObject>) -> Result<Option<FlatNetworkConfig>, Denial> {
     if matches!(request.operation, Operation::Delete) {
@@ -71,6 +81,53 @@ pub fn warnings(request: &AdmissionRequest<DynamicObject>) -> Vec<String> {
         .flatten()
         .map(|c| c.spec.warnings())
         .unwrap_or_default()
+}
+
+/// The warning of an admitted create, or an update that changes
+/// `spec.macPool`'s range: the MACs inside the new range that the node
+/// agents saw on the LAN within the default wire window and that no
+/// FlatNetworkIP holds. The FlatNetworkIPs are listed only when there are
+/// such MACs. A failed lookup gives no warning: the review itself has
+/// passed.
+pub async fn wire_warnings(
+    lookup: &Lookup,
+    request: &AdmissionRequest<DynamicObject>,
+) -> Vec<String> {
+    let Ok(Some(config)) = parse(request) else {
+        return Vec::new();
+    };
+    let Ok(Some(range)) = config.spec.mac_pool.range() else {
+        return Vec::new();
+    };
+    let old_range = request
+        .old_object
+        .as_ref()
+        .and_then(|old| old.clone().try_parse::<FlatNetworkConfig>().ok())
+        .and_then(|old| old.spec.mac_pool.range().ok().flatten());
+    if old_range == Some(range) {
+        return Vec::new();
+    }
+    let Ok(reports) = lookup.wire_claims().await else {
+        return Vec::new();
+    };
+    let mut seen = inside(
+        &range,
+        &foreign_macs(&reports, Timestamp::now(), DEFAULT_WIRE_WINDOW),
+    );
+    if seen.is_empty() {
+        return Vec::new();
+    }
+    // A report may predate the pod that now holds the MAC.
+    if let Ok(ips) = lookup.ips().await {
+        let held: BTreeSet<Mac> = ips
+            .iter()
+            .filter_map(|ip| Mac::parse(&ip.status.as_ref()?.mac).ok())
+            .collect();
+        seen.retain(|claim| Mac::parse(&claim.mac).is_ok_and(|mac| !held.contains(&mac)));
+    }
+    overlap_warning("spec.macPool range", &range, &seen)
+        .into_iter()
+        .collect()
 }
 
 #[cfg(test)]

@@ -109,7 +109,8 @@ impl Validator {
             Ok(()) => {
                 debug!(kind, operation, name = %request.name, "allowed");
                 if kind == "FlatNetworkConfig" {
-                    let warnings = cluster_config::warnings(request);
+                    let mut warnings = cluster_config::warnings(request);
+                    warnings.extend(cluster_config::wire_warnings(&self.lookup, request).await);
                     if !warnings.is_empty() {
                         response.warnings = Some(warnings);
                     }

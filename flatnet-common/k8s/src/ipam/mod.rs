@@ -8,6 +8,8 @@
 //!   `usedIP` alone.
 //! - [`mac`]: fixed MACs and their uniqueness per parent link.
 //! - [`mac_pool`]: the cluster's MAC pool (next-fit, quarantine).
+//! - [`foreign_macs`]: MACs seen on the LAN inside a pool range, and the
+//!   warning about them.
 //! - [`sticky`]: the StatefulSet address policy.
 //! - [`reservations`]: `status.reservedIP`, the addresses kept for their
 //!   workloads (and V1 pods during a migration).
@@ -15,6 +17,7 @@
 
 pub mod cidr;
 pub mod compact_ranges;
+pub mod foreign_macs;
 pub mod intervals;
 pub mod mac;
 pub mod mac_pool;

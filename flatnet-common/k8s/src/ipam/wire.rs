@@ -37,7 +37,7 @@ pub struct LiveAddresses {
 }
 
 /// The earliest time within `window` of `now`.
-fn window_start(now: Timestamp, window: Duration) -> Timestamp {
+pub(crate) fn window_start(now: Timestamp, window: Duration) -> Timestamp {
     let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
     now.checked_sub(window).unwrap_or(Timestamp::MIN)
 }
@@ -267,7 +267,7 @@ fn allocate_plain(pool: &mut Pool, candidates: &[IpAddr]) -> Result<IpAddr, Pool
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
@@ -276,7 +276,8 @@ mod tests {
         validation::validate_subnet,
     };
 
-    fn report(node: &str, claims: &[(&str, &str, Timestamp)]) -> FlatNetworkWireClaims {
+    /// `node`'s report of `claims` (address, MAC, when) in subnet `lan`.
+    pub(crate) fn report(node: &str, claims: &[(&str, &str, Timestamp)]) -> FlatNetworkWireClaims {
         FlatNetworkWireClaims::new(
             &FlatNetworkWireClaims::object_name("lan", node),
             FlatNetworkWireClaimsSpec {
@@ -307,7 +308,8 @@ mod tests {
         Pool::new(&validate_subnet("lan", &spec).unwrap())
     }
 
-    fn at(secs: i64) -> Timestamp {
+    /// A fixed time plus `secs`.
+    pub(crate) fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
