@@ -1,6 +1,6 @@
-//! ADD: claim → pending record → conflict probe → attach → tables and
-//! policy programs → activate → ready record → answer; a failure undoes
-//! what was made ([`Inner::teardown`]).
+//! ADD: claim → pending record → conflict probe → attach → policy
+//! programs, alongside activate → ready record → tables → policy wait →
+//! answer; a failure undoes what was made ([`Inner::teardown`]).
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::{
     Inner, in_netns, internal, join_ips, key_of, link_error, pod_of, spec, tables::PolicyAttach,
+    task_failed,
 };
 use crate::{
     cni::{AttachRequest, CniError, CniResult, ErrorCode, NetworkConfig},
@@ -214,19 +215,35 @@ impl<S: DesiredState> Inner<S> {
         let uplink = Self::uplink_record(&made, owner_mac, !attachment.kind.announces());
         record.mac = Some(format_mac(mac));
         record.uplink = Some(uplink.clone());
-        let upgrade_policy = self
-            .attach_policy(record, PolicyAttach::AtOnce)
-            .instrument(phases::phase("policy_attach"))
+        // The policy programs go on while the allocation is activated and
+        // the ready record waits for the disk: the answer waits for both,
+        // and an agent restarting after the ready record attaches them
+        // again (recovery of a ready record).
+        let policy = {
+            let inner = Arc::clone(self);
+            let record = record.clone();
+            tokio::spawn(
+                async move { inner.attach_policy(&record, PolicyAttach::AtOnce).await }
+                    .instrument(phases::phase("policy_attach")),
+            )
+        };
+        let ready = async {
+            self.desired
+                .activate(&record.key, &record.pod, claim, mac, made.mtu)
+                .instrument(phases::phase("activate"))
+                .await
+                .map_err(|e| e.to_cni())?;
+            record.phase = RecordPhase::Ready;
+            timed("record_ready", || self.records.save(record)).map_err(internal)
+        }
+        .await;
+        // Both finish before a failure is undone: teardown must not race
+        // the attach.
+        let upgrade_policy = policy
             .await
+            .unwrap_or_else(|error| Err(task_failed(&error)))
             .map_err(SetUpError::InterfaceMade)?;
-        self.desired
-            .activate(&record.key, &record.pod, claim, mac, made.mtu)
-            .instrument(phases::phase("activate"))
-            .await
-            .map_err(|e| SetUpError::InterfaceMade(e.to_cni()))?;
-        record.phase = RecordPhase::Ready;
-        timed("record_ready", || self.records.save(record))
-            .map_err(|e| SetUpError::InterfaceMade(internal(e)))?;
+        ready.map_err(SetUpError::InterfaceMade)?;
         // The table entries follow the ready record, which lists them: a
         // restart before they are in place puts them there (recovery of a
         // ready record), and a pending record never has any to remove.

@@ -71,10 +71,8 @@ pub(super) fn attach(
     mechanism: AttachMechanism,
     interface: &str,
 ) -> Result<(), DatapathError> {
-    for direction in [Direction::Ingress, Direction::Egress] {
-        tc::attach_or_replace(ebpf, pin_root, mechanism, interface, slot(direction))?;
-    }
-    Ok(())
+    let slots = [Direction::Ingress, Direction::Egress].map(slot);
+    tc::attach_or_replace(ebpf, pin_root, mechanism, interface, &slots)
 }
 
 /// Removes flatnet's policy programs from `interface` (calling thread's

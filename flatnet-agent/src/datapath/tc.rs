@@ -106,25 +106,31 @@ impl fmt::Display for AttachMechanism {
     }
 }
 
-/// Loads `slot.program` if needed and attaches it to `interface` in the
-/// calling thread's network namespace with `mechanism`, replacing the
-/// program already in the slot (with either mechanism).
+/// Loads the programs of `slots` if needed and attaches them to
+/// `interface` in the calling thread's network namespace with `mechanism`,
+/// replacing the programs already in those slots (with either mechanism).
+/// Filters share one clsact qdisc, made (or found) once for all slots.
 pub(super) fn attach_or_replace(
     ebpf: &mut Ebpf,
     pin_root: &Path,
     mechanism: AttachMechanism,
     interface: &str,
-    slot: Slot,
+    slots: &[Slot],
 ) -> Result<(), DatapathError> {
-    let program = loaded_classifier(ebpf, slot.program)?;
-    match mechanism {
-        AttachMechanism::Tcx => {
-            tcx::attach_or_replace(program, pin_root, interface, slot)?;
-            tc_netlink::detach(interface, slot)?;
-        }
-        AttachMechanism::Netlink => {
-            tc_netlink::attach_or_replace(program, interface, slot)?;
-            tcx::detach(pin_root, interface, slot)?;
+    if mechanism == AttachMechanism::Netlink {
+        tc_netlink::ensure_clsact(interface)?;
+    }
+    for &slot in slots {
+        let program = loaded_classifier(ebpf, slot.program)?;
+        match mechanism {
+            AttachMechanism::Tcx => {
+                tcx::attach_or_replace(program, pin_root, interface, slot)?;
+                tc_netlink::detach(interface, slot)?;
+            }
+            AttachMechanism::Netlink => {
+                tc_netlink::attach_or_replace(program, interface, slot)?;
+                tcx::detach(pin_root, interface, slot)?;
+            }
         }
     }
     Ok(())

@@ -24,7 +24,8 @@ use super::{
 const HANDLE: TcHandle = TcHandle::new(0, 1);
 
 /// Attaches `program` to `interface` in the calling thread's network
-/// namespace, replacing the program already in the slot, if any. The
+/// namespace, replacing the program already in the slot, if any; the
+/// interface's clsact qdisc must be there ([`ensure_clsact`]). The
 /// attachment outlives this process.
 pub(super) fn attach_or_replace(
     program: &mut SchedClassifier,
@@ -32,7 +33,6 @@ pub(super) fn attach_or_replace(
     slot: Slot,
 ) -> Result<(), DatapathError> {
     let program_error = program_error(slot.program, interface);
-    ensure_clsact(interface)?;
     let options = TcAttachOptions::Netlink(NlOptions {
         priority: slot.priority,
         handle: HANDLE,
@@ -80,7 +80,8 @@ pub(super) fn detach(interface: &str, slot: Slot) -> Result<bool, DatapathError>
     }
 }
 
-fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
+/// Adds the clsact qdisc to `interface` unless it has one.
+pub(super) fn ensure_clsact(interface: &str) -> Result<(), DatapathError> {
     match tc::qdisc_add_clsact(interface) {
         Ok(()) => Ok(()),
         Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),

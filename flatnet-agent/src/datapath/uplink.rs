@@ -27,7 +27,7 @@ pub(super) fn attach(
     mechanism: AttachMechanism,
     interface: &str,
 ) -> Result<(), DatapathError> {
-    tc::attach_or_replace(ebpf, pin_root, mechanism, interface, SLOT)
+    tc::attach_or_replace(ebpf, pin_root, mechanism, interface, &[SLOT])
 }
 
 /// The uplink program, loaded into the kernel on first use.

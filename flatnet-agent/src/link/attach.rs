@@ -93,6 +93,10 @@ pub(super) async fn find_master(host: &Netlink, spec: &AttachmentSpec) -> Result
 impl Setup<'_> {
     async fn run(&mut self) -> Result<Attachment, LinkError> {
         let spec = self.valid.spec();
+        // Entering the pod's namespace for its socket takes a thread; it
+        // goes on while the node's requests find the parent and create
+        // the interface.
+        let pod_socket = open_pod_socket(&spec.netns);
         let master = find_master(&self.host, spec)
             .instrument(phase("attach.master"))
             .await?;
@@ -111,7 +115,7 @@ impl Setup<'_> {
         }
 
         let (pod, link) = self
-            .create_child(&parent)
+            .create_child(&parent, pod_socket)
             .instrument(phase("attach.create"))
             .await?;
         let pod = self.pod.insert(pod);
@@ -199,24 +203,41 @@ impl Setup<'_> {
     }
 
     /// Creates the macvlan/ipvlan child directly inside the pod namespace
-    /// under a temporary name, then renames it in the pod. Linux 6.1 also
-    /// checks a new link's name against the namespace the request comes
-    /// from, so creating `eth1` straight into a pod fails with EEXIST on a
-    /// node that has an `eth1` of its own. Returns the pod's netlink handle
-    /// and the interface as the kernel made it (index, the MAC it picked,
-    /// the MTU it inherited; bringing it up and addressing it changes
-    /// none of them).
-    async fn create_child(&mut self, parent: &Link) -> Result<(Netlink, Link), LinkError> {
+    /// under its name. Linux 6.1 also checks a new link's name against the
+    /// namespace the request comes from, so creating `eth1` straight into a
+    /// pod fails with EEXIST on a node that has an `eth1` of its own: on
+    /// EEXIST (that, or the name taken in the pod) the child is made under
+    /// a temporary name and renamed in the pod, whose answer tells the two
+    /// apart. Returns the pod's netlink handle and the interface as the
+    /// kernel made it (index, the MAC it picked, the MTU it inherited;
+    /// bringing it up and addressing it changes none of them).
+    async fn create_child(
+        &mut self,
+        parent: &Link,
+        pod_socket: PodSocket,
+    ) -> Result<(Netlink, Link), LinkError> {
         let spec = self.valid.spec();
-        let pod = timed("attach.pod_socket", || Netlink::open(Some(&spec.netns)))?;
+        match self.create_in_pod(parent, &spec.ifname).await {
+            Ok(()) => {
+                self.undo.push(Undo::DeletePodLink {
+                    name: spec.ifname.clone(),
+                });
+                let pod = pod_socket.opened(&spec.netns).await?;
+                let link = pod.existing_link(&spec.ifname).await?;
+                return Ok((pod, link));
+            }
+            Err(e) if e.errno() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        let pod = pod_socket.opened(&spec.netns).await?;
         let temporary = temporary_name(&spec.netns, &spec.ifname);
-        match self.create_temporary(parent, &temporary).await {
+        match self.create_in_pod(parent, &temporary).await {
             // Left over by an ADD that died between creating and renaming.
             Err(e) if e.errno() == Some(libc::EEXIST) => {
                 if let Some(stale) = pod.link_by_name(&temporary).await? {
                     pod.delete_link(stale.index, &temporary).await?;
                 }
-                self.create_temporary(parent, &temporary).await?;
+                self.create_in_pod(parent, &temporary).await?;
             }
             created => created?,
         }
@@ -253,25 +274,23 @@ impl Setup<'_> {
         Ok((pod, link))
     }
 
-    /// Creates the child as `temporary` in the pod's namespace.
-    async fn create_temporary(&self, parent: &Link, temporary: &str) -> Result<(), LinkError> {
+    /// Creates the child as `name` in the pod's namespace.
+    async fn create_in_pod(&self, parent: &Link, name: &str) -> Result<(), LinkError> {
         let spec = self.valid.spec();
         let netns = open_netns_file(&spec.netns)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         let mut message = match spec.kind {
             LinkMode::Macvlan(mode) => {
-                let builder = LinkMacVlan::new(temporary, parent.index, macvlan_mode(mode));
+                let builder = LinkMacVlan::new(name, parent.index, macvlan_mode(mode));
                 match spec.mac {
                     Some(mac) => builder.address(mac.to_vec()).setns_by_fd(fd).build(),
                     None => builder.setns_by_fd(fd).build(),
                 }
             }
-            LinkMode::Ipvlan(mode, flag) => {
-                LinkIpVlan::new(temporary, parent.index, ipvlan_mode(mode))
-                    .flag(ipvlan_flag(flag))
-                    .setns_by_fd(fd)
-                    .build()
-            }
+            LinkMode::Ipvlan(mode, flag) => LinkIpVlan::new(name, parent.index, ipvlan_mode(mode))
+                .flag(ipvlan_flag(flag))
+                .setns_by_fd(fd)
+                .build(),
         };
         if let Some(mtu) = spec.mtu {
             message
@@ -455,6 +474,30 @@ impl Setup<'_> {
                 tracing::error!(?step, %error, "rollback step failed");
             }
         }
+    }
+}
+
+/// The pod's netlink socket, opened on a blocking thread (which enters
+/// the pod's namespace) while the caller goes on.
+struct PodSocket(tokio::task::JoinHandle<Result<Netlink, LinkError>>);
+
+fn open_pod_socket(netns: &std::path::Path) -> PodSocket {
+    let netns = netns.to_owned();
+    let span = tracing::Span::current();
+    PodSocket(tokio::task::spawn_blocking(move || {
+        span.in_scope(|| timed("attach.pod_socket", || Netlink::open(Some(&netns))))
+    }))
+}
+
+impl PodSocket {
+    /// Waits for the socket to `netns`.
+    async fn opened(self, netns: &std::path::Path) -> Result<Netlink, LinkError> {
+        self.0.await.unwrap_or_else(|error| {
+            Err(LinkError::Socket {
+                netns: netns.display().to_string(),
+                source: std::io::Error::other(error),
+            })
+        })
     }
 }
 

@@ -2,11 +2,11 @@
 //! and DEL is one execution of the plugin binary, timed from spawn to exit,
 //! exactly as a runtime runs it.
 //!
-//! flatnet (a release `flatnet-agent run --standalone` and the
-//! `flatnet-cni` it installs) and Debian's reference `macvlan` plugin with
-//! `static` IPAM run in the same process, interleaved, on the same master (a
-//! veth in a node namespace whose peer is a LAN namespace), IPv4, a fresh
-//! pod namespace per ADD.
+//! flatnet (`flatnet-agent run --standalone` and the `flatnet-cni` it
+//! installs, the images' static release builds) and Debian's reference
+//! `macvlan` plugin with `static` IPAM run in the same process,
+//! interleaved, on the same master (a veth in a node namespace whose peer
+//! is a LAN namespace), IPv4, a fresh pod namespace per ADD.
 
 use std::{
     io::Write,
@@ -396,9 +396,10 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
          Each ADD and DEL is one execution of the plugin binary, timed from spawn\n\
          to exit as a runtime sees it, with cniVersion 1.0.0, IPv4, a fresh pod\n\
          namespace per ADD, and the same master for both plugins: a veth in a\n\
-         node namespace whose peer is a LAN namespace. flatnet is a release\n\
+         node namespace whose peer is a LAN namespace. flatnet is\n\
          `flatnet-agent run --standalone` (allocating from its state file) with\n\
-         the `flatnet-cni` it installed; the reference is `macvlan` (bridge\n\
+         the `flatnet-cni` it installed, both the static musl release builds\n\
+         the images carry; the reference is `macvlan` (bridge\n\
          mode) with `static` IPAM, run inside the node namespace. The two run\n\
          interleaved in one process: {iterations} sequential ADD+DEL pairs each (after {WARM_UP}\n\
          unmeasured), then {} ADDs and as many DELs with {} at a time.\n\

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context, bail};
 use clap::Subcommand;
 
-use crate::{ebpf, workspace};
+use crate::{images, workspace};
 
 /// The benchmarks.
 #[derive(Subcommand)]
@@ -71,18 +71,20 @@ pub fn cni_quick() -> anyhow::Result<()> {
     run(BenchCommand::Cni(cni::CniArgs::quick()))
 }
 
-/// Release builds of `flatnet-agent` and `flatnet-cni`, what a node runs.
+/// The `flatnet-agent` and `flatnet-cni` a node runs: the images' release
+/// builds, static for musl (`cargo xtask images` builds and reuses the
+/// same). A glibc build would measure another program: a dynamically linked
+/// `flatnet-cni` spends most of its start in the loader and libc's start-up
+/// (the figures are in docs/cni.md), and every ADD and DEL starts it once.
 struct ReleaseBinaries {
     agent: PathBuf,
     cni: PathBuf,
 }
 
 fn build_release_binaries() -> anyhow::Result<ReleaseBinaries> {
-    ebpf::build()?;
-    let mut cargo = workspace::cargo(None);
-    cargo.args(["build", "--release", "--package", "flatnet-agent", "--bins"]);
-    workspace::run("build flatnet-agent and flatnet-cni (release)", &mut cargo)?;
-    let dir = workspace::root().join("target/release");
+    let root = workspace::root();
+    images::build_binaries(&root)?;
+    let dir = images::binary_dir(&root);
     Ok(ReleaseBinaries {
         agent: dir.join("flatnet-agent"),
         cni: dir.join("flatnet-cni"),
