@@ -12,7 +12,7 @@ use support::{
     cni::{IFNAME, run_cni},
     has_link,
     lan::AgentOnLan,
-    ping, privileged, wait_until,
+    ping, privileged, veth_pair, wait_until,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -21,7 +21,7 @@ const LAN_V4: &str = "192.0.2.1";
 struct Node {
     /// First field: the agent stops before the namespaces go.
     agent: StandaloneAgent,
-    _node: TestNetns,
+    node: TestNetns,
     lan: TestNetns,
     master: String,
     _dir: tempfile::TempDir,
@@ -47,7 +47,7 @@ impl Node {
         );
         let mut this = Self {
             agent,
-            _node: node,
+            node,
             lan,
             master,
             _dir: dir,
@@ -120,23 +120,27 @@ fn link_of(pod: &TestNetns) -> (u32, u32) {
 }
 
 /// Whether an IPv4 ping of `mtu` bytes with Don't Fragment set gets
-/// through from the pod to the LAN host.
-fn df_ping_passes(pod: &TestNetns, mtu: u32) -> bool {
+/// through from `from` to `target`.
+fn df_ping_to(from: &TestNetns, target: &str, mtu: u32) -> bool {
     // 20 bytes of IPv4 header, 8 of ICMP.
     let payload = (mtu - 28).to_string();
-    pod.try_exec(
+    from.try_exec(
         "ping",
-        &["-M", "do", "-s", &payload, "-c", "1", "-W", "2", LAN_V4],
+        &["-M", "do", "-s", &payload, "-c", "1", "-W", "2", target],
     )
 }
 
 fn assert_carries(pod: &TestNetns, mtu: u32, context: &str) {
+    assert_carries_to(pod, LAN_V4, mtu, context);
+}
+
+fn assert_carries_to(from: &TestNetns, target: &str, mtu: u32, context: &str) {
     assert!(
-        df_ping_passes(pod, mtu),
+        df_ping_to(from, target, mtu),
         "{context}: {mtu} bytes with DF must pass"
     );
     assert!(
-        !df_ping_passes(pod, mtu + 1),
+        !df_ping_to(from, target, mtu + 1),
         "{context}: {} bytes with DF must not pass",
         mtu + 1
     );
@@ -325,6 +329,144 @@ fn an_agent_killed_while_hot_plugging_converges_after_restart() {
     node.write_state(1500);
     wait_until("removed", || {
         !has_link(&pod, "net1") && node.agent.records() == 0
+    });
+    node.agent.stop();
+}
+
+/// The node's address on the veth to a pod's primary interface.
+const NODE_VETH_V4: &str = "10.99.0.1";
+/// The node's end of that veth.
+const NODE_VETH: &str = "rcveth0";
+
+/// A running pod whose `eth0` is a veth to the node (as a cluster
+/// network makes it), both ends at MTU 1500 and addressed.
+fn pod_with_primary_veth(node: &Node) -> TestNetns {
+    let pod = TestNetns::new("rcp-");
+    veth_pair(&node.node, NODE_VETH, &pod, "eth0");
+    node.node
+        .add_address(NODE_VETH, &format!("{NODE_VETH_V4}/30"));
+    pod.add_address("eth0", "10.99.0.2/30");
+    node.node.ip(&["link", "set", NODE_VETH, "up"]);
+    pod.ip(&["link", "set", "eth0", "up"]);
+    pod
+}
+
+/// MTU of `ifname` in `ns`.
+fn mtu_of(ns: &TestNetns, ifname: &str) -> u32 {
+    let out: Value = serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", ifname])).unwrap();
+    u32::try_from(out[0]["mtu"].as_u64().unwrap()).unwrap()
+}
+
+/// MTUs of the pod's `eth0` and of the node's end of its veth.
+fn primary_mtus(node: &Node, pod: &TestNetns) -> (u32, u32) {
+    (mtu_of(pod, "eth0"), mtu_of(&node.node, NODE_VETH))
+}
+
+/// A hot-plug entry asking `pod`'s primary interface for `mtu`.
+fn primary_entry(pod: &TestNetns, mtu: u32) -> String {
+    format!(
+        "{{name: web-primary, netns: {}, pod: shop/web, primary: {{mtu: {mtu}}}}}",
+        pod.path().display()
+    )
+}
+
+/// What the agent remembers of the pods' primary interfaces.
+fn ledger(node: &Node) -> flatnet_agent::cni_service::Ledger {
+    flatnet_agent::cni_service::read_ledger(
+        &node
+            .agent
+            .path("leases")
+            .join(flatnet_agent::cni_service::LEDGER_FILE),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_primary_mtu_is_set_on_the_running_pod_and_its_peer_and_set_back() {
+    let Some(mut node) = Node::running_for_test(
+        "a_primary_mtu_is_set_on_the_running_pod_and_its_peer_and_set_back",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = pod_with_primary_veth(&node);
+    let index = pod.ip(&["-j", "link", "show", "dev", "eth0"]);
+    assert_carries_to(&pod, NODE_VETH_V4, 1500, "before");
+
+    node.write_state_with(1500, &primary_entry(&pod, 1400));
+    wait_until("eth0 and its peer at 1400", || {
+        primary_mtus(&node, &pod) == (1400, 1400)
+    });
+    assert_carries_to(&pod, NODE_VETH_V4, 1400, "lowered");
+    assert_carries_to(&node.node, "10.99.0.2", 1400, "lowered, from the node");
+    let remembered = &ledger(&node)["web-primary"];
+    assert_eq!(remembered.original.mtu, 1500, "{remembered:?}");
+    assert_eq!(
+        remembered
+            .original
+            .peer
+            .as_ref()
+            .map(|p| (p.name.as_str(), p.mtu)),
+        Some((NODE_VETH, 1500))
+    );
+
+    // A restarted agent keeps what is in force and still knows the
+    // original: the entry removed while it was down is set back.
+    node.agent.stop();
+    node.write_state(1500);
+    node.start(None);
+    wait_until("set back to 1500 after the restart", || {
+        primary_mtus(&node, &pod) == (1500, 1500)
+    });
+    assert!(ledger(&node).is_empty(), "forgotten once set back");
+    assert_carries_to(&pod, NODE_VETH_V4, 1500, "set back");
+    let same = pod.ip(&["-j", "link", "show", "dev", "eth0"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&same).unwrap()[0]["ifindex"],
+        serde_json::from_str::<Value>(&index).unwrap()[0]["ifindex"],
+        "the same interface throughout"
+    );
+
+    // A pod without eth0 is reported with the reason and nothing is
+    // remembered for it.
+    let bare = TestNetns::new("rcp-");
+    node.write_state_with(1500, &primary_entry(&bare, 1400));
+    let log = node.agent.log_file();
+    wait_until("the failure is logged", || {
+        let log = std::fs::read_to_string(&log).unwrap();
+        log.contains("primary MTU of pod shop/web") && log.contains("eth0")
+    });
+    assert!(ledger(&node).is_empty());
+    assert_eq!(primary_mtus(&node, &pod), (1500, 1500));
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_setting_a_primary_mtu_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_setting_a_primary_mtu_converges_after_restart",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = pod_with_primary_veth(&node);
+    node.agent.stop();
+    // Dies once the pod's end is set, before its peer is.
+    node.start(Some("primary-mtu-pod-set"));
+    node.write_state_with(1500, &primary_entry(&pod, 1300));
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+    assert_eq!(primary_mtus(&node, &pod), (1300, 1500), "half done");
+
+    node.start(None);
+    wait_until("both ends at 1300 after the restart", || {
+        primary_mtus(&node, &pod) == (1300, 1300)
+    });
+    assert_carries_to(&pod, NODE_VETH_V4, 1300, "after the restart");
+    // The original was remembered before the crash.
+    node.write_state(1500);
+    wait_until("set back to the original", || {
+        primary_mtus(&node, &pod) == (1500, 1500)
     });
     node.agent.stop();
 }
