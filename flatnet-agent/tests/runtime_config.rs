@@ -72,6 +72,12 @@ impl Node {
     /// the section's entries, empty for none). Network `flat4` is on
     /// `lan4` (192.0.2.10-20), `extra` on `lan4b` (192.0.2.30-40).
     fn write_state_with(&self, mtu: u32, hotplug: &str) {
+        self.write_state_full(mtu, hotplug, "");
+    }
+
+    /// [`Self::write_state_with`] with `extra` (top-level YAML sections)
+    /// appended.
+    fn write_state_full(&self, mtu: u32, hotplug: &str, extra: &str) {
         self.agent.write_state(&format!(
             r"
 subnets:
@@ -92,6 +98,7 @@ networks:
   - {{name: flat4, subnets: [lan4]}}
   - {{name: extra, subnets: [lan4b]}}
 hotplug: [{hotplug}]
+{extra}
 ",
             master = self.master
         ));
@@ -468,5 +475,222 @@ fn an_agent_killed_while_setting_a_primary_mtu_converges_after_restart() {
     wait_until("set back to the original", || {
         primary_mtus(&node, &pod) == (1500, 1500)
     });
+    node.agent.stop();
+}
+
+/// `ip -d -j link show dev <ifname>` in `ns`, `None` when there is none.
+fn link_details(ns: &TestNetns, ifname: &str) -> Option<Value> {
+    if !has_link(ns, ifname) {
+        return None;
+    }
+    let out: Value =
+        serde_json::from_str(&ns.ip(&["-d", "-j", "link", "show", "dev", ifname])).unwrap();
+    Some(out[0].clone())
+}
+
+/// The bridge (or bond) `ifname` is a port of.
+fn master_of(ns: &TestNetns, ifname: &str) -> Option<String> {
+    link_details(ns, ifname)?["master"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Whether the kernel makes 802.1Q VLAN interfaces (tried in a scratch
+/// namespace); prints the skip, or fails under
+/// `FLATNET_REQUIRE_KERNEL_FEATURES`, when it does not.
+fn vlans_supported(test: &str) -> bool {
+    let scratch = TestNetns::new("rcv-");
+    scratch.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
+    let made = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &scratch.name,
+            "link",
+            "add",
+            "link",
+            "v0",
+            "name",
+            "v0.9",
+        ])
+        .args(["type", "vlan", "id", "9"])
+        .output()
+        .unwrap();
+    if made.status.success() {
+        return true;
+    }
+    let stderr = String::from_utf8_lossy(&made.stderr);
+    assert!(stderr.contains("Unknown device type"), "{stderr}");
+    support::skip_for_missing_kernel_feature(test, "802.1Q VLAN");
+    false
+}
+
+#[test]
+fn node_bridges_are_made_and_only_what_flatnet_made_is_removed() {
+    let Some(mut node) = Node::running_for_test(
+        "node_bridges_are_made_and_only_what_flatnet_made_is_removed",
+        1500,
+    ) else {
+        return;
+    };
+    // The node's own: a port and a bridge made by hand.
+    node.node.ip(&[
+        "link", "add", "rcport0", "type", "veth", "peer", "name", "rcport0p",
+    ]);
+    node.node.ip(&["link", "add", "rcbrhand", "type", "bridge"]);
+    let asked = "bridges:
+  - {name: rcbr0, ports: [rcport0]}
+  - {name: rcbrhand, ports: []}";
+    node.write_state_full(1500, "", asked);
+    wait_until("the bridge made with its port", || {
+        master_of(&node.node, "rcport0").as_deref() == Some("rcbr0")
+    });
+    let bridge = link_details(&node.node, "rcbr0").unwrap();
+    assert_eq!(bridge["linkinfo"]["info_kind"], "bridge");
+    assert_eq!(bridge["ifalias"], "flatnet:node-config");
+    assert!(
+        bridge["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "UP"),
+        "{bridge}"
+    );
+    assert!(link_details(&node.node, "rcbrhand").unwrap()["ifalias"].is_null());
+
+    // A port that does not exist is reported with the node named.
+    node.write_state_full(1500, "", &asked.replace("[rcport0]", "[rcport0, nope0]"));
+    let log = node.agent.log_file();
+    wait_until("the missing port reported", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("port nope0 of bridge rcbr0 does not exist on node")
+    });
+    assert_eq!(master_of(&node.node, "rcport0").as_deref(), Some("rcbr0"));
+
+    // Nothing asked: flatnet's bridge goes, the node's own stay.
+    node.write_state(1500);
+    wait_until("flatnet's bridge removed", || {
+        !has_link(&node.node, "rcbr0")
+    });
+    assert!(has_link(&node.node, "rcport0"), "the hand-made port stays");
+    assert_eq!(master_of(&node.node, "rcport0"), None);
+    assert!(
+        has_link(&node.node, "rcbrhand"),
+        "the hand-made bridge stays"
+    );
+
+    // A port put into a bridge the node had is taken out again, the
+    // bridge left; restarts in between change nothing.
+    node.write_state_full(1500, "", "bridges: [{name: rcbrhand, ports: [rcport0]}]");
+    wait_until("the port in the node's bridge", || {
+        master_of(&node.node, "rcport0").as_deref() == Some("rcbrhand")
+    });
+    node.agent.stop();
+    node.write_state(1500);
+    node.start(None);
+    wait_until("the port out again after the restart", || {
+        master_of(&node.node, "rcport0").is_none()
+    });
+    assert!(has_link(&node.node, "rcbrhand"));
+    node.agent.stop();
+}
+
+#[test]
+fn node_vlans_are_made_carry_tagged_traffic_and_only_flatnets_are_removed() {
+    const TEST: &str = "node_vlans_are_made_carry_tagged_traffic_and_only_flatnets_are_removed";
+    if !privileged(TEST) || !vlans_supported(TEST) {
+        return;
+    }
+    let Some(mut node) = Node::running_for_test(TEST, 1500) else {
+        return;
+    };
+    let vlan = format!("{}.200", node.master);
+    let hand_vlan = format!("{}.201", node.master);
+    node.node.ip(&[
+        "link",
+        "add",
+        "link",
+        &node.master,
+        "name",
+        &hand_vlan,
+        "type",
+        "vlan",
+        "id",
+        "201",
+    ]);
+    let asked = format!(
+        "vlans: [{{master: {m}, id: 200}}, {{master: {m}, id: 201}}]
+bridges: [{{name: rcbr0, ports: [{vlan}]}}]",
+        m = node.master
+    );
+    node.write_state_full(1500, "", &asked);
+    wait_until("the VLAN made, a port of the bridge", || {
+        master_of(&node.node, &vlan).as_deref() == Some("rcbr0")
+    });
+    let made = link_details(&node.node, &vlan).unwrap();
+    assert_eq!(made["linkinfo"]["info_kind"], "vlan");
+    assert_eq!(made["linkinfo"]["info_data"]["id"], 200);
+    assert_eq!(made["link"], node.master.as_str());
+    assert_eq!(made["ifalias"], "flatnet:node-config");
+    assert!(link_details(&node.node, &hand_vlan).unwrap()["ifalias"].is_null());
+
+    // Tagged traffic crosses the bridge and the VLAN to the LAN host.
+    node.lan.ip(&[
+        "link", "add", "link", "lan0", "name", "lan0.200", "type", "vlan", "id", "200",
+    ]);
+    node.lan.add_address("lan0.200", "10.200.0.1/24");
+    node.lan.ip(&["link", "set", "lan0.200", "up"]);
+    node.node.add_address("rcbr0", "10.200.0.2/24");
+    ping(&node.node, "10.200.0.1");
+
+    // A master that does not exist is reported with the node named.
+    node.write_state_full(
+        1500,
+        "",
+        &asked.replace("id: 201}]", "id: 201}, {master: nope0, id: 300}]"),
+    );
+    let log = node.agent.log_file();
+    wait_until("the missing master reported", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("master nope0 of VLAN nope0.300 does not exist on node")
+    });
+
+    // Nothing asked: flatnet's go, the hand-made VLAN stays.
+    node.write_state(1500);
+    wait_until("flatnet's VLAN and bridge removed", || {
+        !has_link(&node.node, &vlan) && !has_link(&node.node, "rcbr0")
+    });
+    assert!(has_link(&node.node, &hand_vlan), "the hand-made VLAN stays");
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_making_a_node_interface_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_making_a_node_interface_converges_after_restart",
+        1500,
+    ) else {
+        return;
+    };
+    let asked = "bridges: [{name: rcbr0, ports: []}]";
+    node.agent.stop();
+    // Dies once the bridge exists, before it is marked as flatnet's.
+    node.start(Some("node-link-created"));
+    node.write_state_full(1500, "", asked);
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+    let half = link_details(&node.node, "rcbr0").expect("created before the crash");
+    assert!(half["ifalias"].is_null(), "not marked yet: {half}");
+
+    node.start(None);
+    wait_until("marked and up after the restart", || {
+        link_details(&node.node, "rcbr0").is_some_and(|l| {
+            l["ifalias"] == "flatnet:node-config"
+                && l["flags"].as_array().unwrap().iter().any(|f| f == "UP")
+        })
+    });
+    node.write_state(1500);
+    wait_until("removed", || !has_link(&node.node, "rcbr0"));
     node.agent.stop();
 }

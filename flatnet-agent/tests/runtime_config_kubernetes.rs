@@ -381,9 +381,9 @@ fn mtu_of(ns: &TestNetns, ifname: &str) -> u64 {
 }
 
 #[test]
-fn a_pod_network_config_sets_the_primary_mtu_of_a_running_pod_and_its_removal_sets_it_back() {
+fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them() {
     let Some(cluster) = Cluster::running_for_test(
-        "a_pod_network_config_sets_the_primary_mtu_of_a_running_pod_and_its_removal_sets_it_back",
+        "a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them",
     ) else {
         return;
     };
@@ -415,11 +415,15 @@ fn a_pod_network_config_sets_the_primary_mtu_of_a_running_pod_and_its_removal_se
             "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
             "metadata": {"name": "jumbo", "namespace": "default"},
             "spec": {"podSelector": {"matchLabels": {"mtu": "jumbo"}},
-                     "primary": {"mtu": 1400}}
+                     "primary": {"mtu": 1400},
+                     "bridges": [{"name": "rkbr0"}]}
         }))
         .unwrap(),
     );
     wait_until("eth0 and its peer at 1400", || mtus() == (1400, 1400));
+    wait_until("the node's bridge made", || {
+        has_link(&cluster.node, "rkbr0")
+    });
     wait_until("pod-other applied, pod-unknown failed with why", || {
         let status = cluster.status();
         status.matched == 2
@@ -448,6 +452,9 @@ fn a_pod_network_config_sets_the_primary_mtu_of_a_running_pod_and_its_removal_se
         .server
         .delete::<PodNetworkConfig>("default", "jumbo");
     wait_until("set back to 1500", || mtus() == (1500, 1500));
+    wait_until("the node's bridge removed", || {
+        !has_link(&cluster.node, "rkbr0")
+    });
     wait_until("the node's object gone", || {
         cluster.server.list::<FlatNetworkNodeConfig>().is_empty()
     });

@@ -20,6 +20,7 @@ mod follow;
 mod hotplug;
 mod locks;
 mod mtu;
+mod node_links;
 mod primary_mtu;
 pub mod spec;
 mod tables;

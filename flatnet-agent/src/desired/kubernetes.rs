@@ -24,7 +24,7 @@ use futures::StreamExt;
 use flatnet_k8s::{
     api::{
         CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkNodeConfig, FlatNetworkSubnet,
-        PrimaryMtuResult,
+        NodeLinkResult, PrimaryMtuResult,
     },
     ipam::Pool,
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
@@ -63,6 +63,8 @@ pub const MTU_FIELD_MANAGER: &str = "flatnet-agent-mtu";
 pub const HOTPLUG_FIELD_MANAGER: &str = "flatnet-agent-hotplug";
 /// Field manager of the status of this node's FlatNetworkNodeConfig.
 pub const NODE_CONFIG_FIELD_MANAGER: &str = "flatnet-agent-node-config";
+/// Field manager of the node interfaces' part of that status.
+pub const NODE_LINKS_FIELD_MANAGER: &str = "flatnet-agent-node-links";
 /// Field manager of the `IPConflict` condition. Its own: an apply drops
 /// the fields its manager set before and leaves out, so under
 /// [`FIELD_MANAGER`] the condition would erase the Active status.
@@ -801,6 +803,58 @@ impl DesiredState for Kubernetes {
             .collect();
         wanted.sort_by(|a, b| a.name.cmp(&b.name));
         Some(wanted)
+    }
+
+    async fn node_links(&self) -> Option<crate::link::NodeLinks> {
+        let config = self.followed_node_config()?;
+        Some(config.map_or_else(Default::default, |c| {
+            super::node_links_of(&c.spec.vlans, &c.spec.bridges)
+        }))
+    }
+
+    async fn report_node_links(
+        &self,
+        results: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), DesiredStateError> {
+        let Some(Some(config)) = self.followed_node_config() else {
+            return Ok(());
+        };
+        let links: Vec<NodeLinkResult> = results
+            .iter()
+            .map(|(name, failure)| NodeLinkResult {
+                name: name.clone(),
+                failure: failure.clone().unwrap_or_default(),
+            })
+            .collect();
+        let generation = config.metadata.generation;
+        let shown = config
+            .status
+            .as_ref()
+            .map(|s| (s.observed_generation, s.links.as_slice()));
+        if shown == Some((generation, links.as_slice())) {
+            return Ok(());
+        }
+        let configs: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
+        let patch = Patch::Apply(json!({
+            "apiVersion": FlatNetworkNodeConfig::api_version(&()),
+            "kind": FlatNetworkNodeConfig::kind(&()),
+            "status": {"observedGeneration": generation, "links": links},
+        }));
+        match configs
+            .patch_status(
+                &self.node,
+                &PatchParams::apply(NODE_LINKS_FIELD_MANAGER).force(),
+                &patch,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(DesiredStateError::Unavailable(format!(
+                "cannot report on FlatNetworkNodeConfig {}: {e}",
+                self.node
+            ))),
+        }
     }
 
     async fn report_primary_mtus(

@@ -67,6 +67,13 @@ pub struct StateFile {
     /// network namespace (see `docs/runtime-config.md`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hotplug: Vec<HotplugEntry>,
+    /// VLAN sub-interfaces `<master>.<id>` the node must have (see
+    /// `docs/runtime-config.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vlans: Vec<flatnet_k8s::api::NodeVlan>,
+    /// Linux bridges the node must have, with their ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<flatnet_k8s::api::NodeBridge>,
 }
 
 /// Extra interfaces for one running pod.
@@ -161,6 +168,7 @@ pub struct ValidState {
     networks: BTreeMap<String, Vec<String>>,
     hotplug: Vec<HotplugAttachment>,
     primary_mtus: Vec<PrimaryMtu>,
+    node_links: crate::link::NodeLinks,
 }
 
 fn read_text(path: &Path) -> Result<String, StateFileError> {
@@ -431,12 +439,25 @@ impl StateFile {
         if let Some(floating) = &self.floating {
             problems.extend(floating.problems());
         }
+        // The same checks as a PodNetworkConfig's, named by this file's fields.
+        let links = flatnet_k8s::api::PodNetworkConfigSpec {
+            vlans: self.vlans.clone(),
+            bridges: self.bridges.clone(),
+            ..Default::default()
+        };
+        problems.extend(
+            links
+                .problems()
+                .into_iter()
+                .map(|p| p.strip_prefix("spec.").unwrap_or(&p).to_owned()),
+        );
         if problems.is_empty() {
             Ok(ValidState {
                 subnets,
                 networks,
                 hotplug,
                 primary_mtus,
+                node_links: super::node_links_of(&self.vlans, &self.bridges),
             })
         } else {
             Err(problems)
@@ -1157,6 +1178,20 @@ impl DesiredState for Standalone {
         let mut store = self.store.lock().await;
         self.follow_state_file(&mut store);
         Some(store.state.state.primary_mtus.clone())
+    }
+
+    async fn node_links(&self) -> Option<crate::link::NodeLinks> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        Some(store.state.state.node_links.clone())
+    }
+
+    async fn report_node_links(
+        &self,
+        _results: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), DesiredStateError> {
+        // The agent's log is the standalone report.
+        Ok(())
     }
 
     async fn report_primary_mtus(

@@ -16,6 +16,7 @@ mod detach;
 mod error;
 mod mtu;
 mod netlink;
+mod node_links;
 mod primary_mtu;
 mod secondary;
 mod spec;
@@ -29,6 +30,10 @@ pub use detach::DetachSpec;
 pub use error::LinkError;
 pub use mtu::{MtuChange, MtuTarget};
 pub use netlink::{FLATNET_ROUTE_PROTOCOL, SharedNetlink};
+pub use node_links::{
+    LEDGER_FILE as NODE_LINKS_LEDGER_FILE, Ledger as NodeLinksLedger, Made, NODE_LINK_ALIAS,
+    NodeLinks, NodeLinksPass, read_ledger as read_node_links_ledger,
+};
 pub use primary_mtu::{PeerLink, PrimaryLinks};
 pub use secondary::{SecondaryChange, set_secondary_addresses};
 pub use spec::{
@@ -159,6 +164,14 @@ impl Attachments {
         peer_mtu: Option<(&PeerLink, u32)>,
     ) -> Result<bool, LinkError> {
         primary_mtu::set_primary_mtu(self, netns, ifname, mtu, peer_mtu).await
+    }
+
+    /// Brings the node's VLAN sub-interfaces and bridges in line with
+    /// `wanted`: makes what is missing, removes what flatnet made and
+    /// nothing asks for ([`node_links`](self::node_links) says what is
+    /// whose); `node` names the node in messages.
+    pub async fn apply_node_links(&self, node: &str, wanted: &NodeLinks) -> NodeLinksPass {
+        node_links::apply(self, node, wanted).await
     }
 
     /// Names of every link in the node's namespace (STATUS checks masters).

@@ -30,9 +30,9 @@ use std::{
 use flatnet_k8s::{
     api::{
         CONDITION_ATTACHED, CONDITION_READY, FlatNetworkIP, FlatNetworkIPSpec,
-        FlatNetworkNodeConfig, FlatNetworkNodeConfigSpec, FlatNetworkSubnet, PodFailure,
-        PodNetworkConfig, PodNetworkConfigStatus, PodPrimaryMtu, PrimaryMtuResult, phase,
-        set_condition,
+        FlatNetworkNodeConfig, FlatNetworkNodeConfigSpec, FlatNetworkSubnet, NodeBridge, NodeVlan,
+        PodFailure, PodNetworkConfig, PodNetworkConfigStatus, PodPrimaryMtu, PrimaryMtuResult,
+        phase, set_condition,
     },
     keys::{SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
     multus::{HotplugStatus, with_hotplug_entries},
@@ -264,6 +264,37 @@ pub struct NamespacePlan {
     pub interfaces: BTreeMap<(String, String), PlannedInterface>,
     /// Running pods whose primary MTU is asked for, by name.
     pub primary: BTreeMap<String, PlannedPrimary>,
+    /// The VLANs and bridges the running pods' nodes must have, by node.
+    pub node_links: BTreeMap<String, NodeLinks>,
+}
+
+/// VLANs (master, ID) and bridges (name → ports) one node must have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeLinks {
+    /// VLAN sub-interfaces.
+    pub vlans: BTreeSet<(String, i64)>,
+    /// Bridges and their ports.
+    pub bridges: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// What a node's agent reported on its VLANs and bridges: interface →
+/// failure (empty: as asked); `None` while the report is about an older
+/// spec.
+pub type LinkReport = Option<BTreeMap<String, String>>;
+
+/// The report in `config`'s status, when it describes its current spec.
+#[must_use]
+pub fn link_report(config: &FlatNetworkNodeConfig) -> LinkReport {
+    let status = config.status.as_ref()?;
+    (status.observed_generation.is_some()
+        && status.observed_generation == config.metadata.generation)
+        .then(|| {
+            status
+                .links
+                .iter()
+                .map(|l| (l.name.clone(), l.failure.clone()))
+                .collect()
+        })
 }
 
 /// The copies one namespace is planned from.
@@ -282,25 +313,8 @@ pub struct NamespaceInput<'a> {
     pub records: &'a [Arc<FlatNetworkIP>],
     /// The nodes' reports on primary MTUs, by pod UID.
     pub primary_reports: &'a BTreeMap<String, PrimaryMtuResult>,
-}
-
-/// Why a matched pod does not carry the parts of `config` no agent
-/// applies yet, if it asks for them.
-fn unsupported(config: &PodNetworkConfig) -> Option<String> {
-    let spec = &config.spec;
-    let mut parts = Vec::new();
-    if !spec.vlans.is_empty() {
-        parts.push("spec.vlans");
-    }
-    if !spec.bridges.is_empty() {
-        parts.push("spec.bridges");
-    }
-    (!parts.is_empty()).then(|| {
-        format!(
-            "{} not applied: the node agents do not apply them yet (docs/runtime-config.md)",
-            parts.join(", ")
-        )
-    })
+    /// The nodes' reports on their VLANs and bridges, by node.
+    pub link_reports: &'a BTreeMap<String, LinkReport>,
 }
 
 /// Plans one namespace: the records its running pods' configurations ask
@@ -391,6 +405,19 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
                 },
             );
         }
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref())
+            && (!desired.vlans.is_empty() || !desired.bridges.is_empty())
+        {
+            let links = plan.node_links.entry(node.clone()).or_default();
+            links.vlans.extend(desired.vlans.iter().cloned());
+            for (bridge, ports) in &desired.bridges {
+                links
+                    .bridges
+                    .entry(bridge.clone())
+                    .or_default()
+                    .extend(ports.iter().cloned());
+            }
+        }
         if let (Some(mtu), Some(node), Some(uid)) = (
             desired.primary_mtu,
             pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -433,12 +460,48 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
     let mut configs: Vec<&PodNetworkConfig> = input.configs.iter().collect();
     configs.sort_by_key(|c| c.name_any());
     for config in configs {
-        let status = config_status(config, &pods, &plan.interfaces, &plan.primary);
+        let status = config_status(
+            config,
+            &pods,
+            &plan.interfaces,
+            &plan.primary,
+            input.link_reports,
+        );
         if config.status.as_ref() != Some(&status) {
             plan.statuses.push((config.name_any(), status));
         }
     }
     plan
+}
+
+/// Adds to `reasons` why `node` does not have the VLANs and bridges
+/// `config` asks for, per its agent's `report`; returns whether some are
+/// not reported yet.
+fn link_problems(
+    config: &PodNetworkConfig,
+    node: &str,
+    report: Option<&BTreeMap<String, String>>,
+    reasons: &mut Vec<String>,
+) -> bool {
+    let vlans = config
+        .spec
+        .vlans
+        .iter()
+        .map(|v| ("spec.vlans", format!("{}.{}", v.master, v.id)));
+    let bridges = config
+        .spec
+        .bridges
+        .iter()
+        .map(|b| ("spec.bridges", b.name.clone()));
+    let mut waiting = false;
+    for (field, name) in vlans.chain(bridges) {
+        match report.and_then(|r| r.get(&name)) {
+            None => waiting = true,
+            Some(failure) if failure.is_empty() => {}
+            Some(failure) => reasons.push(format!("{field}: node {node}: {failure}")),
+        }
+    }
+    waiting
 }
 
 /// The status `config` should show, from the running pods' desired state
@@ -448,10 +511,11 @@ fn config_status(
     pods: &[(&Pod, PodDesired)],
     interfaces: &BTreeMap<(String, String), PlannedInterface>,
     primary: &BTreeMap<String, PlannedPrimary>,
+    link_reports: &BTreeMap<String, LinkReport>,
 ) -> PodNetworkConfigStatus {
     let name = config.name_any();
-    let unsupported = unsupported(config);
     let (mut matched, mut applied) = (0_i64, 0_i64);
+    let mut waiting;
     let mut failed = Vec::new();
     let mut invalid_selector = None;
     for (pod, desired) in pods {
@@ -463,8 +527,11 @@ fn config_status(
             continue;
         }
         matched += 1;
-        reasons.extend(unsupported.clone());
-        let mut waiting = false;
+        waiting = false;
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            let report = link_reports.get(node).cloned().flatten();
+            waiting |= link_problems(config, node, report.as_ref(), &mut reasons);
+        }
         let asks_mtu = config
             .spec
             .primary
@@ -553,18 +620,61 @@ fn config_status(
     }
 }
 
-/// The FlatNetworkNodeConfigs to write so that each node's `spec.pods` is
-/// `wanted` (node → requests): node → the new spec, or `None` to delete
-/// one nothing is asked of any more. Nodes already right are left out.
+/// Adds what `plan`'s pods ask of their nodes to `specs` (node → spec):
+/// their primary MTUs, and the VLANs and bridges (each once, ports merged),
+/// in a stable order.
+pub fn add_to_node_specs(
+    specs: &mut BTreeMap<String, FlatNetworkNodeConfigSpec>,
+    plan: &NamespacePlan,
+) {
+    for planned in plan.primary.values() {
+        let spec = specs.entry(planned.node.clone()).or_default();
+        spec.pods.push(planned.request.clone());
+        spec.pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+    }
+    for (node, links) in &plan.node_links {
+        let spec = specs.entry(node.clone()).or_default();
+        let mut vlans: BTreeSet<(String, i64)> = spec
+            .vlans
+            .iter()
+            .map(|v| (v.master.clone(), v.id))
+            .collect();
+        vlans.extend(links.vlans.iter().cloned());
+        spec.vlans = vlans
+            .into_iter()
+            .map(|(master, id)| NodeVlan { master, id })
+            .collect();
+        let mut bridges: BTreeMap<String, BTreeSet<String>> = spec
+            .bridges
+            .iter()
+            .map(|b| (b.name.clone(), b.ports.iter().cloned().collect()))
+            .collect();
+        for (name, ports) in &links.bridges {
+            bridges
+                .entry(name.clone())
+                .or_default()
+                .extend(ports.iter().cloned());
+        }
+        spec.bridges = bridges
+            .into_iter()
+            .map(|(name, ports)| NodeBridge {
+                name,
+                ports: ports.into_iter().collect(),
+            })
+            .collect();
+    }
+}
+
+/// The FlatNetworkNodeConfigs to write so that each node's spec is
+/// `wanted` (node → spec, as [`add_to_node_specs`] orders it): node → the
+/// new spec, or `None` to delete one nothing is asked of any more. Nodes
+/// already right are left out.
 #[must_use]
 pub fn node_config_changes(
     current: &[Arc<FlatNetworkNodeConfig>],
-    mut wanted: BTreeMap<String, Vec<PodPrimaryMtu>>,
+    mut wanted: BTreeMap<String, FlatNetworkNodeConfigSpec>,
 ) -> BTreeMap<String, Option<FlatNetworkNodeConfigSpec>> {
     let mut changes = BTreeMap::new();
-    for pods in wanted.values_mut() {
-        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
-    }
     for config in current {
         let node = config.name_any();
         match wanted.remove(&node) {
@@ -572,27 +682,13 @@ pub fn node_config_changes(
                 changes.insert(node, None);
             }
             None => {}
-            Some(pods) if pods != config.spec.pods => {
-                changes.insert(
-                    node,
-                    Some(FlatNetworkNodeConfigSpec {
-                        pods,
-                        ..config.spec.clone()
-                    }),
-                );
+            Some(spec) if spec != config.spec => {
+                changes.insert(node, Some(spec));
             }
             Some(_) => {}
         }
     }
-    for (node, pods) in wanted {
-        changes.insert(
-            node,
-            Some(FlatNetworkNodeConfigSpec {
-                pods,
-                ..FlatNetworkNodeConfigSpec::default()
-            }),
-        );
-    }
+    changes.extend(wanted.into_iter().map(|(node, spec)| (node, Some(spec))));
     changes
 }
 
@@ -766,7 +862,11 @@ impl Controller {
             .flat_map(|c| c.status.iter().flat_map(|s| s.pods.iter()))
             .map(|r| (r.uid.clone(), r.clone()))
             .collect();
-        let mut node_pods: BTreeMap<String, Vec<PodPrimaryMtu>> = BTreeMap::new();
+        let link_reports: BTreeMap<String, LinkReport> = node_configs
+            .iter()
+            .map(|c| (c.name_any(), link_report(c)))
+            .collect();
+        let mut node_specs: BTreeMap<String, FlatNetworkNodeConfigSpec> = BTreeMap::new();
         let mut seen = BTreeSet::new();
         let mut seen_primary = BTreeSet::new();
         for namespace in namespaces {
@@ -800,19 +900,15 @@ impl Controller {
                 subnets: &subnets,
                 records: &records,
                 primary_reports: &primary_reports,
+                link_reports: &link_reports,
             });
-            for planned in plan.primary.values() {
-                node_pods
-                    .entry(planned.node.clone())
-                    .or_default()
-                    .push(planned.request.clone());
-            }
+            add_to_node_specs(&mut node_specs, &plan);
             self.write(&namespace, &plan).await;
             self.announce(&namespace, &plan, &pods, &mut seen).await;
             self.announce_primary(&namespace, &plan, &pods, &mut seen_primary)
                 .await;
         }
-        self.write_node_configs(&node_configs, node_pods).await;
+        self.write_node_configs(&node_configs, node_specs).await;
         // Interfaces of pods gone or of namespaces without any left.
         self.shown.retain(|key, _| seen.contains(key));
         self.shown_primary
@@ -903,7 +999,7 @@ impl Controller {
     async fn write_node_configs(
         &self,
         current: &[Arc<FlatNetworkNodeConfig>],
-        wanted: BTreeMap<String, Vec<PodPrimaryMtu>>,
+        wanted: BTreeMap<String, FlatNetworkNodeConfigSpec>,
     ) {
         let api: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
         for (node, spec) in node_config_changes(current, wanted) {
@@ -1131,6 +1227,7 @@ mod tests {
             subnets: &[lan()],
             records: &records,
             primary_reports: &BTreeMap::new(),
+            link_reports: &BTreeMap::new(),
         })
     }
 
@@ -1306,6 +1403,7 @@ mod tests {
             subnets: &[lan()],
             records: &[],
             primary_reports: &reports,
+            link_reports: &BTreeMap::new(),
         })
     }
 
@@ -1381,11 +1479,17 @@ mod tests {
             existing("changed", vec![pod("c", 1400)]),
             existing("gone", vec![pod("d", 1400)]),
         ];
+        let spec = |pods: Vec<PodPrimaryMtu>| FlatNetworkNodeConfigSpec {
+            pods,
+            ..FlatNetworkNodeConfigSpec::default()
+        };
         let wanted = BTreeMap::from([
-            // Order does not matter.
-            ("same".to_owned(), vec![pod("b", 1400), pod("a", 1400)]),
-            ("changed".to_owned(), vec![pod("c", 1300)]),
-            ("new".to_owned(), vec![pod("e", 9000)]),
+            (
+                "same".to_owned(),
+                spec(vec![pod("a", 1400), pod("b", 1400)]),
+            ),
+            ("changed".to_owned(), spec(vec![pod("c", 1300)])),
+            ("new".to_owned(), spec(vec![pod("e", 9000)])),
         ]);
         let changes = node_config_changes(&current, wanted);
         assert_eq!(
@@ -1395,6 +1499,88 @@ mod tests {
         assert_eq!(changes["changed"].as_ref().unwrap().pods, [pod("c", 1300)]);
         assert_eq!(changes["gone"], None);
         assert_eq!(changes["new"].as_ref().unwrap().pods, [pod("e", 9000)]);
+    }
+
+    #[test]
+    fn node_links_are_merged_per_node_and_reports_become_the_status() {
+        let mut vlans = mtu_config("vlans", 1400);
+        vlans.spec.primary = None;
+        vlans.spec.vlans = vec![NodeVlan {
+            master: "eth1".into(),
+            id: 200,
+        }];
+        vlans.spec.bridges = vec![NodeBridge {
+            name: "br-s".into(),
+            ports: vec!["eth1.200".into()],
+        }];
+        let mut more = vlans.clone();
+        more.metadata.name = Some("more".into());
+        more.spec.vlans[0].id = 300;
+        more.spec.bridges[0].ports = vec!["eth2".into()];
+        let input = |reports: &BTreeMap<String, LinkReport>| {
+            let pods = [Arc::new(running_pod("web-0", json!({"app": "web"})))];
+            plan_namespace(&NamespaceInput {
+                namespace: "shop",
+                labels: &Labels::new(),
+                pods: &pods,
+                configs: &[vlans.clone(), more.clone()],
+                subnets: &[lan()],
+                records: &[],
+                primary_reports: &BTreeMap::new(),
+                link_reports: reports,
+            })
+        };
+        let waiting = input(&BTreeMap::new());
+        let mut specs = BTreeMap::new();
+        add_to_node_specs(&mut specs, &waiting);
+        let spec = &specs["node-1"];
+        assert_eq!(
+            spec.vlans,
+            [
+                NodeVlan {
+                    master: "eth1".into(),
+                    id: 200
+                },
+                NodeVlan {
+                    master: "eth1".into(),
+                    id: 300
+                }
+            ]
+        );
+        assert_eq!(spec.bridges[0].ports, ["eth1.200", "eth2"], "merged once");
+        for (_, status) in &waiting.statuses {
+            assert_eq!(ready(status).reason, "Progressing", "{status:?}");
+        }
+        // The node reports eth1.300 failed; the other configuration is done.
+        let report = BTreeMap::from([(
+            "node-1".to_owned(),
+            Some(BTreeMap::from([
+                ("eth1.200".to_owned(), String::new()),
+                (
+                    "eth1.300".to_owned(),
+                    "master eth1 of VLAN eth1.300 does not exist on node node-1".to_owned(),
+                ),
+                ("br-s".to_owned(), String::new()),
+            ])),
+        )]);
+        let reported = input(&report);
+        let status = |name: &str| {
+            reported
+                .statuses
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap()
+                .1
+                .clone()
+        };
+        assert_eq!(status("vlans").applied, 1);
+        assert_eq!(
+            status("more").failed[0].reason,
+            "spec.vlans: node node-1: master eth1 of VLAN eth1.300 does not exist on node node-1"
+        );
+        // A report about an older spec is no answer.
+        let stale = BTreeMap::from([("node-1".to_owned(), None)]);
+        assert_eq!(ready(&input(&stale).statuses[0].1).reason, "Progressing");
     }
 
     async fn wait_for(what: &str, done: impl Fn() -> bool) {
@@ -1611,6 +1797,7 @@ mod tests {
         reported.status = Some(flatnet_k8s::api::FlatNetworkNodeConfigStatus {
             pod_count: 1,
             pods: vec![report(1400, "")],
+            ..Default::default()
         });
         server.insert(&reported);
         wait_for("applied", || {
@@ -1634,6 +1821,7 @@ mod tests {
         reported.status = Some(flatnet_k8s::api::FlatNetworkNodeConfigStatus {
             pod_count: 1,
             pods: vec![report(1400, "cannot set MTU: Invalid argument")],
+            ..Default::default()
         });
         server.insert(&reported);
         wait_for("failed with the reason", || {

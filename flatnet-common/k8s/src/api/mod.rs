@@ -39,8 +39,8 @@ pub use floating::{
 };
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
 pub use node_network_config::{
-    FlatNetworkNodeConfig, FlatNetworkNodeConfigSpec, FlatNetworkNodeConfigStatus, PodPrimaryMtu,
-    PrimaryMtuResult,
+    FlatNetworkNodeConfig, FlatNetworkNodeConfigSpec, FlatNetworkNodeConfigStatus, NodeLinkResult,
+    PodPrimaryMtu, PrimaryMtuResult,
 };
 pub use pod_network_config::{
     ExtraAttachment, NodeBridge, NodeVlan, PodFailure, PodNetworkConfig, PodNetworkConfigSpec,

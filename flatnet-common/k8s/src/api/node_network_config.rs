@@ -105,6 +105,32 @@ pub struct FlatNetworkNodeConfigStatus {
     )]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["uid"]))]
     pub pods: Vec<PrimaryMtuResult>,
+    /// The `metadata.generation` whose `spec.vlans` and `spec.bridges`
+    /// `links` describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// One entry per VLAN (`<master>.<id>`) and bridge of the spec.
+    #[serde(
+        default,
+        deserialize_with = "wire::null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub links: Vec<NodeLinkResult>,
+}
+
+/// How making one node interface went.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = wire::without_defaults)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("required" = ["name"]))]
+pub struct NodeLinkResult {
+    /// The interface: `<master>.<id>` for a VLAN, the bridge's name.
+    #[serde(default)]
+    pub name: String,
+    /// Why it is not as asked; empty: it is.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub failure: String,
 }
 
 /// How setting one pod's primary MTU went.

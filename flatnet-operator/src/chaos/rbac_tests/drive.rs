@@ -674,6 +674,7 @@ async fn pod_network_configs() -> BTreeSet<Access> {
                     mtu: 1400,
                     failure: String::new(),
                 }],
+                ..Default::default()
             });
             server.insert(&reported);
             // Allocation and the node's agent: the interface is in the pod.
