@@ -58,22 +58,11 @@ pub type Ledger = BTreeMap<String, Remembered>;
 
 /// Reads the ledger at `path`; a missing file is an empty ledger.
 pub fn read_ledger(path: &Path) -> Result<Ledger, String> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{} is not a valid ledger: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::new()),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
-    }
+    crate::atomic_file::read_json_or_default(path)
 }
 
 fn write_ledger(path: &Path, ledger: &Ledger) -> Result<(), String> {
-    if let Some(dir) = path.parent() {
-        crate::atomic_file::create_private_dir(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let bytes = serde_json::to_vec_pretty(ledger).map_err(|e| e.to_string())?;
-    crate::atomic_file::write_atomic(path, &bytes)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    crate::atomic_file::write_json(path, ledger)
 }
 
 impl<S: DesiredState> AgentService<S> {

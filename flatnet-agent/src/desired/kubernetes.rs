@@ -233,6 +233,34 @@ impl Kubernetes {
         });
     }
 
+    /// Applies `status` to this node's FlatNetworkNodeConfig under
+    /// `manager` (each report its own manager, so neither drops the
+    /// other's fields).
+    async fn report_on_node_config(
+        &self,
+        manager: &str,
+        status: serde_json::Value,
+    ) -> Result<(), DesiredStateError> {
+        let configs: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
+        let patch = Patch::Apply(json!({
+            "apiVersion": FlatNetworkNodeConfig::api_version(&()),
+            "kind": FlatNetworkNodeConfig::kind(&()),
+            "status": status,
+        }));
+        match configs
+            .patch_status(&self.node, &PatchParams::apply(manager).force(), &patch)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Gone meanwhile: nothing asks any more.
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(DesiredStateError::Unavailable(format!(
+                "cannot report on FlatNetworkNodeConfig {}: {e}",
+                self.node
+            ))),
+        }
+    }
+
     /// This node's FlatNetworkNodeConfig from the copy (`Some(None)`: there
     /// is none); `None` while the copy is not complete.
     fn followed_node_config(&self) -> Option<Option<Arc<FlatNetworkNodeConfig>>> {
@@ -834,27 +862,11 @@ impl DesiredState for Kubernetes {
         if shown == Some((generation, links.as_slice())) {
             return Ok(());
         }
-        let configs: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
-        let patch = Patch::Apply(json!({
-            "apiVersion": FlatNetworkNodeConfig::api_version(&()),
-            "kind": FlatNetworkNodeConfig::kind(&()),
-            "status": {"observedGeneration": generation, "links": links},
-        }));
-        match configs
-            .patch_status(
-                &self.node,
-                &PatchParams::apply(NODE_LINKS_FIELD_MANAGER).force(),
-                &patch,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(DesiredStateError::Unavailable(format!(
-                "cannot report on FlatNetworkNodeConfig {}: {e}",
-                self.node
-            ))),
-        }
+        self.report_on_node_config(
+            NODE_LINKS_FIELD_MANAGER,
+            json!({"observedGeneration": generation, "links": links}),
+        )
+        .await
     }
 
     async fn report_primary_mtus(
@@ -878,28 +890,11 @@ impl DesiredState for Kubernetes {
         if shown == Some(results.as_slice()) {
             return Ok(());
         }
-        let configs: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
-        let patch = Patch::Apply(json!({
-            "apiVersion": FlatNetworkNodeConfig::api_version(&()),
-            "kind": FlatNetworkNodeConfig::kind(&()),
-            "status": {"podCount": results.len(), "pods": results},
-        }));
-        match configs
-            .patch_status(
-                &self.node,
-                &PatchParams::apply(NODE_CONFIG_FIELD_MANAGER).force(),
-                &patch,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Gone meanwhile: nothing asks any more.
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(DesiredStateError::Unavailable(format!(
-                "cannot report on FlatNetworkNodeConfig {}: {e}",
-                self.node
-            ))),
-        }
+        self.report_on_node_config(
+            NODE_CONFIG_FIELD_MANAGER,
+            json!({"podCount": results.len(), "pods": results}),
+        )
+        .await
     }
 
     async fn report_mtu(
