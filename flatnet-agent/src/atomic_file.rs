@@ -94,6 +94,30 @@ pub fn remove_if_exists(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Reads the JSON file at `path` as `T`; a missing file is `T::default()`.
+/// Errors name the file.
+pub(crate) fn read_json_or_default<T>(path: &Path) -> Result<T, String>
+where
+    T: serde::de::DeserializeOwned + Default,
+{
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} is not a valid ledger: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(T::default()),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Replaces the JSON file at `path` with `value` atomically, creating its
+/// directory (mode 0700) when missing. Errors name the file.
+pub(crate) fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| e.to_string())?;
+    write_atomic(path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,9 @@
 //!   the example's own pods; for `docs/policy` the traffic its README
 //!   promises is allowed and the rest is denied.
 //!
+//! The examples of `docs/runtime-config.md` are checked the same way
+//! (state files, PodNetworkConfigs, the other kinds parsed).
+//!
 //! Subnets and workloads are checked through the admission webhook by
 //! `flatnet-operator`'s `doc_examples` test.
 
@@ -292,4 +295,55 @@ fn a_broken_policy_example_is_reported() {
     let bad_config = serde_json::json!({"spec": {"config": r#"{"cniVersion": "1.0.0", "name": "x", "type": "flatnet-cni", "mtu": 10}"#}});
     std::panic::catch_unwind(|| check_attachment("nad", &bad_config))
         .expect_err("an MTU of 10 must fail the example");
+}
+
+/// The ```yaml blocks of `docs/runtime-config.md`: every standalone state
+/// file validates, every PodNetworkConfig passes the webhook's own checks,
+/// every other object parses as its kind.
+#[test]
+fn runtime_config_examples_are_what_the_agent_and_the_webhook_accept() {
+    let text = fs::read_to_string(docs_dir().join("runtime-config.md")).expect("read the page");
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match (&mut current, line.trim()) {
+            (None, "```yaml") => current = Some(String::new()),
+            (Some(block), "```") => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    let mut state_files = 0;
+    for (index, block) in blocks.iter().enumerate() {
+        let origin = format!("docs/runtime-config.md yaml block {index}");
+        let value: Value =
+            serde_yaml::from_str(block).unwrap_or_else(|e| panic!("{origin}: not YAML: {e}"));
+        match value["kind"].as_str() {
+            None if value.get("subnets").is_some() => {
+                check_state_file(&origin, &value);
+                state_files += 1;
+            }
+            Some("PodNetworkConfig") => {
+                let config: flatnet_k8s::api::PodNetworkConfig = serde_json::from_value(value)
+                    .unwrap_or_else(|e| panic!("{origin}: not a PodNetworkConfig: {e}"));
+                assert_eq!(config.spec.problems(), Vec::<String>::new(), "{origin}");
+            }
+            Some("FlatNetworkNodeConfig") => {
+                serde_json::from_value::<flatnet_k8s::api::FlatNetworkNodeConfig>(value)
+                    .unwrap_or_else(|e| panic!("{origin}: not a FlatNetworkNodeConfig: {e}"));
+            }
+            Some("FlatNetworkSubnet") => {
+                serde_json::from_value::<FlatNetworkSubnet>(value)
+                    .unwrap_or_else(|e| panic!("{origin}: not a FlatNetworkSubnet: {e}"));
+            }
+            other => panic!("{origin}: an example of no known kind ({other:?})"),
+        }
+    }
+    assert!(state_files >= 3, "the page's state files were not found");
 }

@@ -12,7 +12,7 @@ use support::{
     cni::{IFNAME, run_cni},
     has_link,
     lan::AgentOnLan,
-    ping, privileged, wait_until,
+    ping, privileged, veth_pair, wait_until,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -21,7 +21,7 @@ const LAN_V4: &str = "192.0.2.1";
 struct Node {
     /// First field: the agent stops before the namespaces go.
     agent: StandaloneAgent,
-    _node: TestNetns,
+    node: TestNetns,
     lan: TestNetns,
     master: String,
     _dir: tempfile::TempDir,
@@ -47,7 +47,7 @@ impl Node {
         );
         let mut this = Self {
             agent,
-            _node: node,
+            node,
             lan,
             master,
             _dir: dir,
@@ -72,6 +72,12 @@ impl Node {
     /// the section's entries, empty for none). Network `flat4` is on
     /// `lan4` (192.0.2.10-20), `extra` on `lan4b` (192.0.2.30-40).
     fn write_state_with(&self, mtu: u32, hotplug: &str) {
+        self.write_state_full(mtu, hotplug, "");
+    }
+
+    /// [`Self::write_state_with`] with `extra` (top-level YAML sections)
+    /// appended.
+    fn write_state_full(&self, mtu: u32, hotplug: &str, extra: &str) {
         self.agent.write_state(&format!(
             r"
 subnets:
@@ -92,6 +98,7 @@ networks:
   - {{name: flat4, subnets: [lan4]}}
   - {{name: extra, subnets: [lan4b]}}
 hotplug: [{hotplug}]
+{extra}
 ",
             master = self.master
         ));
@@ -120,23 +127,27 @@ fn link_of(pod: &TestNetns) -> (u32, u32) {
 }
 
 /// Whether an IPv4 ping of `mtu` bytes with Don't Fragment set gets
-/// through from the pod to the LAN host.
-fn df_ping_passes(pod: &TestNetns, mtu: u32) -> bool {
+/// through from `from` to `target`.
+fn df_ping_to(from: &TestNetns, target: &str, mtu: u32) -> bool {
     // 20 bytes of IPv4 header, 8 of ICMP.
     let payload = (mtu - 28).to_string();
-    pod.try_exec(
+    from.try_exec(
         "ping",
-        &["-M", "do", "-s", &payload, "-c", "1", "-W", "2", LAN_V4],
+        &["-M", "do", "-s", &payload, "-c", "1", "-W", "2", target],
     )
 }
 
 fn assert_carries(pod: &TestNetns, mtu: u32, context: &str) {
+    assert_carries_to(pod, LAN_V4, mtu, context);
+}
+
+fn assert_carries_to(from: &TestNetns, target: &str, mtu: u32, context: &str) {
     assert!(
-        df_ping_passes(pod, mtu),
+        df_ping_to(from, target, mtu),
         "{context}: {mtu} bytes with DF must pass"
     );
     assert!(
-        !df_ping_passes(pod, mtu + 1),
+        !df_ping_to(from, target, mtu + 1),
         "{context}: {} bytes with DF must not pass",
         mtu + 1
     );
@@ -326,5 +337,360 @@ fn an_agent_killed_while_hot_plugging_converges_after_restart() {
     wait_until("removed", || {
         !has_link(&pod, "net1") && node.agent.records() == 0
     });
+    node.agent.stop();
+}
+
+/// The node's address on the veth to a pod's primary interface.
+const NODE_VETH_V4: &str = "10.99.0.1";
+/// The node's end of that veth.
+const NODE_VETH: &str = "rcveth0";
+
+/// A running pod whose `eth0` is a veth to the node (as a cluster
+/// network makes it), both ends at MTU 1500 and addressed.
+fn pod_with_primary_veth(node: &Node) -> TestNetns {
+    let pod = TestNetns::new("rcp-");
+    veth_pair(&node.node, NODE_VETH, &pod, "eth0");
+    node.node
+        .add_address(NODE_VETH, &format!("{NODE_VETH_V4}/30"));
+    pod.add_address("eth0", "10.99.0.2/30");
+    node.node.ip(&["link", "set", NODE_VETH, "up"]);
+    pod.ip(&["link", "set", "eth0", "up"]);
+    pod
+}
+
+/// MTU of `ifname` in `ns`.
+fn mtu_of(ns: &TestNetns, ifname: &str) -> u32 {
+    let out: Value = serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", ifname])).unwrap();
+    u32::try_from(out[0]["mtu"].as_u64().unwrap()).unwrap()
+}
+
+/// MTUs of the pod's `eth0` and of the node's end of its veth.
+fn primary_mtus(node: &Node, pod: &TestNetns) -> (u32, u32) {
+    (mtu_of(pod, "eth0"), mtu_of(&node.node, NODE_VETH))
+}
+
+/// A hot-plug entry asking `pod`'s primary interface for `mtu`.
+fn primary_entry(pod: &TestNetns, mtu: u32) -> String {
+    format!(
+        "{{name: web-primary, netns: {}, pod: shop/web, primary: {{mtu: {mtu}}}}}",
+        pod.path().display()
+    )
+}
+
+/// What the agent remembers of the pods' primary interfaces.
+fn ledger(node: &Node) -> flatnet_agent::cni_service::Ledger {
+    flatnet_agent::cni_service::read_ledger(
+        &node
+            .agent
+            .path("leases")
+            .join(flatnet_agent::cni_service::LEDGER_FILE),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_primary_mtu_is_set_on_the_running_pod_and_its_peer_and_set_back() {
+    let Some(mut node) = Node::running_for_test(
+        "a_primary_mtu_is_set_on_the_running_pod_and_its_peer_and_set_back",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = pod_with_primary_veth(&node);
+    let index = pod.ip(&["-j", "link", "show", "dev", "eth0"]);
+    assert_carries_to(&pod, NODE_VETH_V4, 1500, "before");
+
+    node.write_state_with(1500, &primary_entry(&pod, 1400));
+    wait_until("eth0 and its peer at 1400", || {
+        primary_mtus(&node, &pod) == (1400, 1400)
+    });
+    assert_carries_to(&pod, NODE_VETH_V4, 1400, "lowered");
+    assert_carries_to(&node.node, "10.99.0.2", 1400, "lowered, from the node");
+    let remembered = &ledger(&node)["web-primary"];
+    assert_eq!(remembered.original.mtu, 1500, "{remembered:?}");
+    assert_eq!(
+        remembered
+            .original
+            .peer
+            .as_ref()
+            .map(|p| (p.name.as_str(), p.mtu)),
+        Some((NODE_VETH, 1500))
+    );
+
+    // A restarted agent keeps what is in force and still knows the
+    // original: the entry removed while it was down is set back.
+    node.agent.stop();
+    node.write_state(1500);
+    node.start(None);
+    wait_until("set back to 1500 after the restart", || {
+        primary_mtus(&node, &pod) == (1500, 1500)
+    });
+    assert!(ledger(&node).is_empty(), "forgotten once set back");
+    assert_carries_to(&pod, NODE_VETH_V4, 1500, "set back");
+    let same = pod.ip(&["-j", "link", "show", "dev", "eth0"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&same).unwrap()[0]["ifindex"],
+        serde_json::from_str::<Value>(&index).unwrap()[0]["ifindex"],
+        "the same interface throughout"
+    );
+
+    // A pod without eth0 is reported with the reason and nothing is
+    // remembered for it.
+    let bare = TestNetns::new("rcp-");
+    node.write_state_with(1500, &primary_entry(&bare, 1400));
+    let log = node.agent.log_file();
+    wait_until("the failure is logged", || {
+        let log = std::fs::read_to_string(&log).unwrap();
+        log.contains("primary MTU of pod shop/web") && log.contains("eth0")
+    });
+    assert!(ledger(&node).is_empty());
+    assert_eq!(primary_mtus(&node, &pod), (1500, 1500));
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_setting_a_primary_mtu_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_setting_a_primary_mtu_converges_after_restart",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = pod_with_primary_veth(&node);
+    node.agent.stop();
+    // Dies once the pod's end is set, before its peer is.
+    node.start(Some("primary-mtu-pod-set"));
+    node.write_state_with(1500, &primary_entry(&pod, 1300));
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+    assert_eq!(primary_mtus(&node, &pod), (1300, 1500), "half done");
+
+    node.start(None);
+    wait_until("both ends at 1300 after the restart", || {
+        primary_mtus(&node, &pod) == (1300, 1300)
+    });
+    assert_carries_to(&pod, NODE_VETH_V4, 1300, "after the restart");
+    // The original was remembered before the crash.
+    node.write_state(1500);
+    wait_until("set back to the original", || {
+        primary_mtus(&node, &pod) == (1500, 1500)
+    });
+    node.agent.stop();
+}
+
+/// `ip -d -j link show dev <ifname>` in `ns`, `None` when there is none.
+fn link_details(ns: &TestNetns, ifname: &str) -> Option<Value> {
+    if !has_link(ns, ifname) {
+        return None;
+    }
+    let out: Value =
+        serde_json::from_str(&ns.ip(&["-d", "-j", "link", "show", "dev", ifname])).unwrap();
+    Some(out[0].clone())
+}
+
+/// The bridge (or bond) `ifname` is a port of.
+fn master_of(ns: &TestNetns, ifname: &str) -> Option<String> {
+    link_details(ns, ifname)?["master"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Whether the kernel makes 802.1Q VLAN interfaces (tried in a scratch
+/// namespace); prints the skip, or fails under
+/// `FLATNET_REQUIRE_KERNEL_FEATURES`, when it does not.
+fn vlans_supported(test: &str) -> bool {
+    let scratch = TestNetns::new("rcv-");
+    scratch.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
+    let made = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &scratch.name,
+            "link",
+            "add",
+            "link",
+            "v0",
+            "name",
+            "v0.9",
+        ])
+        .args(["type", "vlan", "id", "9"])
+        .output()
+        .unwrap();
+    if made.status.success() {
+        return true;
+    }
+    let stderr = String::from_utf8_lossy(&made.stderr);
+    assert!(stderr.contains("Unknown device type"), "{stderr}");
+    support::skip_for_missing_kernel_feature(test, "802.1Q VLAN");
+    false
+}
+
+#[test]
+fn node_bridges_are_made_and_only_what_flatnet_made_is_removed() {
+    let Some(mut node) = Node::running_for_test(
+        "node_bridges_are_made_and_only_what_flatnet_made_is_removed",
+        1500,
+    ) else {
+        return;
+    };
+    // The node's own: a port and a bridge made by hand.
+    node.node.ip(&[
+        "link", "add", "rcport0", "type", "veth", "peer", "name", "rcport0p",
+    ]);
+    node.node.ip(&["link", "add", "rcbrhand", "type", "bridge"]);
+    let asked = "bridges:
+  - {name: rcbr0, ports: [rcport0]}
+  - {name: rcbrhand, ports: []}";
+    node.write_state_full(1500, "", asked);
+    wait_until("the bridge made with its port", || {
+        master_of(&node.node, "rcport0").as_deref() == Some("rcbr0")
+    });
+    let bridge = link_details(&node.node, "rcbr0").unwrap();
+    assert_eq!(bridge["linkinfo"]["info_kind"], "bridge");
+    assert_eq!(bridge["ifalias"], "flatnet:node-config");
+    assert!(
+        bridge["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "UP"),
+        "{bridge}"
+    );
+    assert!(link_details(&node.node, "rcbrhand").unwrap()["ifalias"].is_null());
+
+    // A port that does not exist is reported with the node named.
+    node.write_state_full(1500, "", &asked.replace("[rcport0]", "[rcport0, nope0]"));
+    let log = node.agent.log_file();
+    wait_until("the missing port reported", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("port nope0 of bridge rcbr0 does not exist on node")
+    });
+    assert_eq!(master_of(&node.node, "rcport0").as_deref(), Some("rcbr0"));
+
+    // Nothing asked: flatnet's bridge goes, the node's own stay.
+    node.write_state(1500);
+    wait_until("flatnet's bridge removed", || {
+        !has_link(&node.node, "rcbr0")
+    });
+    assert!(has_link(&node.node, "rcport0"), "the hand-made port stays");
+    assert_eq!(master_of(&node.node, "rcport0"), None);
+    assert!(
+        has_link(&node.node, "rcbrhand"),
+        "the hand-made bridge stays"
+    );
+
+    // A port put into a bridge the node had is taken out again, the
+    // bridge left; restarts in between change nothing.
+    node.write_state_full(1500, "", "bridges: [{name: rcbrhand, ports: [rcport0]}]");
+    wait_until("the port in the node's bridge", || {
+        master_of(&node.node, "rcport0").as_deref() == Some("rcbrhand")
+    });
+    node.agent.stop();
+    node.write_state(1500);
+    node.start(None);
+    wait_until("the port out again after the restart", || {
+        master_of(&node.node, "rcport0").is_none()
+    });
+    assert!(has_link(&node.node, "rcbrhand"));
+    node.agent.stop();
+}
+
+#[test]
+fn node_vlans_are_made_carry_tagged_traffic_and_only_flatnets_are_removed() {
+    const TEST: &str = "node_vlans_are_made_carry_tagged_traffic_and_only_flatnets_are_removed";
+    if !privileged(TEST) || !vlans_supported(TEST) {
+        return;
+    }
+    let Some(mut node) = Node::running_for_test(TEST, 1500) else {
+        return;
+    };
+    let vlan = format!("{}.200", node.master);
+    let hand_vlan = format!("{}.201", node.master);
+    node.node.ip(&[
+        "link",
+        "add",
+        "link",
+        &node.master,
+        "name",
+        &hand_vlan,
+        "type",
+        "vlan",
+        "id",
+        "201",
+    ]);
+    let asked = format!(
+        "vlans: [{{master: {m}, id: 200}}, {{master: {m}, id: 201}}]
+bridges: [{{name: rcbr0, ports: [{vlan}]}}]",
+        m = node.master
+    );
+    node.write_state_full(1500, "", &asked);
+    wait_until("the VLAN made, a port of the bridge", || {
+        master_of(&node.node, &vlan).as_deref() == Some("rcbr0")
+    });
+    let made = link_details(&node.node, &vlan).unwrap();
+    assert_eq!(made["linkinfo"]["info_kind"], "vlan");
+    assert_eq!(made["linkinfo"]["info_data"]["id"], 200);
+    assert_eq!(made["link"], node.master.as_str());
+    assert_eq!(made["ifalias"], "flatnet:node-config");
+    assert!(link_details(&node.node, &hand_vlan).unwrap()["ifalias"].is_null());
+
+    // Tagged traffic crosses the bridge and the VLAN to the LAN host.
+    node.lan.ip(&[
+        "link", "add", "link", "lan0", "name", "lan0.200", "type", "vlan", "id", "200",
+    ]);
+    node.lan.add_address("lan0.200", "10.200.0.1/24");
+    node.lan.ip(&["link", "set", "lan0.200", "up"]);
+    node.node.add_address("rcbr0", "10.200.0.2/24");
+    ping(&node.node, "10.200.0.1");
+
+    // A master that does not exist is reported with the node named.
+    node.write_state_full(
+        1500,
+        "",
+        &asked.replace("id: 201}]", "id: 201}, {master: nope0, id: 300}]"),
+    );
+    let log = node.agent.log_file();
+    wait_until("the missing master reported", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("master nope0 of VLAN nope0.300 does not exist on node")
+    });
+
+    // Nothing asked: flatnet's go, the hand-made VLAN stays.
+    node.write_state(1500);
+    wait_until("flatnet's VLAN and bridge removed", || {
+        !has_link(&node.node, &vlan) && !has_link(&node.node, "rcbr0")
+    });
+    assert!(has_link(&node.node, &hand_vlan), "the hand-made VLAN stays");
+    node.agent.stop();
+}
+
+#[test]
+fn an_agent_killed_while_making_a_node_interface_converges_after_restart() {
+    let Some(mut node) = Node::running_for_test(
+        "an_agent_killed_while_making_a_node_interface_converges_after_restart",
+        1500,
+    ) else {
+        return;
+    };
+    let asked = "bridges: [{name: rcbr0, ports: []}]";
+    node.agent.stop();
+    // Dies once the bridge exists, before it is marked as flatnet's.
+    node.start(Some("node-link-created"));
+    node.write_state_full(1500, "", asked);
+    let status = node.agent.wait_for_exit();
+    assert!(!status.success(), "the agent died at the crash point");
+    let half = link_details(&node.node, "rcbr0").expect("created before the crash");
+    assert!(half["ifalias"].is_null(), "not marked yet: {half}");
+
+    node.start(None);
+    wait_until("marked and up after the restart", || {
+        link_details(&node.node, "rcbr0").is_some_and(|l| {
+            l["ifalias"] == "flatnet:node-config"
+                && l["flags"].as_array().unwrap().iter().any(|f| f == "UP")
+        })
+    });
+    node.write_state(1500);
+    wait_until("removed", || !has_link(&node.node, "rcbr0"));
     node.agent.stop();
 }

@@ -15,7 +15,10 @@ mod support;
 use std::{net::IpAddr, time::Duration};
 
 use flatnet_k8s::{
-    api::{FlatNetworkIP, FlatNetworkSubnet, PodNetworkConfig, PodNetworkConfigStatus},
+    api::{
+        FlatNetworkIP, FlatNetworkNodeConfig, FlatNetworkSubnet, PodNetworkConfig,
+        PodNetworkConfigStatus,
+    },
     keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::{allocation::fake_api::FakeApiServer, runtime_config::controller};
@@ -29,7 +32,7 @@ use support::{
     cri::{FakeCri, Sandbox},
     has_link,
     lan::SimulatedLan,
-    ping, privileged, wait_until,
+    ping, privileged, veth_pair, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -55,7 +58,7 @@ struct Cluster {
     stop: CancellationToken,
     /// `pod-other`'s namespace, which only the container runtime names.
     other: TestNetns,
-    _node: TestNetns,
+    node: TestNetns,
     lan: TestNetns,
     _dir: tempfile::TempDir,
 }
@@ -123,7 +126,7 @@ impl Cluster {
             _runtime: runtime,
             stop,
             other,
-            _node: node,
+            node,
             lan,
             _dir: dir,
         };
@@ -369,4 +372,90 @@ fn a_kubernetes_agent_killed_while_hot_plugging_converges_after_restart() {
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
     cluster.agent.stop();
+}
+
+/// MTU of `ifname` in `ns`.
+fn mtu_of(ns: &TestNetns, ifname: &str) -> u64 {
+    let out: Value = serde_json::from_str(&ns.ip(&["-j", "link", "show", "dev", ifname])).unwrap();
+    out[0]["mtu"].as_u64().unwrap()
+}
+
+#[test]
+fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them() {
+    let Some(cluster) = Cluster::running_for_test(
+        "a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them",
+    ) else {
+        return;
+    };
+    // pod-other's eth0 is the cluster network's veth to the node; only
+    // the container runtime knows its namespace.
+    veth_pair(&cluster.node, "rkveth0", &cluster.other, "eth0");
+    cluster.node.ip(&["link", "set", "rkveth0", "up"]);
+    cluster.other.ip(&["link", "set", "eth0", "up"]);
+    let mtus = || {
+        (
+            mtu_of(&cluster.other, "eth0"),
+            mtu_of(&cluster.node, "rkveth0"),
+        )
+    };
+    assert_eq!(mtus(), (1500, 1500));
+    // pod-other and pod-unknown (which nobody can find) are selected.
+    for name in [OTHER_POD, UNKNOWN_POD] {
+        let mut pod = cluster
+            .server
+            .list::<Pod>()
+            .into_iter()
+            .find(|p| p.name_any() == name)
+            .unwrap();
+        pod.labels_mut().insert("mtu".into(), "jumbo".into());
+        cluster.server.insert(&pod);
+    }
+    cluster.server.insert(
+        &serde_json::from_value::<PodNetworkConfig>(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
+            "metadata": {"name": "jumbo", "namespace": "default"},
+            "spec": {"podSelector": {"matchLabels": {"mtu": "jumbo"}},
+                     "primary": {"mtu": 1400},
+                     "bridges": [{"name": "rkbr0"}]}
+        }))
+        .unwrap(),
+    );
+    wait_until("eth0 and its peer at 1400", || mtus() == (1400, 1400));
+    wait_until("the node's bridge made", || {
+        has_link(&cluster.node, "rkbr0")
+    });
+    wait_until("pod-other applied, pod-unknown failed with why", || {
+        let status = cluster.status();
+        status.matched == 2
+            && status.applied == 1
+            && status.failed.iter().any(|f| {
+                f.pod == UNKNOWN_POD
+                    && f.reason.starts_with("spec.primary.mtu: node node-1: ")
+                    && f.reason.contains("no ready sandbox")
+            })
+    });
+    let events = || cluster.server.list::<k8s_openapi::api::events::v1::Event>();
+    wait_until("the pods' Events", || {
+        let events = events();
+        let on = |pod: &str, reason: &str| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+            })
+        };
+        on(OTHER_POD, controller::reason::PRIMARY_MTU_SET)
+            && on(UNKNOWN_POD, controller::reason::PRIMARY_MTU_FAILED)
+    });
+
+    // The configuration deleted: set back, the node's object gone.
+    cluster
+        .server
+        .delete::<PodNetworkConfig>("default", "jumbo");
+    wait_until("set back to 1500", || mtus() == (1500, 1500));
+    wait_until("the node's bridge removed", || {
+        !has_link(&cluster.node, "rkbr0")
+    });
+    wait_until("the node's object gone", || {
+        cluster.server.list::<FlatNetworkNodeConfig>().is_empty()
+    });
 }

@@ -487,13 +487,17 @@ impl RunArgs {
             async move { service.watch_conflicts(monitor).await }
         });
         // What changes at run time reaches running pods: extra interfaces
-        // the desired state lists, a subnet's changed spec.mtu.
+        // the desired state lists, a subnet's changed spec.mtu, primary MTUs,
+        // the node's VLANs and bridges.
         tokio::spawn({
             let service = service.clone();
             async move {
                 tokio::join!(
                     service.follow_hotplug(flatnet_agent::cni_service::HOTPLUG_FOLLOW_INTERVAL),
                     service.follow_subnet_mtus(flatnet_agent::cni_service::MTU_FOLLOW_INTERVAL),
+                    service
+                        .follow_primary_mtus(flatnet_agent::cni_service::HOTPLUG_FOLLOW_INTERVAL),
+                    service.follow_node_links(flatnet_agent::cni_service::HOTPLUG_FOLLOW_INTERVAL),
                 );
             }
         });

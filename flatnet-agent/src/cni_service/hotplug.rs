@@ -94,7 +94,10 @@ impl<S: DesiredState> AgentService<S> {
         let mut resolved: BTreeMap<AttachmentKey, (&HotplugAttachment, PathBuf)> = BTreeMap::new();
         let mut unresolved = Vec::new();
         for want in wanted {
-            match self.netns_of(want, &records).await {
+            match self
+                .netns_of(want.netns.as_ref(), &want.pod, &records)
+                .await
+            {
                 Ok(netns) => {
                     resolved.insert(want.key(), (want, netns));
                 }
@@ -145,32 +148,29 @@ impl<S: DesiredState> AgentService<S> {
         pass
     }
 
-    /// The network namespace `want` goes into: the one the desired state
-    /// names, else that of the pod's own attachments, else the one the
+    /// The network namespace of `pod`: `netns` when the desired state
+    /// names it, else that of the pod's own attachments, else the one the
     /// container runtime reports for the pod; `Err` says why none.
-    async fn netns_of(
+    pub(super) async fn netns_of(
         &self,
-        want: &HotplugAttachment,
+        netns: Option<&PathBuf>,
+        pod: &PodRef,
         records: &[AttachmentRecord],
     ) -> Result<PathBuf, String> {
-        if let Some(netns) = want
-            .netns
-            .clone()
-            .or_else(|| netns_of_pod(records, &want.pod))
-        {
+        if let Some(netns) = netns.cloned().or_else(|| netns_of_pod(records, pod)) {
             return Ok(netns);
         }
         let Some(sandboxes) = &self.inner.config.pod_sandboxes else {
             return Err(format!(
                 "this node's agent did not attach {} and is not asking the container runtime \
                  for its network namespace (--cri-socket is empty)",
-                want.pod
+                pod
             ));
         };
-        sandboxes.network_namespace(&want.pod).await.map_err(|error| {
+        sandboxes.network_namespace(pod).await.map_err(|error| {
             format!(
                 "this node's agent did not attach {} and cannot find its network namespace: {error}",
-                want.pod
+                pod
             )
         })
     }

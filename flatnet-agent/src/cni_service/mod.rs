@@ -20,6 +20,8 @@ mod follow;
 mod hotplug;
 mod locks;
 mod mtu;
+mod node_links;
+mod primary_mtu;
 pub mod spec;
 mod tables;
 mod teardown;
@@ -48,6 +50,7 @@ use crate::{
 
 pub use hotplug::{HOTPLUG_FOLLOW_INTERVAL, HotplugPass};
 pub use mtu::{MTU_FOLLOW_INTERVAL, MtuPass};
+pub use primary_mtu::{LEDGER_FILE, Ledger, PrimaryMtuPass, Remembered, read_ledger};
 pub use spec::SpecSettings;
 use tables::PolicyAttach;
 

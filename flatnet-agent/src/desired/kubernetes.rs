@@ -22,7 +22,10 @@ use std::{
 use futures::StreamExt;
 
 use flatnet_k8s::{
-    api::{CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkSubnet},
+    api::{
+        CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkNodeConfig, FlatNetworkSubnet,
+        NodeLinkResult, PrimaryMtuResult,
+    },
     events::EventRecorder,
     ipam::Pool,
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
@@ -44,7 +47,7 @@ use serde_json::json;
 
 use super::{
     AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError,
-    HotplugAttachment, NamedSubnet, PodRef, status::SubnetCapacity,
+    HotplugAttachment, NamedSubnet, PodRef, PrimaryMtu, status::SubnetCapacity,
 };
 use crate::{
     datapath::Conflict,
@@ -59,6 +62,10 @@ pub const MTU_FIELD_MANAGER: &str = "flatnet-agent-mtu";
 /// Field manager of the `Attached` condition of hot-plugged interfaces'
 /// FlatNetworkIPs.
 pub const HOTPLUG_FIELD_MANAGER: &str = "flatnet-agent-hotplug";
+/// Field manager of the status of this node's FlatNetworkNodeConfig.
+pub const NODE_CONFIG_FIELD_MANAGER: &str = "flatnet-agent-node-config";
+/// Field manager of the node interfaces' part of that status.
+pub const NODE_LINKS_FIELD_MANAGER: &str = "flatnet-agent-node-links";
 /// Field manager of the `IPConflict` condition. Its own: an apply drops
 /// the fields its manager set before and leaves out, so under
 /// [`FIELD_MANAGER`] the condition would erase the Active status.
@@ -77,10 +84,12 @@ pub struct Kubernetes {
     followed: OnceLock<Followed>,
 }
 
-/// Watch-driven copies of every FlatNetworkIP and of the subnets.
+/// Watch-driven copies of every FlatNetworkIP, of the subnets and of
+/// this node's FlatNetworkNodeConfig.
 struct Followed {
     ips: Mirror<FlatNetworkIP>,
     subnets: Mirror<FlatNetworkSubnet>,
+    node_config: Mirror<FlatNetworkNodeConfig>,
 }
 
 /// One kind's copy, fed by a watch in its own task (also the floating
@@ -215,7 +224,50 @@ impl Kubernetes {
         self.followed.get_or_init(|| Followed {
             ips: Mirror::follow(Api::all(self.client.clone())),
             subnets: Mirror::follow(Api::namespaced(self.client.clone(), SUBNET_NAMESPACE)),
+            // Only this node's, by its label (RBAC cannot narrow a watch
+            // to one name per node).
+            node_config: Mirror::follow_selected(
+                Api::all(self.client.clone()),
+                watcher::Config::default().labels(&format!("{}={}", label::NODE, self.node)),
+                None,
+            ),
         });
+    }
+
+    /// Applies `status` to this node's FlatNetworkNodeConfig under
+    /// `manager` (each report its own manager, so neither drops the
+    /// other's fields).
+    async fn report_on_node_config(
+        &self,
+        manager: &str,
+        status: serde_json::Value,
+    ) -> Result<(), DesiredStateError> {
+        let configs: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
+        let patch = Patch::Apply(json!({
+            "apiVersion": FlatNetworkNodeConfig::api_version(&()),
+            "kind": FlatNetworkNodeConfig::kind(&()),
+            "status": status,
+        }));
+        match configs
+            .patch_status(&self.node, &PatchParams::apply(manager).force(), &patch)
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Gone meanwhile: nothing asks any more.
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(DesiredStateError::Unavailable(format!(
+                "cannot report on FlatNetworkNodeConfig {}: {e}",
+                self.node
+            ))),
+        }
+    }
+
+    /// This node's FlatNetworkNodeConfig from the copy (`Some(None)`: there
+    /// is none); `None` while the copy is not complete.
+    fn followed_node_config(&self) -> Option<Option<Arc<FlatNetworkNodeConfig>>> {
+        let followed = self.followed.get()?;
+        let configs = followed.node_config.objects()?;
+        Some(configs.into_iter().find(|c| c.name_any() == self.node))
     }
 
     /// Whether both copies of [`Self::follow_allocations`] are complete.
@@ -757,6 +809,93 @@ impl DesiredState for Kubernetes {
                 "cannot report on FlatNetworkIP {namespace}/{name}: {e}"
             ))),
         }
+    }
+
+    async fn primary_mtus(&self) -> Option<Vec<PrimaryMtu>> {
+        // The operator asks in this node's FlatNetworkNodeConfig; none is
+        // asked while it is absent.
+        let config = self.followed_node_config()?;
+        let mut wanted: Vec<PrimaryMtu> = config
+            .iter()
+            .flat_map(|c| c.spec.pods.iter())
+            .filter(|p| !p.uid.is_empty())
+            .map(|p| PrimaryMtu {
+                name: p.uid.clone(),
+                netns: None,
+                pod: PodRef {
+                    namespace: Some(p.namespace.clone()),
+                    name: Some(p.name.clone()),
+                    uid: Some(p.uid.clone()),
+                },
+                mtu: p.mtu,
+            })
+            .collect();
+        wanted.sort_by(|a, b| a.name.cmp(&b.name));
+        Some(wanted)
+    }
+
+    async fn node_links(&self) -> Option<crate::link::NodeLinks> {
+        let config = self.followed_node_config()?;
+        Some(config.map_or_else(Default::default, |c| {
+            super::node_links_of(&c.spec.vlans, &c.spec.bridges)
+        }))
+    }
+
+    async fn report_node_links(
+        &self,
+        results: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), DesiredStateError> {
+        let Some(Some(config)) = self.followed_node_config() else {
+            return Ok(());
+        };
+        let links: Vec<NodeLinkResult> = results
+            .iter()
+            .map(|(name, failure)| NodeLinkResult {
+                name: name.clone(),
+                failure: failure.clone().unwrap_or_default(),
+            })
+            .collect();
+        let generation = config.metadata.generation;
+        let shown = config
+            .status
+            .as_ref()
+            .map(|s| (s.observed_generation, s.links.as_slice()));
+        if shown == Some((generation, links.as_slice())) {
+            return Ok(());
+        }
+        self.report_on_node_config(
+            NODE_LINKS_FIELD_MANAGER,
+            json!({"observedGeneration": generation, "links": links}),
+        )
+        .await
+    }
+
+    async fn report_primary_mtus(
+        &self,
+        results: &[(PrimaryMtu, Option<String>)],
+    ) -> Result<(), DesiredStateError> {
+        let Some(Some(config)) = self.followed_node_config() else {
+            // Nothing asks any more: nobody to tell.
+            return Ok(());
+        };
+        let mut results: Vec<PrimaryMtuResult> = results
+            .iter()
+            .map(|(want, failure)| PrimaryMtuResult {
+                uid: want.name.clone(),
+                mtu: want.mtu,
+                failure: failure.clone().unwrap_or_default(),
+            })
+            .collect();
+        results.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let shown = config.status.as_ref().map(|s| s.pods.as_slice());
+        if shown == Some(results.as_slice()) {
+            return Ok(());
+        }
+        self.report_on_node_config(
+            NODE_CONFIG_FIELD_MANAGER,
+            json!({"podCount": results.len(), "pods": results}),
+        )
+        .await
     }
 
     async fn report_mtu(

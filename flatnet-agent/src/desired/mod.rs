@@ -130,6 +130,48 @@ impl AttachmentKey {
     }
 }
 
+/// The MTU a running pod's primary interface ([`PRIMARY_IFNAME`]) and its
+/// node-side peer must have (`PodNetworkConfig.spec.primary.mtu`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrimaryMtu {
+    /// Unique per pod: the standalone entry's name, the Kubernetes pod's
+    /// UID. What the agent remembers of the pod is kept under it.
+    pub name: String,
+    /// The pod's network namespace; `None`: found as for a hot-plugged
+    /// interface (the agent's records, else the container runtime).
+    pub netns: Option<PathBuf>,
+    /// The pod, for finding its namespace and for messages.
+    pub pod: PodRef,
+    /// The MTU.
+    pub mtu: u32,
+}
+
+/// The interface [`PrimaryMtu`] is about: the pod's primary interface.
+pub const PRIMARY_IFNAME: &str = "eth0";
+
+/// The node interfaces `vlans` and `bridges` (as a PodNetworkConfig or the
+/// state file writes them, validated) ask for.
+#[must_use]
+pub fn node_links_of(
+    vlans: &[flatnet_k8s::api::NodeVlan],
+    bridges: &[flatnet_k8s::api::NodeBridge],
+) -> crate::link::NodeLinks {
+    let mut links = crate::link::NodeLinks::default();
+    for vlan in vlans {
+        if let Ok(id) = u16::try_from(vlan.id) {
+            links.vlans.insert((vlan.master.clone(), id));
+        }
+    }
+    for bridge in bridges {
+        links
+            .bridges
+            .entry(bridge.name.clone())
+            .or_default()
+            .extend(bridge.ports.iter().cloned());
+    }
+    links
+}
+
 /// What ADD asks the desired state for.
 #[derive(Clone, Debug)]
 pub struct ClaimRequest {
@@ -278,6 +320,31 @@ pub trait DesiredState: Send + Sync + 'static {
         &self,
         attachment: &HotplugAttachment,
         failure: Option<&str>,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// The primary-interface MTUs running pods on this node must have now;
+    /// `None` while unknown (nothing is set back then).
+    fn primary_mtus(&self) -> impl Future<Output = Option<Vec<PrimaryMtu>>> + Send;
+
+    /// How a pass went for each pod it was asked about: set (`None`) or
+    /// why not, for users to see (Kubernetes: the status of the node's
+    /// FlatNetworkNodeConfig, written only when it changes).
+    fn report_primary_mtus(
+        &self,
+        results: &[(PrimaryMtu, Option<String>)],
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// The VLAN sub-interfaces and bridges the node must have now; `None`
+    /// while unknown (nothing is removed then).
+    fn node_links(&self) -> impl Future<Output = Option<crate::link::NodeLinks>> + Send;
+
+    /// How the last pass went for each wanted interface (`<master>.<id>`,
+    /// bridge name): `None` when it is as asked, else why not (Kubernetes:
+    /// the status of the node's FlatNetworkNodeConfig, written only when
+    /// it changes).
+    fn report_node_links(
+        &self,
+        results: &BTreeMap<String, Option<String>>,
     ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
 
     /// Makes a conflict on an address of `pod` visible to users.

@@ -16,7 +16,7 @@ use std::{
 
 use flatnet_k8s::{
     ipam::{DEFAULT_WIRE_WINDOW, Family, LiveAddresses, LiveClaim, Pool},
-    validation::{ValidSubnet, check_siblings},
+    validation::{MAX_MTU, MIN_MTU_IPV4, ValidSubnet, check_siblings},
 };
 use ipnet::IpNet;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -26,7 +26,7 @@ use tokio::sync::Mutex;
 
 use super::{
     AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError,
-    HotplugAttachment, NamedSubnet, PodRef, status::SubnetCapacity,
+    HotplugAttachment, NamedSubnet, PodRef, PrimaryMtu, status::SubnetCapacity,
 };
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -67,6 +67,13 @@ pub struct StateFile {
     /// network namespace (see `docs/runtime-config.md`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hotplug: Vec<HotplugEntry>,
+    /// VLAN sub-interfaces `<master>.<id>` the node must have (see
+    /// `docs/runtime-config.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vlans: Vec<flatnet_k8s::api::NodeVlan>,
+    /// Linux bridges the node must have, with their ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<flatnet_k8s::api::NodeBridge>,
 }
 
 /// Extra interfaces for one running pod.
@@ -81,7 +88,19 @@ pub struct HotplugEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     /// The interfaces.
+    #[serde(default)]
     pub attachments: Vec<HotplugInterface>,
+    /// Settings of the pod's primary interface (`eth0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<PrimarySection>,
+}
+
+/// Settings of a running pod's primary interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrimarySection {
+    /// MTU of `eth0` and of its node-side peer (a veth's).
+    pub mtu: u32,
 }
 
 /// One hot-plugged interface.
@@ -148,6 +167,8 @@ pub struct ValidState {
     subnets: BTreeMap<String, (NamedSubnet, ValidSubnet)>,
     networks: BTreeMap<String, Vec<String>>,
     hotplug: Vec<HotplugAttachment>,
+    primary_mtus: Vec<PrimaryMtu>,
+    node_links: crate::link::NodeLinks,
 }
 
 fn read_text(path: &Path) -> Result<String, StateFileError> {
@@ -414,15 +435,29 @@ impl StateFile {
                 Err(problem) => problems.push(problem),
             }
         }
-        let hotplug = check_hotplug(&self.hotplug, &networks, &mut problems);
+        let (hotplug, primary_mtus) = check_hotplug(&self.hotplug, &networks, &mut problems);
         if let Some(floating) = &self.floating {
             problems.extend(floating.problems());
         }
+        // The same checks as a PodNetworkConfig's, named by this file's fields.
+        let links = flatnet_k8s::api::PodNetworkConfigSpec {
+            vlans: self.vlans.clone(),
+            bridges: self.bridges.clone(),
+            ..Default::default()
+        };
+        problems.extend(
+            links
+                .problems()
+                .into_iter()
+                .map(|p| p.strip_prefix("spec.").unwrap_or(&p).to_owned()),
+        );
         if problems.is_empty() {
             Ok(ValidState {
                 subnets,
                 networks,
                 hotplug,
+                primary_mtus,
+                node_links: super::node_links_of(&self.vlans, &self.bridges),
             })
         } else {
             Err(problems)
@@ -431,13 +466,15 @@ impl StateFile {
 }
 
 /// Checks the `hotplug` entries: valid names, known networks, one
-/// interface name per pod, and turns them into attachments.
+/// interface name per pod, primary MTUs in range, and turns them into
+/// attachments and primary MTUs.
 fn check_hotplug(
     entries: &[HotplugEntry],
     networks: &BTreeMap<String, Vec<String>>,
     problems: &mut Vec<String>,
-) -> Vec<HotplugAttachment> {
+) -> (Vec<HotplugAttachment>, Vec<PrimaryMtu>) {
     let mut attachments = Vec::new();
+    let mut primary_mtus = Vec::new();
     let mut seen = BTreeSet::new();
     for entry in entries {
         let name = &entry.name;
@@ -461,6 +498,20 @@ fn check_hotplug(
                 continue;
             }
         };
+        if let Some(PrimarySection { mtu }) = entry.primary {
+            if (MIN_MTU_IPV4..=MAX_MTU).contains(&mtu) {
+                primary_mtus.push(PrimaryMtu {
+                    name: name.clone(),
+                    netns: Some(entry.netns.clone()),
+                    pod: pod.clone(),
+                    mtu,
+                });
+            } else {
+                problems.push(format!(
+                    "hotplug entry {name}: primary.mtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}"
+                ));
+            }
+        }
         for interface in &entry.attachments {
             let ifname = &interface.ifname;
             if let Err(reason) = flatnet_k8s::validation::check_ifname(ifname) {
@@ -486,7 +537,19 @@ fn check_hotplug(
             }
         }
     }
-    attachments
+    if let Some(twice) = primary_mtus
+        .iter()
+        .enumerate()
+        .find(|(i, p)| primary_mtus[..*i].iter().any(|q| q.netns == p.netns))
+        .map(|(_, p)| p)
+    {
+        problems.push(format!(
+            "hotplug entry {}: primary.mtu of {} is set by two entries; keep one",
+            twice.name,
+            twice.netns.as_deref().unwrap_or(Path::new("")).display()
+        ));
+    }
+    (attachments, primary_mtus)
 }
 
 /// Checks that a network names one subnet, or an IPv4 and an IPv6 subnet
@@ -1111,6 +1174,34 @@ impl DesiredState for Standalone {
         Ok(())
     }
 
+    async fn primary_mtus(&self) -> Option<Vec<PrimaryMtu>> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        Some(store.state.state.primary_mtus.clone())
+    }
+
+    async fn node_links(&self) -> Option<crate::link::NodeLinks> {
+        let mut store = self.store.lock().await;
+        self.follow_state_file(&mut store);
+        Some(store.state.state.node_links.clone())
+    }
+
+    async fn report_node_links(
+        &self,
+        _results: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), DesiredStateError> {
+        // The agent's log is the standalone report.
+        Ok(())
+    }
+
+    async fn report_primary_mtus(
+        &self,
+        _results: &[(PrimaryMtu, Option<String>)],
+    ) -> Result<(), DesiredStateError> {
+        // The agent's log is the standalone report.
+        Ok(())
+    }
+
     async fn report_conflict(
         &self,
         _pod: &PodRef,
@@ -1447,6 +1538,45 @@ networks:
             "hotplug entry b: network nope is not in the networks section",
             "hotplug entry b: ifname",
             "hotplug entry c: net1 in /n is asked for twice",
+        ] {
+            assert!(problems.contains(needle), "{needle:?} not in {problems}");
+        }
+    }
+
+    #[test]
+    fn primary_mtus_are_checked_and_named_by_their_entry() {
+        let file: StateFile = serde_yaml::from_str(STATE).unwrap();
+        let with = |hotplug: &str| {
+            let mut file = file.clone();
+            file.hotplug = serde_yaml::from_str(hotplug).unwrap();
+            file.validate()
+        };
+        let valid = with("[{name: web, netns: /run/netns/w, pod: shop/web, primary: {mtu: 1400}}]")
+            .unwrap();
+        assert!(valid.hotplug.is_empty(), "no attachments asked");
+        assert_eq!(
+            valid.primary_mtus,
+            [PrimaryMtu {
+                name: "web".into(),
+                netns: Some("/run/netns/w".into()),
+                pod: PodRef {
+                    namespace: Some("shop".into()),
+                    name: Some("web".into()),
+                    uid: None,
+                },
+                mtu: 1400,
+            }]
+        );
+        let problems = with(
+            "[{name: low, netns: /a, primary: {mtu: 67}},
+              {name: one, netns: /b, primary: {mtu: 1400}},
+              {name: two, netns: /b, primary: {mtu: 1300}}]",
+        )
+        .unwrap_err()
+        .join("\n");
+        for needle in [
+            "hotplug entry low: primary.mtu 67 is out of range: use 68..65535",
+            "hotplug entry two: primary.mtu of /b is set by two entries; keep one",
         ] {
             assert!(problems.contains(needle), "{needle:?} not in {problems}");
         }

@@ -16,6 +16,8 @@ mod detach;
 mod error;
 mod mtu;
 mod netlink;
+mod node_links;
+mod primary_mtu;
 mod secondary;
 mod spec;
 mod vlan;
@@ -28,6 +30,11 @@ pub use detach::DetachSpec;
 pub use error::LinkError;
 pub use mtu::{MtuChange, MtuTarget};
 pub use netlink::{FLATNET_ROUTE_PROTOCOL, SharedNetlink};
+pub use node_links::{
+    LEDGER_FILE as NODE_LINKS_LEDGER_FILE, Ledger as NodeLinksLedger, Made, NODE_LINK_ALIAS,
+    NodeLinks, NodeLinksPass, read_ledger as read_node_links_ledger,
+};
+pub use primary_mtu::{PeerLink, PrimaryLinks};
 pub use secondary::{SecondaryChange, set_secondary_addresses};
 pub use spec::{
     ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
@@ -134,6 +141,37 @@ impl Attachments {
     /// that parent); nothing else about the interface changes.
     pub async fn set_mtu(&self, target: &MtuTarget<'_>, mtu: u32) -> Result<MtuChange, LinkError> {
         mtu::set_mtu(self, target, mtu).await
+    }
+
+    /// The MTU of a running pod's primary interface `ifname` and of its
+    /// node-side peer (a veth's other end), as they are now.
+    pub async fn primary_links(
+        &self,
+        netns: &std::path::Path,
+        ifname: &str,
+    ) -> Result<PrimaryLinks, LinkError> {
+        primary_mtu::primary_links(self, netns, ifname).await
+    }
+
+    /// Sets `mtu` on the pod's primary interface `ifname` and, when given,
+    /// the peer's MTU on that peer if it is still the interface's peer.
+    /// Returns whether anything changed.
+    pub async fn set_primary_mtu(
+        &self,
+        netns: &std::path::Path,
+        ifname: &str,
+        mtu: u32,
+        peer_mtu: Option<(&PeerLink, u32)>,
+    ) -> Result<bool, LinkError> {
+        primary_mtu::set_primary_mtu(self, netns, ifname, mtu, peer_mtu).await
+    }
+
+    /// Brings the node's VLAN sub-interfaces and bridges in line with
+    /// `wanted`: makes what is missing, removes what flatnet made and
+    /// nothing asks for ([`node_links`](self::node_links) says what is
+    /// whose); `node` names the node in messages.
+    pub async fn apply_node_links(&self, node: &str, wanted: &NodeLinks) -> NodeLinksPass {
+        node_links::apply(self, node, wanted).await
     }
 
     /// Names of every link in the node's namespace (STATUS checks masters).

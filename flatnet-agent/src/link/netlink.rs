@@ -57,6 +57,8 @@ pub(crate) struct Link {
     /// `IFLA_LINK_NETNSID`: set when the parent is in another namespace.
     pub parent_netnsid: Option<i32>,
     pub alias: Option<String>,
+    /// `IFLA_MASTER`: the bridge (or bond) this link is a port of.
+    pub controller: Option<u32>,
 }
 
 impl Link {
@@ -72,6 +74,7 @@ impl Link {
             parent_index: None,
             parent_netnsid: None,
             alias: None,
+            controller: None,
         };
         for attribute in message.attributes {
             match attribute {
@@ -80,6 +83,7 @@ impl Link {
                 LinkAttribute::Link(index) => link.parent_index = Some(index),
                 LinkAttribute::LinkNetNsId(id) => link.parent_netnsid = Some(id),
                 LinkAttribute::IfAlias(alias) => link.alias = Some(alias),
+                LinkAttribute::Controller(index) => link.controller = Some(index),
                 LinkAttribute::Address(bytes) => link.mac = bytes.try_into().ok(),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {

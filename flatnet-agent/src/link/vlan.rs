@@ -87,7 +87,7 @@ impl VlanLock {
 
     /// How many leases belong to pods whose namespace still exists; stale
     /// leases are removed on the way.
-    fn live_leases(&self) -> Result<usize, LinkError> {
+    pub(crate) fn live_leases(&self) -> Result<usize, LinkError> {
         let entries =
             fs::read_dir(&self.leases).map_err(|source| io_error("read", &self.leases, source))?;
         let mut live = 0;

@@ -32,6 +32,7 @@ pub fn crd_yaml() -> String {
         api::FlatNetworkSubnet::crd(),
         api::FlatNetworkIP::crd(),
         api::PodNetworkConfig::crd(),
+        api::FlatNetworkNodeConfig::crd(),
         api::FlatNetworkWireClaims::crd(),
         api::FloatingIPPool::crd(),
         api::FloatingIPProjectQuota::crd(),

@@ -11,6 +11,11 @@
 //! ([`label::HOTPLUG_INTERFACE`]) and the pod's node, owned by the pod, is
 //! the whole request: no further object, watch or write per pod.
 //!
+//! The primary interface's MTU has no address and so no FlatNetworkIP:
+//! it goes to the pod's node in that node's `FlatNetworkNodeConfig`
+//! (`spec.pods`, one entry per running pod asking), whose status the
+//! node's agent writes and this controller reads back the same way.
+//!
 //! Each pass plans from watch-driven copies ([`plan_namespace`], a pure
 //! function) and writes only the differences; passes run shortly after any
 //! change of the kinds read (debounced) and at a fixed resync interval.
@@ -24,8 +29,10 @@ use std::{
 
 use flatnet_k8s::{
     api::{
-        CONDITION_ATTACHED, CONDITION_READY, FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkSubnet,
-        PodFailure, PodNetworkConfig, PodNetworkConfigStatus, phase, set_condition,
+        CONDITION_ATTACHED, CONDITION_READY, FlatNetworkIP, FlatNetworkIPSpec,
+        FlatNetworkNodeConfig, FlatNetworkNodeConfigSpec, FlatNetworkSubnet, NodeBridge, NodeVlan,
+        PodFailure, PodNetworkConfig, PodNetworkConfigStatus, PodPrimaryMtu, PrimaryMtuResult,
+        phase, set_condition,
     },
     keys::{SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
     multus::{HotplugStatus, with_hotplug_entries},
@@ -75,6 +82,10 @@ pub mod reason {
     pub const HOTPLUG_FAILED: &str = "InterfaceHotplugFailed";
     /// No configuration asks for it any more: it is being removed.
     pub const REMOVED: &str = "InterfaceRemoved";
+    /// The pod's primary interface has the MTU a configuration asks for.
+    pub const PRIMARY_MTU_SET: &str = "PrimaryMtuSet";
+    /// It could not be set; the note says why.
+    pub const PRIMARY_MTU_FAILED: &str = "PrimaryMtuFailed";
 }
 
 /// Timings of the controller.
@@ -214,6 +225,26 @@ pub struct PlannedInterface {
     pub state: InterfaceState,
 }
 
+/// The primary MTU one running pod must have, and where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedPrimary {
+    /// The pod's node.
+    pub node: String,
+    /// What the node's FlatNetworkNodeConfig asks for the pod.
+    pub request: PodPrimaryMtu,
+    /// What the node's agent reported.
+    pub state: InterfaceState,
+}
+
+/// Where a pod's primary MTU is, from its node's report (`None`: none yet).
+fn primary_state(node: &str, mtu: u32, report: Option<&PrimaryMtuResult>) -> InterfaceState {
+    match report {
+        Some(r) if r.mtu == mtu && r.failure.is_empty() => InterfaceState::Applied(None),
+        Some(r) if r.mtu == mtu => InterfaceState::Failed(format!("node {node}: {}", r.failure)),
+        _ => InterfaceState::Waiting,
+    }
+}
+
 /// What one namespace needs written.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NamespacePlan {
@@ -231,6 +262,39 @@ pub struct NamespacePlan {
     pub network_status: Vec<(String, String, String)>,
     /// Every wanted interface of the running pods: (pod, interface) → state.
     pub interfaces: BTreeMap<(String, String), PlannedInterface>,
+    /// Running pods whose primary MTU is asked for, by name.
+    pub primary: BTreeMap<String, PlannedPrimary>,
+    /// The VLANs and bridges the running pods' nodes must have, by node.
+    pub node_links: BTreeMap<String, NodeLinks>,
+}
+
+/// VLANs (master, ID) and bridges (name → ports) one node must have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeLinks {
+    /// VLAN sub-interfaces.
+    pub vlans: BTreeSet<(String, i64)>,
+    /// Bridges and their ports.
+    pub bridges: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// What a node's agent reported on its VLANs and bridges: interface →
+/// failure (empty: as asked); `None` while the report is about an older
+/// spec.
+pub type LinkReport = Option<BTreeMap<String, String>>;
+
+/// The report in `config`'s status, when it describes its current spec.
+#[must_use]
+pub fn link_report(config: &FlatNetworkNodeConfig) -> LinkReport {
+    let status = config.status.as_ref()?;
+    (status.observed_generation.is_some()
+        && status.observed_generation == config.metadata.generation)
+        .then(|| {
+            status
+                .links
+                .iter()
+                .map(|l| (l.name.clone(), l.failure.clone()))
+                .collect()
+        })
 }
 
 /// The copies one namespace is planned from.
@@ -247,28 +311,10 @@ pub struct NamespaceInput<'a> {
     pub subnets: &'a [FlatNetworkSubnet],
     /// Its hot-plugged interfaces' records.
     pub records: &'a [Arc<FlatNetworkIP>],
-}
-
-/// Why a matched pod does not carry the parts of `config` no agent
-/// applies yet, if it asks for them.
-fn unsupported(config: &PodNetworkConfig) -> Option<String> {
-    let spec = &config.spec;
-    let mut parts = Vec::new();
-    if spec.primary.as_ref().is_some_and(|p| p.mtu.is_some()) {
-        parts.push("spec.primary.mtu");
-    }
-    if !spec.vlans.is_empty() {
-        parts.push("spec.vlans");
-    }
-    if !spec.bridges.is_empty() {
-        parts.push("spec.bridges");
-    }
-    (!parts.is_empty()).then(|| {
-        format!(
-            "{} not applied: the node agents do not apply them yet (docs/runtime-config.md)",
-            parts.join(", ")
-        )
-    })
+    /// The nodes' reports on primary MTUs, by pod UID.
+    pub primary_reports: &'a BTreeMap<String, PrimaryMtuResult>,
+    /// The nodes' reports on their VLANs and bridges, by node.
+    pub link_reports: &'a BTreeMap<String, LinkReport>,
 }
 
 /// Plans one namespace: the records its running pods' configurations ask
@@ -359,6 +405,39 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
                 },
             );
         }
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref())
+            && (!desired.vlans.is_empty() || !desired.bridges.is_empty())
+        {
+            let links = plan.node_links.entry(node.clone()).or_default();
+            links.vlans.extend(desired.vlans.iter().cloned());
+            for (bridge, ports) in &desired.bridges {
+                links
+                    .bridges
+                    .entry(bridge.clone())
+                    .or_default()
+                    .extend(ports.iter().cloned());
+            }
+        }
+        if let (Some(mtu), Some(node), Some(uid)) = (
+            desired.primary_mtu,
+            pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            pod.uid(),
+        ) {
+            let state = primary_state(&node, mtu, input.primary_reports.get(&uid));
+            plan.primary.insert(
+                view.name.clone(),
+                PlannedPrimary {
+                    node,
+                    request: PodPrimaryMtu {
+                        namespace: input.namespace.to_owned(),
+                        name: view.name.clone(),
+                        uid,
+                        mtu,
+                    },
+                    state,
+                },
+            );
+        }
         // Only where Multus keeps the annotation: on a pod without one,
         // readers take its flat address from the `selectedIP` label, and an
         // annotation lacking the flat attachment would hide that.
@@ -381,12 +460,48 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
     let mut configs: Vec<&PodNetworkConfig> = input.configs.iter().collect();
     configs.sort_by_key(|c| c.name_any());
     for config in configs {
-        let status = config_status(config, &pods, &plan.interfaces);
+        let status = config_status(
+            config,
+            &pods,
+            &plan.interfaces,
+            &plan.primary,
+            input.link_reports,
+        );
         if config.status.as_ref() != Some(&status) {
             plan.statuses.push((config.name_any(), status));
         }
     }
     plan
+}
+
+/// Adds to `reasons` why `node` does not have the VLANs and bridges
+/// `config` asks for, per its agent's `report`; returns whether some are
+/// not reported yet.
+fn link_problems(
+    config: &PodNetworkConfig,
+    node: &str,
+    report: Option<&BTreeMap<String, String>>,
+    reasons: &mut Vec<String>,
+) -> bool {
+    let vlans = config
+        .spec
+        .vlans
+        .iter()
+        .map(|v| ("spec.vlans", format!("{}.{}", v.master, v.id)));
+    let bridges = config
+        .spec
+        .bridges
+        .iter()
+        .map(|b| ("spec.bridges", b.name.clone()));
+    let mut waiting = false;
+    for (field, name) in vlans.chain(bridges) {
+        match report.and_then(|r| r.get(&name)) {
+            None => waiting = true,
+            Some(failure) if failure.is_empty() => {}
+            Some(failure) => reasons.push(format!("{field}: node {node}: {failure}")),
+        }
+    }
+    waiting
 }
 
 /// The status `config` should show, from the running pods' desired state
@@ -395,10 +510,12 @@ fn config_status(
     config: &PodNetworkConfig,
     pods: &[(&Pod, PodDesired)],
     interfaces: &BTreeMap<(String, String), PlannedInterface>,
+    primary: &BTreeMap<String, PlannedPrimary>,
+    link_reports: &BTreeMap<String, LinkReport>,
 ) -> PodNetworkConfigStatus {
     let name = config.name_any();
-    let unsupported = unsupported(config);
     let (mut matched, mut applied) = (0_i64, 0_i64);
+    let mut waiting;
     let mut failed = Vec::new();
     let mut invalid_selector = None;
     for (pod, desired) in pods {
@@ -410,8 +527,23 @@ fn config_status(
             continue;
         }
         matched += 1;
-        reasons.extend(unsupported.clone());
-        let mut waiting = false;
+        waiting = false;
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            let report = link_reports.get(node).cloned().flatten();
+            waiting |= link_problems(config, node, report.as_ref(), &mut reasons);
+        }
+        let asks_mtu = config
+            .spec
+            .primary
+            .as_ref()
+            .is_some_and(|p| p.mtu.is_some());
+        match primary.get(&pod_name).map(|p| &p.state) {
+            Some(InterfaceState::Waiting) if asks_mtu => waiting = true,
+            Some(InterfaceState::Failed(why)) if asks_mtu => {
+                reasons.push(format!("spec.primary.mtu: {why}"));
+            }
+            _ => {}
+        }
         for ((of, interface), planned) in interfaces.range((pod_name.clone(), String::new())..) {
             if *of != pod_name {
                 break;
@@ -488,6 +620,78 @@ fn config_status(
     }
 }
 
+/// Adds what `plan`'s pods ask of their nodes to `specs` (node → spec):
+/// their primary MTUs, and the VLANs and bridges (each once, ports merged),
+/// in a stable order.
+pub fn add_to_node_specs(
+    specs: &mut BTreeMap<String, FlatNetworkNodeConfigSpec>,
+    plan: &NamespacePlan,
+) {
+    for planned in plan.primary.values() {
+        let spec = specs.entry(planned.node.clone()).or_default();
+        spec.pods.push(planned.request.clone());
+        spec.pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+    }
+    for (node, links) in &plan.node_links {
+        let spec = specs.entry(node.clone()).or_default();
+        let mut vlans: BTreeSet<(String, i64)> = spec
+            .vlans
+            .iter()
+            .map(|v| (v.master.clone(), v.id))
+            .collect();
+        vlans.extend(links.vlans.iter().cloned());
+        spec.vlans = vlans
+            .into_iter()
+            .map(|(master, id)| NodeVlan { master, id })
+            .collect();
+        let mut bridges: BTreeMap<String, BTreeSet<String>> = spec
+            .bridges
+            .iter()
+            .map(|b| (b.name.clone(), b.ports.iter().cloned().collect()))
+            .collect();
+        for (name, ports) in &links.bridges {
+            bridges
+                .entry(name.clone())
+                .or_default()
+                .extend(ports.iter().cloned());
+        }
+        spec.bridges = bridges
+            .into_iter()
+            .map(|(name, ports)| NodeBridge {
+                name,
+                ports: ports.into_iter().collect(),
+            })
+            .collect();
+    }
+}
+
+/// The FlatNetworkNodeConfigs to write so that each node's spec is
+/// `wanted` (node → spec, as [`add_to_node_specs`] orders it): node → the
+/// new spec, or `None` to delete one nothing is asked of any more. Nodes
+/// already right are left out.
+#[must_use]
+pub fn node_config_changes(
+    current: &[Arc<FlatNetworkNodeConfig>],
+    mut wanted: BTreeMap<String, FlatNetworkNodeConfigSpec>,
+) -> BTreeMap<String, Option<FlatNetworkNodeConfigSpec>> {
+    let mut changes = BTreeMap::new();
+    for config in current {
+        let node = config.name_any();
+        match wanted.remove(&node) {
+            None if config.metadata.deletion_timestamp.is_none() => {
+                changes.insert(node, None);
+            }
+            None => {}
+            Some(spec) if spec != config.spec => {
+                changes.insert(node, Some(spec));
+            }
+            Some(_) => {}
+        }
+    }
+    changes.extend(wanted.into_iter().map(|(node, spec)| (node, Some(spec))));
+    changes
+}
+
 /// A watch-driven copy of every object of `api` that wakes `wake` on
 /// each change.
 fn mirror<K>(
@@ -524,6 +728,7 @@ struct Copies {
     namespaces: Store<Namespace>,
     subnets: Store<FlatNetworkSubnet>,
     records: Store<FlatNetworkIP>,
+    node_configs: Store<FlatNetworkNodeConfig>,
 }
 
 /// Runs the controller until `stop`.
@@ -555,12 +760,18 @@ pub async fn run(client: Client, settings: Settings, stop: CancellationToken) {
         watcher::Config::default().labels(label::HOTPLUG_INTERFACE),
         Arc::clone(&wake),
     );
+    let (node_configs, follow_node_configs) = mirror(
+        Api::<FlatNetworkNodeConfig>::all(client.clone()),
+        watcher::Config::default(),
+        Arc::clone(&wake),
+    );
     let copies = Copies {
         configs,
         pods,
         namespaces,
         subnets,
         records,
+        node_configs,
     };
     let follow = futures::stream::select_all([
         follow_configs.boxed(),
@@ -568,6 +779,7 @@ pub async fn run(client: Client, settings: Settings, stop: CancellationToken) {
         follow_namespaces.boxed(),
         follow_subnets.boxed(),
         follow_records.boxed(),
+        follow_node_configs.boxed(),
     ])
     .for_each(|()| async {});
     let passes = async {
@@ -577,14 +789,16 @@ pub async fn run(client: Client, settings: Settings, stop: CancellationToken) {
             cache::synced(&copies.namespaces),
             cache::synced(&copies.subnets),
             cache::synced(&copies.records),
+            cache::synced(&copies.node_configs),
         );
-        if ready != (true, true, true, true, true) {
+        if ready != (true, true, true, true, true, true) {
             return;
         }
         let mut controller = Controller {
             client: client.clone(),
             events: Events::new(client.clone()),
             shown: HashMap::new(),
+            shown_primary: HashMap::new(),
             first: true,
         };
         let mut resync = tokio::time::interval(settings.resync);
@@ -611,6 +825,8 @@ struct Controller {
     events: Events,
     /// (namespace, pod, interface) → the last state an Event reported.
     shown: HashMap<(String, String, String), PlannedInterface>,
+    /// (namespace, pod) → the last primary MTU and state an Event reported.
+    shown_primary: HashMap<(String, String), (u32, InterfaceState)>,
     /// Before the first pass nothing was reported: interfaces already in
     /// place get no Event again after a restart.
     first: bool,
@@ -640,7 +856,19 @@ impl Controller {
             .map(|s| (**s).clone())
             .collect();
         let all_pods = copies.pods.state();
+        let node_configs = copies.node_configs.state();
+        let primary_reports: BTreeMap<String, PrimaryMtuResult> = node_configs
+            .iter()
+            .flat_map(|c| c.status.iter().flat_map(|s| s.pods.iter()))
+            .map(|r| (r.uid.clone(), r.clone()))
+            .collect();
+        let link_reports: BTreeMap<String, LinkReport> = node_configs
+            .iter()
+            .map(|c| (c.name_any(), link_report(c)))
+            .collect();
+        let mut node_specs: BTreeMap<String, FlatNetworkNodeConfigSpec> = BTreeMap::new();
         let mut seen = BTreeSet::new();
+        let mut seen_primary = BTreeSet::new();
         for namespace in namespaces {
             let labels = copies
                 .namespaces
@@ -671,12 +899,20 @@ impl Controller {
                 configs: &configs,
                 subnets: &subnets,
                 records: &records,
+                primary_reports: &primary_reports,
+                link_reports: &link_reports,
             });
+            add_to_node_specs(&mut node_specs, &plan);
             self.write(&namespace, &plan).await;
             self.announce(&namespace, &plan, &pods, &mut seen).await;
+            self.announce_primary(&namespace, &plan, &pods, &mut seen_primary)
+                .await;
         }
+        self.write_node_configs(&node_configs, node_specs).await;
         // Interfaces of pods gone or of namespaces without any left.
         self.shown.retain(|key, _| seen.contains(key));
+        self.shown_primary
+            .retain(|key, _| seen_primary.contains(key));
         self.first = false;
     }
 
@@ -753,6 +989,93 @@ impl Controller {
                     warn!(namespace, config = %name, %error, "cannot update a PodNetworkConfig's status; retrying");
                 }
             }
+        }
+    }
+
+    /// Brings the nodes' FlatNetworkNodeConfigs in line with `wanted`
+    /// (node → its pods' primary MTUs): created, changed, or deleted when
+    /// nothing is asked of the node any more (its agent then sets back
+    /// what it changed).
+    async fn write_node_configs(
+        &self,
+        current: &[Arc<FlatNetworkNodeConfig>],
+        wanted: BTreeMap<String, FlatNetworkNodeConfigSpec>,
+    ) {
+        let api: Api<FlatNetworkNodeConfig> = Api::all(self.client.clone());
+        for (node, spec) in node_config_changes(current, wanted) {
+            let result = match spec {
+                None => api
+                    .delete(&node, &DeleteParams::background())
+                    .await
+                    .map(|_| ()),
+                Some(spec) => {
+                    let mut object = FlatNetworkNodeConfig::new(&node, spec);
+                    object.metadata.labels =
+                        Some(BTreeMap::from([(label::NODE.to_owned(), node.clone())]));
+                    let patch = Patch::Apply(&object);
+                    api.patch(&node, &PatchParams::apply(FIELD_MANAGER).force(), &patch)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => debug!(%node, "FlatNetworkNodeConfig written"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(error) => {
+                    warn!(%node, %error, "cannot write a node's FlatNetworkNodeConfig; retrying");
+                }
+            }
+        }
+    }
+
+    /// Events on the pods whose primary MTU changed state since the last
+    /// report.
+    async fn announce_primary(
+        &mut self,
+        namespace: &str,
+        plan: &NamespacePlan,
+        pods: &[Arc<Pod>],
+        seen: &mut BTreeSet<(String, String)>,
+    ) {
+        for (pod_name, planned) in &plan.primary {
+            let key = (namespace.to_owned(), pod_name.clone());
+            seen.insert(key.clone());
+            let now = (planned.request.mtu, planned.state.clone());
+            if self.shown_primary.get(&key) == Some(&now) {
+                continue;
+            }
+            let Some(pod) = pods.iter().find(|p| p.name_any() == *pod_name) else {
+                continue;
+            };
+            let mtu = planned.request.mtu;
+            match &planned.state {
+                InterfaceState::Waiting => {}
+                InterfaceState::Applied(_) if self.first => {}
+                InterfaceState::Applied(_) => {
+                    self.events
+                        .normal(
+                            pod.as_ref(),
+                            reason::PRIMARY_MTU_SET,
+                            "SetPrimaryMtu",
+                            format!(
+                                "eth0 (and its node-side peer) set to MTU {mtu} on node {}",
+                                planned.node
+                            ),
+                        )
+                        .await;
+                }
+                InterfaceState::Failed(why) => {
+                    self.events
+                        .warn(
+                            pod.as_ref(),
+                            reason::PRIMARY_MTU_FAILED,
+                            "SetPrimaryMtu",
+                            format!("eth0 cannot be set to MTU {mtu}: {why}"),
+                        )
+                        .await;
+                }
+            }
+            self.shown_primary.insert(key, now);
         }
     }
 
@@ -903,6 +1226,8 @@ mod tests {
             configs,
             subnets: &[lan()],
             records: &records,
+            primary_reports: &BTreeMap::new(),
+            link_reports: &BTreeMap::new(),
         })
     }
 
@@ -1036,16 +1361,226 @@ mod tests {
             "{:?}",
             status("bad").failed
         );
-        assert!(
-            status("a-mtu").failed[0]
-                .reason
-                .contains("spec.primary.mtu not applied"),
-            "{:?}",
-            status("a-mtu").failed
+        // The primary MTU goes to the pod's node, and waits for its report.
+        assert!(status("a-mtu").failed.is_empty(), "{:?}", status("a-mtu"));
+        assert_eq!(ready(status("a-mtu")).reason, "Progressing");
+        let primary = &plan.primary["web-0"];
+        assert_eq!(
+            (primary.node.as_str(), primary.request.mtu, &primary.state),
+            ("node-1", 1400, &InterfaceState::Waiting)
         );
         // Its attachment is still made.
         assert_eq!(plan.create.len(), 1);
         assert_eq!(plan.create[0].name_any(), "web-0.if-net3");
+    }
+
+    fn mtu_config(name: &str, mtu: u32) -> PodNetworkConfig {
+        let mut config = config(name, "net2");
+        config.spec.attachments.clear();
+        config.spec.primary = Some(PrimarySettings { mtu: Some(mtu) });
+        config
+    }
+
+    fn report(mtu: u32, failure: &str) -> PrimaryMtuResult {
+        PrimaryMtuResult {
+            uid: "uid-web-0".into(),
+            mtu,
+            failure: failure.into(),
+        }
+    }
+
+    fn plan_with_reports(
+        configs: &[PodNetworkConfig],
+        reports: &[PrimaryMtuResult],
+    ) -> NamespacePlan {
+        let pods = [Arc::new(running_pod("web-0", json!({"app": "web"})))];
+        let reports = reports.iter().map(|r| (r.uid.clone(), r.clone())).collect();
+        plan_namespace(&NamespaceInput {
+            namespace: "shop",
+            labels: &Labels::new(),
+            pods: &pods,
+            configs,
+            subnets: &[lan()],
+            records: &[],
+            primary_reports: &reports,
+            link_reports: &BTreeMap::new(),
+        })
+    }
+
+    #[test]
+    fn a_primary_mtu_goes_to_the_pods_node_and_its_report_becomes_the_status() {
+        // The smallest MTU asked for is the pod's; both configurations
+        // read the same report.
+        let configs = [mtu_config("a", 1450), mtu_config("b", 1400)];
+        let waiting = plan_with_reports(&configs, &[]);
+        let primary = &waiting.primary["web-0"];
+        assert_eq!(
+            primary.request,
+            PodPrimaryMtu {
+                namespace: "shop".into(),
+                name: "web-0".into(),
+                uid: "uid-web-0".into(),
+                mtu: 1400,
+            }
+        );
+        assert_eq!(primary.node, "node-1");
+        for (_, status) in &waiting.statuses {
+            assert_eq!(
+                (status.matched, status.applied, status.failed_count),
+                (1, 0, 0)
+            );
+            assert_eq!(ready(status).reason, "Progressing");
+        }
+        // A report about another MTU (the one asked before) is no answer.
+        let stale = plan_with_reports(&configs, &[report(1450, "")]);
+        assert_eq!(stale.primary["web-0"].state, InterfaceState::Waiting);
+
+        let applied = plan_with_reports(&configs, &[report(1400, "")]);
+        for (_, status) in &applied.statuses {
+            assert_eq!((status.applied, status.failed_count), (1, 0));
+            assert_eq!(ready(status).status, "True");
+        }
+        let failed = plan_with_reports(
+            &configs,
+            &[report(1400, "interface eth0 not found in /proc/1/ns/net")],
+        );
+        for (_, status) in &failed.statuses {
+            assert_eq!((status.applied, status.failed_count), (0, 1));
+            assert_eq!(
+                status.failed[0].reason,
+                "spec.primary.mtu: node node-1: interface eth0 not found in /proc/1/ns/net"
+            );
+        }
+        // A configuration asking no MTU is not held up by it.
+        let other = plan_with_reports(&[config("net", "net2"), mtu_config("b", 1400)], &[]);
+        let net = &other.statuses.iter().find(|(n, _)| n == "net").unwrap().1;
+        assert_eq!(net.failed_count, 0);
+    }
+
+    #[test]
+    fn node_configs_are_created_changed_and_deleted_as_asked() {
+        let pod = |uid: &str, mtu: u32| PodPrimaryMtu {
+            namespace: "shop".into(),
+            name: uid.into(),
+            uid: uid.into(),
+            mtu,
+        };
+        let existing = |node: &str, pods: Vec<PodPrimaryMtu>| {
+            Arc::new(FlatNetworkNodeConfig::new(
+                node,
+                FlatNetworkNodeConfigSpec {
+                    pods,
+                    ..FlatNetworkNodeConfigSpec::default()
+                },
+            ))
+        };
+        let current = [
+            existing("same", vec![pod("a", 1400), pod("b", 1400)]),
+            existing("changed", vec![pod("c", 1400)]),
+            existing("gone", vec![pod("d", 1400)]),
+        ];
+        let spec = |pods: Vec<PodPrimaryMtu>| FlatNetworkNodeConfigSpec {
+            pods,
+            ..FlatNetworkNodeConfigSpec::default()
+        };
+        let wanted = BTreeMap::from([
+            (
+                "same".to_owned(),
+                spec(vec![pod("a", 1400), pod("b", 1400)]),
+            ),
+            ("changed".to_owned(), spec(vec![pod("c", 1300)])),
+            ("new".to_owned(), spec(vec![pod("e", 9000)])),
+        ]);
+        let changes = node_config_changes(&current, wanted);
+        assert_eq!(
+            changes.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["changed", "gone", "new"]
+        );
+        assert_eq!(changes["changed"].as_ref().unwrap().pods, [pod("c", 1300)]);
+        assert_eq!(changes["gone"], None);
+        assert_eq!(changes["new"].as_ref().unwrap().pods, [pod("e", 9000)]);
+    }
+
+    #[test]
+    fn node_links_are_merged_per_node_and_reports_become_the_status() {
+        let mut vlans = mtu_config("vlans", 1400);
+        vlans.spec.primary = None;
+        vlans.spec.vlans = vec![NodeVlan {
+            master: "eth1".into(),
+            id: 200,
+        }];
+        vlans.spec.bridges = vec![NodeBridge {
+            name: "br-s".into(),
+            ports: vec!["eth1.200".into()],
+        }];
+        let mut more = vlans.clone();
+        more.metadata.name = Some("more".into());
+        more.spec.vlans[0].id = 300;
+        more.spec.bridges[0].ports = vec!["eth2".into()];
+        let input = |reports: &BTreeMap<String, LinkReport>| {
+            let pods = [Arc::new(running_pod("web-0", json!({"app": "web"})))];
+            plan_namespace(&NamespaceInput {
+                namespace: "shop",
+                labels: &Labels::new(),
+                pods: &pods,
+                configs: &[vlans.clone(), more.clone()],
+                subnets: &[lan()],
+                records: &[],
+                primary_reports: &BTreeMap::new(),
+                link_reports: reports,
+            })
+        };
+        let waiting = input(&BTreeMap::new());
+        let mut specs = BTreeMap::new();
+        add_to_node_specs(&mut specs, &waiting);
+        let spec = &specs["node-1"];
+        assert_eq!(
+            spec.vlans,
+            [
+                NodeVlan {
+                    master: "eth1".into(),
+                    id: 200
+                },
+                NodeVlan {
+                    master: "eth1".into(),
+                    id: 300
+                }
+            ]
+        );
+        assert_eq!(spec.bridges[0].ports, ["eth1.200", "eth2"], "merged once");
+        for (_, status) in &waiting.statuses {
+            assert_eq!(ready(status).reason, "Progressing", "{status:?}");
+        }
+        // The node reports eth1.300 failed; the other configuration is done.
+        let report = BTreeMap::from([(
+            "node-1".to_owned(),
+            Some(BTreeMap::from([
+                ("eth1.200".to_owned(), String::new()),
+                (
+                    "eth1.300".to_owned(),
+                    "master eth1 of VLAN eth1.300 does not exist on node node-1".to_owned(),
+                ),
+                ("br-s".to_owned(), String::new()),
+            ])),
+        )]);
+        let reported = input(&report);
+        let status = |name: &str| {
+            reported
+                .statuses
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap()
+                .1
+                .clone()
+        };
+        assert_eq!(status("vlans").applied, 1);
+        assert_eq!(
+            status("more").failed[0].reason,
+            "spec.vlans: node node-1: master eth1 of VLAN eth1.300 does not exist on node node-1"
+        );
+        // A report about an older spec is no answer.
+        let stale = BTreeMap::from([("node-1".to_owned(), None)]);
+        assert_eq!(ready(&input(&stale).statuses[0].1).reason, "Progressing");
     }
 
     async fn wait_for(what: &str, done: impl Fn() -> bool) {
@@ -1202,5 +1737,111 @@ mod tests {
         stop.cancel();
         controller.await.unwrap();
         cluster.stop().await;
+    }
+
+    /// The controller on the fake API server: a configuration's primary
+    /// MTU reaches the pod's node in its FlatNetworkNodeConfig, the node's
+    /// report becomes the status and Events, and the configuration deleted
+    /// empties the node's object away.
+    #[tokio::test]
+    async fn a_primary_mtu_reaches_the_nodes_config_and_the_report_the_status() {
+        let server = FakeApiServer::new();
+        server.insert(&Namespace {
+            metadata: ObjectMeta {
+                name: Some("shop".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        });
+        server.insert(&running_pod("web-0", json!({"app": "web"})));
+        let stop = CancellationToken::new();
+        let controller = tokio::spawn(run(
+            server.client(),
+            Settings {
+                debounce: Duration::from_millis(10),
+                resync: Duration::from_secs(1),
+            },
+            stop.clone(),
+        ));
+        server.insert(&mtu_config("jumbo", 1400));
+        let node_config = || {
+            server
+                .list::<FlatNetworkNodeConfig>()
+                .into_iter()
+                .find(|c| c.name_any() == "node-1")
+        };
+        wait_for("the node's config asks for the pod's MTU", || {
+            node_config().is_some_and(|c| {
+                c.spec.pods.len() == 1
+                    && c.spec.pods[0].uid == "uid-web-0"
+                    && c.spec.pods[0].mtu == 1400
+                    && c.labels().get(label::NODE).map(String::as_str) == Some("node-1")
+            })
+        })
+        .await;
+        let status = || {
+            server
+                .list::<PodNetworkConfig>()
+                .into_iter()
+                .find_map(|c| c.status)
+                .unwrap_or_default()
+        };
+        wait_for("matched and waiting", || {
+            let s = status();
+            s.matched == 1 && s.applied == 0 && s.failed_count == 0
+        })
+        .await;
+
+        // The node's agent reports it set.
+        let mut reported = node_config().unwrap();
+        reported.status = Some(flatnet_k8s::api::FlatNetworkNodeConfigStatus {
+            pod_count: 1,
+            pods: vec![report(1400, "")],
+            ..Default::default()
+        });
+        server.insert(&reported);
+        wait_for("applied", || {
+            let s = status();
+            s.applied == 1
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+        })
+        .await;
+        let events = || server.list::<Event>();
+        wait_for("the Normal Event on the pod", || {
+            events().iter().any(|e| {
+                e.reason.as_deref() == Some(reason::PRIMARY_MTU_SET)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web-0")
+            })
+        })
+        .await;
+
+        // A failure on the node: per pod, with the node named, and a Warning.
+        reported.status = Some(flatnet_k8s::api::FlatNetworkNodeConfigStatus {
+            pod_count: 1,
+            pods: vec![report(1400, "cannot set MTU: Invalid argument")],
+            ..Default::default()
+        });
+        server.insert(&reported);
+        wait_for("failed with the reason", || {
+            status().failed.iter().any(|f| {
+                f.pod == "web-0"
+                    && f.reason == "spec.primary.mtu: node node-1: cannot set MTU: Invalid argument"
+            })
+        })
+        .await;
+        wait_for("the Warning Event", || {
+            events()
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(reason::PRIMARY_MTU_FAILED))
+        })
+        .await;
+
+        // Nothing asked of the node any more: its object goes.
+        server.delete::<PodNetworkConfig>("shop", "jumbo");
+        wait_for("the node's config gone", || node_config().is_none()).await;
+        stop.cancel();
+        controller.await.unwrap();
     }
 }

@@ -21,6 +21,7 @@ mod conditions;
 mod config;
 mod floating;
 mod ip;
+mod node_network_config;
 mod pod_network_config;
 mod subnet;
 pub(crate) mod wire;
@@ -38,6 +39,10 @@ pub use floating::{
     FloatingIPProjectQuotaSpec, FloatingIPProjectQuotaStatus,
 };
 pub use ip::{FlatNetworkIP, FlatNetworkIPSpec, FlatNetworkIPStatus};
+pub use node_network_config::{
+    FlatNetworkNodeConfig, FlatNetworkNodeConfigSpec, FlatNetworkNodeConfigStatus, NodeLinkResult,
+    PodPrimaryMtu, PrimaryMtuResult,
+};
 pub use pod_network_config::{
     ExtraAttachment, NodeBridge, NodeVlan, PodFailure, PodNetworkConfig, PodNetworkConfigSpec,
     PodNetworkConfigStatus, PrimarySettings,

@@ -623,7 +623,8 @@ async fn cluster_conditions() -> BTreeSet<Access> {
 /// A PodNetworkConfig: the matching running pod gets its hot-plugged
 /// interface's record; once the node reports the interface, the
 /// configuration's status, the pod's network-status and an Event follow;
-/// the configuration deleted, the record goes.
+/// its primary MTU goes to the node's FlatNetworkNodeConfig; the
+/// configuration deleted, the record and the node's object go.
 async fn pod_network_configs() -> BTreeSet<Access> {
     use flatnet_k8s::{
         api::{PodNetworkConfig, phase},
@@ -647,8 +648,15 @@ async fn pod_network_configs() -> BTreeSet<Access> {
         "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
         "metadata": {"name": "storage", "namespace": NS, "generation": 1},
         "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                 "primary": {"mtu": 1400},
                  "attachments": [{"subnet": "lan", "interface": "net2"}]}
     })));
+    let node_config = |server: &FakeApiServer| {
+        server
+            .list::<flatnet_k8s::api::FlatNetworkNodeConfig>()
+            .into_iter()
+            .find(|c| c.name_any() == "node-1")
+    };
     let record = |server: &FakeApiServer| named::<FlatNetworkIP>(server, "web-0.if-net2");
     let status = |server: &FakeApiServer| {
         named::<PodNetworkConfig>(server, "storage")
@@ -672,6 +680,22 @@ async fn pod_network_configs() -> BTreeSet<Access> {
                 record(&server).is_some() && status(&server).matched == 1
             })
             .await;
+            reach("the node asked for the pod's MTU", || {
+                node_config(&server).is_some()
+            })
+            .await;
+            // The node's agent: the MTU is set.
+            let mut reported = node_config(&server).expect("node config");
+            reported.status = Some(flatnet_k8s::api::FlatNetworkNodeConfigStatus {
+                pod_count: 1,
+                pods: vec![flatnet_k8s::api::PrimaryMtuResult {
+                    uid: "uid-web-0".into(),
+                    mtu: 1400,
+                    failure: String::new(),
+                }],
+                ..Default::default()
+            });
+            server.insert(&reported);
             // Allocation and the node's agent: the interface is in the pod.
             let mut active = record(&server).expect("record");
             let record_status = active.status.get_or_insert_with(Default::default);
@@ -692,8 +716,9 @@ async fn pod_network_configs() -> BTreeSet<Access> {
             })
             .await;
             server.delete::<PodNetworkConfig>(NS, "storage");
-            reach("the record deleted", || {
+            reach("the record and the node's object deleted", || {
                 record(&server).is_none_or(|r| r.metadata.deletion_timestamp.is_some())
+                    && node_config(&server).is_none()
             })
             .await;
         },
