@@ -5,19 +5,16 @@
 //! Precedence, for every setting: a field set in the FlatNetworkConfig
 //! wins over the environment variable (or flag) of the same setting, which
 //! wins over the built-in default. What applies is logged at start and at
-//! every change. In Kubernetes mode [`follow`] watches the object and
-//! hands each change to the running agent through a [`SettingsView`] (no
+//! every change. In Kubernetes mode [`follow`] reads the object from the
+//! agent's one watch of it ([`crate::cluster_config`]) and hands each change to the running agent through a [`SettingsView`] (no
 //! restart); standalone agents keep their environment's.
 
 use std::time::Duration;
 
-use flatnet_k8s::api::{AgentsSpec, CONFIG_NAME, FlatNetworkConfig, setting_source};
-use futures::StreamExt;
-use kube::{
-    Api,
-    runtime::{WatchStreamExt, watcher},
-};
+use flatnet_k8s::api::{AgentsSpec, setting_source};
 use tokio::sync::watch;
+
+use crate::cluster_config::ClusterConfigView;
 
 /// The probe's wait when it is turned on without one.
 pub const DEFAULT_PROBE_WAIT: Duration = Duration::from_millis(500);
@@ -150,37 +147,18 @@ pub fn from_environment(env: EnvSettings) -> SettingsView {
 
 /// Kubernetes: the environment's settings until the FlatNetworkConfig
 /// `cluster` is read, then its `spec.agents` over them, followed for the
-/// agent's life (list and watch of that one object).
+/// agent's life through `cluster` (the agent's one watch of that object).
 #[must_use]
-pub fn follow(client: kube::Client, env: EnvSettings) -> SettingsView {
+pub fn follow(mut cluster: ClusterConfigView, env: EnvSettings) -> SettingsView {
     let mut logged = None;
     log_applied(None, env, &mut logged);
     let (sender, view) = SettingsView::channel(env.into());
-    let api: Api<FlatNetworkConfig> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_NAME}"));
     tokio::spawn(async move {
-        let mut events = watcher(api, config).default_backoff().boxed();
-        // Whether the initial list brought the object.
-        let mut listed = false;
-        while let Some(event) = events.next().await {
-            let spec = match event {
-                Ok(watcher::Event::Apply(config)) => Some(config.spec.agents),
-                Ok(watcher::Event::InitApply(config)) => {
-                    listed = true;
-                    Some(config.spec.agents)
-                }
-                Ok(watcher::Event::Init) => {
-                    listed = false;
-                    continue;
-                }
-                Ok(watcher::Event::InitDone) if !listed => None,
-                Ok(watcher::Event::InitDone) => continue,
-                Ok(watcher::Event::Delete(_)) => None,
-                Err(error) => {
-                    tracing::warn!(%error, "FlatNetworkConfig watch failed; the settings in force stay; retrying");
-                    continue;
-                }
-            };
+        loop {
+            let spec = cluster
+                .borrow_and_update()
+                .as_ref()
+                .map(|config| config.spec.agents.clone());
             log_applied(spec.as_ref(), env, &mut logged);
             sender.send_if_modified(|current| {
                 let applied = effective(spec.as_ref(), env);
@@ -188,6 +166,10 @@ pub fn follow(client: kube::Client, env: EnvSettings) -> SettingsView {
                 *current = applied;
                 changed
             });
+            // The watch ended: the settings in force stay.
+            if cluster.changed().await.is_err() {
+                break;
+            }
         }
     });
     view

@@ -1,6 +1,7 @@
 //! flatnet's node agent: interfaces, CNI service and the eBPF data plane.
 
 pub mod atomic_file;
+pub mod cluster_config;
 pub mod cluster_settings;
 pub mod cni;
 pub mod cni_service;

@@ -22,7 +22,7 @@ use std::{
 
 use flatnet_k8s::{
     api::{
-        CONFIG_NAME, FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims,
+        FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet, FlatNetworkWireClaims,
         FlatNetworkWireClaimsSpec, ForeignClaim,
     },
     ipam::{Mac, MacRange},
@@ -306,18 +306,15 @@ fn owner_reference(subnet: &FlatNetworkSubnet) -> Option<OwnerReference> {
 
 /// Publishes the node's foreign claims every [`PUBLISH_INTERVAL`], reading
 /// the inventory pinned under `pin_root`, for as long as the agent runs.
+/// The MAC pool's range comes from `cluster`, the agent's one watch of the
+/// FlatNetworkConfig `cluster`.
 pub async fn run(
     desired: &crate::desired::kubernetes::Kubernetes,
     client: kube::Client,
+    cluster: crate::cluster_config::ClusterConfigView,
     node: &str,
     pin_root: &std::path::Path,
 ) {
-    // The MAC pool's range: foreign MACs in it are reported wherever they
-    // claim (without the grant, or before the first list: none).
-    let config = crate::desired::kubernetes::Mirror::follow_notifying(
-        Api::<FlatNetworkConfig>::all(client.clone()),
-        None,
-    );
     let mut publisher = WirePublisher::new(client, node);
     let mut tick = tokio::time::interval(PUBLISH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -336,10 +333,12 @@ pub async fn run(
                 }
             };
         let now = (crate::datapath::monotonic_ns(), Timestamp::now());
-        let mac_pool = config.objects().and_then(|configs| {
-            let cluster = configs.iter().find(|c| c.name_any() == CONFIG_NAME)?;
-            cluster.mac_range()
-        });
+        // Foreign MACs in the MAC pool's range are reported wherever they
+        // claim (without the object, or before its first list: none).
+        let mac_pool = cluster
+            .borrow()
+            .as_ref()
+            .and_then(FlatNetworkConfig::mac_range);
         let summary = foreign_claims(
             &claims,
             &subnets,

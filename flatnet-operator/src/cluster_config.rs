@@ -14,18 +14,19 @@
 //! `status.macPool` with the resourceVersion that was read, so two
 //! replicas can never record two ranges, and later leaders keep it. A
 //! drawn range holding a MAC the node agents saw on the LAN within the
-//! default wire window (another flatnet cluster, or hosts, using it) is
-//! drawn again ([`range_avoiding`]).
+//! operator's wire window (`FLATNET_WIRE_WINDOW`; another flatnet cluster,
+//! or hosts, using it) is drawn again ([`range_avoiding`]).
 
 use std::{
     collections::BTreeMap,
     hash::{BuildHasher, Hasher},
+    time::Duration,
 };
 
 use flatnet_k8s::{
     api::{CONFIG_NAME, FlatNetworkConfig, FlatNetworkWireClaims, MacPoolMode, MacPoolStatus},
     ipam::{
-        DEFAULT_WIRE_WINDOW, LiveClaim, Mac, MacRange,
+        LiveClaim, Mac, MacRange,
         foreign_macs::{foreign_macs, inside, overlap_warning},
     },
     keys::SUBNET_NAMESPACE,
@@ -64,6 +65,9 @@ pub struct Applied {
     pub cluster_cidrs: Vec<Cidr>,
     /// Service CIDRs written into the attachment.
     pub service_cidrs: Vec<Cidr>,
+    /// The wire window (`FLATNET_WIRE_WINDOW`): how recently a MAC must
+    /// have been seen on the LAN to keep a random range from being chosen.
+    pub wire_window: Duration,
 }
 
 /// The CNI settings in force: each field the FlatNetworkConfig sets wins
@@ -143,10 +147,11 @@ fn needs_random_range(config: &FlatNetworkConfig) -> bool {
             .is_some_and(|p| p.generated && p.range().is_some())
 }
 
-/// A random range holding no MAC the node agents saw on the LAN. Without
+/// A random range holding no MAC the node agents saw on the LAN within
+/// `wire_window`. Without
 /// their reports (a failed list) any random range is taken: the allocator
 /// still skips the MACs they report later.
-async fn fresh_range(client: &Client) -> MacRange {
+async fn fresh_range(client: &Client, wire_window: Duration) -> MacRange {
     let api: Api<FlatNetworkWireClaims> = Api::namespaced(client.clone(), SUBNET_NAMESPACE);
     let reports = match api.list(&ListParams::default().match_any()).await {
         Ok(list) => list.items,
@@ -155,7 +160,7 @@ async fn fresh_range(client: &Client) -> MacRange {
             Vec::new()
         }
     };
-    let foreign = foreign_macs(&reports, Timestamp::now(), DEFAULT_WIRE_WINDOW);
+    let foreign = foreign_macs(&reports, Timestamp::now(), wire_window);
     let (range, warning) = range_avoiding(&foreign, random_range);
     if let Some(warning) = warning {
         warn!("{warning}");
@@ -225,8 +230,8 @@ pub fn describe(config: Option<&FlatNetworkConfig>, env: &CniSettings) -> String
     )
 }
 
-/// Brings the status of `config` in line (MAC range, observedGeneration)
-/// and returns the object as stored; a conflicting write returns `None`
+/// Brings the status of `config` in line (MAC range, avoiding the MACs
+/// seen on the LAN within `wire_window`; observedGeneration) and returns the object as stored; a conflicting write returns `None`
 /// (the watch brings the newer object).
 ///
 /// # Errors
@@ -234,10 +239,11 @@ pub fn describe(config: Option<&FlatNetworkConfig>, env: &CniSettings) -> String
 pub async fn reconcile(
     client: &Client,
     config: &FlatNetworkConfig,
+    wire_window: Duration,
 ) -> Result<Option<FlatNetworkConfig>, kube::Error> {
     let mut status = config.status.clone().unwrap_or_default();
     let fresh = if needs_random_range(config) {
-        fresh_range(client).await
+        fresh_range(client, wire_window).await
     } else {
         random_range()
     };
@@ -285,7 +291,7 @@ pub async fn run(client: Client, applied: Applied, stop: CancellationToken) {
                 continue;
             }
             Some(Ok(watcher::Event::Apply(config) | watcher::Event::InitApply(config))) => {
-                match reconcile(&client, &config).await {
+                match reconcile(&client, &config, applied.wire_window).await {
                     Ok(Some(stored)) => Some(stored),
                     Ok(None) => continue,
                     Err(error) => {
@@ -318,7 +324,10 @@ pub async fn run(client: Client, applied: Applied, stop: CancellationToken) {
 mod tests {
     use super::*;
     use crate::allocation::fake_api::FakeApiServer;
-    use flatnet_k8s::api::{FlatNetworkConfigSpec, MacPoolSpec};
+    use flatnet_k8s::{
+        api::{FlatNetworkConfigSpec, MacPoolSpec},
+        ipam::DEFAULT_WIRE_WINDOW,
+    };
 
     fn config(range: Option<(&str, &str)>) -> FlatNetworkConfig {
         let mut config = FlatNetworkConfig::new(
@@ -342,7 +351,10 @@ mod tests {
         server.insert(&config(None));
         let client = server.client();
         let stored = server.list::<FlatNetworkConfig>().remove(0);
-        let first = reconcile(&client, &stored).await.unwrap().unwrap();
+        let first = reconcile(&client, &stored, DEFAULT_WIRE_WINDOW)
+            .await
+            .unwrap()
+            .unwrap();
         let recorded = first.status.clone().unwrap();
         assert_eq!(recorded.observed_generation, Some(1));
         let pool = recorded.mac_pool.clone().unwrap();
@@ -354,13 +366,21 @@ mod tests {
         );
         assert!(pool.range_start.ends_with(":00:00:00"), "{pool:?}");
         // Later passes (a new leader) keep it.
-        let again = reconcile(&client, &first).await.unwrap().unwrap();
+        let again = reconcile(&client, &first, DEFAULT_WIRE_WINDOW)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(again.status.unwrap().mac_pool, Some(pool));
         assert_eq!(active_pool(Some(&first)).map(|p| p.range), Some(range));
 
         // A second writer that read the object before the first wrote
         // loses: only one range is ever recorded.
-        assert_eq!(reconcile(&client, &stored).await.unwrap(), None);
+        assert_eq!(
+            reconcile(&client, &stored, DEFAULT_WIRE_WINDOW)
+                .await
+                .unwrap(),
+            None
+        );
         let stored = server.list::<FlatNetworkConfig>().remove(0);
         assert_eq!(
             stored.status.unwrap().mac_pool.unwrap().range(),
@@ -374,7 +394,10 @@ mod tests {
         server.insert(&config(Some(("02:10:00:00:00:00", "02:10:00:00:ff:ff"))));
         let client = server.client();
         let stored = server.list::<FlatNetworkConfig>().remove(0);
-        let applied = reconcile(&client, &stored).await.unwrap().unwrap();
+        let applied = reconcile(&client, &stored, DEFAULT_WIRE_WINDOW)
+            .await
+            .unwrap()
+            .unwrap();
         let pool = applied.status.clone().unwrap().mac_pool.unwrap();
         assert_eq!(
             (

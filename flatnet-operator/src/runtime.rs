@@ -214,6 +214,7 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
             attachment: config.network_attachment.clone(),
             cluster_cidrs: config.cluster_cidrs.clone(),
             service_cidrs: config.service_cidrs.clone(),
+            wire_window: config.allocation.wire_window,
         };
         let health_settings = config.cluster_health.clone();
         move |stop: CancellationToken| {

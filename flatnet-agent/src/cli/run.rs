@@ -5,6 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context;
 use clap::Args;
 use flatnet_agent::{
+    cluster_config,
     cluster_settings::{self, EnvSettings, SettingsView},
     cni::plugin::DEFAULT_AGENT_SOCKET,
     cni_service::{AgentService, ServiceConfig, SpecSettings},
@@ -227,7 +228,9 @@ impl RunArgs {
             desired.follow_allocations();
             let records = Records::open(&self.record_dir)?;
             let source = PolicySource::Kubernetes(client.clone());
-            let settings = cluster_settings::follow(client.clone(), self.env_settings());
+            // One watch of the FlatNetworkConfig `cluster` for every reader.
+            let cluster = cluster_config::watch(client.clone());
+            let settings = cluster_settings::follow(cluster.clone(), self.env_settings());
             let (node, pin_root) = (node_name.clone(), self.pin_root.clone());
             let floating_metrics = metrics.floating.clone();
             let mac_conflicts = metrics.mac_conflicts.clone();
@@ -286,7 +289,13 @@ impl RunArgs {
                         });
                         sync_until_reachable(service.desired()).await;
                         tokio::join!(
-                            wire_report::run(service.desired(), client.clone(), &node, &pin_root),
+                            wire_report::run(
+                                service.desired(),
+                                client.clone(),
+                                cluster,
+                                &node,
+                                &pin_root,
+                            ),
                             mac_conflict::run(
                                 service.desired(),
                                 client,

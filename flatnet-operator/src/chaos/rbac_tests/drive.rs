@@ -518,6 +518,7 @@ async fn cluster_configuration() -> BTreeSet<Access> {
         attachment: "rancher-flat-network".into(),
         cluster_cidrs: Vec::new(),
         service_cidrs: Vec::new(),
+        wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
     };
     let pool = applied.mac_pool.clone();
     let client = recorded.client();
