@@ -89,6 +89,18 @@ async fn reach(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// Whether `recorded` has seen a watch of each of `resources`. A
+/// reflector lists before it watches, so a step can be reached on what the
+/// list brought, and a drive stopped right then would miss the watch.
+fn watching(recorded: &FakeApiServer, resources: &[&str]) -> bool {
+    let accesses = recorded.accesses();
+    resources.iter().all(|resource| {
+        accesses
+            .iter()
+            .any(|a| a.verb == "watch" && a.resource == *resource)
+    })
+}
+
 /// Runs `controller` (given a stop token) while `steps` drive it, then
 /// stops it.
 async fn running<C, S>(controller: impl FnOnce(CancellationToken) -> C, steps: S)
@@ -613,6 +625,18 @@ async fn cluster_conditions() -> BTreeSet<Access> {
                             .iter()
                             .any(|c| c.type_ == CONDITION_AVAILABLE && c.status == "True")
                     })
+            })
+            .await;
+            reach("every cache watching", || {
+                watching(
+                    &recorded,
+                    &[
+                        "flatnetworkconfigs",
+                        "daemonsets",
+                        "leases",
+                        "endpointslices",
+                    ],
+                )
             })
             .await;
         },
