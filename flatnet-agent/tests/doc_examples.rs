@@ -15,6 +15,9 @@
 //! Subnets and workloads are checked through the admission webhook by
 //! `flatnet-operator`'s `doc_examples` test.
 
+#[path = "../../flatnet-operator/src/doc_examples/markdown.rs"]
+mod markdown;
+
 use std::{
     collections::BTreeMap,
     fs,
@@ -303,22 +306,7 @@ fn a_broken_policy_example_is_reported() {
 #[test]
 fn runtime_config_examples_are_what_the_agent_and_the_webhook_accept() {
     let text = fs::read_to_string(docs_dir().join("runtime-config.md")).expect("read the page");
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        match (&mut current, line.trim()) {
-            (None, "```yaml") => current = Some(String::new()),
-            (Some(block), "```") => {
-                blocks.push(std::mem::take(block));
-                current = None;
-            }
-            (Some(block), _) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
+    let blocks = markdown::yaml_blocks(&text);
     let mut state_files = 0;
     for (index, block) in blocks.iter().enumerate() {
         let origin = format!("docs/runtime-config.md yaml block {index}");

@@ -22,6 +22,8 @@
 //! state files are checked by `flatnet-agent`'s `doc_examples` test, which
 //! owns their parsers.
 
+mod markdown;
+
 use std::{
     collections::BTreeMap,
     fs,
@@ -86,27 +88,6 @@ pub(crate) fn documents(text: &str, origin: &str) -> Vec<Value> {
         })
         .filter(|value| !value.is_null())
         .collect()
-}
-
-/// The ```yaml blocks of a README.
-fn readme_yaml_blocks(readme: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in readme.lines() {
-        match (&mut current, line.trim_start()) {
-            (None, "```yaml") => current = Some(String::new()),
-            (Some(block), "```") => {
-                blocks.push(std::mem::take(block));
-                current = None;
-            }
-            (Some(block), _) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            (None, _) => {}
-        }
-    }
-    blocks
 }
 
 /// Paths of fields present in `written` but absent after a round trip
@@ -261,7 +242,7 @@ impl Example {
         let path = dir.join("README.md");
         let readme = fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("example {} needs a README.md: {e}", self.name));
-        for (index, block) in readme_yaml_blocks(&readme).iter().enumerate() {
+        for (index, block) in markdown::yaml_blocks(&readme).iter().enumerate() {
             let origin = format!("{} yaml block {}", path.display(), index + 1);
             for document in documents(block, &origin) {
                 if document["kind"] != "FlatNetworkIP" {
