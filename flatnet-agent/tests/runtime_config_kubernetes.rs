@@ -434,17 +434,14 @@ fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_u
                     && f.reason.contains("no ready sandbox")
             })
     });
-    let events = || cluster.server.list::<k8s_openapi::api::events::v1::Event>();
     wait_until("the pods' Events", || {
-        let events = events();
-        let on = |pod: &str, reason: &str| {
-            events.iter().any(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
-            })
-        };
-        on(OTHER_POD, controller::reason::PRIMARY_MTU_SET)
-            && on(UNKNOWN_POD, controller::reason::PRIMARY_MTU_FAILED)
+        has_event(&cluster, OTHER_POD, controller::reason::PRIMARY_MTU_SET, "")
+            && has_event(
+                &cluster,
+                UNKNOWN_POD,
+                controller::reason::PRIMARY_MTU_FAILED,
+                "",
+            )
     });
 
     // The configuration deleted: set back, the node's object gone.
@@ -457,5 +454,95 @@ fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_u
     });
     wait_until("the node's object gone", || {
         cluster.server.list::<FlatNetworkNodeConfig>().is_empty()
+    });
+}
+
+/// Whether pod `pod` has an Event with `reason` whose note contains `text`.
+fn has_event(cluster: &Cluster, pod: &str, reason: &str, text: &str) -> bool {
+    cluster
+        .server
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .any(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+                && e.note.as_deref().is_some_and(|n| n.contains(text))
+        })
+}
+
+#[test]
+fn a_node_vlan_that_cannot_be_made_fails_each_matched_pod_naming_the_node_until_fixed() {
+    let Some(cluster) = Cluster::running_for_test(
+        "a_node_vlan_that_cannot_be_made_fails_each_matched_pod_naming_the_node_until_fixed",
+    ) else {
+        return;
+    };
+    let links = |spec: Value| {
+        serde_json::from_value::<PodNetworkConfig>(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
+            "metadata": {"name": "links", "namespace": "default"},
+            "spec": spec
+        }))
+        .unwrap()
+    };
+    // The master does not exist on the node: the agent reports it, and
+    // the operator fails every matched pod (all three run on node-1).
+    cluster.server.insert(&links(json!({
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "vlans": [{"master": "rknosuch", "id": 200}]
+    })));
+    let why = "spec.vlans: node node-1: master rknosuch of VLAN rknosuch.200 does not exist on node node-1";
+    wait_until("every matched pod failed with the node's reason", || {
+        let status = cluster.status();
+        status.matched == 3
+            && status.applied == 0
+            && status.failed_count == 3
+            && status.failed.iter().all(|f| f.reason.starts_with(why))
+    });
+    let reported = cluster.server.list::<FlatNetworkNodeConfig>();
+    let report = reported[0].status.as_ref().expect("the agent's report");
+    assert_eq!(report.observed_generation, reported[0].metadata.generation);
+    assert_eq!(report.links.len(), 1, "{report:?}");
+    assert!(
+        report.links[0]
+            .failure
+            .starts_with("master rknosuch of VLAN"),
+        "{report:?}"
+    );
+    wait_until("a NodeLinksFailed Event on each pod", || {
+        [POD, OTHER_POD, UNKNOWN_POD]
+            .iter()
+            .all(|pod| has_event(&cluster, pod, controller::reason::NODE_LINKS_FAILED, why))
+    });
+    assert!(!has_link(&cluster.node, "rknosuch.200"));
+
+    // Fixed (a bridge instead, which this node can make): applied, the
+    // failures gone, an Event saying so.
+    cluster.server.insert(&links(json!({
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "bridges": [{"name": "rkbr1"}]
+    })));
+    wait_until("every matched pod applied", || {
+        let status = cluster.status();
+        status.matched == 3 && status.applied == 3 && status.failed.is_empty()
+    });
+    assert!(has_link(&cluster.node, "rkbr1"));
+    wait_until("a NodeLinksReady Event on each pod", || {
+        [POD, OTHER_POD, UNKNOWN_POD].iter().all(|pod| {
+            has_event(
+                &cluster,
+                pod,
+                controller::reason::NODE_LINKS_READY,
+                "node node-1",
+            )
+        })
+    });
+
+    cluster
+        .server
+        .delete::<PodNetworkConfig>("default", "links");
+    wait_until("the bridge removed and the node's object gone", || {
+        !has_link(&cluster.node, "rkbr1")
+            && cluster.server.list::<FlatNetworkNodeConfig>().is_empty()
     });
 }

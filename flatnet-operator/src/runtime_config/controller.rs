@@ -86,6 +86,10 @@ pub mod reason {
     pub const PRIMARY_MTU_SET: &str = "PrimaryMtuSet";
     /// It could not be set; the note says why.
     pub const PRIMARY_MTU_FAILED: &str = "PrimaryMtuFailed";
+    /// The pod's node has the VLANs and bridges its configurations ask for.
+    pub const NODE_LINKS_READY: &str = "NodeLinksReady";
+    /// Some could not be made on the pod's node; the note says why.
+    pub const NODE_LINKS_FAILED: &str = "NodeLinksFailed";
 }
 
 /// Timings of the controller.
@@ -266,6 +270,9 @@ pub struct NamespacePlan {
     pub primary: BTreeMap<String, PlannedPrimary>,
     /// The VLANs and bridges the running pods' nodes must have, by node.
     pub node_links: BTreeMap<String, NodeLinks>,
+    /// Running pods whose configurations ask their node for VLANs or
+    /// bridges, by name: the node, and whether it has them.
+    pub pod_node_links: BTreeMap<String, (String, InterfaceState)>,
 }
 
 /// VLANs (master, ID) and bridges (name → ports) one node must have.
@@ -417,6 +424,24 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
                     .or_default()
                     .extend(ports.iter().cloned());
             }
+            let names = link_names(
+                desired
+                    .vlans
+                    .iter()
+                    .map(|(master, id)| (master.as_str(), *id)),
+                desired.bridges.keys().map(String::as_str),
+            );
+            let report = input.link_reports.get(node).cloned().flatten();
+            let mut reasons = Vec::new();
+            let state = if link_failures(names, node, report.as_ref(), &mut reasons) {
+                InterfaceState::Waiting
+            } else if reasons.is_empty() {
+                InterfaceState::Applied(None)
+            } else {
+                InterfaceState::Failed(reasons.join("; "))
+            };
+            plan.pod_node_links
+                .insert(view.name.clone(), (node.clone(), state));
         }
         if let (Some(mtu), Some(node), Some(uid)) = (
             desired.primary_mtu,
@@ -474,6 +499,16 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
     plan
 }
 
+/// The interfaces named by VLANs (master, ID) and bridges, each with the
+/// field of a PodNetworkConfig that asks for it.
+fn link_names<'a>(
+    vlans: impl Iterator<Item = (&'a str, i64)> + 'a,
+    bridges: impl Iterator<Item = &'a str> + 'a,
+) -> impl Iterator<Item = (&'static str, String)> + 'a {
+    let vlans = vlans.map(|(master, id)| ("spec.vlans", format!("{master}.{id}")));
+    vlans.chain(bridges.map(|name| ("spec.bridges", name.to_owned())))
+}
+
 /// Adds to `reasons` why `node` does not have the VLANs and bridges
 /// `config` asks for, per its agent's `report`; returns whether some are
 /// not reported yet.
@@ -483,18 +518,24 @@ fn link_problems(
     report: Option<&BTreeMap<String, String>>,
     reasons: &mut Vec<String>,
 ) -> bool {
-    let vlans = config
-        .spec
-        .vlans
-        .iter()
-        .map(|v| ("spec.vlans", format!("{}.{}", v.master, v.id)));
-    let bridges = config
-        .spec
-        .bridges
-        .iter()
-        .map(|b| ("spec.bridges", b.name.clone()));
+    let names = link_names(
+        config.spec.vlans.iter().map(|v| (v.master.as_str(), v.id)),
+        config.spec.bridges.iter().map(|b| b.name.as_str()),
+    );
+    link_failures(names, node, report, reasons)
+}
+
+/// Adds to `reasons` why `node` does not have the interfaces `names`
+/// (field, interface), per its agent's `report`; returns whether some are
+/// not reported yet.
+fn link_failures(
+    names: impl Iterator<Item = (&'static str, String)>,
+    node: &str,
+    report: Option<&BTreeMap<String, String>>,
+    reasons: &mut Vec<String>,
+) -> bool {
     let mut waiting = false;
-    for (field, name) in vlans.chain(bridges) {
+    for (field, name) in names {
         match report.and_then(|r| r.get(&name)) {
             None => waiting = true,
             Some(failure) if failure.is_empty() => {}
@@ -799,6 +840,7 @@ pub async fn run(client: Client, settings: Settings, stop: CancellationToken) {
             events: Events::new(client.clone()),
             shown: HashMap::new(),
             shown_primary: HashMap::new(),
+            shown_links: HashMap::new(),
             first: true,
         };
         let mut resync = tokio::time::interval(settings.resync);
@@ -827,6 +869,9 @@ struct Controller {
     shown: HashMap<(String, String, String), PlannedInterface>,
     /// (namespace, pod) → the last primary MTU and state an Event reported.
     shown_primary: HashMap<(String, String), (u32, InterfaceState)>,
+    /// (namespace, pod) → the node and the state of its VLANs and bridges
+    /// an Event last reported.
+    shown_links: HashMap<(String, String), (String, InterfaceState)>,
     /// Before the first pass nothing was reported: interfaces already in
     /// place get no Event again after a restart.
     first: bool,
@@ -869,6 +914,7 @@ impl Controller {
         let mut node_specs: BTreeMap<String, FlatNetworkNodeConfigSpec> = BTreeMap::new();
         let mut seen = BTreeSet::new();
         let mut seen_primary = BTreeSet::new();
+        let mut seen_links = BTreeSet::new();
         for namespace in namespaces {
             let labels = copies
                 .namespaces
@@ -907,12 +953,15 @@ impl Controller {
             self.announce(&namespace, &plan, &pods, &mut seen).await;
             self.announce_primary(&namespace, &plan, &pods, &mut seen_primary)
                 .await;
+            self.announce_node_links(&namespace, &plan, &pods, &mut seen_links)
+                .await;
         }
         self.write_node_configs(&node_configs, node_specs).await;
         // Interfaces of pods gone or of namespaces without any left.
         self.shown.retain(|key, _| seen.contains(key));
         self.shown_primary
             .retain(|key, _| seen_primary.contains(key));
+        self.shown_links.retain(|key, _| seen_links.contains(key));
         self.first = false;
     }
 
@@ -1048,34 +1097,78 @@ impl Controller {
                 continue;
             };
             let mtu = planned.request.mtu;
-            match &planned.state {
-                InterfaceState::Waiting => {}
-                InterfaceState::Applied(_) if self.first => {}
-                InterfaceState::Applied(_) => {
-                    self.events
-                        .normal(
-                            pod.as_ref(),
-                            reason::PRIMARY_MTU_SET,
-                            "SetPrimaryMtu",
-                            format!(
-                                "eth0 (and its node-side peer) set to MTU {mtu} on node {}",
-                                planned.node
-                            ),
-                        )
-                        .await;
-                }
-                InterfaceState::Failed(why) => {
-                    self.events
-                        .warn(
-                            pod.as_ref(),
-                            reason::PRIMARY_MTU_FAILED,
-                            "SetPrimaryMtu",
-                            format!("eth0 cannot be set to MTU {mtu}: {why}"),
-                        )
-                        .await;
-                }
-            }
+            let node = &planned.node;
+            self.announce_state(
+                pod,
+                &planned.state,
+                "SetPrimaryMtu",
+                (
+                    reason::PRIMARY_MTU_SET,
+                    format!("eth0 (and its node-side peer) set to MTU {mtu} on node {node}"),
+                ),
+                (reason::PRIMARY_MTU_FAILED, |why: &str| {
+                    format!("eth0 cannot be set to MTU {mtu}: {why}")
+                }),
+            )
+            .await;
             self.shown_primary.insert(key, now);
+        }
+    }
+
+    /// Events on the pods whose nodes' VLANs and bridges changed state
+    /// since the last report.
+    async fn announce_node_links(
+        &mut self,
+        namespace: &str,
+        plan: &NamespacePlan,
+        pods: &[Arc<Pod>],
+        seen: &mut BTreeSet<(String, String)>,
+    ) {
+        for (pod_name, now) in &plan.pod_node_links {
+            let key = (namespace.to_owned(), pod_name.clone());
+            seen.insert(key.clone());
+            if self.shown_links.get(&key) == Some(now) {
+                continue;
+            }
+            let Some(pod) = pods.iter().find(|p| p.name_any() == *pod_name) else {
+                continue;
+            };
+            let (node, state) = now;
+            self.announce_state(
+                pod,
+                state,
+                "MakeNodeLinks",
+                (
+                    reason::NODE_LINKS_READY,
+                    format!("node {node} has the VLANs and bridges its PodNetworkConfigs ask for"),
+                ),
+                (reason::NODE_LINKS_FAILED, |why: &str| why.to_owned()),
+            )
+            .await;
+            self.shown_links.insert(key, now.clone());
+        }
+    }
+
+    /// The Event on `pod` for one of its states, now `state`: none while
+    /// waiting, nor for what was in place before the first pass; else
+    /// `applied` (reason, note) or `failed` (reason, the note from why).
+    async fn announce_state(
+        &self,
+        pod: &Pod,
+        state: &InterfaceState,
+        action: &str,
+        applied: (&str, String),
+        failed: (&str, impl FnOnce(&str) -> String),
+    ) {
+        match state {
+            InterfaceState::Waiting => {}
+            InterfaceState::Applied(_) if self.first => {}
+            InterfaceState::Applied(_) => {
+                self.events.normal(pod, applied.0, action, applied.1).await;
+            }
+            InterfaceState::Failed(why) => {
+                self.events.warn(pod, failed.0, action, failed.1(why)).await;
+            }
         }
     }
 
@@ -1099,37 +1192,27 @@ impl Controller {
             let Some(pod) = pod_named(pod_name) else {
                 continue;
             };
-            match &planned.state {
-                InterfaceState::Waiting => {}
-                InterfaceState::Applied(_) if self.first => {}
-                InterfaceState::Applied(addr) => {
-                    let addr = addr.map(|a| format!(", address {a}")).unwrap_or_default();
-                    self.events
-                        .normal(
-                            pod.as_ref(),
-                            reason::HOTPLUGGED,
-                            "HotplugInterface",
-                            format!(
-                                "interface {interface} (subnet {}{addr}) added for PodNetworkConfig {}",
-                                planned.subnet, planned.config
-                            ),
-                        )
-                        .await;
-                }
-                InterfaceState::Failed(why) => {
-                    self.events
-                        .warn(
-                            pod.as_ref(),
-                            reason::HOTPLUG_FAILED,
-                            "HotplugInterface",
-                            format!(
-                                "interface {interface} of PodNetworkConfig {}: {why}",
-                                planned.config
-                            ),
-                        )
-                        .await;
-                }
-            }
+            let addr = match &planned.state {
+                InterfaceState::Applied(Some(addr)) => format!(", address {addr}"),
+                _ => String::new(),
+            };
+            let config = &planned.config;
+            self.announce_state(
+                pod,
+                &planned.state,
+                "HotplugInterface",
+                (
+                    reason::HOTPLUGGED,
+                    format!(
+                        "interface {interface} (subnet {}{addr}) added for PodNetworkConfig {config}",
+                        planned.subnet
+                    ),
+                ),
+                (reason::HOTPLUG_FAILED, |why: &str| {
+                    format!("interface {interface} of PodNetworkConfig {config}: {why}")
+                }),
+            )
+            .await;
             self.shown.insert(key, planned.clone());
         }
         for record in &plan.delete {
@@ -1578,9 +1661,26 @@ mod tests {
             status("more").failed[0].reason,
             "spec.vlans: node node-1: master eth1 of VLAN eth1.300 does not exist on node node-1"
         );
+        // The pod's own view, for its Events: every link of both.
+        let node_links = |plan: &NamespacePlan| plan.pod_node_links["web-0"].clone();
+        assert_eq!(
+            node_links(&waiting),
+            ("node-1".into(), InterfaceState::Waiting)
+        );
+        assert_eq!(
+            node_links(&reported),
+            (
+                "node-1".into(),
+                InterfaceState::Failed(
+                    "spec.vlans: node node-1: master eth1 of VLAN eth1.300 does not exist on node node-1"
+                        .into()
+                )
+            )
+        );
         // A report about an older spec is no answer.
         let stale = BTreeMap::from([("node-1".to_owned(), None)]);
         assert_eq!(ready(&input(&stale).statuses[0].1).reason, "Progressing");
+        assert_eq!(node_links(&input(&stale)).1, InterfaceState::Waiting);
     }
 
     async fn wait_for(what: &str, done: impl Fn() -> bool) {
