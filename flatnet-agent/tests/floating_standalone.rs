@@ -189,7 +189,9 @@ fn wait_settled(client: &TestNetns, nodes: [&Node; 2]) -> [&'static str; 2] {
                 let [node] = holding[..] else { return false };
                 holder = node.pod;
                 answering_at(client, addr).as_deref() == Some(node.pod)
-                    && client.ip(&["neigh", "show", addr]).contains(&node.pod_mac())
+                    && client
+                        .ip(&["neigh", "show", addr])
+                        .contains(&node.pod_mac())
             });
         });
         holder
@@ -266,8 +268,7 @@ async fn backend_pods_hold_the_floating_addresses_of_the_owner_and_fail_over() {
     tokio::task::block_in_place(|| {
         wait_until("the survivor's pod serves both addresses", || {
             [FLOATING_V4, FLOATING_V6].iter().all(|addr| {
-                survivor.holds(addr)
-                    && answering_at(&client, addr).as_deref() == Some(survivor.pod)
+                survivor.holds(addr) && answering_at(&client, addr).as_deref() == Some(survivor.pod)
             })
         });
     });
@@ -288,7 +289,11 @@ async fn backend_pods_hold_the_floating_addresses_of_the_owner_and_fail_over() {
     owner.start();
     let holders = wait_settled(&client, [&owner, &survivor]);
     for (addr, holder) in [FLOATING_V4, FLOATING_V6].into_iter().zip(holders) {
-        let node = if holder == owner.pod { &owner } else { &survivor };
+        let node = if holder == owner.pod {
+            &owner
+        } else {
+            &survivor
+        };
         for seen_by in [&owner, &survivor] {
             assert_eq!(seen_by.owner_seen(addr).as_deref(), Some(node.name));
         }

@@ -331,13 +331,18 @@ impl Lab {
             let backends = format!(
                 "  backends:\n    - {{address: \"{addr}\", containerId: {pod}, ifname: {POD_IFNAME}}}\n"
             );
-            let started = FloatingLoop::start(&agent, &self.nodes[index], index, &[addr], &backends)?;
+            let started =
+                FloatingLoop::start(&agent, &self.nodes[index], index, &[addr], &backends)?;
             self.floating_loops.push(started);
         }
         let target = SocketAddr::new(addr, ALLOWED_PORT);
         wait_connecting(target, "on pod-a")?;
         let (mac_a, mac_b) = (mac_of(POD_A, POD_IFNAME)?, mac_of(POD_B, POD_IFNAME)?);
-        let (resolved, on_a, on_b) = (resolved_mac(addr)?, pod_holds(POD_A, addr)?, pod_holds(POD_B, addr)?);
+        let (resolved, on_a, on_b) = (
+            resolved_mac(addr)?,
+            pod_holds(POD_A, addr)?,
+            pod_holds(POD_B, addr)?,
+        );
         if resolved != mac_a || !on_a || on_b {
             bail!(
                 "before the failover: the LAN host resolves {addr} to {resolved} (pod-a {mac_a}, pod-b {mac_b}); pod-a holds it: {on_a}, pod-b: {on_b}"
