@@ -130,6 +130,8 @@ pub struct PodBackends {
     owned: BTreeSet<IpAddr>,
     /// What the pods hold, as far as this node knows: the record at start.
     applied: BTreeSet<PodAddress>,
+    /// Pod interfaces whose last change failed: visited again.
+    failed: BTreeSet<(PathBuf, String)>,
     /// Before this, only what the loop reports changes the pods: it has
     /// not yet said whether this node still owns what the record lists.
     settled_at: Instant,
@@ -177,6 +179,7 @@ impl PodBackends {
             records_error: None,
             owned: BTreeSet::new(),
             applied,
+            failed: BTreeSet::new(),
             settled_at: Instant::now() + settle,
         })
     }
@@ -277,13 +280,15 @@ impl PodBackends {
                 })
             })
             .collect();
-        if wanted == self.applied {
+        if wanted == self.applied && self.failed.is_empty() {
             return;
         }
         let recorded: BTreeSet<PodAddress> = self.applied.union(&wanted).cloned().collect();
         self.record(&recorded);
         let interfaces: BTreeSet<(&Path, &str)> =
             recorded.iter().map(PodAddress::interface).collect();
+        self.failed
+            .retain(|(netns, ifname)| interfaces.contains(&(netns.as_path(), ifname.as_str())));
         let mut now_applied = BTreeSet::new();
         for (netns, ifname) in interfaces {
             let on = |set: &BTreeSet<PodAddress>| -> BTreeSet<PodAddress> {
@@ -293,7 +298,8 @@ impl PodBackends {
                     .collect()
             };
             let (want, had) = (on(&wanted), on(&self.applied));
-            if want == had {
+            let key = (netns.to_owned(), ifname.to_owned());
+            if want == had && !self.failed.contains(&key) {
                 now_applied.extend(want);
                 continue;
             }
@@ -311,11 +317,16 @@ impl PodBackends {
                         tracing::info!(address = %net, netns = %netns.display(), %ifname, "floating address removed from the pod");
                     }
                     now_applied.extend(want);
+                    self.failed.remove(&key);
                 }
-                Err(_) if !netns.exists() => now_applied.extend(want),
+                Err(_) if !netns.exists() => {
+                    now_applied.extend(want);
+                    self.failed.remove(&key);
+                }
                 Err(error) => {
                     tracing::warn!(netns = %netns.display(), %ifname, %error, "floating addresses: cannot update the pod interface; trying again");
                     now_applied.extend(had.union(&want).cloned());
+                    self.failed.insert(key);
                 }
             }
         }
