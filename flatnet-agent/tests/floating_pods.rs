@@ -31,12 +31,10 @@ use std::{
 };
 
 use flatnet_agent::{
-    datapath::{Datapath, DatapathConfig},
-    desired::{AttachmentKey, PodRef},
+    datapath::Datapath,
     floating::{kubernetes::Floating, pods::PodAddresses},
-    link::ParentLink,
     metrics::FloatingMetrics,
-    records::{AttachmentRecord, RecordPhase, Records},
+    records::Records,
 };
 use flatnet_k8s::{
     api::FloatingIPPool,
@@ -52,42 +50,32 @@ use k8s_openapi::{
 };
 use serde_json::json;
 use support::{
-    TestNetns, TestPinRoot,
-    floating::{answering, lan_and_client, plug, serve_name, start_kubernetes_mode},
+    TestNetns,
+    floating::{PORT, PodNode, answering, lan_and_client, pod_node, start_kubernetes_mode},
     privileged, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 
-const PORT: u16 = 8080;
 const FLOATING_V4: &str = "10.79.0.50";
 const FLOATING_V6: &str = "fd00:79::50";
 
 /// One node with one pod, and its agent's floating service when running.
 struct Node {
     name: &'static str,
-    ns: TestNetns,
-    pod_ns: TestNetns,
-    pin: TestPinRoot,
+    node: PodNode,
     datapath: Arc<Mutex<Datapath>>,
-    records_dir: tempfile::TempDir,
     agent: Option<(Floating, PodAddresses)>,
 }
 
+impl std::ops::Deref for Node {
+    type Target = PodNode;
+
+    fn deref(&self) -> &PodNode {
+        &self.node
+    }
+}
+
 impl Node {
-    /// The addresses of the pod's flat interface.
-    fn pod_addresses(&self) -> String {
-        self.pod_ns.ip(&["-o", "addr", "show", "dev", "net1"])
-    }
-
-    fn pod_mac(&self) -> String {
-        let out = self.pod_ns.ip(&["-o", "link", "show", "dev", "net1"]);
-        out.split_whitespace()
-            .skip_while(|w| *w != "link/ether")
-            .nth(1)
-            .unwrap()
-            .to_owned()
-    }
-
     /// Whether this node's agent hears `node`'s heartbeats.
     fn hears(&self, node: &str) -> bool {
         self.agent.as_ref().is_some_and(|(floating, _)| {
@@ -106,8 +94,8 @@ impl Node {
         let floating = start_kubernetes_mode(
             api.client(),
             self.name,
-            self.ns.path(),
-            self.pin.path.clone(),
+            self.node.ns.path(),
+            self.node.pin.path.clone(),
             &self.datapath,
             None,
             FloatingMetrics::default(),
@@ -115,7 +103,7 @@ impl Node {
         let pods = PodAddresses::start(
             api.client(),
             self.name.into(),
-            Records::open(self.records_dir.path()).unwrap(),
+            Records::open(self.node.records_dir.path()).unwrap(),
             FloatingMetrics::default(),
             floating.agent_link(),
         );
@@ -129,12 +117,11 @@ impl Node {
             floating.abandon();
             drop(pods);
         }
-        self.ns.ip(&["link", "set", "up0", "down"]);
+        self.node.ns.ip(&["link", "set", "up0", "down"]);
     }
 }
 
-/// Node `node` on the LAN at `address`, with pod `pod` at `v4`/`v6` on a
-/// macvlan `net1` of the node's `up0`, serving its name on every address.
+/// Node `node` on the LAN at `address`, with pod `pod` at `v4`/`v6`.
 fn node(
     node: &'static str,
     address: &str,
@@ -143,65 +130,11 @@ fn node(
     v4: &str,
     v6: &str,
 ) -> Node {
-    // Namespace names end up in interface names: the node's last letter.
-    let tag = &node[node.len() - 1..];
-    let ns = TestNetns::new(&format!("fp{tag}"));
-    plug(&ns, lan);
-    ns.add_address("up0", &format!("{address}/24"));
-    let pod_ns = TestNetns::new(&format!("fpp{tag}"));
-    ns.ip(&[
-        "link", "add", "link", "up0", "name", "pf0", "type", "macvlan", "mode", "bridge",
-    ]);
-    ns.ip(&["link", "set", "pf0", "netns", &pod_ns.name]);
-    pod_ns.ip(&["link", "set", "pf0", "name", "net1"]);
-    pod_ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
-    pod_ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
-    pod_ns.ip(&["link", "set", "net1", "up"]);
-    pod_ns.add_address("net1", &format!("{v4}/24"));
-    pod_ns.add_address("net1", &format!("{v6}/64"));
-    serve_name(&pod_ns, SocketAddr::from(([0u16; 8], PORT)), pod);
-    let records_dir = tempfile::tempdir().unwrap();
-    let records = Records::open(records_dir.path()).unwrap();
-    records
-        .save(&AttachmentRecord {
-            key: AttachmentKey {
-                container_id: format!("c-{pod}"),
-                ifname: "net1".into(),
-            },
-            network: "flat".into(),
-            netns: pod_ns.path(),
-            pod: PodRef {
-                namespace: Some("telco".into()),
-                name: Some(pod.into()),
-                uid: Some(format!("uid-{pod}")),
-            },
-            phase: RecordPhase::Ready,
-            subnets: Vec::new(),
-            addresses: vec![
-                format!("{v4}/24").parse().unwrap(),
-                format!("{v6}/64").parse().unwrap(),
-            ],
-            requested_mac: None,
-            mac: None,
-            mtu: None,
-            uplink: None,
-            host_route: None,
-            primary_defaults: None,
-            parent: Some(ParentLink {
-                master: "up0".into(),
-                vlan: 0,
-            }),
-        })
-        .unwrap();
-    let pin = TestPinRoot::new();
-    let datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
+    let (node_with_pod, datapath) = pod_node(node, address, pod, lan, v4, v6);
     Node {
         name: node,
-        ns,
-        pod_ns,
-        pin,
+        node: node_with_pod,
         datapath: Arc::new(Mutex::new(datapath)),
-        records_dir,
         agent: None,
     }
 }

@@ -185,10 +185,13 @@ impl HeartbeatSocket {
                     Ok(None)
                 }
             },
+            // Interrupted: a signal (SIGTERM) the caller's loop looks at.
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) =>
             {
                 Ok(None)

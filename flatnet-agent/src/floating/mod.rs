@@ -15,6 +15,8 @@
 //!
 //! - [`standalone`]: the state file's `floating` section, run by
 //!   `flatnet-agent floating` beside the agent (or `datapath attach`);
+//! - [`backends`]: its addresses held by local pods (the attachments the
+//!   section's `backends` name) while this node owns them;
 //! - [`kubernetes`]: the daemon's Kubernetes mode: the addresses this node
 //!   may serve, from the pools, Services, EndpointSlices and Nodes, and
 //!   the Events and metrics of what the loop does;
@@ -25,6 +27,7 @@
 //! - [`lease`]: the Lease per address, the tie-breaker when two owners do
 //!   not hear each other.
 
+pub mod backends;
 pub mod election;
 pub mod heartbeat;
 pub mod kubernetes;

@@ -207,6 +207,10 @@ pub struct Assignment {
     /// it: another node it does not hear claimed them last
     /// ([`super::lease`]). Offered still, so the election is unchanged.
     pub yielded: BTreeSet<IpAddr>,
+    /// The MAC an address is answered and announced with instead of its
+    /// interface's: that of the local pod that holds it while this node
+    /// owns it ([`super::backends`]).
+    pub answer_as: BTreeMap<IpAddr, crate::packet::MacAddr>,
 }
 
 /// The interface an owned address is answered on.
@@ -401,7 +405,7 @@ pub fn run(
                         Link {
                             name: name.clone(),
                             ifindex: *ifindex,
-                            mac: *mac,
+                            mac: current.answer_as.get(addr).copied().unwrap_or(*mac),
                         },
                     ))
                 })

@@ -28,6 +28,26 @@ pub struct FloatingSection {
     pub listen: SocketAddr,
     /// The other nodes' `listen` addresses.
     pub peers: Vec<SocketAddr>,
+    /// Local pods that hold addresses while this node owns them (the
+    /// node answers for the others itself).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<FloatingBackend>,
+}
+
+/// A pod on this node that holds a floating address while the node owns
+/// it: the address is added to the pod's interface of a CNI attachment
+/// the agent made, and answered and announced with that interface's MAC.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FloatingBackend {
+    /// One of the section's `addresses`.
+    pub address: IpAddr,
+    /// The attachment's `CNI_CONTAINERID`, as the runtime passed it to
+    /// the CNI ADD that made the pod's flat interface.
+    pub container_id: String,
+    /// The attachment's `CNI_IFNAME`: the pod interface on the flat
+    /// network of `interface`.
+    pub ifname: String,
 }
 
 impl FloatingSection {
@@ -47,6 +67,30 @@ impl FloatingSection {
                 self.listen
             ));
         }
+        let mut backed = std::collections::BTreeSet::new();
+        for (index, backend) in self.backends.iter().enumerate() {
+            let field = format!("floating.backends[{index}]");
+            if !self.addresses.contains(&backend.address) {
+                problems.push(format!(
+                    "{field}: address {} is not in floating.addresses: add it there or remove the backend",
+                    backend.address
+                ));
+            }
+            if !backed.insert(backend.address) {
+                problems.push(format!(
+                    "{field}: address {} has a backend already: one pod per node holds an address; keep one",
+                    backend.address
+                ));
+            }
+            if backend.container_id.trim().is_empty() {
+                problems.push(format!(
+                    "{field}: containerId is empty: give the CNI_CONTAINERID of the pod's attachment"
+                ));
+            }
+            if let Err(error) = check_ifname(&backend.ifname) {
+                problems.push(format!("{field}.ifname: {error}"));
+            }
+        }
         problems
     }
 
@@ -62,7 +106,7 @@ impl FloatingSection {
                 .map(|addr| (*addr, self.interface.clone()))
                 .collect(),
             peers: self.peers.clone(),
-            yielded: std::collections::BTreeSet::new(),
+            ..Assignment::default()
         };
         (settings, assignment)
     }
@@ -113,5 +157,35 @@ mod tests {
         assert!(
             section("interface: eth0\naddresses: [10.0.0.300]\nlisten: x\npeers: []\n").is_err()
         );
+    }
+
+    const WITH_BACKENDS: &str = "interface: eth0\naddresses: [10.0.0.10, fd00::10]\nlisten: 10.0.0.1:7946\npeers: [10.0.0.2:7946]\nbackends:\n";
+
+    #[test]
+    fn backends_name_a_listed_address_and_an_attachment() {
+        let good = section(&format!(
+            "{WITH_BACKENDS}  - {{address: 10.0.0.10, containerId: web-0, ifname: eth1}}\n  - {{address: fd00::10, containerId: web-0, ifname: eth1}}\n"
+        ))
+        .unwrap();
+        assert_eq!(good.problems(), Vec::<String>::new());
+        assert_eq!(good.backends[1].container_id, "web-0");
+        let bad = section(&format!(
+            "{WITH_BACKENDS}  - {{address: 10.0.0.11, containerId: web-0, ifname: eth1}}\n  - {{address: 10.0.0.10, containerId: web-0, ifname: eth1}}\n  - {{address: 10.0.0.10, containerId: ' ', ifname: a/b}}\n"
+        ))
+        .unwrap();
+        let problems = bad.problems().join("\n");
+        for needle in [
+            "floating.backends[0]: address 10.0.0.11 is not in floating.addresses",
+            "floating.backends[2]: address 10.0.0.10 has a backend already",
+            "floating.backends[2]: containerId is empty",
+            "floating.backends[2].ifname",
+        ] {
+            assert!(problems.contains(needle), "{needle:?} not in {problems}");
+        }
+        assert!(!problems.contains("backends[1]"), "{problems}");
+        let typo = section(&format!(
+            "{WITH_BACKENDS}  - {{address: 10.0.0.10, containerID: web-0, ifname: eth1}}\n"
+        ));
+        assert!(typo.unwrap_err().to_string().contains("containerID"));
     }
 }

@@ -35,7 +35,7 @@ pub use node_links::{
     NodeLinks, NodeLinksPass, read_ledger as read_node_links_ledger,
 };
 pub use primary_mtu::{PeerLink, PrimaryLinks};
-pub use secondary::{SecondaryChange, set_secondary_addresses};
+pub use secondary::{SecondaryChange, interface_mac, set_secondary_addresses};
 pub use spec::{
     ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN,
     MAX_VLAN_ID, MacvlanMode, ParentLink, PrimaryDefaults, PrimaryRoutes, RouteSpec, ValidSpec,

@@ -7,6 +7,7 @@ use std::{net::IpAddr, path::Path};
 use ipnet::IpNet;
 
 use super::{AnnounceSettings, LinkError, announce::announce, netlink::Netlink};
+use crate::packet::MacAddr;
 
 /// What [`set_secondary_addresses`] changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,4 +63,14 @@ pub async fn set_secondary_addresses(
         announce(netns, ifname, mac, announced, settings).await?;
     }
     Ok(change)
+}
+
+/// The MAC of interface `ifname` in the namespace at `netns`, `None` while
+/// it is down.
+///
+/// # Errors
+/// The namespace or interface missing.
+pub async fn interface_mac(netns: &Path, ifname: &str) -> Result<Option<MacAddr>, LinkError> {
+    let link = Netlink::open(Some(netns))?.existing_link(ifname).await?;
+    Ok(link.mac.filter(|_| link.up))
 }

@@ -15,12 +15,15 @@ use std::{
 
 use flatnet_agent::{
     datapath::{Datapath, DatapathConfig},
+    desired::{AttachmentKey, PodRef},
     floating::{
         kubernetes::{AttachUplink, Config, Floating},
         owner::{self, Assignment, Event, Settings},
     },
+    link::ParentLink,
     metrics::FloatingMetrics,
     netns::run_in_netns,
+    records::{AttachmentRecord, RecordPhase, Records},
 };
 
 use super::{TestNetns, TestPinRoot, unique_name, veth_pair};
@@ -269,5 +272,105 @@ pub fn start_kubernetes_mode(
         },
         metrics,
         attach,
+    )
+}
+
+/// A node on the LAN with one pod: a macvlan `net1` of the node's `up0` in
+/// the pod's own namespace, serving the pod's name on [`PORT`] at every
+/// address, recorded as the CNI service records it (container `c-<pod>`).
+pub struct PodNode {
+    pub ns: TestNetns,
+    pub pod_ns: TestNetns,
+    pub pin: TestPinRoot,
+    pub records_dir: tempfile::TempDir,
+}
+
+impl PodNode {
+    /// The addresses of the pod's flat interface.
+    pub fn pod_addresses(&self) -> String {
+        self.pod_ns.ip(&["-o", "addr", "show", "dev", "net1"])
+    }
+
+    /// The MAC of the pod's flat interface.
+    pub fn pod_mac(&self) -> String {
+        let out = self.pod_ns.ip(&["-o", "link", "show", "dev", "net1"]);
+        out.split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// Node `node` on the LAN at `address` (/24), with pod `pod` at `v4`/`v6`
+/// (/24, /64), and its data plane loaded (not attached).
+pub fn pod_node(
+    node: &str,
+    address: &str,
+    pod: &'static str,
+    lan: &TestNetns,
+    v4: &str,
+    v6: &str,
+) -> (PodNode, Datapath) {
+    // Namespace names end up in interface names: the node's last letter.
+    let tag = &node[node.len() - 1..];
+    let ns = TestNetns::new(&format!("fp{tag}"));
+    plug(&ns, lan);
+    ns.add_address("up0", &format!("{address}/24"));
+    let pod_ns = TestNetns::new(&format!("fpp{tag}"));
+    ns.ip(&[
+        "link", "add", "link", "up0", "name", "pf0", "type", "macvlan", "mode", "bridge",
+    ]);
+    ns.ip(&["link", "set", "pf0", "netns", &pod_ns.name]);
+    pod_ns.ip(&["link", "set", "pf0", "name", "net1"]);
+    pod_ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
+    pod_ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
+    pod_ns.ip(&["link", "set", "net1", "up"]);
+    pod_ns.add_address("net1", &format!("{v4}/24"));
+    pod_ns.add_address("net1", &format!("{v6}/64"));
+    serve_name(&pod_ns, SocketAddr::from(([0u16; 8], PORT)), pod);
+    let records_dir = tempfile::tempdir().unwrap();
+    let records = Records::open(records_dir.path()).unwrap();
+    records
+        .save(&AttachmentRecord {
+            key: AttachmentKey {
+                container_id: format!("c-{pod}"),
+                ifname: "net1".into(),
+            },
+            network: "flat".into(),
+            netns: pod_ns.path(),
+            pod: PodRef {
+                namespace: Some("telco".into()),
+                name: Some(pod.into()),
+                uid: Some(format!("uid-{pod}")),
+            },
+            phase: RecordPhase::Ready,
+            subnets: Vec::new(),
+            addresses: vec![
+                format!("{v4}/24").parse().unwrap(),
+                format!("{v6}/64").parse().unwrap(),
+            ],
+            requested_mac: None,
+            mac: None,
+            mtu: None,
+            uplink: None,
+            host_route: None,
+            primary_defaults: None,
+            parent: Some(ParentLink {
+                master: "up0".into(),
+                vlan: 0,
+            }),
+        })
+        .unwrap();
+    let pin = TestPinRoot::new();
+    let datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).expect("load");
+    (
+        PodNode {
+            ns,
+            pod_ns,
+            pin,
+            records_dir,
+        },
+        datapath,
     )
 }

@@ -5,12 +5,14 @@
 //! Each node runs its own `flatnet-agent run --standalone`; pods are
 //! attached through real `flatnet-cni` calls. The lab then checks, step by
 //! step, what flatnet promises: cross-node pod traffic, pods and the LAN,
-//! address announcements, conflict detection and network policy. Every step
+//! address announcements, conflict detection, network policy and floating
+//! addresses (node-answered and pod-held) failing over. Every step
 //! prints a progress line; a table closes the run; any failed check makes
 //! the command fail. Everything is removed at the end, also after Ctrl-C or
 //! SIGTERM, and leftovers of a killed run are removed at the start.
 
 pub(crate) mod capture;
+mod floating;
 pub(crate) mod netns;
 mod node;
 mod policy;
@@ -88,12 +90,13 @@ pub enum Step {
     Conflict,
     WireIpam,
     Floating,
+    FloatingPods,
     Runtime,
     Teardown,
 }
 
 impl Step {
-    const ALL: [Step; 15] = [
+    const ALL: [Step; 16] = [
         Step::Build,
         Step::Leftovers,
         Step::Topology,
@@ -107,6 +110,7 @@ impl Step {
         Step::Conflict,
         Step::WireIpam,
         Step::Floating,
+        Step::FloatingPods,
         Step::Runtime,
         Step::Teardown,
     ];
@@ -127,6 +131,7 @@ impl Step {
             Step::Conflict => "conflict",
             Step::WireIpam => "wire-ipam",
             Step::Floating => "floating",
+            Step::FloatingPods => "floating-pods",
             Step::Runtime => "runtime",
             Step::Teardown => "teardown",
         }
@@ -161,6 +166,9 @@ impl Step {
             }
             Step::Floating => {
                 "a floating address answered by one node moves to the other after its loop is SIGKILLed and its uplink goes down; the LAN host's TCP works again (time in the report)"
+            }
+            Step::FloatingPods => {
+                "a floating address held by pod-a while node1 owns it is reached from the LAN host; node1's agent stops (SIGTERM): pod-a gives it up, pod-b on node2 takes it, the LAN host's TCP works again (time in the report)"
             }
             Step::Runtime => {
                 "running pod-a gets net1 hot-plugged (LAN host reaches it), then its MTU lowered to 1400 in place (DF ping of 1400 bytes answered, 1401 refused); both undone"
@@ -220,30 +228,7 @@ struct Lab {
     capture: Option<Capture>,
     servers: Vec<EchoServer>,
     /// The floating step's `flatnet-agent floating` processes.
-    floating_loops: Vec<FloatingLoop>,
-}
-
-/// The floating address of the floating step (outside the pods' ranges).
-const FLOATING_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 240);
-/// The nodes' uplink addresses its heartbeats travel between.
-const FLOATING_NODE_ADDRESSES: [&str; 2] = ["192.0.2.251", "192.0.2.252"];
-/// The echo port on the floating address.
-const FLOATING_PORT: u16 = 7070;
-
-/// A `flatnet-agent floating` process, SIGKILLed when dropped.
-struct FloatingLoop(std::process::Child);
-
-impl FloatingLoop {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for FloatingLoop {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    floating_loops: Vec<floating::FloatingLoop>,
 }
 
 /// Runs the lab; fails when any check failed. Exits the process with 130
@@ -369,6 +354,7 @@ impl Lab {
             Step::Conflict => self.conflict(),
             Step::WireIpam => self.wire_ipam(),
             Step::Floating => self.floating(),
+            Step::FloatingPods => self.floating_pods(),
             Step::Runtime => self.runtime_config(),
             Step::Teardown => self.teardown(),
         }
@@ -717,170 +703,6 @@ impl Lab {
         }
         println!("[lab]       {POD_W1} got {first}, {POD_W2} got {second}: {foreign} skipped");
         Ok(())
-    }
-
-    /// Both nodes run `flatnet-agent floating` for one address (on `lo`
-    /// behind an echo server, `arp_ignore=1` so only the uplink program
-    /// answers ARP for it); the owner's loop is SIGKILLed and its uplink
-    /// taken down; the LAN host must reach the address through the other
-    /// node. Everything is undone afterwards.
-    fn floating(&mut self) -> anyhow::Result<()> {
-        let target = SocketAddr::from((FLOATING_V4, FLOATING_PORT));
-        let result = self.floating_failover(target);
-        for (node, address) in self.nodes.iter().zip(FLOATING_NODE_ADDRESSES) {
-            let _ = process::ip(node.netns, &["link", "set", topology::UPLINK, "up"]);
-            let _ = process::ip(
-                node.netns,
-                &[
-                    "addr",
-                    "del",
-                    &format!("{address}/24"),
-                    "dev",
-                    topology::UPLINK,
-                ],
-            );
-            let _ = process::ip(
-                node.netns,
-                &["addr", "del", &format!("{FLOATING_V4}/32"), "dev", "lo"],
-            );
-            let _ = process::exec_in(
-                node.netns,
-                "sysctl",
-                &["-qw", "net.ipv4.conf.all.arp_ignore=0"],
-            );
-        }
-        self.floating_loops.clear();
-        let (from, to, took) = result?;
-        println!(
-            "[lab]       floating {FLOATING_V4}: {from} -> {to} in {} ms",
-            took.as_millis()
-        );
-        self.report.timing(
-            format!("floating {FLOATING_V4}: {from} -> {to}, SIGKILL + uplink down -> the LAN host's first TCP connect"),
-            took,
-        );
-        Ok(())
-    }
-
-    /// Starts the loops and kills the owner's; returns (owner, survivor,
-    /// time to the first connection through the survivor).
-    fn floating_failover(
-        &mut self,
-        target: SocketAddr,
-    ) -> anyhow::Result<(&'static str, &'static str, Duration)> {
-        let agent = self.bins().agent.clone();
-        for (index, node) in self.nodes.iter().enumerate() {
-            let address = FLOATING_NODE_ADDRESSES[index];
-            let peer = FLOATING_NODE_ADDRESSES[1 - index];
-            process::ip(
-                node.netns,
-                &[
-                    "addr",
-                    "add",
-                    &format!("{address}/24"),
-                    "dev",
-                    topology::UPLINK,
-                ],
-            )?;
-            process::ip(
-                node.netns,
-                &["addr", "add", &format!("{FLOATING_V4}/32"), "dev", "lo"],
-            )?;
-            process::exec_in(
-                node.netns,
-                "sysctl",
-                &["-qw", "net.ipv4.conf.all.arp_ignore=1"],
-            )?;
-            self.servers
-                .push(EchoServer::start(node.netns, FLOATING_PORT)?);
-            let state = node.dir.join("floating.yaml");
-            std::fs::write(
-                &state,
-                format!(
-                    "floating:\n  interface: {}\n  addresses: [\"{FLOATING_V4}\"]\n  listen: \"{address}:7946\"\n  peers: [\"{peer}:7946\"]\n",
-                    topology::UPLINK
-                ),
-            )?;
-            let log = std::fs::File::create(node.dir.join("floating.log"))?;
-            // nsenter, not `ip netns exec`: that mounts a /sys without the
-            // BPF filesystem, where the pinned maps are.
-            let child = std::process::Command::new("nsenter")
-                .arg(format!("--net=/run/netns/{}", node.netns))
-                .arg(&agent)
-                .args(["floating", "--node-name", node.netns])
-                .arg("--state-file")
-                .arg(&state)
-                .arg("--pin-root")
-                .arg(&node.pin_root)
-                .arg("--status-file")
-                .arg(node.dir.join("floating.json"))
-                .stdin(std::process::Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("start flatnet-agent floating")?;
-            self.floating_loops.push(FloatingLoop(child));
-        }
-        let connects = || -> anyhow::Result<bool> {
-            process::check_interrupt()?;
-            netns::in_netns(LAN_HOST, || {
-                std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200)).is_ok()
-            })
-        };
-        // A bound on waiting for the first election, not a measurement.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !connects()? {
-            if Instant::now() > deadline {
-                bail!("the LAN host never reached {target}");
-            }
-            process::sleep(Duration::from_millis(50))?;
-        }
-        let owner = self.floating_answerer()?;
-        let survivor = 1 - owner;
-        let killed = Instant::now();
-        self.floating_loops[owner].kill();
-        process::ip(
-            self.nodes[owner].netns,
-            &["link", "set", topology::UPLINK, "down"],
-        )?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !connects()? {
-            if Instant::now() > deadline {
-                bail!(
-                    "{target} was not reachable through {} after the owner died",
-                    self.nodes[survivor].netns
-                );
-            }
-            process::sleep(Duration::from_millis(20))?;
-        }
-        let took = killed.elapsed();
-        let now = self.floating_answerer()?;
-        if now != survivor {
-            bail!(
-                "after the failover the LAN host resolves {FLOATING_V4} to {} instead of {}",
-                self.nodes[now].netns,
-                self.nodes[survivor].netns
-            );
-        }
-        Ok((self.nodes[owner].netns, self.nodes[survivor].netns, took))
-    }
-
-    /// Which node's uplink MAC the LAN host resolves the floating address to.
-    fn floating_answerer(&self) -> anyhow::Result<usize> {
-        let mac_of = |netns: &str, ifname: &str| -> anyhow::Result<String> {
-            let out = process::ip(netns, &["-j", "link", "show", "dev", ifname])?;
-            let json: serde_json::Value = serde_json::from_str(&out)?;
-            Ok(json[0]["address"].as_str().unwrap_or_default().to_owned())
-        };
-        let out = process::ip(LAN_HOST, &["-j", "neigh", "show", &FLOATING_V4.to_string()])?;
-        let json: serde_json::Value = serde_json::from_str(&out)?;
-        let resolved = json[0]["lladdr"].as_str().unwrap_or_default().to_owned();
-        for (index, node) in self.nodes.iter().enumerate() {
-            if mac_of(node.netns, topology::UPLINK)? == resolved {
-                return Ok(index);
-            }
-        }
-        bail!("the LAN host resolves {FLOATING_V4} to {resolved:?}, no node's uplink")
     }
 
     /// Runtime configuration of a running pod on node1, timed from the
