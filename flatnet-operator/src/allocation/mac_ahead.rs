@@ -358,91 +358,77 @@ async fn claim(
         .map(|(mac, _)| *mac)
         .collect();
     let releases = link.take_releases(ctx);
-    let result = claim_writing(ctx, link, book, parent, range, needed, |ledger| {
-        for mac in &give_back {
-            ledger.unclaim_from_pool(*mac, false);
+    let outside = outside_the_ledger(ctx, parent);
+    let foreign = ctx.wire.foreign_macs();
+    let written: Result<Vec<ClaimedMac>, Error> = async {
+        for attempt in 1..=MAX_ATTEMPTS {
+            let mut ledger = match book.take() {
+                Some(ledger) => ledger,
+                None => mac_ledger::read(&ctx.client, parent).await?,
+            };
+            for mac in &give_back {
+                ledger.unclaim_from_pool(*mac, false);
+            }
+            releases.apply(&mut ledger);
+            let mut in_use = ledger.claimed();
+            in_use.extend(outside.iter().copied());
+            let taken_in_range = u64::try_from(
+                in_use
+                    .iter()
+                    .chain(&foreign)
+                    .filter(|m| range.contains(**m))
+                    .collect::<BTreeSet<_>>()
+                    .len(),
+            )
+            .unwrap_or(u64::MAX);
+            let free = range.len().saturating_sub(taken_in_range);
+            let ahead = usize::try_from(free / AHEAD_SHARE)
+                .unwrap_or(usize::MAX)
+                .min(CLAIM_AHEAD);
+            let macs = match ledger
+                .pool
+                .allocate_many(range, &in_use, &foreign, needed + ahead)
+            {
+                Ok(macs) => macs,
+                Err(_) if ahead > 0 => ledger
+                    .pool
+                    .allocate_many(range, &in_use, &foreign, needed)?,
+                Err(error) => return Err(error.into()),
+            };
+            ledger.claim_for_pool(&macs);
+            // Before and after the write: the repair's clock of these MACs
+            // starts no earlier than their claim.
+            let name = mac_ledger::ledger_name(parent);
+            ctx.orphans.pool_claimed(&name, &macs);
+            if mac_ledger::write(&ctx.client, &mut ledger).await? {
+                let at = Instant::now();
+                ctx.orphans.pool_claimed(&name, &macs);
+                *book = Some(ledger);
+                let mut claimed: Vec<ClaimedMac> = macs.into_iter().map(|m| (m, at)).collect();
+                let spare = claimed.split_off(needed);
+                link.spare
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(spare);
+                debug!(%parent, needed, ahead, "pool MACs claimed");
+                return Ok(claimed);
+            }
+            ctx.metrics.allocation_conflict();
+            debug!(%parent, attempt, "MAC ledger changed since read; choosing again");
         }
-        releases.apply(ledger);
-    })
+        // Not given back: they stay spare-less claims the repair frees.
+        Err(Error::MacLedgerContention {
+            parent: parent.to_string(),
+            attempts: MAX_ATTEMPTS,
+        })
+    }
     .await;
-    if result.is_ok() {
+    if written.is_ok() {
         releases.answer(&Ok(()));
     } else {
         link.requeue(releases);
     }
-    result
-}
-
-/// The write loop of [`claim`]: `also` is applied to the ledger before
-/// the MACs are chosen, at every attempt.
-async fn claim_writing(
-    ctx: &Context,
-    link: &Link,
-    book: &mut Option<Ledger>,
-    parent: &ParentLink,
-    range: MacRange,
-    needed: usize,
-    also: impl Fn(&mut Ledger),
-) -> Result<Vec<ClaimedMac>, Error> {
-    let outside = outside_the_ledger(ctx, parent);
-    let foreign = ctx.wire.foreign_macs();
-    for attempt in 1..=MAX_ATTEMPTS {
-        let mut ledger = match book.take() {
-            Some(ledger) => ledger,
-            None => mac_ledger::read(&ctx.client, parent).await?,
-        };
-        also(&mut ledger);
-        let mut in_use = ledger.claimed();
-        in_use.extend(outside.iter().copied());
-        let taken_in_range = u64::try_from(
-            in_use
-                .iter()
-                .chain(&foreign)
-                .filter(|m| range.contains(**m))
-                .collect::<BTreeSet<_>>()
-                .len(),
-        )
-        .unwrap_or(u64::MAX);
-        let free = range.len().saturating_sub(taken_in_range);
-        let ahead = usize::try_from(free / AHEAD_SHARE)
-            .unwrap_or(usize::MAX)
-            .min(CLAIM_AHEAD);
-        let macs = match ledger
-            .pool
-            .allocate_many(range, &in_use, &foreign, needed + ahead)
-        {
-            Ok(macs) => macs,
-            Err(_) if ahead > 0 => ledger
-                .pool
-                .allocate_many(range, &in_use, &foreign, needed)?,
-            Err(error) => return Err(error.into()),
-        };
-        ledger.claim_for_pool(&macs);
-        // Before and after the write: the repair's clock of these MACs
-        // starts no earlier than their claim.
-        let name = mac_ledger::ledger_name(parent);
-        ctx.orphans.pool_claimed(&name, &macs);
-        if mac_ledger::write(&ctx.client, &mut ledger).await? {
-            let at = Instant::now();
-            ctx.orphans.pool_claimed(&name, &macs);
-            *book = Some(ledger);
-            let mut claimed: Vec<ClaimedMac> = macs.into_iter().map(|m| (m, at)).collect();
-            let spare = claimed.split_off(needed);
-            link.spare
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(spare);
-            debug!(%parent, needed, ahead, "pool MACs claimed");
-            return Ok(claimed);
-        }
-        ctx.metrics.allocation_conflict();
-        debug!(%parent, attempt, "MAC ledger changed since read; choosing again");
-    }
-    // Not given back: they stay spare-less claims the repair frees.
-    Err(Error::MacLedgerContention {
-        parent: parent.to_string(),
-        attempts: MAX_ATTEMPTS,
-    })
+    written
 }
 
 /// MACs in use on `parent` that the ledger may not know: `usedMac` of its
