@@ -682,7 +682,23 @@ fn spawn_controller(
     spec: FlatNetworkConfigSpec,
     probe: WebhookProbe,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    server.insert(&FlatNetworkConfig::new(CONFIG_NAME, spec));
+    let config = FlatNetworkConfig::new(CONFIG_NAME, spec);
+    spawn_controller_over(
+        server,
+        &config,
+        probe,
+        flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
+    )
+}
+
+/// [`spawn_controller`] over `config` as stored, with `wire_window`.
+fn spawn_controller_over(
+    server: &FakeApiServer,
+    config: &FlatNetworkConfig,
+    probe: WebhookProbe,
+    wire_window: Duration,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    server.insert(config);
     for node in ["node-1", "node-2"] {
         server.insert(&lease_of(node, &AgentReadiness::ready(), Timestamp::now()));
     }
@@ -697,7 +713,7 @@ fn spawn_controller(
             leader: "flatnet-operator-0".into(),
             interval: Duration::from_millis(20),
             ca_bundle_interval: Duration::from_millis(20),
-            wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
+            wire_window,
         },
         health,
         probe,
@@ -895,6 +911,11 @@ fn mac_range_shared_names_three_macs_with_node_and_time() {
     assert!(!shared.message.contains("02:aa:00:00:00:04"));
 }
 
+/// Whether `MacRangeShared` has `status` and `reason`.
+fn range_shared(conditions: &[Condition], status: &str, reason: &str) -> bool {
+    is(conditions, CONDITION_MAC_RANGE_SHARED, status, reason)
+}
+
 /// MACs of the recorded range that agents see on the LAN after it was
 /// written turn `MacRangeShared` True, naming them with node and time,
 /// and leave `Degraded` False; the condition clears by itself once the
@@ -911,37 +932,14 @@ async fn foreign_macs_appearing_in_the_range_are_named_until_they_age_out() {
         }),
         ..Default::default()
     });
-    server.insert(&config);
-    let generation = server.list::<FlatNetworkConfig>()[0].metadata.generation;
     server.insert(&daemonset(2, 2, 2));
-    for node in ["node-1", "node-2"] {
-        server.insert(&lease_of(node, &AgentReadiness::ready(), Timestamp::now()));
-    }
-    let health = Arc::new(Health::default());
-    health.set_ready(true);
-    let stop = CancellationToken::new();
+    // Short, so the sighting below leaves it during the test.
     let window = Duration::from_secs(3);
-    let task = tokio::spawn(run(
-        server.client(),
-        Settings {
-            namespace: NS.into(),
-            daemonset: DS.into(),
-            leader: "flatnet-operator-0".into(),
-            interval: Duration::from_millis(20),
-            ca_bundle_interval: DEFAULT_CA_BUNDLE_INTERVAL,
-            wire_window: window,
-        },
-        health,
-        WebhookProbe::Disabled,
-        stop.clone(),
-    ));
+    let (stop, task) = spawn_controller_over(&server, &config, WebhookProbe::Disabled, window);
+    let generation = server.list::<FlatNetworkConfig>()[0].metadata.generation;
     reach("the range clear", &server, |c| {
-        is(
-            c,
-            CONDITION_MAC_RANGE_SHARED,
-            "False",
-            REASON_NO_FOREIGN_MACS,
-        ) && is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
+        range_shared(c, "False", REASON_NO_FOREIGN_MACS)
+            && is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
     })
     .await;
 
@@ -953,12 +951,8 @@ async fn foreign_macs_appearing_in_the_range_are_named_until_they_age_out() {
         &[("02:aa:00:00:00:07", seen), ("02:bb:00:00:00:01", seen)],
     ));
     reach("the range shared", &server, |c| {
-        is(
-            c,
-            CONDITION_MAC_RANGE_SHARED,
-            "True",
-            REASON_FOREIGN_MACS_IN_RANGE,
-        ) && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
+        range_shared(c, "True", REASON_FOREIGN_MACS_IN_RANGE)
+            && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
     })
     .await;
     let conditions = stored(&server);
@@ -978,12 +972,7 @@ async fn foreign_macs_appearing_in_the_range_are_named_until_they_age_out() {
 
     // No further report: the sighting ages out of the window.
     reach("aged out", &server, |c| {
-        is(
-            c,
-            CONDITION_MAC_RANGE_SHARED,
-            "False",
-            REASON_NO_FOREIGN_MACS,
-        )
+        range_shared(c, "False", REASON_NO_FOREIGN_MACS)
     })
     .await;
     stop.cancel();
