@@ -3,10 +3,18 @@
 //! FlatNetworkIP, then the FlatNetworkIP controller allocates its address
 //! (subnet read, resourceVersion-checked ledger write, record write), with
 //! the MAC pool off and on (each pod's MAC then claimed in the MAC ledger).
+//! Then the release: every record deleted, and the FlatNetworkIP controller
+//! releasing them with its five workers (each pod's address, and with the
+//! pool its MAC, given back), the pool off and on.
 //!
 //! `cargo bench -p flatnet-operator --features fake-api --bench allocation`
 
-use std::{collections::BTreeSet, hint::black_box, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    hint::black_box,
+    sync::Arc,
+    time::Duration,
+};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use flatnet_k8s::{
@@ -30,15 +38,19 @@ use flatnet_operator::{
     },
     metrics::Metrics,
 };
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
-    Resource,
-    api::PartialObjectMeta,
+    Api, Resource, ResourceExt,
+    api::{DeleteParams, PartialObjectMeta},
     runtime::{reflector, watcher},
 };
 use serde_json::json;
 
 const PODS: usize = 1000;
+
+/// The FlatNetworkIP controller's workers (the operator's default).
+const WORKERS: usize = 5;
 
 fn store<K>(objects: Vec<K>) -> reflector::Store<K>
 where
@@ -127,6 +139,48 @@ async fn reconcile_all(server: FakeApiServer, pool: Option<ActivePool>) {
     }
 }
 
+/// A server holding `PODS` allocated pods whose records are all deleted
+/// (held by their finalizer, waiting for the release).
+fn deleted_cluster(runtime: &tokio::runtime::Runtime, pool: Option<ActivePool>) -> FakeApiServer {
+    let server = cluster();
+    runtime.block_on(async {
+        reconcile_all(server.clone(), pool).await;
+        let api: Api<FlatNetworkIP> = Api::namespaced(server.client(), "bench");
+        for record in server.list::<FlatNetworkIP>() {
+            api.delete(&record.name_any(), &DeleteParams::default())
+                .await
+                .expect("delete");
+        }
+    });
+    server
+}
+
+/// Releases every deleted record, `WORKERS` reconciles at a time.
+async fn release_all(server: FakeApiServer, pool: Option<ActivePool>) {
+    let ctx = context(&server, pool);
+    futures::stream::iter(ctx.caches.records.state())
+        .map(|record| ips::reconcile(record, Arc::clone(&ctx)))
+        .buffer_unordered(WORKERS)
+        .for_each(|result| {
+            result.expect("release");
+            async {}
+        })
+        .await;
+}
+
+/// The requests of each kind `run` sent, by `verb resource`.
+fn spent(server: &FakeApiServer, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let mut spent = BTreeMap::new();
+    for (kind, count) in server.requests_by_kind() {
+        let delta = count - before.get(&kind).copied().unwrap_or(0);
+        let verb_resource = kind.rsplit_once(' ').map_or(kind.as_str(), |(k, _)| k);
+        if delta > 0 {
+            *spent.entry(verb_resource.to_owned()).or_insert(0) += delta;
+        }
+    }
+    spent
+}
+
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -144,6 +198,21 @@ fn bench(c: &mut Criterion) {
                 cluster,
                 |server| {
                     runtime.block_on(reconcile_all(server.clone(), pool));
+                    black_box(server.requests())
+                },
+                BatchSize::PerIteration,
+            );
+        });
+    }
+    for (name, pool) in [
+        ("1000_pods_release", None),
+        ("1000_pods_release_mac_pool", Some(mac_pool())),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || deleted_cluster(&runtime, pool),
+                |server| {
+                    runtime.block_on(release_all(server.clone(), pool));
                     black_box(server.requests())
                 },
                 BatchSize::PerIteration,
@@ -175,6 +244,49 @@ fn bench(c: &mut Criterion) {
             "one run (MAC pool {}): {} API requests for {PODS} pods",
             if pool.is_some() { "on" } else { "off" },
             server.requests()
+        );
+    }
+    // And every release gave back what its record held.
+    for pool in [None, Some(mac_pool())] {
+        let server = deleted_cluster(&runtime, pool);
+        let held: Vec<_> = server
+            .list::<FlatNetworkIP>()
+            .into_iter()
+            .filter_map(|r| r.status?.addr)
+            .collect();
+        let before = server.requests_by_kind();
+        runtime.block_on(release_all(server.clone(), pool));
+        assert!(
+            server.list::<FlatNetworkIP>().is_empty(),
+            "every record released"
+        );
+        let subnet = server.list::<FlatNetworkSubnet>().remove(0);
+        let used = subnet.status.unwrap_or_default().used_ranges();
+        let still_used = |addr: &std::net::IpAddr| {
+            used.iter()
+                .any(|r| r.from.is_some_and(|f| f <= *addr) && r.to.is_some_and(|t| *addr <= t))
+        };
+        assert!(
+            held.len() == PODS && !held.iter().any(still_used),
+            "every address given back: {used:?}"
+        );
+        if pool.is_some() {
+            let ledger = server
+                .list::<k8s_openapi::api::core::v1::ConfigMap>()
+                .into_iter()
+                .find(|m| m.name_any().starts_with("flatnet-macs-"))
+                .and_then(|m| m.data)
+                .unwrap_or_default();
+            let quarantined = ledger
+                .get("pool.quarantine")
+                .map_or(0, |q| q.split_whitespace().count());
+            assert_eq!(quarantined, PODS, "every pool MAC given back, quarantined");
+        }
+        let spent = spent(&server, &before);
+        println!(
+            "one release run (MAC pool {}, {WORKERS} workers): {} API requests for {PODS} pods: {spent:?}",
+            if pool.is_some() { "on" } else { "off" },
+            spent.values().sum::<u64>(),
         );
     }
 }

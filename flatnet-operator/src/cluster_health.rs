@@ -5,6 +5,14 @@
 //! only when one of them changes (`lastTransitionTime` moves only when a
 //! status does).
 //!
+//! Beside them, `MacRangeShared`: whether MACs of the MAC pool's range
+//! were seen on the LAN, within the wire window, that no FlatNetworkIP of
+//! this cluster holds (the agents' FlatNetworkWireClaims). The webhook
+//! warns about them when a range is written; this condition says so when
+//! they appear later, and clears once they age out of the window. It
+//! leaves `Degraded` alone: the allocator skips those MACs, so nothing
+//! fails, but the range had better be changed ([`mac_range_condition`]).
+//!
 //! [`conditions`] is the pure rule; [`run`] follows the objects and writes.
 
 use std::{sync::Arc, time::Duration};
@@ -12,9 +20,14 @@ use std::{sync::Arc, time::Duration};
 use flatnet_k8s::{
     agent_heartbeat::{self, Heartbeat},
     api::{
-        CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_PROGRESSING, CONFIG_NAME,
-        FlatNetworkConfig, set_condition,
+        CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_MAC_RANGE_SHARED, CONDITION_PROGRESSING,
+        CONFIG_NAME, FlatNetworkConfig, FlatNetworkWireClaims, MacPoolStatus, set_condition,
     },
+    ipam::{
+        LiveClaim, MacRange,
+        foreign_macs::{foreign_macs, inside, overlap_warning},
+    },
+    keys::SUBNET_NAMESPACE,
 };
 use futures::StreamExt;
 use k8s_openapi::{
@@ -75,6 +88,14 @@ pub const REASON_WEBHOOK_ENDPOINTS_NOT_READY: &str = "WebhookEndpointsNotReady";
 /// The ValidatingWebhookConfiguration's `caBundle` does not trust the
 /// certificate the webhook serves: the API server refuses its TLS.
 pub const REASON_WEBHOOK_CA_BUNDLE_MISMATCH: &str = "WebhookCABundleMismatch";
+
+/// `MacRangeShared` True: MACs of the range were seen on the LAN.
+pub const REASON_FOREIGN_MACS_IN_RANGE: &str = "ForeignMacsInRange";
+/// `MacRangeShared` False: none seen within the wire window.
+pub const REASON_NO_FOREIGN_MACS: &str = "NoForeignMacsInRange";
+/// `MacRangeShared` False: no range recorded yet (none configured and
+/// none drawn yet), so nothing to compare.
+pub const REASON_NO_MAC_RANGE: &str = "NoMacRange";
 
 /// How many nodes a message names before it says "and N more".
 const NAMED_NODES: usize = 5;
@@ -547,13 +568,60 @@ fn any_of(
 /// `lastTransitionTime` kept while its status stays), or `None` when
 /// nothing would change.
 #[must_use]
-pub fn merged(current: &[Condition], wanted: [Condition; 3]) -> Option<Vec<Condition>> {
+pub fn merged(
+    current: &[Condition],
+    wanted: impl IntoIterator<Item = Condition>,
+) -> Option<Vec<Condition>> {
     let mut conditions = current.to_vec();
     let mut changed = false;
     for condition in wanted {
         changed |= set_condition(&mut conditions, condition);
     }
     changed.then_some(conditions)
+}
+
+/// `MacRangeShared` for the pool's `range` (`None`: none recorded yet),
+/// given the foreign MACs `seen` inside it (see [`inside`]), stamped with
+/// `generation` and `now`. The message names up to three MACs with the
+/// node that saw each and when.
+#[must_use]
+pub fn mac_range_condition(
+    range: Option<&MacRange>,
+    seen: &[LiveClaim],
+    window: Duration,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let window = format!("{}s", window.as_secs());
+    let mut found = match range {
+        None => condition(
+            CONDITION_MAC_RANGE_SHARED,
+            false,
+            REASON_NO_MAC_RANGE,
+            "no macPool range recorded yet".to_owned(),
+            generation,
+        ),
+        Some(range) => match overlap_warning("the macPool range", range, seen) {
+            Some(warning) => condition(
+                CONDITION_MAC_RANGE_SHARED,
+                true,
+                REASON_FOREIGN_MACS_IN_RANGE,
+                format!("within the wire window ({window}): {warning}"),
+                generation,
+            ),
+            None => condition(
+                CONDITION_MAC_RANGE_SHARED,
+                false,
+                REASON_NO_FOREIGN_MACS,
+                format!(
+                    "no MAC of the macPool range {range} was seen on the LAN within the wire window ({window}) outside this cluster's FlatNetworkIPs"
+                ),
+                generation,
+            ),
+        },
+    };
+    found.last_transition_time = Time(now);
+    found
 }
 
 /// Where the controller looks, and who it is.
@@ -570,6 +638,9 @@ pub struct Settings {
     pub interval: Duration,
     /// How often the ValidatingWebhookConfiguration's `caBundle` is read.
     pub ca_bundle_interval: Duration,
+    /// How recently a MAC must have been seen on the LAN to count for
+    /// `MacRangeShared` (`FLATNET_WIRE_WINDOW`, as for allocation).
+    pub wire_window: Duration,
 }
 
 /// How often a heartbeat's staleness is looked at: well under the
@@ -702,6 +773,17 @@ pub async fn run(
     )
     .default_backoff()
     .map(|_| ());
+    // The agents' reports of what they saw on the LAN, for MacRangeShared.
+    let (reports, report_writer) = reflector::store::<FlatNetworkWireClaims>();
+    let follow_reports = reflector::reflector(
+        report_writer,
+        watcher(
+            Api::<FlatNetworkWireClaims>::namespaced(client.clone(), SUBNET_NAMESPACE),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .map(|_| ());
     // The webhook Service's endpoints (EndpointSlices by their Service label).
     let (slices, slice_writer) = reflector::store::<EndpointSlice>();
     let webhook_service = match &webhook {
@@ -730,7 +812,10 @@ pub async fn run(
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let changes = futures::stream::select(
         futures::stream::select(follow_config, follow_slices),
-        futures::stream::select(follow_daemonset, follow_leases),
+        futures::stream::select(
+            follow_daemonset,
+            futures::stream::select(follow_leases, follow_reports),
+        ),
     );
     tokio::pin!(changes);
     let daemonset = format!("{}/{}", settings.namespace, settings.daemonset);
@@ -810,7 +895,29 @@ pub async fn run(
             _ => (key, now),
         });
         observed.progress_since = progress.as_ref().map(|(_, since)| *since);
-        if write(&config_api, &config, &observed, now).await {
+        // Until the reports are listed (never, without their CRD), the
+        // condition stays as it was.
+        let mac_range = has_listed(&reports).then(|| {
+            let range = config
+                .status
+                .as_ref()
+                .and_then(|s| s.mac_pool.as_ref())
+                .and_then(MacPoolStatus::range);
+            let foreign = foreign_macs(
+                reports.state().iter().map(AsRef::as_ref),
+                now,
+                settings.wire_window,
+            );
+            let seen = range.map(|r| inside(&r, &foreign)).unwrap_or_default();
+            mac_range_condition(
+                range.as_ref(),
+                &seen,
+                settings.wire_window,
+                config.metadata.generation,
+                now,
+            )
+        });
+        if write(&config_api, &config, &observed, mac_range, now).await {
             replaced.clone_from(&config.metadata.resource_version);
         }
     }
@@ -823,16 +930,19 @@ fn has_listed<K: kube::Resource<DynamicType = ()> + Clone + 'static>(
     futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
-/// Writes the conditions `observed` gives when they differ from those of
-/// `config` (the cached copy: a conflict means a newer one is coming);
-/// whether it wrote.
+/// Writes the conditions `observed` gives, and `mac_range` when given,
+/// when they differ from those of `config` (the cached copy: a conflict
+/// means a newer one is coming); whether it wrote.
 async fn write(
     api: &Api<FlatNetworkConfig>,
     config: &FlatNetworkConfig,
     observed: &Observed,
+    mac_range: Option<Condition>,
     now: Timestamp,
 ) -> bool {
-    let wanted = conditions(observed, config.metadata.generation, now);
+    let wanted = conditions(observed, config.metadata.generation, now)
+        .into_iter()
+        .chain(mac_range);
     let mut status = config.status.clone().unwrap_or_default();
     let Some(conditions) = merged(&status.conditions, wanted) else {
         return false;

@@ -438,6 +438,7 @@ impl Cli {
         // The Lease lives in the operator's namespace, and so do the webhook's objects.
         let operator_namespace = self.lease_namespace.clone();
         let floating_namespace = operator_namespace.clone();
+        let wire_window = go_duration("FLATNET_WIRE_WINDOW (--wire-window)", &self.wire_window)?;
         let cluster_health = crate::cluster_health::Settings {
             namespace: operator_namespace.clone(),
             daemonset: self.agent_daemonset.clone(),
@@ -448,6 +449,7 @@ impl Cli {
                 .unwrap_or_else(|| "the only replica".to_owned()),
             interval: crate::cluster_health::DEFAULT_INTERVAL,
             ca_bundle_interval: crate::cluster_health::DEFAULT_CA_BUNDLE_INTERVAL,
+            wire_window,
         };
         let election = if self.leader_election {
             let mut timing = election_timing(
@@ -529,7 +531,7 @@ impl Cli {
                     "FLATNET_NODE_GONE_GRACE (--node-gone-grace)",
                     &self.node_gone_grace,
                 )?,
-                wire_window: go_duration("FLATNET_WIRE_WINDOW (--wire-window)", &self.wire_window)?,
+                wire_window,
                 resync: Duration::from_secs(self.resync_minutes.saturating_mul(60)),
                 attachment,
                 ..crate::allocation::Settings::default()

@@ -94,6 +94,14 @@ pub enum Error {
         /// Attempts made.
         attempts: u32,
     },
+    /// The MAC ledger of a parent link could not be written.
+    #[error("write the MAC ledger of {parent}: {message}")]
+    MacLedgerWrite {
+        /// The parent link.
+        parent: String,
+        /// The API error.
+        message: String,
+    },
     /// The reservation got too old to be written safely; retried later.
     #[error(
         "the address reserved for FlatNetworkIP {record} was not written within {deadline:?}; left to the subnet repair, retrying"
@@ -111,7 +119,7 @@ impl Error {
     #[must_use]
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Kube(_) | Self::LedgerWrite { .. } => "kube_api",
+            Self::Kube(_) | Self::LedgerWrite { .. } | Self::MacLedgerWrite { .. } => "kube_api",
             Self::Annotation { .. } | Self::NameTooLong { .. } => "bad_annotation",
             Self::SubnetMissing { .. } => "subnet_missing",
             Self::SubnetNotReady { .. } | Self::WrongFamily { .. } => "subnet_not_ready",

@@ -17,6 +17,13 @@
 //! they are younger than half the orphan grace, else left to the repair.
 //! A leader that dies loses at most its spare MACs until the repair frees
 //! them; a small pool claims nothing ahead.
+//!
+//! Releases are group-committed per link too: a release queues itself and
+//! takes the link's lock; whoever holds the lock next (another release, or
+//! a claim write) applies every queued release in its one write and
+//! answers them all. So under churn many pods' MACs go back into the pool
+//! (and its quarantine) in one ledger write, and the link's lock and the
+//! ledger's resourceVersion still order every change.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -29,6 +36,7 @@ use flatnet_k8s::{
     validation::ParentLink,
 };
 use kube::ResourceExt;
+use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::{
@@ -55,6 +63,101 @@ struct Link {
     book: tokio::sync::Mutex<Option<Ledger>>,
     /// Claimed, not handed out; oldest first.
     spare: Mutex<Vec<ClaimedMac>>,
+    /// Releases waiting for the next write of the ledger.
+    releases: Mutex<Vec<Release>>,
+}
+
+impl Link {
+    /// Takes every queued release, deciding now, with the records cache
+    /// as it is, which MACs another live record still names.
+    fn take_releases(&self, ctx: &Context) -> Releases {
+        let queued = std::mem::take(&mut *self.releases.lock().unwrap_or_else(|e| e.into_inner()));
+        Releases::decide(ctx, queued)
+    }
+
+    /// Queues `releases` again, unanswered: their write failed, and each
+    /// releaser, finding no answer once it holds the lock, writes them.
+    fn requeue(&self, releases: Releases) {
+        let mut queued = self.releases.lock().unwrap_or_else(|e| e.into_inner());
+        queued.extend(releases.0.into_iter().map(|(release, _)| release));
+    }
+}
+
+/// Why a batch of releases was not written, for every release in it.
+#[derive(Clone, Debug)]
+enum Failure {
+    Contention,
+    Api(String),
+}
+
+/// A release of a MAC waiting for its link's next ledger write.
+struct Release {
+    mac: Mac,
+    /// `namespace/name` of the record that held it.
+    key: String,
+    answer: oneshot::Sender<Result<(), Failure>>,
+}
+
+/// Queued releases, each with whether another live record still names its
+/// MAC (then only the record's own claims go; the pool keeps the MAC).
+#[derive(Default)]
+struct Releases(Vec<(Release, bool)>);
+
+impl Releases {
+    fn decide(ctx: &Context, queued: Vec<Release>) -> Self {
+        if queued.is_empty() {
+            return Self::default();
+        }
+        let macs: BTreeSet<String> = queued.iter().map(|r| r.mac.to_string()).collect();
+        // The holders of the queued MACs, in one pass over the cache.
+        let mut holders: HashMap<String, Vec<String>> = HashMap::new();
+        for record in ctx.caches.records.state().iter() {
+            if record.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if let Some(status) = &record.status
+                && macs.contains(&status.mac)
+            {
+                let key = super::key_of(record.namespace().as_deref(), &record.name_any());
+                holders.entry(status.mac.clone()).or_default().push(key);
+            }
+        }
+        Self(
+            queued
+                .into_iter()
+                .map(|release| {
+                    let named_elsewhere = holders
+                        .get(&release.mac.to_string())
+                        .is_some_and(|keys| keys.iter().any(|k| *k != release.key));
+                    (release, named_elsewhere)
+                })
+                .collect(),
+        )
+    }
+
+    /// Applies every release to `ledger`: the record's claims on its MAC
+    /// go, and the pool's claim when no other record names it (the MAC
+    /// then enters the quarantine). Whether the ledger changed.
+    fn apply(&self, ledger: &mut Ledger) -> bool {
+        let mut changed = false;
+        for (release, named_elsewhere) in &self.0 {
+            changed |= ledger.remove(release.mac, |c| c.record == release.key);
+            if !named_elsewhere {
+                changed |= ledger.unclaim_from_pool(release.mac, true);
+            }
+        }
+        changed
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn answer(self, answer: &Result<(), Failure>) {
+        for (release, _) in self.0 {
+            let _ = release.answer.send(answer.clone());
+        }
+    }
 }
 
 /// The spare pool MACs of every parent link.
@@ -149,7 +252,8 @@ impl MacAhead {
 
     /// Releases `mac`, which record `key` held: its claims in the ledger,
     /// and the pool's claim when no other record names it (the MAC then
-    /// goes into the quarantine).
+    /// goes into the quarantine). Written together with the other releases
+    /// and claims of the link waiting at the time.
     ///
     /// # Errors
     /// The API failing, or [`Error::MacLedgerContention`].
@@ -161,23 +265,45 @@ impl MacAhead {
         key: &str,
     ) -> Result<(), Error> {
         let link = self.link(parent);
+        let (answer, mut rx) = oneshot::channel();
+        link.releases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Release {
+                mac,
+                key: key.to_owned(),
+                answer,
+            });
+        // Releases come in waves (a subnet's group commit answers many at
+        // once): let the rest of the wave queue before this one writes.
+        tokio::task::yield_now().await;
         let mut book = link.book.lock().await;
-        let named_elsewhere = {
-            let text = mac.to_string();
-            ctx.caches.records.state().iter().any(|r| {
-                super::key_of(r.namespace().as_deref(), &r.name_any()) != key
-                    && r.metadata.deletion_timestamp.is_none()
-                    && r.status.as_ref().is_some_and(|s| s.mac == text)
-            })
-        };
-        edit(ctx, parent, &mut book, |ledger| {
-            let mut changed = ledger.remove(mac, |c| c.record == key);
-            if !named_elsewhere {
-                changed |= ledger.unclaim_from_pool(mac, true);
+        // An earlier holder of the lock may have written this release.
+        let answer = match rx.try_recv() {
+            Ok(answer) => answer,
+            Err(_) => {
+                let releases = link.take_releases(ctx);
+                let count = releases.len();
+                let written = edit(ctx, parent, &mut book, |ledger| releases.apply(ledger)).await;
+                debug!(%parent, count, ok = written.is_ok(), "pool MAC releases committed");
+                releases.answer(&written.map_err(|error| match error {
+                    Error::MacLedgerContention { .. } => Failure::Contention,
+                    other => Failure::Api(other.to_string()),
+                }));
+                rx.try_recv().unwrap_or(Err(Failure::Contention))
             }
-            changed
+        };
+        drop(book);
+        answer.map_err(|failure| match failure {
+            Failure::Contention => Error::MacLedgerContention {
+                parent: parent.to_string(),
+                attempts: MAX_ATTEMPTS,
+            },
+            Failure::Api(message) => Error::MacLedgerWrite {
+                parent: parent.to_string(),
+                message,
+            },
         })
-        .await
     }
 }
 
@@ -215,8 +341,8 @@ pub async fn edit(
 }
 
 /// Claims `needed` MACs of `range` (plus some ahead, kept spare) in one
-/// ledger write; gives back the spare MACs that went stale in the same
-/// write.
+/// ledger write; gives back the spare MACs that went stale, and writes the
+/// releases queued for the link, in the same write.
 async fn claim(
     ctx: &Context,
     link: &Link,
@@ -231,67 +357,78 @@ async fn claim(
         .filter(|(_, at)| at.elapsed() < ctx.settings.orphan_grace / 2)
         .map(|(mac, _)| *mac)
         .collect();
+    let releases = link.take_releases(ctx);
     let outside = outside_the_ledger(ctx, parent);
     let foreign = ctx.wire.foreign_macs();
-    for attempt in 1..=MAX_ATTEMPTS {
-        let mut ledger = match book.take() {
-            Some(ledger) => ledger,
-            None => mac_ledger::read(&ctx.client, parent).await?,
-        };
-        for mac in &give_back {
-            ledger.unclaim_from_pool(*mac, false);
-        }
-        let mut in_use = ledger.claimed();
-        in_use.extend(outside.iter().copied());
-        let taken_in_range = u64::try_from(
-            in_use
-                .iter()
-                .chain(&foreign)
-                .filter(|m| range.contains(**m))
-                .collect::<BTreeSet<_>>()
-                .len(),
-        )
-        .unwrap_or(u64::MAX);
-        let free = range.len().saturating_sub(taken_in_range);
-        let ahead = usize::try_from(free / AHEAD_SHARE)
-            .unwrap_or(usize::MAX)
-            .min(CLAIM_AHEAD);
-        let macs = match ledger
-            .pool
-            .allocate_many(range, &in_use, &foreign, needed + ahead)
-        {
-            Ok(macs) => macs,
-            Err(_) if ahead > 0 => ledger
+    let written: Result<Vec<ClaimedMac>, Error> = async {
+        for attempt in 1..=MAX_ATTEMPTS {
+            let mut ledger = match book.take() {
+                Some(ledger) => ledger,
+                None => mac_ledger::read(&ctx.client, parent).await?,
+            };
+            for mac in &give_back {
+                ledger.unclaim_from_pool(*mac, false);
+            }
+            releases.apply(&mut ledger);
+            let mut in_use = ledger.claimed();
+            in_use.extend(outside.iter().copied());
+            let taken_in_range = u64::try_from(
+                in_use
+                    .iter()
+                    .chain(&foreign)
+                    .filter(|m| range.contains(**m))
+                    .collect::<BTreeSet<_>>()
+                    .len(),
+            )
+            .unwrap_or(u64::MAX);
+            let free = range.len().saturating_sub(taken_in_range);
+            let ahead = usize::try_from(free / AHEAD_SHARE)
+                .unwrap_or(usize::MAX)
+                .min(CLAIM_AHEAD);
+            let macs = match ledger
                 .pool
-                .allocate_many(range, &in_use, &foreign, needed)?,
-            Err(error) => return Err(error.into()),
-        };
-        ledger.claim_for_pool(&macs);
-        // Before and after the write: the repair's clock of these MACs
-        // starts no earlier than their claim.
-        let name = mac_ledger::ledger_name(parent);
-        ctx.orphans.pool_claimed(&name, &macs);
-        if mac_ledger::write(&ctx.client, &mut ledger).await? {
-            let at = Instant::now();
+                .allocate_many(range, &in_use, &foreign, needed + ahead)
+            {
+                Ok(macs) => macs,
+                Err(_) if ahead > 0 => ledger
+                    .pool
+                    .allocate_many(range, &in_use, &foreign, needed)?,
+                Err(error) => return Err(error.into()),
+            };
+            ledger.claim_for_pool(&macs);
+            // Before and after the write: the repair's clock of these MACs
+            // starts no earlier than their claim.
+            let name = mac_ledger::ledger_name(parent);
             ctx.orphans.pool_claimed(&name, &macs);
-            *book = Some(ledger);
-            let mut claimed: Vec<ClaimedMac> = macs.into_iter().map(|m| (m, at)).collect();
-            let spare = claimed.split_off(needed);
-            link.spare
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(spare);
-            debug!(%parent, needed, ahead, "pool MACs claimed");
-            return Ok(claimed);
+            if mac_ledger::write(&ctx.client, &mut ledger).await? {
+                let at = Instant::now();
+                ctx.orphans.pool_claimed(&name, &macs);
+                *book = Some(ledger);
+                let mut claimed: Vec<ClaimedMac> = macs.into_iter().map(|m| (m, at)).collect();
+                let spare = claimed.split_off(needed);
+                link.spare
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(spare);
+                debug!(%parent, needed, ahead, "pool MACs claimed");
+                return Ok(claimed);
+            }
+            ctx.metrics.allocation_conflict();
+            debug!(%parent, attempt, "MAC ledger changed since read; choosing again");
         }
-        ctx.metrics.allocation_conflict();
-        debug!(%parent, attempt, "MAC ledger changed since read; choosing again");
+        // Not given back: they stay spare-less claims the repair frees.
+        Err(Error::MacLedgerContention {
+            parent: parent.to_string(),
+            attempts: MAX_ATTEMPTS,
+        })
     }
-    // Not given back: they stay spare-less claims the repair frees.
-    Err(Error::MacLedgerContention {
-        parent: parent.to_string(),
-        attempts: MAX_ATTEMPTS,
-    })
+    .await;
+    if written.is_ok() {
+        releases.answer(&Ok(()));
+    } else {
+        link.requeue(releases);
+    }
+    written
 }
 
 /// MACs in use on `parent` that the ledger may not know: `usedMac` of its

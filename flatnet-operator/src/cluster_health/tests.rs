@@ -546,6 +546,7 @@ async fn the_conditions_follow_heartbeats_that_appear_fail_go_stale_and_recover(
             leader: "flatnet-operator-0".into(),
             interval: Duration::from_millis(20),
             ca_bundle_interval: DEFAULT_CA_BUNDLE_INTERVAL,
+            wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
         },
         Arc::clone(&health),
         WebhookProbe::Disabled,
@@ -681,7 +682,23 @@ fn spawn_controller(
     spec: FlatNetworkConfigSpec,
     probe: WebhookProbe,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    server.insert(&FlatNetworkConfig::new(CONFIG_NAME, spec));
+    let config = FlatNetworkConfig::new(CONFIG_NAME, spec);
+    spawn_controller_over(
+        server,
+        &config,
+        probe,
+        flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
+    )
+}
+
+/// [`spawn_controller`] over `config` as stored, with `wire_window`.
+fn spawn_controller_over(
+    server: &FakeApiServer,
+    config: &FlatNetworkConfig,
+    probe: WebhookProbe,
+    wire_window: Duration,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    server.insert(config);
     for node in ["node-1", "node-2"] {
         server.insert(&lease_of(node, &AgentReadiness::ready(), Timestamp::now()));
     }
@@ -696,6 +713,7 @@ fn spawn_controller(
             leader: "flatnet-operator-0".into(),
             interval: Duration::from_millis(20),
             ca_bundle_interval: Duration::from_millis(20),
+            wire_window,
         },
         health,
         probe,
@@ -820,6 +838,141 @@ async fn available_needs_webhook_endpoints_and_a_ca_bundle_trusting_the_served_c
         is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
             && is(c, CONDITION_PROGRESSING, "False", REASON_ROLLOUT_COMPLETE)
             && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("the controller ends on stop");
+}
+
+/// A report of `node` in subnet `lan`: each MAC of `claims` claimed an
+/// address, seen at its time.
+fn wire_report(node: &str, claims: &[(&str, Timestamp)]) -> FlatNetworkWireClaims {
+    use flatnet_k8s::api::{FlatNetworkWireClaimsSpec, ForeignClaim};
+    let mut report = FlatNetworkWireClaims::new(
+        &FlatNetworkWireClaims::object_name("lan", node),
+        FlatNetworkWireClaimsSpec {
+            subnet: "lan".into(),
+            node: node.into(),
+            observed_at: Some(Time(Timestamp::now())),
+            claims: claims
+                .iter()
+                .enumerate()
+                .map(|(i, (mac, seen))| ForeignClaim {
+                    ip: format!("192.0.2.{}", i + 9).parse().expect("an address"),
+                    mac: (*mac).into(),
+                    last_seen: Time(*seen),
+                    kind: "arp_reply".into(),
+                })
+                .collect(),
+        },
+    );
+    report.metadata.namespace = Some(SUBNET_NAMESPACE.into());
+    report
+}
+
+#[test]
+fn mac_range_shared_names_three_macs_with_node_and_time() {
+    let range = MacRange::parse("02:aa:00:00:00:00", "02:aa:00:ff:ff:ff").expect("a range");
+    let window = Duration::from_secs(3600);
+    let none = mac_range_condition(None, &[], window, Some(4), at(NOW));
+    assert_eq!(
+        (none.status.as_str(), none.reason.as_str()),
+        ("False", REASON_NO_MAC_RANGE)
+    );
+    let clear = mac_range_condition(Some(&range), &[], window, Some(4), at(NOW));
+    assert_eq!(
+        (clear.status.as_str(), clear.reason.as_str()),
+        ("False", REASON_NO_FOREIGN_MACS)
+    );
+    assert!(clear.message.contains("3600s"), "{}", clear.message);
+    let seen: Vec<LiveClaim> = (1..=5)
+        .map(|i| LiveClaim {
+            mac: format!("02:aa:00:00:00:0{i}"),
+            last_seen: at(NOW - i),
+            node: format!("node-{i}"),
+        })
+        .collect();
+    let shared = mac_range_condition(Some(&range), &seen, window, Some(4), at(NOW));
+    assert_eq!(
+        (shared.status.as_str(), shared.reason.as_str()),
+        ("True", REASON_FOREIGN_MACS_IN_RANGE)
+    );
+    assert_eq!(shared.observed_generation, Some(4));
+    assert_eq!(shared.last_transition_time, Time(at(NOW)));
+    for part in [
+        "02:aa:00:00:00:01 (seen by node node-1 at ",
+        "02:aa:00:00:00:03 (seen by node node-3 at ",
+        &at(NOW - 2).to_string(),
+        "and 2 more",
+        "choose another range",
+    ] {
+        assert!(shared.message.contains(part), "{part}: {}", shared.message);
+    }
+    assert!(!shared.message.contains("02:aa:00:00:00:04"));
+}
+
+/// Whether `MacRangeShared` has `status` and `reason`.
+fn range_shared(conditions: &[Condition], status: &str, reason: &str) -> bool {
+    is(conditions, CONDITION_MAC_RANGE_SHARED, status, reason)
+}
+
+/// MACs of the recorded range that agents see on the LAN after it was
+/// written turn `MacRangeShared` True, naming them with node and time,
+/// and leave `Degraded` False; the condition clears by itself once the
+/// sightings are older than the wire window.
+#[tokio::test]
+async fn foreign_macs_appearing_in_the_range_are_named_until_they_age_out() {
+    let server = FakeApiServer::new();
+    let mut config = FlatNetworkConfig::new(CONFIG_NAME, FlatNetworkConfigSpec::default());
+    config.status = Some(flatnet_k8s::api::FlatNetworkConfigStatus {
+        mac_pool: Some(MacPoolStatus {
+            range_start: "02:aa:00:00:00:00".into(),
+            range_end: "02:aa:00:ff:ff:ff".into(),
+            generated: true,
+        }),
+        ..Default::default()
+    });
+    server.insert(&daemonset(2, 2, 2));
+    // Short, so the sighting below leaves it during the test.
+    let window = Duration::from_secs(3);
+    let (stop, task) = spawn_controller_over(&server, &config, WebhookProbe::Disabled, window);
+    let generation = server.list::<FlatNetworkConfig>()[0].metadata.generation;
+    reach("the range clear", &server, |c| {
+        range_shared(c, "False", REASON_NO_FOREIGN_MACS)
+            && is(c, CONDITION_AVAILABLE, "True", REASON_ALL_SERVING)
+    })
+    .await;
+
+    // A MAC of the range, and one outside it, seen now by node-2 (to
+    // the second, as stored).
+    let seen = Timestamp::from_second(Timestamp::now().as_second()).expect("a time");
+    server.insert(&wire_report(
+        "node-2",
+        &[("02:aa:00:00:00:07", seen), ("02:bb:00:00:00:01", seen)],
+    ));
+    reach("the range shared", &server, |c| {
+        range_shared(c, "True", REASON_FOREIGN_MACS_IN_RANGE)
+            && is(c, CONDITION_DEGRADED, "False", REASON_AS_EXPECTED)
+    })
+    .await;
+    let conditions = stored(&server);
+    let shared = conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_MAC_RANGE_SHARED)
+        .expect("the condition");
+    assert_eq!(shared.observed_generation, generation);
+    let named = format!("02:aa:00:00:00:07 (seen by node node-2 at {seen})");
+    assert!(shared.message.contains(&named), "{}", shared.message);
+    assert!(shared.message.contains("1 MAC(s)"), "{}", shared.message);
+    assert!(
+        !shared.message.contains("02:bb:00:00:00:01"),
+        "{}",
+        shared.message
+    );
+
+    // No further report: the sighting ages out of the window.
+    reach("aged out", &server, |c| {
+        range_shared(c, "False", REASON_NO_FOREIGN_MACS)
     })
     .await;
     stop.cancel();

@@ -25,6 +25,10 @@ pub const CONDITION_AVAILABLE: &str = "Available";
 pub const CONDITION_PROGRESSING: &str = "Progressing";
 /// Condition: a part of flatnet is not working; the message names it.
 pub const CONDITION_DEGRADED: &str = "Degraded";
+/// Condition: MACs of the MAC pool's range were seen on the LAN that no
+/// FlatNetworkIP of this cluster holds (another cluster or hosts use the
+/// range); the message names them.
+pub const CONDITION_MAC_RANGE_SHARED: &str = "MacRangeShared";
 
 /// Cluster-wide flatnet settings. Each field left out keeps the
 /// environment variable of the operator (or, under `agents`, of the

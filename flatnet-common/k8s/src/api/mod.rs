@@ -29,10 +29,11 @@ mod wire_claims;
 
 pub use conditions::{CONDITION_ATTACHED, CONDITION_MAC_CONFLICT, CONDITION_READY, set_condition};
 pub use config::{
-    AgentsSpec, CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_PROGRESSING, CONFIG_NAME,
-    ConflictProbeSpec, DEFAULT_PROGRESS_DEADLINE_SECONDS, FlatNetworkConfig, FlatNetworkConfigSpec,
-    FlatNetworkConfigStatus, MAX_CONFLICT_PROBE_MILLISECONDS, MacPoolMode, MacPoolSpec,
-    MacPoolStatus, WELL_KNOWN_MACS, setting_source,
+    AgentsSpec, CONDITION_AVAILABLE, CONDITION_DEGRADED, CONDITION_MAC_RANGE_SHARED,
+    CONDITION_PROGRESSING, CONFIG_NAME, ConflictProbeSpec, DEFAULT_PROGRESS_DEADLINE_SECONDS,
+    FlatNetworkConfig, FlatNetworkConfigSpec, FlatNetworkConfigStatus,
+    MAX_CONFLICT_PROBE_MILLISECONDS, MacPoolMode, MacPoolSpec, MacPoolStatus, WELL_KNOWN_MACS,
+    setting_source,
 };
 pub use floating::{
     FloatingIPPool, FloatingIPPoolSpec, FloatingIPPoolStatus, FloatingIPProjectQuota,

@@ -10,6 +10,7 @@ use flatnet_k8s::{
     keys::label,
     validation::ParentLink,
 };
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use super::*;
@@ -475,4 +476,184 @@ async fn a_fixed_mac_request_never_takes_a_pool_mac() {
         1,
         "the pool pod keeps it"
     );
+}
+
+/// A pool of 32 MACs: room for the pods of the churn tests below, too
+/// small to claim MACs ahead (every claim is a write of its own).
+fn churn_pool() -> ActivePool {
+    ActivePool {
+        range: MacRange::parse("02:aa:00:00:00:01", "02:aa:00:00:00:20").unwrap(),
+        mode: MacPoolMode::OptOut,
+    }
+}
+
+/// `count` pods of `prefix` in subnet `left`, their records allocated
+/// (concurrently) with `pool`.
+async fn allocated_pods(server: &FakeApiServer, pool: ActivePool, prefix: &str, count: usize) {
+    for i in 0..count {
+        let (p, record) = plain_pod(&format!("{prefix}-{i}"), "left");
+        server.insert(&p);
+        server.insert(&record);
+    }
+    let ctx = pool_context(server, pool, Vec::new());
+    let records: Vec<FlatNetworkIP> = server
+        .list::<FlatNetworkIP>()
+        .into_iter()
+        .filter(|r| r.name_any().starts_with(&format!("{prefix}-")))
+        .collect();
+    futures::future::join_all(
+        records
+            .into_iter()
+            .map(|r| ips::reconcile(Arc::new(r), Arc::clone(&ctx))),
+    )
+    .await;
+}
+
+/// Deletes the records of `prefix` (they keep their finalizer, so they
+/// stay, marked for deletion).
+async fn delete_records(server: &FakeApiServer, prefix: &str) -> usize {
+    let api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
+    let mut deleted = 0;
+    for record in server.list::<FlatNetworkIP>() {
+        if record.name_any().starts_with(&format!("{prefix}-")) {
+            api.delete(&record.name_any(), &Default::default())
+                .await
+                .unwrap();
+            deleted += 1;
+        }
+    }
+    deleted
+}
+
+/// The requests of `kind` (such as `update configmaps`) served since
+/// `before`.
+fn spent_since(server: &FakeApiServer, before: &BTreeMap<String, u64>, kind: &str) -> u64 {
+    server
+        .requests_by_kind()
+        .iter()
+        .filter(|(k, _)| k.starts_with(kind))
+        .map(|(k, n)| n - before.get(k).copied().unwrap_or(0))
+        .sum()
+}
+
+/// Pods deleted at once give their pool MACs back in a few MAC ledger
+/// writes, not one each, and every MAC still enters the quarantine.
+#[tokio::test(flavor = "current_thread")]
+async fn pool_mac_releases_share_ledger_writes() {
+    const PODS: usize = 20;
+    // Requests yield to the scheduler, as network requests do, so the
+    // releases of concurrent reconciles overlap.
+    let server = FakeApiServer::new().with_chaos(7, 0);
+    server.insert(&sibling_subnet("left", "10.0.1.0/24"));
+    allocated_pods(&server, churn_pool(), "web", PODS).await;
+    let held = pool_macs_of(&server, churn_pool().range).unwrap();
+    assert_eq!(held.len(), PODS);
+
+    assert_eq!(delete_records(&server, "web").await, PODS);
+    let ctx = pool_context(&server, churn_pool(), Vec::new());
+    let before = server.requests_by_kind();
+    // The controller's five workers.
+    let records: Vec<FlatNetworkIP> = server.list();
+    futures::stream::iter(records)
+        .map(|r| ips::reconcile(Arc::new(r), Arc::clone(&ctx)))
+        .buffer_unordered(5)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+
+    assert!(server.list::<FlatNetworkIP>().is_empty(), "all released");
+    let ledger = ledger_data(&server);
+    assert!(pool_claimed(&ledger).is_empty(), "{ledger:?}");
+    let quarantined: BTreeSet<Mac> = ledger
+        .get("pool.quarantine")
+        .map_or("", String::as_str)
+        .split_whitespace()
+        .map(|m| Mac::parse(m).unwrap())
+        .collect();
+    assert_eq!(
+        quarantined,
+        held.keys().copied().collect::<BTreeSet<_>>(),
+        "every released MAC is quarantined"
+    );
+    let writes = spent_since(&server, &before, "update configmaps");
+    assert!(
+        writes * 2 <= PODS as u64,
+        "{writes} MAC ledger writes for {PODS} releases: {:?}",
+        server.requests_by_kind()
+    );
+    assert_eq!(
+        spent_since(&server, &before, "get configmaps"),
+        1,
+        "the ledger is read once, then kept in memory"
+    );
+}
+
+/// Pods going and new pods coming on one parent link at once, each side
+/// with a cache that lags (the allocator still sees the old records
+/// holding their MACs) and requests interleaved per seed: a MAC is never
+/// held twice, the old pods' MACs go back into the pool, and the new
+/// pods get MACs nobody used before the quarantined ones.
+#[tokio::test(flavor = "current_thread")]
+async fn releases_racing_allocations_never_hand_out_a_pool_mac_twice() {
+    for seed in 1..=20 {
+        let server = FakeApiServer::new();
+        server.insert(&sibling_subnet("left", "10.0.1.0/24"));
+        allocated_pods(&server, churn_pool(), "old", 12).await;
+        let old: BTreeSet<Mac> = pool_macs_of(&server, churn_pool().range)
+            .unwrap()
+            .into_keys()
+            .collect();
+        for i in 0..12 {
+            let (p, record) = plain_pod(&format!("new-{i}"), "left");
+            server.insert(&p);
+            server.insert(&record);
+        }
+        // The allocator's cache is from before the deletions.
+        let allocating = pool_context(&server.with_chaos(seed, 0), churn_pool(), Vec::new());
+        delete_records(&server, "old").await;
+        let releasing = pool_context(
+            &server.with_chaos(seed ^ 0x5eed, 0),
+            churn_pool(),
+            Vec::new(),
+        );
+        let records: Vec<FlatNetworkIP> = server.list();
+        let release = futures::future::join_all(
+            records
+                .iter()
+                .filter(|r| r.metadata.deletion_timestamp.is_some())
+                .map(|r| ips::reconcile(Arc::new(r.clone()), Arc::clone(&releasing))),
+        );
+        let allocate = futures::future::join_all(
+            shuffled(&records, seed)
+                .into_iter()
+                .filter(|r| r.metadata.deletion_timestamp.is_none())
+                .map(|r| ips::reconcile(Arc::new(r), Arc::clone(&allocating))),
+        );
+        let (released, allocated) = futures::join!(release, allocate);
+        for result in released.into_iter().chain(allocated) {
+            result.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
+        let held = pool_macs_of(&server, churn_pool().range)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert_eq!(held.len(), 12, "seed {seed}: every new pod has a MAC");
+        assert!(
+            held.keys().all(|m| !old.contains(m)),
+            "seed {seed}: a released MAC was reused before unused ones: {held:?}"
+        );
+        let ledger = ledger_data(&server);
+        let claimed = pool_claimed(&ledger);
+        assert!(
+            old.iter().all(|m| !claimed.contains(m)),
+            "seed {seed}: the old pods' MACs are released: {ledger:?}"
+        );
+        let quarantine = ledger.get("pool.quarantine").cloned().unwrap_or_default();
+        for mac in &old {
+            assert!(
+                quarantine.contains(&mac.to_string()),
+                "seed {seed}: {mac} quarantined: {quarantine}"
+            );
+        }
+    }
 }

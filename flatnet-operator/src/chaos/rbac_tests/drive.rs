@@ -587,6 +587,7 @@ async fn cluster_conditions() -> BTreeSet<Access> {
         leader: "flatnet-operator-0".into(),
         interval: Duration::from_millis(50),
         ca_bundle_interval: Duration::from_millis(50),
+        wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
     };
     // The webhook: its Service's endpoints and its registration's caBundle.
     let material = tls::cert::renew(
@@ -635,6 +636,7 @@ async fn cluster_conditions() -> BTreeSet<Access> {
                         "daemonsets",
                         "leases",
                         "endpointslices",
+                        "flatnetworkwireclaims",
                     ],
                 )
             })
