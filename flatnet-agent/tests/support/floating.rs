@@ -173,6 +173,17 @@ pub fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &P
     run_in_netns(&ns.path(), || datapath.attach_uplink(&interface))
         .unwrap()
         .expect("attach uplink");
+    // A node's uplink has been up for long: its IPv6 link-local address is
+    // past duplicate address detection (up to 2 s after the link came up).
+    // Until then the kernel sends no neighbour solicitation from it (no
+    // usable source address), so a node taking over that early could not
+    // resolve the client for its replies until the next solicitation, 1 s
+    // later: the IPv6 outliers of `bench failover`.
+    super::wait_until("the node's link-local address is past DAD", || {
+        ns.ip(&["-6", "addr", "show", "dev", &interface, "tentative"])
+            .trim()
+            .is_empty()
+    });
     Node {
         name,
         ns,
