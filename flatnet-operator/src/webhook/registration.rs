@@ -102,6 +102,20 @@ fn rule(
     }
 }
 
+/// Create and update of the workload kinds that make pods from a template.
+fn workload_rules() -> [RuleWithOperations; 2] {
+    let create_update = ["CREATE", "UPDATE"];
+    [
+        rule(
+            "apps",
+            &["v1"],
+            &["deployments", "replicasets", "statefulsets", "daemonsets"],
+            &create_update,
+        ),
+        rule("batch", &["v1"], &["jobs", "cronjobs"], &create_update),
+    ]
+}
+
 /// The configuration for `settings`, trusting the PEM bundle `ca_bundle`.
 #[must_use]
 pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhookConfiguration {
@@ -169,16 +183,10 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
             ),
             webhook(
                 WORKLOAD_WEBHOOK,
-                vec![
-                    rule("", &["v1"], &["pods"], &create_update),
-                    rule(
-                        "apps",
-                        &["v1"],
-                        &["deployments", "replicasets", "statefulsets", "daemonsets"],
-                        &create_update,
-                    ),
-                    rule("batch", &["v1"], &["jobs", "cronjobs"], &create_update),
-                ],
+                [rule("", &["v1"], &["pods"], &create_update)]
+                    .into_iter()
+                    .chain(workload_rules())
+                    .collect(),
                 Some(vec![MatchCondition {
                     name: "has-flat-network-annotations".into(),
                     expression: FLAT_ANNOTATIONS_CONDITION.into(),
@@ -206,14 +214,10 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
                         )
                     },
                     rule("", &["v1"], &["services", "pods"], &create_update),
-                    rule(
-                        "apps",
-                        &["v1"],
-                        &["deployments", "replicasets", "statefulsets", "daemonsets"],
-                        &create_update,
-                    ),
-                    rule("batch", &["v1"], &["jobs", "cronjobs"], &create_update),
-                ],
+                ]
+                .into_iter()
+                .chain(workload_rules())
+                .collect(),
                 Some(vec![MatchCondition {
                     name: "floating-ip-requests-only".into(),
                     expression: FLOATING_REQUESTS_CONDITION.into(),
@@ -363,15 +367,7 @@ mod tests {
         serde_json::json!({"metadata": {"name": "w", "annotations": own}, "spec": spec})
     }
 
-    const WORKLOAD_KINDS: [&str; 7] = [
-        "Pod",
-        "Deployment",
-        "ReplicaSet",
-        "StatefulSet",
-        "DaemonSet",
-        "Job",
-        "CronJob",
-    ];
+    const WORKLOAD_KINDS: [&str; 7] = crate::webhook::workload::KINDS;
 
     #[test]
     fn the_floating_condition_sends_only_floating_requests() {

@@ -14,7 +14,11 @@ use kube::core::{
 };
 use serde_json::{Value, json};
 
-use crate::{allocation::fake_api::FakeApiServer, metrics::Metrics, webhook::Validator};
+use crate::{
+    allocation::fake_api::FakeApiServer,
+    metrics::Metrics,
+    webhook::{Validator, workload},
+};
 
 fn pool(name: &str, cidr: &str) -> Value {
     json!({
@@ -34,6 +38,29 @@ fn service(name: &str, ingress: Option<&str>) -> Value {
     })
 }
 
+/// Quota `shop-quota` allowing project p-shop `limit` addresses of `lan`.
+fn limit_shop(server: &FakeApiServer, limit: u32) {
+    server.insert(
+        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
+            "metadata": {"name": "shop-quota"},
+            "spec": {"project": "p-shop", "limits": {"lan": limit}},
+        }))
+        .unwrap(),
+    );
+}
+
+/// Pod vnf-0 of set `pair`, holding 192.168.10.6 of `lan`.
+fn insert_pair_member(server: &FakeApiServer) {
+    let mut member = floating_pod(
+        "vnf-0",
+        json!({POOL_KEY: "lan", SET_KEY: "pair",
+               "flatnetwork.pandaria.io/floating-ip-assigned": "192.168.10.6"}),
+    );
+    member["metadata"]["labels"] = json!({"flatnetwork.pandaria.io/floating-ip-assigned": "true"});
+    server.insert(&serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(member).unwrap());
+}
+
 /// Pool `lan` (192.168.10.0/24), Service `web` holding .5 in project
 /// p-shop, and quota `shop-quota` allowing it one address of `lan`.
 fn cluster() -> FakeApiServer {
@@ -44,14 +71,7 @@ fn cluster() -> FakeApiServer {
                   "metadata": {"name": "shop", "labels": {"field.cattle.io/projectId": "c-1:p-shop"}}})).unwrap());
     server
         .insert(&serde_json::from_value::<Service>(service("web", Some("192.168.10.5"))).unwrap());
-    server.insert(
-        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
-            "metadata": {"name": "shop-quota"},
-            "spec": {"project": "p-shop", "limits": {"lan": 1}},
-        }))
-        .unwrap(),
-    );
+    limit_shop(&server, 1);
     server
 }
 
@@ -256,21 +276,8 @@ async fn a_pod_joining_a_set_that_holds_an_address_and_unchanged_requests_pass()
     let pool_key = "flatnetwork.pandaria.io/floating-ip-pool";
     let set_key = "flatnetwork.pandaria.io/floating-ip-set";
     // Raise the quota to 2; an active pod of set `pair` holds .6.
-    server.insert(
-        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
-            "metadata": {"name": "shop-quota"},
-            "spec": {"project": "p-shop", "limits": {"lan": 2}},
-        }))
-        .unwrap(),
-    );
-    let mut active = floating_pod(
-        "vnf-0",
-        json!({pool_key: "lan", set_key: "pair",
-               "flatnetwork.pandaria.io/floating-ip-assigned": "192.168.10.6"}),
-    );
-    active["metadata"]["labels"] = json!({"flatnetwork.pandaria.io/floating-ip-assigned": "true"});
-    server.insert(&serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(active).unwrap());
+    limit_shop(&server, 2);
+    insert_pair_member(&server);
     // Quota full (web and the set); the standby shares the set's address.
     let standby = floating_pod("vnf-1", json!({pool_key: "lan", set_key: "pair"}));
     assert_eq!(verdict(&server, "CREATE", &standby).await, None);
@@ -296,14 +303,9 @@ const FIXED_KEY: &str = "flatnetwork.pandaria.io/floating-ip";
 const SET_KEY: &str = "flatnetwork.pandaria.io/floating-ip-set";
 
 /// The workload kinds whose pod template may ask for a floating address.
-const TEMPLATE_KINDS: [&str; 6] = [
-    "Deployment",
-    "ReplicaSet",
-    "StatefulSet",
-    "DaemonSet",
-    "Job",
-    "CronJob",
-];
+fn template_kinds() -> impl Iterator<Item = &'static str> {
+    workload::KINDS.into_iter().filter(|k| *k != "Pod")
+}
 
 /// Workload `w` of `kind` in namespace shop whose pod template carries
 /// `annotations`; `spec` is merged into its spec (for a CronJob, into its
@@ -358,7 +360,7 @@ async fn every_workload_kinds_template_gets_the_pods_checks_naming_the_template_
     let mut broken = pool("broken", "192.168.50.0/24");
     broken["spec"]["targetNetworkInterface"] = json!("eth0.5000");
     server.insert(&serde_json::from_value::<FloatingIPPool>(broken).unwrap());
-    for kind in TEMPLATE_KINDS {
+    for kind in template_kinds() {
         let deny = async |annotations: Value| {
             verdict(&server, "CREATE", &workload(kind, annotations, json!({})))
                 .await
@@ -425,14 +427,7 @@ async fn every_workload_kinds_template_gets_the_pods_checks_naming_the_template_
 async fn a_fixed_address_for_several_pods_needs_a_set() {
     let server = cluster();
     // Quota out of the way: these are about the address.
-    server.insert(
-        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
-            "metadata": {"name": "shop-quota"},
-            "spec": {"project": "p-shop", "limits": {"lan": 10}},
-        }))
-        .unwrap(),
-    );
+    limit_shop(&server, 10);
     let fixed = json!({FIXED_KEY: "192.168.10.9"});
     let in_set = json!({FIXED_KEY: "192.168.10.9", SET_KEY: "pair"});
     for (kind, several, field) in [
@@ -486,7 +481,7 @@ async fn a_fixed_address_for_several_pods_needs_a_set() {
     }
     // One pod at a time: allowed; a Deployment, ReplicaSet or StatefulSet
     // is warned that its replacement pods wait for the address.
-    for kind in TEMPLATE_KINDS.into_iter().filter(|k| *k != "DaemonSet") {
+    for kind in template_kinds().filter(|k| *k != "DaemonSet") {
         let response = respond(
             &server,
             "CREATE",
@@ -583,21 +578,8 @@ async fn a_templates_quota_is_checked_once_when_a_user_creates_it() {
         None
     );
     // A set that already holds an address needs none.
-    server.insert(
-        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
-            "metadata": {"name": "shop-quota"},
-            "spec": {"project": "p-shop", "limits": {"lan": 2}},
-        }))
-        .unwrap(),
-    );
-    let mut member = floating_pod(
-        "vnf-0",
-        json!({POOL_KEY: "lan", SET_KEY: "pair",
-               "flatnetwork.pandaria.io/floating-ip-assigned": "192.168.10.6"}),
-    );
-    member["metadata"]["labels"] = json!({"flatnetwork.pandaria.io/floating-ip-assigned": "true"});
-    server.insert(&serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(member).unwrap());
+    limit_shop(&server, 2);
+    insert_pair_member(&server);
     let joining = workload(
         "StatefulSet",
         json!({POOL_KEY: "lan", SET_KEY: "pair"}),
