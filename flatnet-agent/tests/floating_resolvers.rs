@@ -24,7 +24,10 @@ use flatnet_agent::{
 };
 use support::{
     TestNetns,
-    floating::{IPV4, IPV6, Node, PORT, Plan, kill, lan_and_client, node, start, vlan_link},
+    floating::{
+        IPV4, IPV4_VLAN, IPV6, IPV6_VLAN, Node, PORT, Plan, has_vlan_links, kill,
+        lan_and_client_of, node, start,
+    },
     privileged, wait_until,
 };
 
@@ -129,16 +132,7 @@ fn unicast_replies(node: &Node) -> usize {
 }
 
 fn takeover_tells_the_resolving_host(plan: &Plan) {
-    let client_address = format!("{}/{}", plan.client, plan.prefix);
-    let (lan, client) = if plan.vlan == 0 {
-        lan_and_client(&client_address)
-    } else {
-        // The client's untagged eth0 holds no address of the plan's.
-        let (lan, client) = lan_and_client("192.0.2.100/24");
-        let ifname = vlan_link(&client, "eth0", plan.vlan);
-        client.add_address(&ifname, &client_address);
-        (lan, client)
-    };
+    let (lan, client) = lan_and_client_of(plan);
     let client_if = plan.client_interface();
     ignore_broadcast_announcements(&client, &client_if);
     let client_mac = mac_of(&client, &client_if);
@@ -257,43 +251,6 @@ fn an_ipv6_takeover_tells_the_resolving_host_by_unicast_advertisement() {
     }
     takeover_tells_the_resolving_host(&IPV6);
 }
-
-/// Whether the kernel makes 802.1Q VLAN links (tried in a namespace of its
-/// own); prints the skip, or panics when the VM stage requires it, when not.
-fn has_vlan_links(test: &str) -> bool {
-    let probe = TestNetns::new("fipvp");
-    probe.ip(&["link", "add", "p0", "type", "veth", "peer", "name", "p1"]);
-    let out = std::process::Command::new("ip")
-        .args([
-            "-n",
-            &probe.name,
-            "link",
-            "add",
-            "link",
-            "p0",
-            "name",
-            "p0.5",
-        ])
-        .args(["type", "vlan", "id", "5"])
-        .output()
-        .expect("run ip");
-    if out.status.success() {
-        return true;
-    }
-    let error = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        error.contains("Unknown device type"),
-        "making a VLAN link failed for another reason than a missing link type: {error}"
-    );
-    support::skip_for_missing_kernel_feature(test, "802.1Q VLAN links");
-    false
-}
-
-/// [`IPV4`] on VLAN 50.
-const IPV4_VLAN: Plan = Plan { vlan: 50, ..IPV4 };
-
-/// [`IPV6`] on VLAN 50.
-const IPV6_VLAN: Plan = Plan { vlan: 50, ..IPV6 };
 
 #[test]
 fn an_ipv4_takeover_on_a_vlan_tells_the_resolving_host_by_unicast_arp_reply() {

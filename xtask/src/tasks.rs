@@ -77,6 +77,8 @@ const VM_TESTS: &[(&str, &str)] = &[
     ("flatnet-agent:policy_program", ""),
     // Unicast replies to hosts resolving a floating address on a VLAN.
     ("flatnet-agent:floating_resolvers", "on_a_vlan"),
+    // Failover with the pool's interface a VLAN link of the master.
+    ("flatnet-agent:floating_failover", "on_a_vlan"),
     // Node VLANs a PodNetworkConfig asks for, carrying tagged traffic.
     ("flatnet-agent:runtime_config", "node_vlans"),
 ];

@@ -106,6 +106,43 @@ pub const IPV6: Plan = Plan {
     vlan: 0,
 };
 
+/// [`IPV4`] on VLAN 50.
+pub const IPV4_VLAN: Plan = Plan { vlan: 50, ..IPV4 };
+
+/// [`IPV6`] on VLAN 50.
+pub const IPV6_VLAN: Plan = Plan { vlan: 50, ..IPV6 };
+
+/// Whether the kernel makes 802.1Q VLAN links (tried in a namespace of its
+/// own); prints the skip, or panics when the VM stage requires it, when not.
+pub fn has_vlan_links(test: &str) -> bool {
+    let probe = TestNetns::new("fipvp");
+    probe.ip(&["link", "add", "p0", "type", "veth", "peer", "name", "p1"]);
+    let out = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &probe.name,
+            "link",
+            "add",
+            "link",
+            "p0",
+            "name",
+            "p0.5",
+        ])
+        .args(["type", "vlan", "id", "5"])
+        .output()
+        .expect("run ip");
+    if out.status.success() {
+        return true;
+    }
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains("Unknown device type"),
+        "making a VLAN link failed for another reason than a missing link type: {error}"
+    );
+    super::skip_for_missing_kernel_feature(test, "802.1Q VLAN links");
+    false
+}
+
 /// One node: namespace, pin root, datapath, and its loop.
 pub struct Node {
     pub name: &'static str,
@@ -139,6 +176,17 @@ pub fn node(name: &'static str, lan: &TestNetns, address: &'static str, plan: &P
     run_in_netns(&ns.path(), || datapath.attach_uplink(&interface))
         .unwrap()
         .expect("attach uplink");
+    // A node's uplink has been up for long: its IPv6 link-local address is
+    // past duplicate address detection (up to 2 s after the link came up).
+    // Until then the kernel sends no neighbour solicitation from it (no
+    // usable source address), so a node taking over that early could not
+    // resolve the client for its replies until the next solicitation, 1 s
+    // later: the IPv6 outliers of `bench failover`.
+    super::wait_until("the node's link-local address is past DAD", || {
+        ns.ip(&["-6", "addr", "show", "dev", &interface, "tentative"])
+            .trim()
+            .is_empty()
+    });
     Node {
         name,
         ns,
@@ -197,6 +245,20 @@ pub fn lan_and_client(address: &str) -> (TestNetns, TestNetns) {
     client.sysctl("net.ipv6.conf.all.accept_dad", "0");
     client.ip(&["link", "set", "eth0", "up"]);
     client.add_address("eth0", address);
+    (lan, client)
+}
+
+/// The LAN and its client for `plan`: the client at the plan's address on
+/// `eth0`, or on `eth0.<vlan>` (its untagged `eth0` then holds an address
+/// outside the plan's network).
+pub fn lan_and_client_of(plan: &Plan) -> (TestNetns, TestNetns) {
+    let client_address = format!("{}/{}", plan.client, plan.prefix);
+    if plan.vlan == 0 {
+        return lan_and_client(&client_address);
+    }
+    let (lan, client) = lan_and_client("192.0.2.100/24");
+    let ifname = vlan_link(&client, "eth0", plan.vlan);
+    client.add_address(&ifname, &client_address);
     (lan, client)
 }
 

@@ -9,19 +9,22 @@
 //!   fixed addresses parse, and a Service that needs a new address does not
 //!   exceed a quota (the denial names the quota). The controller makes the
 //!   same quota check, since admission can race or be bypassed;
-//! - Pods asking for a floating address ([`review_pod`]), create and
-//!   update of the request: the named pool exists, is valid and serves the
+//! - Pods asking for a floating address, and workloads whose pod template
+//!   does ([`review_request`], one review for both), create and update of
+//!   the request: the named pool exists, is valid and serves the
 //!   namespace, fixed addresses parse and lie inside the pool (its CIDRs
-//!   and ranges), and a pod needing a new address (its set holds none) does
-//!   not exceed a quota.
+//!   and ranges), a template running several pods at once asks for a fixed
+//!   address only with a set, and a pod needing a new address (its set
+//!   holds none) does not exceed a quota; for a template, checked when a
+//!   user creates it: not one of its pods could get an address.
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use flatnet_k8s::{
     api::{FloatingIPPool, FloatingIPProjectQuota},
     floating::{
-        ValidPool, annotation,
-        pods::{PodFloatingRequest, pod_request_of},
+        RequestError, ValidPool, annotation,
+        pods::{PodFloatingRequest, assigned_value, request_in},
         quota_scope, request_of, validate_pool, wants_floating,
     },
     ipam::{Family, from_u128},
@@ -35,7 +38,7 @@ use kube::{
     },
 };
 
-use super::{Denial, lookup::Lookup};
+use super::{Denial, lookup::Lookup, workload};
 use crate::floating::{
     pods::{pod_addresses, set_addresses},
     quotas,
@@ -207,57 +210,167 @@ async fn review_service(lookup: &Lookup, service: &Service) -> Result<(), Denial
     Ok(())
 }
 
-/// The floating request of `object` (a pod); a request that does not
-/// parse is denied naming the annotation.
-fn pod_request(object: &DynamicObject) -> Result<(Pod, Option<PodFloatingRequest>), Denial> {
-    let pod: Pod = parse(object, "Pod")?;
-    let request = pod_request_of(&pod).map_err(|error| {
-        Denial::new(
-            "invalid_floating_request",
-            format!(
-                "pod {}: {error}: give one address per family, comma-separated",
-                pod.name_any()
-            ),
-        )
-    })?;
-    Ok((pod, request))
+/// Whose floating request is reviewed: a pod, or the pod template of a
+/// workload. The checks are the same; the messages say where the
+/// annotations are.
+struct Requester {
+    /// `pod vnf`, `Deployment vnf`.
+    who: String,
+    namespace: String,
+    /// Where a workload's pod template keeps its annotations
+    /// (`spec.template.metadata.annotations`); `None` for a pod, whose
+    /// messages name the bare annotation.
+    template: Option<String>,
+    /// The pod reviewed (its own assigned addresses count as held);
+    /// `None` for a template.
+    pod: Option<Pod>,
 }
 
-/// Reviews the floating-address request of a pod (create, or an update
-/// that changes it): see the module's list. A pod asking for nothing, or
-/// whose request is unchanged (the operator's own writes, relabelling),
-/// is allowed.
+impl Requester {
+    fn of(
+        kind: &str,
+        request: &AdmissionRequest<DynamicObject>,
+        object: &DynamicObject,
+    ) -> Result<Self, Denial> {
+        let pod: Option<Pod> = (kind == "Pod").then(|| parse(object, kind)).transpose()?;
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .unwrap_or_else(|| request.name.clone());
+        Ok(Self {
+            who: if pod.is_some() {
+                format!("pod {name}")
+            } else {
+                format!("{kind} {name}")
+            },
+            namespace: request
+                .namespace
+                .clone()
+                .or_else(|| object.namespace())
+                .unwrap_or_default(),
+            template: pod
+                .is_none()
+                .then(|| workload::annotations_field(kind))
+                .flatten(),
+            pod,
+        })
+    }
+
+    /// How the messages name annotation `key`.
+    fn field(&self, key: &str) -> String {
+        match &self.template {
+            Some(path) => format!("{path}[{key}]"),
+            None => key.to_owned(),
+        }
+    }
+
+    /// The floating request in `annotations`; one that does not parse is
+    /// denied naming the annotation.
+    fn request_in(
+        &self,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<PodFloatingRequest>, Denial> {
+        request_in(Some(annotations)).map_err(|error| {
+            let RequestError::BadAddress { value, .. } = error;
+            Denial::new(
+                "invalid_floating_request",
+                format!(
+                    "{}: {} holds {value:?}, which is not a list of IP addresses: give one address per family, comma-separated, e.g. \"192.168.10.5\" or \"192.168.10.5,fd00::5\"",
+                    self.who,
+                    self.field(annotation::ADDRESSES)
+                ),
+            )
+        })
+    }
+}
+
+/// Reviews the floating-address request of a Pod, or of the pod template
+/// of a workload ([`workload::KINDS`]), on create and on an update that
+/// changes it: see the module's list. A request that is unchanged (the
+/// operator's own writes, relabelling, scaling) is allowed, except a
+/// workload that grows to several pods while a fixed address has no set.
 ///
 /// # Errors
 /// The [`Denial`] the user sees.
-pub async fn review_pod(
+pub async fn review_request(
     lookup: &Lookup,
     request: &AdmissionRequest<DynamicObject>,
 ) -> Result<(), Denial> {
-    if !matches!(request.operation, Operation::Create | Operation::Update) {
+    let kind = request.kind.kind.as_str();
+    if !matches!(request.operation, Operation::Create | Operation::Update)
+        || !workload::KINDS.contains(&kind)
+    {
         return Ok(());
     }
     let Some(object) = &request.object else {
         return Ok(());
     };
-    let (pod, Some(wanted)) = pod_request(object)? else {
+    let requester = Requester::of(kind, request, object)?;
+    let Some(wanted) = requester.request_in(&workload::pod_annotations(kind, object))? else {
         return Ok(());
     };
-    if pod.metadata.deletion_timestamp.is_some() {
+    if object.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    if let Some(old) = &request.old_object
-        && pod_request(old).ok().and_then(|(_, r)| r).as_ref() == Some(&wanted)
+    let several = workload::several_pods(kind, object);
+    if let Some(old) = &request.old_object {
+        let before = requester
+            .request_in(&workload::pod_annotations(kind, old))
+            .ok()
+            .flatten();
+        let grew = several.is_some() && workload::several_pods(kind, old).is_none();
+        if before.as_ref() == Some(&wanted) && !grew {
+            return Ok(());
+        }
+    }
+    if let Some(several) = several
+        && !wanted.fixed.is_empty()
+        && wanted.set.is_none()
     {
+        return Err(Denial::new(
+            "floating_ip_fixed_for_several_pods",
+            format!(
+                "{}: {} asks for {} for every pod ({several}), but one pod at a time can hold a fixed address: add {} so the pods share it as an active/standby set, or ask with {} for an address per pod",
+                requester.who,
+                requester.field(annotation::ADDRESSES),
+                assigned_value(&wanted.fixed),
+                requester.field(annotation::SET),
+                requester.field(annotation::POOL),
+            ),
+        ));
+    }
+    let (candidate_names, pools) = review_pools_and_addresses(lookup, &requester, &wanted).await?;
+    // A template's quota is checked once, when a user creates the
+    // workload: not for the ReplicaSets and Jobs its Deployment or CronJob
+    // makes, nor on updates (its own pods hold addresses the new ones
+    // replace). Each pod is reviewed when created.
+    let quota_applies = requester.pod.is_some()
+        || (request.operation == Operation::Create
+            && workload::controller(object.owner_references()).is_none());
+    if !quota_applies {
         return Ok(());
     }
-    let name = pod.name_any();
-    let namespace = request
-        .namespace
-        .clone()
-        .or_else(|| pod.namespace())
-        .unwrap_or_default();
-    let labels = lookup.namespace_labels(&namespace).await?;
+    let candidates: Vec<&ValidPool> = pools
+        .iter()
+        .filter(|p| candidate_names.contains(&p.name))
+        .collect();
+    review_quota(lookup, &requester, &wanted, &candidates, &pools).await
+}
+
+/// Checks the pools and fixed addresses of `wanted`: the named pool
+/// exists, is valid and serves the namespace (or some valid pool does),
+/// and each fixed address, at most one per family, lies inside it.
+/// Returns the names of the pools the addresses may come from, and every
+/// valid pool.
+async fn review_pools_and_addresses(
+    lookup: &Lookup,
+    requester: &Requester,
+    wanted: &PodFloatingRequest,
+) -> Result<(Vec<String>, Vec<ValidPool>), Denial> {
+    let who = &requester.who;
+    let namespace = &requester.namespace;
+    let labels = lookup.namespace_labels(namespace).await?;
     let objects = lookup.list::<FloatingIPPool>().await?;
     let pools = valid_pools(lookup).await?;
     // The pools the pod may take from: the named one, or any serving the
@@ -270,8 +383,8 @@ pub async fn review_pod(
                 return Err(Denial::new(
                     "floating_ip_pool_missing",
                     format!(
-                        "pod {name}: FloatingIPPool {pool_name} ({}) does not exist: name one of [{}] or create it",
-                        annotation::POOL,
+                        "{who}: FloatingIPPool {pool_name} ({}) does not exist: name one of [{}] or create it",
+                        requester.field(annotation::POOL),
                         names.join(", ")
                     ),
                 ));
@@ -279,14 +392,15 @@ pub async fn review_pod(
             let valid = validate_pool(pool_name, &object.spec).map_err(|invalid| {
                 Denial::new(
                     "floating_ip_pool_invalid",
-                    format!("pod {name}: {invalid}: fix the pool first"),
+                    format!("{who}: {invalid}: fix the pool first"),
                 )
             })?;
             if !serves_namespace(object, &labels) {
                 return Err(Denial::new(
                     "floating_ip_pool_not_serving",
                     format!(
-                        "pod {name}: FloatingIPPool {pool_name} does not serve namespace {namespace} (its spec.namespaceSelector or spec.projects): name a pool that does, or widen the pool's selector"
+                        "{who}: FloatingIPPool {pool_name} ({}) does not serve namespace {namespace} (its spec.namespaceSelector or spec.projects): name a pool that does, or widen the pool's selector",
+                        requester.field(annotation::POOL),
                     ),
                 ));
             }
@@ -305,7 +419,7 @@ pub async fn review_pod(
         return Err(Denial::new(
             "floating_ip_pool_missing",
             format!(
-                "pod {name}: no valid FloatingIPPool serves namespace {namespace}: create one, or widen a pool's spec.namespaceSelector or spec.projects"
+                "{who}: no valid FloatingIPPool serves namespace {namespace}: create one, or widen a pool's spec.namespaceSelector or spec.projects"
             ),
         ));
     }
@@ -316,8 +430,8 @@ pub async fn review_pod(
             return Err(Denial::new(
                 "invalid_floating_request",
                 format!(
-                    "pod {name}: {} lists two {family} addresses: give at most one per family",
-                    annotation::ADDRESSES
+                    "{who}: {} lists two {family} addresses: give at most one per family",
+                    requester.field(annotation::ADDRESSES)
                 ),
             ));
         }
@@ -347,8 +461,8 @@ pub async fn review_pod(
             return Err(Denial::new(
                 "floating_ip_outside_pool",
                 format!(
-                    "pod {name}: {addr} ({}) is outside {whose}: give an address of {}",
-                    annotation::ADDRESSES,
+                    "{who}: {addr} ({}) is outside {whose}: give an address of {}",
+                    requester.field(annotation::ADDRESSES),
                     if ranges.is_empty() {
                         format!("a pool with a {family} network")
                     } else {
@@ -358,29 +472,34 @@ pub async fn review_pod(
             ));
         }
     }
-    review_pod_quota(lookup, &pod, &wanted, &candidates, &pools, &namespace).await
+    let names = candidates.iter().map(|p| p.name.clone()).collect();
+    Ok((names, pools))
 }
 
-/// Denies a pod that needs a new address (neither it nor its set holds
-/// one) when the first pool it would take from is at a quota's limit.
-async fn review_pod_quota(
+/// Denies a request that needs a new address (neither the pod nor its set
+/// holds one of the family) when the first pool it would take from is at
+/// a quota's limit. For a template, that means not one of its pods could
+/// get an address.
+async fn review_quota(
     lookup: &Lookup,
-    pod: &Pod,
+    requester: &Requester,
     wanted: &PodFloatingRequest,
     candidates: &[&ValidPool],
     pools: &[ValidPool],
-    namespace: &str,
 ) -> Result<(), Denial> {
+    let namespace = requester.namespace.as_str();
     let pods = lookup.floating_pods().await?;
-    let others: Vec<Pod> = pods
-        .into_iter()
-        .filter(|p| {
-            !(p.namespace().as_deref() == Some(namespace) && p.name_any() == pod.name_any())
+    let is_me = |p: &Pod| {
+        requester.pod.as_ref().is_some_and(|me| {
+            p.namespace().as_deref() == Some(namespace) && p.name_any() == me.name_any()
         })
-        .collect();
+    };
+    let others: Vec<Pod> = pods.into_iter().filter(|p| !is_me(p)).collect();
     let set_holds = set_addresses(&others, namespace, wanted.set.as_deref(), pools);
-    let held: Vec<IpAddr> = pod_addresses(pod, pools)
-        .into_iter()
+    let held: Vec<IpAddr> = requester
+        .pod
+        .iter()
+        .flat_map(|pod| pod_addresses(pod, pools))
         .chain(set_holds)
         .collect();
     let families: Vec<Family> = if wanted.fixed.is_empty() {
@@ -415,11 +534,36 @@ async fn review_pod_quota(
         .map_err(|exceeded| {
             Denial::new(
                 "floating_ip_quota",
-                format!("pod {}: {exceeded}", pod.name_any()),
+                format!("{}: {exceeded}", requester.who),
             )
         })?;
     }
     Ok(())
+}
+
+/// Admission warnings for an allowed workload (not a Pod) whose template
+/// gives its one pod a fixed address without a set: the pod that replaces
+/// it (a rollout, a rescheduled pod) waits for the old pod's address.
+#[must_use]
+pub fn template_warnings(request: &AdmissionRequest<DynamicObject>) -> Vec<String> {
+    let kind = request.kind.kind.as_str();
+    let (Some(object), "Deployment" | "ReplicaSet" | "StatefulSet") = (&request.object, kind)
+    else {
+        return Vec::new();
+    };
+    let Ok(requester) = Requester::of(kind, request, object) else {
+        return Vec::new();
+    };
+    match requester.request_in(&workload::pod_annotations(kind, object)) {
+        Ok(Some(wanted)) if !wanted.fixed.is_empty() && wanted.set.is_none() => vec![format!(
+            "{}: {} gives {} to one pod at a time without {}: a pod replacing it (a rollout, a rescheduled pod) gets the address only once the old pod is gone and its address released (about a minute); add the set so old and new pods share it",
+            requester.who,
+            requester.field(annotation::ADDRESSES),
+            assigned_value(&wanted.fixed),
+            requester.field(annotation::SET),
+        )],
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //!
 //! It reviews FlatNetworkSubnets (create, update, delete),
 //! PodNetworkConfigs (create, update), the pod templates of Pods and
-//! workloads (create, update), and the floating addresses' pools, quotas
-//! and LoadBalancer Services (`floating`), and the FlatNetworkConfig
+//! workloads (create, update; their flat-network and floating requests),
+//! the floating addresses' pools, quotas and LoadBalancer Services
+//! (`floating`), and the FlatNetworkConfig
 //! (`cluster_config`). Every denial names the
 //! field and the fix. See `docs/webhook.md`.
 
@@ -95,13 +96,15 @@ impl Validator {
             kind if floating::KINDS.contains(&kind) => {
                 floating::review(&self.lookup, request).await
             }
-            // A pod's flat-network request, then its floating addresses
-            // (both webhooks post here; each review ignores what is not its).
-            "Pod" => match pods::review(&self.lookup, request).await {
-                Ok(()) => floating::review_pod(&self.lookup, request).await,
-                denied => denied,
-            },
-            kind if workload::KINDS.contains(&kind) => pods::review(&self.lookup, request).await,
+            // A pod's (template's) flat-network request, then its floating
+            // addresses (both webhooks post here; each review ignores what
+            // is not its).
+            kind if workload::KINDS.contains(&kind) => {
+                match pods::review(&self.lookup, request).await {
+                    Ok(()) => floating::review_request(&self.lookup, request).await,
+                    denied => denied,
+                }
+            }
             _ => Ok(()),
         };
         let mut response = AdmissionResponse::from(request);
@@ -111,6 +114,12 @@ impl Validator {
                 if kind == "FlatNetworkConfig" {
                     let mut warnings = cluster_config::warnings(request);
                     warnings.extend(cluster_config::wire_warnings(&self.lookup, request).await);
+                    if !warnings.is_empty() {
+                        response.warnings = Some(warnings);
+                    }
+                }
+                if kind != "Pod" && workload::KINDS.contains(&kind) {
+                    let warnings = floating::template_warnings(request);
                     if !warnings.is_empty() {
                         response.warnings = Some(warnings);
                     }

@@ -10,8 +10,9 @@
 //!   carry a flat annotation (a CEL `matchCondition`), so an unavailable
 //!   webhook never blocks pods that do not use the flat network;
 //! - `floating.flatnetwork.pandaria.io`: FloatingIPPools, quotas, the
-//!   LoadBalancer Services of flatnet's class and the pods asking for a
-//!   floating address (a CEL `matchCondition`).
+//!   LoadBalancer Services of flatnet's class, and the pods and workloads
+//!   whose pod (template) asks for a floating address (a CEL
+//!   `matchCondition`).
 
 use std::collections::BTreeMap;
 
@@ -36,17 +37,30 @@ pub const VALIDATE_PATH: &str = "/validate";
 pub const SUBNET_WEBHOOK: &str = "subnets.flatnetwork.pandaria.io";
 /// Name of the floating-address webhook.
 pub const FLOATING_WEBHOOK: &str = "floating.flatnetwork.pandaria.io";
-/// Sends only the Services of flatnet's `loadBalancerClass` and the pods
-/// asking for a floating address (pools and quotas always), so an
-/// unavailable webhook never blocks other Services or pods.
+/// Sends only the Services of flatnet's `loadBalancerClass`, the pods
+/// asking for a floating address and the workloads whose pod template
+/// does (pools and quotas always), so an unavailable webhook never blocks
+/// other Services, pods or workloads.
 pub const FLOATING_REQUESTS_CONDITION: &str = "request.kind.kind == 'Pod' ? \
 (has(object.metadata.annotations) && \
 ('flatnetwork.pandaria.io/floating-ip-pool' in object.metadata.annotations || \
 'flatnetwork.pandaria.io/floating-ip' in object.metadata.annotations)) : \
-(request.kind.kind != 'Service' || \
+request.kind.kind == 'Service' ? \
 (has(object.spec.type) && object.spec.type == 'LoadBalancer' && \
 has(object.spec.loadBalancerClass) && \
-object.spec.loadBalancerClass == 'flatnetwork.pandaria.io/floating-ip'))";
+object.spec.loadBalancerClass == 'flatnetwork.pandaria.io/floating-ip') : \
+request.kind.kind == 'CronJob' ? \
+(has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && \
+has(object.spec.jobTemplate.spec.template) && has(object.spec.jobTemplate.spec.template.metadata) && \
+has(object.spec.jobTemplate.spec.template.metadata.annotations) && \
+('flatnetwork.pandaria.io/floating-ip-pool' in object.spec.jobTemplate.spec.template.metadata.annotations || \
+'flatnetwork.pandaria.io/floating-ip' in object.spec.jobTemplate.spec.template.metadata.annotations)) : \
+request.kind.kind in ['Deployment', 'ReplicaSet', 'StatefulSet', 'DaemonSet', 'Job'] ? \
+(has(object.spec) && has(object.spec.template) && has(object.spec.template.metadata) && \
+has(object.spec.template.metadata.annotations) && \
+('flatnetwork.pandaria.io/floating-ip-pool' in object.spec.template.metadata.annotations || \
+'flatnetwork.pandaria.io/floating-ip' in object.spec.template.metadata.annotations)) : \
+true";
 /// Name of the pod and workload webhook.
 pub const WORKLOAD_WEBHOOK: &str = "workloads.flatnetwork.pandaria.io";
 /// How long the API server waits for an answer.
@@ -86,6 +100,20 @@ fn rule(
         resources: strings(resources),
         scope: Some("Namespaced".into()),
     }
+}
+
+/// Create and update of the workload kinds that make pods from a template.
+fn workload_rules() -> [RuleWithOperations; 2] {
+    let create_update = ["CREATE", "UPDATE"];
+    [
+        rule(
+            "apps",
+            &["v1"],
+            &["deployments", "replicasets", "statefulsets", "daemonsets"],
+            &create_update,
+        ),
+        rule("batch", &["v1"], &["jobs", "cronjobs"], &create_update),
+    ]
 }
 
 /// The configuration for `settings`, trusting the PEM bundle `ca_bundle`.
@@ -155,16 +183,10 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
             ),
             webhook(
                 WORKLOAD_WEBHOOK,
-                vec![
-                    rule("", &["v1"], &["pods"], &create_update),
-                    rule(
-                        "apps",
-                        &["v1"],
-                        &["deployments", "replicasets", "statefulsets", "daemonsets"],
-                        &create_update,
-                    ),
-                    rule("batch", &["v1"], &["jobs", "cronjobs"], &create_update),
-                ],
+                [rule("", &["v1"], &["pods"], &create_update)]
+                    .into_iter()
+                    .chain(workload_rules())
+                    .collect(),
                 Some(vec![MatchCondition {
                     name: "has-flat-network-annotations".into(),
                     expression: FLAT_ANNOTATIONS_CONDITION.into(),
@@ -192,7 +214,10 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
                         )
                     },
                     rule("", &["v1"], &["services", "pods"], &create_update),
-                ],
+                ]
+                .into_iter()
+                .chain(workload_rules())
+                .collect(),
                 Some(vec![MatchCondition {
                     name: "floating-ip-requests-only".into(),
                     expression: FLOATING_REQUESTS_CONDITION.into(),
@@ -294,6 +319,187 @@ mod tests {
         );
         assert!(webhooks[0].match_conditions.is_none());
         assert_eq!(webhooks[1].match_conditions.as_ref().unwrap().len(), 1);
+        // The floating webhook: pools, quotas, Services, and every kind
+        // whose pods may ask for a floating address.
+        let floating_resources: Vec<&str> = webhooks[2]
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.resources.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        for resource in resources.iter().chain(&["services", "floatingippools"]) {
+            assert!(floating_resources.contains(resource), "{resource}");
+        }
+    }
+
+    /// What the API server makes of `condition` for an object of `kind`
+    /// (`object` null as on a DELETE): whether it sends the review. An
+    /// evaluation error fails the test (the API server would refuse the
+    /// request under `failurePolicy: Fail`).
+    fn sends(condition: &str, kind: &str, object: &serde_json::Value) -> bool {
+        let program = cel::Program::compile(condition).expect("the condition compiles");
+        let mut context = cel::Context::default();
+        let request = serde_json::json!({"kind": {"kind": kind}});
+        context.add_variable_from_value("request", cel::to_value(&request).unwrap());
+        context.add_variable_from_value("object", cel::to_value(object).unwrap());
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(send)) => send,
+            other => panic!("{kind} {object}: the condition gave {other:?}"),
+        }
+    }
+
+    /// An object of `kind` carrying `annotations` where its pods take them
+    /// from (its own metadata for a Pod), and `own` on its own metadata.
+    fn carrying(
+        kind: &str,
+        annotations: &serde_json::Value,
+        own: &serde_json::Value,
+    ) -> serde_json::Value {
+        let template = serde_json::json!({"metadata": {"annotations": annotations}});
+        let spec = match kind {
+            "Pod" => {
+                return serde_json::json!({"metadata": {"name": "p", "annotations": annotations}, "spec": {}});
+            }
+            "CronJob" => serde_json::json!({"jobTemplate": {"spec": {"template": template}}}),
+            _ => serde_json::json!({"template": template}),
+        };
+        serde_json::json!({"metadata": {"name": "w", "annotations": own}, "spec": spec})
+    }
+
+    const WORKLOAD_KINDS: [&str; 7] = crate::webhook::workload::KINDS;
+
+    #[test]
+    fn the_floating_condition_sends_only_floating_requests() {
+        let none = serde_json::json!({});
+        let other = serde_json::json!({"team": "a"});
+        for key in [
+            "flatnetwork.pandaria.io/floating-ip-pool",
+            "flatnetwork.pandaria.io/floating-ip",
+        ] {
+            let asking = serde_json::json!({key: "x"});
+            for kind in WORKLOAD_KINDS {
+                assert!(
+                    sends(
+                        FLOATING_REQUESTS_CONDITION,
+                        kind,
+                        &carrying(kind, &asking, &none)
+                    ),
+                    "{kind} with {key}"
+                );
+                // On the workload itself, not its pods: nothing asked.
+                if kind != "Pod" {
+                    assert!(
+                        !sends(
+                            FLOATING_REQUESTS_CONDITION,
+                            kind,
+                            &carrying(kind, &other, &asking)
+                        ),
+                        "{kind} with {key} on itself"
+                    );
+                }
+                assert!(
+                    !sends(
+                        FLOATING_REQUESTS_CONDITION,
+                        kind,
+                        &carrying(kind, &other, &none)
+                    ),
+                    "{kind} with other annotations"
+                );
+            }
+        }
+        // Templates (and pods) without annotations, or without metadata.
+        for kind in WORKLOAD_KINDS {
+            let bare = match kind {
+                "Pod" => serde_json::json!({"metadata": {"name": "p"}, "spec": {}}),
+                "CronJob" => {
+                    serde_json::json!({"metadata": {"name": "c"}, "spec": {"jobTemplate": {"spec": {"template": {}}}}})
+                }
+                _ => {
+                    serde_json::json!({"metadata": {"name": "w"}, "spec": {"template": {"spec": {}}}})
+                }
+            };
+            assert!(
+                !sends(FLOATING_REQUESTS_CONDITION, kind, &bare),
+                "bare {kind}"
+            );
+        }
+        let service =
+            |spec: serde_json::Value| serde_json::json!({"metadata": {"name": "s"}, "spec": spec});
+        let class = flatnet_k8s::floating::LOAD_BALANCER_CLASS;
+        assert!(sends(
+            FLOATING_REQUESTS_CONDITION,
+            "Service",
+            &service(serde_json::json!({"type": "LoadBalancer", "loadBalancerClass": class}))
+        ));
+        for spec in [
+            serde_json::json!({"type": "LoadBalancer"}),
+            serde_json::json!({"type": "ClusterIP"}),
+            serde_json::json!({"type": "LoadBalancer", "loadBalancerClass": "metallb.io/metallb"}),
+        ] {
+            assert!(
+                !sends(
+                    FLOATING_REQUESTS_CONDITION,
+                    "Service",
+                    &service(spec.clone())
+                ),
+                "{spec}"
+            );
+        }
+        // Pools and quotas always, a pool's DELETE (no object) included.
+        for kind in ["FloatingIPPool", "FloatingIPProjectQuota"] {
+            assert!(sends(
+                FLOATING_REQUESTS_CONDITION,
+                kind,
+                &serde_json::Value::Null
+            ));
+        }
+    }
+
+    #[test]
+    fn the_flat_condition_reads_each_kinds_pod_template() {
+        let asking = serde_json::json!({"flatnetwork.pandaria.io/subnet": "net1"});
+        let none = serde_json::json!({});
+        for kind in WORKLOAD_KINDS {
+            assert!(
+                sends(
+                    FLAT_ANNOTATIONS_CONDITION,
+                    kind,
+                    &carrying(kind, &asking, &none)
+                ),
+                "{kind}"
+            );
+            assert!(
+                !sends(
+                    FLAT_ANNOTATIONS_CONDITION,
+                    kind,
+                    &carrying(kind, &none, &none)
+                ),
+                "{kind}"
+            );
+        }
+    }
+
+    /// The chart's configuration, which the operator replaces with
+    /// [`desired`] once it runs, sends the floating webhook the same
+    /// objects.
+    #[test]
+    fn the_charts_floating_condition_is_the_operators() {
+        let chart = include_str!("../../../charts/flatnet/templates/webhook.yaml");
+        let lines: Vec<&str> = chart.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.trim() == "- name: floating-ip-requests-only")
+            .expect("the chart's floating matchCondition");
+        assert_eq!(lines[at + 1].trim(), "expression: >-");
+        let indent = |l: &str| l.len() - l.trim_start().len();
+        let body: Vec<&str> = lines[at + 2..]
+            .iter()
+            .take_while(|l| indent(l) > indent(lines[at + 1]))
+            .copied()
+            .collect();
+        let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(words(&body.join(" ")), words(FLOATING_REQUESTS_CONDITION));
     }
 
     #[test]

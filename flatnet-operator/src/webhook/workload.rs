@@ -66,25 +66,64 @@ pub fn annotations_pointer(kind: &str) -> Option<&'static str> {
     }
 }
 
+/// The field path of the pod template's annotations for `kind`, as
+/// messages name it (`spec.template.metadata.annotations`); `None` for
+/// kinds that are not reviewed.
+#[must_use]
+pub fn annotations_field(kind: &str) -> Option<String> {
+    annotations_pointer(kind).map(|p| p.trim_start_matches('/').replace('/', "."))
+}
+
+/// The annotations of the pods `object` (of `kind`) makes: a Pod's own, a
+/// workload's pod template's; empty for kinds that are not reviewed.
+#[must_use]
+pub fn pod_annotations(kind: &str, object: &DynamicObject) -> BTreeMap<String, String> {
+    let Some(pointer) = annotations_pointer(kind) else {
+        return BTreeMap::new();
+    };
+    if kind == "Pod" {
+        return object.metadata.annotations.clone().unwrap_or_default();
+    }
+    // `data` holds everything but apiVersion, kind and metadata.
+    let path = pointer.trim_start_matches("/spec");
+    object
+        .data
+        .get("spec")
+        .and_then(|spec| spec.pointer(path))
+        .and_then(|value| serde_json::from_value(value.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Why a workload of `kind` may run several pods at once, naming the field
+/// (`spec.replicas 3`, `spec.parallelism 2`, or a DaemonSet's pod per
+/// node); `None` when its spec runs one pod at a time (or it is a Pod).
+#[must_use]
+pub fn several_pods(kind: &str, object: &DynamicObject) -> Option<String> {
+    let count = |path: &str, field: &str| {
+        // Both default to 1.
+        let n = object
+            .data
+            .pointer(path)
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(1);
+        (n > 1).then(|| format!("{field} {n}"))
+    };
+    match kind {
+        "Deployment" | "ReplicaSet" | "StatefulSet" => count("/spec/replicas", "spec.replicas"),
+        "DaemonSet" => Some("a pod on every node it selects".to_owned()),
+        "Job" => count("/spec/parallelism", "spec.parallelism"),
+        "CronJob" => count(
+            "/spec/jobTemplate/spec/parallelism",
+            "spec.jobTemplate.spec.parallelism",
+        ),
+        _ => None,
+    }
+}
+
 /// The flat-network annotations of the pods `object` (of `kind`) makes.
 #[must_use]
 pub fn flat_annotations(kind: &str, object: &DynamicObject) -> FlatAnnotations {
-    let Some(pointer) = annotations_pointer(kind) else {
-        return FlatAnnotations::default();
-    };
-    let map: BTreeMap<String, String> = if kind == "Pod" {
-        object.metadata.annotations.clone().unwrap_or_default()
-    } else {
-        // `data` holds everything but apiVersion, kind and metadata.
-        let path = pointer.trim_start_matches("/spec");
-        object
-            .data
-            .get("spec")
-            .and_then(|spec| spec.pointer(path))
-            .and_then(|value| serde_json::from_value(value.clone()).ok())
-            .unwrap_or_default()
-    };
-    FlatAnnotations::from_map(&map)
+    FlatAnnotations::from_map(&pod_annotations(kind, object))
 }
 
 #[cfg(test)]

@@ -87,6 +87,10 @@ pub fn run() -> anyhow::Result<()> {
             "--",
             "--nocapture",
             "--test-threads=1",
+            // The untagged LAN only: the VLAN case is a correctness test
+            // (the VM stage), and would double the runs per family.
+            "--skip",
+            "on_a_vlan",
         ])
         .args(keepalived.then_some("--include-ignored"))
         .stderr(Stdio::inherit());
@@ -99,6 +103,11 @@ pub fn run() -> anyhow::Result<()> {
         );
     }
     let text = String::from_utf8(output.stdout).context("test output is not UTF-8")?;
+    // Every run, for looking into an outlier (the takeover's delay after
+    // the dead owner's lease is on the same line).
+    for line in text.lines().filter(|l| l.contains("failover_ms=")) {
+        println!("  {}", line.trim_start_matches('.'));
+    }
     let (mut v4, mut v6) = parse(&text, "failover_ms=")?;
     let (mut k4, mut k6) = parse(&text, "keepalived_failover_ms=")?;
     let expected_baseline = if keepalived { RUNS } else { 0 };

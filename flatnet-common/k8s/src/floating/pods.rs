@@ -12,7 +12,7 @@
 //! standby that becomes ready never takes the address from a ready active
 //! pod, and the old active pod, ready again, stays the standby.
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 
@@ -46,14 +46,20 @@ pub struct PodFloatingRequest {
     pub set: Option<String>,
 }
 
-/// The trimmed, non-empty value of `key` on `pod`.
-fn annotation_of<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
+/// The trimmed, non-empty value of `key` in `annotations`.
+fn annotation_in<'a>(
+    annotations: Option<&'a BTreeMap<String, String>>,
+    key: &str,
+) -> Option<&'a str> {
+    annotations?
         .get(key)
         .map(|v| v.trim())
         .filter(|v| !v.is_empty())
+}
+
+/// The trimmed, non-empty value of `key` on `pod`.
+fn annotation_of<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    annotation_in(pod.metadata.annotations.as_ref(), key)
 }
 
 /// A comma-separated list of addresses.
@@ -66,8 +72,19 @@ fn parse_list(value: &str) -> Option<Vec<IpAddr>> {
 /// # Errors
 /// A fixed address that does not parse.
 pub fn pod_request_of(pod: &Pod) -> Result<Option<PodFloatingRequest>, RequestError> {
-    let pool = annotation_of(pod, annotation::POOL).map(str::to_owned);
-    let fixed = match annotation_of(pod, annotation::ADDRESSES) {
+    request_in(pod.metadata.annotations.as_ref())
+}
+
+/// What a pod with `annotations` asks for (a pod's, or a workload's pod
+/// template's); `None` when it asks for no floating address.
+///
+/// # Errors
+/// A fixed address that does not parse.
+pub fn request_in(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<PodFloatingRequest>, RequestError> {
+    let pool = annotation_in(annotations, annotation::POOL).map(str::to_owned);
+    let fixed = match annotation_in(annotations, annotation::ADDRESSES) {
         None => Vec::new(),
         Some(value) => parse_list(value).ok_or_else(|| RequestError::BadAddress {
             source_field: annotation::ADDRESSES,
@@ -80,7 +97,7 @@ pub fn pod_request_of(pod: &Pod) -> Result<Option<PodFloatingRequest>, RequestEr
     Ok(Some(PodFloatingRequest {
         pool,
         fixed,
-        set: annotation_of(pod, annotation::SET).map(str::to_owned),
+        set: annotation_in(annotations, annotation::SET).map(str::to_owned),
     }))
 }
 

@@ -10,11 +10,15 @@ use flatnet_k8s::{
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::core::{
     DynamicObject,
-    admission::{AdmissionRequest, AdmissionReview},
+    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview},
 };
 use serde_json::{Value, json};
 
-use crate::{allocation::fake_api::FakeApiServer, metrics::Metrics, webhook::Validator};
+use crate::{
+    allocation::fake_api::FakeApiServer,
+    metrics::Metrics,
+    webhook::{Validator, workload},
+};
 
 fn pool(name: &str, cidr: &str) -> Value {
     json!({
@@ -34,6 +38,29 @@ fn service(name: &str, ingress: Option<&str>) -> Value {
     })
 }
 
+/// Quota `shop-quota` allowing project p-shop `limit` addresses of `lan`.
+fn limit_shop(server: &FakeApiServer, limit: u32) {
+    server.insert(
+        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
+            "metadata": {"name": "shop-quota"},
+            "spec": {"project": "p-shop", "limits": {"lan": limit}},
+        }))
+        .unwrap(),
+    );
+}
+
+/// Pod vnf-0 of set `pair`, holding 192.168.10.6 of `lan`.
+fn insert_pair_member(server: &FakeApiServer) {
+    let mut member = floating_pod(
+        "vnf-0",
+        json!({POOL_KEY: "lan", SET_KEY: "pair",
+               "flatnetwork.pandaria.io/floating-ip-assigned": "192.168.10.6"}),
+    );
+    member["metadata"]["labels"] = json!({"flatnetwork.pandaria.io/floating-ip-assigned": "true"});
+    server.insert(&serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(member).unwrap());
+}
+
 /// Pool `lan` (192.168.10.0/24), Service `web` holding .5 in project
 /// p-shop, and quota `shop-quota` allowing it one address of `lan`.
 fn cluster() -> FakeApiServer {
@@ -44,14 +71,7 @@ fn cluster() -> FakeApiServer {
                   "metadata": {"name": "shop", "labels": {"field.cattle.io/projectId": "c-1:p-shop"}}})).unwrap());
     server
         .insert(&serde_json::from_value::<Service>(service("web", Some("192.168.10.5"))).unwrap());
-    server.insert(
-        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
-            "metadata": {"name": "shop-quota"},
-            "spec": {"project": "p-shop", "limits": {"lan": 1}},
-        }))
-        .unwrap(),
-    );
+    limit_shop(&server, 1);
     server
 }
 
@@ -69,6 +89,18 @@ async fn verdict_on(
     object: &Value,
     old: Option<Value>,
 ) -> Option<String> {
+    let response = respond(server, operation, object, old).await;
+    (!response.allowed).then_some(response.result.message)
+}
+
+/// The webhook's whole answer to `operation` of `object` (an update from
+/// `old`).
+async fn respond(
+    server: &FakeApiServer,
+    operation: &str,
+    object: &Value,
+    old: Option<Value>,
+) -> AdmissionResponse {
     let kind = object["kind"].as_str().unwrap();
     let api_version = object["apiVersion"].as_str().unwrap();
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -91,8 +123,7 @@ async fn verdict_on(
     .unwrap();
     let request: AdmissionRequest<DynamicObject> = review.try_into().unwrap();
     let validator = Validator::new(server.client(), Arc::new(Metrics::new()));
-    let response = validator.review(&request).await;
-    (!response.allowed).then_some(response.result.message)
+    validator.review(&request).await
 }
 
 #[tokio::test]
@@ -245,21 +276,8 @@ async fn a_pod_joining_a_set_that_holds_an_address_and_unchanged_requests_pass()
     let pool_key = "flatnetwork.pandaria.io/floating-ip-pool";
     let set_key = "flatnetwork.pandaria.io/floating-ip-set";
     // Raise the quota to 2; an active pod of set `pair` holds .6.
-    server.insert(
-        &serde_json::from_value::<FloatingIPProjectQuota>(json!({
-            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPProjectQuota",
-            "metadata": {"name": "shop-quota"},
-            "spec": {"project": "p-shop", "limits": {"lan": 2}},
-        }))
-        .unwrap(),
-    );
-    let mut active = floating_pod(
-        "vnf-0",
-        json!({pool_key: "lan", set_key: "pair",
-               "flatnetwork.pandaria.io/floating-ip-assigned": "192.168.10.6"}),
-    );
-    active["metadata"]["labels"] = json!({"flatnetwork.pandaria.io/floating-ip-assigned": "true"});
-    server.insert(&serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(active).unwrap());
+    limit_shop(&server, 2);
+    insert_pair_member(&server);
     // Quota full (web and the set); the standby shares the set's address.
     let standby = floating_pod("vnf-1", json!({pool_key: "lan", set_key: "pair"}));
     assert_eq!(verdict(&server, "CREATE", &standby).await, None);
@@ -278,4 +296,296 @@ async fn a_pod_joining_a_set_that_holds_an_address_and_unchanged_requests_pass()
         verdict(&server, "CREATE", &floating_pod("plain", json!({}))).await,
         None
     );
+}
+
+const POOL_KEY: &str = "flatnetwork.pandaria.io/floating-ip-pool";
+const FIXED_KEY: &str = "flatnetwork.pandaria.io/floating-ip";
+const SET_KEY: &str = "flatnetwork.pandaria.io/floating-ip-set";
+
+/// The workload kinds whose pod template may ask for a floating address.
+fn template_kinds() -> impl Iterator<Item = &'static str> {
+    workload::KINDS.into_iter().filter(|k| *k != "Pod")
+}
+
+/// Workload `w` of `kind` in namespace shop whose pod template carries
+/// `annotations`; `spec` is merged into its spec (for a CronJob, into its
+/// job's spec).
+fn workload(kind: &str, annotations: Value, spec: Value) -> Value {
+    let template = json!({
+        "metadata": {"labels": {"app": "w"}, "annotations": annotations},
+        "spec": {"containers": [{"name": "vnf", "image": "vnf"}]},
+    });
+    let mut pods = json!({"template": template});
+    if !matches!(kind, "Job" | "CronJob") {
+        pods["selector"] = json!({"matchLabels": {"app": "w"}});
+    }
+    let (api_version, mut own) = match kind {
+        "Job" => ("batch/v1", pods),
+        "CronJob" => (
+            "batch/v1",
+            json!({"schedule": "* * * * *", "jobTemplate": {"spec": pods}}),
+        ),
+        _ => ("apps/v1", pods),
+    };
+    let target = if kind == "CronJob" {
+        &mut own["jobTemplate"]["spec"]
+    } else {
+        &mut own
+    };
+    for (key, value) in spec.as_object().into_iter().flatten() {
+        target[key] = value.clone();
+    }
+    json!({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {"name": "w", "namespace": "shop"},
+        "spec": own,
+    })
+}
+
+/// How the messages name `key` on `kind`'s pod template.
+fn template_field(kind: &str, key: &str) -> String {
+    if kind == "CronJob" {
+        format!("spec.jobTemplate.spec.template.metadata.annotations[{key}]")
+    } else {
+        format!("spec.template.metadata.annotations[{key}]")
+    }
+}
+
+#[tokio::test]
+async fn every_workload_kinds_template_gets_the_pods_checks_naming_the_template_path() {
+    let server = cluster();
+    let mut narrow = pool("narrow", "192.168.40.0/24");
+    narrow["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": "net"}});
+    server.insert(&serde_json::from_value::<FloatingIPPool>(narrow).unwrap());
+    let mut broken = pool("broken", "192.168.50.0/24");
+    broken["spec"]["targetNetworkInterface"] = json!("eth0.5000");
+    server.insert(&serde_json::from_value::<FloatingIPPool>(broken).unwrap());
+    for kind in template_kinds() {
+        let deny = async |annotations: Value| {
+            verdict(&server, "CREATE", &workload(kind, annotations, json!({})))
+                .await
+                .unwrap_or_else(|| panic!("{kind}: allowed"))
+        };
+        let missing = deny(json!({POOL_KEY: "lab"})).await;
+        assert!(
+            missing.starts_with(&format!("{kind} w: FloatingIPPool lab ("))
+                && missing.contains(&template_field(kind, POOL_KEY))
+                && missing.contains("does not exist")
+                && missing.contains("[broken, lan, narrow]"),
+            "{missing}"
+        );
+        let invalid = deny(json!({POOL_KEY: "broken"})).await;
+        assert!(
+            invalid.starts_with(&format!("{kind} w: "))
+                && invalid.contains("spec.targetNetworkInterface")
+                && invalid.contains("fix the pool first"),
+            "{invalid}"
+        );
+        let not_serving = deny(json!({POOL_KEY: "narrow"})).await;
+        assert!(
+            not_serving.contains(&template_field(kind, POOL_KEY))
+                && not_serving.contains("does not serve namespace shop"),
+            "{not_serving}"
+        );
+        let garbage = deny(json!({FIXED_KEY: "192.168.10.300"})).await;
+        assert!(
+            garbage.starts_with(&format!("{kind} w: "))
+                && garbage.contains(&template_field(kind, FIXED_KEY))
+                && garbage.contains("\"192.168.10.300\""),
+            "{garbage}"
+        );
+        let twice = deny(json!({FIXED_KEY: "192.168.10.7,192.168.10.8", SET_KEY: "s"})).await;
+        assert!(
+            twice.contains(&template_field(kind, FIXED_KEY))
+                && twice.contains("lists two IPv4 addresses"),
+            "{twice}"
+        );
+        let outside = deny(json!({POOL_KEY: "lan", FIXED_KEY: "192.168.11.5", SET_KEY: "s"})).await;
+        assert!(
+            outside.contains("192.168.11.5")
+                && outside.contains(&template_field(kind, FIXED_KEY))
+                && outside.contains("outside FloatingIPPool lan")
+                && outside.contains("192.168.10.0-192.168.10.255"),
+            "{outside}"
+        );
+        // The project's one address of lan is held by Service web: not
+        // one pod of the workload could get an address.
+        let over = deny(json!({POOL_KEY: "lan"})).await;
+        assert!(
+            over.starts_with(&format!("{kind} w: "))
+                && over.contains("FloatingIPProjectQuota shop-quota"),
+            "{over}"
+        );
+        // Annotations on the workload itself are not its pods'.
+        let mut own = workload(kind, json!({}), json!({}));
+        own["metadata"]["annotations"] = json!({POOL_KEY: "lab"});
+        assert_eq!(verdict(&server, "CREATE", &own).await, None, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_fixed_address_for_several_pods_needs_a_set() {
+    let server = cluster();
+    // Quota out of the way: these are about the address.
+    limit_shop(&server, 10);
+    let fixed = json!({FIXED_KEY: "192.168.10.9"});
+    let in_set = json!({FIXED_KEY: "192.168.10.9", SET_KEY: "pair"});
+    for (kind, several, field) in [
+        ("Deployment", json!({"replicas": 3}), "spec.replicas 3"),
+        ("ReplicaSet", json!({"replicas": 2}), "spec.replicas 2"),
+        ("StatefulSet", json!({"replicas": 2}), "spec.replicas 2"),
+        ("DaemonSet", json!({}), "a pod on every node it selects"),
+        ("Job", json!({"parallelism": 2}), "spec.parallelism 2"),
+        (
+            "CronJob",
+            json!({"parallelism": 2}),
+            "spec.jobTemplate.spec.parallelism 2",
+        ),
+    ] {
+        let denial = verdict(
+            &server,
+            "CREATE",
+            &workload(kind, fixed.clone(), several.clone()),
+        )
+        .await
+        .unwrap_or_else(|| panic!("{kind}: allowed"));
+        assert!(
+            denial.starts_with(&format!("{kind} w: "))
+                && denial.contains(&template_field(kind, FIXED_KEY))
+                && denial.contains(&format!("({field})"))
+                && denial.contains(&template_field(kind, SET_KEY)),
+            "{denial}"
+        );
+        // An active/standby set shares it.
+        assert_eq!(
+            verdict(
+                &server,
+                "CREATE",
+                &workload(kind, in_set.clone(), several.clone())
+            )
+            .await,
+            None,
+            "{kind}"
+        );
+        // A pool address per pod.
+        assert_eq!(
+            verdict(
+                &server,
+                "CREATE",
+                &workload(kind, json!({POOL_KEY: "lan"}), several)
+            )
+            .await,
+            None,
+            "{kind}"
+        );
+    }
+    // One pod at a time: allowed; a Deployment, ReplicaSet or StatefulSet
+    // is warned that its replacement pods wait for the address.
+    for kind in template_kinds().filter(|k| *k != "DaemonSet") {
+        let response = respond(
+            &server,
+            "CREATE",
+            &workload(kind, fixed.clone(), json!({})),
+            None,
+        )
+        .await;
+        assert!(response.allowed, "{kind}: {}", response.result.message);
+        let warned = response.warnings.unwrap_or_default();
+        if matches!(kind, "Job" | "CronJob") {
+            assert!(warned.is_empty(), "{kind}: {warned:?}");
+        } else {
+            assert!(
+                warned.len() == 1 && warned[0].contains(&template_field(kind, SET_KEY)),
+                "{kind}: {warned:?}"
+            );
+        }
+        let set = respond(
+            &server,
+            "CREATE",
+            &workload(kind, in_set.clone(), json!({})),
+            None,
+        )
+        .await;
+        assert!(
+            set.allowed && set.warnings.unwrap_or_default().is_empty(),
+            "{kind}"
+        );
+    }
+    // Scaled up in the object (kubectl apply) with the request unchanged:
+    // reviewed, and denied; an unchanged update is not.
+    let one = workload("Deployment", fixed.clone(), json!({"replicas": 1}));
+    let three = workload("Deployment", fixed.clone(), json!({"replicas": 3}));
+    let denial = verdict_on(&server, "UPDATE", &three, Some(one.clone()))
+        .await
+        .unwrap();
+    assert!(denial.contains("spec.replicas 3"), "{denial}");
+    assert_eq!(
+        verdict_on(&server, "UPDATE", &three, Some(three.clone())).await,
+        None
+    );
+    let mut relabelled = one.clone();
+    relabelled["metadata"]["labels"] = json!({"tier": "x"});
+    assert_eq!(
+        verdict_on(&server, "UPDATE", &relabelled, Some(one)).await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_templates_quota_is_checked_once_when_a_user_creates_it() {
+    let server = cluster();
+    // Quota full: Service web holds the project's one address of lan.
+    let asking = json!({POOL_KEY: "lan"});
+    assert!(
+        verdict(
+            &server,
+            "CREATE",
+            &workload("Deployment", asking.clone(), json!({}))
+        )
+        .await
+        .unwrap()
+        .contains("FloatingIPProjectQuota shop-quota")
+    );
+    // The ReplicaSet a Deployment makes, the Job a CronJob makes: their
+    // parent was checked, and each pod is reviewed when created.
+    for (kind, parent) in [("ReplicaSet", "Deployment"), ("Job", "CronJob")] {
+        let mut child = workload(kind, asking.clone(), json!({}));
+        child["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": if parent == "Deployment" { "apps/v1" } else { "batch/v1" },
+            "kind": parent, "name": "w", "uid": "u1", "controller": true,
+        }]);
+        assert_eq!(verdict(&server, "CREATE", &child).await, None, "{kind}");
+        // The other checks still apply to it.
+        let mut lost = child.clone();
+        let path = "/spec/template/metadata/annotations";
+        *lost.pointer_mut(path).unwrap() = json!({POOL_KEY: "lab"});
+        assert!(verdict(&server, "CREATE", &lost).await.is_some(), "{kind}");
+    }
+    // An update changing the request: its own pods hold the addresses its
+    // new pods replace, so the quota is left to the pods.
+    let before = workload(
+        "StatefulSet",
+        json!({POOL_KEY: "lan", SET_KEY: "a"}),
+        json!({}),
+    );
+    let after = workload(
+        "StatefulSet",
+        json!({POOL_KEY: "lan", SET_KEY: "b"}),
+        json!({}),
+    );
+    assert_eq!(
+        verdict_on(&server, "UPDATE", &after, Some(before)).await,
+        None
+    );
+    // A set that already holds an address needs none.
+    limit_shop(&server, 2);
+    insert_pair_member(&server);
+    let joining = workload(
+        "StatefulSet",
+        json!({POOL_KEY: "lan", SET_KEY: "pair"}),
+        json!({"replicas": 2}),
+    );
+    assert_eq!(verdict(&server, "CREATE", &joining).await, None);
+    let alone = workload("StatefulSet", json!({POOL_KEY: "lan"}), json!({}));
+    assert!(verdict(&server, "CREATE", &alone).await.is_some());
 }
