@@ -2120,6 +2120,46 @@ async fn lists_come_in_pages_from_the_first_pages_snapshot() {
     );
 }
 
+/// A watch waiting for a late change whose history is compacted meanwhile
+/// gets 410 Gone, as from a real server, never the changes after the gap:
+/// a client resuming after the gap would never learn of the changes lost
+/// in it (pods and records created in a burst went missing from the
+/// controllers' caches for good).
+#[tokio::test]
+async fn a_watch_whose_changes_are_compacted_while_it_waits_gets_gone() {
+    use futures::StreamExt;
+    let server = FakeApiServer::realistic(super::fake_api::Realism {
+        watch_delay: Duration::from_millis(500),
+        // One burst delivers the first change and the later ones.
+        burst: Duration::from_secs(1),
+        history: 3,
+        ..super::fake_api::Realism::default()
+    });
+    let pods: kube::Api<Pod> = kube::Api::all(server.client());
+    let listed = pods.list(&kube::api::ListParams::default()).await.unwrap();
+    let since = listed.metadata.resource_version.expect("a list version");
+    let mut stream = pods
+        .watch(&kube::api::WatchParams::default(), &since)
+        .await
+        .unwrap()
+        .boxed();
+    let first = tokio::spawn(async move { stream.next().await });
+    server.insert(&crate::allocation::fake_cluster::pod("first", "s"));
+    // The watch waits for the first change to be due; meanwhile the
+    // history moves past it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..5 {
+        server.insert(&crate::allocation::fake_cluster::pod(
+            &format!("later-{i}"),
+            "s",
+        ));
+    }
+    match first.await.unwrap() {
+        Some(Ok(kube::api::WatchEvent::Error(status))) => assert_eq!(status.code, 410),
+        other => panic!("a gap delivered as if nothing was lost: {other:?}"),
+    }
+}
+
 /// Every request takes at least the server's latency, also when several
 /// are in flight at once (they wait side by side, not in turn).
 #[tokio::test]
