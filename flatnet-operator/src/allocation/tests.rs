@@ -950,6 +950,38 @@ async fn a_record_withdrawn_while_its_address_is_reserved_ahead_holds_nothing() 
     assert_eq!(status.used_ip_count, 1, "only the first record's address");
 }
 
+/// A record announced again while an address is held for it (the pod
+/// controller's cache lagging behind its own create) keeps that address:
+/// no second one is reserved for it, to be lost when it replaced the first
+/// among the held addresses.
+#[tokio::test]
+async fn a_record_announced_again_while_held_gets_no_second_address() {
+    let (server, ctx, records) = announced(race_pods(3, 0));
+    ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let again = format!("{NS}/{}", records[1].name_any());
+    ctx.ledgers.expect("race", &again, &[]);
+    // Any later batch: here a release of nothing.
+    let nothing = super::group_commit::Edit::Release { addrs: Vec::new() };
+    ctx.ledgers.commit(&ctx, "race", nothing).await.unwrap();
+    for record in &records[1..] {
+        ips::reconcile(Arc::new(record.clone()), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let held = check_unique(&server, 0);
+    assert_eq!(held.len(), 3);
+    let status = server.list::<FlatNetworkSubnet>()[0]
+        .status
+        .clone()
+        .unwrap();
+    assert_eq!(
+        status.used_ip_count, 3,
+        "usedIP holds the three records' addresses and nothing else"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn two_allocators_never_hand_out_an_address_twice() {
     for seed in 1..=24 {
