@@ -58,12 +58,12 @@ async fn started(seed: u64) -> FakeCluster {
 /// caches have synced, and addresses the pods it found.
 #[tokio::test]
 async fn an_operator_starting_among_many_pods_becomes_ready() {
-    // A history longer than the startup burst of writes (3,300 changes):
+    // A history longer than the startup burst of changes (about 3,700):
     // watches that fall behind relist (see the test below), and a relist of
     // 1,100 pods reconciles every pod again; this test is about the paged
     // first list and readiness.
     let server = FakeApiServer::realistic(Realism {
-        history: 4_000,
+        history: 20_000,
         ..realism(3)
     });
     server.insert(&subnet(
