@@ -727,13 +727,16 @@ impl FakeApiServer {
                     if gone {
                         return None;
                     }
+                    let expired = || {
+                        let gone = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
+                        line(&gone)
+                    };
                     loop {
                         // The first change of this kind after the cursor.
                         let first_due = {
                             let state = server.lock();
                             if cursor < state.compacted {
-                                let gone = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
-                                return Some((line(&gone), (cursor, wake, true)));
+                                return Some((expired(), (cursor, wake, true)));
                             }
                             let start = state.changes.partition_point(|c| c.version <= cursor);
                             state
@@ -752,6 +755,12 @@ impl FakeApiServer {
                             tokio::time::sleep_until(until).await;
                             let mut chunk = Vec::new();
                             let state = server.lock();
+                            // Compacted while this burst waited: the changes
+                            // after the cursor are gone, and a real server
+                            // says so rather than skip them.
+                            if cursor < state.compacted {
+                                return Some((expired(), (cursor, wake, true)));
+                            }
                             let start = state.changes.partition_point(|c| c.version <= cursor);
                             for c in state.changes.range(start..) {
                                 if c.collection == collection {

@@ -474,8 +474,17 @@ async fn commit_batch(
     let (release_ahead, announced) = {
         let mut ahead = lock_ahead();
         let release = ahead.take_releasable(ctx.settings.write_deadline, ctx.settings.orphan_grace);
-        let take = ahead.announced.len().min(ctx.settings.reserve_ahead);
-        let announced: Vec<(String, Vec<IpAddr>)> = ahead.announced.drain(..take).collect();
+        // A record announced again while an address is held for it keeps
+        // that one: a second would replace it in `held`, never given back.
+        let mut announced: Vec<(String, Vec<IpAddr>)> = Vec::new();
+        while announced.len() < ctx.settings.reserve_ahead {
+            let Some(next) = ahead.announced.pop_front() else {
+                break;
+            };
+            if !ahead.held.contains_key(&next.0) {
+                announced.push(next);
+            }
+        }
         ahead.in_flight = announced.iter().map(|(k, _)| k.clone()).collect();
         (release, announced)
     };
@@ -483,7 +492,13 @@ async fn commit_batch(
     let mut ahead = lock_ahead();
     ahead.in_flight.clear();
     match held {
-        Some(held) => ahead.held.extend(held),
+        Some(held) => {
+            for (key, hold) in held {
+                if let Some(earlier) = ahead.held.insert(key, hold) {
+                    ahead.unclaimed.push((earlier.addr, earlier.at));
+                }
+            }
+        }
         // Not written: the next batch tries again.
         None => ahead.unclaimed.extend(release_ahead),
     }

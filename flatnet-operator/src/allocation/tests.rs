@@ -950,6 +950,38 @@ async fn a_record_withdrawn_while_its_address_is_reserved_ahead_holds_nothing() 
     assert_eq!(status.used_ip_count, 1, "only the first record's address");
 }
 
+/// A record announced again while an address is held for it (the pod
+/// controller's cache lagging behind its own create) keeps that address:
+/// no second one is reserved for it, to be lost when it replaced the first
+/// among the held addresses.
+#[tokio::test]
+async fn a_record_announced_again_while_held_gets_no_second_address() {
+    let (server, ctx, records) = announced(race_pods(3, 0));
+    ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let again = format!("{NS}/{}", records[1].name_any());
+    ctx.ledgers.expect("race", &again, &[]);
+    // Any later batch: here a release of nothing.
+    let nothing = super::group_commit::Edit::Release { addrs: Vec::new() };
+    ctx.ledgers.commit(&ctx, "race", nothing).await.unwrap();
+    for record in &records[1..] {
+        ips::reconcile(Arc::new(record.clone()), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let held = check_unique(&server, 0);
+    assert_eq!(held.len(), 3);
+    let status = server.list::<FlatNetworkSubnet>()[0]
+        .status
+        .clone()
+        .unwrap();
+    assert_eq!(
+        status.used_ip_count, 3,
+        "usedIP holds the three records' addresses and nothing else"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn two_allocators_never_hand_out_an_address_twice() {
     for seed in 1..=24 {
@@ -2118,6 +2150,46 @@ async fn lists_come_in_pages_from_the_first_pages_snapshot() {
         matches!(&expired, Err(kube::Error::Api(status)) if status.code == 410),
         "{expired:?}"
     );
+}
+
+/// A watch waiting for a late change whose history is compacted meanwhile
+/// gets 410 Gone, as from a real server, never the changes after the gap:
+/// a client resuming after the gap would never learn of the changes lost
+/// in it (pods and records created in a burst went missing from the
+/// controllers' caches for good).
+#[tokio::test]
+async fn a_watch_whose_changes_are_compacted_while_it_waits_gets_gone() {
+    use futures::StreamExt;
+    let server = FakeApiServer::realistic(super::fake_api::Realism {
+        watch_delay: Duration::from_millis(500),
+        // One burst delivers the first change and the later ones.
+        burst: Duration::from_secs(1),
+        history: 3,
+        ..super::fake_api::Realism::default()
+    });
+    let pods: kube::Api<Pod> = kube::Api::all(server.client());
+    let listed = pods.list(&kube::api::ListParams::default()).await.unwrap();
+    let since = listed.metadata.resource_version.expect("a list version");
+    let mut stream = pods
+        .watch(&kube::api::WatchParams::default(), &since)
+        .await
+        .unwrap()
+        .boxed();
+    let first = tokio::spawn(async move { stream.next().await });
+    server.insert(&crate::allocation::fake_cluster::pod("first", "s"));
+    // The watch waits for the first change to be due; meanwhile the
+    // history moves past it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..5 {
+        server.insert(&crate::allocation::fake_cluster::pod(
+            &format!("later-{i}"),
+            "s",
+        ));
+    }
+    match first.await.unwrap() {
+        Some(Ok(kube::api::WatchEvent::Error(status))) => assert_eq!(status.code, 410),
+        other => panic!("a gap delivered as if nothing was lost: {other:?}"),
+    }
 }
 
 /// Every request takes at least the server's latency, also when several
