@@ -236,12 +236,21 @@ pub struct PlannedPrimary {
     pub state: InterfaceState,
 }
 
-/// Where a pod's primary MTU is, from its node's report (`None`: none yet).
-fn primary_state(node: &str, mtu: u32, report: Option<&PrimaryMtuResult>) -> InterfaceState {
+/// Where a pod's primary MTU (and MSS clamping) is, from its node's report
+/// (`None`: none yet); a report about another request is not yet about
+/// this one.
+fn primary_state(
+    node: &str,
+    request: &PodPrimaryMtu,
+    report: Option<&PrimaryMtuResult>,
+) -> InterfaceState {
     match report {
-        Some(r) if r.mtu == mtu && r.failure.is_empty() => InterfaceState::Applied(None),
-        Some(r) if r.mtu == mtu => InterfaceState::Failed(format!("node {node}: {}", r.failure)),
-        _ => InterfaceState::Waiting,
+        Some(r) if r.mtu != request.mtu || r.tcp_mss_clamp != request.tcp_mss_clamp => {
+            InterfaceState::Waiting
+        }
+        Some(r) if r.failure.is_empty() => InterfaceState::Applied(None),
+        Some(r) => InterfaceState::Failed(format!("node {node}: {}", r.failure)),
+        None => InterfaceState::Waiting,
     }
 }
 
@@ -423,17 +432,19 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
             pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             pod.uid(),
         ) {
-            let state = primary_state(&node, mtu, input.primary_reports.get(&uid));
+            let request = PodPrimaryMtu {
+                namespace: input.namespace.to_owned(),
+                name: view.name.clone(),
+                uid,
+                mtu,
+                tcp_mss_clamp: desired.tcp_mss_clamp,
+            };
+            let state = primary_state(&node, &request, input.primary_reports.get(&request.uid));
             plan.primary.insert(
                 view.name.clone(),
                 PlannedPrimary {
                     node,
-                    request: PodPrimaryMtu {
-                        namespace: input.namespace.to_owned(),
-                        name: view.name.clone(),
-                        uid,
-                        mtu,
-                    },
+                    request,
                     state,
                 },
             );
@@ -826,7 +837,7 @@ struct Controller {
     /// (namespace, pod, interface) → the last state an Event reported.
     shown: HashMap<(String, String, String), PlannedInterface>,
     /// (namespace, pod) → the last primary MTU and state an Event reported.
-    shown_primary: HashMap<(String, String), (u32, InterfaceState)>,
+    shown_primary: HashMap<(String, String), (PodPrimaryMtu, InterfaceState)>,
     /// Before the first pass nothing was reported: interfaces already in
     /// place get no Event again after a restart.
     first: bool,
@@ -1040,7 +1051,7 @@ impl Controller {
         for (pod_name, planned) in &plan.primary {
             let key = (namespace.to_owned(), pod_name.clone());
             seen.insert(key.clone());
-            let now = (planned.request.mtu, planned.state.clone());
+            let now = (planned.request.clone(), planned.state.clone());
             if self.shown_primary.get(&key) == Some(&now) {
                 continue;
             }
@@ -1048,6 +1059,11 @@ impl Controller {
                 continue;
             };
             let mtu = planned.request.mtu;
+            let clamp = if planned.request.tcp_mss_clamp {
+                ", TCP MSS clamped"
+            } else {
+                ""
+            };
             match &planned.state {
                 InterfaceState::Waiting => {}
                 InterfaceState::Applied(_) if self.first => {}
@@ -1058,7 +1074,7 @@ impl Controller {
                             reason::PRIMARY_MTU_SET,
                             "SetPrimaryMtu",
                             format!(
-                                "eth0 (and its node-side peer) set to MTU {mtu} on node {}",
+                                "eth0 (and its node-side peer) set to MTU {mtu}{clamp} on node {}",
                                 planned.node
                             ),
                         )
@@ -1070,7 +1086,7 @@ impl Controller {
                             pod.as_ref(),
                             reason::PRIMARY_MTU_FAILED,
                             "SetPrimaryMtu",
-                            format!("eth0 cannot be set to MTU {mtu}: {why}"),
+                            format!("eth0 cannot be set to MTU {mtu}{clamp}: {why}"),
                         )
                         .await;
                 }
@@ -1353,7 +1369,10 @@ mod tests {
     fn unusable_requests_fail_the_pod_with_the_reason() {
         let web = running_pod("web-0", json!({"app": "web"}));
         let mut mtu = config("a-mtu", "net3");
-        mtu.spec.primary = Some(PrimarySettings { mtu: Some(1400) });
+        mtu.spec.primary = Some(PrimarySettings {
+            mtu: Some(1400),
+            ..PrimarySettings::default()
+        });
         let plan = plan(&[web], &[config("bad", "Net_2"), mtu], &[]);
         let status = |name: &str| &plan.statuses.iter().find(|(n, _)| n == name).unwrap().1;
         assert!(
@@ -1377,7 +1396,10 @@ mod tests {
     fn mtu_config(name: &str, mtu: u32) -> PodNetworkConfig {
         let mut config = config(name, "net2");
         config.spec.attachments.clear();
-        config.spec.primary = Some(PrimarySettings { mtu: Some(mtu) });
+        config.spec.primary = Some(PrimarySettings {
+            mtu: Some(mtu),
+            ..PrimarySettings::default()
+        });
         config
     }
 
@@ -1386,6 +1408,7 @@ mod tests {
             uid: "uid-web-0".into(),
             mtu,
             failure: failure.into(),
+            ..PrimaryMtuResult::default()
         }
     }
 
@@ -1421,6 +1444,7 @@ mod tests {
                 name: "web-0".into(),
                 uid: "uid-web-0".into(),
                 mtu: 1400,
+                tcp_mss_clamp: false,
             }
         );
         assert_eq!(primary.node, "node-1");
@@ -1464,6 +1488,7 @@ mod tests {
             name: uid.into(),
             uid: uid.into(),
             mtu,
+            tcp_mss_clamp: false,
         };
         let existing = |node: &str, pods: Vec<PodPrimaryMtu>| {
             Arc::new(FlatNetworkNodeConfig::new(
