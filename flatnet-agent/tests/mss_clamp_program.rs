@@ -42,10 +42,10 @@ fn tcp(flags: u8, options: &[u8]) -> Vec<u8> {
     let mut h = ports(40000, 80);
     h[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
     let mut options = options.to_vec();
-    while options.len() % 4 != 0 {
+    while !options.len().is_multiple_of(4) {
         options.push(0);
     }
-    h[12] = ((20 + options.len()) / 4 << 4) as u8;
+    h[12] = (((20 + options.len()) / 4) << 4) as u8;
     h[13] = flags;
     h[14..16].copy_from_slice(&64240u16.to_be_bytes());
     h.extend_from_slice(&options);

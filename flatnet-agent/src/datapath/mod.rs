@@ -286,7 +286,13 @@ impl Datapath {
     /// nothing here. The attachments outlive the process; see
     /// [`detach_mss_clamp`].
     pub fn attach_mss_clamp(&mut self, interface: &str) -> Result<(), DatapathError> {
-        mss_clamp::attach(&mut self.ebpf, &self.pin_root, self.mechanism, interface)
+        tc::attach_or_replace(
+            &mut self.ebpf,
+            &self.pin_root,
+            self.mechanism,
+            interface,
+            &mss_clamp::SLOTS,
+        )
     }
 
     /// Runs the MSS clamping program of `direction` once on `frame` with
