@@ -1475,6 +1475,25 @@ mod tests {
                 "spec.primary.mtu: node node-1: interface eth0 not found in /proc/1/ns/net"
             );
         }
+        // MSS clamping asked too: a report of the MTU alone is no answer,
+        // one of both is.
+        let mut clamping = mtu_config("c", 1400);
+        if let Some(primary) = clamping.spec.primary.as_mut() {
+            primary.tcp_mss_clamp = true;
+        }
+        let configs = [mtu_config("a", 1450), clamping];
+        let stale = plan_with_reports(&configs, &[report(1400, "")]);
+        assert!(stale.primary["web-0"].request.tcp_mss_clamp);
+        assert_eq!(stale.primary["web-0"].state, InterfaceState::Waiting);
+        let both = PrimaryMtuResult {
+            tcp_mss_clamp: true,
+            ..report(1400, "")
+        };
+        let applied = plan_with_reports(&configs, &[both]);
+        assert_eq!(
+            applied.primary["web-0"].state,
+            InterfaceState::Applied(None)
+        );
         // A configuration asking no MTU is not held up by it.
         let other = plan_with_reports(&[config("net", "net2"), mtu_config("b", 1400)], &[]);
         let net = &other.statuses.iter().find(|(n, _)| n == "net").unwrap().1;
