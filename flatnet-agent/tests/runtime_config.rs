@@ -672,8 +672,9 @@ bridges: [{{name: rcbr0, ports: [{vlan}]}}]",
     node.agent.stop();
 }
 
-/// The state file with network `flat4v` on VLAN 200 of the master and,
-/// with `asked`, the node configuration asking for that VLAN.
+/// The state file with network `flat4v` on VLAN 200 of the master (and
+/// `flat4`, whose STATUS tells the agent is up) and, with `asked`, the
+/// node configuration asking for that VLAN.
 fn write_vlan_state(node: &Node, asked: bool) {
     // The bridge shows when a pass has run: VLANs come before bridges.
     let vlans = if asked {
@@ -687,14 +688,21 @@ fn write_vlan_state(node: &Node, asked: bool) {
     node.agent.write_state(&format!(
         r"
 subnets:
+  - name: lan4
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
   - name: lan4v
     spec:
       flatMode: macvlan
       master: {master}
       vlan: 200
       cidr: 192.0.2.0/24
-      ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
+      ranges: [{{from: 192.0.2.30, to: 192.0.2.40}}]
 networks:
+  - {{name: flat4, subnets: [lan4]}}
   - {{name: flat4v, subnets: [lan4v]}}
 {vlans}
 ",
@@ -750,12 +758,12 @@ fn a_vlan_the_node_config_asks_for_outlives_the_last_pod_on_it() {
         has_link(&node.node, &vlan),
         "still asked for by the node configuration"
     );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(has_link(&node.node, &vlan), "and not removed later either");
     assert!(
         node_lease.exists(),
         "held by the node configuration's lease"
     );
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(has_link(&node.node, &vlan), "and not removed later either");
 
     // No longer asked for, and no pod on it: it goes.
     write_vlan_state(&node, false);
