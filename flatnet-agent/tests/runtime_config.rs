@@ -5,6 +5,13 @@
 
 mod support;
 
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    time::Duration,
+};
+
+use flatnet_agent::netns::run_in_netns;
 use serde_json::{Value, json};
 use support::{
     TestNetns,
@@ -665,6 +672,108 @@ bridges: [{{name: rcbr0, ports: [{vlan}]}}]",
     node.agent.stop();
 }
 
+/// The state file with network `flat4v` on VLAN 200 of the master (and
+/// `flat4`, whose STATUS tells the agent is up) and, with `asked`, the
+/// node configuration asking for that VLAN.
+fn write_vlan_state(node: &Node, asked: bool) {
+    // The bridge shows when a pass has run: VLANs come before bridges.
+    let vlans = if asked {
+        format!(
+            "vlans: [{{master: {}, id: 200}}]\nbridges: [{{name: rcbrv, ports: []}}]",
+            node.master
+        )
+    } else {
+        String::new()
+    };
+    node.agent.write_state(&format!(
+        r"
+subnets:
+  - name: lan4
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
+  - name: lan4v
+    spec:
+      flatMode: macvlan
+      master: {master}
+      vlan: 200
+      cidr: 192.0.2.0/24
+      ranges: [{{from: 192.0.2.30, to: 192.0.2.40}}]
+networks:
+  - {{name: flat4, subnets: [lan4]}}
+  - {{name: flat4v, subnets: [lan4v]}}
+{vlans}
+",
+        master = node.master
+    ));
+}
+
+#[test]
+fn a_vlan_the_node_config_asks_for_outlives_the_last_pod_on_it() {
+    const TEST: &str = "a_vlan_the_node_config_asks_for_outlives_the_last_pod_on_it";
+    if !privileged(TEST) || !vlans_supported(TEST) {
+        return;
+    }
+    let Some(mut node) = Node::running_for_test(TEST, 1500) else {
+        return;
+    };
+    let vlan = format!("{}.200", node.master);
+    node.agent.stop();
+    write_vlan_state(&node, false);
+    node.start(None);
+    // A pod's attachment makes the VLAN.
+    let pod = TestNetns::new("rcp-");
+    let (ok, out) = run_cni(
+        &node.agent.socket(),
+        "ADD",
+        "flat4v",
+        "ctr-v",
+        Some(&pod.path()),
+        json!({}),
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        link_details(&node.node, &vlan).expect("made by the ADD")["ifalias"],
+        "flatnet:vlan"
+    );
+    // The node configuration asks for it too: it holds it from now on.
+    write_vlan_state(&node, true);
+    let node_lease = node.agent.path("leases").join(&vlan).join("node-config");
+    wait_until("the node configuration applied", || {
+        has_link(&node.node, "rcbrv")
+    });
+    // The last pod on it leaves: the VLAN stays, as asked.
+    let (ok, out) = run_cni(
+        &node.agent.socket(),
+        "DEL",
+        "flat4v",
+        "ctr-v",
+        Some(&pod.path()),
+        json!({}),
+    );
+    assert!(ok, "{out}");
+    assert!(
+        has_link(&node.node, &vlan),
+        "still asked for by the node configuration"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(has_link(&node.node, &vlan), "and not removed later either");
+    assert!(
+        node_lease.exists(),
+        "held by the node configuration's lease"
+    );
+
+    // No longer asked for, and no pod on it: it goes.
+    write_vlan_state(&node, false);
+    wait_until("the VLAN removed once nothing holds it", || {
+        !has_link(&node.node, &vlan) && !has_link(&node.node, "rcbrv")
+    });
+    assert!(!node_lease.exists());
+    node.agent.stop();
+}
+
 #[test]
 fn an_agent_killed_while_making_a_node_interface_converges_after_restart() {
     let Some(mut node) = Node::running_for_test(
@@ -692,5 +801,189 @@ fn an_agent_killed_while_making_a_node_interface_converges_after_restart() {
     });
     node.write_state(1500);
     wait_until("removed", || !has_link(&node.node, "rcbr0"));
+    node.agent.stop();
+}
+
+/// A hot-plug entry asking `pod`'s primary interface for `mtu` with TCP
+/// MSS clamping.
+fn clamped_primary_entry(pod: &TestNetns, mtu: u32) -> String {
+    format!(
+        "{{name: web-primary, netns: {}, pod: shop/web, primary: {{mtu: {mtu}, tcpMssClamp: true}}}}",
+        pod.path().display()
+    )
+}
+
+/// The names of the programs on both TC hooks of the pod's `eth0`.
+fn eth0_programs(pod: &TestNetns) -> Vec<String> {
+    use aya::programs::TcAttachType;
+    [TcAttachType::Ingress, TcAttachType::Egress]
+        .into_iter()
+        .flat_map(|hook| support::tc_hooks::attached_programs(pod, "eth0", hook))
+        .map(|program| program.name)
+        .collect()
+}
+
+const CLAMP_PROGRAMS: [&str; 2] = ["mss_clamp_in", "mss_clamp_out"];
+
+/// A TCP connection from the pod to a listener of the node on the veth:
+/// (the pod's end, the node's end).
+fn connect_pod_to_node(node: &Node, pod: &TestNetns) -> (TcpStream, TcpStream) {
+    let listener = run_in_netns(&node.node.path(), || {
+        TcpListener::bind((NODE_VETH_V4, 0)).expect("listen on the node")
+    })
+    .expect("enter the node");
+    let port = listener.local_addr().unwrap().port();
+    let client = run_in_netns(&pod.path(), || {
+        TcpStream::connect((NODE_VETH_V4, port)).expect("connect from the pod")
+    })
+    .expect("enter the pod");
+    let (server, _) = listener.accept().expect("accept");
+    for stream in [&client, &server] {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream
+            .set_write_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+    }
+    (client, server)
+}
+
+/// The MSS the socket sends with now (`TCP_MAXSEG`: what the peer
+/// announced and the route allow, less the timestamp option's 12 bytes).
+fn max_segment(stream: &TcpStream) -> u32 {
+    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::TcpMaxSeg).unwrap()
+}
+
+/// Sends `len` bytes each way over the connection at once and checks
+/// they arrive, in order.
+fn transfer_both_ways(a: &TcpStream, b: &TcpStream, len: usize, context: &str) {
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::thread::scope(|scope| {
+        for (from, to) in [(a, b), (b, a)] {
+            let data = &data;
+            scope.spawn(move || {
+                (&*from).write_all(data).expect("send");
+            });
+            scope.spawn(move || {
+                let mut got = vec![0; data.len()];
+                (&*to)
+                    .read_exact(&mut got)
+                    .unwrap_or_else(|e| panic!("{context}: receive: {e}"));
+                assert!(got == *data, "{context}: the bytes arrive unchanged");
+            });
+        }
+    });
+}
+
+#[test]
+fn tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_on() {
+    let Some(mut node) = Node::running_for_test(
+        "tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_on",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = pod_with_primary_veth(&node);
+    let (open_pod, open_node) = connect_pod_to_node(&node, &pod);
+    transfer_both_ways(&open_pod, &open_node, 1 << 20, "before");
+    assert_eq!(max_segment(&open_pod), 1448, "MTU 1500, with timestamps");
+
+    node.write_state_with(1500, &clamped_primary_entry(&pod, 1400));
+    wait_until("eth0 and its peer at 1400", || {
+        primary_mtus(&node, &pod) == (1400, 1400)
+    });
+    wait_until("the clamping programs on eth0", || {
+        eth0_programs(&pod) == CLAMP_PROGRAMS
+    });
+    assert!(ledger(&node)["web-primary"].mss_clamp);
+    // A flow opened before the MTU was lowered goes on both ways: each
+    // side's TCP takes the new MTU of its own interface at the next send.
+    transfer_both_ways(&open_pod, &open_node, 4 << 20, "open flow, lowered");
+    assert_eq!(max_segment(&open_pod), 1348, "the pod adapted by itself");
+    assert_eq!(max_segment(&open_node), 1348, "the node adapted by itself");
+
+    // Routes whose MTU is locked at 1500 on both sides (as some cluster
+    // networks write route MTUs): without clamping, both ends of a new
+    // connection would announce and send 1460-byte segments through a
+    // 1400-byte interface.
+    pod.ip(&[
+        "route",
+        "replace",
+        "10.99.0.0/30",
+        "dev",
+        "eth0",
+        "mtu",
+        "lock",
+        "1500",
+    ]);
+    node.node.ip(&[
+        "route",
+        "replace",
+        "10.99.0.0/30",
+        "dev",
+        NODE_VETH,
+        "mtu",
+        "lock",
+        "1500",
+    ]);
+    let (new_pod, new_node) = connect_pod_to_node(&node, &pod);
+    assert_eq!(
+        max_segment(&new_pod),
+        1348,
+        "the node's SYN-ACK clamped into the pod"
+    );
+    assert_eq!(
+        max_segment(&new_node),
+        1348,
+        "the pod's SYN clamped out of it"
+    );
+    transfer_both_ways(&new_pod, &new_node, 4 << 20, "new flow, clamped");
+
+    // The programs stay attached while the agent is down and after it
+    // restarts.
+    node.agent.stop();
+    assert_eq!(
+        eth0_programs(&pod),
+        CLAMP_PROGRAMS,
+        "while the agent is down"
+    );
+    let (down_pod, _down_node) = connect_pod_to_node(&node, &pod);
+    assert_eq!(
+        max_segment(&down_pod),
+        1348,
+        "clamped while the agent is down"
+    );
+    node.start(None);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(eth0_programs(&pod), CLAMP_PROGRAMS, "after the restart");
+
+    // The MTU alone: the programs go, and a new connection announces
+    // what its route says (the control: without the programs nothing
+    // clamps).
+    node.write_state_with(1500, &primary_entry(&pod, 1400));
+    wait_until("the clamping programs off eth0", || {
+        eth0_programs(&pod).is_empty()
+    });
+    assert!(!ledger(&node)["web-primary"].mss_clamp);
+    let (unclamped_pod, unclamped_node) = connect_pod_to_node(&node, &pod);
+    assert_eq!(max_segment(&unclamped_pod), 1448, "not clamped");
+    assert_eq!(max_segment(&unclamped_node), 1448, "not clamped");
+    drop((unclamped_pod, unclamped_node));
+
+    // Asked again, then the entry removed while the agent is down: the
+    // restarted agent takes the programs off and sets the MTU back.
+    node.write_state_with(1500, &clamped_primary_entry(&pod, 1400));
+    wait_until("the clamping programs back on eth0", || {
+        eth0_programs(&pod) == CLAMP_PROGRAMS
+    });
+    node.agent.stop();
+    node.write_state(1500);
+    node.start(None);
+    wait_until("set back and the programs off", || {
+        primary_mtus(&node, &pod) == (1500, 1500) && eth0_programs(&pod).is_empty()
+    });
+    assert!(ledger(&node).is_empty());
+    transfer_both_ways(&open_pod, &open_node, 1 << 20, "open flow, set back");
     node.agent.stop();
 }

@@ -8,6 +8,7 @@
 
 pub mod conflict;
 pub mod frame_counter;
+pub mod mss;
 pub mod pin;
 pub mod policy;
 pub mod resolver;

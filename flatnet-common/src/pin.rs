@@ -109,6 +109,10 @@ pub const UPLINK_TC_PRIORITY: u16 = 0x1f00;
 /// and egress are separate hooks, so they share it).
 pub const POLICY_TC_PRIORITY: u16 = 0x1f10;
 
+/// TC filter priority of the MSS clamping programs on a pod's primary
+/// interface (after policy, which never looks at the MSS).
+pub const MSS_CLAMP_TC_PRIORITY: u16 = 0x1f20;
+
 /// The TC ingress classifier attached to uplink (master / VLAN) interfaces.
 pub const PROG_UPLINK_INGRESS: &str = "uplink_ingress";
 
@@ -118,7 +122,17 @@ pub const PROG_POLICY_INGRESS: &str = "policy_ingress";
 /// The TC egress classifier on pod interfaces: egress policy.
 pub const PROG_POLICY_EGRESS: &str = "policy_egress";
 
+/// The TC ingress classifier on a pod's primary interface: clamps the MSS
+/// of SYNs into the pod.
+pub const PROG_MSS_CLAMP_INGRESS: &str = "mss_clamp_in";
+
+/// The TC egress classifier on a pod's primary interface: clamps the MSS
+/// of SYNs out of the pod.
+pub const PROG_MSS_CLAMP_EGRESS: &str = "mss_clamp_out";
+
 const _: () = assert!(MAP_FRAME_COUNTERS.len() <= 15);
+const _: () = assert!(PROG_MSS_CLAMP_INGRESS.len() <= 15);
+const _: () = assert!(PROG_MSS_CLAMP_EGRESS.len() <= 15);
 const _: () = assert!(PROG_UPLINK_INGRESS.len() <= 15);
 const _: () = assert!(MAP_ARP_RESPONDER.len() <= 15);
 const _: () = assert!(MAP_NDP_RESPONDER.len() <= 15);

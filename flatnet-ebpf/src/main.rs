@@ -8,6 +8,7 @@
 
 mod headers;
 mod log;
+mod mss_clamp;
 mod policy;
 mod uplink;
 

@@ -79,8 +79,14 @@ const VM_TESTS: &[(&str, &str)] = &[
     ("flatnet-agent:floating_resolvers", "on_a_vlan"),
     // Failover with the pool's interface a VLAN link of the master.
     ("flatnet-agent:floating_failover", "on_a_vlan"),
-    // Node VLANs a PodNetworkConfig asks for, carrying tagged traffic.
-    ("flatnet-agent:runtime_config", "node_vlans"),
+    // Node VLANs a PodNetworkConfig asks for, carrying tagged traffic and
+    // outliving the last pod on them; MSS clamping on Linux 6.1 (netlink).
+    (
+        "flatnet-agent:runtime_config",
+        "node_vlans a_vlan_the_node_config_asks_for tcp_mss_clamping",
+    ),
+    // The MSS clamping programs on crafted frames (BPF_PROG_TEST_RUN).
+    ("flatnet-agent:mss_clamp_program", ""),
 ];
 
 fn vm_tests(totals: &mut Totals) -> anyhow::Result<()> {

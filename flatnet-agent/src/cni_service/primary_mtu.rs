@@ -1,7 +1,8 @@
 //! The MTU of running pods' primary interface (`eth0`) and of its
 //! node-side peer, as the desired state asks (`PodNetworkConfig`
-//! `spec.primary.mtu`, the standalone entries' `primary.mtu`), and set
-//! back when nothing asks any more.
+//! `spec.primary.mtu`, the standalone entries' `primary.mtu`), with the
+//! TCP MSS clamping programs on `eth0` where `primary.tcpMssClamp` asks,
+//! and all set back (programs taken off) when nothing asks any more.
 //!
 //! Before the first change of a pod the agent remembers what the
 //! interfaces had in [`LEDGER_FILE`] under the lease directory (tmpfs, like
@@ -51,6 +52,11 @@ pub struct Remembered {
     pub pod: PodRef,
     /// The MTUs as they were.
     pub original: PrimaryLinks,
+    /// Whether the TCP MSS clamping programs were put (or were being put)
+    /// onto the primary interface: they are taken off when no longer asked
+    /// for, also by an agent restarted meanwhile.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mss_clamp: bool,
 }
 
 /// [`PrimaryMtu::name`] → what was there before.
@@ -199,13 +205,23 @@ impl<S: DesiredState> AgentService<S> {
                         netns: netns.clone(),
                         pod: want.pod.clone(),
                         original: original.clone(),
+                        mss_clamp: false,
                     },
                 );
                 write_ledger(path, ledger)?;
                 original
             }
         };
-        attachments
+        let clamped = ledger.get(name).is_some_and(|r| r.mss_clamp);
+        if want.tcp_mss_clamp && !clamped {
+            // Recorded first: an agent killed while attaching still knows
+            // to take the programs off later.
+            if let Some(remembered) = ledger.get_mut(name) {
+                remembered.mss_clamp = true;
+            }
+            write_ledger(path, ledger)?;
+        }
+        let changed = attachments
             .set_primary_mtu(
                 &netns,
                 PRIMARY_IFNAME,
@@ -213,14 +229,38 @@ impl<S: DesiredState> AgentService<S> {
                 original.peer.as_ref().map(|peer| (peer, want.mtu)),
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if want.tcp_mss_clamp {
+            // Every pass: a restarted or upgraded agent swaps in its programs.
+            self.inner
+                .set_mss_clamp(netns, PRIMARY_IFNAME, true)
+                .await?;
+            if !clamped {
+                tracing::info!(pod = %want.pod, mtu = want.mtu, "TCP MSS clamping attached to eth0");
+            }
+        } else if clamped {
+            self.inner
+                .set_mss_clamp(netns, PRIMARY_IFNAME, false)
+                .await?;
+            if let Some(remembered) = ledger.get_mut(name) {
+                remembered.mss_clamp = false;
+            }
+            write_ledger(path, ledger)?;
+            tracing::info!(pod = %want.pod, "TCP MSS clamping removed from eth0");
+        }
+        Ok(changed)
     }
 
     /// Sets a pod's primary interface and peer back to what they had; a
     /// pod (or interface) that is gone needs nothing.
-    async fn restore(&self, remembered: &Remembered) -> Result<bool, LinkError> {
+    async fn restore(&self, remembered: &Remembered) -> Result<bool, String> {
         if !crate::netns::is_netns(&remembered.netns) {
             return Ok(false);
+        }
+        if remembered.mss_clamp {
+            self.inner
+                .set_mss_clamp(remembered.netns.clone(), PRIMARY_IFNAME, false)
+                .await?;
         }
         let original = &remembered.original;
         let result = self
@@ -236,7 +276,7 @@ impl<S: DesiredState> AgentService<S> {
             .await;
         match result {
             Err(LinkError::NotFound { .. }) => Ok(false),
-            other => other,
+            other => other.map_err(|e| e.to_string()),
         }
     }
 }
@@ -284,6 +324,7 @@ mod tests {
                         mtu: 1500,
                     }),
                 },
+                mss_clamp: true,
             },
         )]);
         write_ledger(&path, &ledger).unwrap();

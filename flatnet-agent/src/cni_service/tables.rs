@@ -1,7 +1,8 @@
 //! The data-plane side of an attachment: the uplink program and the
 //! address tables it reads (managed addresses, responders), the pod's
-//! policy programs (filters on ADD, moved into TCX links afterwards), and
-//! the policy controller's view of the pods.
+//! policy programs (filters on ADD, moved into TCX links afterwards), the
+//! TCP MSS clamping programs on a pod's primary interface, and the policy
+//! controller's view of the pods.
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -112,6 +113,44 @@ impl<S: DesiredState> Inner<S> {
             .map_err(|e| internal(format!("policy programs on {ifname} of {pod}: {e}")))
         })
         .await
+    }
+
+    /// Puts the TCP MSS clamping programs onto the interface `ifname` in
+    /// the namespace `netns` (`on`), replacing flatnet's earlier ones, or
+    /// takes them off (an interface that is gone has none). Returns whether
+    /// anything was attached before taking off (blocks on its own thread:
+    /// enters the namespace, holds the data-plane lock).
+    pub(super) async fn set_mss_clamp(
+        self: &Arc<Self>,
+        netns: PathBuf,
+        ifname: &'static str,
+        on: bool,
+    ) -> Result<bool, String> {
+        let inner = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            run_in_netns(&netns, || {
+                if nix::net::if_::if_nametoindex(ifname).is_err() {
+                    return if on {
+                        Err(format!(
+                            "interface {ifname} not found in network namespace {}",
+                            netns.display()
+                        ))
+                    } else {
+                        Ok(false)
+                    };
+                }
+                let mut tables = inner.datapath.lock().expect("datapath lock poisoned");
+                let result = if on {
+                    tables.datapath.attach_mss_clamp(ifname).map(|()| true)
+                } else {
+                    crate::datapath::detach_mss_clamp(tables.datapath.pin_root(), ifname)
+                };
+                result.map_err(|e| format!("TCP MSS clamping programs: {e}"))
+            })
+            .map_err(|e| e.to_string())?
+        })
+        .await
+        .map_err(|e| format!("TCP MSS clamping programs: {e}"))?
     }
 
     /// Tells the policy controller about a new pod and waits until the

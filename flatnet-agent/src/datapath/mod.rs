@@ -14,6 +14,7 @@ mod bpffs;
 mod conflicts;
 mod counters;
 mod kernel_log;
+mod mss_clamp;
 mod pin_layout;
 mod pinned;
 mod policy;
@@ -42,6 +43,7 @@ pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs};
 pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs, RecentConflictEntry};
 pub use counters::FrameCounters;
 pub use kernel_log::{KERNEL_LOG_TARGET, KernelLogs, kernel_logs_wanted};
+pub use mss_clamp::detach_mss_clamp;
 pub use pinned::PinnedMaps;
 pub use policy::{
     ApplyReport, InstalledPolicy, PolicyDrop, PolicyDrops, PolicyMaps, PolicyRuleIds, PolicyStats,
@@ -277,6 +279,44 @@ impl Datapath {
         Ok(self.mechanism != AttachMechanism::Netlink)
     }
 
+    /// Attaches the TCP MSS clamping programs (ingress and egress) to
+    /// `interface`, a pod's primary interface, in the calling thread's
+    /// network namespace, replacing earlier flatnet clamping attachments.
+    /// They read the interface's MTU at each packet, so an MTU change needs
+    /// nothing here. The attachments outlive the process; see
+    /// [`detach_mss_clamp`].
+    pub fn attach_mss_clamp(&mut self, interface: &str) -> Result<(), DatapathError> {
+        tc::attach_or_replace(
+            &mut self.ebpf,
+            &self.pin_root,
+            self.mechanism,
+            interface,
+            &mss_clamp::SLOTS,
+        )
+    }
+
+    /// Runs the MSS clamping program of `direction` once on `frame` with
+    /// `BPF_PROG_TEST_RUN`, as if on the interface `ifindex` of the calling
+    /// thread's network namespace (whose MTU it clamps to).
+    pub fn test_run_mss_clamp(
+        &mut self,
+        direction: flatnet_common::policy::Direction,
+        frame: &[u8],
+        ifindex: u32,
+    ) -> Result<TestRunOutput, DatapathError> {
+        let slot = match direction {
+            flatnet_common::policy::Direction::Ingress => mss_clamp::SLOTS[0],
+            flatnet_common::policy::Direction::Egress => mss_clamp::SLOTS[1],
+        };
+        let program = tc::loaded_classifier(&mut self.ebpf, slot.program)?;
+        let fd = program.fd().map_err(|source| DatapathError::Program {
+            program: slot.program,
+            interface: "(test run)".into(),
+            source,
+        })?;
+        test_run::run(fd.as_fd(), frame, 1, ifindex).map_err(DatapathError::TestRun)
+    }
+
     /// Removes the pins of TCX links whose interface is gone (a deleted
     /// pod's interface takes its programs with it, but their pins stay).
     /// Returns the pins removed.
@@ -324,7 +364,7 @@ impl Datapath {
             interface: "(test run)".into(),
             source,
         })?;
-        test_run::run(fd.as_fd(), frame, repeat).map_err(DatapathError::TestRun)
+        test_run::run(fd.as_fd(), frame, repeat, 0).map_err(DatapathError::TestRun)
     }
 
     /// The ARP/NDP responder tables.
@@ -358,7 +398,7 @@ impl Datapath {
             interface: "(test run)".into(),
             source,
         })?;
-        test_run::run(fd.as_fd(), frame, repeat).map_err(DatapathError::TestRun)
+        test_run::run(fd.as_fd(), frame, repeat, 0).map_err(DatapathError::TestRun)
     }
 
     /// The addresses whose foreign claims are reported.

@@ -79,11 +79,8 @@ pub(super) fn attach(
 /// network namespace; TCX links pinned under `pin_root`). Returns whether
 /// anything was attached.
 pub fn detach_policy(pin_root: &Path, interface: &str) -> Result<bool, DatapathError> {
-    let mut any = false;
-    for direction in [Direction::Ingress, Direction::Egress] {
-        any |= tc::detach(pin_root, interface, slot(direction))?;
-    }
-    Ok(any)
+    let slots = [Direction::Ingress, Direction::Egress].map(slot);
+    tc::detach_all(pin_root, interface, &slots)
 }
 
 /// Stable counter ids of policy rules across updates. Keep one per agent;

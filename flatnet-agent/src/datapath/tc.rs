@@ -144,6 +144,20 @@ pub(super) fn detach(pin_root: &Path, interface: &str, slot: Slot) -> Result<boo
     Ok(filter || link)
 }
 
+/// Removes the programs of `slots` from `interface`, whichever way each
+/// was attached. Returns whether any was attached.
+pub(super) fn detach_all(
+    pin_root: &Path,
+    interface: &str,
+    slots: &[Slot],
+) -> Result<bool, DatapathError> {
+    let mut any = false;
+    for &slot in slots {
+        any |= detach(pin_root, interface, slot)?;
+    }
+    Ok(any)
+}
+
 /// Turns an aya error about `program` on `interface` into ours.
 pub(super) fn program_error<'i>(
     program: &'static str,

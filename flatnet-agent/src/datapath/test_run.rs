@@ -47,9 +47,29 @@ pub struct TestRunOutput {
     pub duration_ns: u32,
 }
 
-/// Runs the program `repeat` times (at least once) on `frame`.
-pub(super) fn run(program: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> io::Result<TestRunOutput> {
+/// The start of `struct __sk_buff` through `ifindex`, the one field the
+/// test runs set (the kernel requires the fields before it to be zero).
+#[repr(C)]
+#[derive(Default)]
+struct SkbContext {
+    fields_before_ifindex: [u32; 10],
+    ifindex: u32,
+}
+
+/// Runs the program `repeat` times (at least once) on `frame`, as if it
+/// arrived on (or left through) the interface `ifindex` of the calling
+/// thread's network namespace; 0: the loopback interface.
+pub(super) fn run(
+    program: BorrowedFd<'_>,
+    frame: &[u8],
+    repeat: u32,
+    ifindex: u32,
+) -> io::Result<TestRunOutput> {
     let mut out = vec![0u8; frame.len() + OUTPUT_SLACK];
+    let context = SkbContext {
+        ifindex,
+        ..SkbContext::default()
+    };
     let mut attr = TestRunAttr {
         prog_fd: program.as_raw_fd().cast_unsigned(),
         data_size_in: frame.len() as u32,
@@ -57,10 +77,20 @@ pub(super) fn run(program: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> io::Res
         data_in: frame.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
         repeat: repeat.max(1),
+        ctx_size_in: if ifindex == 0 {
+            0
+        } else {
+            std::mem::size_of::<SkbContext>() as u32
+        },
+        ctx_in: if ifindex == 0 {
+            0
+        } else {
+            (&raw const context) as u64
+        },
         ..TestRunAttr::default()
     };
-    // SAFETY: `attr` points at valid input and output buffers of the sizes
-    // given, and outlives the call.
+    // SAFETY: `attr` points at valid input and output buffers (and
+    // context) of the sizes given, and they outlive the call.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,

@@ -828,6 +828,7 @@ impl DesiredState for Kubernetes {
                     uid: Some(p.uid.clone()),
                 },
                 mtu: p.mtu,
+                tcp_mss_clamp: p.tcp_mss_clamp,
             })
             .collect();
         wanted.sort_by(|a, b| a.name.cmp(&b.name));
@@ -883,6 +884,7 @@ impl DesiredState for Kubernetes {
             .map(|(want, failure)| PrimaryMtuResult {
                 uid: want.name.clone(),
                 mtu: want.mtu,
+                tcp_mss_clamp: want.tcp_mss_clamp,
                 failure: failure.clone().unwrap_or_default(),
             })
             .collect();

@@ -144,6 +144,9 @@ pub struct PrimaryMtu {
     pub pod: PodRef,
     /// The MTU.
     pub mtu: u32,
+    /// Whether the TCP MSS clamping programs go onto the primary interface
+    /// (see `datapath::Datapath::attach_mss_clamp`).
+    pub tcp_mss_clamp: bool,
 }
 
 /// The interface [`PrimaryMtu`] is about: the pod's primary interface.

@@ -101,6 +101,14 @@ pub struct HotplugEntry {
 pub struct PrimarySection {
     /// MTU of `eth0` and of its node-side peer (a veth's).
     pub mtu: u32,
+    /// Clamp the MSS of TCP SYNs through `eth0`, both ways, to what `mtu`
+    /// leaves for payload (as `PodNetworkConfig`'s `primary.tcpMssClamp`).
+    #[serde(
+        default,
+        rename = "tcpMssClamp",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub tcp_mss_clamp: bool,
 }
 
 /// One hot-plugged interface.
@@ -498,13 +506,14 @@ fn check_hotplug(
                 continue;
             }
         };
-        if let Some(PrimarySection { mtu }) = entry.primary {
+        if let Some(PrimarySection { mtu, tcp_mss_clamp }) = entry.primary {
             if (MIN_MTU_IPV4..=MAX_MTU).contains(&mtu) {
                 primary_mtus.push(PrimaryMtu {
                     name: name.clone(),
                     netns: Some(entry.netns.clone()),
                     pod: pod.clone(),
                     mtu,
+                    tcp_mss_clamp,
                 });
             } else {
                 problems.push(format!(
@@ -1551,8 +1560,10 @@ networks:
             file.hotplug = serde_yaml::from_str(hotplug).unwrap();
             file.validate()
         };
-        let valid = with("[{name: web, netns: /run/netns/w, pod: shop/web, primary: {mtu: 1400}}]")
-            .unwrap();
+        let valid = with(
+            "[{name: web, netns: /run/netns/w, pod: shop/web, primary: {mtu: 1400, tcpMssClamp: true}}]",
+        )
+        .unwrap();
         assert!(valid.hotplug.is_empty(), "no attachments asked");
         assert_eq!(
             valid.primary_mtus,
@@ -1565,6 +1576,7 @@ networks:
                     uid: None,
                 },
                 mtu: 1400,
+                tcp_mss_clamp: true,
             }]
         );
         let problems = with(

@@ -14,6 +14,11 @@
 //! as it is (a VLAN of the right master and ID, a bridge) and never
 //! removed; a port flatnet put into a bridge it did not make is taken out
 //! again, nothing more.
+//!
+//! Whoever made a VLAN, the node configuration holds a lease on it while
+//! it asks for it (`link::vlan`), as pods on it do: a VLAN is removed only
+//! when no lease holds it, so the last pod leaving never takes away a VLAN
+//! still asked for.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     Attachments, LinkError,
     netlink::{Link, Netlink},
-    vlan::VlanLock,
+    vlan::{self, VlanLock},
 };
 
 /// The ledger of what flatnet made, in the lease directory.
@@ -186,6 +191,7 @@ pub(super) async fn apply(config: &Attachments, node: &str, wanted: &NodeLinks) 
     };
     pass.release_ports(wanted).await;
     pass.remove_unwanted(wanted).await;
+    pass.release_vlan_leases(wanted).await;
     for (master, id) in &wanted.vlans {
         let name = NodeLinks::vlan_name(master, *id);
         let result = pass.ensure_vlan(&name, master, *id).await;
@@ -257,6 +263,40 @@ impl Pass<'_> {
         Ok(())
     }
 
+    /// Gives up the node configuration's lease on VLANs it no longer asks
+    /// for and did not make (one a pod's attachment made, or the node's
+    /// own): one a pod's attachment made goes once no pod holds it either,
+    /// as when its last pod leaves ([`vlan::release_if_unused`]).
+    async fn release_vlan_leases(&mut self, wanted: &NodeLinks) {
+        let wanted_names: BTreeSet<String> = wanted
+            .vlans
+            .iter()
+            .map(|(master, id)| NodeLinks::vlan_name(master, *id))
+            .collect();
+        let leased = match vlan::node_leased(self.lease_dir) {
+            Ok(leased) => leased,
+            Err(why) => {
+                self.out.failed.push(why.to_string());
+                return;
+            }
+        };
+        for name in leased {
+            if wanted_names.contains(&name) || self.ledger.made.contains_key(&name) {
+                continue;
+            }
+            let released = async {
+                let lock = VlanLock::acquire(self.lease_dir, &name).await?;
+                lock.remove_node_lease()?;
+                vlan::release_if_unused(self.host, &lock, &name).await
+            };
+            match released.await {
+                Ok(true) => self.out.removed += 1,
+                Ok(false) => {}
+                Err(why) => self.out.failed.push(format!("releasing {name}: {why}")),
+            }
+        }
+    }
+
     /// Removes the interfaces flatnet made that nothing asks for: bridges
     /// first (a VLAN may be one's port), then VLANs.
     async fn remove_unwanted(&mut self, wanted: &NodeLinks) {
@@ -295,6 +335,9 @@ impl Pass<'_> {
             ),
             Made::Bridge { .. } => None,
         };
+        if let Some(lock) = &lock {
+            lock.remove_node_lease().map_err(|e| e.to_string())?;
+        }
         let Some(link) = self
             .host
             .link_by_name(name)
@@ -362,7 +405,7 @@ impl Pass<'_> {
     }
 
     async fn ensure_vlan(&mut self, name: &str, master: &str, id: u16) -> Result<(), String> {
-        let _lock = VlanLock::acquire(self.lease_dir, name)
+        let lock = VlanLock::acquire(self.lease_dir, name)
             .await
             .map_err(|e| e.to_string())?;
         let Some(master_link) = self.existing(master).await? else {
@@ -378,6 +421,9 @@ impl Pass<'_> {
                     self.node
                 ));
             }
+            // Held while asked for, whoever made it: the last pod on it
+            // leaving does not take it away.
+            lock.add_node_lease().map_err(|e| e.to_string())?;
             // Ours and not yet marked (killed midway): finish it.
             if let Some(made) = self.ledger.made.get(name).cloned()
                 && !made.marked()
@@ -387,6 +433,7 @@ impl Pass<'_> {
             }
             return Ok(());
         }
+        lock.add_node_lease().map_err(|e| e.to_string())?;
         self.intend(
             name,
             Made::Vlan {

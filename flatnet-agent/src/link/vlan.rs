@@ -2,12 +2,15 @@
 //!
 //! flatnet creates a VLAN interface when a pod needs it and none exists,
 //! and marks it with an interface alias ([`VLAN_ALIAS`]). It removes only
-//! interfaces carrying that mark, and only when no pod uses them any more.
-//! The pod children live in other namespaces, where the node cannot see
-//! them, so each attachment records a lease file
+//! interfaces carrying that mark, and only when no lease holds them any
+//! more. The pod children live in other namespaces, where the node cannot
+//! see them, so each attachment records a lease file
 //! `<lease dir>/<vlan>/<ifname>@<hash of the netns path>` holding the
 //! namespace path. A lease whose namespace file is gone is stale and
-//! ignored. The lease directory lives on tmpfs (`/run`), like the VLAN
+//! ignored. The node configuration (`vlans` of a PodNetworkConfig or the
+//! state file) holds a lease of its own, [`NODE_CONFIG_LEASE`], while it
+//! asks for the VLAN: one rule for every holder, so the last pod leaving
+//! never removes a VLAN the node configuration still asks for. The lease directory lives on tmpfs (`/run`), like the VLAN
 //! interfaces themselves, so both disappear together on reboot. Every
 //! change happens under an exclusive `flock` on `<lease dir>/<vlan>.lock`,
 //! which serialises concurrent attach and detach of pods sharing a VLAN,
@@ -31,6 +34,10 @@ use super::{
 
 /// The interface alias marking VLAN interfaces flatnet created.
 pub const VLAN_ALIAS: &str = "flatnet:vlan";
+
+/// The lease the node configuration holds on a VLAN it asks for (pod
+/// leases always contain `@`, so the names never meet).
+pub const NODE_CONFIG_LEASE: &str = "node-config";
 
 /// Where lease files live unless configured otherwise.
 pub const DEFAULT_LEASE_DIR: &str = "/run/flatnet/vlan-leases";
@@ -85,8 +92,26 @@ impl VlanLock {
         }
     }
 
-    /// How many leases belong to pods whose namespace still exists; stale
-    /// leases are removed on the way.
+    /// Records that the node configuration asks for this VLAN.
+    pub(crate) fn add_node_lease(&self) -> Result<(), LinkError> {
+        let path = self.leases.join(NODE_CONFIG_LEASE);
+        fs::write(&path, b"").map_err(|source| io_error("write VLAN lease", &path, source))
+    }
+
+    /// Forgets the node configuration's lease; a missing one is fine.
+    pub(crate) fn remove_node_lease(&self) -> Result<(), LinkError> {
+        let path = self.leases.join(NODE_CONFIG_LEASE);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(io_error("remove VLAN lease", &path, e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How many leases hold the VLAN: the node configuration's, and those
+    /// of pods whose namespace still exists; stale pod leases are removed
+    /// on the way.
     pub(crate) fn live_leases(&self) -> Result<usize, LinkError> {
         let entries =
             fs::read_dir(&self.leases).map_err(|source| io_error("read", &self.leases, source))?;
@@ -95,6 +120,10 @@ impl VlanLock {
             let path = entry
                 .map_err(|source| io_error("read", &self.leases, source))?
                 .path();
+            if path.file_name() == Some(NODE_CONFIG_LEASE.as_ref()) {
+                live += 1;
+                continue;
+            }
             let netns = fs::read(&path).map_err(|source| io_error("read", &path, source))?;
             let netns = PathBuf::from(OsString::from_vec(netns));
             if crate::netns::is_netns(&netns) {
@@ -162,9 +191,31 @@ async fn set_up(host: &Netlink, link: &Link, alias: Option<&str>) -> Result<(), 
         .await
 }
 
-/// Removes the VLAN interface `name` when flatnet created it and nothing
-/// uses it: no live lease and no child in the node's namespace. Returns
-/// whether it was removed.
+/// The VLANs under `dir` the node configuration holds a lease on.
+pub(crate) fn node_leased(dir: &Path) -> Result<Vec<String>, LinkError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(io_error("read", dir, source)),
+    };
+    let mut leased = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|source| io_error("read", dir, source))?
+            .path();
+        if path.join(NODE_CONFIG_LEASE).exists()
+            && let Some(name) = path.file_name().and_then(|n| n.to_str())
+        {
+            leased.push(name.to_owned());
+        }
+    }
+    Ok(leased)
+}
+
+/// Removes the VLAN interface `name` when a pod's attachment created it
+/// ([`VLAN_ALIAS`]) and nothing uses it: no live lease (a pod's or the node
+/// configuration's) and no child in the node's namespace. Returns whether
+/// it was removed.
 pub(crate) async fn release_if_unused(
     host: &Netlink,
     lock: &VlanLock,
@@ -240,6 +291,14 @@ mod tests {
         lock.remove_lease(&live_ns, "eth1").unwrap();
         lock.remove_lease(&live_ns, "eth1").unwrap();
         assert_eq!(lock.live_leases().unwrap(), 0);
+        // The node configuration's lease holds the VLAN like a pod's.
+        lock.add_node_lease().unwrap();
+        assert_eq!(lock.live_leases().unwrap(), 1);
+        assert_eq!(node_leased(&dir).unwrap(), ["eth0.7"]);
+        lock.remove_node_lease().unwrap();
+        lock.remove_node_lease().unwrap();
+        assert_eq!(lock.live_leases().unwrap(), 0);
+        assert!(node_leased(&dir).unwrap().is_empty());
         drop(lock);
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -151,6 +151,10 @@ fn pod_network_config_is_namespaced_with_printer_columns_and_bounds() {
         schema_at(&crd, &["spec", "primary", "mtu"])["minimum"],
         68.0
     );
+    assert_eq!(
+        schema_at(&crd, &["spec", "primary", "tcpMssClamp"])["type"],
+        "boolean"
+    );
     let attachments = schema_at(&crd, &["spec", "attachments"]);
     assert_eq!(
         attachments["items"]["required"],

@@ -240,12 +240,21 @@ pub struct PlannedPrimary {
     pub state: InterfaceState,
 }
 
-/// Where a pod's primary MTU is, from its node's report (`None`: none yet).
-fn primary_state(node: &str, mtu: u32, report: Option<&PrimaryMtuResult>) -> InterfaceState {
+/// Where a pod's primary MTU (and MSS clamping) is, from its node's report
+/// (`None`: none yet); a report about another request is not yet about
+/// this one.
+fn primary_state(
+    node: &str,
+    request: &PodPrimaryMtu,
+    report: Option<&PrimaryMtuResult>,
+) -> InterfaceState {
     match report {
-        Some(r) if r.mtu == mtu && r.failure.is_empty() => InterfaceState::Applied(None),
-        Some(r) if r.mtu == mtu => InterfaceState::Failed(format!("node {node}: {}", r.failure)),
-        _ => InterfaceState::Waiting,
+        Some(r) if r.mtu != request.mtu || r.tcp_mss_clamp != request.tcp_mss_clamp => {
+            InterfaceState::Waiting
+        }
+        Some(r) if r.failure.is_empty() => InterfaceState::Applied(None),
+        Some(r) => InterfaceState::Failed(format!("node {node}: {}", r.failure)),
+        None => InterfaceState::Waiting,
     }
 }
 
@@ -448,17 +457,19 @@ pub fn plan_namespace(input: &NamespaceInput<'_>) -> NamespacePlan {
             pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             pod.uid(),
         ) {
-            let state = primary_state(&node, mtu, input.primary_reports.get(&uid));
+            let request = PodPrimaryMtu {
+                namespace: input.namespace.to_owned(),
+                name: view.name.clone(),
+                uid,
+                mtu,
+                tcp_mss_clamp: desired.tcp_mss_clamp,
+            };
+            let state = primary_state(&node, &request, input.primary_reports.get(&request.uid));
             plan.primary.insert(
                 view.name.clone(),
                 PlannedPrimary {
                     node,
-                    request: PodPrimaryMtu {
-                        namespace: input.namespace.to_owned(),
-                        name: view.name.clone(),
-                        uid,
-                        mtu,
-                    },
+                    request,
                     state,
                 },
             );
@@ -868,7 +879,7 @@ struct Controller {
     /// (namespace, pod, interface) → the last state an Event reported.
     shown: HashMap<(String, String, String), PlannedInterface>,
     /// (namespace, pod) → the last primary MTU and state an Event reported.
-    shown_primary: HashMap<(String, String), (u32, InterfaceState)>,
+    shown_primary: HashMap<(String, String), (PodPrimaryMtu, InterfaceState)>,
     /// (namespace, pod) → the node and the state of its VLANs and bridges
     /// an Event last reported.
     shown_links: HashMap<(String, String), (String, InterfaceState)>,
@@ -1089,7 +1100,7 @@ impl Controller {
         for (pod_name, planned) in &plan.primary {
             let key = (namespace.to_owned(), pod_name.clone());
             seen.insert(key.clone());
-            let now = (planned.request.mtu, planned.state.clone());
+            let now = (planned.request.clone(), planned.state.clone());
             if self.shown_primary.get(&key) == Some(&now) {
                 continue;
             }
@@ -1097,6 +1108,11 @@ impl Controller {
                 continue;
             };
             let mtu = planned.request.mtu;
+            let clamp = if planned.request.tcp_mss_clamp {
+                ", TCP MSS clamped"
+            } else {
+                ""
+            };
             let node = &planned.node;
             self.announce_state(
                 pod,
@@ -1104,10 +1120,10 @@ impl Controller {
                 "SetPrimaryMtu",
                 (
                     reason::PRIMARY_MTU_SET,
-                    format!("eth0 (and its node-side peer) set to MTU {mtu} on node {node}"),
+                    format!("eth0 (and its node-side peer) set to MTU {mtu}{clamp} on node {node}"),
                 ),
                 (reason::PRIMARY_MTU_FAILED, |why: &str| {
-                    format!("eth0 cannot be set to MTU {mtu}: {why}")
+                    format!("eth0 cannot be set to MTU {mtu}{clamp}: {why}")
                 }),
             )
             .await;
@@ -1436,7 +1452,10 @@ mod tests {
     fn unusable_requests_fail_the_pod_with_the_reason() {
         let web = running_pod("web-0", json!({"app": "web"}));
         let mut mtu = config("a-mtu", "net3");
-        mtu.spec.primary = Some(PrimarySettings { mtu: Some(1400) });
+        mtu.spec.primary = Some(PrimarySettings {
+            mtu: Some(1400),
+            ..PrimarySettings::default()
+        });
         let plan = plan(&[web], &[config("bad", "Net_2"), mtu], &[]);
         let status = |name: &str| &plan.statuses.iter().find(|(n, _)| n == name).unwrap().1;
         assert!(
@@ -1460,7 +1479,10 @@ mod tests {
     fn mtu_config(name: &str, mtu: u32) -> PodNetworkConfig {
         let mut config = config(name, "net2");
         config.spec.attachments.clear();
-        config.spec.primary = Some(PrimarySettings { mtu: Some(mtu) });
+        config.spec.primary = Some(PrimarySettings {
+            mtu: Some(mtu),
+            ..PrimarySettings::default()
+        });
         config
     }
 
@@ -1469,6 +1491,7 @@ mod tests {
             uid: "uid-web-0".into(),
             mtu,
             failure: failure.into(),
+            ..PrimaryMtuResult::default()
         }
     }
 
@@ -1504,6 +1527,7 @@ mod tests {
                 name: "web-0".into(),
                 uid: "uid-web-0".into(),
                 mtu: 1400,
+                tcp_mss_clamp: false,
             }
         );
         assert_eq!(primary.node, "node-1");
@@ -1534,6 +1558,25 @@ mod tests {
                 "spec.primary.mtu: node node-1: interface eth0 not found in /proc/1/ns/net"
             );
         }
+        // MSS clamping asked too: a report of the MTU alone is no answer,
+        // one of both is.
+        let mut clamping = mtu_config("c", 1400);
+        if let Some(primary) = clamping.spec.primary.as_mut() {
+            primary.tcp_mss_clamp = true;
+        }
+        let configs = [mtu_config("a", 1450), clamping];
+        let stale = plan_with_reports(&configs, &[report(1400, "")]);
+        assert!(stale.primary["web-0"].request.tcp_mss_clamp);
+        assert_eq!(stale.primary["web-0"].state, InterfaceState::Waiting);
+        let both = PrimaryMtuResult {
+            tcp_mss_clamp: true,
+            ..report(1400, "")
+        };
+        let applied = plan_with_reports(&configs, &[both]);
+        assert_eq!(
+            applied.primary["web-0"].state,
+            InterfaceState::Applied(None)
+        );
         // A configuration asking no MTU is not held up by it.
         let other = plan_with_reports(&[config("net", "net2"), mtu_config("b", 1400)], &[]);
         let net = &other.statuses.iter().find(|(n, _)| n == "net").unwrap().1;
@@ -1547,6 +1590,7 @@ mod tests {
             name: uid.into(),
             uid: uid.into(),
             mtu,
+            tcp_mss_clamp: false,
         };
         let existing = |node: &str, pods: Vec<PodPrimaryMtu>| {
             Arc::new(FlatNetworkNodeConfig::new(

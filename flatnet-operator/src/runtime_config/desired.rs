@@ -47,6 +47,9 @@ pub struct PodDesired {
     pub matched: BTreeSet<String>,
     /// MTU of the primary interface, when one is asked for.
     pub primary_mtu: Option<u32>,
+    /// Whether a configuration asking for a primary MTU also asks for TCP
+    /// MSS clamping on the primary interface.
+    pub tcp_mss_clamp: bool,
     /// Extra interfaces by interface name.
     pub attachments: BTreeMap<String, WantedAttachment>,
     /// VLANs the pod's node must have.
@@ -90,8 +93,11 @@ pub fn desired_for_pod(
             }
         }
         desired.matched.insert(name.clone());
-        if let Some(mtu) = config.spec.primary.as_ref().and_then(|p| p.mtu) {
+        if let Some(primary) = &config.spec.primary
+            && let Some(mtu) = primary.mtu
+        {
             desired.primary_mtu = Some(desired.primary_mtu.map_or(mtu, |m| m.min(mtu)));
+            desired.tcp_mss_clamp |= primary.tcp_mss_clamp;
         }
         for attachment in &config.spec.attachments {
             if let Some(problem) =
@@ -228,7 +234,10 @@ mod tests {
                 "a",
                 PodNetworkConfigSpec {
                     pod_selector: selector(&[("app", "web")]),
-                    primary: Some(PrimarySettings { mtu: Some(1450) }),
+                    primary: Some(PrimarySettings {
+                        mtu: Some(1450),
+                        tcp_mss_clamp: true,
+                    }),
                     attachments: vec![attach("lan", "net1"), attach("secure", "net2")],
                     vlans: vec![NodeVlan {
                         master: "eth1".into(),
@@ -240,7 +249,10 @@ mod tests {
             config(
                 "b",
                 PodNetworkConfigSpec {
-                    primary: Some(PrimarySettings { mtu: Some(1400) }),
+                    primary: Some(PrimarySettings {
+                        mtu: Some(1400),
+                        ..PrimarySettings::default()
+                    }),
                     attachments: vec![attach("lan", "net1"), attach("missing", "net3")],
                     bridges: vec![NodeBridge {
                         name: "br0".into(),
@@ -261,6 +273,7 @@ mod tests {
         let desired = desired_for_pod(&web(), &labels(&[]), &configs, &subnets());
         assert_eq!(desired.matched, BTreeSet::from(["a".into(), "b".into()]));
         assert_eq!(desired.primary_mtu, Some(1400), "the smallest");
+        assert!(desired.tcp_mss_clamp, "asked for by one of them");
         assert_eq!(desired.attachments.keys().collect::<Vec<_>>(), ["net1"]);
         assert_eq!(desired.attachments["net1"].config, "a", "the first by name");
         assert_eq!(desired.vlans, BTreeSet::from([("eth1".into(), 100)]));
@@ -307,7 +320,10 @@ mod tests {
                     &name,
                     PodNetworkConfigSpec {
                         pod_selector: app.map(|a| selector(&[("app", a)])).unwrap_or_default(),
-                        primary: Some(PrimarySettings { mtu }),
+                        primary: Some(PrimarySettings {
+                            mtu,
+                            ..PrimarySettings::default()
+                        }),
                         attachments: attachments.iter().map(|(s, i)| attach(s, i)).collect(),
                         ..PodNetworkConfigSpec::default()
                     },

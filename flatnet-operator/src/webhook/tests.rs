@@ -1101,6 +1101,14 @@ async fn pod_network_configs_name_their_bad_fields_and_may_use_only_admitted_sub
                 ],
             ),
         ),
+        create(
+            "pnc-clamp-without-mtu",
+            pod_network_config(NS, json!({"primary": {"tcpMssClamp": true}})),
+            deny(
+                "invalid_pod_network_config",
+                &["spec.primary.tcpMssClamp needs spec.primary.mtu"],
+            ),
+        ),
     ];
     for case in &cases {
         run(case).await;

@@ -87,6 +87,9 @@ pub struct PodPrimaryMtu {
     #[serde(default)]
     #[schemars(range(min = 68, max = 65535))]
     pub mtu: u32,
+    /// Clamp the MSS of TCP SYNs through `eth0` to what `mtu` leaves.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tcp_mss_clamp: bool,
 }
 
 /// What the node's agent did, written by it.
@@ -145,6 +148,9 @@ pub struct PrimaryMtuResult {
     /// The MTU this result is about.
     #[serde(default)]
     pub mtu: u32,
+    /// Whether the MSS clamping this result is about was asked for.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tcp_mss_clamp: bool,
     /// Why it could not be set; empty: it is set.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub failure: String,

@@ -89,6 +89,11 @@ pub struct PrimarySettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 68, max = 65535))]
     pub mtu: Option<u32>,
+    /// Clamp the MSS option of TCP SYNs through `eth0`, both ways, to
+    /// what `mtu` leaves for payload (MTU - 40 over IPv4, - 60 over IPv6);
+    /// needs `mtu`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tcp_mss_clamp: bool,
 }
 
 /// One extra flat interface, like a pod annotation's request.
@@ -172,6 +177,14 @@ impl PodNetworkConfigSpec {
             problems.push(format!(
                 "spec.primary.mtu {mtu} is out of range: use {MIN_MTU_IPV4}..{MAX_MTU}"
             ));
+        }
+        if let Some(primary) = &self.primary
+            && primary.tcp_mss_clamp
+            && primary.mtu.is_none()
+        {
+            problems.push(
+                "spec.primary.tcpMssClamp needs spec.primary.mtu: the MSS is clamped to what that MTU leaves".to_owned(),
+            );
         }
         let mut interfaces = BTreeSet::new();
         for (index, attachment) in self.attachments.iter().enumerate() {

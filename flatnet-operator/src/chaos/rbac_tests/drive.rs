@@ -718,7 +718,7 @@ async fn pod_network_configs() -> BTreeSet<Access> {
                 pods: vec![flatnet_k8s::api::PrimaryMtuResult {
                     uid: "uid-web-0".into(),
                     mtu: 1400,
-                    failure: String::new(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             });
