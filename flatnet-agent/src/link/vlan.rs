@@ -10,11 +10,12 @@
 //! ignored. The node configuration (`vlans` of a PodNetworkConfig or the
 //! state file) holds a lease of its own, [`NODE_CONFIG_LEASE`], while it
 //! asks for the VLAN: one rule for every holder, so the last pod leaving
-//! never removes a VLAN the node configuration still asks for. The lease directory lives on tmpfs (`/run`), like the VLAN
-//! interfaces themselves, so both disappear together on reboot. Every
-//! change happens under an exclusive `flock` on `<lease dir>/<vlan>.lock`,
-//! which serialises concurrent attach and detach of pods sharing a VLAN,
-//! across processes too.
+//! never removes a VLAN the node configuration still asks for. The lease
+//! directory lives on tmpfs (`/run`), like the VLAN interfaces themselves,
+//! so both disappear together on reboot. Every change happens under an
+//! exclusive `flock` on `<lease dir>/<vlan>.lock`, which serialises
+//! concurrent attach and detach of pods sharing a VLAN, across processes
+//! too.
 
 use std::{
     ffi::OsString,
@@ -76,37 +77,25 @@ impl VlanLock {
 
     /// Records that the pod interface `ifname` in `netns` uses this VLAN.
     pub(crate) fn add_lease(&self, netns: &Path, ifname: &str) -> Result<(), LinkError> {
-        let path = self.lease_path(netns, ifname);
-        fs::write(&path, netns.as_os_str().as_bytes())
-            .map_err(|source| io_error("write VLAN lease", &path, source))
+        write_lease(
+            &self.lease_path(netns, ifname),
+            netns.as_os_str().as_bytes(),
+        )
     }
 
     /// Forgets the lease of `ifname` in `netns`; a missing lease is fine.
     pub(crate) fn remove_lease(&self, netns: &Path, ifname: &str) -> Result<(), LinkError> {
-        let path = self.lease_path(netns, ifname);
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                Err(io_error("remove VLAN lease", &path, e))
-            }
-            _ => Ok(()),
-        }
+        remove_lease_file(&self.lease_path(netns, ifname))
     }
 
     /// Records that the node configuration asks for this VLAN.
     pub(crate) fn add_node_lease(&self) -> Result<(), LinkError> {
-        let path = self.leases.join(NODE_CONFIG_LEASE);
-        fs::write(&path, b"").map_err(|source| io_error("write VLAN lease", &path, source))
+        write_lease(&self.leases.join(NODE_CONFIG_LEASE), b"")
     }
 
     /// Forgets the node configuration's lease; a missing one is fine.
     pub(crate) fn remove_node_lease(&self) -> Result<(), LinkError> {
-        let path = self.leases.join(NODE_CONFIG_LEASE);
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                Err(io_error("remove VLAN lease", &path, e))
-            }
-            _ => Ok(()),
-        }
+        remove_lease_file(&self.leases.join(NODE_CONFIG_LEASE))
     }
 
     /// How many leases hold the VLAN: the node configuration's, and those
@@ -189,6 +178,21 @@ async fn set_up(host: &Netlink, link: &Link, alias: Option<&str>) -> Result<(), 
     }
     host.set_link("set up VLAN interface", &link.name, message.build())
         .await
+}
+
+/// Writes the lease file at `path` holding `content`.
+fn write_lease(path: &Path, content: &[u8]) -> Result<(), LinkError> {
+    fs::write(path, content).map_err(|source| io_error("write VLAN lease", path, source))
+}
+
+/// Removes the lease file at `path`; a missing one is fine.
+fn remove_lease_file(path: &Path) -> Result<(), LinkError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(io_error("remove VLAN lease", path, e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The VLANs under `dir` the node configuration holds a lease on.
