@@ -71,6 +71,14 @@ fn write_ledger(path: &Path, ledger: &Ledger) -> Result<(), String> {
     crate::atomic_file::write_json(path, ledger)
 }
 
+/// Records on disk whether the clamping programs may be on `name`'s eth0.
+fn record_mss_clamp(path: &Path, ledger: &mut Ledger, name: &str, on: bool) -> Result<(), String> {
+    if let Some(remembered) = ledger.get_mut(name) {
+        remembered.mss_clamp = on;
+    }
+    write_ledger(path, ledger)
+}
+
 impl<S: DesiredState> AgentService<S> {
     /// Follows the wanted primary MTUs for the agent's lifetime
     /// ([`follow`](super::follow::follow)).
@@ -216,10 +224,7 @@ impl<S: DesiredState> AgentService<S> {
         if want.tcp_mss_clamp && !clamped {
             // Recorded first: an agent killed while attaching still knows
             // to take the programs off later.
-            if let Some(remembered) = ledger.get_mut(name) {
-                remembered.mss_clamp = true;
-            }
-            write_ledger(path, ledger)?;
+            record_mss_clamp(path, ledger, name, true)?;
         }
         let changed = attachments
             .set_primary_mtu(
@@ -242,10 +247,8 @@ impl<S: DesiredState> AgentService<S> {
             self.inner
                 .set_mss_clamp(netns, PRIMARY_IFNAME, false)
                 .await?;
-            if let Some(remembered) = ledger.get_mut(name) {
-                remembered.mss_clamp = false;
-            }
-            write_ledger(path, ledger)?;
+            // Recorded last, for the same reason.
+            record_mss_clamp(path, ledger, name, false)?;
             tracing::info!(pod = %want.pod, "TCP MSS clamping removed from eth0");
         }
         Ok(changed)
