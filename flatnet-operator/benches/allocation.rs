@@ -32,7 +32,7 @@ use flatnet_operator::{
         fake_api::FakeApiServer,
         ips,
         mac_pool::{ActivePool, MacPoolView},
-        pods,
+        pods::{self, Marks},
         subnets::OrphanClock,
         wire_exclusion::WireView,
     },
@@ -84,7 +84,8 @@ fn context(server: &FakeApiServer, pool: Option<ActivePool>) -> Arc<Context> {
         orphans: OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
-        departed: Default::default(),
+        departed: Arc::new(Marks::departed()),
+        created: Marks::created(),
         wire: WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
         mac_pool: MacPoolView::new(pool),
     })

@@ -441,6 +441,13 @@ async fn run(pods: usize, settings: Settings) -> Option<Figures> {
 }
 
 fn main() {
+    // `RUST_LOG=flatnet_operator=debug` shows the operator's log (stderr).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -14,7 +14,6 @@ use kube::{
     Api, Client, CustomResource, Resource, ResourceExt,
     api::{ObjectMeta, Patch, PatchParams},
     runtime::{
-        Controller,
         controller::{self, Action},
         reflector::ObjectRef,
         watcher,
@@ -27,7 +26,10 @@ use tracing::{debug, info, instrument, warn};
 
 use flatnet_k8s::keys;
 
-use crate::{cidr::Cidr, config::CniSettings, flat_services::FIELD_MANAGER, metrics::Metrics};
+use crate::{
+    cache::cached_controller, cidr::Cidr, config::CniSettings, flat_services::FIELD_MANAGER,
+    metrics::Metrics,
+};
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "nad";
@@ -235,9 +237,10 @@ pub async fn run(ctx: Arc<Context>, workers: u16, stop: CancellationToken) {
     let client = ctx.client.clone();
     let attachments = watcher::Config::default().fields(&format!("metadata.name={}", ctx.name));
     let config_changes = ctx.config.changes();
-    Controller::new(
+    cached_controller(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default(),
+        |_| {},
     )
     // A deleted or edited attachment maps back to its namespace.
     .watches(

@@ -34,7 +34,7 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ApiResource, DynamicObject, Patch, PatchParams},
     runtime::{
-        Controller, controller,
+        controller,
         controller::Action,
         reflector::{self, ObjectRef, Store},
         watcher,
@@ -44,7 +44,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{cache, metrics::Metrics};
+use crate::{
+    cache::{self, cached_controller},
+    metrics::Metrics,
+};
 
 /// Name of this controller in logs and metrics.
 pub const CONTROLLER: &str = "workloads";
@@ -385,9 +388,10 @@ pub async fn run(
         resync,
     });
     let wc = watcher::Config::default;
-    let controller = Controller::new(
+    let controller = cached_controller(
         Api::<FlatNetworkSubnet>::namespaced(client.clone(), SUBNET_NAMESPACE),
         wc(),
+        |_| {},
     )
     .watches(Api::<Deployment>::all(client.clone()), wc(), |w| {
         subnets_of(&w)

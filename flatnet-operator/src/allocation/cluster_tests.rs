@@ -134,7 +134,7 @@ fn delta(
 }
 
 /// Replacing pods costs what creating them costs plus the release: per
-/// replaced pod one record creation, no Event, and a bounded number of
+/// replaced pod one record creation (tried once), no Event, and a bounded number of
 /// writes, however the deletions and creations interleave (a count, not a
 /// timing).
 #[tokio::test]
@@ -166,10 +166,11 @@ async fn replacing_half_the_pods_repeats_no_creation_and_no_event() {
         (PODS / 2) as u64,
         "one record created per new pod, none again for a deleted one"
     );
-    assert!(
-        per_pod("create flatnetworkips ") <= 1.2,
-        "record creations tried per replaced pod (a lagging cache may try one twice): {}",
-        per_pod("create flatnetworkips ")
+    assert_eq!(
+        delta(&before, &after, "create flatnetworkips "),
+        (PODS / 2) as u64,
+        "no record creation tried twice (refused with 409) while the record \
+         cache lags behind the controller's own create"
     );
     assert_eq!(per_pod("create events "), 0.0, "no Event in a healthy run");
     let writes: f64 = ["create ", "update ", "patch ", "delete "]
@@ -273,6 +274,11 @@ async fn a_burst_outrunning_the_watch_history_is_addressed_in_full() {
     assert!(
         delta(&before, &after, "list flatnetworkips") > 0,
         "the burst outran the history (400 changes): the record watches relisted"
+    );
+    assert_eq!(
+        delta(&before, &after, "create flatnetworkips 409"),
+        0,
+        "no record creation tried again while the record cache lagged"
     );
     for i in 0..200 {
         cluster.delete_pod(&format!("pod-{i}"));

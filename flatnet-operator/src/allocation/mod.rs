@@ -68,7 +68,11 @@ use tracing::{debug, info, warn};
 pub use self::errors::Error;
 use self::events::Events;
 pub use crate::controller::Backoff;
-use crate::{admin::Health, cache, metrics::Metrics};
+use crate::{
+    admin::Health,
+    cache::{self, cached_controller},
+    metrics::Metrics,
+};
 
 /// Settings of the allocation controllers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,7 +169,9 @@ pub struct Context {
     /// The in-memory ledger of each subnet, for group commits.
     pub ledgers: group_commit::Ledgers,
     /// Pods whose record was seen going: no new record for them.
-    pub departed: Arc<pods::Departed>,
+    pub departed: Arc<pods::Marks>,
+    /// Records the pod controller created and may not see cached yet.
+    pub created: pods::Marks,
     /// The addresses live on the wire, per subnet.
     pub wire: wire_exclusion::WireView,
     /// The MAC pool, as the FlatNetworkConfig sets it now.
@@ -222,21 +228,30 @@ pub async fn run(
     health: Arc<Health>,
     stop: CancellationToken,
 ) {
-    let pods_ctl = slim::cached_controller(Api::<CachedPod>::all(client.clone()), slim::pod);
+    let pods_ctl = cached_controller(
+        Api::<CachedPod>::all(client.clone()),
+        watcher::Config::default(),
+        slim::pod,
+    );
     // Marked before the cache drops the record, so the pod controller
     // never finds a record gone without its pod marked departed.
-    let departed = Arc::new(pods::Departed::default());
-    let ips_ctl = slim::cached_controller(Api::<FlatNetworkIP>::all(client.clone()), {
-        let departed = Arc::clone(&departed);
-        move |record: &mut FlatNetworkIP| {
-            if record.metadata.deletion_timestamp.is_some() {
-                departed.saw(&record.spec.pod_id);
+    let departed = Arc::new(pods::Marks::departed());
+    let ips_ctl = cached_controller(
+        Api::<FlatNetworkIP>::all(client.clone()),
+        watcher::Config::default(),
+        {
+            let departed = Arc::clone(&departed);
+            move |record: &mut FlatNetworkIP| {
+                if record.metadata.deletion_timestamp.is_some() {
+                    departed.saw(&record.spec.pod_id);
+                }
+                slim::metadata(record);
             }
-            slim::metadata(record);
-        }
-    });
-    let subnets_ctl = slim::cached_controller(
+        },
+    );
+    let subnets_ctl = cached_controller(
         Api::<FlatNetworkSubnet>::all(client.clone()),
+        watcher::Config::default(),
         slim::metadata,
     );
     let (namespaces, namespaces_writer) = kube::runtime::reflector::store();
@@ -275,6 +290,7 @@ pub async fn run(
         nodes: node_clock,
         ledgers: group_commit::Ledgers::default(),
         departed,
+        created: pods::Marks::created(),
         wire,
         mac_pool,
     });

@@ -45,20 +45,36 @@ pub const CONTROLLER: &str = "pod";
 /// than the pod cache can lag behind the record cache.
 const DEPARTED_HOLD: Duration = Duration::from_secs(30);
 
-/// Pods (by uid) whose record was seen terminating.
+/// How long the pod controller trusts its own create of a record over a
+/// record cache that does not show it yet: longer than that cache lags
+/// behind a write on a loaded API server.
+const CREATED_HOLD: Duration = Duration::from_secs(10);
+
+/// How soon a pod whose record is not cached yet, though created, is
+/// looked at again (the record's watch event usually comes first).
+const CREATED_RECHECK: Duration = Duration::from_millis(500);
+
+/// Keys marked recently, each forgotten a fixed hold after its mark.
 ///
-/// The record of a deleted pod is deleted by the garbage collector; the
-/// pod and record caches are fed by separate watches, so the record's
-/// deletion can arrive while the pod cache still shows the pod. Without
-/// this, the pod controller would find no record for a pod it thinks is
-/// alive and create it again: a record, an address and a deletion for a
-/// pod that is gone, repeated under deletion churn.
-#[derive(Default)]
-pub struct Departed {
+/// Two uses, both about a cache that lags behind what the pod controller
+/// knows (the pod and record caches are fed by separate watches):
+/// - [`Marks::departed`], pods (by uid) whose record was seen terminating.
+///   The record of a deleted pod is deleted by the garbage collector, and
+///   its deletion can arrive while the pod cache still shows the pod.
+///   Without the mark, the pod controller would find no record for a pod
+///   it thinks is alive and create it again: a record, an address and a
+///   deletion for a pod that is gone, repeated under deletion churn.
+/// - [`Marks::created`], records the controller has just created. The
+///   record's watch event wakes the pod controller, often before the
+///   record cache it reads has the record; without the mark, it would
+///   create the record again, to be refused with 409 (a wasted write, and
+///   a withdrawn announcement to the ledger).
+pub struct Marks {
+    hold: Duration,
     seen: Mutex<Seen>,
 }
 
-/// When each pod was marked, and the marks oldest first (to forget them
+/// When each key was marked, and the marks oldest first (to forget them
 /// without scanning).
 #[derive(Default)]
 struct Seen {
@@ -66,33 +82,52 @@ struct Seen {
     order: VecDeque<(String, Instant)>,
 }
 
-impl Departed {
-    /// A record of pod `uid` is terminating.
-    pub fn saw(&self, uid: &str) {
-        if uid.is_empty() {
+impl Marks {
+    /// Pods whose record was seen going.
+    #[must_use]
+    pub fn departed() -> Self {
+        Self::holding(DEPARTED_HOLD)
+    }
+
+    /// Records the pod controller created.
+    #[must_use]
+    pub fn created() -> Self {
+        Self::holding(CREATED_HOLD)
+    }
+
+    fn holding(hold: Duration) -> Self {
+        Self {
+            hold,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// Marks `key` (a first mark stands until the hold has passed).
+    pub fn saw(&self, key: &str) {
+        if key.is_empty() {
             return;
         }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         while let Some((old, at)) = seen.order.front().cloned()
-            && at.elapsed() >= DEPARTED_HOLD
+            && at.elapsed() >= self.hold
         {
             seen.order.pop_front();
             if seen.at.get(&old) == Some(&at) {
                 seen.at.remove(&old);
             }
         }
-        if !seen.at.contains_key(uid) {
+        if !seen.at.contains_key(key) {
             let now = Instant::now();
-            seen.at.insert(uid.to_owned(), now);
-            seen.order.push_back((uid.to_owned(), now));
+            seen.at.insert(key.to_owned(), now);
+            seen.order.push_back((key.to_owned(), now));
         }
     }
 
-    /// How much longer pod `uid` must wait before it gets a new record,
-    /// if its record was seen going less than [`DEPARTED_HOLD`] ago.
-    fn hold_left(&self, uid: &str) -> Option<Duration> {
+    /// How much longer the mark of `key` holds, if it was marked less than
+    /// the hold ago.
+    fn hold_left(&self, key: &str) -> Option<Duration> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let left = DEPARTED_HOLD.checked_sub(seen.at.get(uid)?.elapsed())?;
+        let left = self.hold.checked_sub(seen.at.get(key)?.elapsed())?;
         (!left.is_zero()).then_some(left)
     }
 }
@@ -212,8 +247,21 @@ async fn ensure(pod: &Arc<CachedPod>, ctx: &Arc<Context>) -> Result<Action, Erro
         {
             return Ok(Action::requeue(left));
         }
+        // Created by this controller, not cached yet: no second create.
+        let created_key = format!("{}/{}", desired.spec.pod_id, record_ref);
+        if cached.is_none()
+            && let Some(left) = ctx.created.hold_left(&created_key)
+        {
+            return Ok(Action::requeue(left.min(CREATED_RECHECK)));
+        }
         let record = match cached {
-            None => create(&api, &desired, &key, &ctx).await?,
+            None => {
+                let created = create(&api, &desired, &key, &ctx).await?;
+                if created.is_some() {
+                    ctx.created.saw(&created_key);
+                }
+                created
+            }
             Some(existing) if record_matches(&existing, &desired) => Some((*existing).clone()),
             Some(existing) => update(&api, &existing, &desired, &key).await?,
         };

@@ -9,16 +9,11 @@
 //! (about 400 bytes and its strings, where a `Pod` is a fixed 2,176 bytes
 //! with its spec inline even when empty). Records and subnets lose their
 //! `managedFields`. Each watch strips its objects before the cache stores
-//! them ([`cached_controller`]).
-
-use std::{fmt::Debug, hash::Hash};
+//! them ([`crate::cache::cached_controller`]).
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
-use kube::{
-    Api, Resource, ResourceExt,
-    runtime::{Controller, WatchStreamExt, reflector, watcher},
-};
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
 
 /// A pod as the allocation controllers keep it: its metadata and the node
 /// it is bound to. Read straight from the API server's JSON (the rest of
@@ -86,22 +81,6 @@ impl From<&Pod> for CachedPod {
 
 /// The annotation `kubectl apply` leaves: a copy of the whole object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// A controller of every `K` whose cache holds the objects as `slim`
-/// leaves them.
-pub fn cached_controller<K>(api: Api<K>, slim: impl FnMut(&mut K) + Send + 'static) -> Controller<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Unpin,
-{
-    let (reader, writer) = reflector::store();
-    let objects = reflector(
-        writer,
-        watcher(api, watcher::Config::default()).modify(slim),
-    )
-    .applied_objects();
-    Controller::for_stream(objects, reader)
-}
 
 /// Drops from a cached pod's metadata `managedFields` and the
 /// last-applied copy.

@@ -92,7 +92,8 @@ pub(crate) fn context(client: kube::Client, caches: Caches, settings: Settings) 
         orphans: subnets::OrphanClock::default(),
         nodes: Arc::default(),
         ledgers: Default::default(),
-        departed: Default::default(),
+        departed: Arc::new(super::pods::Marks::departed()),
+        created: super::pods::Marks::created(),
         wire: super::wire_exclusion::WireView::empty(flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW),
         mac_pool: Default::default(),
     })
@@ -979,6 +980,33 @@ async fn a_record_announced_again_while_held_gets_no_second_address() {
     assert_eq!(
         status.used_ip_count, 3,
         "usedIP holds the three records' addresses and nothing else"
+    );
+}
+
+/// The pod controller looking at a pod again before its record cache shows
+/// the record it has just created (the record's own watch event often
+/// wakes it first) does not create the record again, which the API server
+/// would refuse with 409: a wasted write, and a withdrawn announcement.
+#[tokio::test]
+async fn a_pod_looked_at_again_before_its_record_is_cached_gets_one_create() {
+    let server = FakeApiServer::new();
+    server.insert(&race_subnet());
+    let pod = race_pods(1, 0).remove(0);
+    server.insert(&pod);
+    // Caches as of now: they never show the record.
+    let ctx = context_from(&server, Settings::default());
+    let cached = Arc::new(CachedPod::from(&pod));
+    for _ in 0..2 {
+        pods::reconcile(Arc::clone(&cached), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let creates = server.requests_by_kind();
+    assert_eq!(creates.get("create flatnetworkips 201"), Some(&1));
+    assert_eq!(
+        creates.get("create flatnetworkips 409"),
+        None,
+        "no second create: {creates:?}"
     );
 }
 

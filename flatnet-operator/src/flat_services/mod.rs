@@ -17,7 +17,6 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
     runtime::{
-        Controller,
         controller::{self, Action},
         reflector::{ObjectRef, Store},
         watcher,
@@ -32,6 +31,7 @@ use self::{
 };
 use crate::{
     admin::Health,
+    cache::cached_controller,
     controller::{ApiError, is_flat_pod, is_not_found},
     metrics::Metrics,
 };
@@ -334,9 +334,10 @@ fn parent_of_slice(slice: &EndpointSlice) -> Option<ObjectRef<Service>> {
 /// the Service cache has synced.
 pub async fn run(ctx: Arc<Context>, workers: u16, health: Arc<Health>, stop: CancellationToken) {
     let client = ctx.client.clone();
-    let controller = Controller::new(
+    let controller = cached_controller(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
+        |_| {},
     );
     let store = controller.store();
     let ready_store = store.clone();

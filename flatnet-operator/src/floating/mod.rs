@@ -32,13 +32,14 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Client, ResourceExt,
-    runtime::{Controller, controller, reflector::ObjectRef, reflector::Store, watcher},
+    runtime::{controller, reflector::ObjectRef, reflector::Store, watcher},
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::{
     allocation::{events::Events, subnets::OrphanClock},
+    cache::cached_controller,
     controller::{ApiError, Backoff},
     metrics::Metrics,
 };
@@ -234,18 +235,14 @@ pub async fn run(
     workers: u16,
     stop: CancellationToken,
 ) {
-    let services_ctl = Controller::new(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let pools_ctl = Controller::new(
-        Api::<FloatingIPPool>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let pods_ctl = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    let quotas_ctl = Controller::new(
+    let wc = watcher::Config::default;
+    let services_ctl = cached_controller(Api::<Service>::all(client.clone()), wc(), |_| {});
+    let pools_ctl = cached_controller(Api::<FloatingIPPool>::all(client.clone()), wc(), |_| {});
+    let pods_ctl = cached_controller(Api::<Pod>::all(client.clone()), wc(), |_| {});
+    let quotas_ctl = cached_controller(
         Api::<FloatingIPProjectQuota>::all(client.clone()),
-        watcher::Config::default(),
+        wc(),
+        |_| {},
     );
     let (namespaces, namespaces_writer) = kube::runtime::reflector::store();
     let namespaces_reflector = kube::runtime::reflector(
