@@ -96,10 +96,10 @@ pub struct Settings {
     /// kubelet re-registering, keeps them).
     pub node_gone_grace: Duration,
     /// Most announced records a ledger write reserves an address for ahead
-    /// of their allocation (see `docs/ipam.md`, "Reserving ahead"). Off (0)
-    /// by default: an address held for a record that never comes back for
-    /// it stays in `usedIP` without a record until a timer gives it back,
-    /// half a write deadline after the deadline at most.
+    /// of their allocation (see `docs/ipam.md`, "Reserving ahead"); 0 turns
+    /// it off. An address held for a record that goes first is given back
+    /// with its deletion; one nobody takes, by a timer after the write
+    /// deadline.
     pub reserve_ahead: usize,
     /// How long an address a foreign MAC claimed on the LAN stays out of
     /// the pool (see [`wire_exclusion`]).
@@ -124,7 +124,7 @@ impl Default for Settings {
             orphan_grace: Duration::from_secs(10 * 60),
             write_deadline: Duration::from_secs(30),
             node_gone_grace: Duration::from_secs(5 * 60),
-            reserve_ahead: 0,
+            reserve_ahead: 128,
             wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
             wire_orphan_grace: wire_release::DEFAULT_WIRE_ORPHAN_GRACE,
             attachment: flatnet_k8s::keys::NAD_NAME.to_owned(),
