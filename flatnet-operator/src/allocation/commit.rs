@@ -57,7 +57,7 @@ use crate::controller::condition;
 use super::{
     Context, Error,
     errors::{is_conflict, is_not_found},
-    group_commit::{Committed, Edit},
+    group_commit::Committed,
     key_of,
     mac_ledger::{self, LedgerClaim},
 };
@@ -789,17 +789,7 @@ pub async fn release(
     if macs.is_empty() {
         // Batched with the subnet's other ledger edits; a subnet that cannot
         // allocate (being deleted, invalid) is edited directly below.
-        match ctx
-            .ledgers
-            .commit(
-                ctx,
-                subnet,
-                Edit::Release {
-                    addrs: addrs.clone(),
-                },
-            )
-            .await
-        {
+        match ctx.ledgers.release(ctx, subnet, addrs.clone()).await {
             Err(Error::SubnetNotReady { .. }) => {}
             other => return other.map(|_| ()),
         }
@@ -807,7 +797,7 @@ pub async fn release(
     // Like a batch, never between the subnet repair's confirmation of an
     // address and its write.
     let direct = release_direct(ctx, subnet, &addrs, &macs);
-    ctx.ledgers.exclusive(subnet, direct).await
+    ctx.ledgers.exclusive(ctx, subnet, direct).await
 }
 
 /// Removes `addrs` and `macs` from the subnet's ledger with a read and a

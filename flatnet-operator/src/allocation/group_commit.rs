@@ -22,6 +22,11 @@
 //! comes) and is given back by a later batch when the record goes first or
 //! nobody takes it within the write deadline. A new pod thus costs its
 //! record's creation, its status write and a share of one ledger write.
+//!
+//! A release does not even wait for its batch ([`Ledgers::release`]): queued
+//! while a write is under way, it is written by that write's caller right
+//! after, with every release queued meanwhile, so a deleted pod costs a
+//! share of a ledger write too.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -118,9 +123,12 @@ struct Book {
     reservations: Reservations,
 }
 
+/// Edits waiting for a subnet's next batch, with where to answer each.
+type Waiting = Mutex<Vec<(Edit, oneshot::Sender<Answer>)>>;
+
 #[derive(Default)]
 struct SubnetQueue {
-    waiting: Mutex<Vec<(Edit, oneshot::Sender<Answer>)>>,
+    waiting: Waiting,
     book: tokio::sync::Mutex<Option<Book>>,
     ahead: Mutex<Ahead>,
 }
@@ -220,11 +228,18 @@ impl Ledgers {
     /// cannot interleave with a release: the subnet repair adding back an
     /// address a live record names, for one, must not land after that
     /// record's release found the address absent and did nothing.
-    pub async fn exclusive<T>(&self, subnet: &str, work: impl Future<Output = T>) -> T {
+    pub async fn exclusive<T>(
+        &self,
+        ctx: &Context,
+        subnet: &str,
+        work: impl Future<Output = T>,
+    ) -> T {
         let queue = self.queue(subnet);
         let mut book = queue.book.lock().await;
         let out = work.await;
         *book = None;
+        drop(book);
+        flush_left(ctx, subnet, &queue).await;
         out
     }
 
@@ -264,7 +279,7 @@ impl Ledgers {
             });
             match found {
                 // The batch holds the book until its answer is in `held`.
-                Take::InFlight => drop(self.queue(subnet).book.lock().await),
+                Take::InFlight => self.wait_for_batch(ctx, subnet).await,
                 Take::Held(_) => {
                     held = true;
                     break;
@@ -300,6 +315,11 @@ impl Ledgers {
                     let ahead = queue.ahead.lock().unwrap_or_else(|e| e.into_inner());
                     !ahead.unclaimed.is_empty()
                         || ahead.held.values().any(|h| h.at.elapsed() >= deadline)
+                        || !queue
+                            .waiting
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .is_empty()
                 })
                 .map(|(name, _)| name.clone())
                 .collect()
@@ -368,7 +388,7 @@ impl Ledgers {
                     });
                 }
                 // The batch holds the book until its answer is in `held`.
-                Take::InFlight => drop(self.queue(subnet).book.lock().await),
+                Take::InFlight => self.wait_for_batch(ctx, subnet).await,
                 Take::Nothing => break,
             }
         }
@@ -408,13 +428,64 @@ impl Ledgers {
         let answer = match rx.try_recv() {
             Ok(answer) => answer,
             Err(_) => {
-                let batch =
-                    std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|e| e.into_inner()));
-                commit_batch(ctx, subnet, &queue, &mut book, batch).await;
+                commit_waiting(ctx, subnet, &queue, &mut book).await;
                 rx.try_recv().unwrap_or(Err(Failure::Contention))
             }
         };
         drop(book);
+        flush_left(ctx, subnet, &queue).await;
+        Self::answer(subnet, answer)
+    }
+
+    /// Releases `addrs` in `subnet`'s ledger without waiting behind a batch
+    /// being written: when one is, its writer takes the release with the
+    /// edits that queued up meanwhile, in one write (see [`flush_left`]),
+    /// and this returns at once. So a burst of deletions costs a ledger
+    /// write per batch of releases, not one per few releases, which is what
+    /// bounded the rate at which pods were replaced. A release whose write
+    /// fails is queued again, for the next batch or the timer
+    /// ([`Ledgers::give_back_expired`]).
+    ///
+    /// # Errors
+    /// As [`Ledgers::commit`], when this call wrote the ledger itself.
+    pub async fn release(
+        &self,
+        ctx: &Context,
+        subnet: &str,
+        addrs: Vec<IpAddr>,
+    ) -> Result<(), Error> {
+        let queue = self.queue(subnet);
+        let (tx, mut rx) = oneshot::channel();
+        queue
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((Edit::Release { addrs }, tx));
+        let Ok(mut book) = queue.book.try_lock() else {
+            // The writer of the batch under way writes it next.
+            return Ok(());
+        };
+        let answer = match rx.try_recv() {
+            Ok(answer) => answer,
+            Err(_) => {
+                commit_waiting(ctx, subnet, &queue, &mut book).await;
+                rx.try_recv().unwrap_or(Err(Failure::Contention))
+            }
+        };
+        drop(book);
+        flush_left(ctx, subnet, &queue).await;
+        Self::answer(subnet, answer).map(|_| ())
+    }
+
+    /// Waits until the batch under way (which holds the book until its
+    /// answers are in) is done, then writes what queued up meanwhile.
+    async fn wait_for_batch(&self, ctx: &Context, subnet: &str) {
+        let queue = self.queue(subnet);
+        drop(queue.book.lock().await);
+        flush_left(ctx, subnet, &queue).await;
+    }
+
+    fn answer(subnet: &str, answer: Answer) -> Result<Committed, Error> {
         answer.map_err(|failure| match failure {
             Failure::Pool(error) => Error::Pool(error),
             Failure::Missing => Error::SubnetMissing {
@@ -436,6 +507,44 @@ impl Ledgers {
         })
     }
 }
+
+/// Commits every edit waiting for `queue`'s subnet (the caller holds its
+/// book).
+async fn commit_waiting(ctx: &Context, subnet: &str, queue: &SubnetQueue, book: &mut Option<Book>) {
+    let batch = std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+    commit_batch(ctx, subnet, queue, book, batch).await;
+}
+
+/// Writes the edits queued while the book was held, unless another caller
+/// holds it now (which then writes them). Called after the book is let go:
+/// an edit queued by [`Ledgers::release`] while it was held is either seen
+/// here or finds the book free itself, so none is left behind.
+async fn flush_left(ctx: &Context, subnet: &str, queue: &SubnetQueue) {
+    let waiting = || {
+        !queue
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    };
+    // Edits queued while this writes are this caller's to write too. A
+    // bound, so that releases whose write keeps failing (queued again)
+    // are left to the next batch or the timer rather than retried here
+    // without end.
+    for _ in 0..FLUSH_ROUNDS {
+        if !waiting() {
+            return;
+        }
+        let Ok(mut book) = queue.book.try_lock() else {
+            // Its holder writes them.
+            return;
+        };
+        commit_waiting(ctx, subnet, queue, &mut book).await;
+    }
+}
+
+/// Most batches [`flush_left`] writes in a row.
+const FLUSH_ROUNDS: usize = 16;
 
 /// Reads the ledger of `name` into a book.
 async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Failure> {
@@ -488,7 +597,16 @@ async fn commit_batch(
         ahead.in_flight = announced.iter().map(|(k, _)| k.clone()).collect();
         (release, announced)
     };
-    let held = write_batch(ctx, name, book, batch, &release_ahead, &announced).await;
+    let held = write_batch(
+        ctx,
+        name,
+        &queue.waiting,
+        book,
+        batch,
+        &release_ahead,
+        &announced,
+    )
+    .await;
     let mut ahead = lock_ahead();
     ahead.in_flight.clear();
     match held {
@@ -511,6 +629,7 @@ async fn commit_batch(
 async fn write_batch(
     ctx: &Context,
     name: &str,
+    queue_waiting: &Waiting,
     book: &mut Option<Book>,
     batch: Vec<(Edit, oneshot::Sender<Answer>)>,
     release_ahead: &[(IpAddr, Instant)],
@@ -518,13 +637,27 @@ async fn write_batch(
 ) -> Option<Vec<(String, Held)>> {
     let api: Api<FlatNetworkSubnet> = Api::namespaced(ctx.client.clone(), SUBNET_NAMESPACE);
     let fail_all = |batch: Vec<(Edit, oneshot::Sender<Answer>)>, failure: Failure| {
+        let mut again = Vec::new();
         for (edit, tx) in batch {
             // Nothing to release in a subnet that is gone.
             let answer = match (&edit, &failure) {
                 (Edit::Release { .. }, Failure::Missing) => Ok(Committed::Released),
+                // A release nobody waits for (see `Ledgers::release`) is
+                // tried again by the next batch; a subnet that cannot
+                // allocate leaves it to the repair.
+                (Edit::Release { .. }, Failure::Api(_) | Failure::Contention) if tx.is_closed() => {
+                    again.push((edit, tx));
+                    continue;
+                }
                 _ => Err(failure.clone()),
             };
             let _ = tx.send(answer);
+        }
+        if !again.is_empty() {
+            queue_waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(again);
         }
         None
     };

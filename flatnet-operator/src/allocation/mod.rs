@@ -308,9 +308,7 @@ pub async fn run(
             }
         });
     }
-    if ctx.settings.reserve_ahead > 0 {
-        tokio::spawn(give_back_held(Arc::clone(&ctx), stop.clone()));
-    }
+    tokio::spawn(give_back_held(Arc::clone(&ctx), stop.clone()));
     let config = controller::Config::default().concurrency(workers);
     let graceful = |stop: CancellationToken| async move { stop.cancelled().await };
 
@@ -391,8 +389,9 @@ pub async fn run(
     info!("allocation controllers stopped");
 }
 
-/// Gives back the addresses reserved ahead that nobody took, every half
-/// write deadline, until `stop`.
+/// Gives back the addresses reserved ahead that nobody took, and writes
+/// the releases whose ledger write failed, every half write deadline,
+/// until `stop`.
 async fn give_back_held(ctx: Arc<Context>, stop: CancellationToken) {
     let period = (ctx.settings.write_deadline / 2).max(Duration::from_secs(1));
     loop {

@@ -728,7 +728,11 @@ async fn update_status(
         Written::Done(action) => Ok(action),
         Written::NeedsLock => {
             let locked = write_status(subnet, &verdict, users, ctx, Lock::Held);
-            match ctx.ledgers.exclusive(&subnet.name_any(), locked).await? {
+            match ctx
+                .ledgers
+                .exclusive(ctx, &subnet.name_any(), locked)
+                .await?
+            {
                 Written::Done(action) => Ok(action),
                 Written::NeedsLock => unreachable!("the lock is held"),
             }

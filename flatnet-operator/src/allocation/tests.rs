@@ -1010,6 +1010,64 @@ async fn a_pod_looked_at_again_before_its_record_is_cached_gets_one_create() {
     );
 }
 
+/// Releases arriving while a ledger write is under way do not wait for
+/// it: each returns at once, and the writer of that batch writes them all
+/// in one ledger write after its own.
+#[tokio::test]
+async fn releases_queued_behind_a_ledger_write_share_one_write() {
+    let (server, ctx, records) = announced(race_pods(10, 0));
+    for record in &records {
+        ips::reconcile(Arc::new(record.clone()), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let held: Vec<IpAddr> = check_unique(&server, 0).into_iter().collect();
+    assert_eq!(held.len(), 10);
+    let used = |server: &FakeApiServer| {
+        server.list::<FlatNetworkSubnet>()[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .used_ip_count
+    };
+    let writes = |server: &FakeApiServer| {
+        server
+            .requests_by_kind()
+            .get("update flatnetworksubnets/status 200")
+            .copied()
+    };
+    let before = writes(&server);
+    // A writer holding the book (here the subnet repair's exclusive hold)
+    // while ten releases come.
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let holder = ctx.ledgers.exclusive(&ctx, "race", async move {
+        let _ = wait.await;
+    });
+    let releases = async {
+        tokio::task::yield_now().await;
+        for addr in &held {
+            ctx.ledgers
+                .release(&ctx, "race", vec![*addr])
+                .await
+                .unwrap();
+        }
+        // Every release returned while the book was held.
+        assert_eq!(used(&server), 10, "nothing written yet");
+        go.send(()).unwrap();
+    };
+    futures::join!(holder, releases);
+    assert_eq!(
+        used(&server),
+        0,
+        "all ten released once the book was let go"
+    );
+    assert_eq!(
+        writes(&server),
+        before.map(|w| w + 1),
+        "in one ledger write"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn two_allocators_never_hand_out_an_address_twice() {
     for seed in 1..=24 {
