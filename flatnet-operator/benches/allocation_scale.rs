@@ -364,11 +364,26 @@ async fn run(pods: usize, settings: Settings) -> Option<Figures> {
     let after_second = fake.requests_by_verb().await;
     let kinds_after_second = fake.requests_by_kind().await;
 
-    let state = fake.call("GET", &active).await;
-    assert!(
-        state["check"].is_null(),
-        "ledger exact after the run: {}",
-        state["check"]
+    // The releases of the last deleted records may still be in their
+    // ledger write when the last new pod is addressed: the ledger must be
+    // exact within a few seconds, as a user checking `usedIPCount` sees.
+    let addressed = Instant::now();
+    let exact_within = Duration::from_secs(5);
+    loop {
+        let state = fake.call("GET", &active).await;
+        if state["check"].is_null() {
+            break;
+        }
+        assert!(
+            addressed.elapsed() < exact_within,
+            "ledger exact within {exact_within:?} of the run's end: {}",
+            state["check"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "  ledger exact {:.0} ms after the last pod was addressed",
+        addressed.elapsed().as_secs_f64() * 1000.0
     );
     let operator_rss = peak_rss_of("/proc/self/status");
     let heap = heap::figures();

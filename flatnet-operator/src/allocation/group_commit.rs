@@ -509,10 +509,15 @@ impl Ledgers {
 }
 
 /// Commits every edit waiting for `queue`'s subnet (the caller holds its
-/// book).
-async fn commit_waiting(ctx: &Context, subnet: &str, queue: &SubnetQueue, book: &mut Option<Book>) {
+/// book). Whether the ledger was written (or needed no write).
+async fn commit_waiting(
+    ctx: &Context,
+    subnet: &str,
+    queue: &SubnetQueue,
+    book: &mut Option<Book>,
+) -> bool {
     let batch = std::mem::take(&mut *queue.waiting.lock().unwrap_or_else(|e| e.into_inner()));
-    commit_batch(ctx, subnet, queue, book, batch).await;
+    commit_batch(ctx, subnet, queue, book, batch).await
 }
 
 /// Writes the edits queued while the book was held, unless another caller
@@ -527,24 +532,20 @@ async fn flush_left(ctx: &Context, subnet: &str, queue: &SubnetQueue) {
             .unwrap_or_else(|e| e.into_inner())
             .is_empty()
     };
-    // Edits queued while this writes are this caller's to write too. A
-    // bound, so that releases whose write keeps failing (queued again)
-    // are left to the next batch or the timer rather than retried here
+    // Edits queued while this writes are this caller's to write too, for
+    // as long as writes succeed: releases whose write failed (queued
+    // again) are left to the next batch or the timer, not retried here
     // without end.
-    for _ in 0..FLUSH_ROUNDS {
-        if !waiting() {
-            return;
-        }
+    while waiting() {
         let Ok(mut book) = queue.book.try_lock() else {
             // Its holder writes them.
             return;
         };
-        commit_waiting(ctx, subnet, queue, &mut book).await;
+        if !commit_waiting(ctx, subnet, queue, &mut book).await {
+            return;
+        }
     }
 }
-
-/// Most batches [`flush_left`] writes in a row.
-const FLUSH_ROUNDS: usize = 16;
 
 /// Reads the ledger of `name` into a book.
 async fn read_book(api: &Api<FlatNetworkSubnet>, name: &str) -> Result<Book, Failure> {
@@ -578,7 +579,7 @@ async fn commit_batch(
     queue: &SubnetQueue,
     book: &mut Option<Book>,
     batch: Vec<(Edit, oneshot::Sender<Answer>)>,
-) {
+) -> bool {
     let lock_ahead = || queue.ahead.lock().unwrap_or_else(|e| e.into_inner());
     let (release_ahead, announced) = {
         let mut ahead = lock_ahead();
@@ -616,9 +617,13 @@ async fn commit_batch(
                     ahead.unclaimed.push((earlier.addr, earlier.at));
                 }
             }
+            true
         }
         // Not written: the next batch tries again.
-        None => ahead.unclaimed.extend(release_ahead),
+        None => {
+            ahead.unclaimed.extend(release_ahead);
+            false
+        }
     }
 }
 
