@@ -417,23 +417,9 @@ impl Ledgers {
         edit: Edit,
     ) -> Result<Committed, Error> {
         let queue = self.queue(subnet);
-        let (tx, mut rx) = oneshot::channel();
-        queue
-            .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((edit, tx));
-        let mut book = queue.book.lock().await;
-        // An earlier holder of the lock may have committed this edit.
-        let answer = match rx.try_recv() {
-            Ok(answer) => answer,
-            Err(_) => {
-                commit_waiting(ctx, subnet, &queue, &mut book).await;
-                rx.try_recv().unwrap_or(Err(Failure::Contention))
-            }
-        };
-        drop(book);
-        flush_left(ctx, subnet, &queue).await;
+        let rx = queue.push(edit);
+        let book = queue.book.lock().await;
+        let answer = answer_as_holder(ctx, subnet, &queue, book, rx).await;
         Self::answer(subnet, answer)
     }
 
@@ -455,25 +441,12 @@ impl Ledgers {
         addrs: Vec<IpAddr>,
     ) -> Result<(), Error> {
         let queue = self.queue(subnet);
-        let (tx, mut rx) = oneshot::channel();
-        queue
-            .waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((Edit::Release { addrs }, tx));
-        let Ok(mut book) = queue.book.try_lock() else {
+        let rx = queue.push(Edit::Release { addrs });
+        let Ok(book) = queue.book.try_lock() else {
             // The writer of the batch under way writes it next.
             return Ok(());
         };
-        let answer = match rx.try_recv() {
-            Ok(answer) => answer,
-            Err(_) => {
-                commit_waiting(ctx, subnet, &queue, &mut book).await;
-                rx.try_recv().unwrap_or(Err(Failure::Contention))
-            }
-        };
-        drop(book);
-        flush_left(ctx, subnet, &queue).await;
+        let answer = answer_as_holder(ctx, subnet, &queue, book, rx).await;
         Self::answer(subnet, answer).map(|_| ())
     }
 
@@ -506,6 +479,40 @@ impl Ledgers {
             Failure::MacPool(error) => Error::MacPool(error),
         })
     }
+}
+
+impl SubnetQueue {
+    /// Queues `edit` for the next batch; its answer comes on the receiver.
+    fn push(&self, edit: Edit) -> oneshot::Receiver<Answer> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((edit, tx));
+        rx
+    }
+}
+
+/// As the holder of `queue`'s book: the answer `rx` waits for, committing
+/// what waits unless an earlier holder already committed it; then, with
+/// the book let go, what queued up meanwhile.
+async fn answer_as_holder(
+    ctx: &Context,
+    subnet: &str,
+    queue: &SubnetQueue,
+    mut book: tokio::sync::MutexGuard<'_, Option<Book>>,
+    mut rx: oneshot::Receiver<Answer>,
+) -> Answer {
+    let answer = match rx.try_recv() {
+        Ok(answer) => answer,
+        Err(_) => {
+            commit_waiting(ctx, subnet, queue, &mut book).await;
+            rx.try_recv().unwrap_or(Err(Failure::Contention))
+        }
+    };
+    drop(book);
+    flush_left(ctx, subnet, queue).await;
+    answer
 }
 
 /// Commits every edit waiting for `queue`'s subnet (the caller holds its

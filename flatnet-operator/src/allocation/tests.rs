@@ -820,6 +820,15 @@ fn announced_with(
     (server, ctx, records)
 }
 
+/// `status.usedIPCount` of the server's one subnet.
+fn used_ip_count(server: &FakeApiServer) -> i64 {
+    server.list::<FlatNetworkSubnet>()[0]
+        .status
+        .as_ref()
+        .unwrap()
+        .used_ip_count
+}
+
 /// The records the pod controller announces get their addresses reserved
 /// ahead by the first ledger write: 20 allocations, one ledger write.
 #[tokio::test]
@@ -865,13 +874,7 @@ async fn an_announced_record_deleted_first_gives_its_address_back() {
     ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
         .await
         .unwrap();
-    let used = |server: &FakeApiServer| {
-        server.list::<FlatNetworkSubnet>()[0]
-            .status
-            .as_ref()
-            .unwrap()
-            .used_ip_count
-    };
+    let used = used_ip_count;
     assert_eq!(
         used(&server),
         2,
@@ -900,13 +903,7 @@ async fn an_address_held_ahead_and_never_taken_is_given_back_after_the_deadline(
     ips::reconcile(Arc::new(records[0].clone()), Arc::clone(&ctx))
         .await
         .unwrap();
-    let used = |server: &FakeApiServer| {
-        server.list::<FlatNetworkSubnet>()[0]
-            .status
-            .as_ref()
-            .unwrap()
-            .used_ip_count
-    };
+    let used = used_ip_count;
     assert_eq!(used(&server), 2, "the second record's address is held");
     ctx.ledgers.give_back_expired(&ctx).await;
     assert_eq!(used(&server), 2, "still young enough to be taken");
@@ -1023,13 +1020,7 @@ async fn releases_queued_behind_a_ledger_write_share_one_write() {
     }
     let held: Vec<IpAddr> = check_unique(&server, 0).into_iter().collect();
     assert_eq!(held.len(), 10);
-    let used = |server: &FakeApiServer| {
-        server.list::<FlatNetworkSubnet>()[0]
-            .status
-            .as_ref()
-            .unwrap()
-            .used_ip_count
-    };
+    let used = used_ip_count;
     let writes = |server: &FakeApiServer| {
         server
             .requests_by_kind()
