@@ -303,8 +303,9 @@ impl Ledgers {
 
     /// Gives back, in one ledger write per subnet, the addresses held ahead
     /// that nobody took within the write deadline (and those already
-    /// forsaken): a subnet that goes quiet after a burst has no later batch
-    /// to give them back, and would keep them until the orphan grace.
+    /// forsaken), with the releases whose write failed and were queued
+    /// again: a subnet that goes quiet after a burst has no later batch to
+    /// write them, and would keep them until the orphan grace.
     pub async fn give_back_expired(&self, ctx: &Context) {
         let deadline = ctx.settings.write_deadline;
         let due: Vec<String> = {
