@@ -1,5 +1,10 @@
 //! `CNI_ARGS`: `KEY=VALUE` pairs separated by `;`, set by the runtime
 //! (kubelet's CRI runtime adds the pod's namespace, name, UID and sandbox ID).
+//!
+//! A key may appear more than once: Multus 4 passes its own `IgnoreUnknown`
+//! and `K8S_POD_*` pairs to its delegates and then appends the runtime's.
+//! As libcni's `types.LoadArgs` (which every reference plugin uses) does,
+//! the last occurrence of a key wins.
 
 use std::collections::BTreeMap;
 
@@ -43,9 +48,10 @@ pub struct CniArgs {
 
 impl CniArgs {
     /// Parses `CNI_ARGS`. Empty segments (`A=1;;B=2`, a trailing `;`) are
-    /// skipped; a segment without `=`, an empty key, a repeated key, a bad
-    /// `IgnoreUnknown` value or an unknown key without `IgnoreUnknown` is
-    /// error 4, because `CNI_ARGS` is an environment variable.
+    /// skipped and a repeated key takes its last value; a segment without
+    /// `=`, an empty key, a bad `IgnoreUnknown` value or an unknown key
+    /// without `IgnoreUnknown` is error 4, because `CNI_ARGS` is an
+    /// environment variable.
     pub fn parse(raw: &str) -> Result<CniArgs, CniError> {
         let mut pairs = BTreeMap::new();
         for segment in raw.split(';').filter(|s| !s.is_empty()) {
@@ -57,9 +63,7 @@ impl CniArgs {
             if key.is_empty() {
                 return Err(invalid(format!("pair {segment:?} has an empty key")));
             }
-            if pairs.insert(key.to_owned(), value.to_owned()).is_some() {
-                return Err(invalid(format!("key {key:?} appears more than once")));
-            }
+            pairs.insert(key.to_owned(), value.to_owned());
         }
 
         let mut args = CniArgs::default();
@@ -121,6 +125,40 @@ mod tests {
         assert!(args.other.is_empty());
     }
 
+    /// What Multus 4.2 puts in `CNI_ARGS` when it calls a delegate: its own
+    /// pairs, then the runtime's (taken from Multus's own test data).
+    #[test]
+    fn accepts_the_repeated_keys_multus_passes_to_its_delegates() {
+        let args = CniArgs::parse(
+            "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=macvlan;\
+             K8S_POD_INFRA_CONTAINER_ID=3f6940ab5ab4;K8S_POD_UID=f0bfbd5b-096d;\
+             IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=macvlan;\
+             K8S_POD_INFRA_CONTAINER_ID=3f6940ab5ab4;K8S_POD_UID=f0bfbd5b-096d",
+        )
+        .unwrap();
+        assert!(args.ignore_unknown);
+        assert_eq!(args.pod_namespace.as_deref(), Some("default"));
+        assert_eq!(args.pod_name.as_deref(), Some("macvlan"));
+        assert_eq!(args.pod_infra_container_id.as_deref(), Some("3f6940ab5ab4"));
+        assert_eq!(args.pod_uid.as_deref(), Some("f0bfbd5b-096d"));
+        assert!(args.other.is_empty());
+    }
+
+    #[test]
+    fn a_repeated_key_takes_its_last_value_as_in_libcni() {
+        // Multus leaves the sandbox ID empty when it has none and the
+        // runtime's pair after it fills it in.
+        let args = CniArgs::parse(
+            "IgnoreUnknown=true;K8S_POD_INFRA_CONTAINER_ID=;K8S_POD_INFRA_CONTAINER_ID=abc;X=1;X=2",
+        )
+        .unwrap();
+        assert_eq!(args.pod_infra_container_id.as_deref(), Some("abc"));
+        assert_eq!(args.other["X"], "2");
+        // The final IgnoreUnknown decides, as in LoadArgs.
+        assert!(CniArgs::parse("IgnoreUnknown=1;IgnoreUnknown=0;X=1").is_err());
+        assert!(CniArgs::parse("IgnoreUnknown=0;IgnoreUnknown=1;X=1").is_ok());
+    }
+
     #[test]
     fn empty_input_and_empty_segments_are_fine() {
         assert_eq!(CniArgs::parse("").unwrap(), CniArgs::default());
@@ -148,7 +186,7 @@ mod tests {
 
     #[test]
     fn malformed_pairs_are_code_4() {
-        for raw in ["NOEQUALS", "=value", "A=1;A=2", "IgnoreUnknown=yes"] {
+        for raw in ["NOEQUALS", "=value", "IgnoreUnknown=yes"] {
             assert_eq!(
                 CniArgs::parse(raw).unwrap_err().code,
                 ErrorCode::InvalidEnvironment,
