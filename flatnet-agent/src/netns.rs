@@ -66,12 +66,7 @@ pub enum NetnsError {
 /// it must live on nsfs, and `NS_GET_NSTYPE` must say `CLONE_NEWNET`.
 pub fn open_netns(netns_path: &Path) -> Result<File, NetnsError> {
     let path = netns_path.display().to_string();
-    let opened = File::open(netns_path).or_else(|error| {
-        match run_alias(netns_path).filter(|_| error.kind() == std::io::ErrorKind::NotFound) {
-            Some(alias) => File::open(alias),
-            None => Err(error),
-        }
-    });
+    let opened = File::open(as_seen_here(netns_path));
     let file = opened.map_err(|source| NetnsError::Open {
         path: path.clone(),
         source,
@@ -99,13 +94,28 @@ pub fn open_netns(netns_path: &Path) -> Result<File, NetnsError> {
     }
 }
 
-/// `/run/<rest>` for a path under `/var/run/`: runtimes (containerd) name
-/// pod namespaces `/var/run/netns/...`, which on the host is `/run/netns/...`
-/// (`/var/run` is a link to `/run`), while the agent's image has no
-/// `/var/run` and mounts the host's `/run/netns` only.
+/// A runtime's namespace path as this process sees it: `/run/<rest>` for
+/// `/var/run/<rest>` when only that exists. Runtimes (containerd, CRI-O)
+/// name pod namespaces `/var/run/netns/...`, which on the host is
+/// `/run/netns/...` (`/var/run` is a link to `/run`), while the agent's
+/// image has no `/var/run` and mounts the host's `/run/netns` only. Every
+/// look at a namespace path goes through here.
+pub fn as_seen_here(path: &Path) -> std::borrow::Cow<'_, Path> {
+    match run_alias(path) {
+        Some(alias) if !path.exists() && alias.exists() => alias.into(),
+        _ => path.into(),
+    }
+}
+
+/// `/run/<rest>` for a path under `/var/run/`.
 fn run_alias(path: &Path) -> Option<std::path::PathBuf> {
     let rest = path.strip_prefix("/var/run").ok()?;
     (!rest.as_os_str().is_empty()).then(|| Path::new("/run").join(rest))
+}
+
+/// Whether something is at the namespace path `path` (see [`as_seen_here`]).
+pub fn netns_path_exists(path: &Path) -> bool {
+    as_seen_here(path).exists()
 }
 
 /// `NS_GET_NSTYPE` (`_IO(0xb7, 0x3)`, linux/nsfs.h): the `CLONE_NEW*`

@@ -255,8 +255,20 @@ networks:
 
     /// DEL, then waits for the work that follows its answer.
     fn del(&self, network: &str, container: &str, pod: Option<&TestNetns>) {
+        let netns = pod.map(TestNetns::path);
+        self.del_at(network, container, pod, netns.as_deref());
+    }
+
+    /// [`Node::del`] with `CNI_NETNS` set to `netns`, a path of `pod`'s namespace.
+    fn del_at(
+        &self,
+        network: &str,
+        container: &str,
+        pod: Option<&TestNetns>,
+        netns: Option<&Path>,
+    ) {
         let had_record = self.agent.has_record(container);
-        let (ok, out) = self.cni("DEL", network, container, pod);
+        let (ok, out) = self.cni_in("DEL", network, container, netns);
         assert!(ok, "DEL {network} {container} failed: {out}");
         wait_until(&format!("DEL {network} {container} never finished"), || {
             !self.agent.has_record(container)
@@ -352,6 +364,30 @@ fn add_check_del_for_ipv4_ipv6_and_dual_stack() {
         node.del(network, &container, Some(&pod));
         node.del(network, &container, None);
     }
+    node.stop();
+}
+
+/// containerd and CRI-O name pod namespaces `/var/run/netns/...`; the
+/// agent's image has no `/var/run` and mounts the host's `/run/netns`. Such
+/// a pod is attached, checked and removed all the same.
+#[test]
+fn a_var_run_netns_path_works_for_an_agent_without_var_run() {
+    let test = "a_var_run_netns_path_works_for_an_agent_without_var_run";
+    let Some(mut node) = Node::for_test(test) else {
+        return;
+    };
+    node.agent.without_var_run();
+    node.start();
+    let pod = TestNetns::new("fav-");
+    let container = unique_name("c");
+    let netns = Path::new("/var/run/netns").join(&pod.name);
+    let (ok, result) = node.cni_in("ADD", "flat4", &container, Some(&netns));
+    assert!(ok, "ADD with CNI_NETNS={}: {result}", netns.display());
+    assert_eq!(addresses(&result), ["192.0.2.10/24"], "{result}");
+    assert!(has_link(&pod, IFNAME));
+    ping(&pod, LAN_V4);
+    node.del_at("flat4", &container, Some(&pod), Some(&netns));
+    node.assert_nothing_left(&pod, "flat4");
     node.stop();
 }
 

@@ -11,7 +11,7 @@ use crate::{
     cni::CniError,
     desired::{AttachmentKey, DesiredState},
     link::parse_mac,
-    netns::run_in_netns,
+    netns::{netns_path_exists, run_in_netns},
     policy_controller::{self, PodTables},
     records::{AttachmentRecord, RecordPhase, UplinkRecord},
 };
@@ -211,7 +211,7 @@ impl<S: DesiredState> Inner<S> {
         let removed = self
             .blocking(move |inner| {
                 let tables = inner.datapath.lock().expect("datapath lock poisoned");
-                match netns.filter(|netns| netns.exists()) {
+                match netns.filter(|netns| netns_path_exists(netns)) {
                     Some(netns) => tables.datapath.remove_defunct_links_in(&netns),
                     None => tables.datapath.remove_defunct_links(),
                 }
@@ -248,7 +248,9 @@ impl<S: DesiredState> Inner<S> {
                 .expect("upgrade table poisoned")
                 .remove(&task_key);
             let record = match inner.records.load(&task_key) {
-                Ok(Some(record)) if record.phase == RecordPhase::Ready && record.netns.exists() => {
+                Ok(Some(record))
+                    if record.phase == RecordPhase::Ready && netns_path_exists(&record.netns) =>
+                {
                     record
                 }
                 _ => return,

@@ -11,6 +11,7 @@ use crate::{
     cni::{CniError, DetachRequest, ErrorCode, GcRequest},
     desired::{AttachmentKey, DesiredState},
     link::DetachSpec,
+    netns::netns_path_exists,
     phases::{self, timed},
     records::{AttachmentRecord, RecordPhase},
 };
@@ -32,7 +33,7 @@ impl<S: DesiredState> Inner<S> {
             errors.push(error.msg);
         }
         if delete_interface {
-            let netns = Some(record.netns.clone()).filter(|p: &PathBuf| p.exists());
+            let netns = Some(record.netns.clone()).filter(|p: &PathBuf| netns_path_exists(p));
             let detach = DetachSpec {
                 netns,
                 ifname: record.key.ifname.clone(),

@@ -319,7 +319,7 @@ impl PodBackends {
                     now_applied.extend(want);
                     self.failed.remove(&key);
                 }
-                Err(_) if !netns.exists() => {
+                Err(_) if !crate::netns::netns_path_exists(netns) => {
                     now_applied.extend(want);
                     self.failed.remove(&key);
                 }

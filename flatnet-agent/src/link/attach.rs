@@ -22,7 +22,7 @@ use crate::phases::{phase, timed};
 use super::{
     Attachment, Attachments, LinkError,
     announce::{announce, enable_kernel_notify},
-    netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route, open_netns_file},
+    netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route},
     spec::{
         ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode,
         ValidSpec,
@@ -277,7 +277,9 @@ impl Setup<'_> {
     /// Creates the child as `name` in the pod's namespace.
     async fn create_in_pod(&self, parent: &Link, name: &str) -> Result<(), LinkError> {
         let spec = self.valid.spec();
-        let netns = open_netns_file(&spec.netns)?;
+        // The same opening as every other entry into the pod's namespace
+        // (`/var/run/netns/...` read as `/run/netns/...` where needed).
+        let netns = crate::netns::open_netns(&spec.netns)?;
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         let mut message = match spec.kind {
             LinkMode::Macvlan(mode) => {

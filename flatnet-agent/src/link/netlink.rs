@@ -7,7 +7,7 @@
 
 use std::{
     net::IpAddr,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex},
 };
 
@@ -478,13 +478,4 @@ fn ip_of(address: &RouteAddress) -> Option<IpAddr> {
         RouteAddress::Inet6(v6) => Some((*v6).into()),
         _ => None,
     }
-}
-
-/// Opens the namespace file whose descriptor goes into `IFLA_NET_NS_FD`.
-pub(crate) fn open_netns_file(path: &Path) -> Result<std::fs::File, LinkError> {
-    std::fs::File::open(path).map_err(|source| LinkError::Io {
-        op: "open network namespace",
-        path: PathBuf::from(path),
-        source,
-    })
 }

@@ -23,6 +23,8 @@ pub struct StandaloneAgent {
     args: Vec<String>,
     /// Kubernetes mode: the kubeconfig and the node's name.
     kubernetes: Option<(PathBuf, String)>,
+    /// Run in a mount namespace without `/var/run`, as in the agent's image.
+    without_var_run: bool,
     process: Option<Child>,
 }
 
@@ -36,8 +38,16 @@ impl StandaloneAgent {
             host_netns: node.path(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             kubernetes: None,
+            without_var_run: false,
             process: None,
         }
+    }
+
+    /// The agent runs in a mount namespace of its own whose `/var` is empty,
+    /// as in its image (no `/var/run`, the host's `/run/netns` mounted).
+    #[allow(dead_code, reason = "not every test binary needs the image's mounts")]
+    pub fn without_var_run(&mut self) {
+        self.without_var_run = true;
     }
 
     /// The same agent in Kubernetes mode: the API server `kubeconfig`
@@ -97,6 +107,39 @@ impl StandaloneAgent {
                 command
                     .env("KUBECONFIG", kubeconfig)
                     .env("NODE_NAME", node_name);
+            }
+        }
+        if self.without_var_run {
+            use std::os::unix::process::CommandExt as _;
+
+            use nix::{
+                mount::{MsFlags, mount},
+                sched::{CloneFlags, unshare},
+            };
+            // SAFETY: between fork and exec the closure makes only the
+            // unshare(2) and mount(2) system calls, which are async-signal-safe.
+            unsafe {
+                command.pre_exec(|| {
+                    unshare(CloneFlags::CLONE_NEWNS)?;
+                    // Slave, as the chart's HostToContainer volumes: the
+                    // runtime's later namespace mounts reach the agent, and
+                    // the empty /var stays in its namespace.
+                    mount(
+                        None::<&str>,
+                        "/",
+                        None::<&str>,
+                        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                        None::<&str>,
+                    )?;
+                    mount(
+                        Some("tmpfs"),
+                        "/var",
+                        Some("tmpfs"),
+                        MsFlags::empty(),
+                        None::<&str>,
+                    )?;
+                    Ok(())
+                });
             }
         }
         let child = command
