@@ -46,6 +46,8 @@ struct Api {
     collections: BTreeMap<&'static str, Collection>,
     missing: HashSet<&'static str>,
     events: Vec<Value>,
+    /// Requests for MultiNetworkPolicies, answered or not.
+    policy_requests: usize,
 }
 
 impl Api {
@@ -88,6 +90,9 @@ impl Api {
             reply.send_response(json_response(StatusCode::NOT_FOUND, &not_found()));
             return;
         };
+        if name == POLICIES {
+            self.policy_requests += 1;
+        }
         if self.missing.contains(name) {
             reply.send_response(json_response(StatusCode::NOT_FOUND, &not_found()));
             return;
@@ -359,6 +364,26 @@ async fn diagnostics_become_one_event_per_policy_change() {
         events[0]["note"]
     );
     assert_eq!(cluster.metrics.diagnostics.get(), 1);
+}
+
+/// A missing CRD is asked for again with a growing pause, not every 0.8 s
+/// (each retried list opens with an event that reset the backoff).
+#[tokio::test(start_paused = true)]
+async fn a_missing_crd_is_asked_for_with_a_growing_pause() {
+    let mut api = populated();
+    api.missing.insert(POLICIES);
+    let mut cluster = Cluster::start(api);
+    cluster.until("a round without policies", |_| true).await;
+    let before = cluster.api.lock().unwrap().policy_requests;
+    // Ten minutes of virtual time: a pause growing to kube's 30 s cap asks
+    // about 25 times; a pause reset at every retry, 750 times.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let asked = cluster.api.lock().unwrap().policy_requests - before;
+    assert!(
+        (1..=40).contains(&asked),
+        "{asked} requests for the missing API in 10 minutes"
+    );
+    assert_eq!(cluster.metrics.source_problem.get(), 1);
 }
 
 #[tokio::test]

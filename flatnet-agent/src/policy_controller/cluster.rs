@@ -108,9 +108,18 @@ impl ClusterView {
     }
 
     /// A MultiNetworkPolicy event.
-    pub fn policy_event(&mut self, event: watcher::Event<MultiNetworkPolicy>) {
-        self.policy_api_missing = false;
+    /// A MultiNetworkPolicy event. Returns whether it shows the API served
+    /// again after it was found missing.
+    pub fn policy_event(&mut self, event: watcher::Event<MultiNetworkPolicy>) -> bool {
+        // `Init` opens every list, retries of a failing one included, before
+        // the request is made: it says nothing of whether the API is served.
+        let served = !matches!(event, watcher::Event::Init);
+        let served_again = served && self.policy_api_missing;
+        if served {
+            self.policy_api_missing = false;
+        }
         self.policies.apply(event, |p| Some(p.clone()));
+        served_again
     }
 
     /// The MultiNetworkPolicy API is not served (CRD not installed): there
@@ -237,6 +246,23 @@ mod tests {
         assert!(view.snapshot().is_none(), "policies not listed yet");
         view.policy_api_missing();
         assert_eq!(view.snapshot(), Some(PolicySnapshot::default()));
+    }
+
+    /// The watcher opens each retry of a failing list with `Init`; only a
+    /// list that succeeds shows the API is there (the agent said "served
+    /// now" and "not installed" in turn, once a second, while it was not).
+    #[test]
+    fn a_retried_list_of_a_missing_policy_api_is_no_sign_it_is_served() {
+        let mut view = synced_view();
+        view.policy_api_missing();
+        for _ in 0..3 {
+            assert!(!view.policy_event(watcher::Event::Init));
+            assert!(view.is_policy_api_missing());
+            assert_eq!(view.snapshot(), Some(PolicySnapshot::default()));
+        }
+        assert!(view.policy_event(watcher::Event::InitDone));
+        assert!(!view.is_policy_api_missing());
+        assert!(!view.policy_event(watcher::Event::Init), "served already");
     }
 
     #[test]

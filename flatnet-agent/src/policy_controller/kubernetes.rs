@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client, Resource,
     runtime::{
-        WatchStreamExt,
         events::{Event, EventType, Reporter},
-        watcher,
+        utils::Backoff as _,
+        watcher::{self, DefaultBackoff, watcher},
     },
 };
 use serde::de::DeserializeOwned;
@@ -53,11 +53,10 @@ pub async fn run<S: PolicySink>(
     tokio::spawn(follow(policies, feed.clone(), {
         let metrics = metrics.clone();
         move |view, event| {
-            if view.is_policy_api_missing() {
+            if view.policy_event(event) {
                 tracing::info!("the MultiNetworkPolicy API is served now; enforcing policies");
                 metrics.source_problem.set(0);
             }
-            view.policy_event(event);
         }
     }));
     tokio::spawn(follow(
@@ -106,6 +105,11 @@ struct Feed {
 /// Feeds every event of a watch on `api` into the view (through `apply`)
 /// and triggers the controller. Errors are retried with backoff; a missing
 /// MultiNetworkPolicy API is recorded in the view.
+///
+/// The backoff is kube's default, reset only by an event that shows the
+/// API answering: kube's `StreamBackoff` also resets on the `Init` that
+/// opens every retried list, so a missing CRD was listed every 0.8 s by
+/// every agent, for as long as it stayed missing.
 async fn follow<K>(
     api: Api<K>,
     feed: Feed,
@@ -115,12 +119,21 @@ async fn follow<K>(
     K::DynamicType: Default,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    let mut backoff = DefaultBackoff::default();
     let mut last_error = String::new();
     loop {
-        match stream.try_next().await {
+        let next = stream.try_next().await;
+        match &next {
+            Ok(Some(watcher::Event::Init)) => {}
+            Ok(_) => backoff.reset(),
+            Err(_) => {
+                if let Some(pause) = backoff.next() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+        match next {
             Ok(Some(event)) => {
                 last_error.clear();
                 apply(&mut feed.view.lock().expect("view lock"), event);
