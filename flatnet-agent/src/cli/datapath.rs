@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use flatnet_agent::{
-    datapath::{BPFFS_MOUNT_POINT, Datapath, DatapathConfig, TcAttach, detach_uplink, mount_bpffs},
+    datapath::{
+        BPFFS_MOUNT_POINT, Datapath, DatapathConfig, TcAttach, detach_uplink, mount_bpffs,
+        mount_bpffs_on_host,
+    },
     netns::run_in_netns,
 };
 use flatnet_common::pin::PIN_ROOT;
@@ -75,7 +78,12 @@ pub enum DatapathCommand {
     },
     /// Mount the BPF filesystem on /sys/fs/bpf unless it is mounted (the
     /// chart's init container runs this).
-    MountBpffs,
+    MountBpffs {
+        /// The host's procfs: mount in the mount namespace of its PID 1 (the
+        /// host's) and make the mount shared, instead of in this process's.
+        #[arg(long)]
+        host_proc: Option<PathBuf>,
+    },
     /// Network policy on pod interfaces: attach, apply, show.
     #[command(subcommand)]
     Policy(super::policy::PolicyCommand),
@@ -109,8 +117,12 @@ impl DatapathCommand {
                 }
             }
             DatapathCommand::Policy(command) => command.run()?,
-            DatapathCommand::MountBpffs => {
-                if mount_bpffs()? {
+            DatapathCommand::MountBpffs { host_proc } => {
+                let mounted = match host_proc {
+                    Some(host_proc) => mount_bpffs_on_host(&host_proc)?,
+                    None => mount_bpffs()?,
+                };
+                if mounted {
                     println!("mounted bpffs on {BPFFS_MOUNT_POINT}");
                 } else {
                     println!("bpffs already mounted on {BPFFS_MOUNT_POINT}");

@@ -39,7 +39,7 @@ use flatnet_common::pin::{
     PINNED_MAPS,
 };
 
-pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs};
+pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs, mount_bpffs_on_host};
 pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs, RecentConflictEntry};
 pub use counters::FrameCounters;
 pub use kernel_log::{KERNEL_LOG_TARGET, KernelLogs, kernel_logs_wanted};
@@ -329,7 +329,7 @@ impl Datapath {
     /// looking at every other pod's pins.
     pub fn remove_defunct_links_in(&self, netns: &Path) -> Result<Vec<PathBuf>, DatapathError> {
         use std::os::unix::fs::MetadataExt;
-        let inode = std::fs::metadata(netns)
+        let inode = std::fs::metadata(crate::netns::as_seen_here(netns))
             .map_err(|source| DatapathError::PinLink {
                 path: netns.to_path_buf(),
                 source,

@@ -9,9 +9,11 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 /// Host paths of the chart that stay the host's own when its containers are
-/// run here, as on a node: the runtime's named network namespaces and the
-/// BPF filesystem. The others are mapped to scratch directories.
-const SHARED_HOST_PATHS: &[&str] = &["/run/netns", "/sys/fs/bpf"];
+/// run here, as on a node: the runtime's named network namespaces, the
+/// BPF filesystem and the host's procfs (the bpffs init container enters
+/// the host's mount namespace through it). The others are mapped to
+/// scratch directories.
+const SHARED_HOST_PATHS: &[&str] = &["/run/netns", "/sys/fs/bpf", "/proc"];
 
 /// Where a chart host path lies here: itself when shared (see
 /// [`SHARED_HOST_PATHS`]), else the same path below `scratch`.
