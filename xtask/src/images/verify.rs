@@ -308,8 +308,14 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
             .file_name()
             .context("socket name")?,
     );
-    let conf_dir = host(chart_env(&container, "FLATNET_CNI_CONF_DIR")?);
-    let conflist_path = Path::new(&conf_dir).join("10-flatnet.conflist");
+    // A conflist in the runtime's configuration directory could be taken
+    // for the cluster network (the first file there wins): the chart's
+    // agent writes none; Multus reads the flat network from its
+    // NetworkAttachmentDefinition.
+    ensure!(
+        chart_env(&container, "FLATNET_CNI_CONF_DIR").is_err(),
+        "the chart makes the agent write a conflist into the runtime's configuration directory"
+    );
     let cni = Cni {
         plugin: plugin.clone(),
         cni_bin: cni_bin.clone(),
@@ -329,14 +335,6 @@ fn agent(chart: &ChartImages, rendered: &Path) -> anyhow::Result<()> {
     ensure!(
         mode & 0o111 != 0,
         "the installed flatnet-cni is not executable ({mode:o})"
-    );
-    let conflist: Value = serde_json::from_slice(
-        &fs::read(&conflist_path).with_context(|| format!("read {}", conflist_path.display()))?,
-    )?;
-    ensure!(
-        conflist["plugins"][0]["type"] == "flatnet-cni"
-            && conflist["plugins"][0]["agentSocket"] == socket_in_container.as_str(),
-        "the installed conflist does not name flatnet-cni and the chart's socket: {conflist}"
     );
 
     let capture = Capture::start(LAN, "eth0")?;
