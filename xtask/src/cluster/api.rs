@@ -142,21 +142,6 @@ impl Client {
         Ok(response.text())
     }
 
-    /// POST a JSON object to a collection; `Ok(false)` when it exists (409).
-    pub fn create(&self, collection: &str, object: &Value) -> anyhow::Result<bool> {
-        let response = self.request(
-            "POST",
-            collection,
-            Some("application/json"),
-            &serde_json::to_vec(object)?,
-        )?;
-        match response.status {
-            200..=202 => Ok(true),
-            409 => Ok(false),
-            status => bail!("POST {collection}: {status} {}", response.text()),
-        }
-    }
-
     /// `cargo xtask cluster api`: `method path` with a JSON or YAML body
     /// (PATCH as a merge patch); the answer's body, failing on a non-2xx.
     pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<String> {

@@ -334,6 +334,14 @@ pub fn start(options: &Options) -> anyhow::Result<()> {
         if !left.is_empty() {
             bail!("could not remove:\n  {}", left.join("\n  "));
         }
+        let foreign = teardown::foreign_containerd();
+        if !foreign.is_empty() {
+            bail!(
+                "a containerd the cluster did not start runs (pids {foreign:?}) and would hold \
+                 {CONTAINERD_SOCKET}: stop it (`systemctl disable --now containerd` or \
+                 `service containerd stop`)"
+            );
+        }
         Ok(())
     })?;
     for dir in ["logs", "run"] {

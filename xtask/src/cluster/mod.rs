@@ -190,12 +190,21 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
             println!(
                 "\nThe cluster is up: node {} at {}, API {}\n  \
                  export KUBECONFIG={}\n  \
+                 images: {TEST_IMAGE} (test), {PAUSE_IMAGE} (sandbox)\n  \
+                 flat LAN: bridge {} ({LAN_SUBNET_V4}, {LAN_SUBNET_V6}), hosts {}\n  \
                  component logs: {}\n  \
                  stop it: cargo xtask cluster down",
                 cluster.node_name,
                 cluster.node_ip,
                 cluster.server,
                 cluster.kubeconfig.display(),
+                cluster.lan_bridge,
+                cluster
+                    .lan_hosts
+                    .iter()
+                    .map(|h| format!("{} ({}, {})", h.netns, h.ipv4, h.ipv6))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 cluster.logs.display()
             );
             Ok(())
@@ -204,7 +213,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
         ClusterCommand::Status => status(),
         ClusterCommand::Apply { file } => {
             let text = read_input(&file)?;
-            let client = Client::admin(&state_dir())?;
+            let client = Cluster::describe().client()?;
             for line in client.apply_yaml(&text)? {
                 println!("{line}");
             }
@@ -212,7 +221,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
         }
         ClusterCommand::Api { method, path, file } => {
             let body = file.as_deref().map(read_input).transpose()?;
-            let client = Client::admin(&state_dir())?;
+            let client = Cluster::describe().client()?;
             let answer = client.call(&method, &path, body.as_deref())?;
             println!("{answer}");
             Ok(())
@@ -295,6 +304,10 @@ pub fn down() -> anyhow::Result<()> {
 
 /// Prints which components run and whether the cluster answers.
 pub fn status() -> anyhow::Result<()> {
+    match binaries_found() {
+        Some(dir) => println!("Kubernetes binaries: {}", dir.display()),
+        None => println!("Kubernetes binaries: not found (set {KUBE_DIR_VAR})"),
+    }
     let running = components::running();
     for (component, pid) in &running {
         match pid {

@@ -193,6 +193,21 @@ pub fn cluster_processes() -> Vec<i32> {
         .collect()
 }
 
+/// containerd daemons that are not the cluster's (a service the package
+/// started): `up` refuses to start next to one.
+pub fn foreign_containerd() -> Vec<i32> {
+    let ours = cluster_processes();
+    pids()
+        .into_iter()
+        .filter(|pid| !ours.contains(pid))
+        .filter(|&pid| {
+            cmdline(pid).first().is_some_and(|program| {
+                Path::new(program).file_name() == Some("containerd".as_ref())
+            })
+        })
+        .collect()
+}
+
 fn in_pod_cgroup(pid: i32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
         text.lines().any(|line| {
@@ -298,7 +313,11 @@ fn links() -> Vec<String> {
         .filter(|l| ours.contains(&l.as_str()))
         .collect();
     for bridge in [NODE_BRIDGE, LAN_BRIDGE] {
-        found.extend(bridge_ports(bridge).into_iter().filter(|p| !found.contains(p)));
+        for port in bridge_ports(bridge) {
+            if !found.contains(&port) {
+                found.push(port);
+            }
+        }
     }
     found
 }
