@@ -72,12 +72,11 @@ impl Client {
         let chain = CertificateDer::pem_slice_iter(&read(format!("{stem}.crt"))?)
             .collect::<Result<Vec<_>, _>>()?;
         let key = PrivateKeyDer::from_pem_slice(&read(format!("{stem}.key"))?)?;
-        let config = ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)?;
+        let config =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)?;
         Ok(Self {
             config: Arc::new(config),
             address: SocketAddr::new(NODE_IP.parse()?, API_PORT),
@@ -207,7 +206,11 @@ impl Client {
             &serde_json::to_vec(object)?,
         )?;
         if !(200..300).contains(&response.status) {
-            bail!("apply {kind} {name}: {} {}", response.status, response.text());
+            bail!(
+                "apply {kind} {name}: {} {}",
+                response.status,
+                response.text()
+            );
         }
         Ok(format!("{kind} {name} applied"))
     }

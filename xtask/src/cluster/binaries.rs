@@ -71,8 +71,7 @@ pub fn install(given: Option<&Path>, bin: &Path) -> anyhow::Result<PathBuf> {
     }
     let sums_path = dir.join("SHA256SUMS");
     let sums = parse_sums(
-        &fs::read_to_string(&sums_path)
-            .with_context(|| format!("read {}", sums_path.display()))?,
+        &fs::read_to_string(&sums_path).with_context(|| format!("read {}", sums_path.display()))?,
     );
     fs::create_dir_all(bin)?;
     for name in BINARIES {
@@ -190,11 +189,17 @@ mod tests {
         fs::write(&kubelet, "changed").unwrap();
         install(Some(&source), &bin).unwrap();
         assert!(fs::read_to_string(&kubelet).unwrap().contains("kubelet"));
-        fs::write(source.join("SHA256SUMS"), sums.replace("  kubelet", "0  kubelet"))
-            .unwrap();
+        fs::write(
+            source.join("SHA256SUMS"),
+            sums.replace("  kubelet", "0  kubelet"),
+        )
+        .unwrap();
         fs::remove_file(&kubelet).unwrap();
         let error = install(Some(&source), &bin).unwrap_err();
-        assert!(format!("{error:#}").contains("SHA256SUMS says"), "{error:#}");
+        assert!(
+            format!("{error:#}").contains("SHA256SUMS says"),
+            "{error:#}"
+        );
         assert!(!kubelet.exists());
         fs::remove_dir_all(&dir).unwrap();
     }

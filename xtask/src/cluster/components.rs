@@ -302,6 +302,9 @@ impl Started {
             check()
         })
         .map_err(|e| {
+            if interrupted() {
+                return e;
+            }
             e.context(format!(
                 "the end of {}:\n{}",
                 blame.log().display(),
@@ -344,6 +347,8 @@ pub fn start(options: &Options) -> anyhow::Result<()> {
         }
         Ok(())
     })?;
+    // The logs of the last run stay until this one starts.
+    let _ = fs::remove_dir_all(log_dir());
     for dir in ["logs", "run"] {
         fs::create_dir_all(state.join(dir))?;
     }
@@ -367,8 +372,12 @@ pub fn start(options: &Options) -> anyhow::Result<()> {
             ),
             ("kubelet.kubeconfig", "kubelet", pki::KUBELET),
         ] {
-            let text =
-                pki::kubeconfig(&pki_dir, &server, user, &pki::Credentials::Certificate(stem))?;
+            let text = pki::kubeconfig(
+                &pki_dir,
+                &server,
+                user,
+                &pki::Credentials::Certificate(stem),
+            )?;
             fs::write(state.join(file), text)?;
         }
         fs::write(state.join("containerd.toml"), containerd_config())?;

@@ -24,10 +24,45 @@ const K8S_NAMESPACE: &str = "k8s.io";
 
 /// The applets the test image links, as its users name them.
 const TEST_APPLETS: &[&str] = &[
-    "sh", "ash", "ping", "ping6", "nc", "ip", "arping", "httpd", "sleep", "cat", "echo", "ls",
-    "ps", "kill", "wget", "ifconfig", "route", "hostname", "sysctl", "tc", "true", "false",
-    "timeout", "grep", "sed", "awk", "head", "tail", "wc", "env", "id", "mkdir", "rm", "date",
-    "uname", "traceroute", "nslookup", "netstat", "ipneigh",
+    "sh",
+    "ash",
+    "ping",
+    "ping6",
+    "nc",
+    "ip",
+    "arping",
+    "httpd",
+    "sleep",
+    "cat",
+    "echo",
+    "ls",
+    "ps",
+    "kill",
+    "wget",
+    "ifconfig",
+    "route",
+    "hostname",
+    "sysctl",
+    "tc",
+    "true",
+    "false",
+    "timeout",
+    "grep",
+    "sed",
+    "awk",
+    "head",
+    "tail",
+    "wc",
+    "env",
+    "id",
+    "mkdir",
+    "rm",
+    "date",
+    "uname",
+    "traceroute",
+    "nslookup",
+    "netstat",
+    "ipneigh",
 ];
 
 /// Waits for SIGTERM (kubelet stopping the sandbox) as PID 1 of the pod,
@@ -102,7 +137,12 @@ pub fn build_and_import(dir: &Path) -> anyhow::Result<()> {
         let written = oci::write(&image)?;
         let file = dir.join(format!(
             "{}.oci.tar",
-            image.reference.rsplit('/').next().unwrap_or("image").replace(':', "-")
+            image
+                .reference
+                .rsplit('/')
+                .next()
+                .unwrap_or("image")
+                .replace(':', "-")
         ));
         fs::write(&file, &written.archive)?;
         let file_arg = file.display().to_string();

@@ -144,9 +144,13 @@ impl Cluster {
         }
     }
 
-    /// An API client with the admin's credentials.
+    /// An API client with the admin's credentials (in the kubeconfig's directory).
     pub fn client(&self) -> anyhow::Result<Client> {
-        Client::admin(&state_dir())
+        Client::admin(
+            self.kubeconfig
+                .parent()
+                .context("a kubeconfig has a directory")?,
+        )
     }
 }
 
@@ -268,10 +272,7 @@ pub fn up(options: &Options) -> anyhow::Result<Cluster> {
     let result = components::start(options);
     match result {
         Ok(()) => {
-            println!(
-                "<== cluster: up in {:.1}s",
-                started.elapsed().as_secs_f64()
-            );
+            println!("<== cluster: up in {:.1}s", started.elapsed().as_secs_f64());
             Ok(Cluster::describe())
         }
         Err(error) => {
@@ -325,7 +326,10 @@ pub fn status() -> anyhow::Result<()> {
         Err(e) => println!("API server: {e:#}"),
     }
     match client.node_ready(NODE_NAME) {
-        Ok(ready) => println!("node {NODE_NAME}: {}", if ready { "Ready" } else { "not Ready" }),
+        Ok(ready) => println!(
+            "node {NODE_NAME}: {}",
+            if ready { "Ready" } else { "not Ready" }
+        ),
         Err(e) => println!("node {NODE_NAME}: {e:#}"),
     }
     println!("KUBECONFIG={}", kubeconfig_path().display());

@@ -178,7 +178,10 @@ fn build_lan() -> anyhow::Result<()> {
                 host.port,
             ],
         )?;
-        process::run("ip", &["link", "set", host.port, "master", LAN_BRIDGE, "up"])?;
+        process::run(
+            "ip",
+            &["link", "set", host.port, "master", LAN_BRIDGE, "up"],
+        )?;
         process::ip(host.netns, &["link", "set", host.ifname, "up"])?;
         let v4 = format!("{}/{}", host.ipv4, prefix_len(super::LAN_SUBNET_V4));
         let v6 = format!("{}/{}", host.ipv6, prefix_len(super::LAN_SUBNET_V6));
@@ -230,8 +233,8 @@ const MULTUS_TOKEN_SECONDS: u64 = 365 * 24 * 3600;
 /// `00-multus.conflist` delegating to the cluster network.
 pub fn install_multus(client: &Client, kube_dir: &Path, pki_dir: &Path) -> anyhow::Result<()> {
     let crd_path = kube_dir.join(NAD_CRD);
-    let crd = fs::read_to_string(&crd_path)
-        .with_context(|| format!("read {}", crd_path.display()))?;
+    let crd =
+        fs::read_to_string(&crd_path).with_context(|| format!("read {}", crd_path.display()))?;
     client.apply_yaml(&crd)?;
     for object in multus_rbac() {
         client.apply(&object)?;
@@ -314,10 +317,7 @@ mod tests {
         let plugin = &config["plugins"][0];
         assert_eq!(plugin["type"], "multus");
         assert_eq!(plugin["delegates"][0]["name"], CLUSTER_NETWORK);
-        assert_eq!(
-            plugin["delegates"][0]["plugins"][0]["bridge"],
-            NODE_BRIDGE
-        );
+        assert_eq!(plugin["delegates"][0]["plugins"][0]["bridge"], NODE_BRIDGE);
         assert!(
             MULTUS_CONFLIST < CLUSTER_CONFLIST,
             "the runtime takes the first file by name: Multus's"
@@ -332,7 +332,13 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|r| r["resources"].as_array().unwrap().iter().any(|x| x == resource))
+                .filter(|r| {
+                    r["resources"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|x| x == resource)
+                })
                 .flat_map(|r| r["verbs"].as_array().unwrap().iter())
                 .map(|v| v.as_str().unwrap().to_owned())
                 .collect()

@@ -219,7 +219,10 @@ mod tests {
             "CN=system:node:flatnet-node, O=system:nodes"
         );
         assert_eq!(subject(ADMIN), "CN=flatnet-admin, O=system:masters");
-        assert_eq!(subject(CONTROLLER_MANAGER), "CN=system:kube-controller-manager");
+        assert_eq!(
+            subject(CONTROLLER_MANAGER),
+            "CN=system:kube-controller-manager"
+        );
         let bytes = read("apiserver.crt");
         let (_, cert) = X509Certificate::from_der(&bytes).unwrap();
         let names: Vec<String> = cert

@@ -173,9 +173,7 @@ pub fn cluster_processes() -> Vec<i32> {
                 .parse::<i32>()
                 .ok()?;
             let program = cmdline(pid).into_iter().next()?;
-            program
-                .ends_with(component.name())
-                .then_some(pid)
+            program.ends_with(component.name()).then_some(pid)
         })
         .collect();
     pids()
@@ -243,8 +241,7 @@ fn node_mounts() -> Vec<PathBuf> {
         .filter_map(|line| line.split(' ').nth(4))
         .map(|point| PathBuf::from(point.replace("\\040", " ")))
         .filter(|point| {
-            MOUNT_ROOTS.iter().any(|root| point.starts_with(root))
-                || is_pod_netns(point)
+            MOUNT_ROOTS.iter().any(|root| point.starts_with(root)) || is_pod_netns(point)
         })
         .collect();
     mounts.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
@@ -448,8 +445,8 @@ fn pod_cgroups() -> Vec<PathBuf> {
     };
     let mut found = Vec::new();
     let root = Path::new("/sys/fs/cgroup");
-    for candidate in std::iter::once(root.to_path_buf())
-        .chain(hierarchies.flatten().map(|e| e.path()))
+    for candidate in
+        std::iter::once(root.to_path_buf()).chain(hierarchies.flatten().map(|e| e.path()))
     {
         let pods = candidate.join(PODS_CGROUP);
         if pods.is_dir() {

@@ -362,7 +362,8 @@ mod tests {
                 .iter()
                 .all(|(_, mtime, uid)| *mtime == 42 && *uid == 0)
         );
-        let link = tar::Archive::new(layer.as_slice())
+        let mut archive = tar::Archive::new(layer.as_slice());
+        let link = archive
             .entries()
             .unwrap()
             .map(Result::unwrap)
