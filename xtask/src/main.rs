@@ -3,6 +3,7 @@
 mod bench;
 mod chaos;
 mod charts;
+mod cluster;
 mod crds;
 mod ebpf;
 mod fuzz;
@@ -46,6 +47,10 @@ enum Command {
     BenchPolicy,
     /// Run two operator replicas through random operations, kills and API faults.
     Chaos(chaos::ChaosArgs),
+    /// A real single-node Kubernetes (v1.28, Multus thin) on this machine for the
+    /// end-to-end tier: up, down, status (root).
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
     /// Check licenses, duplicate crates and sources against .cargo/deny.toml (offline).
@@ -71,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(command) => bench::run(command),
         Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),
         Command::Chaos(args) => chaos::run(&args),
+        Command::Cluster(command) => cluster::run(command),
         Command::Clippy => tasks::clippy(),
         Command::Deny => tasks::deny(),
         Command::Fuzz(args) => fuzz::run(&args),

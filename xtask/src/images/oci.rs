@@ -25,6 +25,9 @@ pub enum Node {
     Dir(u32),
     /// A regular file: mode and contents.
     File(u32, Vec<u8>),
+    /// A symbolic link to the path given (one copy of a multi-call binary
+    /// serves many command names).
+    Symlink(String),
 }
 
 /// One layer: paths relative to `/` (no leading slash) and what they are.
@@ -267,6 +270,12 @@ fn tar_of(nodes: &BTreeMap<String, Node>, mtime: u64) -> std::io::Result<Vec<u8>
                 header.set_size(bytes.len() as u64);
                 builder.append_data(&mut header, path, bytes.as_slice())?;
             }
+            Node::Symlink(target) => {
+                header.set_entry_type(tar::EntryType::Symlink);
+                header.set_mode(0o777);
+                header.set_size(0);
+                builder.append_link(&mut header, path, target)?;
+            }
         }
     }
     builder.into_inner()
@@ -290,6 +299,7 @@ mod tests {
         layer.add("usr/local/bin/tool", Node::File(0o755, binary.to_vec()));
         layer.add("tmp", Node::Dir(0o1777));
         layer.add("usr/bin/other", Node::File(0o755, b"other".to_vec()));
+        layer.add("usr/bin/alias", Node::Symlink("other".into()));
         Image {
             reference: "docker.io/flatnet/test:0.1.0".into(),
             created: Timestamp(1_700_000_000),
@@ -340,6 +350,7 @@ mod tests {
                 "tmp/",
                 "usr/",
                 "usr/bin/",
+                "usr/bin/alias",
                 "usr/bin/other",
                 "usr/local/",
                 "usr/local/bin/",
@@ -350,6 +361,19 @@ mod tests {
             listed
                 .iter()
                 .all(|(_, mtime, uid)| *mtime == 42 && *uid == 0)
+        );
+        let mut archive = tar::Archive::new(layer.as_slice());
+        let link = archive
+            .entries()
+            .unwrap()
+            .map(Result::unwrap)
+            .find(|e| e.path().unwrap().ends_with("alias"))
+            .unwrap();
+        assert_eq!(link.header().entry_type(), tar::EntryType::Symlink);
+        assert_eq!(
+            link.link_name().unwrap().unwrap().to_str(),
+            Some("other"),
+            "a symlink names its target"
         );
     }
 

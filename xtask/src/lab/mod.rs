@@ -18,7 +18,7 @@ mod node;
 mod policy;
 pub(crate) mod process;
 mod report;
-mod topology;
+pub(crate) mod topology;
 
 use std::{
     fs,
