@@ -5,6 +5,7 @@ mod chaos;
 mod charts;
 mod cluster;
 mod crds;
+mod e2e;
 mod ebpf;
 mod fuzz;
 mod images;
@@ -51,6 +52,8 @@ enum Command {
     /// end-to-end tier: up, down, status (root).
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// The real-cluster tier: the release installed on `cluster up` and tested there.
+    E2e(e2e::E2eArgs),
     /// Run clippy with `-D warnings` on user space and on the eBPF crate.
     Clippy,
     /// Check licenses, duplicate crates and sources against .cargo/deny.toml (offline).
@@ -77,6 +80,12 @@ fn main() -> anyhow::Result<()> {
         Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),
         Command::Chaos(args) => chaos::run(&args),
         Command::Cluster(command) => cluster::run(command),
+        Command::E2e(args) => {
+            let mut totals = test_report::Totals::default();
+            let outcome = e2e::run(&args, &mut totals);
+            println!("{}", totals.summary());
+            outcome
+        }
         Command::Clippy => tasks::clippy(),
         Command::Deny => tasks::deny(),
         Command::Fuzz(args) => fuzz::run(&args),

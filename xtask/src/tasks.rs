@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::{
-    bench, chaos, ebpf, fuzz, images, lab, release,
+    bench, chaos, e2e, ebpf, fuzz, images, lab, release,
     test_report::{Totals, run_tests},
     workspace,
 };
@@ -19,9 +19,30 @@ pub struct TestArgs {
 
 impl TestArgs {
     fn require_privileged(&self) -> bool {
-        let ci = std::env::var("CI").is_ok_and(|v| matches!(v.as_str(), "true" | "1" | "yes"));
-        self.require_privileged || ci
+        self.require_privileged || in_ci()
     }
+}
+
+/// Whether the `CI` environment variable is true (`.ci/run` sets it).
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| matches!(v.as_str(), "true" | "1" | "yes"))
+}
+
+/// The real-cluster tier (`cargo xtask e2e`) on the release built above,
+/// when the Kubernetes binaries are found; required in CI.
+fn real_cluster(totals: &mut Totals) -> anyhow::Result<()> {
+    if in_ci() {
+        e2e::require()?;
+    } else if !e2e::available() {
+        return Ok(());
+    }
+    e2e::run(
+        &e2e::E2eArgs {
+            skip_release: true,
+            keep: false,
+        },
+        totals,
+    )
 }
 
 /// Clippy with `-D warnings`: user-space crates, then the eBPF crate.
@@ -149,6 +170,7 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
         &mut totals,
     )
     .and_then(|()| vm_tests(&mut totals))
+    .and_then(|()| real_cluster(&mut totals))
     // Every fuzz target from its seeds for 10 s (90 s, plus the nightly
     // build of the targets, minutes from nothing): a parser change that
     // breaks a property fails here; the long runs are in docs/reliability.md.

@@ -129,6 +129,23 @@ pub fn images() -> anyhow::Result<Vec<Image>> {
     ])
 }
 
+/// Imports the OCI archive `file` into the cluster's containerd (the
+/// namespace the kubelet uses) and checks it now lists `reference`.
+pub fn import(file: &Path, reference: &str) -> anyhow::Result<()> {
+    let file_arg = file.display().to_string();
+    let ctr = |args: &[&str]| {
+        let mut full = vec!["--address", CONTAINERD_SOCKET, "--namespace", K8S_NAMESPACE];
+        full.extend_from_slice(args);
+        crate::lab::process::run("ctr", &full)
+    };
+    ctr(&["images", "import", &file_arg])?;
+    let listed = ctr(&["images", "list", "--quiet"])?;
+    if !listed.lines().any(|line| line == reference) {
+        bail!("ctr imported {} but lists no {reference}: {listed}", file.display());
+    }
+    Ok(())
+}
+
 /// Writes each image's archive into `dir` and imports it (one archive per
 /// `ctr import`, as ctr 1.6 takes them).
 pub fn build_and_import(dir: &Path) -> anyhow::Result<()> {
@@ -145,38 +162,7 @@ pub fn build_and_import(dir: &Path) -> anyhow::Result<()> {
                 .replace(':', "-")
         ));
         fs::write(&file, &written.archive)?;
-        let file_arg = file.display().to_string();
-        crate::lab::process::run(
-            "ctr",
-            &[
-                "--address",
-                CONTAINERD_SOCKET,
-                "--namespace",
-                K8S_NAMESPACE,
-                "images",
-                "import",
-                &file_arg,
-            ],
-        )?;
-        let listed = crate::lab::process::run(
-            "ctr",
-            &[
-                "--address",
-                CONTAINERD_SOCKET,
-                "--namespace",
-                K8S_NAMESPACE,
-                "images",
-                "list",
-                "--quiet",
-            ],
-        )?;
-        if !listed.lines().any(|line| line == image.reference) {
-            bail!(
-                "ctr imported {} but lists no {}: {listed}",
-                file.display(),
-                image.reference
-            );
-        }
+        import(&file, &image.reference)?;
         println!("    {} {}", image.reference, written.manifest_digest);
     }
     Ok(())

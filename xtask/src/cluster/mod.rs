@@ -30,8 +30,8 @@ use clap::{Args, Subcommand};
 
 pub use self::{
     api::Client,
-    binaries::{KUBE_DIR_VAR, binaries_found},
-    images::{PAUSE_IMAGE, TEST_IMAGE},
+    binaries::{KUBE_DIR_VAR, binaries_found, kube_dir},
+    images::{PAUSE_IMAGE, TEST_IMAGE, import as import_image},
 };
 use crate::workspace;
 

@@ -1,0 +1,1003 @@
+//! The release on a real node: flatnet installed from `cargo xtask release`
+//! with the chart's default values onto the single-node cluster of
+//! `cargo xtask cluster up` (kube-apiserver, controller manager, scheduler,
+//! kubelet, containerd, Multus thin), and used as a user would. The flat
+//! network's master is a Linux bridge with LAN hosts in network namespaces.
+//!
+//! `cargo xtask e2e` installs the release, sets `FLATNET_E2E_RELEASE=1` and
+//! the `FLATNET_E2E_*` variables below, and runs this suite; without them
+//! every test says it is skipped. The tests share the cluster and run in
+//! parallel, each in a namespace of its own with a subnet of its own.
+
+mod e2e_support;
+
+use std::{
+    net::IpAddr,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use e2e_support::Converge;
+use flatnet_k8s::{
+    api::{FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet},
+    keys::SUBNET_NAMESPACE,
+};
+use ipnet::IpNet;
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment, StatefulSet},
+    coordination::v1::Lease,
+    core::v1::{Namespace, Pod, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+/// How long a step may take on a 2-core machine before the test fails.
+const CONVERGE: Converge = Converge {
+    within: Duration::from_secs(180),
+    poll: Duration::from_millis(500),
+};
+/// The release's namespace (docs/installation.md).
+const RELEASE_NAMESPACE: &str = "cattle-flat-network";
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+const FLAT_ATTACHMENT: &str = r#"[{"name":"rancher-flat-network","interface":"eth1"}]"#;
+
+/// What `cargo xtask e2e` tells the suite about the cluster it made.
+struct E2e {
+    client: Client,
+    /// The LAN host's network namespace.
+    lan_netns: String,
+    /// The flat network's master on the node (a Linux bridge).
+    master: String,
+    /// The LAN host's addresses, with the LAN's prefixes.
+    lan_v4: IpNet,
+    lan_v6: IpNet,
+    /// The image the test pods run (busybox: sh, sleep, ping, nc, httpd).
+    image: String,
+}
+
+impl E2e {
+    /// The cluster, or `None` (the skip said) when the suite was not started
+    /// by `cargo xtask e2e`.
+    async fn from_env(test: &str) -> Option<Self> {
+        if std::env::var("FLATNET_E2E_RELEASE").is_err() {
+            println!("skipped: {test}: no release installed on a cluster (run `cargo xtask e2e`)");
+            return None;
+        }
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| panic!("cargo xtask e2e sets {name}"))
+        };
+        Some(Self {
+            client: Client::try_default().await.expect("client from KUBECONFIG"),
+            lan_netns: var("FLATNET_E2E_LAN_NETNS"),
+            master: var("FLATNET_E2E_MASTER"),
+            lan_v4: var("FLATNET_E2E_LAN_V4")
+                .parse()
+                .expect("FLATNET_E2E_LAN_V4"),
+            lan_v6: var("FLATNET_E2E_LAN_V6")
+                .parse()
+                .expect("FLATNET_E2E_LAN_V6"),
+            image: var("FLATNET_E2E_IMAGE"),
+        })
+    }
+
+    /// A fresh namespace for one test, deleted by [`Scope::finish`].
+    async fn scope(&self, name: &str) -> Scope {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(name, &DeleteParams::default()).await;
+        CONVERGE
+            .eventually("an earlier namespace of the same name to go", || async {
+                namespaces.get_opt(name).await.ok()?.is_none().then_some(())
+            })
+            .await;
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("create namespace");
+        // Pods cannot be created before the namespace's ServiceAccount exists.
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), name);
+        CONVERGE
+            .eventually("the namespace's default ServiceAccount", || async {
+                accounts.get_opt("default").await.ok()?.map(|_| ())
+            })
+            .await;
+        Scope {
+            client: self.client.clone(),
+            name: name.to_owned(),
+            subnets: Vec::new(),
+        }
+    }
+
+    /// An IPv4 macvlan subnet on the master: addresses `first..=last` of
+    /// the LAN (host parts), the LAN host as gateway.
+    fn subnet_v4(&self, name: &str, first: u8, last: u8) -> Value {
+        let IpAddr::V4(host) = self.lan_v4.addr() else {
+            panic!("FLATNET_E2E_LAN_V4 is no IPv4 address")
+        };
+        let at = |n: u8| {
+            let mut octets = host.octets();
+            octets[3] = n;
+            std::net::Ipv4Addr::from(octets).to_string()
+        };
+        json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+            "metadata": {"name": name, "namespace": SUBNET_NAMESPACE},
+            "spec": {"flatMode": "macvlan", "master": self.master, "mode": "bridge",
+                     "cidr": self.lan_v4.trunc().to_string(), "gateway": host.to_string(),
+                     "ranges": [{"from": at(first), "to": at(last)}]}
+        })
+    }
+
+    /// The IPv6 twin of [`E2e::subnet_v4`].
+    fn subnet_v6(&self, name: &str, first: u16, last: u16) -> Value {
+        let IpAddr::V6(host) = self.lan_v6.addr() else {
+            panic!("FLATNET_E2E_LAN_V6 is no IPv6 address")
+        };
+        let at = |n: u16| {
+            let mut segments = host.segments();
+            segments[7] = n;
+            std::net::Ipv6Addr::from(segments).to_string()
+        };
+        json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+            "metadata": {"name": name, "namespace": SUBNET_NAMESPACE},
+            "spec": {"flatMode": "macvlan", "master": self.master, "mode": "bridge",
+                     "cidr": self.lan_v6.trunc().to_string(), "gateway": host.to_string(),
+                     "ranges": [{"from": at(first), "to": at(last)}]}
+        })
+    }
+
+    /// A pod template with a flat attachment on `subnets` (comma-separated).
+    fn flat_template(&self, app: &str, subnets: &str, ip: &str) -> Value {
+        json!({
+            "metadata": {
+                "labels": {"app": app},
+                "annotations": {
+                    NETWORKS: FLAT_ATTACHMENT,
+                    "flatnetwork.pandaria.io/subnet": subnets,
+                    "flatnetwork.pandaria.io/ip": ip,
+                }
+            },
+            "spec": self.pod_spec(),
+        })
+    }
+
+    /// A container that serves HTTP on port 8080 and lives until deleted.
+    fn pod_spec(&self) -> Value {
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "c", "image": self.image, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "echo ok > /index.html && exec httpd -f -p 8080 -h /"],
+                "securityContext": {"capabilities": {"add": ["NET_RAW"]}}
+            }]
+        })
+    }
+
+    /// Runs `command` in the LAN host's namespace; whether it succeeded.
+    fn on_lan_host(&self, command: &[&str]) -> bool {
+        in_netns(&self.lan_netns, command)
+    }
+}
+
+/// One test's namespace and subnets, removed at the end.
+struct Scope {
+    client: Client,
+    name: String,
+    subnets: Vec<String>,
+}
+
+impl Scope {
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Creates (or takes over) a subnet and waits until it is Active.
+    async fn subnet(&mut self, subnet: Value) -> FlatNetworkSubnet {
+        let subnets: Api<FlatNetworkSubnet> =
+            Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
+        let name = subnet["metadata"]["name"].as_str().unwrap().to_owned();
+        subnets
+            .patch(
+                &name,
+                &PatchParams::apply("flatnet-e2e").force(),
+                &Patch::Apply(&subnet),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("apply subnet {name}: {e}"));
+        self.subnets.push(name.clone());
+        CONVERGE
+            .eventually(&format!("subnet {name} to be Active"), || async {
+                let s = subnets.get(&name).await.ok()?;
+                (s.status.as_ref()?.phase == "Active").then_some(s)
+            })
+            .await
+    }
+
+    async fn create<K>(&self, object: Value) -> K
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let object: K = serde_json::from_value(object).expect("a valid object");
+        self.api::<K>()
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("create {}: {e}", object.name_any()))
+    }
+
+    /// Waits for `n` running pods labelled `app` with every flat record
+    /// holding an address; returns the pods' flat addresses by pod name.
+    async fn running_flat_pods(
+        &self,
+        app: &str,
+        n: usize,
+        families: usize,
+    ) -> Vec<(String, Vec<IpAddr>)> {
+        let pods: Api<Pod> = self.api();
+        let records: Api<FlatNetworkIP> = self.api();
+        let selector = ListParams::default().labels(&format!("app={app}"));
+        CONVERGE
+            .eventually(
+                &format!("{n} running pods of {app} with flat addresses"),
+                || async {
+                    let running: Vec<Pod> = pods
+                        .list(&selector)
+                        .await
+                        .ok()?
+                        .items
+                        .into_iter()
+                        .filter(|p| {
+                            p.metadata.deletion_timestamp.is_none()
+                                && p.status.as_ref().and_then(|s| s.phase.as_deref())
+                                    == Some("Running")
+                        })
+                        .collect();
+                    if running.len() != n {
+                        return None;
+                    }
+                    let all = records.list(&ListParams::default()).await.ok()?.items;
+                    let mut out = Vec::new();
+                    for pod in running {
+                        let name = pod.name_any();
+                        let addresses: Vec<IpAddr> = all
+                            .iter()
+                            .filter(|r| record_of(r, &name))
+                            .filter(|r| r.status.as_ref().is_some_and(|s| s.phase == "Active"))
+                            .filter_map(|r| r.status.as_ref()?.addr)
+                            .collect();
+                        if addresses.len() != families {
+                            return None;
+                        }
+                        out.push((name, addresses));
+                    }
+                    Some(out)
+                },
+            )
+            .await
+    }
+
+    /// Deletes the namespace, waits until it is gone, then deletes the
+    /// subnets, which the operator frees once no record holds them.
+    async fn finish(self) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+        CONVERGE
+            .eventually(&format!("namespace {} to go", self.name), || async {
+                namespaces
+                    .get_opt(&self.name)
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            })
+            .await;
+        let subnets: Api<FlatNetworkSubnet> =
+            Api::namespaced(self.client.clone(), SUBNET_NAMESPACE);
+        for name in &self.subnets {
+            let _ = subnets.delete(name, &DeleteParams::default()).await;
+            CONVERGE
+                .eventually(&format!("subnet {name} to go"), || async {
+                    subnets.get_opt(name).await.ok()?.is_none().then_some(())
+                })
+                .await;
+        }
+    }
+}
+
+/// Whether FlatNetworkIP `record` is the pod's (named like the pod, an
+/// IPv6 record with a `.ipv6`-style suffix).
+fn record_of(record: &FlatNetworkIP, pod: &str) -> bool {
+    let name = record.name_any();
+    name == pod
+        || name
+            .strip_prefix(pod)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// Runs `command` inside network namespace `netns`; whether it succeeded.
+fn in_netns(netns: &str, command: &[&str]) -> bool {
+    let output = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .args(command)
+        .output()
+        .expect("run ip netns exec");
+    if !output.status.success() {
+        eprintln!(
+            "in {netns}: {} failed: {}{}",
+            command.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    output.status.success()
+}
+
+fn host_output(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The network namespace (containerd's `cni-...`) holding `address`.
+fn netns_with(address: IpAddr) -> String {
+    let wanted = format!(" {address}/");
+    host_output("ip", &["netns", "list"])
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .find(|name| host_output("ip", &["-n", name, "-o", "addr", "show"]).contains(&wanted))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no network namespace holds {address}"))
+}
+
+fn ping_args(address: IpAddr) -> Vec<String> {
+    vec![
+        "ping".into(),
+        if address.is_ipv6() { "-6" } else { "-4" }.into(),
+        "-c".into(),
+        "2".into(),
+        "-W".into(),
+        "2".into(),
+        address.to_string(),
+    ]
+}
+
+/// Pings `to` from `netns` until it answers (a new address may need a
+/// moment for the LAN's neighbour caches); fails after the convergence bound.
+async fn reachable(netns: &str, to: IpAddr) {
+    let args = ping_args(to);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    CONVERGE
+        .eventually(&format!("{to} to answer pings from {netns}"), || async {
+            in_netns(netns, &args).then_some(())
+        })
+        .await;
+}
+
+/// Flat pods over IPv4, IPv6 and dual stack, attached by Multus through
+/// flatnet-cni: each reaches the other pods and the LAN host, the LAN host
+/// reaches each, and HTTP to a pod's flat address works from the LAN.
+#[tokio::test]
+async fn flat_pods_reach_each_other_and_the_lan_over_ipv4_ipv6_and_dual_stack() {
+    let test = "flat_pods_reach_each_other_and_the_lan_over_ipv4_ipv6_and_dual_stack";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-traffic").await;
+    scope.subnet(e2e.subnet_v4("e2e-traffic-v4", 20, 29)).await;
+    scope
+        .subnet(e2e.subnet_v6("e2e-traffic-v6", 0x20, 0x29))
+        .await;
+    for (app, subnets, families) in [
+        ("v4", "e2e-traffic-v4", 1),
+        ("v6", "e2e-traffic-v6", 1),
+        ("dual", "e2e-traffic-v4,e2e-traffic-v6", 2),
+    ] {
+        scope
+            .create::<Deployment>(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": app},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": app}},
+                         "template": e2e.flat_template(app, subnets, "auto")}
+            }))
+            .await;
+        let pods = scope.running_flat_pods(app, 2, families).await;
+        for (_, addresses) in &pods {
+            for address in addresses {
+                reachable(&e2e.lan_netns, *address).await;
+                let url = match address {
+                    IpAddr::V4(a) => format!("http://{a}:8080/"),
+                    IpAddr::V6(a) => format!("http://[{a}]:8080/"),
+                };
+                assert!(
+                    e2e.on_lan_host(&["busybox", "wget", "-q", "-O", "/dev/null", &url]),
+                    "HTTP to {url} from the LAN host"
+                );
+            }
+        }
+        // Pod to pod and pod to LAN host, from inside the first pod.
+        let first = netns_with(pods[0].1[0]);
+        for address in &pods[1].1 {
+            reachable(&first, *address).await;
+        }
+        for host in [e2e.lan_v4.addr(), e2e.lan_v6.addr()] {
+            if pods[0].1.iter().any(|a| a.is_ipv6() == host.is_ipv6()) {
+                reachable(&first, host).await;
+            }
+        }
+    }
+    scope.finish().await;
+}
+
+/// A Service selecting flat pods gets its `<name>-flat-network` headless
+/// twin whose EndpointSlices list the pods' flat addresses.
+#[tokio::test]
+async fn a_service_gets_a_headless_twin_with_the_flat_addresses() {
+    let test = "a_service_gets_a_headless_twin_with_the_flat_addresses";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-services").await;
+    scope.subnet(e2e.subnet_v4("e2e-services-v4", 30, 39)).await;
+    scope
+        .create::<Deployment>(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                     "template": e2e.flat_template("web", "e2e-services-v4", "auto")}
+        }))
+        .await;
+    scope
+        .create::<Service>(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+        }))
+        .await;
+    let pods = scope.running_flat_pods("web", 2, 1).await;
+    let mut want: Vec<String> = pods.iter().map(|(_, a)| a[0].to_string()).collect();
+    want.sort();
+    let services: Api<Service> = scope.api();
+    let twin = CONVERGE
+        .eventually("the web-flat-network Service", || async {
+            services.get_opt("web-flat-network").await.ok()?
+        })
+        .await;
+    assert_eq!(
+        twin.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()),
+        Some("None"),
+        "the twin is headless"
+    );
+    let slices: Api<EndpointSlice> = scope.api();
+    let by_service = ListParams::default().labels("kubernetes.io/service-name=web-flat-network");
+    CONVERGE
+        .eventually(
+            "EndpointSlices naming both pods' flat addresses",
+            || async {
+                let mut got: Vec<String> = slices
+                    .list(&by_service)
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .flat_map(|s| s.endpoints)
+                    .flat_map(|e| e.addresses)
+                    .collect();
+                got.sort();
+                (got == want).then_some(())
+            },
+        )
+        .await;
+    scope.finish().await;
+}
+
+/// Scaling to zero gives back every address and MAC; a StatefulSet's pods
+/// keep their addresses when they are recreated.
+#[tokio::test]
+async fn scale_to_zero_frees_everything_and_a_statefulset_keeps_its_addresses() {
+    let test = "scale_to_zero_frees_everything_and_a_statefulset_keeps_its_addresses";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-lifecycle").await;
+    scope
+        .subnet(e2e.subnet_v4("e2e-lifecycle-v4", 40, 49))
+        .await;
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(e2e.client.clone(), SUBNET_NAMESPACE);
+    let used = || async {
+        let s = subnets.get("e2e-lifecycle-v4").await.ok()?;
+        let status = s.status?;
+        Some((status.used_ip_count, status.used_mac.len()))
+    };
+    let before = used().await.expect("the subnet's status");
+
+    scope
+        .create::<StatefulSet>(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db"},
+            "spec": {"serviceName": "db", "replicas": 3, "selector": {"matchLabels": {"app": "db"}},
+                     "template": e2e.flat_template("db", "e2e-lifecycle-v4", "auto")}
+        }))
+        .await;
+    let mut first = scope.running_flat_pods("db", 3, 1).await;
+    first.sort();
+    // Every pod recreated: each comes back with its address.
+    let pods: Api<Pod> = scope.api();
+    let by_app = ListParams::default().labels("app=db");
+    let old_uids: Vec<String> = pods
+        .list(&by_app)
+        .await
+        .expect("list the StatefulSet's pods")
+        .items
+        .iter()
+        .map(|p| p.uid().unwrap_or_default())
+        .collect();
+    pods.delete_collection(&DeleteParams::default(), &by_app)
+        .await
+        .expect("delete the StatefulSet's pods");
+    CONVERGE
+        .eventually("the StatefulSet's pods to be recreated", || async {
+            let list = pods.list(&by_app).await.ok()?.items;
+            let recreated = list.len() == 3
+                && list
+                    .iter()
+                    .all(|p| !old_uids.contains(&p.uid().unwrap_or_default()));
+            recreated.then_some(())
+        })
+        .await;
+    let mut second = scope.running_flat_pods("db", 3, 1).await;
+    second.sort();
+    assert_eq!(first, second, "StatefulSet pods keep their addresses");
+
+    let statefulsets: Api<StatefulSet> = scope.api();
+    statefulsets
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .expect("scale to 0");
+    CONVERGE
+        .eventually(
+            "every address and MAC given back after scaling to 0",
+            || async { (used().await? == before).then_some(()) },
+        )
+        .await;
+    scope.finish().await;
+}
+
+/// The admission webhook answers through the API server: a subnet with a
+/// bad CIDR is refused with the webhook's reason.
+#[tokio::test]
+async fn the_webhook_refuses_a_bad_subnet() {
+    let test = "the_webhook_refuses_a_bad_subnet";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(e2e.client.clone(), SUBNET_NAMESPACE);
+    let mut bad = e2e.subnet_v4("e2e-bad", 50, 59);
+    bad["spec"]["cidr"] = json!("192.168.150.0/33");
+    let bad: FlatNetworkSubnet = serde_json::from_value(bad).unwrap();
+    let error = subnets
+        .create(&PostParams::default(), &bad)
+        .await
+        .expect_err("a /33 subnet is refused");
+    let kube::Error::Api(status) = error else {
+        panic!("expected a refusal from the API server, got {error}")
+    };
+    assert!(
+        status.message.contains("denied the request") && status.message.contains("cidr"),
+        "refused by the webhook, naming the field: {}",
+        status.message
+    );
+}
+
+/// Changing a subnet's MTU reaches the flat interfaces of running pods.
+#[tokio::test]
+async fn a_subnet_mtu_change_reaches_running_pods() {
+    let test = "a_subnet_mtu_change_reaches_running_pods";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-mtu").await;
+    scope.subnet(e2e.subnet_v4("e2e-mtu-v4", 60, 69)).await;
+    scope
+        .create::<Deployment>(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "mtu"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "mtu"}},
+                     "template": e2e.flat_template("mtu", "e2e-mtu-v4", "auto")}
+        }))
+        .await;
+    let pods = scope.running_flat_pods("mtu", 1, 1).await;
+    let netns = netns_with(pods[0].1[0]);
+    let subnets: Api<FlatNetworkSubnet> = Api::namespaced(e2e.client.clone(), SUBNET_NAMESPACE);
+    subnets
+        .patch(
+            "e2e-mtu-v4",
+            &PatchParams::apply("flatnet-e2e").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
+                "metadata": {"name": "e2e-mtu-v4"},
+                "spec": {"mtu": 1400}
+            })),
+        )
+        .await
+        .expect("set the subnet's MTU");
+    CONVERGE
+        .eventually("eth1 of the running pod at MTU 1400", || async {
+            host_output("ip", &["-n", &netns, "-o", "link", "show", "eth1"])
+                .contains("mtu 1400 ")
+                .then_some(())
+        })
+        .await;
+    scope.finish().await;
+}
+
+/// Restarting the agent (its pod deleted, the DaemonSet starting another)
+/// does not interrupt traffic to a running flat pod.
+#[tokio::test]
+async fn an_agent_restart_under_traffic_drops_nothing() {
+    let test = "an_agent_restart_under_traffic_drops_nothing";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-agent-restart").await;
+    scope.subnet(e2e.subnet_v4("e2e-restart-v4", 70, 79)).await;
+    scope
+        .create::<Deployment>(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "steady"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "steady"}},
+                     "template": e2e.flat_template("steady", "e2e-restart-v4", "auto")}
+        }))
+        .await;
+    let pods = scope.running_flat_pods("steady", 1, 1).await;
+    let address = pods[0].1[0];
+    reachable(&e2e.lan_netns, address).await;
+
+    // 20 s of pings at 20 per second while the agent is replaced.
+    let ping = std::thread::spawn({
+        let lan = e2e.lan_netns.clone();
+        move || {
+            Command::new("ip")
+                .args([
+                    "netns", "exec", &lan, "ping", "-4", "-i", "0.05", "-c", "400", "-W", "1",
+                ])
+                .arg(address.to_string())
+                .output()
+                .expect("run ping")
+        }
+    });
+    let agents: Api<Pod> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let by_app = ListParams::default().labels("app.kubernetes.io/component=agent");
+    let old = agents.list(&by_app).await.expect("list agents").items;
+    assert_eq!(old.len(), 1, "one agent on the one node");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agents
+        .delete(&old[0].name_any(), &DeleteParams::default())
+        .await
+        .expect("delete the agent's pod");
+    let daemonsets: Api<DaemonSet> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    CONVERGE
+        .eventually("a new agent ready", || async {
+            let list = agents.list(&by_app).await.ok()?.items;
+            let fresh = list.iter().any(|p| p.uid() != old[0].uid());
+            let ds = daemonsets.get("flatnet-agent").await.ok()?;
+            let ready = ds.status.as_ref()?.number_ready == 1;
+            (fresh && ready).then_some(())
+        })
+        .await;
+    let output = ping.join().expect("ping thread");
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        summary.contains("400 packets transmitted, 400 received"),
+        "every ping answered while the agent restarted: {summary}"
+    );
+    scope.finish().await;
+}
+
+/// Two operator replicas (the chart's default): the leader's pod killed,
+/// the other takes the Lease and serves the next pod.
+#[tokio::test]
+async fn the_next_operator_replica_takes_over_from_a_killed_leader() {
+    let test = "the_next_operator_replica_takes_over_from_a_killed_leader";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let leases: Api<Lease> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let holder = |lease: &Lease| lease.spec.as_ref()?.holder_identity.clone();
+    let lease_name = leases
+        .list(&ListParams::default())
+        .await
+        .expect("list leases")
+        .items
+        .into_iter()
+        .find(|l| l.name_any().contains("operator") && holder(l).is_some())
+        .map(|l| l.name_any())
+        .expect("the operator's leader Lease");
+    let leader = holder(&leases.get(&lease_name).await.unwrap()).expect("a holder");
+    let operators: Api<Pod> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let started = Instant::now();
+    operators
+        .delete(&leader, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap_or_else(|e| panic!("kill the leader {leader}: {e}"));
+    let next = CONVERGE
+        .eventually("another replica holding the Lease", || async {
+            let now = holder(&leases.get(&lease_name).await.ok()?)?;
+            (now != leader).then_some(now)
+        })
+        .await;
+    println!(
+        "leader {leader} killed; {next} took over after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The new leader does the work: a new flat pod gets its address.
+    let mut scope = e2e.scope("e2e-failover").await;
+    scope.subnet(e2e.subnet_v4("e2e-failover-v4", 80, 89)).await;
+    scope
+        .create::<Deployment>(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "after"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "after"}},
+                     "template": e2e.flat_template("after", "e2e-failover-v4", "auto")}
+        }))
+        .await;
+    let pods = scope.running_flat_pods("after", 1, 1).await;
+    reachable(&e2e.lan_netns, pods[0].1[0]).await;
+    scope.finish().await;
+}
+
+/// A LoadBalancer Service of the floating-IP class gets an address of a
+/// FloatingIPPool on the flat network, and the node answers ARP for it on
+/// the LAN.
+#[tokio::test]
+async fn a_floating_ip_load_balancer_is_answered_on_the_lan() {
+    let test = "a_floating_ip_load_balancer_is_answered_on_the_lan";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let IpAddr::V4(host) = e2e.lan_v4.addr() else {
+        panic!("FLATNET_E2E_LAN_V4 is no IPv4 address")
+    };
+    let at = |n: u8| {
+        let mut octets = host.octets();
+        octets[3] = n;
+        std::net::Ipv4Addr::from(octets).to_string()
+    };
+    let pools: Api<kube::api::DynamicObject> = Api::all_with(
+        e2e.client.clone(),
+        &kube::api::ApiResource {
+            group: "flatnetwork.pandaria.io".into(),
+            version: "v1".into(),
+            api_version: "flatnetwork.pandaria.io/v1".into(),
+            kind: "FloatingIPPool".into(),
+            plural: "floatingippools".into(),
+        },
+    );
+    pools
+        .patch(
+            "e2e-floating",
+            &PatchParams::apply("flatnet-e2e").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FloatingIPPool",
+                "metadata": {"name": "e2e-floating"},
+                "spec": {"cidrs": [e2e.lan_v4.trunc().to_string()],
+                         "ranges": [{"from": at(200), "to": at(209)}],
+                         "targetNetworkInterface": e2e.master}
+            })),
+        )
+        .await
+        .expect("apply the FloatingIPPool");
+    let scope = e2e.scope("e2e-floating").await;
+    scope
+        .create::<Service>(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "lb"},
+            "spec": {"type": "LoadBalancer",
+                     "loadBalancerClass": "flatnetwork.pandaria.io/floating-ip",
+                     "selector": {"app": "lb"},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+        }))
+        .await;
+    let services: Api<Service> = scope.api();
+    let address = CONVERGE
+        .eventually("the Service's floating address", || async {
+            let service = services.get("lb").await.ok()?;
+            service
+                .status?
+                .load_balancer?
+                .ingress?
+                .into_iter()
+                .find_map(|i| i.ip)
+        })
+        .await;
+    let lan_link = host_output("ip", &["-n", &e2e.lan_netns, "-o", "link", "show"])
+        .lines()
+        .filter_map(|line| line.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_owned())
+        .find(|name| name != "lo")
+        .expect("the LAN host's interface");
+    CONVERGE
+        .eventually(
+            &format!("an ARP reply for {address} on the LAN"),
+            || async {
+                e2e.on_lan_host(&["arping", "-c", "2", "-w", "3", "-I", &lan_link, &address])
+                    .then_some(())
+            },
+        )
+        .await;
+    scope.finish().await;
+    let _ = pools.delete("e2e-floating", &DeleteParams::default()).await;
+}
+
+/// Right after `helm install` and after `helm upgrade` (a step of
+/// `cargo xtask e2e`): the cluster configuration object reports Available,
+/// which is what `kubectl wait flatnetworkconfig cluster --for
+/// condition=Available` (the chart's notes) waits for, and the agent and
+/// the operator are ready.
+#[tokio::test]
+#[ignore = "a step of `cargo xtask e2e`, run after helm install and upgrade"]
+async fn the_release_becomes_available() {
+    let test = "the_release_becomes_available";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let configs: Api<FlatNetworkConfig> = Api::all(e2e.client.clone());
+    let within = Converge {
+        within: Duration::from_secs(300),
+        poll: Duration::from_secs(1),
+    };
+    // Each new set of conditions is printed: a start that stalls says where.
+    let last = std::cell::RefCell::new(String::new());
+    let started = Instant::now();
+    let available = within
+        .eventually("FlatNetworkConfig cluster Available=True", || {
+            let configs = configs.clone();
+            let last = &last;
+            async move {
+                let config = configs.get_opt("cluster").await.ok()??;
+                let conditions = config.status.map(|s| s.conditions).unwrap_or_default();
+                let summary: Vec<String> = conditions
+                    .iter()
+                    .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                    .collect();
+                let summary = summary.join("; ");
+                if *last.borrow() != summary {
+                    println!("{:>5.1} s  {summary}", started.elapsed().as_secs_f64());
+                    *last.borrow_mut() = summary;
+                }
+                conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Available" && c.status == "True")
+            }
+        })
+        .await;
+    println!("Available: {} ({})", available.reason, available.message);
+    let daemonsets: Api<DaemonSet> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let agent = daemonsets
+        .get("flatnet-agent")
+        .await
+        .expect("the agent DaemonSet");
+    assert_eq!(
+        agent.status.map(|s| s.number_ready),
+        Some(1),
+        "the agent is ready"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let operator = deployments
+        .get("flatnet-operator")
+        .await
+        .expect("the operator Deployment");
+    assert_eq!(
+        operator.status.and_then(|s| s.ready_replicas),
+        Some(2),
+        "both operator replicas are ready"
+    );
+}
+
+/// After `helm uninstall` of both charts (a step of `cargo xtask e2e`):
+/// nothing of flatnet is left in the cluster.
+#[tokio::test]
+#[ignore = "a step of `cargo xtask e2e`, run after helm uninstall"]
+async fn nothing_is_left_after_uninstall() {
+    let test = "nothing_is_left_after_uninstall";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let client = e2e.client.clone();
+    let mut left = Vec::new();
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    CONVERGE
+        .eventually("flatnet's CRDs to go", || async {
+            let names: Vec<String> = crds
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .filter(|n| n.ends_with(".flatnetwork.pandaria.io"))
+                .collect();
+            names.is_empty().then_some(())
+        })
+        .await;
+    let webhooks: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
+        Api::all(client.clone());
+    for webhook in webhooks.list(&ListParams::default()).await.unwrap().items {
+        if webhook.name_any().contains("flatnet") {
+            left.push(format!(
+                "ValidatingWebhookConfiguration {}",
+                webhook.name_any()
+            ));
+        }
+    }
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    for role in roles.list(&ListParams::default()).await.unwrap().items {
+        if role.name_any().contains("flatnet") {
+            left.push(format!("ClusterRole {}", role.name_any()));
+        }
+    }
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+    for binding in bindings.list(&ListParams::default()).await.unwrap().items {
+        if binding.name_any().contains("flatnet") {
+            left.push(format!("ClusterRoleBinding {}", binding.name_any()));
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    CONVERGE
+        .eventually("flatnet's pods to go", || async {
+            pods.list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    let nads: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource {
+            group: "k8s.cni.cncf.io".into(),
+            version: "v1".into(),
+            api_version: "k8s.cni.cncf.io/v1".into(),
+            kind: "NetworkAttachmentDefinition".into(),
+            plural: "network-attachment-definitions".into(),
+        },
+    );
+    for nad in nads.list(&ListParams::default()).await.unwrap().items {
+        let managed = nad
+            .labels()
+            .get("app.kubernetes.io/managed-by")
+            .is_some_and(|m| m.contains("flatnet"));
+        if managed || nad.name_any() == "rancher-flat-network" {
+            left.push(format!(
+                "NetworkAttachmentDefinition {}/{}",
+                nad.namespace().unwrap_or_default(),
+                nad.name_any()
+            ));
+        }
+    }
+    assert!(left.is_empty(), "left after helm uninstall: {left:#?}");
+}
