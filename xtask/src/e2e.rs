@@ -35,7 +35,12 @@ use crate::{
 const NAMESPACE: &str = "cattle-flat-network";
 const HELM_SCRIPT: &str = "xtask/charts/release.py";
 /// The operator's suites that run the controllers in their own process.
-const IN_PROCESS_SUITES: &[&str] = &["e2e_allocation", "e2e_services", "e2e_webhook", "e2e_migrate"];
+const IN_PROCESS_SUITES: &[&str] = &[
+    "e2e_allocation",
+    "e2e_services",
+    "e2e_webhook",
+    "e2e_migrate",
+];
 
 /// Options of `cargo xtask e2e`.
 #[derive(Args, Default)]
@@ -93,7 +98,14 @@ fn on_cluster(
     let suite = |filter: &[&str]| {
         let mut cargo = workspace::cargo(None);
         cargo
-            .args(["test", "-p", "flatnet-operator", "--test", "e2e_release", "--"])
+            .args([
+                "test",
+                "-p",
+                "flatnet-operator",
+                "--test",
+                "e2e_release",
+                "--",
+            ])
             .args(filter)
             .envs(test_env(cluster));
         cargo
@@ -142,15 +154,26 @@ fn on_cluster(
 /// What the suites need to know of the cluster.
 fn test_env(cluster: &cluster::Cluster) -> Vec<(&'static str, String)> {
     let lan = &cluster.lan_hosts[0];
-    let prefix = |subnet: &str| subnet.split_once('/').map(|(_, p)| p.to_owned()).unwrap_or_default();
+    let prefix = |subnet: &str| {
+        subnet
+            .split_once('/')
+            .map(|(_, p)| p.to_owned())
+            .unwrap_or_default()
+    };
     vec![
         ("KUBECONFIG", cluster.kubeconfig.display().to_string()),
         ("FLATNET_E2E", "1".into()),
         ("FLATNET_E2E_RELEASE", "1".into()),
         ("FLATNET_E2E_LAN_NETNS", lan.netns.into()),
         ("FLATNET_E2E_MASTER", cluster.lan_bridge.into()),
-        ("FLATNET_E2E_LAN_V4", format!("{}/{}", lan.ipv4, prefix(cluster::LAN_SUBNET_V4))),
-        ("FLATNET_E2E_LAN_V6", format!("{}/{}", lan.ipv6, prefix(cluster::LAN_SUBNET_V6))),
+        (
+            "FLATNET_E2E_LAN_V4",
+            format!("{}/{}", lan.ipv4, prefix(cluster::LAN_SUBNET_V4)),
+        ),
+        (
+            "FLATNET_E2E_LAN_V6",
+            format!("{}/{}", lan.ipv6, prefix(cluster::LAN_SUBNET_V6)),
+        ),
         ("FLATNET_E2E_IMAGE", cluster::TEST_IMAGE.into()),
     ]
 }
@@ -192,7 +215,10 @@ pub fn available() -> bool {
 /// Fails when the tier is required and cannot run.
 pub fn require() -> anyhow::Result<()> {
     if cluster::binaries_found().is_none() {
-        bail!("the real-cluster tier is required here and cannot run: {}", missing());
+        bail!(
+            "the real-cluster tier is required here and cannot run: {}",
+            missing()
+        );
     }
     Ok(())
 }

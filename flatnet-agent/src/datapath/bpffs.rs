@@ -73,8 +73,10 @@ pub fn mount_bpffs() -> Result<bool, DatapathError> {
     Ok(true)
 }
 
-/// [`mount_bpffs`] in the host's mount namespace, that of PID 1 in the
-/// host's procfs at `host_proc` (the chart's init container mounts the
+/// Unless [`BPFFS_MOUNT_POINT`] is bpffs already (the chart gives the init
+/// container the host's directory as a volume, so bpffs there is the
+/// host's): [`mount_bpffs`] in the host's mount namespace, that of PID 1 in
+/// the host's procfs at `host_proc` (the chart's init container mounts the
 /// host's `/proc` there), and makes the mount point shared.
 ///
 /// Entering the host's namespace needs no mount propagation: containerd
@@ -83,6 +85,9 @@ pub fn mount_bpffs() -> Result<bool, DatapathError> {
 /// Shared, the mount may then be given to the agent's container with
 /// HostToContainer propagation, which needs a shared or slave mount too.
 pub fn mount_bpffs_on_host(host_proc: &Path) -> Result<bool, DatapathError> {
+    if is_bpffs(Path::new(BPFFS_MOUNT_POINT)) {
+        return Ok(false);
+    }
     let namespace = host_proc.join("1/ns/mnt");
     let error = |reason: String| DatapathError::Bpffs {
         path: PathBuf::from(BPFFS_MOUNT_POINT),
@@ -184,9 +189,29 @@ mod tests {
         fs::create_dir(&host_proc).unwrap();
         std::os::unix::fs::symlink(format!("/proc/{pid}"), host_proc.join("1")).unwrap();
 
-        let first = mount_bpffs_on_host(&host_proc);
-        let mount = bpffs_mount_of(pid);
-        let second = mount_bpffs_on_host(&host_proc);
+        // The init container's own view of /sys/fs/bpf (the volume) has no
+        // bpffs either: a thread in a mount namespace of its own without it.
+        let (first, mount, second) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).unwrap();
+                    mount(
+                        None::<&str>,
+                        "/",
+                        None::<&str>,
+                        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                        None::<&str>,
+                    )
+                    .unwrap();
+                    while nix::mount::umount(BPFFS_MOUNT_POINT).is_ok() {}
+                    let first = mount_bpffs_on_host(&host_proc);
+                    let mount = bpffs_mount_of(pid);
+                    let second = mount_bpffs_on_host(&host_proc);
+                    (first, mount, second)
+                })
+                .join()
+                .unwrap()
+        });
         let _ = host.kill();
         let _ = host.wait();
         assert!(first.unwrap(), "mounted");

@@ -141,7 +141,10 @@ pub fn import(file: &Path, reference: &str) -> anyhow::Result<()> {
     ctr(&["images", "import", &file_arg])?;
     let listed = ctr(&["images", "list", "--quiet"])?;
     if !listed.lines().any(|line| line == reference) {
-        bail!("ctr imported {} but lists no {reference}: {listed}", file.display());
+        bail!(
+            "ctr imported {} but lists no {reference}: {listed}",
+            file.display()
+        );
     }
     Ok(())
 }
