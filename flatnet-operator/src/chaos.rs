@@ -290,7 +290,7 @@ impl Replica {
                                     Arc::new(Metrics::new()),
                                     settings(),
                                     WORKERS,
-                                    allocation::mac_pool::MacPoolView::default(),
+                                    allocation::mac_pool::MacPoolView::new(mac_pool()),
                                     Arc::new(Health::default()),
                                     stop,
                                 )
@@ -633,7 +633,7 @@ impl Run {
                 return Err(format!("{addr} held by {first} and {name}"));
             }
             if !status.mac.is_empty()
-                && record.spec.macs.contains(&status.mac)
+                && (record.spec.macs.contains(&status.mac) || status.mac_from_pool)
                 && let Some(first) = macs.insert(status.mac.clone(), name.clone())
             {
                 return Err(format!("MAC {} held by {first} and {name}", status.mac));
@@ -676,7 +676,12 @@ impl Run {
                 r.spec.macs.contains(&mac).then(|| Mac::parse(&mac).ok())?
             })
             .collect();
-        let ledger = ledger_macs(&self.server);
+        // Pool MACs a record holds through the single path have an owner
+        // claim too; their uniqueness is `check_unique`'s.
+        let mut ledger = ledger_macs(&self.server);
+        if let Some(pool) = mac_pool() {
+            ledger.retain(|mac| !pool.range.contains(*mac));
+        }
         if ledger != named {
             let extra: Vec<String> = ledger.difference(&named).map(ToString::to_string).collect();
             let claims: Vec<String> = self
@@ -760,6 +765,14 @@ impl Run {
         self.report.quiet_points += 1;
         Ok(())
     }
+}
+
+/// The MAC pool of the run: `FLATNET_CHAOS_MAC_POOL=1` turns it on.
+fn mac_pool() -> Option<allocation::mac_pool::ActivePool> {
+    std::env::var_os("FLATNET_CHAOS_MAC_POOL").map(|_| allocation::mac_pool::ActivePool {
+        range: flatnet_k8s::ipam::MacRange::locally_administered(0xfa10),
+        mode: flatnet_k8s::api::MacPoolMode::OptOut,
+    })
 }
 
 /// The fixed MACs the MAC ledgers hold.

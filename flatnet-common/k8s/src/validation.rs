@@ -743,6 +743,23 @@ fn check_routes(routes: &[Route], errors: &mut Vec<SubnetError>) {
 /// Why a subnet cannot coexist with a sibling on the same parent link.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubnetConflict {
+    /// The sibling reaches the same node interface with another master
+    /// and VLAN (`eth0` with VLAN 100, and `eth0.100`): MACs are kept
+    /// unique per master and VLAN, so the two could share one.
+    #[error(
+        "subnet {sibling} reaches interface {ifname} as master {} vlan {}, and this subnet as master {} vlan {}: pods of both would be macvlans of one interface, whose MACs are kept unique per spelling; name it as subnet {sibling} does (master {}, vlan {})",
+        parent.master, parent.vlan, own.master, own.vlan, parent.master, parent.vlan
+    )]
+    Spelling {
+        /// The sibling's name.
+        sibling: String,
+        /// The sibling's parent link.
+        parent: ParentLink,
+        /// This subnet's parent link.
+        own: ParentLink,
+        /// The node interface both name.
+        ifname: String,
+    },
     /// The parent link already carries the other interface kind.
     #[error(
         "subnet {sibling} already uses {parent} in flatMode {sibling_mode}: one interface cannot mix macvlan and ipvlan; use flatMode {sibling_mode} or another master/vlan"
@@ -804,11 +821,13 @@ pub struct SubnetConflicts {
 
 /// Checks `subnet` against every other valid subnet.
 ///
-/// Only subnets on the same parent link (master and VLAN) can conflict, so
-/// passing all subnets is fine; a sibling with the same name (the subnet's
+/// Only subnets on the same node interface can conflict, so passing all
+/// subnets is fine; a sibling with the same name (the subnet's
 /// own previous version) is skipped. Every sibling is checked — a compatible
 /// sibling never ends the search early — and each conflicting sibling is
 /// reported once:
+/// - another master and VLAN naming the same interface (`eth0` with VLAN
+///   100, and `eth0.100`) conflicts: MACs are unique per master and VLAN;
 /// - a different flat mode on the same parent link conflicts;
 /// - with the same flat mode, overlapping CIDRs conflict unless both
 ///   subnets define `ranges` and no two ranges share an address. Range ends
@@ -817,10 +836,24 @@ pub fn check_siblings<'a>(
     subnet: &ValidSubnet,
     siblings: impl IntoIterator<Item = &'a ValidSubnet>,
 ) -> Result<(), SubnetConflicts> {
+    // Siblings are the subnets on the same node interface: the same master
+    // and VLAN, or another spelling of it, which is a conflict of its own.
+    let ifname = subnet.parent.ifname();
     let conflicts: Vec<SubnetConflict> = siblings
         .into_iter()
-        .filter(|s| s.name != subnet.name && s.parent == subnet.parent)
-        .filter_map(|sibling| conflict_with(subnet, sibling))
+        .filter(|s| s.name != subnet.name && s.parent.ifname() == ifname)
+        .filter_map(|sibling| {
+            if sibling.parent == subnet.parent {
+                conflict_with(subnet, sibling)
+            } else {
+                Some(SubnetConflict::Spelling {
+                    sibling: sibling.name.clone(),
+                    parent: sibling.parent.clone(),
+                    own: subnet.parent.clone(),
+                    ifname: ifname.clone(),
+                })
+            }
+        })
         .collect();
     if conflicts.is_empty() {
         Ok(())
@@ -1277,6 +1310,36 @@ mod tests {
             .unwrap_or_default()
     }
 
+    /// Master `eth0` with VLAN 100 and master `eth0.100` are one node
+    /// interface: pods of both are macvlans of it, whose MACs must differ,
+    /// but MACs are claimed per spelling (one ledger per master and VLAN),
+    /// so the pool could give one MAC to a pod of each.
+    #[test]
+    fn one_interface_spelled_two_ways_conflicts() {
+        let tagged = subnet("tagged", "macvlan", 100, "10.0.0.0/24", &[]);
+        let mut named_spec = spec("macvlan", "10.1.0.0/24");
+        named_spec.master = "eth0.100".into();
+        let named = validate_subnet("named", &named_spec).unwrap();
+        assert_eq!(named.parent.ifname(), tagged.parent.ifname());
+        let found = conflicts(&named, std::slice::from_ref(&tagged));
+        assert!(
+            matches!(&found[..], [SubnetConflict::Spelling { sibling, .. }] if sibling == "tagged"),
+            "{found:?}"
+        );
+        let message = check_siblings(&named, std::slice::from_ref(&tagged))
+            .unwrap_err()
+            .to_string();
+        for part in ["tagged", "eth0.100", "master eth0", "vlan 100"] {
+            assert!(message.contains(part), "{part}: {message}");
+        }
+        assert_eq!(conflicts(&tagged, std::slice::from_ref(&named)).len(), 1);
+        // The same spelling is a sibling as before; another VLAN is not.
+        let also_tagged = subnet("also", "macvlan", 100, "10.1.0.0/24", &[]);
+        assert!(check_siblings(&also_tagged, std::slice::from_ref(&tagged)).is_ok());
+        let other = subnet("other", "macvlan", 101, "10.1.0.0/24", &[]);
+        assert!(check_siblings(&other, std::slice::from_ref(&named)).is_ok());
+    }
+
     #[test]
     fn flat_mode_cannot_mix_on_one_link() {
         let existing = [subnet("a", "macvlan", 10, "10.0.0.0/24", &[])];
@@ -1399,7 +1462,8 @@ mod tests {
                 SubnetConflict::Range { sibling, .. } | SubnetConflict::Cidr { sibling, .. } => {
                     sibling.as_str()
                 }
-                SubnetConflict::FlatMode { sibling, .. } => sibling.as_str(),
+                SubnetConflict::FlatMode { sibling, .. }
+                | SubnetConflict::Spelling { sibling, .. } => sibling.as_str(),
             })
             .collect();
         assert_eq!(names, ["b", "c"]);

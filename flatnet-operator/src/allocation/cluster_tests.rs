@@ -290,3 +290,215 @@ async fn a_burst_outrunning_the_watch_history_is_addressed_in_full() {
     assert_eq!(replaced.used_ip_count, 401);
     cluster.stop().await;
 }
+
+/// The pool MAC of every record holding an address, or the first MAC two
+/// records hold (with both holders).
+fn pool_mac_holders(
+    server: &FakeApiServer,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    use flatnet_k8s::api::FlatNetworkIP;
+    let mut holders: std::collections::BTreeMap<String, String> = Default::default();
+    for record in server.list::<FlatNetworkIP>() {
+        let name = record.metadata.name.clone().unwrap_or_default();
+        let status = record.status.unwrap_or_default();
+        if status.addr.is_none() || status.mac.is_empty() {
+            continue;
+        }
+        if let Some(other) = holders.insert(status.mac.clone(), name.clone()) {
+            return Err(format!(
+                "{} handed out twice: {other} and {name}",
+                status.mac
+            ));
+        }
+    }
+    Ok(holders)
+}
+
+/// The chart's default pool: a random range of 16,777,216 MACs, so MACs
+/// are claimed ahead.
+fn wide_pool() -> super::mac_pool::ActivePool {
+    super::mac_pool::ActivePool {
+        range: flatnet_k8s::ipam::MacRange::locally_administered(0x10aa),
+        mode: flatnet_k8s::api::MacPoolMode::OptOut,
+    }
+}
+
+/// The node's agent as the operator sees it: it reads a record allocated
+/// to a pod (from a copy that may be stale), sets the pod up (a random
+/// while), then applies `Active` with the MAC it used, as
+/// `flatnet-agent` does.
+async fn node_agent(server: FakeApiServer, seed: u64) {
+    use flatnet_k8s::api::{FlatNetworkIP, phase};
+    use kube::api::{Patch, PatchParams};
+    let mut rng = Rng(seed | 1);
+    let api: kube::Api<FlatNetworkIP> =
+        kube::Api::namespaced(server.client(), super::fake_cluster::POD_NAMESPACE);
+    loop {
+        for record in server.list::<FlatNetworkIP>() {
+            let status = record.status.clone().unwrap_or_default();
+            if status.phase != phase::PENDING || status.addr.is_none() {
+                continue;
+            }
+            let api = api.clone();
+            let wait = Duration::from_millis(50 + rng.below(400) as u64);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                let name = record.metadata.name.clone().unwrap_or_default();
+                let applied = serde_json::json!({
+                    "apiVersion": "flatnetwork.pandaria.io/v1",
+                    "kind": "FlatNetworkIP",
+                    "status": {"phase": "Active", "mac": status.mac, "node": "node-1", "mtu": 1500},
+                });
+                let params = PatchParams::apply("flatnet-agent").force();
+                let _ = api
+                    .patch_status(&name, &params, &Patch::Apply(applied))
+                    .await;
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `operators` replicas running the controllers at once (a leader and one
+/// that has not noticed it lost the Lease) against a lagging server with
+/// subnets `left` and `right` on one parent link; `pods` pods created
+/// within a second, alternating subnets, then half of them replaced.
+/// Checks at every step that no MAC is held twice, and that every pod
+/// gets one.
+async fn pool_run(seed: u64, operators: usize, pods: usize) -> Result<(), String> {
+    pool_run_with(lagging(seed), seed, operators, pods, wide_pool(), 1).await
+}
+
+/// [`pool_run`] on `server` with `pool` and `rounds` rounds of
+/// replacements.
+async fn pool_run_with(
+    server: FakeApiServer,
+    seed: u64,
+    operators: usize,
+    pods: usize,
+    pool: super::mac_pool::ActivePool,
+    rounds: usize,
+) -> Result<(), String> {
+    use flatnet_k8s::api::FlatNetworkIP;
+    server.insert(&subnet("left", "10.9.0.0/24", Some("10.9.0.1"), &[]));
+    server.insert(&subnet("right", "10.9.1.0/24", Some("10.9.1.1"), &[]));
+    let clusters: Vec<FakeCluster> = (0..operators)
+        .map(|_| {
+            FakeCluster::start_with_mac_pool(server.clone(), Settings::default(), 5, Some(pool))
+        })
+        .collect();
+    let cluster = &clusters[0];
+    for name in ["left", "right"] {
+        cluster.wait_active(name, Duration::from_secs(10)).await?;
+    }
+    let agent = tokio::spawn(node_agent(server.clone(), seed));
+    let side = |i: usize| if i.is_multiple_of(2) { "left" } else { "right" };
+    let pace = Duration::from_millis(900 / pods as u64);
+    for i in 0..pods {
+        cluster.create_pod(&format!("pod-{i}"), side(i));
+        tokio::time::sleep(pace).await;
+        pool_mac_holders(&server)?;
+    }
+    let wait_all = |want: usize| {
+        let server = server.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + SETTLE * 4;
+            loop {
+                let held = pool_mac_holders(&server)?;
+                let live = server
+                    .list::<FlatNetworkIP>()
+                    .iter()
+                    .filter(|r| r.metadata.deletion_timestamp.is_none())
+                    .count();
+                if held.len() == want && live == want {
+                    return Ok::<_, String>(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!("{} of {want} pods have a MAC", held.len()));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_all(pods).await?;
+    let mut rng = Rng(seed | 1);
+    let mut live: Vec<usize> = (0..pods).collect();
+    let mut next = pods;
+    for _ in 0..rounds {
+        for _ in 0..pods / 2 {
+            let victim = live.swap_remove(rng.below(live.len()));
+            cluster.delete_pod(&format!("pod-{victim}"));
+            cluster.create_pod(&format!("pod-{next}"), side(next));
+            live.push(next);
+            next += 1;
+            tokio::time::sleep(pace).await;
+            pool_mac_holders(&server)?;
+        }
+        wait_all(pods).await?;
+    }
+    agent.abort();
+    for cluster in clusters {
+        cluster.stop().await;
+    }
+    Ok(())
+}
+
+/// Pods of two subnets on one parent link created within a second, with
+/// the MAC pool on (the chart's default: a random range of 16,777,216
+/// MACs, so MACs are claimed ahead): each pod gets a MAC of its own, with
+/// the controllers, caches and watches as the operator runs them.
+#[tokio::test]
+async fn pods_of_two_subnets_created_together_never_share_a_pool_mac() {
+    for seed in 1..=4 {
+        pool_run(seed, 1, 12)
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+}
+
+/// As above with two replicas running the controllers at once.
+#[tokio::test]
+async fn two_replicas_never_share_a_pool_mac() {
+    for seed in 1..=4 {
+        pool_run(seed, 2, 24)
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+}
+
+/// Pods replaced over and over on one parent link with a pool barely
+/// larger than the pods, so a MAC given back comes round again soon.
+#[tokio::test]
+async fn replaced_pods_never_share_a_pool_mac_from_a_small_pool() {
+    let pool = super::mac_pool::ActivePool {
+        range: flatnet_k8s::ipam::MacRange::parse("02:aa:00:00:00:01", "02:aa:00:00:00:10")
+            .unwrap(),
+        mode: flatnet_k8s::api::MacPoolMode::OptOut,
+    };
+    for seed in 1..=3 {
+        pool_run_with(lagging(seed), seed, 1, 10, pool, 6)
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+}
+
+/// As above with watches far later than a loaded server's (up to 1.7 s,
+/// in bursts, a history short enough that they relist), two replicas and
+/// two rounds of replacements.
+#[tokio::test]
+async fn very_late_watches_never_share_a_pool_mac() {
+    for seed in 1..=2 {
+        let server = FakeApiServer::realistic(Realism {
+            latency: Duration::from_millis(5),
+            watch_delay: Duration::from_millis(200),
+            watch_spread: Duration::from_millis(1500),
+            burst: Duration::from_millis(200),
+            history: 40,
+            gc_delay: Duration::from_millis(300),
+            seed,
+        });
+        pool_run_with(server, seed, 2, 24, wide_pool(), 2)
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+}

@@ -820,9 +820,11 @@ impl FakeApiServer {
         let manager = query_param(query, "fieldManager").unwrap_or(ownership::UNKNOWN);
         let applied = server_side_apply.then(|| body.clone());
         // A server-side apply of an object that does not exist creates it
-        // (RBAC still asks for `patch` only).
+        // (RBAC still asks for `patch` only); through a subresource it does
+        // not: a real server answers 404 there.
         if server_side_apply
             && method == Method::PATCH
+            && target.subresource.is_none()
             && let Some(missing) = name.filter(|n| !state.objects.contains_key(&key(n)))
         {
             body["metadata"]["name"] = json!(missing);

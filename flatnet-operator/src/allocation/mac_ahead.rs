@@ -167,9 +167,12 @@ pub struct MacAhead {
 }
 
 impl MacAhead {
+    /// The link whose ledger is `parent`'s: keyed by the ledger's name,
+    /// since two parent links may print alike (`eth0` with VLAN 100, and
+    /// `eth0.100`) and one book must never stand for two ledgers.
     fn link(&self, parent: &ParentLink) -> Arc<Link> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(links.entry(parent.to_string()).or_default())
+        Arc::clone(links.entry(mac_ledger::ledger_name(parent)).or_default())
     }
 
     /// Takes up to `count` spare MACs of `range` young enough to hand out.

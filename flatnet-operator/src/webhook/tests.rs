@@ -563,6 +563,20 @@ fn bad_subnets() -> Vec<Case> {
                 &["overlaps range 10.3.0.10-10.3.0.20 of subnet vlan30"],
             ),
         ),
+        create(
+            "one-interface-two-spellings",
+            new_subnet(
+                "s",
+                json!({"flatMode": "macvlan", "master": "eth0.30", "cidr": "10.8.0.0/24"}),
+            ),
+            deny(
+                "subnet_conflict",
+                &[
+                    "subnet vlan30 reaches interface eth0.30 as master eth0 vlan 30",
+                    "name it as subnet vlan30 does (master eth0, vlan 30)",
+                ],
+            ),
+        ),
         update(
             "cidr-change-in-use",
             subnet("net1", net1_spec()),
