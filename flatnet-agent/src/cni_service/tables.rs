@@ -61,7 +61,11 @@ impl<S: DesiredState> Inner<S> {
         let mut maps = self.maps.lock().expect("table maps lock poisoned");
         {
             let mut own = maps.node_macs().map_err(internal)?;
-            own.sync_node(&node_macs).map_err(internal)?;
+            let mut synced = self.node_macs.lock().expect("node MACs lock poisoned");
+            if synced.as_ref() != Some(&node_macs) {
+                own.sync_node(&node_macs).map_err(internal)?;
+                *synced = Some(node_macs);
+            }
             if let Some(mac) = record.mac.as_deref().and_then(parse_mac) {
                 own.add_pod(mac).map_err(internal)?;
             }
