@@ -6,7 +6,8 @@
 //! got from the pool; a LAN host sending frames with that MAC is reported
 //! on the record (Warning Event, condition) and in the agent's metrics,
 //! while the pod's own traffic is not, nor, on a VEPA subnet, the pod's own
-//! frames a switch reflects back to the node.
+//! frames a switch reflects back to the node, nor, on a Linux bridge
+//! master, what the node's pods and interfaces say to each other.
 
 mod support;
 
@@ -16,8 +17,14 @@ use std::{
 };
 
 use flatnet_k8s::{
-    api::{CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus},
-    ipam::{Mac, MacRange},
+    api::{
+        CONDITION_MAC_CONFLICT, FlatNetworkIP, FlatNetworkIPStatus, FlatNetworkSubnet,
+        FlatNetworkWireClaims,
+    },
+    ipam::{
+        Mac, MacRange,
+        foreign_macs::{foreign_macs, inside},
+    },
 };
 use flatnet_operator::allocation::{fake_api::FakeApiServer, mac_pool::ActivePool};
 use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
@@ -27,7 +34,7 @@ use support::{
     TestNetns,
     agent::{FlatPodCluster, StandaloneAgent, macvlan_subnet, serve_with_allocation},
     cni::{IFNAME, run_cni},
-    lan::{send_arp_requests, send_neighbour_advertisements},
+    lan::{SimulatedLan, send_arp_requests, send_neighbour_advertisements},
     ping, privileged, wait_until,
 };
 
@@ -50,7 +57,7 @@ struct Cluster {
     _runtime: tokio::runtime::Runtime,
     /// The agent's `/metrics` address.
     admin: String,
-    _node: TestNetns,
+    node: TestNetns,
     lan: TestNetns,
     master: String,
     _dir: tempfile::TempDir,
@@ -60,6 +67,17 @@ impl Cluster {
     /// The cluster with the pod's subnet in macvlan `mode`; a
     /// `dual_stack` pod also gets an address of the IPv6 subnet `lan6`.
     fn running_for_test(test: &str, mode: &str, dual_stack: bool) -> Option<Self> {
+        Self::running(test, dual_stack, || {
+            FlatPodCluster::new("mc", mode, NODE, POD)
+        })
+    }
+
+    /// The cluster `make` sets up (once the test is known to run).
+    fn running(
+        test: &str,
+        dual_stack: bool,
+        make: impl FnOnce() -> FlatPodCluster,
+    ) -> Option<Self> {
         if !privileged(test) {
             return None;
         }
@@ -70,7 +88,7 @@ impl Cluster {
             dir,
             runtime,
             server,
-        } = FlatPodCluster::new("mc", mode, NODE, POD);
+        } = make();
         if dual_stack {
             server.insert(&macvlan_subnet(
                 "lan6",
@@ -115,7 +133,7 @@ impl Cluster {
             server,
             _runtime: runtime,
             admin,
-            _node: node,
+            node,
             lan,
             master,
             _dir: dir,
@@ -126,15 +144,21 @@ impl Cluster {
 
     /// The runtime's `command` (ADD, DEL) for the pod in `netns`; it must succeed.
     fn cni(&self, command: &str, netns: &TestNetns) {
+        self.cni_for(command, "c1", netns);
+    }
+
+    /// The runtime's `command` for container `container` (pod
+    /// `pod-<container>`) in `netns`; it must succeed.
+    fn cni_for(&self, command: &str, container: &str, netns: &TestNetns) {
         let (ok, out) = run_cni(
             &self.agent.socket(),
             command,
             "flat4",
-            "c1",
+            container,
             Some(&netns.path()),
             json!({}),
         );
-        assert!(ok, "the runtime's {command}: {out}");
+        assert!(ok, "the runtime's {command} of {container}: {out}");
     }
 
     /// The status of the pod's record `name`.
@@ -386,8 +410,26 @@ fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still
         notes.iter().all(|n| n.contains(ROGUE_ADDRESS)),
         "only the rogue is reported: {notes:?}"
     );
+    // The reflection of the pod's own request is in the inventory while
+    // the pod lives, and goes with it: it must not outlive the pod as a
+    // foreign host's claim on its address.
+    let pod_address: IpAddr = POD_ADDRESS.parse().unwrap();
+    let own_claim = |cluster: &Cluster| {
+        inventory(cluster)
+            .iter()
+            .any(|c| c.addr == pod_address && c.mac == mac.0)
+    };
+    assert!(own_claim(&cluster), "{:?}", inventory(&cluster));
     cluster.cni("DEL", &pod);
+    assert!(!own_claim(&cluster), "{:?}", inventory(&cluster));
     cluster.agent.stop();
+}
+
+/// The agent's wire inventory, read from its pinned map.
+fn inventory(cluster: &Cluster) -> Vec<flatnet_agent::datapath::WireClaimEntry> {
+    flatnet_agent::datapath::PinnedMaps::open(&cluster.agent.pin.path)
+        .and_then(|maps| maps.wire_claims())
+        .expect("the inventory")
 }
 
 #[test]
@@ -439,5 +481,217 @@ fn a_dual_stack_pods_mac_claiming_another_ipv6_address_is_reported_on_its_ipv6_r
     );
     assert_eq!(cluster.conflicts_counted("pod_on_this_node"), 0);
     cluster.cni("DEL", &pod);
+    cluster.agent.stop();
+}
+
+/// The second pod of [`frames_between_the_nodes_own_interfaces_are_nobody_elses`].
+const POD_B: &str = "pod-c2";
+/// A LAN host's MAC, outside the pool.
+const ROGUE_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 0x77];
+/// The address of the node's own macvlan on the master.
+const NODE_SHIM_ADDRESS: &str = "192.0.2.6";
+
+/// The agent's report of `lan4`, if written.
+fn wire_report(cluster: &Cluster) -> Option<FlatNetworkWireClaims> {
+    cluster
+        .server
+        .list::<FlatNetworkWireClaims>()
+        .into_iter()
+        .find(|r| r.name_any() == format!("lan4.{NODE}"))
+}
+
+/// Whether `report` lists `ip` claimed by `mac`.
+fn lists(report: &FlatNetworkWireClaims, ip: IpAddr, mac: &str) -> bool {
+    report
+        .spec
+        .claims
+        .iter()
+        .any(|c| c.ip == ip && c.mac == mac)
+}
+
+/// `status.wireExcludedCount` of `lan4`.
+fn wire_excluded(cluster: &Cluster) -> i64 {
+    cluster
+        .server
+        .list::<FlatNetworkSubnet>()
+        .into_iter()
+        .find(|s| s.name_any() == "lan4")
+        .and_then(|s| s.status)
+        .map_or(0, |s| s.wire_excluded_count)
+}
+
+/// Two pods on one node, a Linux bridge as their master, and a macvlan of
+/// the node itself on that bridge: what they say to each other crosses
+/// the bridge's ingress (a macvlan hands a frame for a sibling to its
+/// lower device's receive path first) without ever being on the wire. It
+/// is no MAC conflict, no foreign claim in the inventory or in the node's
+/// report while the pods live or after they are gone, and it neither
+/// holds their addresses out of the pool nor puts their MACs among those
+/// `MacRangeShared` blames; LAN hosts using a pod's MAC or address still
+/// are reported.
+#[test]
+fn frames_between_the_nodes_own_interfaces_are_nobody_elses() {
+    let Some(mut cluster) = Cluster::running(
+        "frames_between_the_nodes_own_interfaces_are_nobody_elses",
+        false,
+        || {
+            let lan = SimulatedLan::bridged("mb", &["192.0.2.1/24"]);
+            FlatPodCluster::on_lan(lan, "bridge", NODE, POD)
+        },
+    ) else {
+        return;
+    };
+    let mut second = cluster
+        .server
+        .list::<Pod>()
+        .into_iter()
+        .find(|p| p.name_any() == POD)
+        .expect("the first pod");
+    second.metadata.name = Some(POD_B.into());
+    second.metadata.uid = None;
+    second.metadata.resource_version = None;
+    cluster.server.insert(&second);
+    // The node's own macvlan on the master, with an address of the subnet.
+    let master = cluster.master.clone();
+    cluster.node.ip(&[
+        "link", "add", "shim0", "link", &master, "type", "macvlan", "mode", "bridge",
+    ]);
+    cluster
+        .node
+        .add_address("shim0", &format!("{NODE_SHIM_ADDRESS}/24"));
+    cluster.node.ip(&["link", "set", "shim0", "up"]);
+
+    wait_until("both records allocated with pool MACs", || {
+        [POD, POD_B].iter().all(|name| {
+            let status = cluster.status_of(name);
+            status.addr.is_some() && status.mac_from_pool
+        })
+    });
+    let pod_a = TestNetns::new("mba-");
+    let pod_b = TestNetns::new("mbb-");
+    cluster.cni_for("ADD", "c1", &pod_a);
+    cluster.cni_for("ADD", "c2", &pod_b);
+    wait_until("both records Active", || {
+        [POD, POD_B]
+            .iter()
+            .all(|name| cluster.status_of(name).phase == "Active")
+    });
+    let (a, b) = (cluster.status_of(POD), cluster.status_of(POD_B));
+    let (a_ip, b_ip) = (a.addr.expect("allocated"), b.addr.expect("allocated"));
+    let a_mac: Mac = a.mac.parse().unwrap();
+    let shim_mac = {
+        let out = cluster.node.ip(&["-o", "link", "show", "dev", "shim0"]);
+        let after = out.split("link/ether ").nth(1).expect("an Ethernet link");
+        after.split_whitespace().next().unwrap().to_owned()
+    };
+
+    // Each answers the other's ARP request (and its own neighbour
+    // discovery) with a unicast reply through the bridge's ingress, and
+    // so does the node's macvlan.
+    ping(&pod_a, &b_ip.to_string());
+    for ns in [&pod_a, &pod_b] {
+        ns.ip(&["neigh", "flush", "all"]);
+    }
+    ping(&pod_b, &a_ip.to_string());
+    pod_a.ip(&["neigh", "flush", "all"]);
+    ping(&pod_a, NODE_SHIM_ADDRESS);
+
+    // LAN hosts: one with the first pod's MAC claiming another address,
+    // one with another MAC claiming the first pod's address.
+    cluster.rogue_announces(a_mac.0, ROGUE_ADDRESS);
+    let IpAddr::V4(a_v4) = a_ip else {
+        panic!("an IPv4 address")
+    };
+    send_arp_requests(&cluster.lan, "lan0", ROGUE_MAC, a_v4, a_v4);
+    wait_until("the rogue counted", || {
+        cluster.conflicts_counted("other_address") >= 1
+    });
+    assert_eq!(
+        cluster.conflicts_counted("pod_on_this_node"),
+        0,
+        "the pods' frames to each other are no clone on the LAN"
+    );
+    // Counted before its Event is written.
+    wait_until("the rogue reported", || {
+        !cluster.conflict_events().is_empty()
+    });
+    let notes = cluster.conflict_events();
+    assert!(
+        notes.iter().all(|n| n.contains(ROGUE_ADDRESS)),
+        "only the rogue is reported: {notes:?}"
+    );
+    assert!(
+        cluster.conflict_events_on(POD_B).is_empty(),
+        "{:?}",
+        cluster.conflict_events_on(POD_B)
+    );
+
+    // The inventory: the rogues, nothing said between the node's own interfaces.
+    let own: Vec<String> = vec![a.mac.clone(), b.mac.clone(), shim_mac.clone()];
+    let claims = inventory(&cluster);
+    let rogue_mac = flatnet_agent::datapath::format_mac(ROGUE_MAC);
+    let seen = |ip: IpAddr, mac: &str| {
+        claims
+            .iter()
+            .any(|c| c.addr == ip && flatnet_agent::datapath::format_mac(c.mac) == mac)
+    };
+    assert!(seen(a_ip, &rogue_mac), "{claims:?}");
+    assert!(seen(ROGUE_ADDRESS.parse().unwrap(), &a.mac), "{claims:?}");
+    let between_own: Vec<_> = claims
+        .iter()
+        .filter(|c| own.contains(&flatnet_agent::datapath::format_mac(c.mac)))
+        .filter(|c| c.addr != ROGUE_ADDRESS.parse::<IpAddr>().unwrap())
+        .collect();
+    assert!(
+        between_own.is_empty(),
+        "claims by the node's own interfaces: {between_own:?}"
+    );
+
+    // The pods go; their records with them.
+    cluster.cni_for("DEL", "c1", &pod_a);
+    cluster.cni_for("DEL", "c2", &pod_b);
+    // The fake API server has no garbage collector: the records go as
+    // their owner's would.
+    for name in [POD, POD_B] {
+        cluster.server.delete::<Pod>("default", name);
+        cluster.server.delete::<FlatNetworkIP>("default", name);
+    }
+    // Once the first pod's record is gone its MAC is nobody's in the
+    // cluster, so the rogue using it shows in the node's report.
+    let rogue_address: IpAddr = ROGUE_ADDRESS.parse().unwrap();
+    wait_until("a report written after the records went", || {
+        wire_report(&cluster).is_some_and(|r| lists(&r, rogue_address, &a.mac))
+    });
+    let report = wire_report(&cluster).expect("written");
+    assert!(lists(&report, a_ip, &rogue_mac), "{report:?}");
+    let own_claims: Vec<_> = report
+        .spec
+        .claims
+        .iter()
+        .filter(|c| c.ip != rogue_address)
+        .filter(|c| own.contains(&c.mac) || c.ip == b_ip || c.ip.to_string() == NODE_SHIM_ADDRESS)
+        .collect();
+    assert!(
+        own_claims.is_empty(),
+        "the node's own frames reported as another host's: {own_claims:?}"
+    );
+    // Only the address the LAN host took is held out of the pool.
+    wait_until("the subnet reading the report", || {
+        wire_excluded(&cluster) >= 1
+    });
+    assert_eq!(wire_excluded(&cluster), 1, "{report:?}");
+    // MacRangeShared's view of the reports: the rogue's pool MAC only.
+    let reports = cluster.server.list::<FlatNetworkWireClaims>();
+    let foreign = foreign_macs(
+        reports.iter(),
+        k8s_openapi::jiff::Timestamp::now(),
+        std::time::Duration::from_secs(3600),
+    );
+    let range = MacRange::parse(POOL_START, POOL_END).unwrap();
+    let in_range: Vec<String> = inside(&range, &foreign)
+        .into_iter()
+        .map(|c| c.mac)
+        .collect();
+    assert_eq!(in_range, vec![a.mac.clone()]);
     cluster.agent.stop();
 }

@@ -1833,3 +1833,95 @@ fn test_run_records_the_requesters_of_watched_addresses_only() {
         "bpftool did not show BTF field names: {dump}"
     );
 }
+
+/// An ARP reply from `src` to `dst` claiming `ip` for `src`.
+fn arp_reply_between(src: [u8; 6], dst: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
+    arp_frame(
+        src,
+        dst,
+        ArpOperation::REPLY,
+        (src, ip),
+        (dst, Ipv4Addr::new(192, 0, 2, 1)),
+    )
+    .unwrap()
+}
+
+/// A frame between two of the node's own MACs (a pod answering another
+/// pod on the same master: the kernel hands it to the master's receive
+/// path without it ever being on the wire) claims nothing: no inventory
+/// entry, no conflict. A frame with one end off the node (broadcast, to a
+/// LAN host, from a LAN host) still does, whatever MAC it carries.
+#[test]
+fn test_run_takes_no_claim_from_frames_between_the_nodes_own_macs() {
+    if !privileged("test_run_takes_no_claim_from_frames_between_the_nodes_own_macs") {
+        return;
+    }
+    let rt = runtime();
+    let _entered = rt.enter();
+    let pin = TestPinRoot::new();
+    let mut datapath = Datapath::load(&DatapathConfig::pinned_at(&pin.path)).unwrap();
+    watch_managed_v4(&mut datapath);
+    let mut monitor = datapath.conflict_monitor().unwrap();
+    let other_pod: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x03];
+    {
+        let mut own = datapath.node_macs().unwrap();
+        own.add_pod(OWNER_MAC).unwrap();
+        own.add_pod(other_pod).unwrap();
+        own.sync_node(&[NODE_MAC].into()).unwrap();
+    }
+    let v4 = |last: u8| Ipv4Addr::new(192, 0, 2, last);
+    for frame in [
+        // The managed address's pod answering another pod of the node.
+        arp_reply_between(OWNER_MAC, other_pod, MANAGED_V4),
+        // Another pod of the node answering it, once claiming its address.
+        arp_reply_between(other_pod, OWNER_MAC, v4(80)),
+        arp_reply_between(other_pod, OWNER_MAC, MANAGED_V4),
+        // A macvlan of the node itself answering a pod.
+        arp_reply_between(NODE_MAC, OWNER_MAC, v4(81)),
+    ] {
+        assert_eq!(datapath.test_run_uplink(&frame, 1).unwrap().verdict, PASS);
+    }
+    assert_eq!(inventory(&datapath), [], "nothing from within the node");
+    assert_eq!(monitor.try_next(), None, "no conflict from within the node");
+
+    // One end off the node: a LAN host answering a pod, a pod's MAC on a
+    // broadcast, a pod's MAC answering a LAN host.
+    for frame in [
+        arp_reply_between(ROGUE_MAC, OWNER_MAC, MANAGED_V4),
+        gratuitous_arp(other_pod, v4(82)),
+        arp_reply_between(other_pod, LAN_MAC, v4(83)),
+    ] {
+        datapath.test_run_uplink(&frame, 1).unwrap();
+    }
+    let conflict = monitor.try_next().expect("the LAN host's claim reported");
+    assert_eq!(
+        (conflict.foreign_mac, conflict.addr),
+        (ROGUE_MAC, IpAddr::V4(MANAGED_V4))
+    );
+    // A pod gone: its MAC is nobody's on the node any more.
+    datapath.node_macs().unwrap().remove_pod(other_pod).unwrap();
+    datapath
+        .test_run_uplink(&arp_reply_between(other_pod, OWNER_MAC, v4(84)), 1)
+        .unwrap();
+    let mut seen: Vec<(IpAddr, [u8; 6])> = inventory(&datapath)
+        .into_iter()
+        .map(|(_, addr, mac, _)| (addr, mac))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (IpAddr::V4(MANAGED_V4), ROGUE_MAC),
+            (IpAddr::V4(v4(82)), other_pod),
+            (IpAddr::V4(v4(83)), other_pod),
+            (IpAddr::V4(v4(84)), other_pod),
+        ]
+    );
+    assert_eq!(
+        datapath.node_macs().unwrap().entries().unwrap(),
+        [
+            (OWNER_MAC, flatnet_common::node_macs::HOLDER_POD),
+            (NODE_MAC, flatnet_common::node_macs::HOLDER_NODE),
+        ]
+    );
+}

@@ -9,6 +9,7 @@
 pub mod conflict;
 pub mod frame_counter;
 pub mod mss;
+pub mod node_macs;
 pub mod pin;
 pub mod policy;
 pub mod resolver;

@@ -48,6 +48,11 @@ pub const MAP_RESOLVE_WATCH: &str = "RESOLVE_WATCH";
 /// the LAN hosts seen resolving each watched address, with their MAC and when.
 pub const MAP_RESOLVERS: &str = "RESOLVERS";
 
+/// Hash map [`crate::node_macs::NodeMac`] → `u8` (holder bits): the MACs of
+/// this node's interfaces and of its pods' interfaces; a frame between two
+/// of them never left the node (see [`crate::node_macs`]).
+pub const MAP_NODE_MACS: &str = "NODE_MACS";
+
 /// LPM trie [`crate::policy::PolicyLpmData`] → [`crate::policy::PolicyAllow`]:
 /// what each pod address may exchange with each remote prefix, per direction.
 pub const MAP_POLICY_CIDRS: &str = "POLICY_CIDRS";
@@ -78,7 +83,7 @@ pub const MAP_POLICY_EVENTS: &str = "POLICY_EVENTS";
 pub const MAP_POLICY_EVENT_BUDGET: &str = "POLICY_EVBUDGET";
 
 /// Every map the kernel object defines; each is pinned as `<pin root>/<name>`.
-pub const PINNED_MAPS: [&str; 18] = [
+pub const PINNED_MAPS: [&str; 19] = [
     MAP_FRAME_COUNTERS,
     MAP_ARP_RESPONDER,
     MAP_NDP_RESPONDER,
@@ -89,6 +94,7 @@ pub const PINNED_MAPS: [&str; 18] = [
     MAP_WIRE_CLAIMS,
     MAP_RESOLVE_WATCH,
     MAP_RESOLVERS,
+    MAP_NODE_MACS,
     MAP_POLICY_CIDRS,
     MAP_POLICY_SUBJECTS,
     MAP_POLICY_RULE_STATS,
@@ -153,3 +159,4 @@ const _: () = assert!(PROG_POLICY_EGRESS.len() <= 15);
 const _: () = assert!(MAP_WIRE_CLAIMS.len() <= 15);
 const _: () = assert!(MAP_RESOLVE_WATCH.len() <= 15);
 const _: () = assert!(MAP_RESOLVERS.len() <= 15);
+const _: () = assert!(MAP_NODE_MACS.len() <= 15);

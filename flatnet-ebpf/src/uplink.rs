@@ -11,6 +11,8 @@
 //! wire inventory (`WIRE_CLAIMS`, see `flatnet_common::wire`). The
 //! requesters of ARP requests and neighbour solicitations for watched
 //! (floating) addresses go into `RESOLVERS` (see `flatnet_common::resolver`).
+//! A frame between two of the node's own MACs (`NODE_MACS`) never was on
+//! the wire and claims nothing (see `flatnet_common::node_macs`).
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
@@ -25,6 +27,7 @@ use flatnet_common::{
         AddrKey, CONFLICT_RING_BYTES, ConflictEvent, MANAGED_MAX_ENTRIES, ManagedAddr,
         RECENT_CONFLICTS_MAX_ENTRIES, RecentConflict, should_report, vlan_id,
     },
+    node_macs::{NODE_MACS_MAX_ENTRIES, NodeMac},
     pin::RESPONDER_MAX_ENTRIES,
     resolver::{
         RESOLVE_WATCH_MAX_ENTRIES, RESOLVERS_MAX_ENTRIES, Resolution, ResolverKey, ResolverSeen,
@@ -81,6 +84,9 @@ static RECENT_CONFLICT: LruHashMap<
 #[btf_map]
 static WIRE_CLAIMS: LruHashMap<WireKey, WireClaim, { WIRE_CLAIMS_MAX_ENTRIES as usize }> =
     LruHashMap::new();
+
+#[btf_map]
+static NODE_MACS: HashMap<NodeMac, u8, { NODE_MACS_MAX_ENTRIES as usize }> = HashMap::new();
 
 #[btf_map]
 static RESOLVE_WATCH: HashMap<AddrKey, u32, { RESOLVE_WATCH_MAX_ENTRIES as usize }> =
@@ -248,12 +254,16 @@ fn note_claim(ifindex: u32, claim: &Sighting) -> bool {
     true
 }
 
-/// Every claim goes into the wire inventory. A claim on a managed address
+/// Every claim from the wire goes into the wire inventory (one between two
+/// of the node's own MACs never was on it). A claim on a managed address
 /// with a foreign MAC is a conflict: it is recorded in `RECENT_CONFLICT`
 /// every time and reported through the ring buffer at most once per
 /// [`flatnet_common::conflict::REPORT_INTERVAL_NS`] per address.
 #[inline(never)]
 fn handle_claim(ctx: &TcContext) {
+    if within_node(ctx) {
+        return;
+    }
     let Some(slot) = PENDING_CLAIM.get_ptr(0) else {
         return;
     };
@@ -336,6 +346,19 @@ fn handle_claim(ctx: &TcContext) {
     };
     // A full ring buffer drops the event; the next claim after the interval reports again.
     let _ = CONFLICT_EVENTS.output(event, 0);
+}
+
+/// Whether the frame went from one of the node's own MACs to another: a
+/// pod's frame to another pod (or to a node interface) on the same master,
+/// which crosses the master's ingress without ever being on the wire.
+#[inline(always)]
+fn within_node(ctx: &TcContext) -> bool {
+    let Ok(eth) = ctx.load::<[u8; 12]>(0) else {
+        return false;
+    };
+    let dst = NodeMac::of([eth[0], eth[1], eth[2], eth[3], eth[4], eth[5]]);
+    let src = NodeMac::of([eth[6], eth[7], eth[8], eth[9], eth[10], eth[11]]);
+    NODE_MACS.get_ptr(src).is_some() && NODE_MACS.get_ptr(dst).is_some()
 }
 
 #[inline(always)]

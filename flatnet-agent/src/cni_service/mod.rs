@@ -91,6 +91,9 @@ struct Inner<S> {
     /// The address tables, through their pins: apart from the programs, so
     /// listing or removing a pod's addresses never waits for an attach.
     maps: Mutex<PinnedMaps>,
+    /// The node interfaces' MACs last written to `NODE_MACS` (under the
+    /// `maps` lock): an ADD rewrites them only when they changed.
+    node_macs: Mutex<Option<BTreeSet<[u8; 6]>>>,
     locks: locks::KeyLocks,
     metrics: Arc<Metrics>,
     limiter: conflicts::RateLimiter,
@@ -136,6 +139,7 @@ impl<S: DesiredState> AgentService<S> {
                 upgrades: Mutex::new(HashMap::new()),
                 activity: Arc::default(),
                 maps: Mutex::new(maps),
+                node_macs: Mutex::new(None),
             }),
         })
     }

@@ -4,11 +4,12 @@
 //! TCP MSS clamping programs on a pod's primary interface, and the policy
 //! controller's view of the pods.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Duration};
 
 use super::{Inner, in_netns, internal};
 use crate::{
     cni::CniError,
+    datapath::interface_macs,
     desired::{AttachmentKey, DesiredState},
     link::parse_mac,
     netns::{netns_path_exists, run_in_netns},
@@ -54,7 +55,21 @@ impl<S: DesiredState> Inner<S> {
             self.blocking(move |inner| inner.attach_uplink(&name))
                 .await?;
         }
+        // The node's interfaces as they are now (a node macvlan on the
+        // master may have come since the last pod).
+        let node_macs = self.blocking(|inner| inner.node_interface_macs()).await?;
         let mut maps = self.maps.lock().expect("table maps lock poisoned");
+        {
+            let mut own = maps.node_macs().map_err(internal)?;
+            let mut synced = self.node_macs.lock().expect("node MACs lock poisoned");
+            if synced.as_ref() != Some(&node_macs) {
+                own.sync_node(&node_macs).map_err(internal)?;
+                *synced = Some(node_macs);
+            }
+            if let Some(mac) = record.mac.as_deref().and_then(parse_mac) {
+                own.add_pod(mac).map_err(internal)?;
+            }
+        }
         for addr in record.ips() {
             if uplink.responder {
                 maps.responders()
@@ -66,6 +81,14 @@ impl<S: DesiredState> Inner<S> {
                 .map_err(internal)?;
         }
         Ok(())
+    }
+
+    /// The MACs of the node namespace's interfaces (blocks: enters it).
+    pub(super) fn node_interface_macs(&self) -> Result<BTreeSet<[u8; 6]>, CniError> {
+        let host = self.config.attachments.host_netns.clone();
+        in_netns(host, interface_macs)
+            .map_err(internal)?
+            .map_err(internal)
     }
 
     /// Attaches the uplink program to `name` in the node namespace unless
@@ -190,6 +213,16 @@ impl<S: DesiredState> Inner<S> {
             return Ok(());
         };
         let mut maps = self.maps.lock().expect("table maps lock poisoned");
+        if let Some(mac) = record.mac.as_deref().and_then(parse_mac) {
+            maps.node_macs()
+                .and_then(|mut own| own.remove_pod(mac))
+                .map_err(internal)?;
+            let mut wire = maps.wire_claims_mut().map_err(internal)?;
+            for addr in record.ips() {
+                wire.forget_own(uplink.ifindex, addr, mac)
+                    .map_err(internal)?;
+            }
+        }
         for addr in record.ips() {
             if uplink.responder {
                 maps.responders()

@@ -15,6 +15,7 @@ mod conflicts;
 mod counters;
 mod kernel_log;
 mod mss_clamp;
+mod node_macs;
 mod pin_layout;
 mod pinned;
 mod policy;
@@ -35,8 +36,8 @@ use std::{
 use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
-    MAP_NDP_RESPONDER, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS, PIN_ROOT,
-    PINNED_MAPS,
+    MAP_NDP_RESPONDER, MAP_NODE_MACS, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
+    PIN_ROOT, PINNED_MAPS,
 };
 
 pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs, mount_bpffs_on_host};
@@ -44,6 +45,7 @@ pub use conflicts::{Conflict, ConflictMonitor, ManagedAddrs, RecentConflictEntry
 pub use counters::FrameCounters;
 pub use kernel_log::{KERNEL_LOG_TARGET, KernelLogs, kernel_logs_wanted};
 pub use mss_clamp::detach_mss_clamp;
+pub use node_macs::{NodeMacs, interface_macs};
 pub use pinned::PinnedMaps;
 pub use policy::{
     ApplyReport, InstalledPolicy, PolicyDrop, PolicyDrops, PolicyMaps, PolicyRuleIds, PolicyStats,
@@ -54,7 +56,7 @@ pub use responder::{ResponderStats, Responders};
 pub use tc::{AttachMechanism, TcAttach, kernel_has_tcx};
 pub use test_run::TestRunOutput;
 pub use uplink::detach_uplink;
-pub use wire::WireClaimEntry;
+pub use wire::{WireClaimEntry, WireClaims};
 
 /// The eBPF object, embedded so the agent never runs against a stale build.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("FLATNET_EBPF_OBJECT"));
@@ -408,6 +410,15 @@ impl Datapath {
             .map_mut(MAP_MANAGED_ADDRS)
             .ok_or(DatapathError::MissingMap(MAP_MANAGED_ADDRS))?;
         ManagedAddrs::new(map)
+    }
+
+    /// The node's own MACs.
+    pub fn node_macs(&mut self) -> Result<NodeMacs<'_>, DatapathError> {
+        let map = self
+            .ebpf
+            .map_mut(MAP_NODE_MACS)
+            .ok_or(DatapathError::MissingMap(MAP_NODE_MACS))?;
+        NodeMacs::new(map)
     }
 
     /// The stream of conflicts; can be taken once per loaded datapath.

@@ -19,9 +19,10 @@ use aya::maps::{MapError, MapInfo};
 use aya_obj::generated::{BPF_F_RDONLY, BPF_F_WRONLY, bpf_map_type};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
-    MAP_NDP_RESPONDER, MAP_POLICY_CIDRS, MAP_POLICY_CT, MAP_POLICY_EVENT_BUDGET, MAP_POLICY_EVENTS,
-    MAP_POLICY_FRAGS, MAP_POLICY_RULE_STATS, MAP_POLICY_STATS, MAP_POLICY_SUBJECTS,
-    MAP_RECENT_CONFLICTS, MAP_RESOLVE_WATCH, MAP_RESOLVERS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
+    MAP_NDP_RESPONDER, MAP_NODE_MACS, MAP_POLICY_CIDRS, MAP_POLICY_CT, MAP_POLICY_EVENT_BUDGET,
+    MAP_POLICY_EVENTS, MAP_POLICY_FRAGS, MAP_POLICY_RULE_STATS, MAP_POLICY_STATS,
+    MAP_POLICY_SUBJECTS, MAP_RECENT_CONFLICTS, MAP_RESOLVE_WATCH, MAP_RESOLVERS,
+    MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
 };
 
 use super::DatapathError;
@@ -249,6 +250,9 @@ fn state_lost(map: &str) -> &'static str {
         }
         MAP_RESOLVE_WATCH => {
             "requesters of floating addresses go unrecorded until the floating-address loop lists its addresses again (its next heartbeat)"
+        }
+        MAP_NODE_MACS => {
+            "frames between the node's own interfaces are taken for the LAN's until start-up recovery or the next pod lists the MACs again"
         }
         MAP_RESOLVERS => {
             "a takeover tells by unicast only the LAN hosts that resolve the address from then on (the broadcast announcements still go out)"

@@ -5,14 +5,14 @@ use std::{collections::HashMap, path::Path};
 
 use aya::maps::{Map, MapData};
 use flatnet_common::pin::{
-    MAP_ARP_RESPONDER, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, MAP_NDP_RESPONDER,
+    MAP_ARP_RESPONDER, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS, MAP_NDP_RESPONDER, MAP_NODE_MACS,
     MAP_RECENT_CONFLICTS, MAP_RESOLVE_WATCH, MAP_RESOLVERS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
 };
 
 use super::{
-    DatapathError, FrameCounters, ManagedAddrs, RecentConflictEntry, ResolveWatch, ResolverEntry,
-    ResponderStats, Responders, WireClaimEntry, conflicts, map_error, map_pin_path, resolvers,
-    wire,
+    DatapathError, FrameCounters, ManagedAddrs, NodeMacs, RecentConflictEntry, ResolveWatch,
+    ResolverEntry, ResponderStats, Responders, WireClaimEntry, WireClaims, conflicts, map_error,
+    map_pin_path, resolvers, wire,
 };
 
 /// The maps pinned under one pin root.
@@ -35,6 +35,7 @@ impl PinnedMaps {
             MAP_WIRE_CLAIMS,
             MAP_RESOLVE_WATCH,
             MAP_RESOLVERS,
+            MAP_NODE_MACS,
         ] {
             let data = MapData::from_pin(map_pin_path(pin_root, name)).map_err(map_error(name))?;
             maps.insert(name, Map::from_map_data(data).map_err(map_error(name))?);
@@ -77,6 +78,15 @@ impl PinnedMaps {
         wire::wire_claims(self.map(MAP_WIRE_CLAIMS)?)
     }
 
+    /// The inventory, to forget a pod's own claims.
+    pub fn wire_claims_mut(&mut self) -> Result<WireClaims<'_>, DatapathError> {
+        let map = self
+            .maps
+            .get_mut(MAP_WIRE_CLAIMS)
+            .ok_or(DatapathError::MissingMap(MAP_WIRE_CLAIMS))?;
+        WireClaims::new(map)
+    }
+
     /// The floating addresses whose requesters the uplink program records.
     pub fn resolve_watch(&mut self) -> Result<ResolveWatch<'_>, DatapathError> {
         let map = self
@@ -89,6 +99,15 @@ impl PinnedMaps {
     /// The LAN hosts seen resolving the watched addresses.
     pub fn resolvers(&self) -> Result<Vec<ResolverEntry>, DatapathError> {
         resolvers::resolvers(self.map(MAP_RESOLVERS)?)
+    }
+
+    /// The node's own MACs.
+    pub fn node_macs(&mut self) -> Result<NodeMacs<'_>, DatapathError> {
+        let map = self
+            .maps
+            .get_mut(MAP_NODE_MACS)
+            .ok_or(DatapathError::MissingMap(MAP_NODE_MACS))?;
+        NodeMacs::new(map)
     }
 
     /// The addresses watched for conflicts.

@@ -57,3 +57,41 @@ pub(super) fn wire_claims(map: &aya::maps::Map) -> Result<Vec<WireClaimEntry>, D
     out.sort_by_key(|e| (e.ifindex, e.vlan, e.addr));
     Ok(out)
 }
+
+/// Write access to the inventory, for forgetting what a pod said itself.
+pub struct WireClaims<'a> {
+    map: HashMap<&'a mut MapData, WireKey, WireClaim>,
+}
+
+impl<'a> WireClaims<'a> {
+    pub(super) fn new(map: &'a mut aya::maps::Map) -> Result<Self, DatapathError> {
+        Ok(Self {
+            map: HashMap::try_from(map).map_err(map_error(MAP_WIRE_CLAIMS))?,
+        })
+    }
+
+    /// Forgets the claim of `addr` on uplink `ifindex` (untagged, as on a
+    /// master or on a VLAN interface) when `mac` made it: at a pod's DEL,
+    /// what its own MAC last said of its own address was the pod itself
+    /// (a frame a VEPA switch reflected, or one recorded by an agent that
+    /// did not know the node's MACs yet), and must not outlive it as a
+    /// foreign host's. Returns whether it was there.
+    pub fn forget_own(
+        &mut self,
+        ifindex: u32,
+        addr: IpAddr,
+        mac: [u8; 6],
+    ) -> Result<bool, DatapathError> {
+        let key = WireKey::address(ifindex, 0, super::conflicts::key(ifindex, addr).addr);
+        match self.map.get(&key, 0) {
+            Ok(claim) if claim.mac == mac => match self.map.remove(&key) {
+                Ok(()) => Ok(true),
+                Err(e) if super::is_missing_key(&e) => Ok(false),
+                Err(e) => Err(map_error(MAP_WIRE_CLAIMS)(e)),
+            },
+            Ok(_) => Ok(false),
+            Err(e) if super::is_missing_key(&e) => Ok(false),
+            Err(e) => Err(map_error(MAP_WIRE_CLAIMS)(e)),
+        }
+    }
+}

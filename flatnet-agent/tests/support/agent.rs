@@ -349,8 +349,19 @@ impl FlatPodCluster {
     /// Namespaces named after `prefix`; the pod `pod` on Node `node`.
     #[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
     pub fn new(prefix: &str, mode: &str, node_name: &str, pod: &str) -> Self {
-        let crate::support::lan::SimulatedLan { node, lan, master } =
-            crate::support::lan::SimulatedLan::new(prefix, &["192.0.2.1/24"]);
+        let lan = crate::support::lan::SimulatedLan::new(prefix, &["192.0.2.1/24"]);
+        Self::on_lan(lan, mode, node_name, pod)
+    }
+
+    /// The same on `lan` (made with the LAN host address 192.0.2.1/24).
+    #[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+    pub fn on_lan(
+        lan: crate::support::lan::SimulatedLan,
+        mode: &str,
+        node_name: &str,
+        pod: &str,
+    ) -> Self {
+        let crate::support::lan::SimulatedLan { node, lan, master } = lan;
         lan.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
         let server = flatnet_operator::allocation::fake_api::FakeApiServer::new();
         server.insert(&macvlan_subnet(

@@ -90,6 +90,22 @@ impl SimulatedLan {
         }
         Self { node, lan, master }
     }
+
+    /// As [`SimulatedLan::new`], but the master is a Linux bridge in the
+    /// node whose one port is the veth to the LAN host.
+    #[allow(dead_code, reason = "not every test binary uses a bridge master")]
+    pub fn bridged(prefix: &str, lan_addresses: &[&str]) -> Self {
+        let Self { node, lan, master } = Self::new(prefix, lan_addresses);
+        let bridge = unique_name("br");
+        node.ip(&["link", "add", &bridge, "type", "bridge"]);
+        node.ip(&["link", "set", &master, "master", &bridge]);
+        node.ip(&["link", "set", &bridge, "up"]);
+        Self {
+            node,
+            lan,
+            master: bridge,
+        }
+    }
 }
 
 /// A [`SimulatedLan`] whose node runs a standalone agent (not started yet)

@@ -185,7 +185,13 @@ pub struct TestPinRoot {
 
 impl TestPinRoot {
     pub fn new() -> Self {
-        let path = Path::new(flatnet_common::pin::PIN_ROOT).join(unique_name("test-"));
+        // Not an interface name, so the whole process id and a separator:
+        // `unique_name`'s `<pid % 100000><n>` can be another test
+        // process's name too, whose drop would remove this directory.
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("test-{}-{n}", std::process::id());
+        let path = Path::new(flatnet_common::pin::PIN_ROOT).join(name);
         Self { path }
     }
 }
