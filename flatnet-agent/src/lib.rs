@@ -1,5 +1,10 @@
 //! flatnet's node agent: interfaces, CNI service and the eBPF data plane.
 
+/// Where the agent's rights are granted, named when the API server
+/// refuses it something.
+pub const AGENT_RBAC: &str = "grant it in the flatnet-agent ClusterRole (or, in the release \
+namespace, Role) of charts/flatnet/templates/agent-rbac.yaml";
+
 pub mod atomic_file;
 pub mod cluster_config;
 pub mod cluster_settings;

@@ -230,6 +230,16 @@ impl Heartbeat {
             .map(drop)
     }
 
+    /// What a 403 refused the heartbeat's apply, and where to grant it.
+    fn refused(&self, error: &kube::Error) -> String {
+        flatnet_k8s::forbidden::hint(
+            error,
+            true,
+            Some(&self.settings.namespace),
+            crate::AGENT_RBAC,
+        )
+    }
+
     /// Publishes `readiness` at its first change or after one renewal
     /// period, then at every change and renewal period, for ever (the
     /// agent's life). Waiting first keeps a restarting agent that fails at
@@ -258,8 +268,9 @@ impl Heartbeat {
                     last = Some(now);
                 }
                 Err(error) => {
+                    let refused = self.refused(&error);
                     tracing::warn!(%error, lease = %agent_heartbeat::lease_name(&self.settings.node),
-                        "cannot write the readiness heartbeat; retrying");
+                        "cannot write the readiness heartbeat{refused}; retrying");
                 }
             }
         }
@@ -270,7 +281,10 @@ impl Heartbeat {
     pub async fn publish_last(&self, readiness: &AgentReadiness, within: Duration) {
         match tokio::time::timeout(within, self.publish(readiness)).await {
             Ok(Ok(())) => tracing::info!(reason = %readiness.reason, "readiness heartbeat written"),
-            Ok(Err(error)) => tracing::warn!(%error, "cannot write the readiness heartbeat"),
+            Ok(Err(error)) => {
+                let refused = self.refused(&error);
+                tracing::warn!(%error, "cannot write the readiness heartbeat{refused}");
+            }
             Err(_) => tracing::warn!(?within, "the readiness heartbeat was not written in time"),
         }
     }
@@ -279,7 +293,7 @@ impl Heartbeat {
 #[cfg(test)]
 mod tests {
     use flatnet_k8s::agent_heartbeat::{REASON_PROGRAMS_NOT_LOADED, REASON_READY};
-    use flatnet_operator::allocation::fake_api::FakeApiServer;
+    use flatnet_operator::allocation::fake_api::{FakeApiServer, rbac::Rbac};
 
     use super::*;
 
@@ -337,8 +351,11 @@ mod tests {
             )
         };
         let readiness = Readiness::default();
-        // Its requests are recorded: the chart's agent Role must grant them.
-        let recorded = server.for_client(1);
+        // Its requests are recorded and authorized by the chart's agent
+        // rules (installed in `flatnet`).
+        let recorded = server
+            .for_client(1)
+            .with_rbac(Rbac::from_chart("flatnet-agent").in_release_namespace("flatnet"));
         let task = tokio::spawn(Heartbeat::new(recorded.client(), settings).run(readiness.clone()));
 
         let starting = written(&server, REASON_STARTING).await;
@@ -407,21 +424,22 @@ mod tests {
         task.abort();
 
         // What charts/flatnet/templates/agent-rbac.yaml's Role grants, and
-        // nothing else: patch on Leases in flatnet's namespace.
+        // nothing else: the apply of Leases in flatnet's namespace, which
+        // creates the first.
+        let lease = |verb| {
+            (
+                verb,
+                "coordination.k8s.io".to_owned(),
+                "leases".to_owned(),
+                None,
+                true,
+            )
+        };
         let asked: Vec<_> = recorded
             .accesses()
             .into_iter()
             .map(|a| (a.verb, a.group, a.resource, a.subresource, a.namespaced))
             .collect();
-        assert_eq!(
-            asked,
-            [(
-                "patch",
-                "coordination.k8s.io".to_owned(),
-                "leases".to_owned(),
-                None,
-                true
-            )]
-        );
+        assert_eq!(asked, [lease("create"), lease("patch")]);
     }
 }

@@ -3,6 +3,8 @@
 //! over HTTP: `Ready` once it serves, `Stopping` on SIGTERM, and
 //! `ProgramsNotLoaded` with the error when its eBPF programs cannot be
 //! loaded (a pin root off the BPF filesystem), written before it exits.
+//! The agent's requests are authorized by the chart's rules for its
+//! ServiceAccount, as a real API server does: none may be refused.
 
 mod support;
 
@@ -11,7 +13,10 @@ use std::path::Path;
 use flatnet_k8s::agent_heartbeat::{
     self, Heartbeat, REASON_PROGRAMS_NOT_LOADED, REASON_READY, REASON_STOPPING,
 };
-use flatnet_operator::allocation::{fake_api::FakeApiServer, fake_api_http};
+use flatnet_operator::allocation::{
+    fake_api::{FakeApiServer, rbac::Rbac},
+    fake_api_http,
+};
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use support::{
     TestNetns,
@@ -33,10 +38,14 @@ impl Api {
     fn start(dir: &Path) -> Self {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let server = FakeApiServer::new();
+        // The chart installed in NAMESPACE, the agent's ServiceAccount.
+        let agent = server
+            .for_client(1)
+            .with_rbac(Rbac::from_chart("flatnet-agent").in_release_namespace(NAMESPACE));
         let address = runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let address = listener.local_addr().unwrap();
-            tokio::spawn(fake_api_http::serve(server.clone(), listener));
+            tokio::spawn(fake_api_http::serve(agent, listener));
             address
         });
         let kubeconfig = dir.join("kubeconfig");
@@ -55,6 +64,21 @@ impl Api {
                 && lease.metadata.namespace.as_deref() == Some(NAMESPACE))
             .then(|| agent_heartbeat::read(&lease).map(|h| (h, lease)))?
         })
+    }
+
+    /// Fails naming every request the chart's rules refused the agent.
+    fn assert_nothing_refused(&self) {
+        let refused: Vec<String> = self
+            .server
+            .requests_by_kind()
+            .into_iter()
+            .filter(|(kind, _)| kind.ends_with(" 403"))
+            .map(|(kind, count)| format!("{kind} ×{count}"))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "the chart's agent RBAC (charts/flatnet/templates/agent-rbac.yaml) refused: {refused:?}"
+        );
     }
 
     fn says(&self, reason: &str) -> bool {
@@ -106,6 +130,7 @@ fn a_serving_agent_says_ready_and_stopping() {
         (false, REASON_STOPPING),
         "the last word of an agent shut down: {stopping:?}"
     );
+    api.assert_nothing_refused();
 }
 
 #[test]
@@ -137,4 +162,5 @@ fn an_agent_that_cannot_load_its_programs_says_why_before_exiting() {
         lease.metadata.labels.unwrap()[agent_heartbeat::LABEL],
         "true"
     );
+    api.assert_nothing_refused();
 }

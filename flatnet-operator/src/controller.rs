@@ -11,9 +11,30 @@ use k8s_openapi::{
 };
 use kube::ResourceExt;
 
-/// A failed API call: what was attempted on which object.
+/// Where the operator's rights are granted, named when the API server
+/// refuses it something.
+pub const OPERATOR_RBAC: &str = "grant it in the flatnet-operator ClusterRole (or, in the release \
+namespace, Role) of charts/flatnet/templates/operator-rbac.yaml";
+
+/// `; <what was refused>: <where to grant it>` when `error` is a 403 (for
+/// a request sent as `op` to `namespace`), else nothing.
+pub(crate) fn forbidden_hint(error: &kube::Error, op: &str, namespace: Option<&str>) -> String {
+    flatnet_k8s::forbidden::hint(error, op == "apply", namespace, OPERATOR_RBAC)
+}
+
+/// [`forbidden_hint`] for `op` on `object` (`kind namespace/name`).
+fn object_hint(error: &kube::Error, op: &str, object: &str) -> String {
+    let namespace = object
+        .split_once(' ')
+        .and_then(|(_, key)| key.split_once('/'))
+        .map(|(ns, _)| ns);
+    forbidden_hint(error, op, namespace)
+}
+
+/// A failed API call: what was attempted on which object; a refusal names
+/// what was refused and where to grant it.
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {object}: {source}")]
+#[error("{op} {object}: {source}{}", object_hint(.source, .op, .object))]
 pub struct ApiError {
     /// What was attempted.
     pub op: &'static str,
@@ -127,4 +148,52 @@ pub fn is_flat_pod<K: kube::Resource>(pod: &K) -> bool {
     [annotation::IP, annotation::SUBNET]
         .iter()
         .all(|key| annotations.get(*key).is_some_and(|v| !v.trim().is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forbidden(message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, "Forbidden")
+                .with_code(403)
+                .boxed(),
+        )
+    }
+
+    /// The real server's refusal of an apply's create says only `is
+    /// forbidden: `; the error names what was refused and where to grant it.
+    #[test]
+    fn a_refused_apply_names_create_its_resource_group_namespace_and_the_role() {
+        let error = ApiError::of("apply", "EndpointSlice", "shop/web-flat-network-x")(forbidden(
+            "endpointslices.discovery.k8s.io \"web-flat-network-x\" is forbidden: ",
+        ));
+        let text = error.to_string();
+        assert!(
+            text.contains(
+                "the API server refused to create endpointslices in API group \"discovery.k8s.io\" in the namespace \"shop\""
+            ) && text.contains("needs create as well as patch")
+                && text.ends_with(OPERATOR_RBAC),
+            "{text}"
+        );
+        // A refusal by the authorization filter names its own verb.
+        let error = ApiError::of("update", "ConfigMap", "cattle-flat-network/m")(forbidden(
+            "configmaps \"m\" is forbidden: User \"system:serviceaccount:a:b\" cannot update \
+             resource \"configmaps\" in API group \"\" in the namespace \"cattle-flat-network\"",
+        ));
+        assert!(
+            error
+                .to_string()
+                .contains("refused to update configmaps in API group \"\" in the namespace \"cattle-flat-network\""),
+            "{error}"
+        );
+        // Another error says nothing more.
+        let error = ApiError::of("apply", "Service", "shop/s")(kube::Error::Api(
+            kube::core::Status::failure("boom", "InternalError")
+                .with_code(500)
+                .boxed(),
+        ));
+        assert!(!error.to_string().contains("refused"), "{error}");
+    }
 }

@@ -113,7 +113,11 @@ impl From<&str> for CniConfig {
 /// A reconcile failure.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "apply NetworkAttachmentDefinition {namespace}/{name}: {source}; check the k8s.cni.cncf.io CRD is installed (Multus) and the operator may patch network-attachment-definitions"
+    "apply NetworkAttachmentDefinition {namespace}/{name}: {source}{}",
+    match crate::controller::forbidden_hint(.source, "apply", Some(.namespace.as_str())) {
+        hint if hint.is_empty() => "; check the k8s.cni.cncf.io CRD is installed (Multus)".to_owned(),
+        hint => hint,
+    }
 )]
 pub struct Error {
     /// Namespace.

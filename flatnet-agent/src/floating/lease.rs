@@ -259,7 +259,13 @@ pub async fn run(client: Client, namespace: String, node: String, link: LeaseLin
                             claims.insert(addr, (tokio::time::Instant::now(), false));
                         }
                         Err(error) => {
-                            tracing::warn!(%addr, %error, "cannot claim the floating address's Lease; trying again");
+                            let refused = flatnet_k8s::forbidden::hint(
+                                &error,
+                                true,
+                                Some(&namespace),
+                                crate::AGENT_RBAC,
+                            );
+                            tracing::warn!(%addr, %error, "cannot claim the floating address's Lease{refused}; trying again");
                         }
                     }
                 }
@@ -410,7 +416,7 @@ mod tests {
         assert!(!still_yielding("a", None, |_| false));
     }
 
-    use flatnet_operator::allocation::fake_api::FakeApiServer;
+    use flatnet_operator::allocation::fake_api::{FakeApiServer, rbac::Rbac};
 
     /// One agent's Lease task against `server`, owning `owned` and hearing
     /// `heard` (itself included).
@@ -426,8 +432,13 @@ mod tests {
             let (owned_tx, owned_rx) = watch::channel(owned.iter().copied().collect());
             let (alive_tx, alive_rx) = watch::channel(Some(alive_of(heard)));
             let (yielded_tx, yielded_rx) = watch::channel(BTreeMap::new());
+            // Authorized by the chart's agent rules, installed in `flatnet`.
+            let client = server
+                .for_client(1)
+                .with_rbac(Rbac::from_chart("flatnet-agent").in_release_namespace("flatnet"))
+                .client();
             let task = tokio::spawn(run(
-                server.client(),
+                client,
                 "flatnet".into(),
                 node.into(),
                 LeaseLink {
@@ -508,8 +519,9 @@ mod tests {
         until("the yield ends", || loser_agent.yielded().is_empty()).await;
         assert_eq!(holder(&server, addr).as_deref(), Some(winner));
 
-        // What the agent's Role grants, and nothing else: patch, list and
-        // watch of Leases in flatnet's namespace.
+        // What the agent's Role grants, and nothing else: the create of a
+        // claim's apply, patch, list and watch of Leases in flatnet's
+        // namespace.
         let asked: BTreeSet<_> = server
             .accesses()
             .into_iter()
@@ -517,7 +529,7 @@ mod tests {
             .collect();
         for (verb, group, resource, subresource, namespaced) in &asked {
             assert!(
-                ["patch", "list", "watch"].contains(verb)
+                ["create", "patch", "list", "watch"].contains(verb)
                     && group == "coordination.k8s.io"
                     && resource == "leases"
                     && subresource.is_none()

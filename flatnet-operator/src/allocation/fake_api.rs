@@ -7,7 +7,8 @@
 //! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
 //! subresource, JSON merge `PATCH` and server-side apply (field ownership
 //! per manager as [`ownership`] models it; an apply creates a missing
-//! object), all rejecting a stale
+//! object, and one without `force` that would take fields from another
+//! manager gets 409 Conflict naming them), all rejecting a stale
 //! `metadata.resourceVersion` with 409 Conflict, and `DELETE` that only
 //! marks objects with finalizers (`deletionTimestamp`) and removes them
 //! once the last finalizer goes.
@@ -35,12 +36,18 @@
 //! FlatNetworkIP status writes fail (before or after being applied, like a
 //! crash or a lost response).
 //!
+//! With [`FakeApiServer::with_rbac`], a clone's requests are authorized by
+//! a ServiceAccount's rules as the real RBAC authorizer does ([`rbac`]),
+//! the `create` an apply of a missing object needs included, and refused
+//! with the real server's 403.
+//!
 //! With [`FakeApiServer::with_faults`], the requests of clients made with
 //! [`FakeApiServer::for_client`] meet seeded [`faults`]: conflicts, errors,
 //! timeouts, cut watches and the death of the client mid-request.
 
 pub mod faults;
 pub mod ownership;
+pub mod rbac;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
@@ -323,6 +330,9 @@ pub struct FakeApiServer {
     /// A resource (plural, such as `configmaps`) whose writes skip the
     /// resourceVersion check, to show a race test fails without it.
     unchecked: Option<&'static str>,
+    /// The rules this clone's requests are authorized by (none: every
+    /// request is allowed).
+    rbac: Option<Arc<rbac::Rbac>>,
 }
 
 /// One kind of request, as RBAC grants it.
@@ -402,6 +412,18 @@ impl FakeApiServer {
     pub fn for_client(&self, id: u64) -> Self {
         Self {
             client: id,
+            ..self.clone()
+        }
+    }
+
+    /// The same server, this clone's requests authorized by `rules` as a
+    /// real server's RBAC authorizer does ([`rbac`]): a request they do not
+    /// allow, and an apply that creates an object without `create`, is
+    /// refused with the real server's 403.
+    #[must_use]
+    pub fn with_rbac(&self, rules: rbac::Rbac) -> Self {
+        Self {
+            rbac: Some(Arc::new(rules)),
             ..self.clone()
         }
     }
@@ -609,6 +631,25 @@ impl FakeApiServer {
         })
     }
 
+    /// Records `verb` on `target` among the accesses of a client of
+    /// [`FakeApiServer::for_client`].
+    fn record(&self, verb: &'static str, target: &Target) {
+        if self.client == 0 {
+            return;
+        }
+        let (group, resource) = group_and_resource(&target.collection);
+        self.accesses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(Access {
+                verb,
+                group: group.to_owned(),
+                resource: resource.to_owned(),
+                subresource: target.subresource.clone(),
+                namespaced: target.namespace.is_some(),
+            });
+    }
+
     async fn serve(self, request: Request<Body>) -> Response<ReplyBody> {
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
@@ -630,20 +671,25 @@ impl FakeApiServer {
         let watching = is_watch(&method, &target, &query);
         let verb = verb_of(&method, &target, watching);
         self.count_request(verb);
-        if self.client != 0 {
-            let mut parts = target.collection.splitn(3, '/');
-            let group = parts.next().unwrap_or_default().to_owned();
-            let resource = parts.nth(1).unwrap_or_default().to_owned();
-            self.accesses
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(Access {
-                    verb,
-                    group,
-                    resource,
-                    subresource: target.subresource.clone(),
-                    namespaced: target.namespace.is_some(),
-                });
+        self.record(verb, &target);
+        if let Some(rules) = &self.rbac {
+            let (group, resource) = group_and_resource(&target.collection);
+            // A list or watch of one name (a `metadata.name` field
+            // selector) is authorized for that name.
+            let selected = query_param(&query, "fieldSelector")
+                .map(|s| s.replace("%3D", "=").replace("%3d", "="))
+                .and_then(|s| s.strip_prefix("metadata.name=").map(str::to_owned));
+            let request = rbac::Attributes {
+                verb,
+                group,
+                resource,
+                subresource: target.subresource.as_deref(),
+                namespace: target.namespace.as_deref(),
+                name: target.name.as_deref().or(selected.as_deref()),
+            };
+            if !rules.allows(&request) {
+                return reply(StatusCode::FORBIDDEN, &rules.refuse(&request));
+            }
         }
         if !self.realism.latency.is_zero() {
             request_latency(self.realism.latency).await;
@@ -819,14 +865,33 @@ impl FakeApiServer {
         let mut name = target.name.as_deref();
         let manager = query_param(query, "fieldManager").unwrap_or(ownership::UNKNOWN);
         let applied = server_side_apply.then(|| body.clone());
-        // A server-side apply of an object that does not exist creates it
-        // (RBAC still asks for `patch` only); through a subresource it does
-        // not: a real server answers 404 there.
+        // A server-side apply of an object that does not exist creates it,
+        // and is authorized for `create` as well as `patch` (the patch
+        // handler asks once it knows it creates). One to a subresource
+        // (`status`) never creates: 404, as below.
         if server_side_apply
             && method == Method::PATCH
             && target.subresource.is_none()
             && let Some(missing) = name.filter(|n| !state.objects.contains_key(&key(n)))
         {
+            self.record("create", target);
+            if let Some(rules) = &self.rbac {
+                let (group, resource) = group_and_resource(&target.collection);
+                let request = rbac::Attributes {
+                    verb: "create",
+                    group,
+                    resource,
+                    subresource: target.subresource.as_deref(),
+                    namespace: target.namespace.as_deref(),
+                    name: Some(missing),
+                };
+                if !rules.allows(&request) {
+                    return (
+                        StatusCode::FORBIDDEN,
+                        rbac::Rbac::refuse_apply_create(&request),
+                    );
+                }
+            }
             body["metadata"]["name"] = json!(missing);
             method = Method::POST;
             name = None;
@@ -953,6 +1018,20 @@ impl FakeApiServer {
                     );
                 }
                 let status_only = target.subresource.as_deref() == Some("status");
+                let scope = if status_only {
+                    ownership::Scope::Status
+                } else {
+                    ownership::Scope::Object
+                };
+                if let Some(applied) = &applied
+                    && query_param(query, "force") != Some("true")
+                {
+                    let owners = state.owners.get(&key(name)).cloned().unwrap_or_default();
+                    let conflicts = owners.conflicts(manager, scope, &stored, applied);
+                    if !conflicts.is_empty() {
+                        return (StatusCode::CONFLICT, apply_conflict(&conflicts));
+                    }
+                }
                 let mut updated = stored.clone();
                 if method == Method::PUT {
                     if status_only {
@@ -984,11 +1063,6 @@ impl FakeApiServer {
                 ] {
                     updated["metadata"][field] = stored["metadata"][field].clone();
                 }
-                let scope = if status_only {
-                    ownership::Scope::Status
-                } else {
-                    ownership::Scope::Object
-                };
                 let mut owners = state.owners.get(&key(name)).cloned().unwrap_or_default();
                 match &applied {
                     Some(applied) => owners.apply(manager, scope, &stored, &mut updated, applied),
@@ -1156,9 +1230,55 @@ impl Target {
     }
 }
 
+/// The API group and resource (plural) of a collection (`group/version/plural`).
+fn group_and_resource(collection: &str) -> (&str, &str) {
+    let mut parts = collection.splitn(3, '/');
+    let group = parts.next().unwrap_or_default();
+    let resource = parts.nth(1).unwrap_or_default();
+    (group, resource)
+}
+
 fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
+}
+
+/// The real server's 409 for an apply without `force` that would take
+/// fields from other managers: `(manager as printed, field)` each.
+fn apply_conflict(conflicts: &[(String, String)]) -> Value {
+    let message = match conflicts {
+        [(manager, field)] => {
+            format!("Apply failed with 1 conflict: conflict with {manager}: {field}")
+        }
+        _ => {
+            let mut by_manager: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for (manager, field) in conflicts {
+                by_manager.entry(manager).or_default().push(field);
+            }
+            let lines: Vec<String> = by_manager
+                .iter()
+                .map(|(manager, fields)| {
+                    let fields: Vec<String> = fields.iter().map(|f| format!("- {f}")).collect();
+                    format!("conflicts with {manager}:\n{}", fields.join("\n"))
+                })
+                .collect();
+            format!(
+                "Apply failed with {} conflicts: {}",
+                conflicts.len(),
+                lines.join("\n")
+            )
+        }
+    };
+    let causes: Vec<Value> = conflicts
+        .iter()
+        .map(|(manager, field)| {
+            json!({"reason": "FieldManagerConflict", "message": format!("conflict with {manager}"),
+                   "field": field})
+        })
+        .collect();
+    let mut value = status(409, "Conflict", &message);
+    value["details"] = json!({"causes": causes});
+    value
 }
 
 fn not_found(name: &str) -> (StatusCode, Value) {

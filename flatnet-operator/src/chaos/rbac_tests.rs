@@ -2,19 +2,19 @@
 //! kind of request the replicas of a chaos run send to the fake API server
 //! (allocation controllers and leader election), and those of the other
 //! controllers, the webhook and its certificate upkeep driven against
-//! recording fakes ([`drive`]), must be granted by the rendered chart, and
-//! every grant must be used by such a run or be listed in [`NOT_EXERCISED`]
-//! with the code that needs it and why no run can ask for it.
+//! recording fakes that authorize them by the chart's rules as a real API
+//! server does ([`drive`]; a server-side apply that creates its object
+//! needs `create` too), must be granted by the rendered chart, and every
+//! grant must be used by such a run or be listed in [`NOT_EXERCISED`] with
+//! the code that needs it and why no run can ask for it.
 //!
 //! The chart is read as `cargo xtask charts` renders it (with its default
 //! values) to `target/images/chart-default-render.json`.
 
-use std::{collections::BTreeSet, path::Path};
-
-use serde_json::Value;
+use std::collections::BTreeSet;
 
 use super::Options;
-use crate::allocation::fake_api::{Access, faults::FaultRates};
+use crate::allocation::fake_api::{Access, faults::FaultRates, rbac::Rbac};
 
 mod drive;
 
@@ -32,40 +32,19 @@ struct Grant {
     cluster: bool,
 }
 
-fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect()
-}
-
 /// The operator's grants in the rendered chart.
 fn operator_grants() -> BTreeSet<Grant> {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/images/chart-default-render.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; `cargo xtask charts` renders it", path.display()));
-    let objects: Vec<Value> = serde_json::from_str(&text).expect("the render is a JSON list");
     let mut grants = BTreeSet::new();
-    for object in objects {
-        let kind = object["kind"].as_str().unwrap_or_default();
-        let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        if !matches!(kind, "Role" | "ClusterRole") || name != "flatnet-operator" {
-            continue;
-        }
-        for rule in object["rules"].as_array().into_iter().flatten() {
-            for group in strings(&rule["apiGroups"]) {
-                for resource in strings(&rule["resources"]) {
-                    for verb in strings(&rule["verbs"]) {
-                        grants.insert(Grant {
-                            group: group.clone(),
-                            resource: resource.clone(),
-                            verb,
-                            cluster: kind == "ClusterRole",
-                        });
-                    }
+    for rule in Rbac::from_chart(drive::OPERATOR).rules {
+        for group in &rule.groups {
+            for resource in &rule.resources {
+                for verb in &rule.verbs {
+                    grants.insert(Grant {
+                        group: group.clone(),
+                        resource: resource.clone(),
+                        verb: verb.clone(),
+                        cluster: rule.namespace.is_none(),
+                    });
                 }
             }
         }

@@ -2,7 +2,8 @@
 //!
 //! The leader keeps a CA and a serving certificate in a Secret (creating it,
 //! or adopting one made by another tool), renews them before they expire
-//! and writes the CA bundle into the ValidatingWebhookConfiguration. Every
+//! and writes the CA bundle into the chart's ValidatingWebhookConfiguration
+//! (only that field: the chart owns the rest). Every
 //! replica watches the Secret and swaps the certificate it serves without a
 //! restart. See `docs/webhook.md`.
 
@@ -52,7 +53,8 @@ pub enum TlsError {
     Cert(#[from] CertError),
     /// The Secret could not be read or written.
     #[error(
-        "{op} Secret {namespace}/{name}: {source}; the operator needs get, create and update on secrets in its namespace"
+        "{op} Secret {namespace}/{name}: {source}{}",
+        crate::controller::forbidden_hint(.source, .op, Some(.namespace.as_str()))
     )]
     Secret {
         /// What was attempted.
@@ -65,17 +67,9 @@ pub enum TlsError {
         #[source]
         source: Box<kube::Error>,
     },
-    /// The webhook configuration could not be applied.
-    #[error(
-        "apply ValidatingWebhookConfiguration {name}: {source}; the operator needs get, delete and patch on validatingwebhookconfigurations"
-    )]
-    Registration {
-        /// Name.
-        name: String,
-        /// The API error.
-        #[source]
-        source: Box<kube::Error>,
-    },
+    /// The CA bundle could not be registered.
+    #[error(transparent)]
+    Registration(#[from] registration::RegistrationError),
 }
 
 /// The certificates held by a Secret; `None` when it holds none of them.
@@ -163,13 +157,14 @@ pub async fn ensure(
     }
     .ok_or(CertError::Parse { what: "ca.crt" })?;
 
-    let configuration = registration::desired(settings, &material.ca_bundle);
-    registration::apply(client, &configuration)
-        .await
-        .map_err(|source| TlsError::Registration {
-            name: settings.configuration.clone(),
-            source: Box::new(source),
-        })?;
+    if settings.url.is_some() {
+        // Out of a cluster: no chart made a configuration; the operator's own.
+        let configuration = registration::desired(settings, &material.ca_bundle);
+        registration::apply_own(client, &configuration).await?;
+    } else {
+        registration::inject_ca_bundle(client, &settings.configuration, &material.ca_bundle)
+            .await?;
+    }
 
     let renew_at = match renewal {
         Renewal::UpToDate { renew_at } => renew_at,

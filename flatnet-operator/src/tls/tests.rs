@@ -69,6 +69,38 @@ fn ca_bundle_of(vwc: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The chart's configuration, as Helm created it: the operator's webhooks
+/// without a CA bundle, labelled as Helm's.
+fn charts_configuration() -> Value {
+    let mut configuration = to_json(&registration::desired(&settings(), ""));
+    configuration["metadata"]["labels"] = json!({label::MANAGED_BY: "Helm"});
+    for webhook in configuration["webhooks"].as_array_mut().unwrap() {
+        webhook["clientConfig"]
+            .as_object_mut()
+            .unwrap()
+            .remove("caBundle");
+    }
+    configuration
+}
+
+/// The operator's apply holds each webhook's name and CA bundle, nothing
+/// else: the chart owns the rest.
+fn assert_only_ca_bundles(applied: &Value) {
+    assert_eq!(applied["metadata"], json!({"name": "flatnet-test"}));
+    let webhooks = applied["webhooks"].as_array().unwrap();
+    assert_eq!(webhooks.len(), 3);
+    for webhook in webhooks {
+        let fields: Vec<&String> = webhook.as_object().unwrap().keys().collect();
+        assert_eq!(fields, ["clientConfig", "name"]);
+        let client: Vec<&String> = webhook["clientConfig"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(client, ["caBundle"]);
+    }
+}
+
 #[tokio::test]
 async fn first_run_registers_the_new_ca_then_creates_the_secret() {
     let (client, mut server) = mock_client();
@@ -76,11 +108,13 @@ async fn first_run_registers_the_new_ca_then_creates_the_secret() {
     server
         .expect("GET", &format!("{SECRET_PATH}/webhook-certs"), not_found())
         .await;
-    server.expect("GET", VWC_PATH, not_found()).await;
+    server
+        .expect("GET", VWC_PATH, ok(charts_configuration()))
+        .await;
     let patch = server
         .expect(
             "PATCH",
-            &format!("{VWC_PATH}?&force=true&fieldManager=flatnet-operator"),
+            &format!("{VWC_PATH}?&force=true&fieldManager=flatnet-operator-ca-bundle"),
             applied("vwc-uid"),
         )
         .await;
@@ -91,6 +125,7 @@ async fn first_run_registers_the_new_ca_then_creates_the_secret() {
     assert!(renew_at > now() + time::Duration::days(200));
 
     // Every webhook trusts exactly the bundle stored in the Secret.
+    assert_only_ca_bundles(&patch.body);
     let bundle = create.body["data"][CA_CRT].as_str().unwrap().to_owned();
     assert_eq!(
         ca_bundle_of(&patch.body),
@@ -122,31 +157,43 @@ async fn an_up_to_date_secret_is_only_registered() {
             ok(to_json(&secret)),
         )
         .await;
-    // The original's configuration (not labelled as flatnet's) is replaced.
+    // The chart's configuration (Helm's) is kept: only its CA bundles are
+    // written, nothing deleted.
     server
-        .expect(
-            "GET",
-            VWC_PATH,
-            ok(json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-                      "metadata": {"name": "flatnet-test"}, "webhooks": []})),
-        )
-        .await;
-    server
-        .expect(
-            "DELETE",
-            &format!("{VWC_PATH}?"),
-            ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
-        )
+        .expect("GET", VWC_PATH, ok(charts_configuration()))
         .await;
     let patch = server
         .expect("PATCH", &format!("{VWC_PATH}?*"), applied("vwc-uid"))
         .await;
     task.await.unwrap().unwrap();
+    assert_only_ca_bundles(&patch.body);
     let expected = to_json(&secret)["data"][CA_CRT]
         .as_str()
         .unwrap()
         .to_owned();
     assert!(ca_bundle_of(&patch.body).iter().all(|b| *b == expected));
+    server.expect_no_more().await;
+}
+
+#[tokio::test]
+async fn a_missing_configuration_is_reported_not_created() {
+    let material = fresh();
+    let secret = stored(&material);
+    let (client, mut server) = mock_client();
+    let task = tokio::spawn(async move { ensure(&client, &settings(), &hosts(), now()).await });
+    server
+        .expect(
+            "GET",
+            &format!("{SECRET_PATH}/webhook-certs"),
+            ok(to_json(&secret)),
+        )
+        .await;
+    server.expect("GET", VWC_PATH, not_found()).await;
+    let error = task.await.unwrap().unwrap_err().to_string();
+    assert!(
+        error.contains("flatnet-test does not exist") && error.contains("helm upgrade"),
+        "{error}"
+    );
     server.expect_no_more().await;
 }
 
@@ -168,7 +215,9 @@ async fn a_foreign_secret_is_adopted_with_a_new_ca() {
             ok(to_json(&secret)),
         )
         .await;
-    server.expect("GET", VWC_PATH, not_found()).await;
+    server
+        .expect("GET", VWC_PATH, ok(charts_configuration()))
+        .await;
     let patch = server
         .expect("PATCH", &format!("{VWC_PATH}?*"), applied("vwc-uid"))
         .await;

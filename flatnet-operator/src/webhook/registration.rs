@@ -25,7 +25,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams},
+    api::{ObjectMeta, Patch, PatchParams},
 };
 
 use crate::{config::WebhookSettings, flat_services::FIELD_MANAGER};
@@ -227,24 +227,121 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
     }
 }
 
-/// Applies `desired`. A configuration of the same name that flatnet does not
-/// manage (the original's, made by its deploy job with other webhook names)
-/// is deleted first: server-side apply would keep its webhooks alongside ours.
+/// Field manager of the CA bundles the operator writes into a
+/// configuration it does not own: only `webhooks[name].clientConfig.caBundle`.
+pub const CA_BUNDLE_MANAGER: &str = "flatnet-operator-ca-bundle";
+
+/// Why the webhook could not be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// The chart's configuration is missing.
+    #[error(
+        "ValidatingWebhookConfiguration {name} does not exist; the chart creates it (helm upgrade restores it) and the operator only writes its CA bundle"
+    )]
+    Missing {
+        /// Name.
+        name: String,
+    },
+    /// A configuration of that name belongs to someone else (URL mode).
+    #[error(
+        "ValidatingWebhookConfiguration {name} exists and is not the operator's ({managed_by}); the operator never replaces a configuration it did not create: name another with --webhook-config"
+    )]
+    NotOurs {
+        /// Name.
+        name: String,
+        /// Its `app.kubernetes.io/managed-by` label, or `unlabelled`.
+        managed_by: String,
+    },
+    /// An API call failed.
+    #[error(
+        "{op} ValidatingWebhookConfiguration {name}: {source}{}",
+        crate::controller::forbidden_hint(source, op, None)
+    )]
+    Api {
+        /// What was attempted.
+        op: &'static str,
+        /// Name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+}
+
+fn api_error(op: &'static str, name: &str) -> impl FnOnce(kube::Error) -> RegistrationError {
+    let name = name.to_owned();
+    move |source| RegistrationError::Api {
+        op,
+        name,
+        source: Box::new(source),
+    }
+}
+
+/// Writes `ca_bundle` into every webhook of the configuration `name`,
+/// which the chart creates and owns: a server-side apply of only each
+/// webhook's `clientConfig.caBundle` (`webhooks` is a map list keyed by
+/// `name`) by [`CA_BUNDLE_MANAGER`], so Helm and the operator never own the
+/// same field. Never creates, replaces or deletes the configuration.
 ///
 /// # Errors
-/// The API calls failed.
-pub async fn apply(
+/// The configuration is missing, or the API calls failed.
+pub async fn inject_ca_bundle(
+    client: &Client,
+    name: &str,
+    ca_bundle: &str,
+) -> Result<(), RegistrationError> {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let existing = api
+        .get_opt(name)
+        .await
+        .map_err(api_error("get", name))?
+        .ok_or_else(|| RegistrationError::Missing {
+            name: name.to_owned(),
+        })?;
+    let bundle = ByteString(ca_bundle.as_bytes().to_vec());
+    let webhooks: Vec<serde_json::Value> = existing
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| serde_json::json!({"name": w.name, "clientConfig": {"caBundle": bundle}}))
+        .collect();
+    let patch = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": webhooks,
+    });
+    // Forced: the bundle is the operator's alone, whoever wrote it before.
+    api.patch(
+        name,
+        &PatchParams::apply(CA_BUNDLE_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(api_error("apply", name))?;
+    Ok(())
+}
+
+/// Applies `desired`, a configuration the operator creates and owns whole
+/// (`--webhook-url`, out of a cluster: no chart made one). One of that
+/// name it did not create is left alone and reported.
+///
+/// # Errors
+/// A configuration of that name is not the operator's, or the API calls
+/// failed.
+pub async fn apply_own(
     client: &Client,
     desired: &ValidatingWebhookConfiguration,
-) -> Result<(), kube::Error> {
+) -> Result<(), RegistrationError> {
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let name = desired.name_any();
-    if let Some(existing) = api.get_opt(&name).await? {
-        let ours = existing.labels().get(label::MANAGED_BY).map(String::as_str)
-            == Some(label::MANAGED_BY_FLATNET);
-        if !ours {
-            tracing::info!(configuration = %name, "replacing a webhook configuration flatnet does not manage");
-            api.delete(&name, &DeleteParams::default()).await?;
+    if let Some(existing) = api.get_opt(&name).await.map_err(api_error("get", &name))? {
+        let managed_by = existing.labels().get(label::MANAGED_BY);
+        if managed_by.map(String::as_str) != Some(label::MANAGED_BY_FLATNET) {
+            return Err(RegistrationError::NotOurs {
+                name,
+                managed_by: managed_by.map_or_else(|| "unlabelled".to_owned(), Clone::clone),
+            });
         }
     }
     api.patch(
@@ -252,7 +349,8 @@ pub async fn apply(
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(desired),
     )
-    .await?;
+    .await
+    .map_err(api_error("apply", &name))?;
     Ok(())
 }
 
@@ -500,6 +598,216 @@ mod tests {
             .collect();
         let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
         assert_eq!(words(&body.join(" ")), words(FLOATING_REQUESTS_CONDITION));
+    }
+
+    /// The chart's configuration as `cargo xtask charts` renders it.
+    fn charts_configuration() -> serde_json::Value {
+        let path = crate::allocation::fake_api::rbac::chart_render();
+        let text = std::fs::read_to_string(&path).expect("the chart's render");
+        let objects: Vec<serde_json::Value> = serde_json::from_str(&text).expect("a JSON list");
+        objects
+            .into_iter()
+            .find(|o| o["kind"] == "ValidatingWebhookConfiguration")
+            .expect("the chart renders a ValidatingWebhookConfiguration")
+    }
+
+    /// What `helm install` and `helm upgrade` send: a server-side apply of
+    /// the chart's configuration, without force.
+    async fn helm_applies(api: &Api<ValidatingWebhookConfiguration>) -> Result<(), kube::Error> {
+        let chart = charts_configuration();
+        let name = chart["metadata"]["name"].as_str().expect("a name");
+        api.patch(name, &PatchParams::apply("helm"), &Patch::Apply(&chart))
+            .await
+            .map(drop)
+    }
+
+    #[tokio::test]
+    async fn the_fake_refuses_an_apply_that_takes_another_managers_field() {
+        let server = crate::allocation::fake_api::FakeApiServer::new();
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(server.client());
+        let chart = charts_configuration();
+        let name = chart["metadata"]["name"].as_str().expect("a name");
+        let mut taken = chart.clone();
+        taken["metadata"]["labels"][label::MANAGED_BY] = label::MANAGED_BY_FLATNET.into();
+        api.patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&taken),
+        )
+        .await
+        .expect("the operator's forced apply");
+        let Err(kube::Error::Api(status)) = helm_applies(&api).await else {
+            panic!("helm's apply did not conflict");
+        };
+        assert_eq!((status.code, status.reason.as_str()), (409, "Conflict"));
+        assert!(
+            status.message.starts_with("Apply failed with ")
+                && status.message.contains(
+                    "conflict with \"flatnet-operator\": .metadata.labels.app.kubernetes.io/managed-by"
+                ),
+            "{}",
+            status.message
+        );
+    }
+
+    /// Helm owns the chart's configuration, the operator only the CA bundle
+    /// of each webhook: it leaves the configuration in place (same object,
+    /// Helm's labels and webhooks) while writing the bundle, and a later
+    /// `helm upgrade` applies without conflict and keeps the bundle.
+    #[tokio::test]
+    async fn the_operator_writes_only_the_ca_bundle_of_the_charts_configuration() {
+        let server = crate::allocation::fake_api::FakeApiServer::new();
+        let client = server.client();
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        helm_applies(&api).await.expect("helm install");
+        let chart = charts_configuration();
+        let name = chart["metadata"]["name"].as_str().expect("a name");
+        let installed = api.get(name).await.expect("the configuration");
+        let settings = WebhookSettings {
+            configuration: name.to_owned(),
+            ..settings(None)
+        };
+        let hosts = crate::tls::cert::hosts(&settings.service, &settings.namespace, None);
+        crate::tls::ensure(&client, &settings, &hosts, time::OffsetDateTime::now_utc())
+            .await
+            .expect("the certificate upkeep");
+
+        let injected = api.get(name).await.expect("the configuration");
+        assert_eq!(
+            injected.metadata.uid, installed.metadata.uid,
+            "the chart's configuration was replaced"
+        );
+        assert_eq!(injected.labels(), installed.labels());
+        assert_eq!(
+            injected.labels().get(label::MANAGED_BY).map(String::as_str),
+            Some("Helm")
+        );
+        let secret: k8s_openapi::api::core::v1::Secret =
+            Api::namespaced(client.clone(), &settings.namespace)
+                .get(&settings.secret)
+                .await
+                .expect("the webhook Secret");
+        let ca = crate::tls::material_of(&secret)
+            .expect("certificates")
+            .ca_bundle;
+        let webhooks = injected.webhooks.clone().unwrap_or_default();
+        assert_eq!(webhooks.len(), 3);
+        for webhook in &webhooks {
+            assert_eq!(
+                webhook.client_config.ca_bundle,
+                Some(ByteString(ca.as_bytes().to_vec())),
+                "{}",
+                webhook.name
+            );
+        }
+        // Nothing else changed: the chart's webhooks with the bundle added.
+        let mut without_bundle = serde_json::to_value(&injected).expect("JSON");
+        for webhook in without_bundle["webhooks"].as_array_mut().expect("webhooks") {
+            webhook["clientConfig"]
+                .as_object_mut()
+                .expect("clientConfig")
+                .remove("caBundle");
+        }
+        assert_eq!(without_bundle["webhooks"], chart["webhooks"]);
+
+        helm_applies(&api)
+            .await
+            .expect("helm upgrade applies without conflict");
+        let upgraded = api.get(name).await.expect("the configuration");
+        assert_eq!(
+            upgraded.webhooks, injected.webhooks,
+            "the upgrade reset the bundle"
+        );
+    }
+
+    #[tokio::test]
+    async fn url_mode_never_takes_a_configuration_it_did_not_create() {
+        let server = crate::allocation::fake_api::FakeApiServer::new();
+        let client = server.client();
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        helm_applies(&api).await.expect("helm install");
+        let chart = charts_configuration();
+        let name = chart["metadata"]["name"].as_str().expect("a name");
+        let settings = WebhookSettings {
+            configuration: name.to_owned(),
+            ..settings(Some("https://127.0.0.1:8443/validate"))
+        };
+        let error = apply_own(&client, &desired(&settings, "PEM"))
+            .await
+            .expect_err("a configuration Helm made");
+        assert!(
+            error.to_string().contains("is not the operator's (Helm)")
+                && error.to_string().contains("--webhook-config"),
+            "{error}"
+        );
+        let kept = api.get(name).await.expect("the configuration");
+        assert_eq!(
+            kept.labels().get(label::MANAGED_BY).map(String::as_str),
+            Some("Helm")
+        );
+        // A name of its own: created, and applied again as its own.
+        let own = WebhookSettings {
+            configuration: "flatnet-dev".into(),
+            ..settings
+        };
+        apply_own(&client, &desired(&own, "PEM"))
+            .await
+            .expect("created");
+        apply_own(&client, &desired(&own, "PEM2"))
+            .await
+            .expect("its own, updated");
+    }
+
+    /// The chart renders the webhooks the operator registers out of a
+    /// cluster: same names, rules, conditions, selectors and Service; the
+    /// failure policy and timeout are chart values.
+    #[test]
+    fn the_charts_webhooks_are_the_operators() {
+        let chart = charts_configuration();
+        let namespace = chart["webhooks"][0]["clientConfig"]["service"]["namespace"]
+            .as_str()
+            .expect("a namespace")
+            .to_owned();
+        let service = chart["webhooks"][0]["clientConfig"]["service"]["name"]
+            .as_str()
+            .expect("a Service")
+            .to_owned();
+        let settings = WebhookSettings {
+            namespace,
+            service,
+            ..settings(None)
+        };
+        let mut operators =
+            serde_json::to_value(desired(&settings, "")).expect("JSON")["webhooks"].clone();
+        let mut charts = chart["webhooks"].clone();
+        for webhooks in [&mut operators, &mut charts] {
+            for webhook in webhooks.as_array_mut().expect("webhooks") {
+                let webhook = webhook.as_object_mut().expect("a webhook");
+                for chart_value in ["failurePolicy", "timeoutSeconds"] {
+                    webhook.remove(chart_value);
+                }
+                webhook["clientConfig"]
+                    .as_object_mut()
+                    .expect("clientConfig")
+                    .remove("caBundle");
+                // The expressions are folded YAML in the chart.
+                for condition in webhook
+                    .get_mut("matchConditions")
+                    .and_then(|c| c.as_array_mut())
+                    .into_iter()
+                    .flatten()
+                {
+                    let words = condition["expression"]
+                        .as_str()
+                        .expect("an expression")
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    condition["expression"] = words.into();
+                }
+            }
+        }
+        assert_eq!(charts, operators);
     }
 
     #[test]

@@ -20,10 +20,15 @@
 //!   its manager is the request's `fieldManager`, else [`UNKNOWN`];
 //! - fields no longer in the object are owned by nobody.
 //!
+//! - an apply without `force` of a value another manager owns with a
+//!   different value is refused ([`Owners::conflicts`]), as the real
+//!   server's 409 Conflict names them; the fields of objects stored with
+//!   [`super::FakeApiServer::insert`] (a test's seed, not a writer) never
+//!   conflict.
+//!
 //! Not modeled: `managedFields` in the served objects (ownership is kept
 //! beside them, so an apply that only changes ownership does not bump the
-//! resourceVersion), apply conflicts without `force` (every apply here
-//! forces), `set` lists, map lists other than [`MAP_LISTS`] or keyed by
+//! resourceVersion), `set` lists, map lists other than [`MAP_LISTS`] or keyed by
 //! several fields, and the removal of parents left empty by a removal
 //! (they stay as `{}`).
 
@@ -32,7 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 /// Lists merged per key (`x-kubernetes-list-type: map`): field name and key.
-pub const MAP_LISTS: &[(&str, &str)] = &[("conditions", "type")];
+pub const MAP_LISTS: &[(&str, &str)] = &[("conditions", "type"), ("webhooks", "name")];
 
 /// The manager of a non-apply write that names none.
 pub const UNKNOWN: &str = "unknown";
@@ -109,6 +114,42 @@ impl Owners {
         self.forget_missing(merged);
     }
 
+    /// The fields an apply of `applied` by `manager` to `scope` would take
+    /// from other managers, changing their value in `stored`: each with
+    /// the manager owning it, as the real server names them
+    /// (`"helm"`, or `"kubectl" using v1` for a non-apply writer).
+    #[must_use]
+    pub fn conflicts(
+        &self,
+        manager: &str,
+        scope: Scope,
+        stored: &Value,
+        applied: &Value,
+    ) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for path in fields(applied, scope) {
+            let value = get(applied, &path);
+            if path.last().is_some_and(|s| s.starts_with("k:"))
+                || get(stored, &path).is_none_or(|v| Some(v) == value)
+            {
+                continue;
+            }
+            for ((other, operation, _), owned) in &self.by_manager {
+                if other != manager && other != INSERTED && owned.contains(&path) {
+                    let who = match operation {
+                        Operation::Apply => format!("{other:?}"),
+                        Operation::Update => {
+                            let version = applied["apiVersion"].as_str().unwrap_or("v1");
+                            format!("{other:?} using {version}")
+                        }
+                    };
+                    out.push((who, field_string(&path)));
+                }
+            }
+        }
+        out
+    }
+
     /// Records a non-apply write by `manager` to `scope` that turned
     /// `stored` into `updated`.
     pub fn update(&mut self, manager: &str, scope: Scope, stored: &Value, updated: &Value) {
@@ -153,6 +194,23 @@ fn changed(before: &Value, after: &Value, path: &FieldPath) -> bool {
     } else {
         get(before, path) != get(after, path)
     }
+}
+
+/// `path` as the real server prints a field: `.metadata.labels.a`,
+/// `.webhooks[name="x"].clientConfig.caBundle`.
+fn field_string(path: &[String]) -> String {
+    let mut out = String::new();
+    let mut list_key = None;
+    for s in path {
+        if let Some(field) = s.strip_prefix("f:") {
+            out.push('.');
+            out.push_str(field);
+        } else if let (Some(key), Some(list_key)) = (s.strip_prefix("k:"), list_key) {
+            out.push_str(&format!("[{list_key}={key}]"));
+        }
+        list_key = list_key_of(s);
+    }
+    out
 }
 
 /// The key field of the map list named `field`, if it is one.

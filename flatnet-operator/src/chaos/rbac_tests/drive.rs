@@ -39,7 +39,7 @@ use crate::{
     admin::Health,
     allocation::{
         Settings,
-        fake_api::{Access, FakeApiServer},
+        fake_api::{Access, FakeApiServer, rbac::Rbac},
         fake_cluster::{FakeCluster, POD_NAMESPACE, pod, subnet},
     },
     config::WebhookSettings,
@@ -69,23 +69,87 @@ pub(super) async fn every_other_controller() -> BTreeSet<Access> {
     accesses
 }
 
+/// The operator's ServiceAccount in the chart.
+pub(super) const OPERATOR: &str = "flatnet-operator";
+
+/// The recording clients of the drives so far, whose refused requests a
+/// drive that does not reach its step names.
+static RECORDERS: std::sync::Mutex<Vec<FakeApiServer>> = std::sync::Mutex::new(Vec::new());
+
 /// A fake whose objects are seeded through the first, and whose requests
-/// through the second (a recording client) are the ones counted.
+/// through the second (a recording client, authorized by the chart's rules
+/// for the operator) are the ones counted.
 fn recording() -> (FakeApiServer, FakeApiServer) {
     let server = FakeApiServer::new();
-    let recorded = server.for_client(1);
+    let recorded = server.for_client(1).with_rbac(Rbac::from_chart(OPERATOR));
+    RECORDERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(recorded.clone());
     (server, recorded)
 }
 
-/// Polls `done` until it holds; panics naming `what` after [`WITHIN`].
+/// The requests the chart's rules refused so far, with their counts.
+fn refused() -> Vec<String> {
+    RECORDERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .flat_map(|r| r.requests_by_kind())
+        .filter(|(kind, _)| kind.ends_with(" 403"))
+        .map(|(kind, count)| format!("{kind} ×{count}"))
+        .collect()
+}
+
+/// Polls `done` until it holds; panics naming `what` (and the requests the
+/// chart refused) after [`WITHIN`].
 async fn reach(what: &str, done: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + WITHIN;
     while !done() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the drive did not reach: {what}"
+            "the drive did not reach: {what}; refused by the chart's RBAC: {:?}",
+            refused()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The object of `kind` in the chart's default render.
+fn rendered(kind: &str) -> Value {
+    let path = crate::allocation::fake_api::rbac::chart_render();
+    let text = std::fs::read_to_string(&path).expect("the chart's render");
+    let objects: Vec<Value> = serde_json::from_str(&text).expect("a JSON list");
+    objects
+        .into_iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the render"))
+}
+
+/// The operator's webhook settings as the chart's Deployment sets them.
+fn chart_webhook_settings() -> WebhookSettings {
+    let deployment = rendered("Deployment");
+    let env = |name: &str| {
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("the chart's operator sets no {name}"))
+            .to_owned()
+    };
+    WebhookSettings {
+        enabled: true,
+        listen: "127.0.0.1:0".parse().expect("address"),
+        namespace: deployment["metadata"]["namespace"]
+            .as_str()
+            .expect("a namespace")
+            .to_owned(),
+        service: env("FLATNET_WEBHOOK_SERVICE"),
+        secret: env("FLATNET_WEBHOOK_SECRET"),
+        configuration: env("FLATNET_WEBHOOK_CONFIG"),
+        url: None,
     }
 }
 
@@ -356,29 +420,24 @@ async fn floating() -> BTreeSet<Access> {
     recorded.accesses()
 }
 
-/// The webhook certificate: a configuration of the same name that flatnet
-/// does not manage is replaced, a Secret without certificates is filled
-/// in, and every replica follows the Secret.
+/// The webhook certificate, with the chart's names: a Secret without
+/// certificates is filled in, the CA bundle written into the chart's
+/// configuration (left in place, Helm's labels kept), and every replica
+/// follows the Secret.
 async fn certificates() -> BTreeSet<Access> {
     let (server, recorded) = recording();
-    let settings = WebhookSettings {
-        enabled: true,
-        listen: "127.0.0.1:0".parse().expect("address"),
-        namespace: "cattle-flat-network".into(),
-        service: "webhook-svc".into(),
-        secret: "webhook-certs".into(),
-        configuration: "flatnet-test".into(),
-        url: None,
-    };
-    server.insert(&object::<ValidatingWebhookConfiguration>(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "flatnet-test"}, "webhooks": []
-    })));
+    let settings = chart_webhook_settings();
+    // As Helm created it.
+    let chart: ValidatingWebhookConfiguration = object(rendered("ValidatingWebhookConfiguration"));
+    server.insert(&chart);
+    let uid = named::<ValidatingWebhookConfiguration>(&server, &settings.configuration)
+        .and_then(|c| c.metadata.uid)
+        .expect("a uid");
     server.insert(&object::<Secret>(json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "webhook-certs", "namespace": "cattle-flat-network"}, "data": {}
+        "metadata": {"name": settings.secret, "namespace": settings.namespace}, "data": {}
     })));
-    let hosts = tls::cert::hosts("webhook-svc", "cattle-flat-network", None);
+    let hosts = tls::cert::hosts(&settings.service, &settings.namespace, None);
     let changed = Arc::new(Notify::new());
     let resolver = Arc::new(tls::resolver::ReloadingResolver::default());
     let follower = {
@@ -394,21 +453,33 @@ async fn certificates() -> BTreeSet<Access> {
         (stop, task)
     };
     let client = recorded.client();
+    let (secret, configuration) = (settings.secret.clone(), settings.configuration.clone());
     running(
         |stop| tls::manage(client, settings, hosts, changed, stop),
         async {
-            reach("the configuration replaced and the Secret filled", || {
-                named::<ValidatingWebhookConfiguration>(&server, "flatnet-test")
-                    .is_some_and(|c| !c.labels().is_empty())
-                    && named::<Secret>(&server, "webhook-certs")
-                        .and_then(|s| s.data)
-                        .is_some_and(|d| !d.is_empty())
+            reach("the CA bundle injected and the Secret filled", || {
+                named::<ValidatingWebhookConfiguration>(&server, &configuration).is_some_and(|c| {
+                    c.webhooks
+                        .iter()
+                        .flatten()
+                        .all(|w| w.client_config.ca_bundle.is_some())
+                }) && named::<Secret>(&server, &secret)
+                    .and_then(|s| s.data)
+                    .is_some_and(|d| !d.is_empty())
             })
             .await;
+            let kept: ValidatingWebhookConfiguration =
+                named(&server, &configuration).expect("the configuration");
+            assert_eq!(
+                kept.metadata.uid,
+                Some(uid),
+                "the chart's configuration replaced"
+            );
+            assert_eq!(kept.labels(), chart.labels(), "the chart's labels changed");
             // A deleted Secret is made again.
-            server.delete::<Secret>("cattle-flat-network", "webhook-certs");
+            server.delete::<Secret>(&chart_webhook_settings().namespace, &secret);
             reach("the Secret created again", || {
-                named::<Secret>(&server, "webhook-certs").is_some()
+                named::<Secret>(&server, &secret).is_some()
             })
             .await;
         },
@@ -601,8 +672,9 @@ async fn cluster_conditions() -> BTreeSet<Access> {
     resolver
         .load(&material.cert, &material.key)
         .expect("a certificate");
+    let configuration = chart_webhook_settings().configuration;
     server.insert(&crate::fixtures::webhook_configuration(
-        "flatnet-test",
+        &configuration,
         &material.ca_bundle,
     ));
     server.insert(&crate::fixtures::endpoint_slice(
@@ -613,7 +685,7 @@ async fn cluster_conditions() -> BTreeSet<Access> {
     let webhook = crate::cluster_health::WebhookProbe::Enabled {
         resolver,
         service: Some("webhook-svc".into()),
-        configuration: "flatnet-test".into(),
+        configuration,
     };
     running(
         |stop| crate::cluster_health::run(client, settings, health, webhook, stop),
