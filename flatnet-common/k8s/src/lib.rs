@@ -13,6 +13,7 @@ pub mod env;
 #[cfg(feature = "events")]
 pub mod events;
 pub mod floating;
+#[cfg(feature = "events")]
 pub mod forbidden;
 pub mod ipam;
 pub mod keys;
