@@ -168,14 +168,17 @@ pub fn desired(settings: &WebhookSettings, ca_bundle: &str) -> ValidatingWebhook
                         &["podnetworkconfigs"],
                         &create_update,
                     ),
-                    // The one cluster configuration object.
+                    // The one cluster configuration object, on update: the
+                    // chart creates it in the same install as this
+                    // configuration, before any operator serves the webhook
+                    // (its values are checked by the chart's schema).
                     RuleWithOperations {
                         scope: Some("Cluster".into()),
                         ..rule(
                             flatnet_k8s::api::GROUP,
                             &["v1"],
                             &["flatnetworkconfigs"],
-                            &create_update,
+                            &["UPDATE"],
                         )
                     },
                 ],
