@@ -509,8 +509,9 @@ async fn a_service_gets_a_headless_twin_with_the_flat_addresses() {
     scope.finish().await;
 }
 
-/// Scaling to zero gives back every address and MAC; a StatefulSet's pods
-/// keep their addresses when they are recreated.
+/// Scaling a Deployment to zero gives back every address and pool MAC its
+/// pods held; a StatefulSet's pods keep their addresses when recreated and
+/// give them back when the StatefulSet goes.
 #[tokio::test]
 async fn scale_to_zero_frees_everything_and_a_statefulset_keeps_its_addresses() {
     let test = "scale_to_zero_frees_everything_and_a_statefulset_keeps_its_addresses";
@@ -522,22 +523,86 @@ async fn scale_to_zero_frees_everything_and_a_statefulset_keeps_its_addresses() 
         .subnet(e2e.subnet_v4("e2e-lifecycle-v4", 40, 49))
         .await;
     let subnets: Api<FlatNetworkSubnet> = Api::namespaced(e2e.client.clone(), SUBNET_NAMESPACE);
-    let used = || async {
-        let s = subnets.get("e2e-lifecycle-v4").await.ok()?;
-        let status = s.status?;
-        Some((status.used_ip_count, status.used_mac.len()))
+    let records: Api<FlatNetworkIP> = scope.api();
+    let held = |addresses: Vec<IpAddr>| {
+        let subnets = subnets.clone();
+        async move {
+            let status = subnets.get("e2e-lifecycle-v4").await.ok()?.status?;
+            Some(
+                addresses
+                    .into_iter()
+                    .filter(|a| {
+                        status
+                            .used_ip
+                            .iter()
+                            .any(|r| r.bounds().is_some_and(|(from, to)| from <= *a && *a <= to))
+                    })
+                    .count(),
+            )
+        }
     };
-    let before = used().await.expect("the subnet's status");
+
+    scope
+        .create::<Deployment>(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                     "template": e2e.flat_template("web", "e2e-lifecycle-v4", "auto")}
+        }))
+        .await;
+    let pods = scope.running_flat_pods("web", 3, 1).await;
+    let addresses: Vec<IpAddr> = pods.iter().map(|(_, a)| a[0]).collect();
+    let macs: Vec<String> = records
+        .list(&ListParams::default())
+        .await
+        .expect("list records")
+        .items
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .filter(|s| s.mac_from_pool)
+        .map(|s| s.mac.clone())
+        .collect();
+    assert_eq!(
+        held(addresses.clone()).await,
+        Some(3),
+        "the ledger holds the pods' addresses"
+    );
+    let deployments: Api<Deployment> = scope.api();
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .expect("scale to 0");
+    CONVERGE
+        .eventually(
+            "every record gone and every address given back after scaling to 0",
+            || async {
+                let left = records.list(&ListParams::default()).await.ok()?.items.len();
+                (left == 0 && held(addresses.clone()).await? == 0).then_some(())
+            },
+        )
+        .await;
+    CONVERGE
+        .eventually("the pods' pool MACs no longer claimed", || async {
+            let claimed = claimed_pool_macs(&e2e).await?;
+            macs.iter()
+                .all(|mac| !claimed.contains(&mac.to_lowercase()))
+                .then_some(())
+        })
+        .await;
 
     scope
         .create::<StatefulSet>(json!({
             "apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": {"name": "db"},
-            "spec": {"serviceName": "db", "replicas": 3, "selector": {"matchLabels": {"app": "db"}},
+            "spec": {"serviceName": "db", "replicas": 2, "selector": {"matchLabels": {"app": "db"}},
                      "template": e2e.flat_template("db", "e2e-lifecycle-v4", "auto")}
         }))
         .await;
-    let mut first = scope.running_flat_pods("db", 3, 1).await;
+    let mut first = scope.running_flat_pods("db", 2, 1).await;
     first.sort();
     // Every pod recreated: each comes back with its address.
     let pods: Api<Pod> = scope.api();
@@ -556,33 +621,61 @@ async fn scale_to_zero_frees_everything_and_a_statefulset_keeps_its_addresses() 
     CONVERGE
         .eventually("the StatefulSet's pods to be recreated", || async {
             let list = pods.list(&by_app).await.ok()?.items;
-            let recreated = list.len() == 3
+            let recreated = list.len() == 2
                 && list
                     .iter()
                     .all(|p| !old_uids.contains(&p.uid().unwrap_or_default()));
             recreated.then_some(())
         })
         .await;
-    let mut second = scope.running_flat_pods("db", 3, 1).await;
+    let mut second = scope.running_flat_pods("db", 2, 1).await;
     second.sort();
     assert_eq!(first, second, "StatefulSet pods keep their addresses");
-
     let statefulsets: Api<StatefulSet> = scope.api();
     statefulsets
-        .patch(
-            "db",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 0}})),
-        )
+        .delete("db", &DeleteParams::default())
         .await
-        .expect("scale to 0");
+        .expect("delete the StatefulSet");
+    let kept: Vec<IpAddr> = first.iter().map(|(_, a)| a[0]).collect();
     CONVERGE
         .eventually(
-            "every address and MAC given back after scaling to 0",
-            || async { (used().await? == before).then_some(()) },
+            "the StatefulSet's addresses given back once it is gone",
+            || async {
+                let left = records.list(&ListParams::default()).await.ok()?.items.len();
+                (left == 0 && held(kept.clone()).await? == 0).then_some(())
+            },
         )
         .await;
     scope.finish().await;
+}
+
+/// The pool MACs the MAC ledgers of the release claim (lower case).
+async fn claimed_pool_macs(e2e: &E2e) -> Option<Vec<String>> {
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let parse = |mac: &str| u64::from_str_radix(&mac.replace([':', '-'], ""), 16).ok();
+    let mut claimed = Vec::new();
+    for map in maps.list(&ListParams::default()).await.ok()?.items {
+        if !map.name_any().starts_with("flatnet-macs-") {
+            continue;
+        }
+        let Some(value) = map.data.as_ref().and_then(|d| d.get("pool.claimed")) else {
+            continue;
+        };
+        for range in value.split_whitespace() {
+            let (from, to) = range.split_once('-').unwrap_or((range, range));
+            let (from, to) = (parse(from)?, parse(to)?);
+            claimed.extend((from..=to).map(|m| {
+                let bytes = m.to_be_bytes();
+                bytes[2..]
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":")
+            }));
+        }
+    }
+    Some(claimed)
 }
 
 /// The admission webhook answers through the API server: a subnet with a
@@ -634,12 +727,8 @@ async fn a_subnet_mtu_change_reaches_running_pods() {
     subnets
         .patch(
             "e2e-mtu-v4",
-            &PatchParams::apply("flatnet-e2e").force(),
-            &Patch::Apply(json!({
-                "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
-                "metadata": {"name": "e2e-mtu-v4"},
-                "spec": {"mtu": 1400}
-            })),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"mtu": 1400}})),
         )
         .await
         .expect("set the subnet's MTU");
