@@ -117,14 +117,8 @@ impl E2e {
     /// An IPv4 macvlan subnet on the master: addresses `first..=last` of
     /// the LAN (host parts), the LAN host as gateway.
     fn subnet_v4(&self, name: &str, first: u8, last: u8) -> Value {
-        let IpAddr::V4(host) = self.lan_v4.addr() else {
-            panic!("FLATNET_E2E_LAN_V4 is no IPv4 address")
-        };
-        let at = |n: u8| {
-            let mut octets = host.octets();
-            octets[3] = n;
-            std::net::Ipv4Addr::from(octets).to_string()
-        };
+        let host = self.lan_v4.addr();
+        let at = |n: u8| self.lan_v4_host(n);
         json!({
             "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkSubnet",
             "metadata": {"name": name, "namespace": SUBNET_NAMESPACE},
@@ -132,6 +126,16 @@ impl E2e {
                      "cidr": self.lan_v4.trunc().to_string(), "gateway": host.to_string(),
                      "ranges": [{"from": at(first), "to": at(last)}]}
         })
+    }
+
+    /// The LAN's IPv4 address whose last byte is `n`.
+    fn lan_v4_host(&self, n: u8) -> String {
+        let IpAddr::V4(host) = self.lan_v4.addr() else {
+            panic!("FLATNET_E2E_LAN_V4 is no IPv4 address")
+        };
+        let mut octets = host.octets();
+        octets[3] = n;
+        std::net::Ipv4Addr::from(octets).to_string()
     }
 
     /// The IPv6 twin of [`E2e::subnet_v4`].
@@ -866,14 +870,7 @@ async fn a_floating_ip_load_balancer_is_answered_on_the_lan() {
     let Some(e2e) = E2e::from_env(test).await else {
         return;
     };
-    let IpAddr::V4(host) = e2e.lan_v4.addr() else {
-        panic!("FLATNET_E2E_LAN_V4 is no IPv4 address")
-    };
-    let at = |n: u8| {
-        let mut octets = host.octets();
-        octets[3] = n;
-        std::net::Ipv4Addr::from(octets).to_string()
-    };
+    let at = |n: u8| e2e.lan_v4_host(n);
     let pools: Api<kube::api::DynamicObject> = Api::all_with(
         e2e.client.clone(),
         &kube::api::ApiResource {
