@@ -121,14 +121,11 @@ impl Component {
             }
             Component::ControllerManager => {
                 command = Command::new(bin.join("kube-controller-manager"));
-                let kubeconfig = s("controller-manager.kubeconfig");
+                command.args(control_plane_client_args(&s(
+                    "controller-manager.kubeconfig",
+                )));
                 command.args([
-                    format!("--kubeconfig={kubeconfig}"),
-                    format!("--authentication-kubeconfig={kubeconfig}"),
-                    format!("--authorization-kubeconfig={kubeconfig}"),
-                    "--bind-address=127.0.0.1".into(),
-                    "--leader-elect=false".into(),
-                    "--controllers=*,bootstrapsigner,tokencleaner".into(),
+                    "--controllers=*,bootstrapsigner,tokencleaner".to_owned(),
                     "--use-service-account-credentials=true".into(),
                     format!("--root-ca-file={}", p("ca.crt")),
                     format!("--service-account-private-key-file={}", p("sa.key")),
@@ -138,20 +135,11 @@ impl Component {
                     format!("--cluster-cidr={CLUSTER_CIDR}"),
                     "--node-cidr-mask-size=24".into(),
                     format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                    "--profiling=false".into(),
                 ]);
             }
             Component::Scheduler => {
                 command = Command::new(bin.join("kube-scheduler"));
-                let kubeconfig = s("scheduler.kubeconfig");
-                command.args([
-                    format!("--kubeconfig={kubeconfig}"),
-                    format!("--authentication-kubeconfig={kubeconfig}"),
-                    format!("--authorization-kubeconfig={kubeconfig}"),
-                    "--bind-address=127.0.0.1".into(),
-                    "--leader-elect=false".into(),
-                    "--profiling=false".into(),
-                ]);
+                command.args(control_plane_client_args(&s("scheduler.kubeconfig")));
             }
             Component::Kubelet => {
                 command = Command::new(bin.join("kubelet"));
@@ -458,4 +446,18 @@ pub fn running() -> Vec<(&'static str, Option<i32>)> {
             (component.name(), pid)
         })
         .collect()
+}
+
+/// What the controller manager and the scheduler share: one kubeconfig for
+/// the API and for checking their callers, loopback only, no election (one
+/// replica), no profiling endpoint.
+fn control_plane_client_args(kubeconfig: &str) -> [String; 6] {
+    [
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        "--bind-address=127.0.0.1".into(),
+        "--leader-elect=false".into(),
+        "--profiling=false".into(),
+    ]
 }
