@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use tokio::{net::TcpListener, sync::Notify};
+use tokio::{net::TcpListener, sync::Notify, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     admin::{self, AdminState, Health},
@@ -318,23 +318,32 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
                         }
                     }
                 },
-                stop,
+                stop.clone(),
             );
             async move {
-                let ready = tokio::spawn(ready);
-                tokio::join!(
-                    services,
-                    allocation,
-                    floating,
-                    nads,
-                    workloads,
-                    certificates,
-                    mtu_status,
-                    cluster_config,
-                    conditions,
-                    pod_network_configs
-                );
-                ready.abort();
+                // Each controller is its own task: they run in parallel on the
+                // runtime's workers, and dropping the set (the process or the
+                // test that runs it ending) aborts every one of them.
+                let mut readiness = JoinSet::new();
+                readiness.spawn(ready);
+                let mut tasks = JoinSet::new();
+                tasks.spawn(services);
+                tasks.spawn(allocation);
+                tasks.spawn(floating);
+                tasks.spawn(nads);
+                tasks.spawn(workloads);
+                tasks.spawn(certificates);
+                tasks.spawn(mtu_status);
+                tasks.spawn(cluster_config);
+                tasks.spawn(conditions);
+                tasks.spawn(pod_network_configs);
+                while let Some(ended) = tasks.join_next().await {
+                    if let Err(error) = ended {
+                        // A panicked controller ends the term like one that returned.
+                        error!(%error, "a controller task failed, stopping the others");
+                        stop.cancel();
+                    }
+                }
             }
         }
     };

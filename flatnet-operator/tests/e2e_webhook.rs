@@ -132,6 +132,23 @@ async fn the_webhook_denies_bad_objects_through_the_api_server() {
         }
     }
 
+    // A configuration left by an interrupted run points at the same URL with
+    // another CA: every call through it would fail certificate verification.
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    for stale in configurations
+        .list(&Default::default())
+        .await
+        .expect("list webhook configurations")
+    {
+        let name = stale.metadata.name.unwrap_or_default();
+        if name.starts_with("flatnet-e2e-") {
+            configurations
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete a stale webhook configuration");
+        }
+    }
+
     // The operator, without leader election, serving and registering its webhook.
     let url = webhook_url();
     let configuration = format!("flatnet-e2e-{id}");
@@ -255,15 +272,22 @@ async fn the_webhook_denies_bad_objects_through_the_api_server() {
             "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}}}}}}),
         "flatnetwork.pandaria.io/mac").await;
 
-    // A subnet in use cannot be deleted.
+    // A subnet in use cannot be deleted: the operator records the admitted
+    // pod's address, and that record holds the subnet.
     let records: Api<FlatNetworkIP> = Api::namespaced(client.clone(), &ns_name);
-    try_create(
-        &records,
-        json!({"apiVersion": "flatnetwork.pandaria.io/v1", "kind": "FlatNetworkIP",
-        "metadata": {"name": "fine"}, "spec": {"subnet": net}}),
-    )
-    .await
-    .expect("create record");
+    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+    while records
+        .get_opt("fine")
+        .await
+        .expect("read record")
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the operator never recorded pod fine's address"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let message = match subnets.delete(&net, &DeleteParams::default()).await {
         Err(kube::Error::Api(status)) => status.message,
         other => panic!("deleting a subnet in use must be denied, got {other:?}"),
@@ -273,17 +297,28 @@ async fn the_webhook_denies_bad_objects_through_the_api_server() {
         "{message}"
     );
 
-    // Clean up: records first, so the subnet may go.
-    records
-        .delete("fine", &DeleteParams::default())
+    // Clean up: the pod first, so its record and then the subnet may go.
+    pods.delete("fine", &DeleteParams::default().grace_period(0))
         .await
-        .expect("delete record");
+        .expect("delete pod");
+    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+    while records
+        .get_opt("fine")
+        .await
+        .expect("read record")
+        .is_some()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pod fine's record outlived the pod"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     subnets
         .delete(&net, &DeleteParams::default())
         .await
         .expect("delete subnet");
     operator.abort();
-    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     configurations
         .delete(&configuration, &DeleteParams::default())
         .await
