@@ -5,11 +5,22 @@
 //! `--network-attachment` name) in the pod's namespace. The leader keeps one
 //! in every namespace, pointing at `flatnet-cni` with the operator's settings,
 //! and restores it when it is deleted or edited.
+//!
+//! Each attachment is owned by the webhook's ValidatingWebhookConfiguration,
+//! a cluster-scoped object of the installation (the chart's, or the
+//! operator's own out of a cluster): `helm uninstall` removes it, and the
+//! garbage collector then removes every attachment. The namespace is not an
+//! owner: the collector keeps an object while any owner remains, and an
+//! attachment goes with its namespace anyway. Without a webhook
+//! (`--webhook-server=false`) the namespace is the owner.
 
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::{api::core::v1::Namespace, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use k8s_openapi::{
+    api::{admissionregistration::v1::ValidatingWebhookConfiguration, core::v1::Namespace},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
 use kube::{
     Api, Client, CustomResource, Resource, ResourceExt,
     api::{ObjectMeta, Patch, PatchParams},
@@ -66,6 +77,9 @@ pub struct Context {
     pub config: CniConfig,
     /// Period of the full re-reconcile.
     pub resync: Duration,
+    /// The ValidatingWebhookConfiguration that owns every attachment;
+    /// `None` (no webhook): each namespace owns its own.
+    pub owner: Option<String>,
 }
 
 /// The CNI config text every attachment carries, replaceable at run time:
@@ -112,21 +126,44 @@ impl From<&str> for CniConfig {
 
 /// A reconcile failure.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "apply NetworkAttachmentDefinition {namespace}/{name}: {source}{}",
-    match crate::controller::forbidden_hint(.source, "apply", Some(.namespace.as_str())) {
-        hint if hint.is_empty() => "; check the k8s.cni.cncf.io CRD is installed (Multus)".to_owned(),
-        hint => hint,
-    }
-)]
-pub struct Error {
-    /// Namespace.
-    namespace: String,
-    /// Attachment name.
-    name: String,
-    /// The API error.
-    #[source]
-    source: Box<kube::Error>,
+pub enum Error {
+    /// The attachment could not be applied.
+    #[error(
+        "apply NetworkAttachmentDefinition {namespace}/{name}: {source}{}",
+        match crate::controller::forbidden_hint(.source, "apply", Some(.namespace.as_str())) {
+            hint if hint.is_empty() => "; check the k8s.cni.cncf.io CRD is installed (Multus)".to_owned(),
+            hint => hint,
+        }
+    )]
+    Apply {
+        /// Namespace.
+        namespace: String,
+        /// Attachment name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The owning webhook configuration could not be read.
+    #[error(
+        "get ValidatingWebhookConfiguration {name}, the owner of every NetworkAttachmentDefinition: {source}{}",
+        crate::controller::forbidden_hint(.source, "get", None)
+    )]
+    Owner {
+        /// Configuration name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The owning webhook configuration does not exist (yet).
+    #[error(
+        "ValidatingWebhookConfiguration {name}, the owner of every NetworkAttachmentDefinition, does not exist: the chart creates it (out of a cluster, the operator registers it first)"
+    )]
+    OwnerMissing {
+        /// Configuration name.
+        name: String,
+    },
 }
 
 /// The CNI config of the flat network: a configuration list with one
@@ -173,19 +210,15 @@ pub fn cni_config(
     .to_string()
 }
 
-/// The attachment wanted in `namespace`, owned by the Namespace (so it goes
-/// with it). `None` until the Namespace has a uid.
+/// The attachment wanted in `namespace`, owned by `owner`.
 #[must_use]
 pub fn desired(
     namespace: &Namespace,
+    owner: OwnerReference,
     name: &str,
     config: &str,
-) -> Option<NetworkAttachmentDefinition> {
-    let owner = OwnerReference {
-        controller: Some(true),
-        ..namespace.controller_owner_ref(&())?
-    };
-    Some(NetworkAttachmentDefinition {
+) -> NetworkAttachmentDefinition {
+    NetworkAttachmentDefinition {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(namespace.name_any()),
@@ -195,7 +228,34 @@ pub fn desired(
         spec: NetworkAttachmentDefinitionSpec {
             config: config.to_owned(),
         },
-    })
+    }
+}
+
+/// The owner of the attachment in `namespace`: the webhook configuration
+/// when there is one, else the namespace; `None` while it has no uid.
+async fn owner_of(namespace: &Namespace, ctx: &Context) -> Result<Option<OwnerReference>, Error> {
+    let owner = match &ctx.owner {
+        None => namespace.controller_owner_ref(&()),
+        Some(name) => {
+            let configurations: Api<ValidatingWebhookConfiguration> = Api::all(ctx.client.clone());
+            configurations
+                .get_opt(name)
+                .await
+                .map_err(|source| Error::Owner {
+                    name: name.clone(),
+                    source: Box::new(source),
+                })?
+                .ok_or_else(|| Error::OwnerMissing { name: name.clone() })?
+                .controller_owner_ref(&())
+        }
+    };
+    // No blockOwnerDeletion: it would need the update grant on the owner's
+    // finalizers, and nothing waits for attachments to go.
+    Ok(owner.map(|owner| OwnerReference {
+        controller: Some(true),
+        block_owner_deletion: None,
+        ..owner
+    }))
 }
 
 /// Applies the attachment of one namespace.
@@ -207,10 +267,13 @@ pub async fn reconcile(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<A
     let _timer = ctx.metrics.reconcile_started(CONTROLLER);
     let terminating = namespace.meta().deletion_timestamp.is_some()
         || namespace.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
-    let config = ctx.config.current();
-    let Some(nad) = desired(&namespace, &ctx.name, &config).filter(|_| !terminating) else {
+    if terminating {
+        return Ok(Action::await_change());
+    }
+    let Some(owner) = owner_of(&namespace, &ctx).await? else {
         return Ok(Action::await_change());
     };
+    let nad = desired(&namespace, owner, &ctx.name, &ctx.config.current());
     let ns = namespace.name_any();
     let api: Api<NetworkAttachmentDefinition> = Api::namespaced(ctx.client.clone(), &ns);
     // Forced apply: fields another manager changed (the config) come back.
@@ -220,7 +283,7 @@ pub async fn reconcile(namespace: Arc<Namespace>, ctx: Arc<Context>) -> Result<A
         &Patch::Apply(&nad),
     )
     .await
-    .map_err(|source| Error {
+    .map_err(|source| Error::Apply {
         namespace: ns,
         name: ctx.name.clone(),
         source: Box::new(source),
@@ -273,7 +336,7 @@ mod tests {
     use super::*;
     use crate::{
         config::ArpPolicy,
-        fixtures::{applied, mock_client},
+        fixtures::{applied, mock_client, not_found, ok},
     };
 
     fn settings(mtu: Option<u16>) -> CniSettings {
@@ -343,36 +406,43 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn applies_the_attachment_owned_by_the_namespace() {
-        let (client, mut server) = mock_client();
-        let ctx = Arc::new(Context {
+    fn context(client: kube::Client, owner: Option<&str>) -> Arc<Context> {
+        Arc::new(Context {
             client,
             metrics: Arc::new(Metrics::new()),
             name: "rancher-flat-network".into(),
             config: "{\"type\":\"flatnet-cni\"}".into(),
             resync: Duration::from_secs(600),
-        });
+            owner: owner.map(str::to_owned),
+        })
+    }
+
+    const ATTACHMENT: &str = "/apis/k8s.cni.cncf.io/v1/namespaces/shop/network-attachment-definitions/rancher-flat-network?&force=true&fieldManager=flatnet-operator";
+    const CONFIGURATION: &str =
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/flatnet-webhook";
+
+    #[tokio::test]
+    async fn the_webhook_configuration_owns_the_attachment() {
+        let (client, mut server) = mock_client();
+        let ctx = context(client, Some("flatnet-webhook"));
         let task = tokio::spawn(reconcile(Arc::new(namespace("shop")), Arc::clone(&ctx)));
-        let seen = server
+        server
             .expect(
-                "PATCH",
-                "/apis/k8s.cni.cncf.io/v1/namespaces/shop/network-attachment-definitions/rancher-flat-network?&force=true&fieldManager=flatnet-operator",
-                applied("nad-uid"),
+                "GET",
+                CONFIGURATION,
+                ok(json!({"apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingWebhookConfiguration",
+                    "metadata": {"name": "flatnet-webhook", "uid": "vwc-uid"}})),
             )
             .await;
+        let seen = server.expect("PATCH", ATTACHMENT, applied("nad-uid")).await;
         assert_eq!(seen.body["spec"]["config"], "{\"type\":\"flatnet-cni\"}");
+        // The only owner: the collector keeps an object while any owner remains.
         assert_eq!(
-            seen.body["metadata"]["ownerReferences"][0]["kind"],
-            "Namespace"
-        );
-        assert_eq!(
-            seen.body["metadata"]["ownerReferences"][0]["uid"],
-            "uid-shop"
-        );
-        assert_eq!(
-            seen.body["metadata"]["ownerReferences"][0]["controller"],
-            true
+            seen.body["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingWebhookConfiguration",
+                    "name": "flatnet-webhook", "uid": "vwc-uid", "controller": true}])
         );
         let action = task.await.unwrap().unwrap();
         assert_eq!(action, Action::requeue(Duration::from_secs(600)));
@@ -381,15 +451,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn without_the_webhook_configuration_nothing_is_applied() {
+        let (client, mut server) = mock_client();
+        let ctx = context(client, Some("flatnet-webhook"));
+        let task = tokio::spawn(reconcile(Arc::new(namespace("shop")), Arc::clone(&ctx)));
+        server.expect("GET", CONFIGURATION, not_found()).await;
+        let error = task.await.unwrap().unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("ValidatingWebhookConfiguration flatnet-webhook, the owner of every NetworkAttachmentDefinition, does not exist"),
+            "{error}"
+        );
+        drop(ctx);
+        server.expect_no_more().await;
+    }
+
+    #[tokio::test]
+    async fn without_a_webhook_the_namespace_owns_the_attachment() {
+        let (client, mut server) = mock_client();
+        let ctx = context(client, None);
+        let task = tokio::spawn(reconcile(Arc::new(namespace("shop")), Arc::clone(&ctx)));
+        let seen = server.expect("PATCH", ATTACHMENT, applied("nad-uid")).await;
+        assert_eq!(
+            seen.body["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "v1", "kind": "Namespace", "name": "shop",
+                    "uid": "uid-shop", "controller": true}])
+        );
+        task.await.unwrap().unwrap();
+        drop(ctx);
+        server.expect_no_more().await;
+    }
+
+    #[tokio::test]
     async fn leaves_terminating_namespaces_alone() {
         let (client, server) = mock_client();
-        let ctx = Arc::new(Context {
-            client,
-            metrics: Arc::new(Metrics::new()),
-            name: "rancher-flat-network".into(),
-            config: "{}".into(),
-            resync: Duration::from_secs(600),
-        });
+        let ctx = context(client, Some("flatnet-webhook"));
         let mut ns = namespace("old");
         ns.status = Some(k8s_openapi::api::core::v1::NamespaceStatus {
             phase: Some("Terminating".into()),

@@ -191,6 +191,10 @@ pub async fn run(config: Config) -> Result<Outcome, StartError> {
         )
         .into(),
         resync: config.resync,
+        owner: config
+            .webhook
+            .enabled
+            .then(|| config.webhook.configuration.clone()),
     });
 
     let ctx = Arc::new(flat_services::Context {

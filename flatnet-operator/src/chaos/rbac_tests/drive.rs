@@ -240,22 +240,30 @@ async fn flat_services() -> BTreeSet<Access> {
     recorded.accesses()
 }
 
-/// The NetworkAttachmentDefinition of every namespace.
+/// The NetworkAttachmentDefinition of every namespace, owned by the chart's
+/// webhook configuration.
 async fn attachments() -> BTreeSet<Access> {
     let (server, recorded) = recording();
     server.insert(&object::<Namespace>(
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
     ));
+    let chart: ValidatingWebhookConfiguration = object(rendered("ValidatingWebhookConfiguration"));
+    server.insert(&chart);
+    let owner = chart_webhook_settings().configuration;
     let ctx = Arc::new(crate::nad::Context {
         client: recorded.client(),
         metrics: Arc::new(Metrics::new()),
         name: "rancher-flat-network".into(),
         config: "{\"cniVersion\": \"1.0.0\"}".into(),
         resync: Duration::from_secs(600),
+        owner: Some(owner.clone()),
     });
     running(|stop| crate::nad::run(ctx, 1, stop), async {
-        reach("the attachment applied", || {
-            server.count::<DynamicNad>(|v| v["metadata"]["name"] == "rancher-flat-network") > 0
+        reach("the attachment applied, owned by the configuration", || {
+            server.count::<DynamicNad>(|v| {
+                v["metadata"]["name"] == "rancher-flat-network"
+                    && v["metadata"]["ownerReferences"][0]["name"] == owner.as_str()
+            }) > 0
         })
         .await;
     })
