@@ -294,8 +294,16 @@ async fn backend_pods_hold_the_floating_addresses_of_the_owner_and_fail_over() {
         } else {
             &survivor
         };
+        // The restarted agent writes its status a moment after its pod
+        // settled (with IPv4 forwarding on, as on every Kubernetes node,
+        // about 250 ms later).
         for seen_by in [&owner, &survivor] {
-            assert_eq!(seen_by.owner_seen(addr).as_deref(), Some(node.name));
+            tokio::task::block_in_place(|| {
+                wait_until(
+                    &format!("{} sees {} owning {addr}", seen_by.name, node.name),
+                    || seen_by.owner_seen(addr).as_deref() == Some(node.name),
+                );
+            });
         }
     }
 

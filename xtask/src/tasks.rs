@@ -189,9 +189,9 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     // CNI ADD/DEL latency against the reference plugin, same run: fails
     // only on a regression of 2x or more.
     .and_then(|()| count(&mut totals, bench::cni_quick()))
-    // Last: a node's kubelet and runtime leave the host with IPv4
-    // forwarding on (as every Kubernetes node has it), which the namespace
-    // tests above do not expect of the host they run on.
+    // Last: the slowest tier, and the one that changes the host most (a
+    // node's runtime leaves IPv4 forwarding on, as every Kubernetes node
+    // has it; the namespace tests above pass either way).
     .and_then(|()| real_cluster(&mut totals));
     // One closing line over every suite, printed last whatever happened.
     println!("{}", totals.summary());
