@@ -10,7 +10,10 @@
 //! 2. the release suite, `flatnet-operator/tests/e2e_release.rs`: flat pods
 //!    through Multus, traffic, services, StatefulSets, webhook, MTU,
 //!    agent restart, leader failover;
-//! 3. `helm upgrade` with a changed value, Available again;
+//! 3. `helm upgrade` with a changed value, Available again; then
+//!    `tests/e2e_rbac.rs` reads the API server's audit log: no request of
+//!    flatnet's ServiceAccounts was refused, and the grants none used are
+//!    listed;
 //! 4. `helm uninstall` of both charts, then `nothing_is_left_after_uninstall`;
 //! 5. the suites that run the operator in their own process
 //!    (`tests/e2e_*.rs` of the operator) against the same API server.
@@ -95,21 +98,15 @@ fn on_cluster(
     helm.run(&["install", path(&crd_chart)?, "flatnet-crd", NAMESPACE])?;
     helm.run(&["install", path(&chart)?, "flatnet", NAMESPACE])?;
 
-    let suite = |filter: &[&str]| {
+    let test_file = |file: &str, filter: &[&str]| {
         let mut cargo = workspace::cargo(None);
         cargo
-            .args([
-                "test",
-                "-p",
-                "flatnet-operator",
-                "--test",
-                "e2e_release",
-                "--",
-            ])
+            .args(["test", "-p", "flatnet-operator", "--test", file, "--"])
             .args(filter)
             .envs(test_env(cluster));
         cargo
     };
+    let suite = |filter: &[&str]| test_file("e2e_release", filter);
     run_tests(
         "real cluster: the release becomes Available",
         &mut suite(&["--ignored", "--exact", "the_release_becomes_available"]),
@@ -130,6 +127,13 @@ fn on_cluster(
     run_tests(
         "real cluster: Available after helm upgrade",
         &mut suite(&["--ignored", "--exact", "the_release_becomes_available"]),
+        totals,
+    )?;
+    // Everything above ran with the chart's ServiceAccounts: none was
+    // refused a request, and what they never used is listed.
+    run_tests(
+        "real cluster: the RBAC flatnet's ServiceAccounts used",
+        &mut test_file("e2e_rbac", &["--ignored", "--nocapture"]),
         totals,
     )?;
 
@@ -175,6 +179,10 @@ fn test_env(cluster: &cluster::Cluster) -> Vec<(&'static str, String)> {
             format!("{}/{}", lan.ipv6, prefix(cluster::LAN_SUBNET_V6)),
         ),
         ("FLATNET_E2E_IMAGE", cluster::TEST_IMAGE.into()),
+        (
+            "FLATNET_E2E_AUDIT_LOG",
+            cluster::audit_log().display().to_string(),
+        ),
     ]
 }
 

@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::{
     API_PORT, CLUSTER_CIDR, CONTAINERD_SOCKET, NODE_IP, NODE_NAME, Options, SERVICE_CIDR,
-    api::Client, binaries, images, log_dir, network, pki, server_url, state_dir, teardown, timed,
-    wait_for,
+    api::Client, audit_log, binaries, images, log_dir, network, pki, server_url, state_dir,
+    teardown, timed, wait_for,
 };
 pub use crate::lab::process::{check_interrupt, interrupted};
 
@@ -24,6 +24,23 @@ pub use crate::lab::process::{check_interrupt, interrupted};
 /// Debian's package started is never mistaken for the cluster's.
 const ETCD_CLIENT: &str = "http://127.0.0.1:12379";
 const ETCD_PEER: &str = "http://127.0.0.1:12380";
+
+/// The API server's audit policy (under the state directory).
+const AUDIT_POLICY: &str = "audit-policy.yaml";
+/// Metadata of every request by a ServiceAccount outside kube-system: what
+/// a workload's RBAC is checked against (`cargo xtask e2e`). The first rule
+/// that matches decides.
+const AUDIT_POLICY_TEXT: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    userGroups: [\"system:serviceaccounts:kube-system\"]
+  - level: Metadata
+    userGroups: [\"system:serviceaccounts\"]
+  - level: None
+";
 
 /// A process of the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +134,9 @@ impl Component {
                     format!("--kubelet-certificate-authority={}", p("ca.crt")),
                     "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
                     "--profiling=false".into(),
+                    format!("--audit-policy-file={}", s(AUDIT_POLICY)),
+                    format!("--audit-log-path={}", audit_log().display()),
+                    "--audit-log-format=json".into(),
                 ]);
             }
             Component::ControllerManager => {
@@ -370,6 +390,7 @@ pub fn start(options: &Options) -> anyhow::Result<()> {
         }
         fs::write(state.join("containerd.toml"), containerd_config())?;
         fs::write(state.join("kubelet.yaml"), kubelet_config(&pki_dir)?)?;
+        fs::write(state.join(AUDIT_POLICY), AUDIT_POLICY_TEXT)?;
         Ok(())
     })?;
     timed(

@@ -102,6 +102,13 @@ pub fn kubeconfig_path() -> PathBuf {
     state_dir().join("kubeconfig")
 }
 
+/// The API server's audit log: every request a workload's ServiceAccount
+/// made (the control plane's own, in kube-system, left out), one JSON event
+/// per line, written before the answer (the log backend blocks).
+pub fn audit_log() -> PathBuf {
+    log_dir().join("audit.log")
+}
+
 /// `target/cluster/logs`: one log per component.
 pub fn log_dir() -> PathBuf {
     state_dir().join("logs")
