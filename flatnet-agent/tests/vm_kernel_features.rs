@@ -20,7 +20,10 @@ const VLAN_ID: u16 = 100;
 #[test]
 fn ipvlan_and_vlan_links_work_in_a_fresh_network_namespace() {
     if let Some(reason) = skip_reason() {
-        skip(&reason);
+        skip(
+            "ipvlan_and_vlan_links_work_in_a_fresh_network_namespace",
+            &reason,
+        );
         return;
     }
     in_fresh_network_namespace(|| {
@@ -62,7 +65,10 @@ fn ipvlan_and_vlan_links_work_in_a_fresh_network_namespace() {
 #[test]
 fn all_ipvlan_children_of_a_parent_share_the_last_mode_set() {
     if let Some(reason) = skip_reason() {
-        skip(&reason);
+        skip(
+            "all_ipvlan_children_of_a_parent_share_the_last_mode_set",
+            &reason,
+        );
         return;
     }
     in_fresh_network_namespace(|| {
@@ -148,13 +154,13 @@ fn skip_reason() -> Option<String> {
 
 /// Reports a skip where it stays visible: writing to the stderr handle
 /// directly bypasses the test harness' output capture.
-fn skip(reason: &str) {
+fn skip(test: &str, reason: &str) {
     // The VM stage sets this: there a missing feature is a broken harness.
     assert!(
         std::env::var_os("FLATNET_REQUIRE_KERNEL_FEATURES").is_none(),
         "{reason}, and FLATNET_REQUIRE_KERNEL_FEATURES is set"
     );
-    let message = format!("skipped: {reason}\n");
+    let message = format!("skipped: {test}: {reason} (the VM stage, on Linux 6.1, runs it)\n");
     std::io::stderr().write_all(message.as_bytes()).unwrap();
 }
 

@@ -117,7 +117,6 @@ struct Setup {
 /// controllers; `None` without a cluster.
 async fn setup(suite: &str, cidr: &str, gateway: &str) -> Option<Setup> {
     if !cluster_configured() {
-        println!("skipped: no cluster (set FLATNET_E2E=1 and KUBECONFIG)");
         return None;
     }
     let only_operator = ONE_OPERATOR.lock().await;

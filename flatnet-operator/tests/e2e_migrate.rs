@@ -55,7 +55,6 @@ fn v1_crd() -> serde_json::Value {
 #[tokio::test]
 async fn backup_migrate_and_clean_a_v1_cluster() {
     if !cluster_configured() {
-        println!("skipped: no cluster (set FLATNET_E2E=1 and KUBECONFIG)");
         return;
     }
     let client = Client::try_default().await.expect("client from KUBECONFIG");

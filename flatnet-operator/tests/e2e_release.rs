@@ -64,7 +64,10 @@ impl E2e {
     /// by `cargo xtask e2e`.
     async fn from_env(test: &str) -> Option<Self> {
         if std::env::var("FLATNET_E2E_RELEASE").is_err() {
-            println!("skipped: {test}: no release installed on a cluster (run `cargo xtask e2e`)");
+            e2e_support::report_skip(
+                test,
+                "no release installed on a cluster (`cargo xtask e2e` runs it)",
+            );
             return None;
         }
         let var = |name: &str| {

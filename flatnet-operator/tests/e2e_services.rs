@@ -86,7 +86,6 @@ async fn flat_addresses(slices: &Api<EndpointSlice>) -> Vec<String> {
 #[tokio::test]
 async fn flat_service_and_slices_follow_the_pods() {
     if !cluster_configured() {
-        println!("skipped: no cluster (set FLATNET_E2E=1 and KUBECONFIG)");
         return;
     }
     let client = Client::try_default().await.expect("client from KUBECONFIG");

@@ -83,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         Command::E2e(args) => {
             let mut totals = test_report::Totals::default();
             let outcome = e2e::run(&args, &mut totals);
+            print!("{}", totals.skip_list());
             println!("{}", totals.summary());
             outcome
         }

@@ -193,7 +193,9 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     // node's runtime leaves IPv4 forwarding on, as every Kubernetes node
     // has it; the namespace tests above pass either way).
     .and_then(|()| real_cluster(&mut totals));
-    // One closing line over every suite, printed last whatever happened.
+    // One closing line over every suite, printed last whatever happened,
+    // after the tests that skipped at run time and why.
+    print!("{}", totals.skip_list());
     println!("{}", totals.summary());
     outcome
 }

@@ -213,7 +213,9 @@ pub fn skip_for_missing_kernel_feature(test: &str, feature: &str) {
         std::env::var_os(REQUIRE_KERNEL_FEATURES).is_none(),
         "{test}: kernel lacks {feature}, and {REQUIRE_KERNEL_FEATURES} is set"
     );
-    report_skip(&format!("{test}: kernel lacks {feature}"));
+    report_skip(&format!(
+        "{test}: kernel lacks {feature} (the VM stage, on Linux 6.1, runs what needs it)"
+    ));
 }
 
 /// Runs `work` on this thread with a subscriber that wants the kernel's

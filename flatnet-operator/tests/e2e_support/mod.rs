@@ -4,9 +4,26 @@
 
 use std::{future::Future, time::Duration};
 
-/// Whether the suites may run: `FLATNET_E2E=1` and `KUBECONFIG` set.
+/// Whether the suites may run: `FLATNET_E2E=1` and `KUBECONFIG` set;
+/// otherwise the calling test's skip is reported (libtest names each test's
+/// thread after the test).
 pub fn cluster_configured() -> bool {
-    std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1") && std::env::var_os("KUBECONFIG").is_some()
+    let configured = std::env::var("FLATNET_E2E").is_ok_and(|v| v == "1")
+        && std::env::var_os("KUBECONFIG").is_some();
+    if !configured {
+        report_skip(
+            std::thread::current().name().unwrap_or("a test"),
+            "no cluster (set FLATNET_E2E=1 and KUBECONFIG; `cargo xtask e2e` runs it)",
+        );
+    }
+    configured
+}
+
+/// Writes `skipped: <test>: <why>` to the stderr handle itself, past
+/// libtest's capture, where `cargo xtask test` counts it as a skip.
+pub fn report_skip(test: &str, why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "skipped: {test}: {why}");
 }
 
 /// How long a suite waits for convergence, and how often it looks.
