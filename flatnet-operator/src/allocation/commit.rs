@@ -671,8 +671,8 @@ pub async fn write_record(
                 ))?;
                 // This very write may have landed: the client sends a write
                 // answered 504 again, and the repeat meets 409. A record
-                // that names the new reservation holds it, so nothing of it
-                // is handed back.
+                // that names the new address holds it and its MAC, so
+                // nothing of them is handed back.
                 let landed = |f: &FlatNetworkIP| {
                     names_reservation(f, reservation) && !names_reservation(record, reservation)
                 };
@@ -710,15 +710,12 @@ pub async fn write_record(
     })
 }
 
-/// Whether `record` names the address and MAC of `reservation`.
+/// Whether `record` names the address of `reservation` (an address is
+/// reserved for one record at a time; the MAC beside it may be what the
+/// node reported since, such as a kernel-chosen one).
 fn names_reservation(record: &FlatNetworkIP, reservation: &Reservation) -> bool {
-    let Some(status) = &record.status else {
-        return false;
-    };
-    let mac = Mac::parse(&status.mac).ok();
     record.spec.subnet == reservation.subnet
-        && status.addr == Some(reservation.addr)
-        && mac == reservation.mac
+        && record.status.as_ref().and_then(|s| s.addr) == Some(reservation.addr)
 }
 
 /// The record names `reservation` (`written`): releases what it held

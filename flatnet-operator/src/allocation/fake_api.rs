@@ -290,6 +290,9 @@ impl State {
     }
 }
 
+/// How long a request with a scripted 504 hangs before its answer.
+const SCRIPTED_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// Seeded disorder applied to every request.
 struct Chaos {
     rng: u64,
@@ -459,7 +462,8 @@ impl FakeApiServer {
     async fn answer(&self, fault: faults::Fault) -> (StatusCode, Value) {
         match &self.faults {
             Some(faults) => faults.answer(fault).await,
-            None => faults::answer(fault, Duration::ZERO).await,
+            // A scripted timeout hangs a little, as the request did.
+            None => faults::answer(fault, SCRIPTED_TIMEOUT).await,
         }
     }
 
