@@ -662,30 +662,23 @@ pub async fn write_record(
             .replace_status(&name, &PostParams::default(), &updated)
             .await
         {
-            Ok(written) => {
-                let old_addrs: Vec<IpAddr> = reservation.replaces.into_iter().collect();
-                let old_macs: Vec<String> = reservation
-                    .replaces_mac
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect();
-                if !old_addrs.is_empty() || !old_macs.is_empty() {
-                    // The pod before may have used the old address.
-                    ctx.wire.released(&reservation.subnet, &old_addrs);
-                    release(ctx, &reservation.subnet, &old_addrs, &old_macs, &key).await?;
-                }
-                if let Some(old) = reservation.replaces_mac {
-                    let ahead = &ctx.mac_pool.ahead;
-                    ahead.release(ctx, &reservation.parent, old, &key).await?;
-                }
-                return Ok(Written::Done(Box::new(written)));
-            }
+            Ok(written) => return written_record(ctx, reservation, &key, written).await,
             Err(error) if is_conflict(&error) => {
                 let fresh = records.get_opt(&name).await.map_err(Error::kube(
                     "get",
                     "FlatNetworkIP",
                     &key,
                 ))?;
+                // This very write may have landed: the client sends a write
+                // answered 504 again, and the repeat meets 409. A record
+                // that names the new address holds it and its MAC, so
+                // nothing of them is handed back.
+                let landed = |f: &FlatNetworkIP| {
+                    names_reservation(f, reservation) && !names_reservation(record, reservation)
+                };
+                if let Some(landed) = fresh.as_ref().filter(|f| landed(f)) {
+                    return written_record(ctx, reservation, &key, landed.clone()).await;
+                }
                 let still_ours = fresh.as_ref().is_some_and(|f| {
                     f.spec == record.spec
                         && f.metadata.deletion_timestamp.is_none()
@@ -715,6 +708,40 @@ pub async fn write_record(
         subnet: reservation.subnet.clone(),
         attempts: MAX_ATTEMPTS,
     })
+}
+
+/// Whether `record` names the address of `reservation` (an address is
+/// reserved for one record at a time; the MAC beside it may be what the
+/// node reported since, such as a kernel-chosen one).
+fn names_reservation(record: &FlatNetworkIP, reservation: &Reservation) -> bool {
+    record.spec.subnet == reservation.subnet
+        && record.status.as_ref().and_then(|s| s.addr) == Some(reservation.addr)
+}
+
+/// The record names `reservation` (`written`): releases what it held
+/// before.
+async fn written_record(
+    ctx: &Context,
+    reservation: &Reservation,
+    key: &str,
+    written: FlatNetworkIP,
+) -> Result<Written, Error> {
+    let old_addrs: Vec<IpAddr> = reservation.replaces.into_iter().collect();
+    let old_macs: Vec<String> = reservation
+        .replaces_mac
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if !old_addrs.is_empty() || !old_macs.is_empty() {
+        // The pod before may have used the old address.
+        ctx.wire.released(&reservation.subnet, &old_addrs);
+        release(ctx, &reservation.subnet, &old_addrs, &old_macs, key).await?;
+    }
+    if let Some(old) = reservation.replaces_mac {
+        let ahead = &ctx.mac_pool.ahead;
+        ahead.release(ctx, &reservation.parent, old, key).await?;
+    }
+    Ok(Written::Done(Box::new(written)))
 }
 
 /// Returns a reservation nobody will write, while it is young enough that

@@ -43,7 +43,11 @@
 //!
 //! With [`FakeApiServer::with_faults`], the requests of clients made with
 //! [`FakeApiServer::for_client`] meet seeded [`faults`]: conflicts, errors,
-//! timeouts, cut watches and the death of the client mid-request.
+//! timeouts, cut watches and the death of the client mid-request. With
+//! [`FakeApiServer::script_fault`], one named write meets one fault.
+//!
+//! Its clients send 429, 503 and 504 answers again, as the operator's
+//! client does: a write applied and answered 504 comes back as 409.
 
 pub mod faults;
 pub mod ownership;
@@ -286,6 +290,9 @@ impl State {
     }
 }
 
+/// How long a request with a scripted 504 hangs before its answer.
+const SCRIPTED_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// Seeded disorder applied to every request.
 struct Chaos {
     rng: u64,
@@ -316,6 +323,8 @@ pub struct FakeApiServer {
     realism: Arc<Realism>,
     chaos: Option<Arc<Mutex<Chaos>>>,
     faults: Option<Arc<faults::Faults>>,
+    /// Faults for single requests, whatever client sends them.
+    scripted: Arc<Mutex<Vec<faults::Scripted>>>,
     /// Who sends this clone's requests (0: nobody in particular, no faults).
     client: u64,
     /// Where the garbage collector runs (else the requesting runtime).
@@ -428,10 +437,48 @@ impl FakeApiServer {
         }
     }
 
-    /// A client of this server (needs a Tokio runtime).
+    /// The next write (not a `GET`) of `resource` (plural, with its
+    /// subresource: `flatnetworkips/status`) named `name`, by any client,
+    /// meets `plan`.
+    pub fn script_fault(&self, resource: &str, name: &str, plan: faults::Plan) {
+        self.scripted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(faults::Scripted {
+                resource: resource.to_owned(),
+                name: name.to_owned(),
+                plan,
+            });
+    }
+
+    /// The scripted plan of a request, taken, if there is one.
+    fn take_scripted(&self, method: &Method, target: &Target) -> Option<faults::Plan> {
+        let mut scripted = self.scripted.lock().unwrap_or_else(|e| e.into_inner());
+        let found = scripted.iter().position(|s| s.matches(method, target))?;
+        Some(scripted.remove(found).plan)
+    }
+
+    /// The answer of an injected `fault`.
+    async fn answer(&self, fault: faults::Fault) -> (StatusCode, Value) {
+        match &self.faults {
+            Some(faults) => faults.answer(fault).await,
+            // A scripted timeout hangs a little, as the request did.
+            None => faults::answer(fault, SCRIPTED_TIMEOUT).await,
+        }
+    }
+
+    /// A client of this server (needs a Tokio runtime). It sends 429, 503
+    /// and 504 answers again, as the operator's client does (kube's
+    /// `Config::default_retry`): a write the server applied and answered
+    /// 504 meets, sent again, 409 Conflict or 404.
     #[must_use]
     pub fn client(&self) -> kube::Client {
-        kube::Client::new(self.clone(), "default")
+        use kube::client::retry::RetryPolicy;
+        let service = tower::ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(RetryPolicy::server_retry()))
+            .map_err(tower::BoxError::from)
+            .service(self.clone());
+        kube::Client::new(service, "default")
     }
 
     /// Requests served so far.
@@ -694,18 +741,19 @@ impl FakeApiServer {
         if !self.realism.latency.is_zero() {
             request_latency(self.realism.latency).await;
         }
-        let plan = self.faults.as_ref().map_or(faults::Plan::Serve, |f| {
-            f.plan(self.client, &method, &target)
-        });
+        let plan = match self.take_scripted(&method, &target) {
+            Some(plan) => plan,
+            None => self.faults.as_ref().map_or(faults::Plan::Serve, |f| {
+                f.plan(self.client, &method, &target)
+            }),
+        };
         match plan {
             faults::Plan::Hang | faults::Plan::Crash { applied: false } => {
                 return futures::future::pending().await;
             }
             faults::Plan::Before(fault) => {
-                if let Some(faults) = &self.faults {
-                    let (code, value) = faults.answer(fault).await;
-                    return reply(code, &value);
-                }
+                let (code, value) = self.answer(fault).await;
+                return reply(code, &value);
             }
             _ => {}
         }
@@ -727,10 +775,10 @@ impl FakeApiServer {
         let (code, value) = self.apply(&method, &target, &query, body, applying);
         self.collect_garbage();
         self.disorder().await;
-        match (plan, &self.faults) {
-            (faults::Plan::Crash { .. }, _) => return futures::future::pending().await,
-            (faults::Plan::After(fault), Some(faults)) => {
-                let (code, value) = faults.answer(fault).await;
+        match plan {
+            faults::Plan::Crash { .. } => return futures::future::pending().await,
+            faults::Plan::After(fault) => {
+                let (code, value) = self.answer(fault).await;
                 return reply(code, &value);
             }
             _ => {}

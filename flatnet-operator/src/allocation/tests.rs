@@ -2473,3 +2473,67 @@ async fn a_condition_applied_under_the_status_manager_erases_the_status() {
     assert_eq!(status["mac"], "02:00:00:00:00:01");
     assert_eq!(status["conditions"][0]["type"], "IPConflict");
 }
+
+/// A record write the API server applied but answered 504 after hanging,
+/// meanwhile the node set the pod up and applied `Active` with the MAC the
+/// kernel chose; the client sends the write again and meets 409. The record
+/// names the new address: it stays its own, and the next pod gets another.
+#[tokio::test]
+async fn a_record_write_that_landed_and_was_activated_before_its_conflict_keeps_its_address() {
+    use super::fake_api::faults::{Fault, Plan};
+    use kube::api::{Patch, PatchParams};
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    for name in ["first", "second"] {
+        let (p, record) = pod_and_record(name, "left", "");
+        server.insert(&p);
+        server.insert(&record);
+    }
+    server.script_fault(
+        "flatnetworkips/status",
+        "first",
+        Plan::After(Fault::Timeout),
+    );
+    let ctx = context_from(&server, Settings::default());
+    let first = stored_record(&server, "first").unwrap();
+    let node = async {
+        while stored_record(&server, "first")
+            .and_then(|r| r.status?.addr)
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let api: kube::Api<FlatNetworkIP> = kube::Api::namespaced(server.client(), NS);
+        let status = json!({
+            "apiVersion": "flatnetwork.pandaria.io/v1",
+            "kind": "FlatNetworkIP",
+            "status": {"phase": "Active", "mac": "0a:58:0a:00:01:09", "node": "node-1"},
+        });
+        api.patch_status(
+            "first",
+            &PatchParams::apply("flatnet-agent").force(),
+            &Patch::Apply(status),
+        )
+        .await
+        .unwrap();
+    };
+    let (allocated, ()) = futures::join!(ips::reconcile(Arc::new(first), Arc::clone(&ctx)), node);
+    allocated.unwrap();
+    let second = stored_record(&server, "second").unwrap();
+    ips::reconcile(Arc::new(second), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let addrs: Vec<IpAddr> = ["first", "second"]
+        .iter()
+        .filter_map(|name| stored_record(&server, name)?.status?.addr)
+        .collect();
+    assert_eq!(addrs.len(), 2, "{addrs:?}");
+    assert_ne!(addrs[0], addrs[1], "one address handed out twice");
+    let used = ledger(&server);
+    for addr in &addrs {
+        assert!(
+            used_ranges::contains(&used, *addr),
+            "{addr} is in usedIP: {used:?}"
+        );
+    }
+}

@@ -271,31 +271,63 @@ impl Faults {
 
     /// The status code and body a fault answers with, after its delay.
     pub(super) async fn answer(&self, fault: Fault) -> (StatusCode, Value) {
-        match fault {
-            Fault::Conflict => (
-                StatusCode::CONFLICT,
+        answer(fault, self.rates.timeout_delay).await
+    }
+}
+
+/// The status code and body `fault` answers with; a timeout after
+/// `timeout_delay`.
+pub(super) async fn answer(fault: Fault, timeout_delay: Duration) -> (StatusCode, Value) {
+    match fault {
+        Fault::Conflict => (
+            StatusCode::CONFLICT,
+            status(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ),
+        ),
+        Fault::ServerError => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            status(500, "InternalError", "injected: etcdserver: leader changed"),
+        ),
+        Fault::Timeout => {
+            tokio::time::sleep(timeout_delay).await;
+            (
+                StatusCode::GATEWAY_TIMEOUT,
                 status(
-                    409,
-                    "Conflict",
-                    "the object has been modified; please apply your changes to the latest version and try again",
+                    504,
+                    "Timeout",
+                    "injected: the request did not complete within the allowed duration",
                 ),
-            ),
-            Fault::ServerError => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                status(500, "InternalError", "injected: etcdserver: leader changed"),
-            ),
-            Fault::Timeout => {
-                tokio::time::sleep(self.rates.timeout_delay).await;
-                (
-                    StatusCode::GATEWAY_TIMEOUT,
-                    status(
-                        504,
-                        "Timeout",
-                        "injected: the request did not complete within the allowed duration",
-                    ),
-                )
-            }
+            )
         }
+    }
+}
+
+/// A fault for one request, whatever client sends it: the next write
+/// (not a `GET`) of `resource` named `name` meets `plan`.
+#[derive(Clone, Debug)]
+pub struct Scripted {
+    /// The resource, plural, with its subresource: `flatnetworkips/status`.
+    pub resource: String,
+    /// The object's name.
+    pub name: String,
+    /// What happens to the request.
+    pub plan: Plan,
+}
+
+impl Scripted {
+    /// Whether it is meant for a request of `method` on `target`.
+    pub(super) fn matches(&self, method: &Method, target: &Target) -> bool {
+        let (_, plural) = super::group_and_resource(&target.collection);
+        let resource = match &target.subresource {
+            Some(sub) => format!("{plural}/{sub}"),
+            None => plural.to_owned(),
+        };
+        *method != Method::GET
+            && resource == self.resource
+            && target.name.as_deref() == Some(self.name.as_str())
     }
 }
 

@@ -657,3 +657,51 @@ async fn releases_racing_allocations_never_hand_out_a_pool_mac_twice() {
         }
     }
 }
+
+/// A record write the API server applied but answered 504 (it outlived
+/// the request's deadline) is sent again by the client, as the operator's
+/// client sends 504s again, and the repeat meets 409 Conflict: the record
+/// names the allocation's MAC and address by then. They stay its own; the
+/// next pod gets others.
+#[tokio::test]
+async fn a_record_write_that_landed_before_its_conflict_keeps_its_mac_and_address() {
+    use crate::allocation::fake_api::faults::{Fault, Plan};
+    let server = FakeApiServer::new();
+    server.insert(&sibling_subnet("left", "10.0.1.0/29"));
+    for name in ["first", "second"] {
+        let (p, record) = plain_pod(name, "left");
+        server.insert(&p);
+        server.insert(&record);
+    }
+    server.script_fault(
+        "flatnetworkips/status",
+        "first",
+        Plan::After(Fault::Timeout),
+    );
+    let ctx = pool_context(&server, pool(MacPoolMode::OptOut), Vec::new());
+    for name in ["first", "second"] {
+        let record = stored_record(&server, name).unwrap();
+        ips::reconcile(Arc::new(record), Arc::clone(&ctx))
+            .await
+            .unwrap();
+    }
+    let held = pool_macs(&server).unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    let addrs: BTreeSet<IpAddr> = ["first", "second"]
+        .iter()
+        .filter_map(|name| stored_record(&server, name)?.status?.addr)
+        .collect();
+    assert_eq!(addrs.len(), 2, "{addrs:?}");
+    let used = ledger(&server);
+    for addr in &addrs {
+        assert!(
+            used_ranges::contains(&used, *addr),
+            "{addr} is in usedIP: {used:?}"
+        );
+    }
+    assert!(
+        pool_claimed(&ledger_data(&server)).len() >= 2,
+        "both MACs stay claimed: {:?}",
+        ledger_data(&server)
+    );
+}
