@@ -103,7 +103,7 @@ impl Grant {
                 .namespace
                 .as_deref()
                 .is_none_or(|ns| ns == access.namespace)
-            && (names.is_empty() || names.iter().any(|n| *n == access.name))
+            && (names.is_empty() || names.contains(&access.name))
     }
 
     /// Every (verb, group, resource) this grant spells out.
