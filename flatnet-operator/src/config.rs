@@ -12,7 +12,7 @@ use std::{
 
 use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use flatnet_k8s::ipam::StatefulSetAddressPolicy;
+use flatnet_k8s::{env, ipam::StatefulSetAddressPolicy};
 
 use crate::cidr::{Cidr, CidrError};
 
@@ -305,6 +305,16 @@ pub enum ArpPolicy {
 }
 
 impl ArpPolicy {
+    /// `FLAT_NETWORK_CNI_ARP_POLICY` as the original read it (an unknown
+    /// value is `arp_notify`; [`Cli::fallbacks`] says so).
+    #[must_use]
+    pub fn from_legacy(value: &str) -> Self {
+        match env::cni_arp_policy(value).value {
+            "arping" => Self::Arping,
+            _ => Self::ArpNotify,
+        }
+    }
+
     /// The value as written in the environment and the attachment.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -497,8 +507,8 @@ impl Cli {
             cluster_cidrs: cidr_list("FLAT_NETWORK_CLUSTER_CIDR", &self.cluster_cidr)?,
             service_cidrs: cidr_list("FLAT_NETWORK_SERVICE_CIDR", &self.service_cidr)?,
             cni: CniSettings {
-                arp_policy: arp_policy(&self.arp_policy).unwrap_or(ArpPolicy::ArpNotify),
-                proxy_arp: go_bool(&self.proxy_arp).unwrap_or(false),
+                arp_policy: ArpPolicy::from_legacy(&self.arp_policy),
+                proxy_arp: env::cni_proxy_arp(&self.proxy_arp).value,
                 mtu: match self.cni_mtu {
                     0 => None,
                     mtu @ 68..=65535 => Some(u16::try_from(mtu).unwrap_or(u16::MAX)),
@@ -557,18 +567,8 @@ impl Cli {
                 self.worker
             ));
         }
-        if arp_policy(&self.arp_policy).is_none() {
-            warnings.push(format!(
-                "FLAT_NETWORK_CNI_ARP_POLICY (--arp-policy) {:?} is not supported, using \"arp_notify\" (the other choice is \"arping\")",
-                self.arp_policy
-            ));
-        }
-        if go_bool(&self.proxy_arp).is_none() {
-            warnings.push(format!(
-                "FLAT_NETWORK_CNI_PROXY_ARP (--proxy-arp) {:?} is not a boolean, using false",
-                self.proxy_arp
-            ));
-        }
+        warnings.extend(env::cni_arp_policy(&self.arp_policy).warning);
+        warnings.extend(env::cni_proxy_arp(&self.proxy_arp).warning);
         warnings
     }
 }
@@ -578,14 +578,6 @@ impl Cli {
 pub const DEV_MODE_LEASE_DURATION: Duration = Duration::from_secs(45 * 3600);
 /// Renew deadline of wrangler's dev mode.
 pub const DEV_MODE_RENEW_DEADLINE: Duration = Duration::from_secs(30 * 3600);
-
-fn arp_policy(value: &str) -> Option<ArpPolicy> {
-    match value.trim() {
-        "arp_notify" => Some(ArpPolicy::ArpNotify),
-        "arping" => Some(ArpPolicy::Arping),
-        _ => None,
-    }
-}
 
 /// Stops the arguments whose variable `drop` selects from reading it.
 fn without_env(mut cmd: Command, drop: impl Fn(&OsStr) -> bool) -> Command {
@@ -639,15 +631,6 @@ pub fn go_duration(setting: &'static str, value: &str) -> Result<Duration, Confi
             value: value.to_owned(),
         })?;
     Ok(Duration::from_nanos(nanos))
-}
-
-/// Go's `strconv.ParseBool`.
-fn go_bool(value: &str) -> Option<bool> {
-    match value.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
 }
 
 /// Checks a development webhook URL and takes its host for the certificate.

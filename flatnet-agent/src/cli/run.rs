@@ -81,13 +81,16 @@ pub struct RunArgs {
         default_value = "10-flatnet.conflist"
     )]
     cni_conf_file: String,
-    /// How pod addresses are announced after set-up.
-    #[arg(long, env = env::FLAT_NETWORK_CNI_ARP_POLICY, value_enum, default_value = "arp_notify")]
-    arp_policy: ArpPolicy,
+    /// How pod addresses are announced after set-up: `arp_notify` or
+    /// `arping`; another value is `arp_notify`, with a warning, as the
+    /// original read it.
+    #[arg(long, env = env::FLAT_NETWORK_CNI_ARP_POLICY, default_value = env::DEFAULT_ARP_POLICY)]
+    arp_policy: String,
     /// Turn on proxy ARP (`proxy_arp`) on every pod's flat interface, as
-    /// rancher-flat-network's `proxyARP` did.
-    #[arg(long, env = env::FLAT_NETWORK_CNI_PROXY_ARP, default_value_t = false, action = clap::ArgAction::Set)]
-    proxy_arp: bool,
+    /// rancher-flat-network's `proxyARP` did (a Go boolean; another value
+    /// is `false`, with a warning).
+    #[arg(long, env = env::FLAT_NETWORK_CNI_PROXY_ARP, default_value = "false")]
+    proxy_arp: String,
     /// Cluster pod CIDRs kept on the primary interface (comma-separated).
     #[arg(long, env = env::FLAT_NETWORK_CLUSTER_CIDR, default_value = env::DEFAULT_CLUSTER_CIDR, value_delimiter = ',')]
     cluster_cidr: Vec<IpNet>,
@@ -179,6 +182,28 @@ impl RunArgs {
             .build()
             .context("start the async runtime")?;
         runtime.block_on(self.run_async())
+    }
+
+    /// The pod interface settings, the original's variables read as it
+    /// read them: an unusable value is replaced by the default and logged.
+    fn spec_settings(&self) -> SpecSettings {
+        let arp_policy = env::cni_arp_policy(&self.arp_policy);
+        let proxy_arp = env::cni_proxy_arp(&self.proxy_arp);
+        for warning in [&arp_policy.warning, &proxy_arp.warning]
+            .into_iter()
+            .flatten()
+        {
+            tracing::warn!("{warning}");
+        }
+        SpecSettings {
+            arp_policy: match arp_policy.value {
+                "arping" => ArpPolicy::Arping,
+                _ => ArpPolicy::ArpNotify,
+            },
+            cluster_cidrs: self.cluster_cidr.clone(),
+            service_cidrs: self.service_cidr.clone(),
+            proxy_arp: proxy_arp.value,
+        }
     }
 
     async fn run_async(self) -> anyhow::Result<()> {
@@ -432,12 +457,7 @@ impl RunArgs {
             settings: settings.clone(),
             pod_sandboxes: (!self.cri_socket.as_os_str().is_empty())
                 .then(|| flatnet_agent::cri::PodSandboxes::new(&self.cri_socket)),
-            spec: SpecSettings {
-                arp_policy: self.arp_policy,
-                cluster_cidrs: self.cluster_cidr.clone(),
-                service_cidrs: self.service_cidr.clone(),
-                proxy_arp: self.proxy_arp,
-            },
+            spec: self.spec_settings(),
         };
         let service = AgentService::new(
             config,
@@ -607,5 +627,38 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
         _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["flatnet-agent", "run"].iter().chain(args))
+            .expect("the agent starts whatever these values are");
+        match cli.command {
+            Command::Run(args) => *args,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    /// As the original: an unknown ARP policy or a non-boolean proxy ARP
+    /// is the default (the warning is the shared reading's, tested there),
+    /// never a refusal to start.
+    #[test]
+    fn unusable_arp_settings_fall_back_to_the_defaults() {
+        let spec = run_args(&["--arp-policy", "garp", "--proxy-arp", "yes"]).spec_settings();
+        assert_eq!(spec.arp_policy, ArpPolicy::ArpNotify);
+        assert!(!spec.proxy_arp);
+        let spec = run_args(&["--arp-policy", "arping", "--proxy-arp", "1"]).spec_settings();
+        assert_eq!(spec.arp_policy, ArpPolicy::Arping);
+        assert!(spec.proxy_arp);
+        let spec = run_args(&[]).spec_settings();
+        assert_eq!(spec.arp_policy, ArpPolicy::ArpNotify);
+        assert!(!spec.proxy_arp);
     }
 }
