@@ -145,19 +145,29 @@ impl View {
             && self.pods.iter().all(|p| self.addressed.contains_key(p))
     }
 
-    /// Checks the invariants of a quiet point: no address twice, and
-    /// `usedIP` is exactly the addresses of live records plus the gateway.
+    /// The addresses of live records, or the first one two of them hold:
+    /// that never heals, so it is wrong at any time, not only at a quiet
+    /// point.
     ///
     /// # Errors
-    /// What does not hold.
-    pub fn check(&self) -> Result<(), String> {
+    /// The address handed out twice.
+    pub fn unique(&self) -> Result<BTreeSet<IpAddr>, String> {
         let mut seen = BTreeSet::new();
         for (pod, addr) in &self.addressed {
             if !seen.insert(*addr) {
                 return Err(format!("{addr} handed out twice (again to {pod})"));
             }
         }
-        let mut want: BTreeSet<IpAddr> = seen;
+        Ok(seen)
+    }
+
+    /// Checks the invariants of a quiet point: no address twice, and
+    /// `usedIP` is exactly the addresses of live records plus the gateway.
+    ///
+    /// # Errors
+    /// What does not hold.
+    pub fn check(&self) -> Result<(), String> {
+        let mut want = self.unique()?;
         want.extend(self.gateway);
         let want_ranges = used_ranges::compress(want.iter().copied());
         if self.used_ip != want_ranges {
