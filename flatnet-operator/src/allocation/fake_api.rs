@@ -9,7 +9,9 @@
 //! per manager as [`ownership`] models it; an apply creates a missing
 //! object, and one without `force` that would take fields from another
 //! manager gets 409 Conflict naming them), all rejecting a stale
-//! `metadata.resourceVersion` with 409 Conflict, and `DELETE` that only
+//! `metadata.resourceVersion` with 409 Conflict (and a `PUT` without one,
+//! of a custom resource or another kind whose strategy disallows an
+//! unconditional update, with 422 Invalid), and `DELETE` that only
 //! marks objects with finalizers (`deletionTimestamp`) and removes them
 //! once the last finalizer goes.
 //!
@@ -1049,6 +1051,18 @@ impl FakeApiServer {
                 let Some(stored) = state.objects.get(&key(name)).cloned() else {
                     return not_found(name);
                 };
+                // Patches keep the stored version; a PUT must name one
+                // unless the kind's strategy allows an unconditional update.
+                let (group, resource) = group_and_resource(&target.collection);
+                if method == Method::PUT
+                    && unconditional(&body)
+                    && !allows_unconditional_update(group)
+                {
+                    return (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        version_required(group, resource, name),
+                    );
+                }
                 let wanted_version = body["metadata"]["resourceVersion"].as_str().filter(|_| {
                     self.unchecked.is_none()
                         || self.unchecked != target.collection.rsplit('/').next()
@@ -1286,6 +1300,60 @@ fn group_and_resource(collection: &str) -> (&str, &str) {
     (group, resource)
 }
 
+/// Whether `body` names no resourceVersion (absent, empty or `0`, which a
+/// real server reads as none).
+fn unconditional(body: &Value) -> bool {
+    body["metadata"]["resourceVersion"]
+        .as_str()
+        .is_none_or(|v| v.is_empty() || v == "0")
+}
+
+/// Whether a real (v1.28) server accepts a PUT of a kind of `group`
+/// without resourceVersion: the `AllowUnconditionalUpdate` of its
+/// strategy. True for the built-in kinds of the groups listed; false for
+/// Leases (coordination.k8s.io), webhook configurations
+/// (admissionregistration.k8s.io), CustomResourceDefinitions and every
+/// custom resource (`*.pandaria.io`, `k8s.cni.cncf.io`,
+/// `macvlan.cluster.cattle.io`...).
+fn allows_unconditional_update(group: &str) -> bool {
+    match group {
+        // pods, services, endpoints, namespaces, nodes, configmaps, secrets,
+        // events...; deployments, daemonsets, statefulsets; jobs, cronjobs;
+        // endpointslices; roles, bindings; events.
+        ""
+        | "apps"
+        | "batch"
+        | "discovery.k8s.io"
+        | "rbac.authorization.k8s.io"
+        | "events.k8s.io" => true,
+        _ => false,
+    }
+}
+
+/// The real server's 422 for a PUT without resourceVersion of a kind that
+/// needs one (`apierrors.NewInvalid` on the resource, as its store does).
+fn version_required(group: &str, resource: &str, name: &str) -> Value {
+    let qualified = if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    };
+    let error = "Invalid value: 0x0: must be specified for an update";
+    let mut value = status(
+        422,
+        "Invalid",
+        &format!("{qualified} \"{name}\" is invalid: metadata.resourceVersion: {error}"),
+    );
+    value["details"] = json!({
+        "name": name,
+        "group": group,
+        "kind": resource,
+        "causes": [{"reason": "FieldValueInvalid", "message": error,
+                    "field": "metadata.resourceVersion"}],
+    });
+    value
+}
+
 fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
@@ -1418,3 +1486,6 @@ impl tower::Service<Request<Body>> for FakeApiServer {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
