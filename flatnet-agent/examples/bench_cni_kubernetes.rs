@@ -249,6 +249,8 @@ fn service<S: DesiredState>(
                 flatnet_agent::cluster_settings::AgentSettings {
                     probe_wait: Duration::ZERO,
                     policy_enforcement: true,
+                    arp_policy: flatnet_agent::link::ArpPolicy::default(),
+                    proxy_arp: false,
                 },
             ),
             pod_sandboxes: None,

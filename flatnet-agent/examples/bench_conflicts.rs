@@ -143,6 +143,8 @@ async fn measure(count: usize, interval: Duration) -> anyhow::Result<Timeline> {
                 flatnet_agent::cluster_settings::AgentSettings {
                     probe_wait: Duration::ZERO,
                     policy_enforcement: true,
+                    arp_policy: flatnet_agent::link::ArpPolicy::default(),
+                    proxy_arp: false,
                 },
             ),
             pod_sandboxes: None,

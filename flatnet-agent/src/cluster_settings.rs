@@ -1,6 +1,7 @@
 //! The agent's settings an administrator changes at run time: the
-//! conflict probe and policy enforcement, from `spec.agents` of the
-//! FlatNetworkConfig `cluster` over the agent's environment.
+//! conflict probe and policy enforcement (`spec.agents`) and the ARP policy
+//! (`spec.arpPolicy`) of the FlatNetworkConfig `cluster`, over the agent's
+//! environment; and proxy ARP, the environment's alone.
 //!
 //! Precedence, for every setting: a field set in the FlatNetworkConfig
 //! wins over the environment variable (or flag) of the same setting, which
@@ -11,7 +12,10 @@
 
 use std::time::Duration;
 
-use flatnet_k8s::api::{AgentsSpec, setting_source};
+use flatnet_k8s::{
+    api::{FlatNetworkConfigSpec, setting_source},
+    env::ArpPolicy,
+};
 use tokio::sync::watch;
 
 use crate::cluster_config::ClusterConfigView;
@@ -26,6 +30,10 @@ pub struct EnvSettings {
     pub probe_wait: Duration,
     /// `FLATNET_POLICY_ENFORCEMENT`.
     pub policy_enforcement: bool,
+    /// `FLAT_NETWORK_CNI_ARP_POLICY`.
+    pub arp_policy: ArpPolicy,
+    /// `FLAT_NETWORK_CNI_PROXY_ARP`.
+    pub proxy_arp: bool,
 }
 
 /// The settings in force.
@@ -35,6 +43,12 @@ pub struct AgentSettings {
     pub probe_wait: Duration,
     /// Whether MultiNetworkPolicies are enforced.
     pub policy_enforcement: bool,
+    /// How a new attachment's addresses are announced, unless its network
+    /// configuration says (`flatNetwork.arpPolicy`).
+    pub arp_policy: ArpPolicy,
+    /// `proxy_arp` on a new flat interface, unless its network
+    /// configuration says (`flatNetwork.proxyARP`).
+    pub proxy_arp: bool,
 }
 
 impl From<EnvSettings> for AgentSettings {
@@ -42,18 +56,21 @@ impl From<EnvSettings> for AgentSettings {
         Self {
             probe_wait: env.probe_wait,
             policy_enforcement: env.policy_enforcement,
+            arp_policy: env.arp_policy,
+            proxy_arp: env.proxy_arp,
         }
     }
 }
 
-/// The settings in force under `spec` (the FlatNetworkConfig's
-/// `spec.agents`, `None` without the object): each field it sets wins
-/// over the environment's.
+/// The settings in force under `config` (the FlatNetworkConfig's spec,
+/// `None` without the object): each field it sets wins over the
+/// environment's.
 #[must_use]
-pub fn effective(spec: Option<&AgentsSpec>, env: EnvSettings) -> AgentSettings {
-    let Some(spec) = spec else {
+pub fn effective(config: Option<&FlatNetworkConfigSpec>, env: EnvSettings) -> AgentSettings {
+    let Some(config) = config else {
         return env.into();
     };
+    let spec = &config.agents;
     let probe = &spec.conflict_probe;
     let enabled = probe.enabled.unwrap_or(!env.probe_wait.is_zero());
     let wait = match probe.wait_milliseconds {
@@ -65,14 +82,17 @@ pub fn effective(spec: Option<&AgentsSpec>, env: EnvSettings) -> AgentSettings {
     AgentSettings {
         probe_wait: if enabled { wait } else { Duration::ZERO },
         policy_enforcement: spec.policy_enforcement.unwrap_or(env.policy_enforcement),
+        arp_policy: config.arp_policy().unwrap_or(env.arp_policy),
+        proxy_arp: env.proxy_arp,
     }
 }
 
 /// The settings in force, each with where it came from, for the log.
 #[must_use]
-pub fn describe(spec: Option<&AgentsSpec>, env: EnvSettings) -> String {
+pub fn describe(config: Option<&FlatNetworkConfigSpec>, env: EnvSettings) -> String {
     let source = setting_source;
-    let applied = effective(spec, env);
+    let applied = effective(config, env);
+    let spec = config.map(|c| &c.agents);
     let probe = spec.map(|s| &s.conflict_probe);
     let enabled_from = source(probe.and_then(|p| p.enabled).is_some());
     let probe_text = if applied.probe_wait.is_zero() {
@@ -84,14 +104,14 @@ pub fn describe(spec: Option<&AgentsSpec>, env: EnvSettings) -> String {
             source(probe.and_then(|p| p.wait_milliseconds).is_some())
         )
     };
+    let on_off = |on: bool| if on { "on" } else { "off" };
     format!(
-        "{probe_text}; policyEnforcement {} from {}",
-        if applied.policy_enforcement {
-            "on"
-        } else {
-            "off"
-        },
-        source(spec.and_then(|s| s.policy_enforcement).is_some())
+        "{probe_text}; policyEnforcement {} from {}; arpPolicy {} from {}; proxyARP {} from environment",
+        on_off(applied.policy_enforcement),
+        source(spec.and_then(|s| s.policy_enforcement).is_some()),
+        applied.arp_policy,
+        source(config.and_then(FlatNetworkConfigSpec::arp_policy).is_some()),
+        on_off(applied.proxy_arp),
     )
 }
 
@@ -130,7 +150,11 @@ impl SettingsView {
 }
 
 /// Logs the settings in force when they differ from `logged`.
-fn log_applied(spec: Option<&AgentsSpec>, env: EnvSettings, logged: &mut Option<String>) {
+fn log_applied(
+    spec: Option<&FlatNetworkConfigSpec>,
+    env: EnvSettings,
+    logged: &mut Option<String>,
+) {
     let text = describe(spec, env);
     if logged.as_ref() != Some(&text) {
         tracing::info!(settings = %text, "agent settings applied (FlatNetworkConfig over environment)");
@@ -146,7 +170,7 @@ pub fn from_environment(env: EnvSettings) -> SettingsView {
 }
 
 /// Kubernetes: the environment's settings until the FlatNetworkConfig
-/// `cluster` is read, then its `spec.agents` over them, followed for the
+/// `cluster` is read, then its settings over them, followed for the
 /// agent's life through `cluster` (the agent's one watch of that object).
 #[must_use]
 pub fn follow(mut cluster: ClusterConfigView, env: EnvSettings) -> SettingsView {
@@ -158,7 +182,7 @@ pub fn follow(mut cluster: ClusterConfigView, env: EnvSettings) -> SettingsView 
             let spec = cluster
                 .borrow_and_update()
                 .as_ref()
-                .map(|config| config.spec.agents.clone());
+                .map(|config| config.spec.clone());
             log_applied(spec.as_ref(), env, &mut logged);
             sender.send_if_modified(|current| {
                 let applied = effective(spec.as_ref(), env);
@@ -177,22 +201,38 @@ pub fn follow(mut cluster: ClusterConfigView, env: EnvSettings) -> SettingsView 
 
 #[cfg(test)]
 mod tests {
-    use flatnet_k8s::api::ConflictProbeSpec;
+    use flatnet_k8s::api::{AgentsSpec, ConflictProbeSpec};
 
     use super::*;
 
     const ENV: EnvSettings = EnvSettings {
         probe_wait: Duration::from_millis(500),
         policy_enforcement: true,
+        arp_policy: ArpPolicy::ArpNotify,
+        proxy_arp: false,
     };
 
-    fn agents(enabled: Option<bool>, wait: Option<u32>, policy: Option<bool>) -> AgentsSpec {
-        AgentsSpec {
-            conflict_probe: ConflictProbeSpec {
-                enabled,
-                wait_milliseconds: wait,
+    fn agents(
+        enabled: Option<bool>,
+        wait: Option<u32>,
+        policy: Option<bool>,
+    ) -> FlatNetworkConfigSpec {
+        FlatNetworkConfigSpec {
+            agents: AgentsSpec {
+                conflict_probe: ConflictProbeSpec {
+                    enabled,
+                    wait_milliseconds: wait,
+                },
+                policy_enforcement: policy,
             },
-            policy_enforcement: policy,
+            ..FlatNetworkConfigSpec::default()
+        }
+    }
+
+    fn arp_policy(policy: &str) -> FlatNetworkConfigSpec {
+        FlatNetworkConfigSpec {
+            arp_policy: Some(policy.into()),
+            ..FlatNetworkConfigSpec::default()
         }
     }
 
@@ -203,8 +243,13 @@ mod tests {
         let off = EnvSettings {
             probe_wait: Duration::ZERO,
             policy_enforcement: false,
+            arp_policy: ArpPolicy::Arping,
+            proxy_arp: true,
         };
-        assert_eq!(effective(Some(&AgentsSpec::default()), off), off.into());
+        assert_eq!(
+            effective(Some(&FlatNetworkConfigSpec::default()), off),
+            off.into()
+        );
     }
 
     #[test]
@@ -241,18 +286,44 @@ mod tests {
     }
 
     #[test]
+    fn the_arp_policy_of_the_object_wins_over_the_environment() {
+        assert_eq!(
+            effective(Some(&arp_policy("arping")), ENV).arp_policy,
+            ArpPolicy::Arping
+        );
+        let env_arping = EnvSettings {
+            arp_policy: ArpPolicy::Arping,
+            ..ENV
+        };
+        assert_eq!(
+            effective(Some(&arp_policy("arp_notify")), env_arping).arp_policy,
+            ArpPolicy::ArpNotify
+        );
+        // A value stored past the webhook: the environment's.
+        assert_eq!(
+            effective(Some(&arp_policy("loud")), env_arping).arp_policy,
+            ArpPolicy::Arping
+        );
+    }
+
+    #[test]
     fn the_log_names_where_each_setting_comes_from() {
         assert_eq!(
             describe(None, ENV),
-            "conflictProbe on, 500 ms (enabled from environment, waitMilliseconds from environment); policyEnforcement on from environment"
+            "conflictProbe on, 500 ms (enabled from environment, waitMilliseconds from environment); policyEnforcement on from environment; arpPolicy arp_notify from environment; proxyARP off from environment"
         );
         assert_eq!(
             describe(Some(&agents(Some(false), None, Some(false))), ENV),
-            "conflictProbe off (enabled from FlatNetworkConfig); policyEnforcement off from FlatNetworkConfig"
+            "conflictProbe off (enabled from FlatNetworkConfig); policyEnforcement off from FlatNetworkConfig; arpPolicy arp_notify from environment; proxyARP off from environment"
         );
         assert_eq!(
             describe(Some(&agents(None, Some(300), None)), ENV),
-            "conflictProbe on, 300 ms (enabled from environment, waitMilliseconds from FlatNetworkConfig); policyEnforcement on from environment"
+            "conflictProbe on, 300 ms (enabled from environment, waitMilliseconds from FlatNetworkConfig); policyEnforcement on from environment; arpPolicy arp_notify from environment; proxyARP off from environment"
+        );
+        assert!(
+            describe(Some(&arp_policy("arping")), ENV).ends_with(
+                "arpPolicy arping from FlatNetworkConfig; proxyARP off from environment"
+            )
         );
     }
 

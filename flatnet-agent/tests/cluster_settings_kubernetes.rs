@@ -11,6 +11,10 @@
 //!   ingress; the LAN host's ping goes unanswered, is answered once the
 //!   object turns enforcement off, and unanswered again once it turns it
 //!   back on.
+//! - The ARP policy: the object's `spec.arpPolicy` over the agent's
+//!   environment decides whether the kernel announces a new pod's address
+//!   (`arp_notify`), edited live; a network's own `flatNetwork` block (the
+//!   NetworkAttachmentDefinition's) wins over both, and sets `proxy_arp`.
 
 mod support;
 
@@ -25,7 +29,7 @@ use serde_json::json;
 use support::{
     TestNetns,
     agent::{FlatPodCluster, StandaloneAgent, serve_with_allocation},
-    cni::run_cni,
+    cni::{IFNAME, run_cni},
     privileged, wait_until,
 };
 
@@ -34,14 +38,8 @@ const NODE: &str = "node-1";
 const POD: &str = "pod-c1";
 const POD_ADDRESS: &str = "192.0.2.10";
 
-fn cluster_config(agents: AgentsSpec) -> FlatNetworkConfig {
-    FlatNetworkConfig::new(
-        CONFIG_NAME,
-        FlatNetworkConfigSpec {
-            agents,
-            ..FlatNetworkConfigSpec::default()
-        },
-    )
+fn cluster_config(spec: FlatNetworkConfigSpec) -> FlatNetworkConfig {
+    FlatNetworkConfig::new(CONFIG_NAME, spec)
 }
 
 /// The API server with the allocation controllers, the LAN, the node and
@@ -58,9 +56,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Started with the FlatNetworkConfig `agents` and the agent's flags
+    /// Started with the FlatNetworkConfig's `spec` and the agent's flags
     /// `args`; `None` when the test cannot run.
-    fn running_for_test(test: &str, agents: AgentsSpec, args: &[&str]) -> Option<Self> {
+    fn running_for_test(test: &str, spec: FlatNetworkConfigSpec, args: &[&str]) -> Option<Self> {
         if !privileged(test) {
             return None;
         }
@@ -72,7 +70,7 @@ impl Cluster {
             server,
             ..
         } = FlatPodCluster::new("cs", "bridge", NODE, POD);
-        server.insert(&cluster_config(agents));
+        server.insert(&cluster_config(spec));
         let kubeconfig = dir.path().join("kubeconfig");
         serve_with_allocation(&runtime, &server, None, &kubeconfig);
         let cni_bin_dir = dir.path().join("bin").display().to_string();
@@ -100,20 +98,30 @@ impl Cluster {
     /// The runtime's `command` (ADD, DEL) for the pod in `netns`: whether
     /// it succeeded, and the answer.
     fn cni(&self, command: &str, netns: &TestNetns) -> (bool, serde_json::Value) {
+        self.cni_with(command, netns, json!({}))
+    }
+
+    /// As [`Cluster::cni`], with `extra` fields in the network configuration.
+    fn cni_with(
+        &self,
+        command: &str,
+        netns: &TestNetns,
+        extra: serde_json::Value,
+    ) -> (bool, serde_json::Value) {
         run_cni(
             &self.agent.socket(),
             command,
             "flat4",
             "c1",
             Some(&netns.path()),
-            json!({}),
+            extra,
         )
     }
 
     /// Edits the FlatNetworkConfig while the agent runs and waits until
     /// the agent logs that it applied `settings`.
-    fn edit(&self, agents: AgentsSpec, settings: &str) {
-        self.server.insert(&cluster_config(agents));
+    fn edit(&self, spec: FlatNetworkConfigSpec, settings: &str) {
+        self.server.insert(&cluster_config(spec));
         self.wait_applied(settings);
     }
 
@@ -134,21 +142,42 @@ impl Cluster {
     }
 }
 
-fn probe(enabled: bool, wait_milliseconds: Option<u32>) -> AgentsSpec {
-    AgentsSpec {
+fn with_agents(agents: AgentsSpec) -> FlatNetworkConfigSpec {
+    FlatNetworkConfigSpec {
+        agents,
+        ..FlatNetworkConfigSpec::default()
+    }
+}
+
+fn probe(enabled: bool, wait_milliseconds: Option<u32>) -> FlatNetworkConfigSpec {
+    with_agents(AgentsSpec {
         conflict_probe: ConflictProbeSpec {
             enabled: Some(enabled),
             wait_milliseconds,
         },
         policy_enforcement: None,
+    })
+}
+
+fn enforcement(on: bool) -> FlatNetworkConfigSpec {
+    with_agents(AgentsSpec {
+        policy_enforcement: Some(on),
+        ..AgentsSpec::default()
+    })
+}
+
+fn arp_policy(policy: &str) -> FlatNetworkConfigSpec {
+    FlatNetworkConfigSpec {
+        arp_policy: Some(policy.into()),
+        ..FlatNetworkConfigSpec::default()
     }
 }
 
-fn enforcement(on: bool) -> AgentsSpec {
-    AgentsSpec {
-        policy_enforcement: Some(on),
-        ..AgentsSpec::default()
-    }
+/// A sysctl of the pod's flat interface (`arp_notify`, `proxy_arp`).
+fn interface_sysctl(pod: &TestNetns, key: &str) -> String {
+    pod.exec("sysctl", &["-n", &format!("net.ipv4.conf.{IFNAME}.{key}")])
+        .trim()
+        .to_owned()
 }
 
 #[test]
@@ -240,5 +269,66 @@ fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
     });
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
+    cluster.agent.stop();
+}
+
+#[test]
+fn the_arp_policy_follows_the_cluster_configuration_without_a_restart() {
+    // The environment's policy is arp_notify (the default), the object's arping.
+    let Some(mut cluster) = Cluster::running_for_test(
+        "the_arp_policy_follows_the_cluster_configuration_without_a_restart",
+        arp_policy("arping"),
+        &["--conflict-probe-ms", "0"],
+    ) else {
+        return;
+    };
+    cluster.wait_applied("arpPolicy arping from FlatNetworkConfig");
+    let attached = |extra: serde_json::Value, what: &str| {
+        let pod = TestNetns::new("csa-");
+        let (ok, out) = cluster.cni_with("ADD", &pod, extra);
+        assert!(ok, "ADD ({what}): {out}");
+        let sysctls = (
+            interface_sysctl(&pod, "arp_notify"),
+            interface_sysctl(&pod, "proxy_arp"),
+        );
+        let (ok, out) = cluster.cni("DEL", &pod);
+        assert!(ok, "DEL ({what}): {out}");
+        sysctls
+    };
+    assert_eq!(
+        attached(json!({}), "the object's arping"),
+        ("0".into(), "0".into()),
+        "arping: flatnet announces, the kernel does not"
+    );
+
+    cluster.edit(
+        arp_policy("arp_notify"),
+        "arpPolicy arp_notify from FlatNetworkConfig",
+    );
+    assert_eq!(
+        attached(json!({}), "the object's arp_notify"),
+        ("1".into(), "0".into()),
+        "arp_notify: the kernel announces"
+    );
+
+    // The network's own block (as the operator writes it into each
+    // NetworkAttachmentDefinition) wins, field by field.
+    assert_eq!(
+        attached(
+            json!({"flatNetwork": {"arpPolicy": "arping", "proxyARP": true}}),
+            "the network's arping and proxyARP"
+        ),
+        ("0".into(), "1".into())
+    );
+    let pod = TestNetns::new("csa-");
+    let (ok, out) = cluster.cni_with("ADD", &pod, json!({"flatNetwork": {"arpPolicy": "garp"}}));
+    assert!(!ok, "a policy that is none is refused: {out}");
+    assert_eq!(out["code"], 2, "{out}");
+    assert!(
+        out["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("flatNetwork.arpPolicy")),
+        "{out}"
+    );
     cluster.agent.stop();
 }

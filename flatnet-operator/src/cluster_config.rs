@@ -44,7 +44,7 @@ use tracing::{info, warn};
 use crate::{
     allocation::mac_pool::{ActivePool, MacPoolView},
     cidr::Cidr,
-    config::{ArpPolicy, CniSettings},
+    config::CniSettings,
     controller::{is_conflict, is_not_found},
     nad,
 };
@@ -77,12 +77,7 @@ pub fn effective_cni(config: Option<&FlatNetworkConfig>, env: &CniSettings) -> C
     let Some(spec) = config.map(|c| &c.spec) else {
         return env.clone();
     };
-    let arp_policy = match spec.arp_policy.as_deref() {
-        Some("arping") => ArpPolicy::Arping,
-        Some("arp_notify") => ArpPolicy::ArpNotify,
-        // Refused by the webhook; an object stored before keeps the environment's.
-        _ => env.arp_policy,
-    };
+    let arp_policy = spec.arp_policy().unwrap_or(env.arp_policy);
     let mtu = match spec.default_mtu {
         Some(0) => None,
         Some(mtu) => u16::try_from(mtu).ok().or(env.mtu),

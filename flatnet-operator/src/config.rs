@@ -12,6 +12,7 @@ use std::{
 
 use clap::{ArgAction, Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+pub use flatnet_k8s::env::ArpPolicy;
 use flatnet_k8s::{env, ipam::StatefulSetAddressPolicy};
 
 use crate::cidr::{Cidr, CidrError};
@@ -295,36 +296,6 @@ pub struct Config {
     pub cluster_health: crate::cluster_health::Settings,
 }
 
-/// How the CNI announces a pod's new address on the LAN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArpPolicy {
-    /// The kernel sends gratuitous ARP / unsolicited NA (`arp_notify`).
-    ArpNotify,
-    /// The CNI sends gratuitous ARP itself (`arping`).
-    Arping,
-}
-
-impl ArpPolicy {
-    /// `FLAT_NETWORK_CNI_ARP_POLICY` as the original read it (an unknown
-    /// value is `arp_notify`; [`Cli::fallbacks`] says so).
-    #[must_use]
-    pub fn from_legacy(value: &str) -> Self {
-        match env::cni_arp_policy(value).value {
-            "arping" => Self::Arping,
-            _ => Self::ArpNotify,
-        }
-    }
-
-    /// The value as written in the environment and the attachment.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ArpNotify => "arp_notify",
-            Self::Arping => "arping",
-        }
-    }
-}
-
 /// Settings the operator writes into every NetworkAttachmentDefinition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CniSettings {
@@ -507,7 +478,7 @@ impl Cli {
             cluster_cidrs: cidr_list("FLAT_NETWORK_CLUSTER_CIDR", &self.cluster_cidr)?,
             service_cidrs: cidr_list("FLAT_NETWORK_SERVICE_CIDR", &self.service_cidr)?,
             cni: CniSettings {
-                arp_policy: ArpPolicy::from_legacy(&self.arp_policy),
+                arp_policy: env::cni_arp_policy(&self.arp_policy).value,
                 proxy_arp: env::cni_proxy_arp(&self.proxy_arp).value,
                 mtu: match self.cni_mtu {
                     0 => None,

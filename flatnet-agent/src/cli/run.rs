@@ -21,7 +21,7 @@ use flatnet_agent::{
         pods::PodAddresses,
     },
     install,
-    link::{AnnounceSettings, ArpPolicy, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
+    link::{AnnounceSettings, Attachments, DEFAULT_LEASE_DIR, SharedNetlink},
     mac_conflict,
     metrics::Metrics,
     node_heartbeat::{self, Heartbeat, Readiness},
@@ -184,25 +184,11 @@ impl RunArgs {
         runtime.block_on(self.run_async())
     }
 
-    /// The pod interface settings, the original's variables read as it
-    /// read them: an unusable value is replaced by the default and logged.
+    /// The pod interface settings.
     fn spec_settings(&self) -> SpecSettings {
-        let arp_policy = env::cni_arp_policy(&self.arp_policy);
-        let proxy_arp = env::cni_proxy_arp(&self.proxy_arp);
-        for warning in [&arp_policy.warning, &proxy_arp.warning]
-            .into_iter()
-            .flatten()
-        {
-            tracing::warn!("{warning}");
-        }
         SpecSettings {
-            arp_policy: match arp_policy.value {
-                "arping" => ArpPolicy::Arping,
-                _ => ArpPolicy::ArpNotify,
-            },
             cluster_cidrs: self.cluster_cidr.clone(),
             service_cidrs: self.service_cidr.clone(),
-            proxy_arp: proxy_arp.value,
         }
     }
 
@@ -346,11 +332,23 @@ impl RunArgs {
         }
     }
 
-    /// The run-time settings as the environment (flags) gives them.
+    /// The run-time settings as the environment (flags) gives them, the
+    /// original's variables read as it read them: an unusable value is
+    /// replaced by the default and logged.
     fn env_settings(&self) -> EnvSettings {
+        let arp_policy = env::cni_arp_policy(&self.arp_policy);
+        let proxy_arp = env::cni_proxy_arp(&self.proxy_arp);
+        for warning in [&arp_policy.warning, &proxy_arp.warning]
+            .into_iter()
+            .flatten()
+        {
+            tracing::warn!("{warning}");
+        }
         EnvSettings {
             probe_wait: Duration::from_millis(self.conflict_probe_ms),
             policy_enforcement: self.policy_enforcement,
+            arp_policy: arp_policy.value,
+            proxy_arp: proxy_arp.value,
         }
     }
 
@@ -636,6 +634,7 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command};
+    use flatnet_agent::link::ArpPolicy;
 
     fn run_args(args: &[&str]) -> RunArgs {
         let cli = Cli::try_parse_from(["flatnet-agent", "run"].iter().chain(args))
@@ -651,14 +650,14 @@ mod tests {
     /// never a refusal to start.
     #[test]
     fn unusable_arp_settings_fall_back_to_the_defaults() {
-        let spec = run_args(&["--arp-policy", "garp", "--proxy-arp", "yes"]).spec_settings();
-        assert_eq!(spec.arp_policy, ArpPolicy::ArpNotify);
-        assert!(!spec.proxy_arp);
-        let spec = run_args(&["--arp-policy", "arping", "--proxy-arp", "1"]).spec_settings();
-        assert_eq!(spec.arp_policy, ArpPolicy::Arping);
-        assert!(spec.proxy_arp);
-        let spec = run_args(&[]).spec_settings();
-        assert_eq!(spec.arp_policy, ArpPolicy::ArpNotify);
-        assert!(!spec.proxy_arp);
+        let env = run_args(&["--arp-policy", "garp", "--proxy-arp", "yes"]).env_settings();
+        assert_eq!(env.arp_policy, ArpPolicy::ArpNotify);
+        assert!(!env.proxy_arp);
+        let env = run_args(&["--arp-policy", "arping", "--proxy-arp", "1"]).env_settings();
+        assert_eq!(env.arp_policy, ArpPolicy::Arping);
+        assert!(env.proxy_arp);
+        let env = run_args(&[]).env_settings();
+        assert_eq!(env.arp_policy, ArpPolicy::ArpNotify);
+        assert!(!env.proxy_arp);
     }
 }

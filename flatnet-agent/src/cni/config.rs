@@ -3,13 +3,15 @@
 //! `prevResult`, `cni.dev/valid-attachments`), and flatnet's own fields.
 //!
 //! Unknown fields are accepted and kept in [`NetworkConfig::extra`] so the
-//! agent sees them (an upstream `ipam` or `flatNetwork` block, for example),
-//! but flatnet-cni itself gives them no meaning.
+//! agent sees them (an upstream `ipam` block, for example), but flatnet-cni
+//! itself gives them no meaning. The original's `flatNetwork` block is
+//! read: its `arpPolicy` and `proxyARP` say how the network's new
+//! interfaces are announced.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use flatnet_k8s::ipam::Mac;
+use flatnet_k8s::{env::ArpPolicy, ipam::Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -159,10 +161,47 @@ pub struct NetworkConfig {
     /// File flatnet-cni appends its log to; no log is written without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_file: Option<PathBuf>,
+    /// The original's block, in the NetworkAttachmentDefinitions both its
+    /// operator and flatnet's write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flat_network: Option<FlatNetworkBlock>,
 
     /// Every other field, kept for the agent and otherwise ignored.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// The `flatNetwork` block of a network configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FlatNetworkBlock {
+    /// How the network's new interfaces announce their addresses; read
+    /// through [`FlatNetworkBlock::arp_policy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    arp_policy: Option<String>,
+    /// `proxy_arp` on the network's new interfaces.
+    #[serde(default, rename = "proxyARP", skip_serializing_if = "Option::is_none")]
+    pub proxy_arp: Option<bool>,
+    /// Every other field (`clusterCIDR`, `serviceCIDR`, `mtu`), kept and
+    /// otherwise ignored.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl FlatNetworkBlock {
+    /// The block with `arpPolicy` set to `policy`.
+    #[must_use]
+    pub fn with_arp_policy(mut self, policy: ArpPolicy) -> Self {
+        self.arp_policy = Some(policy.as_str().to_owned());
+        self
+    }
+
+    /// `arpPolicy`, when set ([`NetworkConfig::validate`] refuses a value
+    /// that names no policy).
+    #[must_use]
+    pub fn arp_policy(&self) -> Option<ArpPolicy> {
+        self.arp_policy.as_deref().and_then(ArpPolicy::parse)
+    }
 }
 
 impl NetworkConfig {
@@ -266,6 +305,19 @@ impl NetworkConfig {
             runtime.requested_mac()?;
         }
         check_ipam(&self.name, self.extra.get("ipam"))?;
+        if let Some(policy) = self
+            .flat_network
+            .as_ref()
+            .and_then(|block| block.arp_policy.as_deref())
+            && ArpPolicy::parse(policy).is_none()
+        {
+            return Err(unsupported(
+                &self.name,
+                "flatNetwork.arpPolicy",
+                format!("{policy:?}"),
+                &ArpPolicy::choices(),
+            ));
+        }
         if let Some(subnet) = &self.subnet
             && subnet.is_empty()
         {
@@ -431,7 +483,9 @@ mod tests {
         assert_eq!(config.subnet.as_deref(), Some("vlan10"));
         // Unknown fields are kept for the agent, not rejected.
         assert!(config.extra.contains_key("ipam"));
-        assert!(config.extra.contains_key("flatNetwork"));
+        let block = config.flat_network.as_ref().unwrap();
+        assert_eq!(block.extra["mtu"], 1500);
+        assert_eq!((block.arp_policy(), block.proxy_arp), (None, None));
     }
 
     #[test]
@@ -458,7 +512,8 @@ mod tests {
             "0".repeat(90)
         );
         let config = NetworkConfig::decode(stdin.as_bytes()).unwrap();
-        assert_eq!(config.extra["flatNetwork"]["mtu"].as_f64(), Some(1.5e91));
+        let block = config.flat_network.as_ref().unwrap();
+        assert_eq!(block.extra["mtu"].as_f64(), Some(1.5e91));
         let again = NetworkConfig::decode(&serde_json::to_vec(&config).unwrap()).unwrap();
         assert_eq!(again, config);
     }
@@ -541,6 +596,28 @@ mod tests {
     }
 
     #[test]
+    fn a_flat_network_block_naming_no_arp_policy_or_a_non_boolean_proxy_arp_is_refused() {
+        let block = |block: Value| {
+            decode(json!({"cniVersion": "1.0.0", "name": "n", "type": "t", "flatNetwork": block}))
+        };
+        let config = block(json!({"arpPolicy": "arping", "proxyARP": true})).unwrap();
+        let parsed = config.flat_network.unwrap();
+        assert_eq!(
+            (parsed.arp_policy(), parsed.proxy_arp),
+            (Some(ArpPolicy::Arping), Some(true))
+        );
+        let error = block(json!({"arpPolicy": "garp"})).unwrap_err();
+        assert_eq!(error.code, ErrorCode::UnsupportedField);
+        assert_eq!(
+            error.msg,
+            "network \"n\": field \"flatNetwork.arpPolicy\" has unsupported value \"garp\"; expected arp_notify or arping"
+        );
+        let error = block(json!({"proxyARP": "yes"})).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidNetworkConfig, "{error:?}");
+        assert!(error.msg.contains("flatNetwork"), "{}", error.msg);
+    }
+
+    #[test]
     fn original_nads_with_static_ipam_are_accepted_other_ipam_is_code_2() {
         // A NAD as written for rancher-flat-network.
         let config = decode(json!({
@@ -551,6 +628,11 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(config.plugin_type, "rancher-flat-network-cni");
+        let block = config.flat_network.as_ref().unwrap();
+        assert_eq!(
+            (block.arp_policy(), block.proxy_arp),
+            (Some(ArpPolicy::ArpNotify), Some(false))
+        );
         for ipam in [
             json!({"type": "host-local"}),
             json!({}),

@@ -14,7 +14,7 @@ pub mod result;
 pub mod version;
 
 pub use args::CniArgs;
-pub use config::{Dns, NetworkConfig, RuntimeConfig, ValidAttachment};
+pub use config::{Dns, FlatNetworkBlock, NetworkConfig, RuntimeConfig, ValidAttachment};
 pub use env::{CniCommand, CniEnv};
 pub use error::{CniError, ErrorCode};
 pub use request::{

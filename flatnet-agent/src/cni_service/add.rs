@@ -73,7 +73,12 @@ impl<S: DesiredState> Inner<S> {
             if record.phase == RecordPhase::Ready && record.netns == request.netns {
                 // A repeated ADD: the same answer.
                 let subnets = spec::valid_subnets(&record)?;
-                let attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
+                let attachment = spec::attachment_spec(
+                    &record,
+                    &subnets,
+                    &self.config.spec,
+                    self.announcement(config),
+                )?;
                 return Ok(Added {
                     result: spec::cni_result(&attachment, record.mac.as_deref(), &config.dns),
                     upgrade_policy: false,
@@ -127,10 +132,7 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
-        match self
-            .set_up(&mut record, &subnets, &claim, &config.dns)
-            .await
-        {
+        match self.set_up(&mut record, &subnets, &claim, config).await {
             Ok(added) => Ok(added),
             Err(failure) => {
                 let (error, interface_made) = match failure {
@@ -174,10 +176,15 @@ impl<S: DesiredState> Inner<S> {
         record: &mut AttachmentRecord,
         subnets: &[ValidSubnet],
         claim: &DesiredInterface,
-        dns: &crate::cni::Dns,
+        config: &NetworkConfig,
     ) -> Result<Added, SetUpError> {
-        let attachment = spec::attachment_spec(record, subnets, &self.config.spec)
-            .map_err(SetUpError::NothingMade)?;
+        let attachment = spec::attachment_spec(
+            record,
+            subnets,
+            &self.config.spec,
+            self.announcement(config),
+        )
+        .map_err(SetUpError::NothingMade)?;
         let valid = attachment.validate().map_err(|e| {
             SetUpError::NothingMade(CniError::new(
                 ErrorCode::InvalidNetworkConfig,
@@ -256,7 +263,7 @@ impl<S: DesiredState> Inner<S> {
             .instrument(phases::phase("policy_wait"))
             .await;
         Ok(Added {
-            result: spec::cni_result(&attachment, record.mac.as_deref(), dns),
+            result: spec::cni_result(&attachment, record.mac.as_deref(), &config.dns),
             upgrade_policy,
         })
     }

@@ -51,7 +51,7 @@ use crate::{
 pub use hotplug::{HOTPLUG_FOLLOW_INTERVAL, HotplugPass};
 pub use mtu::{MTU_FOLLOW_INTERVAL, MtuPass};
 pub use primary_mtu::{LEDGER_FILE, Ledger, PrimaryMtuPass, Remembered, read_ledger};
-pub use spec::SpecSettings;
+pub use spec::{Announcement, SpecSettings};
 use tables::PolicyAttach;
 
 /// Settings of the CNI service.
@@ -256,6 +256,11 @@ impl<S: DesiredState> Inner<S> {
             .await
             .unwrap_or_else(|error| Err(task_failed(&error)))
     }
+
+    /// How an attachment of `network` made now is announced.
+    fn announcement(&self, network: &crate::cni::NetworkConfig) -> spec::Announcement {
+        spec::Announcement::of(network, &self.config.settings.current())
+    }
 }
 
 /// Runs `work` in its own task: dropping the caller (deadline) does not
@@ -430,7 +435,12 @@ impl<S: DesiredState> Inner<S> {
             }
         }
         let subnets = spec::valid_subnets(&record)?;
-        let mut attachment = spec::attachment_spec(&record, &subnets, &self.config.spec)?;
+        let mut attachment = spec::attachment_spec(
+            &record,
+            &subnets,
+            &self.config.spec,
+            self.announcement(&request.config),
+        )?;
         attachment.netns = request.netns.clone();
         self.config
             .attachments

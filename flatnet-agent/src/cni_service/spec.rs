@@ -12,7 +12,11 @@ use flatnet_k8s::{
 use ipnet::{IpNet, Ipv6Net};
 
 use crate::{
-    cni::{CniError, CniResult, Dns, ErrorCode, Interface, IpConfig, IpWithPrefix, Route},
+    cluster_settings::AgentSettings,
+    cni::{
+        CniError, CniResult, Dns, ErrorCode, FlatNetworkBlock, Interface, IpConfig, IpWithPrefix,
+        NetworkConfig, Route,
+    },
     link::{ArpPolicy, AttachmentSpec, PrimaryRoutes, RouteSpec, parse_mac},
     records::AttachmentRecord,
 };
@@ -44,14 +48,38 @@ pub const PRIMARY_IFNAME: &str = "eth0";
 /// Agent-wide settings that shape every attachment.
 #[derive(Clone, Debug, Default)]
 pub struct SpecSettings {
-    /// How addresses are announced.
-    pub arp_policy: ArpPolicy,
     /// Cluster pod CIDRs kept on the primary interface.
     pub cluster_cidrs: Vec<IpNet>,
     /// Service CIDRs kept on the primary interface.
     pub service_cidrs: Vec<IpNet>,
-    /// `proxy_arp` on the pod's flat interface (`FLAT_NETWORK_CNI_PROXY_ARP`).
+}
+
+/// How a new attachment's addresses are announced on the LAN.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Announcement {
+    /// `arp_notify` or `arping`.
+    pub arp_policy: ArpPolicy,
+    /// `proxy_arp` on the pod's flat interface.
     pub proxy_arp: bool,
+}
+
+impl Announcement {
+    /// The announcement of an attachment of `network`: its `flatNetwork`
+    /// block (the NetworkAttachmentDefinition's, which the operator writes
+    /// from the FlatNetworkConfig) field by field over the agent's
+    /// `settings` in force (the FlatNetworkConfig's over the environment).
+    #[must_use]
+    pub fn of(network: &NetworkConfig, settings: &AgentSettings) -> Self {
+        let block = network.flat_network.as_ref();
+        Self {
+            arp_policy: block
+                .and_then(FlatNetworkBlock::arp_policy)
+                .unwrap_or(settings.arp_policy),
+            proxy_arp: block
+                .and_then(|b| b.proxy_arp)
+                .unwrap_or(settings.proxy_arp),
+        }
+    }
 }
 
 /// The validated subnets of a record.
@@ -86,10 +114,12 @@ pub fn valid_subnets(record: &AttachmentRecord) -> Result<Vec<ValidSubnet>, CniE
 /// - MTU: the subnets' `spec.mtu` (the smallest when both of a dual-stack
 ///   pair set one), else the network configuration's `mtu`, else the
 ///   parent's.
+/// - Announcement: `announcement`.
 pub fn attachment_spec(
     record: &AttachmentRecord,
     subnets: &[ValidSubnet],
     settings: &SpecSettings,
+    announcement: Announcement,
 ) -> Result<AttachmentSpec, CniError> {
     let first = subnets.first().ok_or_else(|| {
         CniError::new(
@@ -185,8 +215,8 @@ pub fn attachment_spec(
         routes,
         primary_routes,
         host_route: record.host_route.clone(),
-        arp_policy: settings.arp_policy,
-        proxy_arp: settings.proxy_arp,
+        arp_policy: announcement.arp_policy,
+        proxy_arp: announcement.proxy_arp,
     })
 }
 
@@ -329,16 +359,12 @@ mod tests {
     fn an_ipv6to4_subnet_adds_the_6to4_address_without_a_gateway() {
         let mut record = record(subnet(), "eth1");
         let subnets = valid_subnets(&record).unwrap();
-        let settings = SpecSettings {
-            proxy_arp: true,
-            ..SpecSettings::default()
-        };
-        let plain = attachment_spec(&record, &subnets, &settings).unwrap();
+        let settings = SpecSettings::default();
+        let plain = attachment_spec(&record, &subnets, &settings, Announcement::default()).unwrap();
         assert!(plain.extra_addresses.is_empty());
-        assert!(plain.proxy_arp);
 
         record.subnets[0].ipv6to4 = true;
-        let spec = attachment_spec(&record, &subnets, &settings).unwrap();
+        let spec = attachment_spec(&record, &subnets, &settings, Announcement::default()).unwrap();
         let six_to_four: IpNet = "2002:c000:205::/40".parse().unwrap();
         assert_eq!(spec.extra_addresses, [six_to_four]);
         let result = cni_result(&spec, None, &Dns::default());
@@ -370,7 +396,13 @@ mod tests {
         lan.mtu = Some(1300);
         let record = record(lan, "eth1");
         let subnets = valid_subnets(&record).unwrap();
-        let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
+        let spec = attachment_spec(
+            &record,
+            &subnets,
+            &SpecSettings::default(),
+            Announcement::default(),
+        )
+        .unwrap();
         assert_eq!(spec.mtu, Some(1300), "the subnet's, not the record's 1400");
     }
 
@@ -401,7 +433,7 @@ mod tests {
             ],
             ..SpecSettings::default()
         };
-        let spec = attachment_spec(&record, &subnets, &settings).unwrap();
+        let spec = attachment_spec(&record, &subnets, &settings, Announcement::default()).unwrap();
         assert_eq!((spec.parent.master.as_str(), spec.parent.vlan), ("eth9", 7));
         assert!(spec.default_route);
         assert_eq!(spec.mac, Some([2, 0, 0, 0, 0, 5]));
@@ -431,7 +463,13 @@ mod tests {
         spec.route_settings.flat_network_default_gateway = true;
         let record = record(spec, "eth0");
         let subnets = valid_subnets(&record).unwrap();
-        let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
+        let spec = attachment_spec(
+            &record,
+            &subnets,
+            &SpecSettings::default(),
+            Announcement::default(),
+        )
+        .unwrap();
         assert!(!spec.default_route);
         assert!(spec.primary_routes.is_none());
         assert!(!moves_default_route(&record));
@@ -458,14 +496,26 @@ mod tests {
         ];
         let single = record(spec.clone(), "eth0");
         let subnets = valid_subnets(&single).unwrap();
-        let built = attachment_spec(&single, &subnets, &SpecSettings::default()).unwrap();
+        let built = attachment_spec(
+            &single,
+            &subnets,
+            &SpecSettings::default(),
+            Announcement::default(),
+        )
+        .unwrap();
         assert_eq!(built.routes.len(), 1, "{:?}", built.routes);
         assert_eq!(built.routes[0].dev, None, "eth0 is the flat interface");
         assert!(built.primary_routes.is_none());
         assert!(!wants_host_route(&single));
 
         let multi = record(spec, "eth1");
-        let built = attachment_spec(&multi, &subnets, &SpecSettings::default()).unwrap();
+        let built = attachment_spec(
+            &multi,
+            &subnets,
+            &SpecSettings::default(),
+            Announcement::default(),
+        )
+        .unwrap();
         assert!(built.primary_routes.unwrap().node_networks);
         assert!(wants_host_route(&multi));
     }
@@ -476,7 +526,13 @@ mod tests {
         spec.route_settings.flat_network_default_gateway = true;
         let record = record(spec, "eth1");
         let subnets = valid_subnets(&record).unwrap();
-        let spec = attachment_spec(&record, &subnets, &SpecSettings::default()).unwrap();
+        let spec = attachment_spec(
+            &record,
+            &subnets,
+            &SpecSettings::default(),
+            Announcement::default(),
+        )
+        .unwrap();
         let result = cni_result(&spec, Some("02:00:00:00:00:05"), &Dns::default());
         let json = serde_json::to_value(&result).unwrap();
         assert_eq!(

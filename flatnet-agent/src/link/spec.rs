@@ -7,6 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use flatnet_k8s::env::ArpPolicy;
 pub use flatnet_k8s::validation::{
     IpvlanFlag, IpvlanMode, LinkMode, MAX_IFNAME_LEN, MAX_VLAN_ID, MacvlanMode, ParentLink,
 };
@@ -21,20 +22,6 @@ use crate::packet::MacAddr;
 const MIN_MTU_IPV4: u32 = 68;
 /// Smallest MTU IPv6 allows (RFC 8200 §5).
 const MIN_MTU_IPV6: u32 = 1280;
-
-/// How the pod's neighbours learn its addresses once the interface is up
-/// (`FLAT_NETWORK_CNI_ARP_POLICY`; the names are the upstream values).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
-pub enum ArpPolicy {
-    /// The kernel announces (`arp_notify` and `ndisc_notify` sysctls of the
-    /// interface set to 1 before it comes up).
-    #[value(name = "arp_notify")]
-    ArpNotify,
-    /// flatnet sends gratuitous ARP (IPv4) and unsolicited neighbour
-    /// advertisements with Override set (IPv6), a few times.
-    #[default]
-    Arping,
-}
 
 /// A route in the pod (a subnet's `spec.routes` entry).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

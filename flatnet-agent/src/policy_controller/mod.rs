@@ -606,10 +606,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn enforcement_turned_off_and_on_installs_open_then_isolating_tables() {
         use crate::cluster_settings::AgentSettings;
+        use crate::link::ArpPolicy;
         use flatnet_common::policy::Direction;
         let enforcing = AgentSettings {
             probe_wait: Duration::ZERO,
             policy_enforcement: true,
+            arp_policy: ArpPolicy::default(),
+            proxy_arp: false,
         };
         let (settings, view) = SettingsView::channel(enforcing);
         let recorder = Recorder::default();

@@ -2,6 +2,10 @@
 //! processes. They are the original's names, kept in one place so a chart
 //! and a binary can never disagree on a spelling.
 
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
 /// Non-empty: debug logging and long leader-election leases (development).
 pub const CATTLE_DEV_MODE: &str = "CATTLE_DEV_MODE";
 /// Informer resync period in whole minutes.
@@ -24,7 +28,7 @@ pub const FLAT_NETWORK_SERVICE_CIDR: &str = "FLAT_NETWORK_SERVICE_CIDR";
 pub const KUBECONFIG: &str = "KUBECONFIG";
 
 /// Default of [`FLAT_NETWORK_CNI_ARP_POLICY`].
-pub const DEFAULT_ARP_POLICY: &str = "arp_notify";
+pub const DEFAULT_ARP_POLICY: &str = ArpPolicy::ArpNotify.as_str();
 /// Default of [`FLAT_NETWORK_CLUSTER_CIDR`].
 pub const DEFAULT_CLUSTER_CIDR: &str = "10.42.0.0/16";
 /// Default of [`FLAT_NETWORK_SERVICE_CIDR`].
@@ -40,22 +44,69 @@ pub struct Legacy<T> {
     pub warning: Option<String>,
 }
 
-/// The values of [`FLAT_NETWORK_CNI_ARP_POLICY`].
-pub const ARP_POLICIES: [&str; 2] = ["arp_notify", "arping"];
+/// How a pod's new addresses are announced on the LAN once its flat
+/// interface is up: [`FLAT_NETWORK_CNI_ARP_POLICY`], a NetworkAttachmentDefinition's
+/// `flatNetwork.arpPolicy` and the FlatNetworkConfig's `spec.arpPolicy`
+/// (the original's names and values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArpPolicy {
+    /// The kernel announces: the interface's `arp_notify` and
+    /// `ndisc_notify` sysctls are 1 before it comes up.
+    #[default]
+    ArpNotify,
+    /// flatnet sends gratuitous ARP (IPv4) and unsolicited neighbour
+    /// advertisements with Override set (IPv6), a few times.
+    Arping,
+}
 
-/// [`FLAT_NETWORK_CNI_ARP_POLICY`] (`--arp-policy`): one of [`ARP_POLICIES`];
+impl ArpPolicy {
+    /// Every policy.
+    pub const ALL: [Self; 2] = [Self::ArpNotify, Self::Arping];
+
+    /// The policy's name, as written in the environment, an attachment
+    /// and the FlatNetworkConfig.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ArpNotify => "arp_notify",
+            Self::Arping => "arping",
+        }
+    }
+
+    /// The policy named exactly `name`.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    /// The names, for messages: `arp_notify or arping`.
+    #[must_use]
+    pub fn choices() -> String {
+        Self::ALL.map(Self::as_str).join(" or ")
+    }
+}
+
+impl fmt::Display for ArpPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// [`FLAT_NETWORK_CNI_ARP_POLICY`] (`--arp-policy`): a policy's name;
 /// anything else is [`DEFAULT_ARP_POLICY`], as the original did.
 #[must_use]
-pub fn cni_arp_policy(value: &str) -> Legacy<&'static str> {
-    match ARP_POLICIES.iter().find(|p| **p == value.trim()) {
+pub fn cni_arp_policy(value: &str) -> Legacy<ArpPolicy> {
+    match ArpPolicy::parse(value.trim()) {
         Some(policy) => Legacy {
             value: policy,
             warning: None,
         },
         None => Legacy {
-            value: DEFAULT_ARP_POLICY,
+            value: ArpPolicy::default(),
             warning: Some(format!(
-                "{FLAT_NETWORK_CNI_ARP_POLICY} (--arp-policy) {value:?} is not supported, using \"arp_notify\" (the other choice is \"arping\")"
+                "{FLAT_NETWORK_CNI_ARP_POLICY} (--arp-policy) {value:?} is not supported, using \"{DEFAULT_ARP_POLICY}\" (the choices are {})",
+                ArpPolicy::choices()
             )),
         },
     }
@@ -95,7 +146,7 @@ mod tests {
 
     #[test]
     fn known_arp_policies_are_kept_and_others_fall_back_with_a_warning() {
-        for policy in ARP_POLICIES {
+        for policy in ArpPolicy::ALL {
             assert_eq!(
                 cni_arp_policy(&format!(" {policy} ")),
                 Legacy {
@@ -105,7 +156,7 @@ mod tests {
             );
         }
         let bad = cni_arp_policy("garp");
-        assert_eq!(bad.value, "arp_notify");
+        assert_eq!(bad.value, ArpPolicy::ArpNotify);
         let warning = bad.warning.unwrap();
         assert!(
             warning.starts_with("FLAT_NETWORK_CNI_ARP_POLICY"),

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::wire;
 use crate::{
+    env::ArpPolicy,
     ipam::{MacRange, MacRangeError},
     validation::{MAX_MTU, MIN_MTU_IPV4},
 };
@@ -100,6 +101,15 @@ pub struct FlatNetworkConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub progress_deadline_seconds: Option<u32>,
+}
+
+impl FlatNetworkConfigSpec {
+    /// `arpPolicy` when it names a policy. The webhook refuses any other
+    /// value; an object stored before it ran keeps the environment's.
+    #[must_use]
+    pub fn arp_policy(&self) -> Option<ArpPolicy> {
+        self.arp_policy.as_deref().and_then(ArpPolicy::parse)
+    }
 }
 
 /// Where a setting in force comes from, as the operator's and the agents'
@@ -216,10 +226,11 @@ impl FlatNetworkConfigSpec {
             ));
         }
         if let Some(policy) = &self.arp_policy
-            && !["arp_notify", "arping"].contains(&policy.as_str())
+            && ArpPolicy::parse(policy).is_none()
         {
             problems.push(format!(
-                "spec.arpPolicy {policy:?} is not a policy: use arp_notify or arping"
+                "spec.arpPolicy {policy:?} is not a policy: use {}",
+                ArpPolicy::choices()
             ));
         }
         if let Some(wait) = self.agents.conflict_probe.wait_milliseconds
