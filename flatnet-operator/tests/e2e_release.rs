@@ -19,7 +19,7 @@ use std::{
 
 use e2e_support::Converge;
 use flatnet_k8s::{
-    api::{FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet},
+    api::{CONFIG_NAME, FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet},
     keys::SUBNET_NAMESPACE,
 };
 use ipnet::IpNet;
@@ -746,6 +746,103 @@ async fn a_subnet_mtu_change_reaches_running_pods() {
                 .then_some(())
         })
         .await;
+    scope.finish().await;
+}
+
+/// The FlatNetworkConfig's `spec.arpPolicy`, edited while everything
+/// runs, decides how the next pod's address is announced: the operator
+/// re-applies the namespace's NetworkAttachmentDefinition, Multus hands its
+/// `flatNetwork` block to flatnet-cni, and the agent sets the pod's
+/// interface up by it (`arping`: flatnet announces, `arp_notify` off;
+/// the chart's `arp_notify`: the kernel announces).
+#[tokio::test]
+async fn the_cluster_arp_policy_reaches_the_next_pod() {
+    let test = "the_cluster_arp_policy_reaches_the_next_pod";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-arp").await;
+    scope.subnet(e2e.subnet_v4("e2e-arp-v4", 90, 99)).await;
+    let configs: Api<FlatNetworkConfig> = Api::all(e2e.client.clone());
+    let nads: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        e2e.client.clone(),
+        "e2e-arp",
+        &kube::api::ApiResource {
+            group: "k8s.cni.cncf.io".into(),
+            version: "v1".into(),
+            api_version: "k8s.cni.cncf.io/v1".into(),
+            kind: "NetworkAttachmentDefinition".into(),
+            plural: "network-attachment-definitions".into(),
+        },
+    );
+    let deployments: Api<Deployment> = scope.api();
+    // The pod of a new Deployment `app`, once the namespace's attachment
+    // names `policy`: its flat interface's `arp_notify` sysctl.
+    let arp_notify_of_a_new_pod = |app: &'static str, policy: Option<&'static str>| {
+        let (configs, nads, deployments, scope, e2e) =
+            (&configs, &nads, &deployments, &scope, &e2e);
+        async move {
+            configs
+                .patch(
+                    CONFIG_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"arpPolicy": policy}})),
+                )
+                .await
+                .expect("set spec.arpPolicy");
+            let wanted = format!("\"arpPolicy\":\"{}\"", policy.unwrap_or("arp_notify"));
+            CONVERGE
+                .eventually(
+                    &format!("the attachment of e2e-arp to carry {wanted}"),
+                    || async {
+                        let nad = nads.get_opt("rancher-flat-network").await.ok()??;
+                        let config = nad.data["spec"]["config"].as_str()?.replace(' ', "");
+                        config.contains(&wanted).then_some(())
+                    },
+                )
+                .await;
+            deployments
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": app},
+                        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": app}},
+                                 "template": e2e.flat_template(app, "e2e-arp-v4", "auto")}
+                    }))
+                    .unwrap(),
+                )
+                .await
+                .expect("create the Deployment");
+            let pods = scope.running_flat_pods(app, 1, 1).await;
+            let netns = netns_with(pods[0].1[0]);
+            host_output(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &netns,
+                    "sysctl",
+                    "-n",
+                    "net.ipv4.conf.eth1.arp_notify",
+                ],
+            )
+            .trim()
+            .to_owned()
+        }
+    };
+    let arping = arp_notify_of_a_new_pod("arping", Some("arping")).await;
+    // Back to the chart's setting (the environment's arp_notify) before
+    // asserting, so a failure leaves the cluster as it was.
+    let chart_default = arp_notify_of_a_new_pod("notify", None).await;
+    assert_eq!(
+        arping, "0",
+        "spec.arpPolicy arping: the kernel does not announce"
+    );
+    assert_eq!(
+        chart_default, "1",
+        "the chart's arp_notify: the kernel announces"
+    );
     scope.finish().await;
 }
 
