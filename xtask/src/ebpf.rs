@@ -20,13 +20,19 @@ pub fn toolchain() -> anyhow::Result<String> {
 
 /// `cargo build --release` inside flatnet-ebpf/, whose `.cargo/config.toml`
 /// selects the bpfel target, build-std and BTF. The object lands in
-/// `target/bpfel-unknown-none/release/flatnet-ebpf`.
+/// `target/bpfel-unknown-none/release/flatnet-ebpf`; its BTF and debug
+/// info name source files by remapped paths, not this machine's.
 pub fn build() -> anyhow::Result<()> {
     let toolchain = toolchain()?;
     let mut cargo = workspace::cargo(Some(&toolchain));
     cargo
         .current_dir(workspace::root().join("flatnet-ebpf"))
-        .args(["build", "--release"]);
+        .args(["build", "--release"])
+        // Added to the config file's flags for the target, not instead.
+        .env(
+            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
+            workspace::remap_path_flags()?,
+        );
     workspace::run("build eBPF object", &mut cargo).map_err(|e| {
         e.context(format!(
             "the eBPF build needs `rustup toolchain install {toolchain} --component rust-src` \

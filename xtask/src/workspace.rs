@@ -16,6 +16,35 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The folders of this machine whose paths a build could write into what
+/// it makes (the checkout, cargo's and rustup's homes), each with the
+/// fixed name [`remap_path_flags`] writes instead.
+pub fn machine_paths() -> anyhow::Result<Vec<(PathBuf, &'static str)>> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let dir = |var: &str, default: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(default)))
+            .with_context(|| format!("neither {var} nor HOME is set"))
+    };
+    Ok(vec![
+        (root(), "/flatnet"),
+        (dir("CARGO_HOME", ".cargo")?, "/cargo"),
+        (dir("RUSTUP_HOME", ".rustup")?, "/rustup"),
+    ])
+}
+
+/// `rustc` flags that write [`machine_paths`] as fixed names in everything
+/// built (debug info, BTF, panic messages): two checkouts of one commit, in
+/// any folder on any machine, then build the same bytes.
+pub fn remap_path_flags() -> anyhow::Result<String> {
+    Ok(machine_paths()?
+        .iter()
+        .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
 /// Runs `command` to completion, printing it first and its duration after;
 /// fails with the command line when it exits non-zero.
 pub fn run(step: &str, command: &mut Command) -> anyhow::Result<()> {

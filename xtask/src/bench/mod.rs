@@ -83,7 +83,7 @@ struct ReleaseBinaries {
 
 fn build_release_binaries() -> anyhow::Result<ReleaseBinaries> {
     let root = workspace::root();
-    images::build_binaries(&root)?;
+    images::build_binaries()?;
     let dir = images::binary_dir(&root);
     Ok(ReleaseBinaries {
         agent: dir.join("flatnet-agent"),

@@ -181,8 +181,9 @@ pub fn run(args: &ImagesArgs) -> anyhow::Result<()> {
         chart.app_version
     );
     if !args.skip_build {
-        build_binaries(&root)?;
+        build_binaries()?;
     }
+    no_machine_paths(&binary_dir(&root))?;
     let source = Source::of(&root)?;
     fs::create_dir_all(root.join(IMAGE_DIR))?;
     let mut built = Vec::new();
@@ -219,19 +220,9 @@ fn mb(bytes: u64) -> String {
 }
 
 /// Release binaries for [`MUSL_TARGET`], with the eBPF object they embed.
-pub fn build_binaries(root: &Path) -> anyhow::Result<()> {
+pub fn build_binaries() -> anyhow::Result<()> {
     ebpf::build()?;
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
-        .context("neither CARGO_HOME nor HOME is set")?;
-    // Paths of this checkout and of the registry would otherwise end up in
-    // panic messages and debug info, and differ between two checkouts.
-    let rustflags = format!(
-        "--remap-path-prefix={}=/flatnet --remap-path-prefix={}=/cargo",
-        root.display(),
-        cargo_home.display()
-    );
+    let rustflags = workspace::remap_path_flags()?;
     let mut cargo = workspace::cargo(None);
     cargo
         .args(["build", "--release", "--locked", "--target", MUSL_TARGET])
@@ -245,6 +236,30 @@ pub fn build_binaries(root: &Path) -> anyhow::Result<()> {
             "the images need `rustup target add {MUSL_TARGET}` (`bash .ci/provision` adds it)"
         ))
     })
+}
+
+/// The binaries of `dir` the images carry name none of this machine's
+/// folders ([`workspace::machine_paths`]): such a path would make the
+/// images of two checkouts of one commit differ.
+fn no_machine_paths(dir: &Path) -> anyhow::Result<()> {
+    let folders = workspace::machine_paths()?;
+    let binaries = Component::ALL.iter().flat_map(|c| c.binaries());
+    for binary in binaries {
+        let path = dir.join(binary);
+        let bytes = fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+        for (folder, _) in &folders {
+            let needle = folder.as_os_str().as_encoded_bytes();
+            let found = bytes.windows(needle.len()).filter(|w| *w == needle).count();
+            ensure!(
+                found == 0,
+                "{} names {} {found} times: a build path was not remapped \
+                 (workspace::remap_path_flags), so another checkout would build other bytes",
+                path.display(),
+                folder.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Directory of the release binaries the images carry.
