@@ -319,6 +319,52 @@ fn an_extra_interface_is_hot_plugged_reachable_and_removed_again() {
     node.agent.stop();
 }
 
+/// A hot-plugged interface takes the MTU of the network configuration
+/// the pod's own flat interface was attached by (the
+/// NetworkAttachmentDefinition's `mtu`), where its subnet sets none.
+#[test]
+fn a_hot_plugged_interface_takes_the_mtu_of_the_pods_network_configuration() {
+    let Some(mut node) = Node::running_for_test(
+        "a_hot_plugged_interface_takes_the_mtu_of_the_pods_network_configuration",
+        1500,
+    ) else {
+        return;
+    };
+    let pod = TestNetns::new("rcm-");
+    // Subnet lan4's own mtu (1500) wins for the runtime's interface.
+    let (ok, out) = run_cni(
+        &node.agent.socket(),
+        "ADD",
+        "flat4",
+        "c1",
+        Some(&pod.path()),
+        json!({"mtu": 1400}),
+    );
+    assert!(ok, "the runtime's ADD: {out}");
+    assert_eq!(mtu_of(&pod, IFNAME), 1500);
+
+    // `run_cni` names the pod default/pod-c1; lan4b sets no mtu.
+    node.write_state_with(
+        1500,
+        &format!(
+            "{{name: c1-extra, netns: {}, pod: default/pod-c1, attachments: [{{network: extra, ifname: net1}}]}}",
+            pod.path().display()
+        ),
+    );
+    wait_until("net1 hot-plugged", || has_link(&pod, "net1"));
+    assert_eq!(
+        mtu_of(&pod, "net1"),
+        1400,
+        "the pod's network configuration's"
+    );
+
+    node.write_state(1500);
+    wait_until("net1 removed", || !has_link(&pod, "net1"));
+    let (ok, out) = node.cni("DEL", "c1", &pod);
+    assert!(ok, "DEL: {out}");
+    node.agent.stop();
+}
+
 #[test]
 fn an_agent_killed_while_hot_plugging_converges_after_restart() {
     let Some(mut node) = Node::running_for_test(

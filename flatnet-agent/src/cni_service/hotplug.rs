@@ -41,12 +41,19 @@ pub struct HotplugPass {
 
 /// The network configuration a hot-plugged interface is added with, as a
 /// runtime would pass it (the agent's defaults for everything else).
-fn network_config(network: &str) -> Result<NetworkConfig, CniError> {
-    let config = serde_json::json!({
+/// The network configuration of a hot-plugged interface on `network`:
+/// `mtu` is that of the pod's own flat attachments (their network
+/// configuration's, the NetworkAttachmentDefinition's), which a subnet's
+/// `mtu` overrides as for any attachment.
+fn network_config(network: &str, mtu: Option<u32>) -> Result<NetworkConfig, CniError> {
+    let mut config = serde_json::json!({
         "cniVersion": "1.1.0",
         "name": network,
         "type": "flatnet-cni",
     });
+    if let Some(mtu) = mtu {
+        config["mtu"] = mtu.into();
+    }
     NetworkConfig::decode(config.to_string().as_bytes())
 }
 
@@ -131,7 +138,10 @@ impl<S: DesiredState> AgentService<S> {
                 self.report_hotplug(want, None, &mut pass).await;
                 continue;
             }
-            match self.hotplug(key, want, netns).await {
+            let mtu = pod_attachments(&records, &want.pod)
+                .filter_map(|r| r.mtu)
+                .min();
+            match self.hotplug(key, want, netns, mtu).await {
                 Ok(()) => {
                     pass.added += 1;
                     self.report_hotplug(want, None, &mut pass).await;
@@ -157,7 +167,12 @@ impl<S: DesiredState> AgentService<S> {
         pod: &PodRef,
         records: &[AttachmentRecord],
     ) -> Result<PathBuf, String> {
-        if let Some(netns) = netns.cloned().or_else(|| netns_of_pod(records, pod)) {
+        let own = || {
+            pod_attachments(records, pod)
+                .next()
+                .map(|r| r.netns.clone())
+        };
+        if let Some(netns) = netns.cloned().or_else(own) {
             return Ok(netns);
         }
         let Some(sandboxes) = &self.inner.config.pod_sandboxes else {
@@ -196,11 +211,12 @@ impl<S: DesiredState> AgentService<S> {
         key: &AttachmentKey,
         want: &HotplugAttachment,
         netns: &Path,
+        mtu: Option<u32>,
     ) -> Result<(), CniError> {
         let request = AttachRequest {
             attachment: attachment(key, Some(want)),
             netns: netns.to_owned(),
-            config: network_config(&want.network)?,
+            config: network_config(&want.network, mtu)?,
         };
         let inner = Arc::clone(&self.inner);
         let key = key.clone();
@@ -215,16 +231,18 @@ impl<S: DesiredState> AgentService<S> {
     }
 }
 
-/// The network namespace of `pod`'s own (not hot-plugged) ready
-/// attachments, when the agent made one: the pod's name and namespace must
-/// match, and its UID too where both are known.
-fn netns_of_pod(records: &[AttachmentRecord], pod: &PodRef) -> Option<PathBuf> {
-    pod.namespace.as_ref()?;
-    pod.name.as_ref()?;
+/// `pod`'s own (not hot-plugged) ready attachments that the agent made:
+/// the pod's name and namespace must match, and its UID too where both are
+/// known.
+fn pod_attachments<'a>(
+    records: &'a [AttachmentRecord],
+    pod: &'a PodRef,
+) -> impl Iterator<Item = &'a AttachmentRecord> {
+    let named = pod.namespace.is_some() && pod.name.is_some();
     records
         .iter()
-        .filter(|r| !r.key.is_hotplug() && r.phase == RecordPhase::Ready)
-        .find(|r| {
+        .filter(move |r| named && !r.key.is_hotplug() && r.phase == RecordPhase::Ready)
+        .filter(move |r| {
             r.pod.namespace == pod.namespace
                 && r.pod.name == pod.name
                 && match (&r.pod.uid, &pod.uid) {
@@ -232,7 +250,6 @@ fn netns_of_pod(records: &[AttachmentRecord], pod: &PodRef) -> Option<PathBuf> {
                     _ => true,
                 }
         })
-        .map(|r| r.netns.clone())
 }
 
 impl PassReport for HotplugPass {
@@ -260,7 +277,7 @@ impl<S: DesiredState> Inner<S> {
         let request = DetachRequest {
             attachment: attachment(&record.key, None),
             netns: Some(record.netns.clone()),
-            config: network_config(&record.network)?,
+            config: network_config(&record.network, record.mtu)?,
         };
         let (answer, answered) = tokio::sync::oneshot::channel();
         let inner = Arc::clone(self);
