@@ -365,6 +365,83 @@ fn a_hot_plugged_interface_takes_the_mtu_of_the_pods_network_configuration() {
     node.agent.stop();
 }
 
+/// ipvlan and VLAN interfaces are hot-plugged and removed like macvlan
+/// ones: an ipvlan L2 interface on a second master (one interface cannot
+/// carry both kinds) and a macvlan on VLAN 200 of the first (the VLAN made
+/// for it, and removed with it), each reached by the LAN host (the VLAN's
+/// over tagged frames).
+#[test]
+fn ipvlan_and_vlan_interfaces_are_hot_plugged_reachable_and_removed() {
+    const TEST: &str = "ipvlan_and_vlan_interfaces_are_hot_plugged_reachable_and_removed";
+    if !privileged(TEST)
+        || !vlans_supported(TEST)
+        || !kernel_has(
+            TEST,
+            "ipvlan",
+            &["link", "v0", "name", "ipv0", "type", "ipvlan"],
+        )
+    {
+        return;
+    }
+    let Some(mut node) = Node::running_for_test(TEST, 1500) else {
+        return;
+    };
+    let pod = TestNetns::new("rch-");
+    let vlan = format!("{}.200", node.master);
+    let ipvlan_master = format!("{}i", node.master);
+    veth_pair(&node.node, &ipvlan_master, &node.lan, "lan1");
+    node.node.ip(&["link", "set", &ipvlan_master, "up"]);
+    node.lan.ip(&["link", "set", "lan1", "up"]);
+    node.lan.add_address("lan1", "198.51.100.1/24");
+    let state = |hotplug: &str| {
+        format!(
+            r"
+subnets:
+  - name: lan4
+    spec: {{flatMode: macvlan, master: {master}, cidr: 192.0.2.0/24, ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]}}
+  - name: lan4i
+    spec: {{flatMode: ipvlan, mode: l2, master: {master}i, cidr: 198.51.100.0/24, ranges: [{{from: 198.51.100.50, to: 198.51.100.60}}]}}
+  - name: lan4v
+    spec: {{flatMode: macvlan, master: {master}, vlan: 200, cidr: 10.200.0.0/24, ranges: [{{from: 10.200.0.10, to: 10.200.0.20}}]}}
+networks:
+  - {{name: flat4, subnets: [lan4]}}
+  - {{name: ipv, subnets: [lan4i]}}
+  - {{name: tagged, subnets: [lan4v]}}
+hotplug: [{hotplug}]
+",
+            master = node.master
+        )
+    };
+    node.agent.write_state(&state(&format!(
+        "{{name: both, netns: {}, pod: shop/web, attachments: [{{network: ipv, ifname: net1}}, {{network: tagged, ifname: net2}}]}}",
+        pod.path().display()
+    )));
+    wait_until("net1 and net2 hot-plugged", || {
+        has_link(&pod, "net1") && has_link(&pod, "net2")
+    });
+    let net1 = link_details(&pod, "net1").unwrap();
+    assert_eq!(net1["linkinfo"]["info_kind"], "ipvlan", "{net1}");
+    let net2 = link_details(&pod, "net2").unwrap();
+    assert_eq!(net2["linkinfo"]["info_kind"], "macvlan", "{net2}");
+    let made = link_details(&node.node, &vlan).expect("the VLAN made for net2");
+    assert_eq!(made["linkinfo"]["info_data"]["id"], 200);
+    ping(&node.lan, "198.51.100.50");
+    node.lan.ip(&[
+        "link", "add", "link", "lan0", "name", "lan0.200", "type", "vlan", "id", "200",
+    ]);
+    node.lan.add_address("lan0.200", "10.200.0.1/24");
+    node.lan.ip(&["link", "set", "lan0.200", "up"]);
+    ping(&node.lan, "10.200.0.10");
+    assert_eq!(node.agent.records(), 2);
+
+    node.agent.write_state(&state(""));
+    wait_until("both removed, and the VLAN made for them", || {
+        !has_link(&pod, "net1") && !has_link(&pod, "net2") && !has_link(&node.node, &vlan)
+    });
+    wait_until("their records removed", || node.agent.records() == 0);
+    node.agent.stop();
+}
+
 #[test]
 fn an_agent_killed_while_hot_plugging_converges_after_restart() {
     let Some(mut node) = Node::running_for_test(
@@ -553,20 +630,21 @@ fn master_of(ns: &TestNetns, ifname: &str) -> Option<String> {
 /// namespace); prints the skip, or fails under
 /// `FLATNET_REQUIRE_KERNEL_FEATURES`, when it does not.
 fn vlans_supported(test: &str) -> bool {
+    kernel_has(
+        test,
+        "802.1Q VLAN",
+        &["link", "v0", "name", "v0.9", "type", "vlan", "id", "9"],
+    )
+}
+
+/// Whether the kernel makes a link of `kind_args` (after `ip link add`) on
+/// a scratch veth `v0`; else the skip reported.
+fn kernel_has(test: &str, feature: &str, kind_args: &[&str]) -> bool {
     let scratch = TestNetns::new("rcv-");
     scratch.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"]);
     let made = std::process::Command::new("ip")
-        .args([
-            "-n",
-            &scratch.name,
-            "link",
-            "add",
-            "link",
-            "v0",
-            "name",
-            "v0.9",
-        ])
-        .args(["type", "vlan", "id", "9"])
+        .args(["-n", &scratch.name, "link", "add"])
+        .args(kind_args)
         .output()
         .unwrap();
     if made.status.success() {
@@ -574,7 +652,7 @@ fn vlans_supported(test: &str) -> bool {
     }
     let stderr = String::from_utf8_lossy(&made.stderr);
     assert!(stderr.contains("Unknown device type"), "{stderr}");
-    support::skip_for_missing_kernel_feature(test, "802.1Q VLAN");
+    support::skip_for_missing_kernel_feature(test, feature);
     false
 }
 

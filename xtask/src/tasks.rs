@@ -101,10 +101,11 @@ const VM_TESTS: &[(&str, &str)] = &[
     // Failover with the pool's interface a VLAN link of the master.
     ("flatnet-agent:floating_failover", "on_a_vlan"),
     // Node VLANs a PodNetworkConfig asks for, carrying tagged traffic and
-    // outliving the last pod on them; MSS clamping on Linux 6.1 (netlink).
+    // outliving the last pod on them; ipvlan and VLAN interfaces
+    // hot-plugged; MSS clamping on Linux 6.1 (netlink).
     (
         "flatnet-agent:runtime_config",
-        "node_vlans a_vlan_the_node_config_asks_for tcp_mss_clamping",
+        "node_vlans a_vlan_the_node_config_asks_for ipvlan_and_vlan_interfaces tcp_mss_clamping",
     ),
     // The MSS clamping programs on crafted frames (BPF_PROG_TEST_RUN).
     ("flatnet-agent:mss_clamp_program", ""),
