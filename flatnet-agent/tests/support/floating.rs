@@ -225,10 +225,17 @@ pub fn start(node: &Node, peer: &str) {
     });
 }
 
-/// Stops the node's loop with no cleanup (as a SIGKILL leaves it) and
-/// takes its uplink down: the node is dead to the LAN.
-pub fn kill(node: &Node) {
+/// Stops the node's loop with no cleanup, as a SIGKILL of its agent
+/// leaves it: the uplink program stays attached with its pinned maps, the
+/// link and the node's servers stay up.
+pub fn kill_agent(node: &Node) {
     node.stop.store(true, Ordering::Relaxed);
+}
+
+/// [`kill_agent`], and the node's uplink taken down: the node is dead to
+/// the LAN.
+pub fn kill(node: &Node) {
+    kill_agent(node);
     node.ns.ip(&["link", "set", "up0", "down"]);
 }
 
