@@ -13,14 +13,11 @@ use std::path::Path;
 use flatnet_k8s::agent_heartbeat::{
     self, Heartbeat, REASON_PROGRAMS_NOT_LOADED, REASON_READY, REASON_STOPPING,
 };
-use flatnet_operator::allocation::{
-    fake_api::{FakeApiServer, rbac::Rbac},
-    fake_api_http,
-};
+use flatnet_operator::allocation::{fake_api::FakeApiServer, fake_api_http};
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, write_kubeconfig},
+    agent::{StandaloneAgent, as_agent, assert_agent_authorized, write_kubeconfig},
     privileged,
 };
 
@@ -39,9 +36,7 @@ impl Api {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let server = FakeApiServer::new();
         // The chart installed in NAMESPACE, the agent's ServiceAccount.
-        let agent = server
-            .for_client(1)
-            .with_rbac(Rbac::from_chart("flatnet-agent").in_release_namespace(NAMESPACE));
+        let agent = as_agent(&server, NAMESPACE);
         let address = runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let address = listener.local_addr().unwrap();
@@ -68,17 +63,7 @@ impl Api {
 
     /// Fails naming every request the chart's rules refused the agent.
     fn assert_nothing_refused(&self) {
-        let refused: Vec<String> = self
-            .server
-            .requests_by_kind()
-            .into_iter()
-            .filter(|(kind, _)| kind.ends_with(" 403"))
-            .map(|(kind, count)| format!("{kind} ×{count}"))
-            .collect();
-        assert!(
-            refused.is_empty(),
-            "the chart's agent RBAC (charts/flatnet/templates/agent-rbac.yaml) refused: {refused:?}"
-        );
+        assert_agent_authorized(&self.server);
     }
 
     fn says(&self, reason: &str) -> bool {

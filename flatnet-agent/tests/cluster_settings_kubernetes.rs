@@ -28,7 +28,7 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{FlatPodCluster, StandaloneAgent, serve_with_allocation},
+    agent::{FlatPodCluster, StandaloneAgent, assert_agent_authorized, serve_with_allocation},
     cni::{IFNAME, run_cni},
     privileged, wait_until,
 };
@@ -56,6 +56,13 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Stops the agent; fails naming any request of it the chart's RBAC
+    /// refused during the test.
+    fn stop(&mut self) {
+        self.agent.stop();
+        assert_agent_authorized(&self.server);
+    }
+
     /// Started with the FlatNetworkConfig's `spec` and the agent's flags
     /// `args`; `None` when the test cannot run.
     fn running_for_test(test: &str, spec: FlatNetworkConfigSpec, args: &[&str]) -> Option<Self> {
@@ -224,7 +231,7 @@ fn the_conflict_probe_follows_the_cluster_configuration_without_a_restart() {
     ] {
         assert!(message.contains(part), "{part} missing in {message}");
     }
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 #[test]
@@ -269,7 +276,7 @@ fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
     });
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 #[test]
@@ -330,5 +337,5 @@ fn the_arp_policy_follows_the_cluster_configuration_without_a_restart() {
             .is_some_and(|m| m.contains("flatNetwork.arpPolicy")),
         "{out}"
     );
-    cluster.agent.stop();
+    cluster.stop();
 }

@@ -32,7 +32,10 @@ use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{FlatPodCluster, StandaloneAgent, macvlan_subnet, serve_with_allocation},
+    agent::{
+        FlatPodCluster, StandaloneAgent, assert_agent_authorized, macvlan_subnet,
+        serve_with_allocation,
+    },
     cni::{IFNAME, run_cni},
     lan::{SimulatedLan, send_arp_requests, send_neighbour_advertisements},
     ping, privileged, wait_until,
@@ -64,6 +67,13 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Stops the agent; fails naming any request of it the chart's RBAC
+    /// refused during the test.
+    fn stop(&mut self) {
+        self.agent.stop();
+        assert_agent_authorized(&self.server);
+    }
+
     /// The cluster with the pod's subnet in macvlan `mode`; a
     /// `dual_stack` pod also gets an address of the IPv6 subnet `lan6`.
     fn running_for_test(test: &str, mode: &str, dual_stack: bool) -> Option<Self> {
@@ -344,7 +354,7 @@ fn a_pod_gets_its_pool_mac_and_a_lan_host_using_that_mac_is_reported() {
     assert_eq!(cluster.conflict_events().len(), 2, "one Event per claim");
 
     cluster.cni("DEL", &pod);
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 /// How many frames the LAN host reflected (its `lan0` ingress filter).
@@ -422,7 +432,7 @@ fn a_vepa_switch_reflecting_the_pods_own_frames_is_no_conflict_but_a_rogue_still
     assert!(own_claim(&cluster), "{:?}", inventory(&cluster));
     cluster.cni("DEL", &pod);
     assert!(!own_claim(&cluster), "{:?}", inventory(&cluster));
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 /// The agent's wire inventory, read from its pinned map.
@@ -481,7 +491,7 @@ fn a_dual_stack_pods_mac_claiming_another_ipv6_address_is_reported_on_its_ipv6_r
     );
     assert_eq!(cluster.conflicts_counted("pod_on_this_node"), 0);
     cluster.cni("DEL", &pod);
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 /// The second pod of [`frames_between_the_nodes_own_interfaces_are_nobody_elses`].
@@ -693,5 +703,5 @@ fn frames_between_the_nodes_own_interfaces_are_nobody_elses() {
         .map(|c| c.mac)
         .collect();
     assert_eq!(in_range, vec![a.mac.clone()]);
-    cluster.agent.stop();
+    cluster.stop();
 }

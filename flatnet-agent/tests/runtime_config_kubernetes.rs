@@ -27,7 +27,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 use support::{
     TestNetns,
-    agent::{StandaloneAgent, insert_node, serve_with_allocation},
+    agent::{StandaloneAgent, assert_agent_authorized, insert_node, serve_with_allocation},
     cni::run_cni,
     cri::{FakeCri, Sandbox},
     has_link,
@@ -64,6 +64,13 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Stops the agent; fails naming any request of it the chart's RBAC
+    /// refused during the test.
+    fn stop(&mut self) {
+        self.agent.stop();
+        assert_agent_authorized(&self.server);
+    }
+
     fn running_for_test(test: &str) -> Option<Self> {
         if !privileged(test) {
             return None;
@@ -340,7 +347,7 @@ fn a_pod_network_config_hot_plugs_into_a_running_pod_and_its_removal_unplugs() {
     assert!(has_link(&pod, "eth1"), "the runtime's interface stays");
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 #[test]
@@ -352,7 +359,7 @@ fn a_kubernetes_agent_killed_while_hot_plugging_converges_after_restart() {
     };
     let pod = TestNetns::new("rkp-");
     attach_pod(&cluster, &pod);
-    cluster.agent.stop();
+    cluster.stop();
     // Dies once the interface exists, before its record is ready.
     cluster.start(Some("add-attached"));
     cluster.add_config();
@@ -371,7 +378,7 @@ fn a_kubernetes_agent_killed_while_hot_plugging_converges_after_restart() {
     });
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
-    cluster.agent.stop();
+    cluster.stop();
 }
 
 /// MTU of `ifname` in `ns`.
@@ -382,7 +389,7 @@ fn mtu_of(ns: &TestNetns, ifname: &str) -> u64 {
 
 #[test]
 fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them() {
-    let Some(cluster) = Cluster::running_for_test(
+    let Some(mut cluster) = Cluster::running_for_test(
         "a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them",
     ) else {
         return;
@@ -455,6 +462,7 @@ fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_u
     wait_until("the node's object gone", || {
         cluster.server.list::<FlatNetworkNodeConfig>().is_empty()
     });
+    cluster.stop();
 }
 
 /// Whether pod `pod` has an Event with `reason` whose note contains `text`.
@@ -472,7 +480,7 @@ fn has_event(cluster: &Cluster, pod: &str, reason: &str, text: &str) -> bool {
 
 #[test]
 fn a_node_vlan_that_cannot_be_made_fails_each_matched_pod_naming_the_node_until_fixed() {
-    let Some(cluster) = Cluster::running_for_test(
+    let Some(mut cluster) = Cluster::running_for_test(
         "a_node_vlan_that_cannot_be_made_fails_each_matched_pod_naming_the_node_until_fixed",
     ) else {
         return;
@@ -545,4 +553,5 @@ fn a_node_vlan_that_cannot_be_made_fails_each_matched_pod_naming_the_node_until_
         !has_link(&cluster.node, "rkbr1")
             && cluster.server.list::<FlatNetworkNodeConfig>().is_empty()
     });
+    cluster.stop();
 }

@@ -164,12 +164,25 @@ pub fn test(args: &TestArgs) -> anyhow::Result<()> {
     if args.require_privileged() {
         tests.env("FLATNET_REQUIRE_PRIVILEGED", "1");
     }
+    // What the agent's tests record for `agent_rbac` is this run's only.
+    let accesses = workspace::root().join("target/tmp/agent-accesses");
+    if accesses.exists() {
+        std::fs::remove_dir_all(&accesses)
+            .map_err(|e| anyhow::anyhow!("remove {}: {e}", accesses.display()))?;
+    }
     let mut totals = Totals::default();
     let outcome = run_tests(
         "tests (unit, controller, privileged netns)",
         &mut tests,
         &mut totals,
     )
+    // The chart's agent RBAC against every request the agent's tests made
+    // it send: a grant none used fails (a refused request failed its test).
+    .and_then(|()| {
+        let mut rbac = workspace::cargo(None);
+        rbac.args(["test", "-p", "flatnet-agent", "--test", "agent_rbac", "--", "--ignored"]);
+        run_tests("the agent's RBAC, as its tests used it", &mut rbac, &mut totals)
+    })
     .and_then(|()| vm_tests(&mut totals))
     // Every fuzz target from its seeds for 10 s (90 s, plus the nightly
     // build of the targets, minutes from nothing): a parser change that

@@ -263,10 +263,67 @@ pub fn insert_node(server: &flatnet_operator::allocation::fake_api::FakeApiServe
     });
 }
 
+/// The agent's namespace in these tests: the kubeconfig's, as its
+/// ServiceAccount's is in a pod.
+const AGENT_NAMESPACE: &str = "default";
+
+/// `server` as the agent meets it on a cluster installed from the chart:
+/// its requests authorized by the chart's rules for the agent's
+/// ServiceAccount in `namespace`, as a real API server does (a refusal is
+/// the real server's 403), and recorded apart from the operator's.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn as_agent(
+    server: &flatnet_operator::allocation::fake_api::FakeApiServer,
+    namespace: &str,
+) -> flatnet_operator::allocation::fake_api::FakeApiServer {
+    use flatnet_operator::allocation::fake_api::rbac::Rbac;
+    server
+        .for_client(1)
+        .with_rbac(Rbac::from_chart("flatnet-agent").in_release_namespace(namespace))
+}
+
+/// Where the agent's tests in Kubernetes mode leave the kinds of request
+/// the agent sent, a file per test, for `agent_rbac` to compare with the
+/// chart's grants after the whole suite.
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn agent_accesses_dir() -> PathBuf {
+    // Cargo names it to integration tests only (see `package_binary`).
+    let tmp: Option<&str> = option_env!("CARGO_TARGET_TMPDIR");
+    Path::new(tmp.expect("the target's tmp folder is known to integration tests"))
+        .join("agent-accesses")
+}
+
+/// Fails naming every request of the agent the chart's rules refused, and
+/// leaves the kinds of request it sent in [`agent_accesses_dir`].
+#[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
+pub fn assert_agent_authorized(server: &flatnet_operator::allocation::fake_api::FakeApiServer) {
+    let dir = agent_accesses_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let binary = std::env::current_exe().unwrap();
+    let binary = binary.file_stem().unwrap().to_string_lossy();
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("main")
+        .replace("::", "-");
+    let lines: Vec<String> = server.accesses().iter().map(|a| a.to_line()).collect();
+    std::fs::write(dir.join(format!("{binary}-{test}")), lines.join("\n")).unwrap();
+    let refused: Vec<String> = server
+        .requests_by_kind()
+        .into_iter()
+        .filter(|(kind, _)| kind.ends_with(" 403"))
+        .map(|(kind, count)| format!("{kind} ×{count}"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the chart's agent RBAC (charts/flatnet/templates/agent-rbac.yaml) refused: {refused:?}"
+    );
+}
+
 /// Serves `server` over HTTP on a loopback port from `runtime`, with the
 /// operator's allocation controllers (MAC pool `mac_pool`) running against
 /// it until the runtime ends, and writes a kubeconfig naming it at
-/// `kubeconfig`.
+/// `kubeconfig`. The agent's requests are authorized by the chart's rules
+/// ([`as_agent`]); the controllers' are not.
 #[allow(dead_code, reason = "not every test binary runs Kubernetes mode")]
 pub fn serve_with_allocation(
     runtime: &tokio::runtime::Runtime,
@@ -278,7 +335,10 @@ pub fn serve_with_allocation(
     let address = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        tokio::spawn(fake_api_http::serve(server.clone(), listener));
+        tokio::spawn(fake_api_http::serve(
+            as_agent(server, AGENT_NAMESPACE),
+            listener,
+        ));
         // Its tasks run on when the handle goes; the runtime ends them.
         drop(FakeCluster::start_with_mac_pool(
             server.clone(),

@@ -361,6 +361,57 @@ pub struct Access {
     pub namespaced: bool,
 }
 
+impl Access {
+    /// The verbs a request can have.
+    pub const VERBS: [&str; 7] = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+
+    /// One line: `verb group resource subresource namespaced`, `-` for
+    /// the core group and no subresource.
+    #[must_use]
+    pub fn to_line(&self) -> String {
+        let or_dash = |s: &str| {
+            if s.is_empty() {
+                "-".to_owned()
+            } else {
+                s.to_owned()
+            }
+        };
+        format!(
+            "{} {} {} {} {}",
+            self.verb,
+            or_dash(&self.group),
+            self.resource,
+            or_dash(self.subresource.as_deref().unwrap_or_default()),
+            self.namespaced
+        )
+    }
+
+    /// The access of a [`Access::to_line`] line.
+    #[must_use]
+    pub fn from_line(line: &str) -> Option<Self> {
+        let mut words = line.split_whitespace();
+        let verb = words.next()?;
+        let verb = Self::VERBS.into_iter().find(|v| *v == verb)?;
+        let group = words.next()?;
+        let resource = words.next()?.to_owned();
+        let subresource = words.next()?;
+        let namespaced = words.next()?.parse().ok()?;
+        Some(Self {
+            verb,
+            group: if group == "-" {
+                String::new()
+            } else {
+                group.to_owned()
+            },
+            resource,
+            subresource: (subresource != "-").then(|| subresource.to_owned()),
+            namespaced,
+        })
+    }
+}
+
 impl FakeApiServer {
     /// An empty server without delays or chaos.
     #[must_use]

@@ -14,7 +14,11 @@
 use std::collections::BTreeSet;
 
 use super::Options;
-use crate::allocation::fake_api::{Access, faults::FaultRates, rbac::Rbac};
+use crate::allocation::fake_api::{
+    Access,
+    faults::FaultRates,
+    rbac::{Grant, Rbac},
+};
 
 mod drive;
 
@@ -22,49 +26,11 @@ mod drive;
 /// why the fake cannot make it ask: (API group, resource, verb, why).
 const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[];
 
-/// One rule line: group, resource (`plural/sub`), verb, and whether it is
-/// granted in every namespace (a ClusterRole) or in one (a Role).
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone)]
-struct Grant {
-    group: String,
-    resource: String,
-    verb: String,
-    cluster: bool,
-}
-
 /// The operator's grants in the rendered chart.
 fn operator_grants() -> BTreeSet<Grant> {
-    let mut grants = BTreeSet::new();
-    for rule in Rbac::from_chart(drive::OPERATOR).rules {
-        for group in &rule.groups {
-            for resource in &rule.resources {
-                for verb in &rule.verbs {
-                    grants.insert(Grant {
-                        group: group.clone(),
-                        resource: resource.clone(),
-                        verb: verb.clone(),
-                        cluster: rule.namespace.is_none(),
-                    });
-                }
-            }
-        }
-    }
+    let grants = Rbac::from_chart(drive::OPERATOR).grants();
     assert!(!grants.is_empty(), "no flatnet-operator role in the render");
     grants
-}
-
-fn resource_of(access: &Access) -> String {
-    match &access.subresource {
-        Some(sub) => format!("{}/{sub}", access.resource),
-        None => access.resource.clone(),
-    }
-}
-
-fn grants_access(grant: &Grant, access: &Access) -> bool {
-    grant.group == access.group
-        && grant.resource == resource_of(access)
-        && grant.verb == access.verb
-        && (grant.cluster || access.namespaced)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +53,7 @@ async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
 
     let missing: Vec<&Access> = accesses
         .iter()
-        .filter(|a| !grants.iter().any(|g| grants_access(g, a)))
+        .filter(|a| !grants.iter().any(|g| g.covers(a)))
         .collect();
     assert!(
         missing.is_empty(),
@@ -96,7 +62,7 @@ async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
 
     let unused: Vec<&Grant> = grants
         .iter()
-        .filter(|g| !accesses.iter().any(|a| grants_access(g, a)))
+        .filter(|g| !accesses.iter().any(|a| g.covers(a)))
         .filter(|g| {
             !NOT_EXERCISED.iter().any(|(group, resource, verb, _)| {
                 g.group == *group && g.resource == *resource && g.verb == *verb
@@ -116,7 +82,7 @@ async fn the_chart_grants_what_the_operator_asks_for_and_nothing_more() {
                 || grants
                     .iter()
                     .filter(|g| listed(g))
-                    .any(|g| accesses.iter().any(|a| grants_access(g, a)))
+                    .any(|g| accesses.iter().any(|a| g.covers(a)))
         })
         .collect();
     assert!(

@@ -21,9 +21,43 @@
 //! ([`Rbac::from_chart`]): the Roles and ClusterRoles bound to a
 //! ServiceAccount by the render's bindings.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 use serde_json::{Value, json};
+
+use super::Access;
+
+/// One grant of a rule: a verb on a resource (`plural` or `plural/sub`) of
+/// an API group, in every namespace (a ClusterRole's) or in one (a Role's).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone)]
+pub struct Grant {
+    /// API group (`""` for the core group).
+    pub group: String,
+    /// `plural` or `plural/sub`.
+    pub resource: String,
+    /// The verb.
+    pub verb: String,
+    /// A ClusterRole's: granted in every namespace and cluster-wide.
+    pub cluster: bool,
+}
+
+impl Grant {
+    /// Whether the grant covers requests of kind `access`.
+    #[must_use]
+    pub fn covers(&self, access: &Access) -> bool {
+        let resource = match &access.subresource {
+            Some(sub) => format!("{}/{sub}", access.resource),
+            None => access.resource.clone(),
+        };
+        self.group == access.group
+            && self.resource == resource
+            && self.verb == access.verb
+            && (self.cluster || access.namespaced)
+    }
+}
 
 /// One rule of a Role (in `namespace`) or a ClusterRole (`namespace` None).
 #[derive(Clone, Debug)]
@@ -201,6 +235,27 @@ impl Rbac {
         let account = self.user.rsplit(':').next().unwrap_or_default().to_owned();
         self.user = format!("system:serviceaccount:{namespace}:{account}");
         self
+    }
+
+    /// Every grant of the rules, one per group, resource and verb.
+    #[must_use]
+    pub fn grants(&self) -> BTreeSet<Grant> {
+        let mut grants = BTreeSet::new();
+        for rule in &self.rules {
+            for group in &rule.groups {
+                for resource in &rule.resources {
+                    for verb in &rule.verbs {
+                        grants.insert(Grant {
+                            group: group.clone(),
+                            resource: resource.clone(),
+                            verb: verb.clone(),
+                            cluster: rule.namespace.is_none(),
+                        });
+                    }
+                }
+            }
+        }
+        grants
     }
 
     /// Whether a rule allows `request`.
