@@ -406,6 +406,50 @@ mod tests {
         assert_eq!(spec.mtu, Some(1300), "the subnet's, not the record's 1400");
     }
 
+    /// A subnet route's `src` is the kernel route's preferred source and
+    /// its `priority` the metric; priority 0 leaves the kernel's default.
+    #[test]
+    fn a_subnet_routes_src_and_priority_become_the_routes_source_and_metric() {
+        let mut spec = subnet();
+        spec.routes = vec![
+            SubnetRoute {
+                dev: "eth1".into(),
+                dst: "198.51.100.0/24".into(),
+                src: Some("192.0.2.5".parse().unwrap()),
+                priority: 300,
+                ..Default::default()
+            },
+            SubnetRoute {
+                dev: "eth1".into(),
+                dst: "203.0.113.0/24".into(),
+                ..Default::default()
+            },
+        ];
+        let record = record(spec, "eth1");
+        let subnets = valid_subnets(&record).unwrap();
+        let built = attachment_spec(
+            &record,
+            &subnets,
+            &SpecSettings::default(),
+            Announcement::default(),
+        )
+        .unwrap();
+        let route = |dst: &str| {
+            let dst: IpNet = dst.parse().unwrap();
+            built
+                .routes
+                .iter()
+                .find(|r| r.destination == dst)
+                .map(|r| (r.source, r.metric))
+                .unwrap()
+        };
+        assert_eq!(
+            route("198.51.100.0/24"),
+            (Some("192.0.2.5".parse().unwrap()), Some(300))
+        );
+        assert_eq!(route("203.0.113.0/24"), (None, None));
+    }
+
     #[test]
     fn spec_follows_the_subnet_and_route_settings() {
         let mut spec = subnet();

@@ -1375,6 +1375,29 @@ mod tests {
         assert_eq!(ready.observed_generation, Some(3));
     }
 
+    /// An attachment's `ip` and `mac` become the record's request, as a
+    /// pod's annotations do: the allocation then hands out that address
+    /// and the agent sets that MAC.
+    #[test]
+    fn an_attachments_fixed_ip_and_mac_become_the_records_request() {
+        let web = running_pod("web-0", json!({"app": "web"}));
+        let mut fixed = config("storage", "net2");
+        fixed.spec.attachments[0].ip = Some("10.0.0.15".parse().unwrap());
+        fixed.spec.attachments[0].mac = "0a:00:00:00:00:15".into();
+        let plan = plan(std::slice::from_ref(&web), &[fixed], &[]);
+        let record = &plan.create[0];
+        assert_eq!(record.spec.addrs, ["10.0.0.15".parse::<IpAddr>().unwrap()]);
+        assert_eq!(record.spec.macs, ["0a:00:00:00:00:15"]);
+        assert_eq!(record.labels()[label::IP_TYPE], label::IP_TYPE_SPECIFIC);
+        let auto = plan_auto(&web);
+        assert!(auto.spec.addrs.is_empty() && auto.spec.macs.is_empty());
+        assert_eq!(auto.labels()[label::IP_TYPE], label::IP_TYPE_AUTO);
+    }
+
+    fn plan_auto(web: &Pod) -> FlatNetworkIP {
+        plan(std::slice::from_ref(web), &[config("storage", "net2")], &[]).create[0].clone()
+    }
+
     #[test]
     fn the_status_follows_the_records_and_unwanted_records_go() {
         let web = running_pod("web-0", json!({"app": "web"}));
