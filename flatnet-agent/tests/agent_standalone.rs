@@ -391,6 +391,41 @@ fn a_var_run_netns_path_works_for_an_agent_without_var_run() {
     node.stop();
 }
 
+/// Under `arp_notify` in a container whose `/proc/sys` is
+/// read-only, as the chart runs the agent, the kernel still announces a
+/// pod's IPv4 address (`arp_notify` is set over netlink); its IPv6 address
+/// (`ndisc_notify` has no netlink setting) is announced with frames.
+#[test]
+fn arp_notify_reaches_the_kernel_through_a_read_only_proc_sys() {
+    let test = "arp_notify_reaches_the_kernel_through_a_read_only_proc_sys";
+    let Some(mut node) = Node::for_test(test) else {
+        return;
+    };
+    node.agent.with_read_only_proc_sys();
+    node.start();
+    let pod = TestNetns::new("fro-");
+    // This node's agent runs with arping; the network asks for arp_notify.
+    let (ok, out) = run_cni(
+        &node.socket(),
+        "ADD",
+        "dual",
+        "c1",
+        Some(&pod.path()),
+        json!({"flatNetwork": {"arpPolicy": "arp_notify"}}),
+    );
+    assert!(ok, "ADD: {out}");
+    let sysctl = |key: &str| pod.exec("sysctl", &["-n", key]).trim().to_owned();
+    assert_eq!(sysctl(&format!("net.ipv4.conf.{IFNAME}.arp_notify")), "1");
+    assert_eq!(sysctl(&format!("net.ipv6.conf.{IFNAME}.ndisc_notify")), "0");
+    let log = std::fs::read_to_string(node.agent.log_file()).unwrap();
+    assert!(
+        log.contains("announcing IPv6 addresses with frames instead"),
+        "{log}"
+    );
+    node.del("dual", "c1", Some(&pod));
+    node.stop();
+}
+
 #[test]
 fn two_pods_reach_each_other_and_the_lan() {
     let Some(mut node) = Node::running_for_test("two_pods_reach_each_other_and_the_lan") else {

@@ -34,47 +34,31 @@ impl Default for AnnounceSettings {
     }
 }
 
-/// Makes the kernel announce the interface's addresses itself when it comes
-/// up (`arp_notify` for IPv4, `ndisc_notify` for IPv6). Call before link up.
+/// Makes the kernel announce the interface's IPv6 addresses itself when
+/// it comes up (`ndisc_notify`). Call before link up. (IPv4's `arp_notify`
+/// is set over netlink, which a read-only `/proc/sys` does not stop; Linux
+/// takes no IPv6 device setting over netlink.)
 ///
 /// Returns `false` when `/proc/sys` is read-only, as in a container without
-/// privileges (the chart's agent): the caller then sends the announcements
-/// itself, which has the same effect on the LAN.
-pub(crate) fn enable_kernel_notify(
-    netns: &Path,
-    ifname: &str,
-    ipv4: bool,
-    ipv6: bool,
-) -> Result<bool, LinkError> {
-    let mut writes = Vec::new();
-    if ipv4 {
-        writes.push(format!("/proc/sys/net/ipv4/conf/{ifname}/arp_notify"));
-    }
-    if ipv6 {
-        writes.push(format!("/proc/sys/net/ipv6/conf/{ifname}/ndisc_notify"));
-    }
+/// privileges (the chart's agent): the caller then sends the IPv6
+/// announcements itself, which has the same effect on the LAN.
+pub(crate) fn enable_kernel_ndisc_notify(netns: &Path, ifname: &str) -> Result<bool, LinkError> {
+    let path = format!("/proc/sys/net/ipv6/conf/{ifname}/ndisc_notify");
     // /proc/sys/net shows the namespace of the thread that opens it.
-    run_in_netns(netns, || {
-        for path in &writes {
-            match fs::write(path, b"1") {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
-                    tracing::debug!(
-                        path,
-                        "/proc/sys is read-only; announcing with frames instead"
-                    );
-                    return Ok(false);
-                }
-                Err(source) => {
-                    return Err(LinkError::Io {
-                        op: "write sysctl",
-                        path: path.into(),
-                        source,
-                    });
-                }
-            }
+    run_in_netns(netns, || match fs::write(&path, b"1") {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+            tracing::debug!(
+                path,
+                "/proc/sys is read-only; announcing IPv6 addresses with frames instead"
+            );
+            Ok(false)
         }
-        Ok(true)
+        Err(source) => Err(LinkError::Io {
+            op: "write sysctl",
+            path: path.clone().into(),
+            source,
+        }),
     })?
 }
 

@@ -21,7 +21,7 @@ use crate::phases::{phase, timed};
 
 use super::{
     Attachment, Attachments, LinkError,
-    announce::{announce, enable_kernel_notify},
+    announce::{announce, enable_kernel_ndisc_notify},
     netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route},
     spec::{
         ArpPolicy, AttachmentSpec, HostRoute, IpvlanFlag, IpvlanMode, LinkMode, MacvlanMode,
@@ -120,10 +120,28 @@ impl Setup<'_> {
             .await?;
         let pod = self.pod.insert(pod);
 
-        let kernel_notifies = spec.arp_policy == ArpPolicy::ArpNotify && {
+        // Which families the kernel announces as the interface comes up
+        // (arp_notify); flatnet sends the others' frames after.
+        let (mut kernel_v4, mut kernel_v6) = (false, false);
+        if spec.arp_policy == ArpPolicy::ArpNotify {
             let has = |v4: bool| spec.addresses.iter().any(|a| a.addr().is_ipv4() == v4);
-            enable_kernel_notify(&spec.netns, &spec.ifname, has(true), has(false))?
-        };
+            if has(true) {
+                // Over netlink: the agent's container has /proc/sys read-only.
+                let mut conf = InetDevConf::default();
+                conf.arp_notify = 1;
+                let mut notify = LinkUnspec::new_with_index(link.index).build();
+                notify
+                    .attributes
+                    .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                        AfSpecInet::DevConfRequest(conf),
+                    ])]));
+                pod.set_link("set arp_notify", &spec.ifname, notify)
+                    .instrument(phase("attach.arp_notify"))
+                    .await?;
+                kernel_v4 = true;
+            }
+            kernel_v6 = has(false) && enable_kernel_ndisc_notify(&spec.netns, &spec.ifname)?;
+        }
         async {
             for address in spec.addresses.iter().chain(&spec.extra_addresses) {
                 pod.add_address(link.index, &spec.ifname, *address).await?;
@@ -155,14 +173,27 @@ impl Setup<'_> {
                 .instrument(phase("attach.host_routes"))
                 .await?;
         }
-        // With arp_notify on a read-only /proc/sys, the agent announces too.
-        if !kernel_notifies && spec.kind.announces() {
+        // What the kernel does not announce, the agent does (arping, or
+        // IPv6 under arp_notify on a read-only /proc/sys).
+        let by_frames: Vec<IpNet> = spec
+            .addresses
+            .iter()
+            .filter(|a| {
+                !if a.addr().is_ipv4() {
+                    kernel_v4
+                } else {
+                    kernel_v6
+                }
+            })
+            .copied()
+            .collect();
+        if !by_frames.is_empty() && spec.kind.announces() {
             let mac = link.mac.unwrap_or_default();
             announce(
                 &spec.netns,
                 &spec.ifname,
                 mac,
-                &spec.addresses,
+                &by_frames,
                 self.config.announce,
             )
             .instrument(phase("attach.announce"))

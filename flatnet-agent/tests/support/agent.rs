@@ -25,6 +25,9 @@ pub struct StandaloneAgent {
     kubernetes: Option<(PathBuf, String)>,
     /// Run in a mount namespace without `/var/run`, as in the agent's image.
     without_var_run: bool,
+    /// Run in a mount namespace whose `/proc/sys` is read-only, as in the
+    /// chart's (unprivileged) container.
+    read_only_proc_sys: bool,
     process: Option<Child>,
 }
 
@@ -39,6 +42,7 @@ impl StandaloneAgent {
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             kubernetes: None,
             without_var_run: false,
+            read_only_proc_sys: false,
             process: None,
         }
     }
@@ -48,6 +52,16 @@ impl StandaloneAgent {
     #[allow(dead_code, reason = "not every test binary needs the image's mounts")]
     pub fn without_var_run(&mut self) {
         self.without_var_run = true;
+    }
+
+    /// The agent runs in a mount namespace of its own whose `/proc/sys` is
+    /// read-only, as in the chart's container.
+    #[allow(
+        dead_code,
+        reason = "not every test binary needs the container's mounts"
+    )]
+    pub fn with_read_only_proc_sys(&mut self) {
+        self.read_only_proc_sys = true;
     }
 
     /// The same agent in Kubernetes mode: the API server `kubeconfig`
@@ -109,17 +123,18 @@ impl StandaloneAgent {
                     .env("NODE_NAME", node_name);
             }
         }
-        if self.without_var_run {
+        if self.without_var_run || self.read_only_proc_sys {
             use std::os::unix::process::CommandExt as _;
 
             use nix::{
                 mount::{MsFlags, mount},
                 sched::{CloneFlags, unshare},
             };
+            let (empty_var, read_only_sys) = (self.without_var_run, self.read_only_proc_sys);
             // SAFETY: between fork and exec the closure makes only the
             // unshare(2) and mount(2) system calls, which are async-signal-safe.
             unsafe {
-                command.pre_exec(|| {
+                command.pre_exec(move || {
                     unshare(CloneFlags::CLONE_NEWNS)?;
                     // Slave, as the chart's HostToContainer volumes: the
                     // runtime's later namespace mounts reach the agent, and
@@ -131,13 +146,31 @@ impl StandaloneAgent {
                         MsFlags::MS_REC | MsFlags::MS_SLAVE,
                         None::<&str>,
                     )?;
-                    mount(
-                        Some("tmpfs"),
-                        "/var",
-                        Some("tmpfs"),
-                        MsFlags::empty(),
-                        None::<&str>,
-                    )?;
+                    if empty_var {
+                        mount(
+                            Some("tmpfs"),
+                            "/var",
+                            Some("tmpfs"),
+                            MsFlags::empty(),
+                            None::<&str>,
+                        )?;
+                    }
+                    if read_only_sys {
+                        mount(
+                            Some("/proc/sys"),
+                            "/proc/sys",
+                            None::<&str>,
+                            MsFlags::MS_BIND | MsFlags::MS_REC,
+                            None::<&str>,
+                        )?;
+                        mount(
+                            None::<&str>,
+                            "/proc/sys",
+                            None::<&str>,
+                            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                            None::<&str>,
+                        )?;
+                    }
                     Ok(())
                 });
             }
