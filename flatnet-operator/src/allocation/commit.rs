@@ -934,6 +934,37 @@ mod tests {
     use super::*;
     use flatnet_k8s::api::{FlatNetworkIPSpec, FlatNetworkSubnetSpec};
 
+    /// Only an `Active` subnet that is not being deleted is allocated from;
+    /// the refusal says why, with the subnet's own failure message.
+    #[test]
+    fn only_an_active_subnet_not_being_deleted_is_allocated_from() {
+        let reason = |subnet: &FlatNetworkSubnet| match ready_subnet(subnet) {
+            Err(Error::SubnetNotReady { reason, .. }) => Some(reason),
+            Err(other) => panic!("{other}"),
+            Ok(_) => None,
+        };
+        let mut subnet = crate::allocation::fake_cluster::subnet(
+            "net",
+            "10.0.0.0/24",
+            None,
+            &[("10.0.0.10", "10.0.0.20")],
+        );
+        assert_eq!(reason(&subnet).as_deref(), Some("not validated yet"));
+        subnet.status = Some(flatnet_k8s::api::FlatNetworkSubnetStatus {
+            phase: phase::FAILED.into(),
+            failure_message: "cidr overlaps subnet other".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            reason(&subnet).as_deref(),
+            Some("cidr overlaps subnet other")
+        );
+        subnet.status.as_mut().unwrap().phase = phase::ACTIVE.into();
+        assert_eq!(reason(&subnet), None);
+        subnet.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        assert_eq!(reason(&subnet).as_deref(), Some("it is being deleted"));
+    }
+
     fn pool() -> Pool {
         let valid = validate_subnet(
             "net",
