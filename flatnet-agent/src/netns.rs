@@ -13,7 +13,7 @@ use std::{
     os::fd::AsRawFd,
     panic::{AssertUnwindSafe, catch_unwind},
     path::Path,
-    sync::{Mutex, OnceLock, mpsc},
+    sync::{Arc, Mutex, OnceLock, mpsc},
     thread,
 };
 
@@ -145,15 +145,74 @@ where
     T: Send,
     F: FnOnce() -> T + Send,
 {
-    let path = netns_path.display().to_string();
     let file = open_netns(netns_path)?;
+    run_in_open_netns(&file, &netns_path.display().to_string(), work)
+}
+
+/// A network namespace held open: the namespace, and the interfaces in it,
+/// live on after its path is unmounted, until the last holder lets go.
+/// DEL holds the pod's before it answers, because the runtime deletes the
+/// path as soon as it has the answer, while the agent deletes the interface
+/// after: the interface goes when the agent deletes it, not whenever the
+/// kernel gets to the dead namespace, and its MAC is free for the pod's
+/// next interface right then.
+#[derive(Clone, Debug)]
+pub struct HeldNetns {
+    file: Arc<File>,
+    /// The path it was opened at, for messages.
+    path: String,
+}
+
+impl HeldNetns {
+    /// The namespace at `path` held open; `None` when the path is gone or
+    /// names no network namespace.
+    pub fn open(path: &Path) -> Option<Self> {
+        let file = open_netns(path).ok()?;
+        Some(Self {
+            file: Arc::new(file),
+            path: path.display().to_string(),
+        })
+    }
+
+    /// Like [`run_in_netns`], in the held namespace.
+    pub fn run<T, F>(&self, work: F) -> Result<T, NetnsError>
+    where
+        T: Send,
+        F: FnOnce() -> T + Send,
+    {
+        run_in_open_netns(&self.file, &self.path, work)
+    }
+
+    /// The path it was opened at.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// The same namespace held (for comparisons of what holds it).
+impl PartialEq for HeldNetns {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.file, &other.file)
+    }
+}
+
+impl Eq for HeldNetns {}
+
+/// Runs `work` on a namespace thread that has joined the network namespace
+/// `file` (opened at `path`), and returns its result.
+fn run_in_open_netns<T, F>(file: &File, path: &str, work: F) -> Result<T, NetnsError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
+    let path = path.to_owned();
     let mut outcome = None;
     let finished = {
         let outcome = &mut outcome;
         let path = &path;
         run_on_namespace_thread(Box::new(move || {
             *outcome = Some(
-                setns(&file, CloneFlags::CLONE_NEWNET)
+                setns(file, CloneFlags::CLONE_NEWNET)
                     .map(|()| work())
                     .map_err(|source| NetnsError::Enter {
                         path: path.clone(),

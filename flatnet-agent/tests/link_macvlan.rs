@@ -11,6 +11,7 @@ use flatnet_agent::link::{
     ArpPolicy, DetachSpec, HostRoute, LinkError, LinkMode, MacvlanMode, PrimaryRoutes, RouteSpec,
     parse_mac,
 };
+use flatnet_agent::netns::HeldNetns;
 use link_common::{Capture, LAN_V4, LAN_V6, Lan, has_link, ping};
 use support::{TestNetns, privileged, veth_pair};
 
@@ -274,6 +275,45 @@ async fn mac_already_in_use_rolls_back() {
     // The first pod is untouched.
     attachments.check(&spec_first).await.unwrap();
     ping(&first, LAN_V4);
+}
+
+/// A runtime deletes the pod's namespace path as soon as DEL answers, and
+/// the interface is deleted after. Through the path alone nothing is found
+/// then, and the interface, with its MAC, lives on for as long as the
+/// namespace does (a process still in it, or until the kernel frees it):
+/// the pod's next interface with that MAC is refused. Through the
+/// namespace held from before, the interface goes and the MAC is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_namespace_loses_its_interface_after_its_path_is_deleted() {
+    if !privileged("a_held_namespace_loses_its_interface_after_its_path_is_deleted") {
+        return;
+    }
+    let lan = Lan::new();
+    let attachments = lan.attachments();
+    let mac = parse_mac("02:00:5e:10:00:44").unwrap();
+    let pod = TestNetns::new("flp-");
+    let mut spec = lan.spec(&pod, &["192.0.2.44/24"]);
+    spec.mac = Some(mac);
+    attachments.attach(&spec).await.unwrap();
+    let held = HeldNetns::open(&pod.path()).expect("the pod's namespace");
+    drop(pod);
+
+    attachments.detach(&DetachSpec::from(&spec)).await.unwrap();
+    let next = TestNetns::new("flp-");
+    let mut spec_next = lan.spec(&next, &["192.0.2.45/24"]);
+    spec_next.mac = Some(mac);
+    let err = attachments.attach(&spec_next).await.unwrap_err();
+    assert_eq!(
+        err.errno(),
+        Some(libc::EADDRINUSE),
+        "through the path, the interface lives on: {err}"
+    );
+
+    let mut holding = DetachSpec::from(&spec);
+    holding.held_netns = Some(held);
+    attachments.detach(&holding).await.unwrap();
+    attachments.attach(&spec_next).await.unwrap();
+    ping(&next, LAN_V4);
 }
 
 /// A pod with a primary interface (`eth0`, a veth to the node) as a CNI

@@ -11,7 +11,7 @@ use crate::{
     cni::{CniError, DetachRequest, ErrorCode, GcRequest},
     desired::{AttachmentKey, DesiredState},
     link::DetachSpec,
-    netns::netns_path_exists,
+    netns::{HeldNetns, netns_path_exists},
     phases::{self, timed},
     records::{AttachmentRecord, RecordPhase},
 };
@@ -28,14 +28,30 @@ impl<S: DesiredState> Inner<S> {
         record: &AttachmentRecord,
         delete_interface: bool,
     ) -> Result<(), CniError> {
+        let held = delete_interface
+            .then(|| HeldNetns::open(&record.netns))
+            .flatten();
+        self.teardown_holding(record, delete_interface, held).await
+    }
+
+    /// [`Self::teardown`], entering the pod's namespace through `held`
+    /// when the caller holds it.
+    async fn teardown_holding(
+        self: &Arc<Self>,
+        record: &AttachmentRecord,
+        delete_interface: bool,
+        held: Option<HeldNetns>,
+    ) -> Result<(), CniError> {
         let mut errors = Vec::new();
         if let Err(error) = timed("tables_remove", || self.remove_tables(record)) {
             errors.push(error.msg);
         }
         if delete_interface {
-            let netns = Some(record.netns.clone()).filter(|p: &PathBuf| netns_path_exists(p));
+            let netns = Some(record.netns.clone())
+                .filter(|p: &PathBuf| held.is_some() || netns_path_exists(p));
             let detach = DetachSpec {
                 netns,
+                held_netns: held,
                 ifname: record.key.ifname.clone(),
                 parent: record.parent_link(),
                 host_route: record.host_route.clone(),
@@ -89,12 +105,14 @@ impl<S: DesiredState> Inner<S> {
 
     /// DEL. Answers (through `answer`) once the pod's addresses are out of
     /// the data-plane tables. Deleting the interface (the kernel waits for
-    /// RCU callbacks on every link deletion, 15 to 40 ms, and the runtime
-    /// deletes the pod's namespace anyway), releasing the address and
-    /// removing the record follow under the attachment's lock, so a later
-    /// ADD, DEL or GC of it waits for them, and the address is not handed
-    /// out again while the interface may still use it. Should they fail,
-    /// the record stays and GC or the next DEL retries.
+    /// RCU callbacks on every link deletion, 15 to 40 ms), releasing the
+    /// address and removing the record follow under the attachment's lock,
+    /// so a later ADD, DEL or GC of it waits for them, and the address is
+    /// not handed out again while the interface may still use it. The pod's
+    /// namespace is held open from before the answer, so the interface is
+    /// deleted here even when the runtime has deleted the namespace's path
+    /// meanwhile, and its MAC is free for the pod's next interface. Should
+    /// they fail, the record stays and GC or the next DEL retries.
     pub(super) async fn del(self: &Arc<Self>, request: DetachRequest, answer: Answer) {
         let key = key_of(&request.attachment);
         self.cancel_policy_upgrade(&key);
@@ -134,6 +152,9 @@ impl<S: DesiredState> Inner<S> {
             let _ = answer.send(Err(internal(error)));
             return;
         }
+        // Held from before the answer: the runtime deletes the namespace's
+        // path once it has it, and the interface is deleted after.
+        let held = timed("netns_hold", || HeldNetns::open(&record.netns));
         let answer = match timed("tables_remove", || self.remove_tables(&record)) {
             Ok(()) => {
                 let _ = answer.send(Ok(()));
@@ -147,7 +168,7 @@ impl<S: DesiredState> Inner<S> {
                 Some(answer)
             }
         };
-        let result = self.teardown(&record, true).await;
+        let result = self.teardown_holding(&record, true, held).await;
         match answer {
             Some(answer) => {
                 let _ = answer.send(result);

@@ -10,7 +10,7 @@ use std::{
 use tracing::Instrument;
 
 use crate::{
-    netns::is_netns,
+    netns::{HeldNetns, is_netns},
     phases::{phase, timed},
 };
 
@@ -29,6 +29,10 @@ pub struct DetachSpec {
     /// The pod's namespace; `None` when the runtime no longer has one
     /// (only node-side state is cleaned then).
     pub netns: Option<PathBuf>,
+    /// The pod's namespace, held open by the caller (DEL, before it
+    /// answers); entered instead of the path at `netns`, which the runtime
+    /// may have deleted by now.
+    pub held_netns: Option<HeldNetns>,
     /// The pod interface.
     pub ifname: String,
     /// The node interface the pod interface sat on; its VLAN interface
@@ -49,6 +53,7 @@ impl From<&AttachmentSpec> for DetachSpec {
     fn from(spec: &AttachmentSpec) -> Self {
         Self {
             netns: Some(spec.netns.clone()),
+            held_netns: None,
             ifname: spec.ifname.clone(),
             parent: Some(spec.parent.clone()),
             host_route: spec.host_route.clone(),
@@ -71,17 +76,27 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
     let mut addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
 
     if let Some(netns) = &spec.netns {
-        let deleted = delete_pod_link(netns, &spec.ifname)
-            .instrument(phase("detach.pod_link"))
-            .await;
-        match deleted {
-            Ok(found) => addresses.extend(found),
+        match timed("detach.pod_socket", || {
+            open_pod(netns, spec.held_netns.as_ref())
+        }) {
+            Ok(Some(pod)) => {
+                let deleted = delete_pod_link(&pod, &spec.ifname)
+                    .instrument(phase("detach.pod_link"))
+                    .await;
+                match deleted {
+                    Ok(found) => addresses.extend(found),
+                    Err(e) => errors.push(e),
+                }
+                if let Some(defaults) = &spec.primary_defaults
+                    && let Err(e) = restore_primary_defaults(&pod, defaults).await
+                {
+                    errors.push(e);
+                }
+            }
+            Ok(None) => {
+                tracing::debug!(netns = %netns.display(), "pod namespace gone or unusable");
+            }
             Err(e) => errors.push(e),
-        }
-        if let Some(defaults) = &spec.primary_defaults
-            && let Err(e) = restore_primary_defaults(netns, defaults).await
-        {
-            errors.push(e);
         }
     }
     if let Some(route) = &spec.host_route
@@ -107,11 +122,17 @@ pub(super) async fn detach(config: &Attachments, spec: &DetachSpec) -> Result<()
     LinkError::collect(errors)
 }
 
-/// A connection into the pod namespace; `None` when there is none to
-/// enter: the path is gone or names no network namespace, also when that
-/// happened after the check (a runtime such as podman unmounts the
-/// namespace as soon as DEL answers, leaving a plain file).
-fn open_pod(netns: &Path) -> Result<Option<Netlink>, LinkError> {
+/// A connection into the pod namespace: the held one when the caller holds
+/// it, else the one at the path; `None` when there is none to enter: the
+/// path is gone or names no network namespace, also when that happened
+/// after the check (a runtime such as podman unmounts the namespace as
+/// soon as DEL answers, leaving a plain file). Nothing flatnet made can be
+/// in a path that names no namespace (or a bad `CNI_NETNS` of an earlier
+/// version).
+fn open_pod(netns: &Path, held: Option<&HeldNetns>) -> Result<Option<Netlink>, LinkError> {
+    if let Some(held) = held {
+        return Netlink::open_held(held).map(Some);
+    }
     if !is_netns(netns) {
         return Ok(None);
     }
@@ -128,15 +149,8 @@ fn open_pod(netns: &Path) -> Result<Option<Netlink>, LinkError> {
 }
 
 /// Deletes the pod interface and returns the addresses it had. A missing
-/// namespace or interface is not an error: there is nothing to remove. Nor
-/// is a namespace path that names no network namespace (a runtime's
-/// unmounted `/var/run/netns` file, or a bad `CNI_NETNS` of an earlier
-/// version): nothing flatnet made can be in it.
-async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, LinkError> {
-    let Some(pod) = timed("detach.pod_socket", || open_pod(netns))? else {
-        tracing::debug!(netns = %netns.display(), "pod namespace gone or unusable");
-        return Ok(Vec::new());
-    };
+/// interface is not an error: there is nothing to remove.
+async fn delete_pod_link(pod: &Netlink, ifname: &str) -> Result<Vec<IpAddr>, LinkError> {
     let Some(link) = pod.link_by_name(ifname).await? else {
         return Ok(Vec::new());
     };
@@ -149,7 +163,7 @@ async fn delete_pod_link(netns: &Path, ifname: &str) -> Result<Vec<IpAddr>, Link
     pod.delete_link(link.index, ifname)
         .instrument(phase("detach.delete"))
         .await?;
-    tracing::info!(%ifname, netns = %netns.display(), "detached");
+    tracing::info!(%ifname, netns = %pod.netns(), "detached");
     Ok(addresses)
 }
 
@@ -200,15 +214,12 @@ pub(super) async fn primary_defaults(
 /// Adds a default route through the primary interface for each family of
 /// `defaults` that has none (a missing namespace or interface: nothing to do).
 async fn restore_primary_defaults(
-    netns: &Path,
+    pod: &Netlink,
     defaults: &PrimaryDefaults,
 ) -> Result<(), LinkError> {
     if defaults.gateways.is_empty() {
         return Ok(());
     }
-    let Some(pod) = open_pod(netns)? else {
-        return Ok(());
-    };
     let Some(link) = pod.link_by_name(&defaults.ifname).await? else {
         return Ok(());
     };
@@ -219,7 +230,7 @@ async fn restore_primary_defaults(
         }
         let route = Route::new(default_net(ipv4), Some(*gateway), link.index);
         pod.add_route(&route, false).await?;
-        tracing::info!(%route, netns = %netns.display(), "primary default route restored");
+        tracing::info!(%route, netns = %pod.netns(), "primary default route restored");
     }
     Ok(())
 }

@@ -23,7 +23,10 @@ use rtnetlink::{Handle, RouteMessageBuilder};
 use tokio::task::JoinHandle;
 
 use super::{LinkError, error::errno_of};
-use crate::{netns::run_in_netns, packet::MacAddr};
+use crate::{
+    netns::{HeldNetns, run_in_netns},
+    packet::MacAddr,
+};
 
 /// Routes flatnet adds on the node carry this protocol number, so they can
 /// be told apart from everyone else's (`ip route show proto 241`).
@@ -137,14 +140,26 @@ impl Netlink {
         match netns {
             None => Self::open_here("host".into()),
             Some(path) => {
-                let runtime = tokio::runtime::Handle::current();
                 let name = path.display().to_string();
-                run_in_netns(path, move || {
-                    // Registers the socket with this runtime's reactor.
-                    let _entered = runtime.enter();
-                    Self::open_here(name)
-                })?
+                run_in_netns(path, Self::open_there(name))?
             }
+        }
+    }
+
+    /// A connection to the held namespace `netns`. Must run inside a tokio
+    /// runtime.
+    pub(crate) fn open_held(netns: &HeldNetns) -> Result<Self, LinkError> {
+        netns.run(Self::open_there(netns.path().to_owned()))?
+    }
+
+    /// Opens the connection on a namespace thread, registered with the
+    /// caller's runtime.
+    fn open_there(name: String) -> impl FnOnce() -> Result<Self, LinkError> + Send {
+        let runtime = tokio::runtime::Handle::current();
+        move || {
+            // Registers the socket with this runtime's reactor.
+            let _entered = runtime.enter();
+            Self::open_here(name)
         }
     }
 
