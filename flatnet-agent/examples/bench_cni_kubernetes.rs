@@ -16,7 +16,8 @@
 //! ADD starts once the copy holds the allocation, as it does when the
 //! operator allocated before the runtime called), and without them (a
 //! list of the FlatNetworkIP, a lookup of a second record, the subnet).
-//! Both apply the node label and the Active status before answering.
+//! Both apply the node label and the Active status right after answering;
+//! the DEL waits for them (untimed), so the requests column counts them.
 //!
 //! What the runtime sees on top (starting `flatnet-cni`, the socket round
 //! trip) is the same for both modes; `cargo xtask bench cni` measures it.
@@ -50,6 +51,7 @@ use flatnet_k8s::{
     keys::SUBNET_NAMESPACE,
 };
 use flatnet_operator::allocation::fake_api::{FakeApiServer, Realism};
+use kube::ResourceExt;
 use serde_json::json;
 use support::{TestNetns, TestPinRoot, unique_name, veth_pair};
 
@@ -184,7 +186,7 @@ async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
             let mode = (i + step) % 3;
             let pod = TestNetns::new("kp");
             let (took, asked) = match mode {
-                STANDALONE => (add_then_del(&standalone, i, &pod).await?, 0),
+                STANDALONE => (add_then_del(&standalone, i, &pod, None).await?, 0),
                 _ => {
                     let api = &apis[mode - 1];
                     api.insert(&allocated_ip(i));
@@ -194,9 +196,9 @@ async fn measure(iterations: usize, latency: Duration) -> anyhow::Result<Run> {
                     }
                     let before = api.requests();
                     let took = if mode == FOLLOWED {
-                        add_then_del(&followed, i, &pod).await?
+                        add_then_del(&followed, i, &pod, Some(api)).await?
                     } else {
-                        add_then_del(&read, i, &pod).await?
+                        add_then_del(&read, i, &pod, Some(api)).await?
                     };
                     (took, api.requests() - before)
                 }
@@ -268,6 +270,7 @@ async fn add_then_del<S: DesiredState>(
     service: &AgentService<S>,
     i: usize,
     pod: &TestNetns,
+    api: Option<&FakeApiServer>,
 ) -> anyhow::Result<Duration> {
     let add = request("ADD", i, pod)?;
     let CniRequest::Add(add) = add else {
@@ -279,6 +282,10 @@ async fn add_then_del<S: DesiredState>(
         .await
         .map_err(|e| anyhow::anyhow!("ADD {i}: {}", e.msg))?;
     let took = started.elapsed();
+    // The Active status follows the answer; a DEL would stop it.
+    while api.is_some_and(|api| !reported_active(api, i)) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let CniRequest::Del(del) = request("DEL", i, pod)? else {
         bail!("not a DEL")
     };
@@ -287,6 +294,14 @@ async fn add_then_del<S: DesiredState>(
         .await
         .map_err(|e| anyhow::anyhow!("DEL {i}: {}", e.msg))?;
     Ok(took)
+}
+
+/// Whether pod `i`'s FlatNetworkIP is Active in `api`.
+fn reported_active(api: &FakeApiServer, i: usize) -> bool {
+    api.list::<FlatNetworkIP>().iter().any(|ip| {
+        ip.namespace().as_deref() == Some(namespace(i).as_str())
+            && ip.status.as_ref().is_some_and(|s| s.phase == "Active")
+    })
 }
 
 /// The request `flatnet-cni` would send for `command` of pod `i`.

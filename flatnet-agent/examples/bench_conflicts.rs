@@ -248,6 +248,7 @@ fn record(i: usize, addr: Ipv4Addr, uplink: &str, ifindex: u32) -> AttachmentRec
         host_route: None,
         primary_defaults: None,
         parent: None,
+        unreported_mtu: None,
     }
 }
 

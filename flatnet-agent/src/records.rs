@@ -105,6 +105,12 @@ pub struct AttachmentRecord {
     /// [`AttachmentRecord::parent_link`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
+    /// The MTU the interface was made with, while its Active status is
+    /// still to be told ([`crate::desired::DesiredState::report_active`]):
+    /// set with phase `Ready`, cleared once told, so that an agent
+    /// restarted in between tells it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreported_mtu: Option<u32>,
 }
 
 impl AttachmentRecord {
@@ -302,6 +308,7 @@ impl AttachmentRecord {
                 master: "eth9".into(),
                 vlan: 7,
             }),
+            unreported_mtu: None,
         }
     }
 }

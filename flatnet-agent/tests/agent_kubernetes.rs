@@ -164,14 +164,14 @@ const ATTACHED_MAC: [u8; 6] = [2, 0, 0, 0, 0, 9];
 /// The MTU of the interface [`activate`] reports as attached.
 const ATTACHED_MTU: u32 = 1450;
 
-/// Activates the claim of pod `web-0` (see [`request`]), attached with
-/// [`ATTACHED_MAC`].
+/// Reports the claim of pod `web-0` (see [`request`]) Active, attached
+/// with [`ATTACHED_MAC`].
 async fn activate(source: &Kubernetes, claim: &flatnet_agent::desired::DesiredInterface) {
     source
-        .activate(
+        .report_active(
             &request().key,
             &request().pod,
-            claim,
+            &claim.subnets,
             ATTACHED_MAC,
             ATTACHED_MTU,
         )
@@ -471,6 +471,30 @@ async fn a_followed_allocation_is_claimed_without_asking_the_api_server() {
     let status = stored[0].status.clone().unwrap();
     assert_eq!(status.mac, "02:00:00:00:00:09");
     assert_eq!(status.node, "node-1");
+
+    // Told again (a restarted agent tells every pod whose record owes it),
+    // what the copy already shows asks nothing.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !source.follows_active("default", "web-0", ATTACHED_MAC, ATTACHED_MTU) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the copy shows the Active status");
+    let before = api.requests();
+    activate(&source, &claim).await;
+    assert_eq!(api.requests(), before, "nothing new to tell");
+    source
+        .report_active(
+            &request().key,
+            &request().pod,
+            &claim.subnets,
+            [2, 0, 0, 0, 0, 10],
+            ATTACHED_MTU,
+        )
+        .await
+        .unwrap();
+    assert_eq!(api.requests(), before + 2, "a new MAC is told");
 
     // A pod whose record the copy lacks is read from the API server (in a
     // namespace of its own: the in-memory server ignores field selectors).

@@ -21,132 +21,46 @@ mod support;
 use flatnet_agent::policy_compiler::MultiNetworkPolicy;
 use flatnet_k8s::api::{
     AgentsSpec, CONFIG_NAME, ConflictProbeSpec, FlatNetworkConfig, FlatNetworkConfigSpec,
-    FlatNetworkIP,
 };
-use flatnet_operator::allocation::fake_api::FakeApiServer;
-use kube::ResourceExt;
 use serde_json::json;
 use support::{
     TestNetns,
-    agent::{FlatPodCluster, StandaloneAgent, assert_agent_authorized, serve_with_allocation},
-    cni::{IFNAME, run_cni},
-    privileged, wait_until,
+    cni::IFNAME,
+    kubernetes_node::{KubernetesNode, POD_ADDRESS},
+    wait_until,
 };
-
-const NODE: &str = "node-1";
-/// `run_cni` names the pod of container `c1` `default/pod-c1`.
-const POD: &str = "pod-c1";
-const POD_ADDRESS: &str = "192.0.2.10";
 
 fn cluster_config(spec: FlatNetworkConfigSpec) -> FlatNetworkConfig {
     FlatNetworkConfig::new(CONFIG_NAME, spec)
 }
 
-/// The API server with the allocation controllers, the LAN, the node and
-/// its agent (Kubernetes mode), the pod's address allocated.
-struct Cluster {
-    /// First field: the agent stops before the namespaces go.
-    agent: StandaloneAgent,
-    server: FakeApiServer,
-    /// Runs the API server and the operator's controllers.
-    _runtime: tokio::runtime::Runtime,
-    _node: TestNetns,
-    lan: TestNetns,
-    _dir: tempfile::TempDir,
+/// Edits the FlatNetworkConfig while the agent runs and waits until the
+/// agent logs that it applied `settings`.
+fn edit(cluster: &KubernetesNode, spec: FlatNetworkConfigSpec, settings: &str) {
+    cluster.server.insert(&cluster_config(spec));
+    wait_applied(cluster, settings);
 }
 
-impl Cluster {
-    /// Stops the agent; fails naming any request of it the chart's RBAC
-    /// refused during the test.
-    fn stop(&mut self) {
-        self.agent.stop();
-        assert_agent_authorized(&self.server);
-    }
+/// Waits until the agent logs that it applied `settings`.
+fn wait_applied(cluster: &KubernetesNode, settings: &str) {
+    wait_until(&format!("the agent applies {settings}"), || {
+        cluster.agent_logged(|l| l.contains("agent settings applied") && l.contains(settings))
+    });
+}
 
-    /// Started with the FlatNetworkConfig's `spec` and the agent's flags
-    /// `args`; `None` when the test cannot run.
-    fn running_for_test(test: &str, spec: FlatNetworkConfigSpec, args: &[&str]) -> Option<Self> {
-        if !privileged(test) {
-            return None;
-        }
-        let FlatPodCluster {
-            node,
-            lan,
-            dir,
-            runtime,
-            server,
-            ..
-        } = FlatPodCluster::new("cs", "bridge", NODE, POD);
-        server.insert(&cluster_config(spec));
-        let kubeconfig = dir.path().join("kubeconfig");
-        serve_with_allocation(&runtime, &server, None, &kubeconfig);
-        let cni_bin_dir = dir.path().join("bin").display().to_string();
-        let mut all_args = vec!["--cni-bin-dir", &cni_bin_dir, "--floating-ip", "false"];
-        all_args.extend_from_slice(args);
-        let mut agent =
-            StandaloneAgent::new(dir.path(), &node, &all_args).in_kubernetes(&kubeconfig, NODE);
-        agent.start_until_status("flat4", None);
-        wait_until("the pod's address allocated", || {
-            server
-                .list::<FlatNetworkIP>()
-                .iter()
-                .any(|r| r.name_any() == POD && r.status.as_ref().is_some_and(|s| s.addr.is_some()))
-        });
-        Some(Self {
-            agent,
-            server,
-            _runtime: runtime,
-            _node: node,
-            lan,
-            _dir: dir,
-        })
-    }
-
-    /// The runtime's `command` (ADD, DEL) for the pod in `netns`: whether
-    /// it succeeded, and the answer.
-    fn cni(&self, command: &str, netns: &TestNetns) -> (bool, serde_json::Value) {
-        self.cni_with(command, netns, json!({}))
-    }
-
-    /// As [`Cluster::cni`], with `extra` fields in the network configuration.
-    fn cni_with(
-        &self,
-        command: &str,
-        netns: &TestNetns,
-        extra: serde_json::Value,
-    ) -> (bool, serde_json::Value) {
-        run_cni(
-            &self.agent.socket(),
-            command,
-            "flat4",
-            "c1",
-            Some(&netns.path()),
-            extra,
-        )
-    }
-
-    /// Edits the FlatNetworkConfig while the agent runs and waits until
-    /// the agent logs that it applied `settings`.
-    fn edit(&self, spec: FlatNetworkConfigSpec, settings: &str) {
-        self.server.insert(&cluster_config(spec));
-        self.wait_applied(settings);
-    }
-
-    /// Waits until the agent logs that it applied `settings`.
-    fn wait_applied(&self, settings: &str) {
-        wait_until(&format!("the agent applies {settings}"), || {
-            std::fs::read_to_string(self.agent.log_file())
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.contains("agent settings applied") && l.contains(settings))
-        });
-    }
-
-    /// Whether the LAN host's ping of the pod is answered.
-    fn ping_answered(&self) -> bool {
-        self.lan
-            .try_exec("ping", &["-c", "1", "-W", "1", POD_ADDRESS])
-    }
+/// The node with the FlatNetworkConfig's `spec` and the agent's flags
+/// `args`; `None` when the test cannot run.
+fn running_for_test(
+    test: &str,
+    spec: FlatNetworkConfigSpec,
+    args: &[&str],
+) -> Option<KubernetesNode> {
+    KubernetesNode::running_for_test(
+        test,
+        "cs",
+        |server| server.insert(&cluster_config(spec)),
+        args,
+    )
 }
 
 fn with_agents(agents: AgentsSpec) -> FlatNetworkConfigSpec {
@@ -190,7 +104,7 @@ fn interface_sysctl(pod: &TestNetns, key: &str) -> String {
 #[test]
 fn the_conflict_probe_follows_the_cluster_configuration_without_a_restart() {
     // The environment turns the probe on, the object off.
-    let Some(mut cluster) = Cluster::running_for_test(
+    let Some(mut cluster) = running_for_test(
         "the_conflict_probe_follows_the_cluster_configuration_without_a_restart",
         probe(false, None),
         &["--conflict-probe-ms", "500"],
@@ -202,14 +116,18 @@ fn the_conflict_probe_follows_the_cluster_configuration_without_a_restart() {
     cluster
         .lan
         .add_address("lan0", &format!("{POD_ADDRESS}/24"));
-    cluster.wait_applied("conflictProbe off (enabled from FlatNetworkConfig)");
+    wait_applied(
+        &cluster,
+        "conflictProbe off (enabled from FlatNetworkConfig)",
+    );
     let pod = TestNetns::new("csp-");
     let (ok, out) = cluster.cni("ADD", &pod);
     assert!(ok, "no probe: ADD does not ask the LAN: {out}");
     let (ok, out) = cluster.cni("DEL", &pod);
     assert!(ok, "DEL: {out}");
 
-    cluster.edit(
+    edit(
+        &cluster,
         probe(true, Some(300)),
         "conflictProbe on, 300 ms (enabled from FlatNetworkConfig, waitMilliseconds from FlatNetworkConfig)",
     );
@@ -236,7 +154,7 @@ fn the_conflict_probe_follows_the_cluster_configuration_without_a_restart() {
 
 #[test]
 fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
-    let Some(mut cluster) = Cluster::running_for_test(
+    let Some(mut cluster) = running_for_test(
         "policy_enforcement_follows_the_cluster_configuration_without_a_restart",
         enforcement(true),
         &["--conflict-probe-ms", "0"],
@@ -259,7 +177,8 @@ fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
     cluster.server.insert(&deny);
     wait_until("the policy drops the ping", || !cluster.ping_answered());
 
-    cluster.edit(
+    edit(
+        &cluster,
         enforcement(false),
         "policyEnforcement off from FlatNetworkConfig",
     );
@@ -267,7 +186,8 @@ fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
         cluster.ping_answered()
     });
 
-    cluster.edit(
+    edit(
+        &cluster,
         enforcement(true),
         "policyEnforcement on from FlatNetworkConfig",
     );
@@ -282,14 +202,14 @@ fn policy_enforcement_follows_the_cluster_configuration_without_a_restart() {
 #[test]
 fn the_arp_policy_follows_the_cluster_configuration_without_a_restart() {
     // The environment's policy is arp_notify (the default), the object's arping.
-    let Some(mut cluster) = Cluster::running_for_test(
+    let Some(mut cluster) = running_for_test(
         "the_arp_policy_follows_the_cluster_configuration_without_a_restart",
         arp_policy("arping"),
         &["--conflict-probe-ms", "0"],
     ) else {
         return;
     };
-    cluster.wait_applied("arpPolicy arping from FlatNetworkConfig");
+    wait_applied(&cluster, "arpPolicy arping from FlatNetworkConfig");
     let attached = |extra: serde_json::Value, what: &str| {
         let pod = TestNetns::new("csa-");
         let (ok, out) = cluster.cni_with("ADD", &pod, extra);
@@ -308,7 +228,8 @@ fn the_arp_policy_follows_the_cluster_configuration_without_a_restart() {
         "arping: flatnet announces, the kernel does not"
     );
 
-    cluster.edit(
+    edit(
+        &cluster,
         arp_policy("arp_notify"),
         "arpPolicy arp_notify from FlatNetworkConfig",
     );

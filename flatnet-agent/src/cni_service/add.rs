@@ -110,6 +110,7 @@ impl<S: DesiredState> Inner<S> {
             host_route: None,
             primary_defaults: None,
             parent: None,
+            unreported_mtu: None,
         };
         // Validated once; the parent link goes into the record for teardown.
         let subnets = match spec::valid_subnets(&record) {
@@ -241,6 +242,7 @@ impl<S: DesiredState> Inner<S> {
                 .await
                 .map_err(|e| e.to_cni())?;
             record.phase = RecordPhase::Ready;
+            record.unreported_mtu = S::REPORTS_ACTIVE.then_some(made.mtu);
             timed("record_ready", || self.records.save(record)).map_err(internal)
         }
         .await;
@@ -259,6 +261,7 @@ impl<S: DesiredState> Inner<S> {
             .await
             .map_err(SetUpError::InterfaceMade)?;
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
+        self.report_active_later(record);
         self.policy_in_force_for(record)
             .instrument(phases::phase("policy_wait"))
             .await;

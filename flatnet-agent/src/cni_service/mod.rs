@@ -13,6 +13,7 @@
 //! pod's namespace, the data-plane lock) runs on blocking threads, never
 //! on the runtime's.
 
+mod activation;
 mod activity;
 mod add;
 mod conflicts;
@@ -102,6 +103,8 @@ struct Inner<S> {
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
     /// Pending moves of policy programs into TCX links, by attachment.
     upgrades: Mutex<HashMap<AttachmentKey, tokio::task::AbortHandle>>,
+    /// Active statuses being told, by attachment.
+    active_reports: Mutex<HashMap<AttachmentKey, tokio::task::AbortHandle>>,
     /// Commands waiting for their answer (the moves wait for none).
     activity: Arc<activity::Activity>,
 }
@@ -137,6 +140,7 @@ impl<S: DesiredState> AgentService<S> {
                 owners: conflicts::Owners::default(),
                 policy_trigger: std::sync::OnceLock::new(),
                 upgrades: Mutex::new(HashMap::new()),
+                active_reports: Mutex::new(HashMap::new()),
                 activity: Arc::default(),
                 maps: Mutex::new(maps),
                 node_macs: Mutex::new(None),
@@ -203,6 +207,7 @@ impl<S: DesiredState> AgentService<S> {
                         }
                     }
                     RecordPhase::Ready => {
+                        inner.report_active_later(&record);
                         if let Some(uplink) = &record.uplink
                             && let Err(error) = inner.program_tables(&record, uplink).await
                         {

@@ -204,6 +204,7 @@ mod tests {
             host_route: None,
             primary_defaults: None,
             parent: None,
+            unreported_mtu: None,
         }
     }
 

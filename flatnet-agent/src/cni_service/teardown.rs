@@ -116,6 +116,7 @@ impl<S: DesiredState> Inner<S> {
     pub(super) async fn del(self: &Arc<Self>, request: DetachRequest, answer: Answer) {
         let key = key_of(&request.attachment);
         self.cancel_policy_upgrade(&key);
+        self.cancel_active_report(&key);
         let until_answer = phases::phase("until_answer");
         let _guard = self
             .locks

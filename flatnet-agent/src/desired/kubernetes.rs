@@ -359,6 +359,27 @@ impl Kubernetes {
         }
     }
 
+    /// Whether the followed copy of FlatNetworkIP `namespace/name` already
+    /// carries what [`Self::mark_active`] would write (a restarted agent
+    /// reports every pod again).
+    pub fn follows_active(&self, namespace: &str, name: &str, mac: MacAddr, mtu: u32) -> bool {
+        let Some(ip) = self
+            .followed
+            .get()
+            .and_then(|followed| followed.ips.get(namespace, name))
+        else {
+            return false;
+        };
+        let labelled = ip.labels().get(label::NODE) == Some(&self.node);
+        labelled
+            && ip.status.as_ref().is_some_and(|status| {
+                status.phase == "Active"
+                    && status.mac == format_mac(mac)
+                    && status.node == self.node
+                    && status.mtu == Some(mtu)
+            })
+    }
+
     /// Labels one FlatNetworkIP with this node and applies its Active status.
     async fn mark_active(
         &self,
@@ -608,6 +629,8 @@ pub fn is_allocated(ip: &FlatNetworkIP, uid: Option<&str>) -> bool {
 }
 
 impl DesiredState for Kubernetes {
+    const REPORTS_ACTIVE: bool = true;
+
     fn kind(&self) -> &'static str {
         "kubernetes"
     }
@@ -677,17 +700,32 @@ impl DesiredState for Kubernetes {
         Ok(claim)
     }
 
+    /// The operator made the allocation durable; the Active status
+    /// follows the answer ([`DesiredState::report_active`]).
     async fn activate(
+        &self,
+        _key: &AttachmentKey,
+        _pod: &PodRef,
+        _claim: &DesiredInterface,
+        _mac: MacAddr,
+        _mtu: u32,
+    ) -> Result<(), DesiredStateError> {
+        Ok(())
+    }
+
+    async fn report_active(
         &self,
         key: &AttachmentKey,
         pod: &PodRef,
-        claim: &DesiredInterface,
+        subnets: &[NamedSubnet],
         mac: MacAddr,
         mtu: u32,
     ) -> Result<(), DesiredStateError> {
         let (namespace, pod_name) = Self::pod_names(pod)?;
-        for name in record_names(key, pod_name, claim.subnets.len())? {
-            self.mark_active(namespace, &name, mac, mtu).await?;
+        for name in record_names(key, pod_name, subnets.len())? {
+            if !self.follows_active(namespace, &name, mac, mtu) {
+                self.mark_active(namespace, &name, mac, mtu).await?;
+            }
         }
         Ok(())
     }

@@ -255,6 +255,10 @@ pub trait DesiredState: Send + Sync + 'static {
     /// Short name for logs (`kubernetes`, `standalone`).
     fn kind(&self) -> &'static str;
 
+    /// Whether [`DesiredState::report_active`] tells anyone: when not, an
+    /// attachment owes no report.
+    const REPORTS_ACTIVE: bool;
+
     /// The subnet(s), address(es) and MAC of an attachment; the same answer
     /// when asked again for the same key.
     fn claim(
@@ -262,13 +266,31 @@ pub trait DesiredState: Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<DesiredInterface, DesiredStateError>> + Send;
 
-    /// The interface of attachment `key` is up with `mac` and `mtu`:
-    /// record it (Kubernetes: status `Active`, MAC, MTU and node).
+    /// The interface of attachment `key` is up with `mac` and `mtu`: what
+    /// must be recorded before ADD answers (standalone: the allocation is
+    /// in the allocation file; Kubernetes: nothing, see
+    /// [`DesiredState::report_active`]).
     fn activate(
         &self,
         key: &AttachmentKey,
         pod: &PodRef,
         claim: &DesiredInterface,
+        mac: MacAddr,
+        mtu: u32,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// The interface of attachment `key` of `pod` on `subnets` is up with
+    /// `mac` and `mtu`: told, after ADD has answered, to whoever watches
+    /// the allocation (Kubernetes: the status `Active` with the MAC, MTU
+    /// and node, and the node label). Nothing the pod needs waits for it;
+    /// the agent repeats it until it goes through or the attachment is
+    /// gone, and after a restart. Telling what is already known asks
+    /// nothing.
+    fn report_active(
+        &self,
+        key: &AttachmentKey,
+        pod: &PodRef,
+        subnets: &[NamedSubnet],
         mac: MacAddr,
         mtu: u32,
     ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;

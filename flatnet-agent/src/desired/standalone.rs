@@ -1014,6 +1014,8 @@ fn build_pools(state: &ValidState, file: &AllocationFile) -> BTreeMap<String, Po
 }
 
 impl DesiredState for Standalone {
+    const REPORTS_ACTIVE: bool = false;
+
     fn kind(&self) -> &'static str {
         "standalone"
     }
@@ -1108,6 +1110,18 @@ impl DesiredState for Standalone {
     ) -> Result<(), DesiredStateError> {
         let version = self.store.lock().await.version;
         self.flush(version).await
+    }
+
+    /// Nobody watches: the allocation file says it all.
+    async fn report_active(
+        &self,
+        _key: &AttachmentKey,
+        _pod: &PodRef,
+        _subnets: &[NamedSubnet],
+        _mac: MacAddr,
+        _mtu: u32,
+    ) -> Result<(), DesiredStateError> {
+        Ok(())
     }
 
     async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {

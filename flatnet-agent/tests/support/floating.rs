@@ -429,6 +429,7 @@ pub fn pod_node(
                 master: "up0".into(),
                 vlan: 0,
             }),
+            unreported_mtu: None,
         })
         .unwrap();
     let pin = TestPinRoot::new();

@@ -8,6 +8,7 @@ pub mod cni;
 pub mod cri;
 pub mod floating;
 pub mod frames;
+pub mod kubernetes_node;
 pub mod lan;
 pub mod policy;
 pub mod tc_hooks;
