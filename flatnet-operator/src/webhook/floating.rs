@@ -160,6 +160,31 @@ async fn review_service(lookup: &Lookup, service: &Service) -> Result<(), Denial
     let pools = valid_pools(lookup).await?;
     let held = ingress_addresses(service, &pools);
     let namespace = service.namespace().unwrap_or_default();
+    // The pool it names must serve its namespace (one it does not name is
+    // picked among those that do, by the controller), unless it holds an
+    // address of that pool already: the namespace's labels may have
+    // changed since, and the operator's own writes must go through.
+    let holds_of = |name: &str| {
+        pools
+            .iter()
+            .filter(|p| p.name == name)
+            .any(|p| !ingress_addresses(service, std::slice::from_ref(p)).is_empty())
+    };
+    if let Some(name) = request.pool.as_deref().filter(|n| !holds_of(n)) {
+        let labels = lookup.namespace_labels(&namespace).await?;
+        let objects = lookup.list::<FloatingIPPool>().await?;
+        if objects
+            .iter()
+            .any(|o| o.name_any() == name && !serves_namespace(o, &labels))
+        {
+            return Err(not_serving(
+                &format!("Service {}", service.name_any()),
+                name,
+                annotation::POOL,
+                &namespace,
+            ));
+        }
+    }
     let services = lookup.list::<Service>().await?;
     let others: Vec<Service> = services
         .into_iter()
@@ -208,6 +233,17 @@ async fn review_service(lookup: &Lookup, service: &Service) -> Result<(), Denial
         .map_err(|exceeded| Denial::new("floating_ip_quota", exceeded.to_string()))?;
     }
     Ok(())
+}
+
+/// The denial of `who` naming (in `field`) FloatingIPPool `pool`, which
+/// does not serve `namespace`.
+fn not_serving(who: &str, pool: &str, field: &str, namespace: &str) -> Denial {
+    Denial::new(
+        "floating_ip_pool_not_serving",
+        format!(
+            "{who}: FloatingIPPool {pool} ({field}) does not serve namespace {namespace} (its spec.namespaceSelector or spec.projects): name a pool that does, or widen the pool's selector"
+        ),
+    )
 }
 
 /// Whose floating request is reviewed: a pod, or the pod template of a
@@ -396,12 +432,11 @@ async fn review_pools_and_addresses(
                 )
             })?;
             if !serves_namespace(object, &labels) {
-                return Err(Denial::new(
-                    "floating_ip_pool_not_serving",
-                    format!(
-                        "{who}: FloatingIPPool {pool_name} ({}) does not serve namespace {namespace} (its spec.namespaceSelector or spec.projects): name a pool that does, or widen the pool's selector",
-                        requester.field(annotation::POOL),
-                    ),
+                return Err(not_serving(
+                    who,
+                    pool_name,
+                    &requester.field(annotation::POOL),
+                    namespace,
                 ));
             }
             pools.iter().filter(|p| p.name == valid.name).collect()

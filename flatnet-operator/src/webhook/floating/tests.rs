@@ -589,3 +589,45 @@ async fn a_templates_quota_is_checked_once_when_a_user_creates_it() {
     let alone = workload("StatefulSet", json!({POOL_KEY: "lan"}), json!({}));
     assert!(verdict(&server, "CREATE", &alone).await.is_some());
 }
+
+/// A pool serves only the namespaces its `namespaceSelector` selects and
+/// its `projects` hold: a Service or a pod of another namespace naming it
+/// is refused, naming the pool and both fields.
+#[tokio::test]
+async fn a_pool_refuses_namespaces_it_does_not_select_and_other_projects() {
+    let server = cluster();
+    let mut narrow = pool("narrow", "192.168.40.0/24");
+    narrow["spec"]["namespaceSelector"] = json!({"matchLabels": {"team": "net"}});
+    server.insert(&serde_json::from_value::<FloatingIPPool>(narrow).unwrap());
+    let mut ops = pool("ops", "192.168.41.0/24");
+    ops["spec"]["projects"] = json!(["p-ops"]);
+    server.insert(&serde_json::from_value::<FloatingIPPool>(ops).unwrap());
+
+    for name in ["narrow", "ops"] {
+        let mut requester = service("api", None);
+        requester["metadata"]["annotations"] = json!({POOL_KEY: name});
+        let refusals = [
+            verdict(&server, "CREATE", &requester).await,
+            verdict(
+                &server,
+                "CREATE",
+                &floating_pod("vnf", json!({POOL_KEY: name})),
+            )
+            .await,
+        ];
+        for refusal in refusals {
+            let refusal = refusal.unwrap_or_else(|| panic!("pool {name} serves shop"));
+            assert!(
+                refusal.contains(&format!("FloatingIPPool {name}"))
+                    && refusal.contains("does not serve namespace shop")
+                    && refusal.contains("spec.namespaceSelector or spec.projects"),
+                "{refusal}"
+            );
+        }
+    }
+    // A Service that holds an address of the pool already (the namespace's
+    // labels changed since) is left alone: the operator's writes go through.
+    let mut holder = service("api", Some("192.168.40.7"));
+    holder["metadata"]["annotations"] = json!({POOL_KEY: "narrow"});
+    assert_eq!(verdict(&server, "UPDATE", &holder).await, None);
+}

@@ -68,7 +68,9 @@ pub fn run(write: bool) -> anyhow::Result<()> {
          sees on top (starting `flatnet-cni`, the socket) is the same for both\n\
          modes and in the table of `cargo xtask bench cni` above. 1 ms per\n\
          request is a cluster-local API server answering small GETs and\n\
-         PATCHes; the requests column counts them per ADD.\n\n{table}"
+         PATCHes. The node label and the Active status are written right\n\
+         after the answer (the DEL waits for them, untimed): the requests\n\
+         column counts them per ADD.\n\n{table}"
     );
     report::write_section("cni-kubernetes", &section)
 }
