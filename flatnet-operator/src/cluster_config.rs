@@ -510,4 +510,92 @@ mod tests {
         });
         assert!(!needs_random_range(&recorded));
     }
+
+    /// An edit of the object reaches every namespace's
+    /// NetworkAttachmentDefinition, without a restart: its `defaultMtu`
+    /// and `arpPolicy` over the environment's, and back when unset.
+    #[tokio::test]
+    async fn an_edit_re_applies_every_attachment() {
+        use k8s_openapi::api::core::v1::Namespace;
+
+        use std::sync::Arc;
+
+        use crate::{metrics::Metrics, nad};
+
+        let server = FakeApiServer::new();
+        server.insert(&config(None));
+        for name in ["shop", "lab"] {
+            server.insert(
+                &serde_json::from_value::<Namespace>(serde_json::json!({
+                    "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+                }))
+                .unwrap(),
+            );
+        }
+        let applied = Applied {
+            mac_pool: MacPoolView::default(),
+            cni: String::new().into(),
+            env: CniSettings {
+                arp_policy: crate::config::ArpPolicy::ArpNotify,
+                proxy_arp: false,
+                mtu: None,
+            },
+            attachment: "rancher-flat-network".into(),
+            cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
+            wire_window: DEFAULT_WIRE_WINDOW,
+        };
+        let nads = Arc::new(nad::Context {
+            client: server.client(),
+            metrics: Arc::new(Metrics::new()),
+            name: "rancher-flat-network".into(),
+            config: applied.cni.clone(),
+            resync: Duration::from_secs(600),
+            owner: None,
+        });
+        let stop = CancellationToken::new();
+        let config_task = tokio::spawn(run(server.client(), applied, stop.clone()));
+        let nad_task = tokio::spawn(nad::run(nads, 1, stop.clone()));
+        // Every namespace's attachment carries `wanted` (spaces dropped).
+        let every_attachment = |wanted: &'static [&'static str]| {
+            let server = server.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(20), async {
+                    loop {
+                        let texts: Vec<String> = server
+                            .list::<nad::NetworkAttachmentDefinition>()
+                            .iter()
+                            .map(|n| n.spec.config.replace(' ', ""))
+                            .collect();
+                        if texts.len() == 2
+                            && texts.iter().all(|t| wanted.iter().all(|w| t.contains(w)))
+                        {
+                            return texts;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+                .unwrap_or_else(|_| panic!("no attachment carries {wanted:?}"))
+            }
+        };
+        let first = every_attachment(&["\"arpPolicy\":\"arp_notify\""]).await;
+        assert!(!first[0].contains("\"mtu\""), "{first:?}");
+
+        let mut edited = server.list::<FlatNetworkConfig>().remove(0);
+        edited.spec.default_mtu = Some(1400);
+        edited.spec.arp_policy = Some("arping".into());
+        server.insert(&edited);
+        every_attachment(&["\"mtu\":1400", "\"arpPolicy\":\"arping\""]).await;
+
+        let mut unset = server.list::<FlatNetworkConfig>().remove(0);
+        unset.spec.default_mtu = None;
+        unset.spec.arp_policy = None;
+        server.insert(&unset);
+        let back = every_attachment(&["\"arpPolicy\":\"arp_notify\""]).await;
+        assert!(back.iter().all(|t| !t.contains("\"mtu\"")), "{back:?}");
+        stop.cancel();
+        config_task.await.unwrap();
+        nad_task.await.unwrap();
+    }
 }
