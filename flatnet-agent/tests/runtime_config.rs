@@ -19,7 +19,9 @@ use support::{
     cni::{IFNAME, run_cni},
     has_link,
     lan::AgentOnLan,
-    ping, privileged, veth_pair, wait_until,
+    ping, privileged,
+    tc_hooks::{CLAMP_PROGRAMS, primary_programs},
+    veth_pair, wait_until,
 };
 
 const LAN_V4: &str = "192.0.2.1";
@@ -938,18 +940,6 @@ fn clamped_primary_entry(pod: &TestNetns, mtu: u32) -> String {
     )
 }
 
-/// The names of the programs on both TC hooks of the pod's `eth0`.
-fn eth0_programs(pod: &TestNetns) -> Vec<String> {
-    use aya::programs::TcAttachType;
-    [TcAttachType::Ingress, TcAttachType::Egress]
-        .into_iter()
-        .flat_map(|hook| support::tc_hooks::attached_programs(pod, "eth0", hook))
-        .map(|program| program.name)
-        .collect()
-}
-
-const CLAMP_PROGRAMS: [&str; 2] = ["mss_clamp_in", "mss_clamp_out"];
-
 /// A TCP connection from the pod to a listener of the node on the veth:
 /// (the pod's end, the node's end).
 fn connect_pod_to_node(node: &Node, pod: &TestNetns) -> (TcpStream, TcpStream) {
@@ -1019,7 +1009,7 @@ fn tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_
         primary_mtus(&node, &pod) == (1400, 1400)
     });
     wait_until("the clamping programs on eth0", || {
-        eth0_programs(&pod) == CLAMP_PROGRAMS
+        primary_programs(&pod) == CLAMP_PROGRAMS
     });
     assert!(ledger(&node)["web-primary"].mss_clamp);
     // A flow opened before the MTU was lowered goes on both ways: each
@@ -1069,7 +1059,7 @@ fn tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_
     // restarts.
     node.agent.stop();
     assert_eq!(
-        eth0_programs(&pod),
+        primary_programs(&pod),
         CLAMP_PROGRAMS,
         "while the agent is down"
     );
@@ -1081,7 +1071,7 @@ fn tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_
     );
     node.start(None);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(eth0_programs(&pod), CLAMP_PROGRAMS, "after the restart");
+    assert_eq!(primary_programs(&pod), CLAMP_PROGRAMS, "after the restart");
 
     // The MTU alone: the programs go, and a new connection announces
     // what its route says (the control: without the programs nothing
@@ -1090,7 +1080,7 @@ fn tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_
     // The agent takes the programs off before it records that they are
     // off (so a crash in between still removes them): wait for both.
     wait_until("the clamping programs off eth0 and recorded off", || {
-        eth0_programs(&pod).is_empty() && !ledger(&node)["web-primary"].mss_clamp
+        primary_programs(&pod).is_empty() && !ledger(&node)["web-primary"].mss_clamp
     });
     let (unclamped_pod, unclamped_node) = connect_pod_to_node(&node, &pod);
     assert_eq!(max_segment(&unclamped_pod), 1448, "not clamped");
@@ -1101,14 +1091,14 @@ fn tcp_mss_clamping_on_the_primary_interface_clamps_new_flows_and_open_flows_go_
     // restarted agent takes the programs off and sets the MTU back.
     node.write_state_with(1500, &clamped_primary_entry(&pod, 1400));
     wait_until("the clamping programs back on eth0", || {
-        eth0_programs(&pod) == CLAMP_PROGRAMS
+        primary_programs(&pod) == CLAMP_PROGRAMS
     });
     node.agent.stop();
     node.write_state(1500);
     node.start(None);
     wait_until("set back, the programs off and the ledger emptied", || {
         primary_mtus(&node, &pod) == (1500, 1500)
-            && eth0_programs(&pod).is_empty()
+            && primary_programs(&pod).is_empty()
             && ledger(&node).is_empty()
     });
     transfer_both_ways(&open_pod, &open_node, 1 << 20, "open flow, set back");

@@ -32,7 +32,9 @@ use support::{
     cri::{FakeCri, Sandbox},
     has_link,
     lan::SimulatedLan,
-    ping, privileged, veth_pair, wait_until,
+    ping, privileged,
+    tc_hooks::{CLAMP_PROGRAMS, primary_programs},
+    veth_pair, wait_until,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -388,9 +390,10 @@ fn mtu_of(ns: &TestNetns, ifname: &str) -> u64 {
 }
 
 #[test]
-fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them() {
+fn a_pod_network_config_sets_the_primary_mtu_mss_clamping_and_a_node_bridge_and_its_removal_undoes_them()
+ {
     let Some(mut cluster) = Cluster::running_for_test(
-        "a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_undoes_them",
+        "a_pod_network_config_sets_the_primary_mtu_mss_clamping_and_a_node_bridge_and_its_removal_undoes_them",
     ) else {
         return;
     };
@@ -422,12 +425,15 @@ fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_u
             "apiVersion": "flatnetwork.pandaria.io/v1", "kind": "PodNetworkConfig",
             "metadata": {"name": "jumbo", "namespace": "default"},
             "spec": {"podSelector": {"matchLabels": {"mtu": "jumbo"}},
-                     "primary": {"mtu": 1400},
+                     "primary": {"mtu": 1400, "tcpMssClamp": true},
                      "bridges": [{"name": "rkbr0"}]}
         }))
         .unwrap(),
     );
     wait_until("eth0 and its peer at 1400", || mtus() == (1400, 1400));
+    wait_until("the clamping programs on eth0", || {
+        primary_programs(&cluster.other) == CLAMP_PROGRAMS
+    });
     wait_until("the node's bridge made", || {
         has_link(&cluster.node, "rkbr0")
     });
@@ -456,6 +462,9 @@ fn a_pod_network_config_sets_the_primary_mtu_and_a_node_bridge_and_its_removal_u
         .server
         .delete::<PodNetworkConfig>("default", "jumbo");
     wait_until("set back to 1500", || mtus() == (1500, 1500));
+    wait_until("the clamping programs gone", || {
+        primary_programs(&cluster.other).is_empty()
+    });
     wait_until("the node's bridge removed", || {
         !has_link(&cluster.node, "rkbr0")
     });

@@ -67,3 +67,15 @@ pub fn link_pins(pin_root: &Path) -> Vec<String> {
         Err(e) => panic!("read the link pins: {e}"),
     }
 }
+
+/// The names of the programs on both TC hooks of the pod's `eth0`.
+pub fn primary_programs(pod: &TestNetns) -> Vec<String> {
+    [TcAttachType::Ingress, TcAttachType::Egress]
+        .into_iter()
+        .flat_map(|hook| attached_programs(pod, "eth0", hook))
+        .map(|program| program.name)
+        .collect()
+}
+
+/// The TCP MSS clamping programs, as [`primary_programs`] lists them.
+pub const CLAMP_PROGRAMS: [&str; 2] = ["mss_clamp_in", "mss_clamp_out"];
