@@ -447,6 +447,14 @@ fn a_pod_network_config_sets_the_primary_mtu_mss_clamping_and_a_node_bridge_and_
                     && f.reason.contains("no ready sandbox")
             })
     });
+    wait_until("the node's object counts both pods it reports", || {
+        cluster
+            .server
+            .list::<FlatNetworkNodeConfig>()
+            .first()
+            .and_then(|c| c.status.clone())
+            .is_some_and(|s| s.pod_count == 2 && s.pods.len() == 2)
+    });
     wait_until("the pods' Events", || {
         has_event(&cluster, OTHER_POD, controller::reason::PRIMARY_MTU_SET, "")
             && has_event(
