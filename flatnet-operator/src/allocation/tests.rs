@@ -1557,6 +1557,8 @@ async fn a_new_subnet_gets_labels_canonical_cidr_and_finalizer_then_status() {
         [IpRange::new(ip("10.0.0.1"), ip("10.0.0.1"))]
     );
     assert_eq!((status.used_ip_count, status.total_ip_count), (1, 5));
+    assert_eq!(status.gateway, done.spec.gateway, "the gateway in effect");
+    assert_eq!(status.gateway, Some(ip("10.0.0.1")));
 }
 
 /// Pod `web-0` of StatefulSet `web` (uid `uid-set`) with `uid`, asking for
