@@ -846,6 +846,121 @@ async fn the_cluster_arp_policy_reaches_the_next_pod() {
     scope.finish().await;
 }
 
+/// The MultiNetworkPolicy CRD (`k8s.cni.cncf.io/v1beta1`), as the
+/// multi-networkpolicy project defines it; the chart does not install it.
+fn multi_network_policy_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "multi-networkpolicies.k8s.cni.cncf.io"},
+        "spec": {
+            "group": "k8s.cni.cncf.io", "scope": "Namespaced",
+            "names": {"plural": "multi-networkpolicies", "singular": "multi-networkpolicy",
+                      "kind": "MultiNetworkPolicy", "shortNames": ["multi-policy"]},
+            "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object",
+                              "properties": {"spec": {"type": "object",
+                                  "x-kubernetes-preserve-unknown-fields": true}}}}}]
+        }
+    })
+}
+
+/// MultiNetworkPolicies on a real node: the CRD installed while the agents
+/// run (they pick it up), a policy denying every ingress to the pods of a
+/// namespace stops the LAN host's HTTP to a flat pod; the
+/// FlatNetworkConfig's `spec.agents.policyEnforcement: false` lets it
+/// through again on every agent, without a restart, and unset (the chart's
+/// `true`) stops it again.
+#[tokio::test]
+async fn a_network_policy_is_enforced_and_the_cluster_setting_turns_it_off() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let test = "a_network_policy_is_enforced_and_the_cluster_setting_turns_it_off";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let crds: Api<CustomResourceDefinition> = Api::all(e2e.client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(multi_network_policy_crd()).unwrap();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("create the MultiNetworkPolicy CRD: {error}"),
+    }
+    let mut scope = e2e.scope("e2e-policy").await;
+    scope.subnet(e2e.subnet_v4("e2e-policy-v4", 100, 109)).await;
+    scope
+        .create::<Deployment>(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                     "template": e2e.flat_template("web", "e2e-policy-v4", "auto")}
+        }))
+        .await;
+    let pods = scope.running_flat_pods("web", 1, 1).await;
+    let url = format!("http://{}:8080/", pods[0].1[0]);
+    let served = || async {
+        e2e.on_lan_host(&["busybox", "wget", "-q", "-T", "2", "-O", "/dev/null", &url])
+    };
+    CONVERGE
+        .eventually("HTTP from the LAN host before any policy", || async {
+            served().await.then_some(())
+        })
+        .await;
+
+    let policies: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        e2e.client.clone(),
+        "e2e-policy",
+        &kube::api::ApiResource {
+            group: "k8s.cni.cncf.io".into(),
+            version: "v1beta1".into(),
+            api_version: "k8s.cni.cncf.io/v1beta1".into(),
+            kind: "MultiNetworkPolicy".into(),
+            plural: "multi-networkpolicies".into(),
+        },
+    );
+    let deny: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1beta1", "kind": "MultiNetworkPolicy",
+        "metadata": {"name": "deny-ingress",
+                     "annotations": {"k8s.v1.cni.cncf.io/policy-for": "rancher-flat-network"}},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+    }))
+    .unwrap();
+    // The API is served once the CRD is established.
+    CONVERGE
+        .eventually("the deny policy created", || async {
+            policies.create(&PostParams::default(), &deny).await.ok()
+        })
+        .await;
+    CONVERGE
+        .eventually("the policy to stop HTTP from the LAN host", || async {
+            (!served().await).then_some(())
+        })
+        .await;
+
+    let configs: Api<FlatNetworkConfig> = Api::all(e2e.client.clone());
+    let enforce = |on: Option<bool>| {
+        let configs = &configs;
+        async move {
+            configs
+                .patch(
+                    CONFIG_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"agents": {"policyEnforcement": on}}})),
+                )
+                .await
+                .expect("set spec.agents.policyEnforcement");
+        }
+    };
+    enforce(Some(false)).await;
+    let opened = CONVERGE.holds(&served).await;
+    // Back to the chart's setting before asserting, so a failure leaves
+    // the cluster as it was.
+    enforce(None).await;
+    let closed = CONVERGE.holds(|| async { !served().await }).await;
+    assert!(opened, "policyEnforcement false: HTTP goes through");
+    assert!(closed, "policyEnforcement unset (true): HTTP stopped again");
+    scope.finish().await;
+}
+
 /// Restarting the agent (its pod deleted, the DaemonSet starting another)
 /// does not interrupt traffic to a running flat pod.
 #[tokio::test]

@@ -35,6 +35,25 @@ pub struct Converge {
 }
 
 impl Converge {
+    /// Whether `check` holds within `within` (polled): for a step whose
+    /// failure must first be undone, before the test fails.
+    pub async fn holds<F, Fut>(&self, mut check: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + self.within;
+        loop {
+            if check().await {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+
     /// Polls `check` until it returns `Some`, panicking with `what` after `within`.
     pub async fn eventually<T, F, Fut>(&self, what: &str, mut check: F) -> T
     where
