@@ -1,8 +1,11 @@
 //! Building the eBPF crate with the pinned nightly toolchain.
 
-use std::fs;
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, ensure};
 
 use crate::workspace;
 
@@ -23,22 +26,93 @@ pub fn toolchain() -> anyhow::Result<String> {
 /// `target/bpfel-unknown-none/release/flatnet-ebpf`; its BTF and debug
 /// info name source files by remapped paths, not this machine's.
 pub fn build() -> anyhow::Result<()> {
+    build_in(&workspace::root(), "build eBPF object")
+}
+
+/// The object [`build`] makes in the checkout at `checkout`.
+fn object_of(checkout: &Path) -> PathBuf {
+    checkout.join("target/bpfel-unknown-none/release/flatnet-ebpf")
+}
+
+/// [`build`] in the checkout at `checkout`, as step `step`.
+fn build_in(checkout: &Path, step: &str) -> anyhow::Result<()> {
     let toolchain = toolchain()?;
     let mut cargo = workspace::cargo(Some(&toolchain));
     cargo
-        .current_dir(workspace::root().join("flatnet-ebpf"))
+        .current_dir(checkout.join("flatnet-ebpf"))
         .args(["build", "--release"])
         // Added to the config file's flags for the target, not instead.
         .env(
             "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
-            workspace::remap_path_flags()?,
+            workspace::remap_path_flags_of(checkout)?,
         );
-    workspace::run("build eBPF object", &mut cargo).map_err(|e| {
+    workspace::run(step, &mut cargo).map_err(|e| {
         e.context(format!(
             "the eBPF build needs `rustup toolchain install {toolchain} --component rust-src` \
              and bpf-linker (`bash .ci/provision` installs both)"
         ))
     })
+}
+
+/// Builds the eBPF object again from a second checkout of `HEAD` in
+/// another folder, with its own target directory, and fails unless it is
+/// byte for byte the object [`build`] made here: a build path that reaches
+/// the object makes the agent's image differ between checkouts. Needs the
+/// object built here from a clean tree (a change not committed is not in
+/// the second checkout: then it says so and compares nothing).
+pub fn same_from_another_checkout() -> anyhow::Result<()> {
+    let root = workspace::root();
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        let output = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&root)
+            .output()
+            .context("cannot run git")?;
+        ensure!(output.status.success(), "git {args:?} failed: {output:?}");
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let changed = git(&[
+        "status",
+        "--porcelain",
+        "--",
+        "flatnet-ebpf",
+        "flatnet-common",
+    ])?;
+    if !changed.trim().is_empty() {
+        println!(
+            "eBPF object from another checkout: not compared, the eBPF sources have changes not committed:\n{changed}"
+        );
+        return Ok(());
+    }
+    let second = root.join("target/tmp/second-checkout");
+    let second_text = second.display().to_string();
+    // A worktree left by a killed run goes first.
+    let _ = git(&["worktree", "remove", "--force", &second_text]);
+    let _ = fs::remove_dir_all(&second);
+    git(&["worktree", "prune"])?;
+    git(&["worktree", "add", "--detach", &second_text, "HEAD"])?;
+    let built = build_in(&second, "build eBPF object from a second checkout");
+    let compared = built.and_then(|()| {
+        let here = fs::read(object_of(&root)).context("read the eBPF object")?;
+        let there =
+            fs::read(object_of(&second)).context("read the second checkout's eBPF object")?;
+        ensure!(
+            here == there,
+            "the eBPF object built in {} ({} bytes) differs from the one built in {} ({} bytes): \
+             a path of the build reaches it (workspace::remap_path_flags)",
+            second.display(),
+            there.len(),
+            root.display(),
+            here.len()
+        );
+        println!(
+            "eBPF object from another checkout: the same {} bytes",
+            here.len()
+        );
+        Ok(())
+    });
+    git(&["worktree", "remove", "--force", &second_text])?;
+    compared
 }
 
 /// Clippy on the eBPF crate for its real target.

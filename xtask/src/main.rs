@@ -37,7 +37,13 @@ enum Command {
     /// and check their command lines against the built binaries.
     Charts,
     /// Build the eBPF object (release, with BTF) that the agent embeds.
-    BuildEbpf,
+    BuildEbpf {
+        /// Then build it again from a second checkout of HEAD in another
+        /// folder and fail unless the two are the same bytes (`cargo xtask
+        /// images` does this).
+        #[arg(long)]
+        compare_checkouts: bool,
+    },
     /// Build the operator and agent images into target/images/ and load them into podman.
     Images(images::ImagesArgs),
     /// Benchmarks: cni, throughput, policy, conflicts, hotplug, failover (root) and allocation; each updates docs/benchmarks.md.
@@ -74,7 +80,13 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { check } => crds::run(check),
         Command::Charts => charts::check(&charts::binaries()?),
-        Command::BuildEbpf => ebpf::build(),
+        Command::BuildEbpf { compare_checkouts } => {
+            ebpf::build()?;
+            if compare_checkouts {
+                ebpf::same_from_another_checkout()?;
+            }
+            Ok(())
+        }
         Command::Images(args) => images::run(&args),
         Command::Bench(command) => bench::run(command),
         Command::BenchPolicy => bench::run(bench::BenchCommand::Policy),

@@ -20,6 +20,11 @@ pub fn root() -> PathBuf {
 /// it makes (the checkout, cargo's and rustup's homes), each with the
 /// fixed name [`remap_path_flags`] writes instead.
 pub fn machine_paths() -> anyhow::Result<Vec<(PathBuf, &'static str)>> {
+    machine_paths_of(&root())
+}
+
+/// [`machine_paths`] of a checkout at `checkout`.
+pub fn machine_paths_of(checkout: &Path) -> anyhow::Result<Vec<(PathBuf, &'static str)>> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let dir = |var: &str, default: &str| {
         std::env::var_os(var)
@@ -28,7 +33,7 @@ pub fn machine_paths() -> anyhow::Result<Vec<(PathBuf, &'static str)>> {
             .with_context(|| format!("neither {var} nor HOME is set"))
     };
     Ok(vec![
-        (root(), "/flatnet"),
+        (checkout.to_path_buf(), "/flatnet"),
         (dir("CARGO_HOME", ".cargo")?, "/cargo"),
         (dir("RUSTUP_HOME", ".rustup")?, "/rustup"),
     ])
@@ -38,7 +43,12 @@ pub fn machine_paths() -> anyhow::Result<Vec<(PathBuf, &'static str)>> {
 /// built (debug info, BTF, panic messages): two checkouts of one commit, in
 /// any folder on any machine, then build the same bytes.
 pub fn remap_path_flags() -> anyhow::Result<String> {
-    Ok(machine_paths()?
+    remap_path_flags_of(&root())
+}
+
+/// [`remap_path_flags`] of a checkout at `checkout`.
+pub fn remap_path_flags_of(checkout: &Path) -> anyhow::Result<String> {
+    Ok(machine_paths_of(checkout)?
         .iter()
         .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
         .collect::<Vec<_>>()

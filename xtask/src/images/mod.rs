@@ -182,6 +182,7 @@ pub fn run(args: &ImagesArgs) -> anyhow::Result<()> {
     );
     if !args.skip_build {
         build_binaries()?;
+        ebpf::same_from_another_checkout()?;
     }
     no_machine_paths(&binary_dir(&root))?;
     let source = Source::of(&root)?;
