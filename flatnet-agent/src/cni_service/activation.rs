@@ -37,6 +37,12 @@ impl<S: DesiredState> Inner<S> {
             record.pod.clone(),
             record.subnets.clone(),
         );
+        // Held while the task starts: it cannot take itself out of the
+        // table before it is in.
+        let mut reports = self
+            .active_reports
+            .lock()
+            .expect("active report table poisoned");
         let task = tokio::spawn(async move {
             let mut pause = FIRST_PAUSE;
             while inner.owes_active(&key) {
@@ -58,12 +64,7 @@ impl<S: DesiredState> Inner<S> {
             }
             inner.forget_active_report(&key, tokio::task::id());
         });
-        let earlier = self
-            .active_reports
-            .lock()
-            .expect("active report table poisoned")
-            .insert(record.key.clone(), task.abort_handle());
-        if let Some(earlier) = earlier {
+        if let Some(earlier) = reports.insert(record.key.clone(), task.abort_handle()) {
             earlier.abort();
         }
     }
