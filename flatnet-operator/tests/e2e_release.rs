@@ -898,7 +898,17 @@ async fn a_network_policy_is_enforced_and_the_cluster_setting_turns_it_off() {
     let pods = scope.running_flat_pods("web", 1, 1).await;
     let url = format!("http://{}:8080/", pods[0].1[0]);
     let served = || async {
-        e2e.on_lan_host(&["busybox", "wget", "-q", "-T", "2", "-O", "/dev/null", &url])
+        // A dropped SYN would hang wget (busybox's has no timeout flag).
+        e2e.on_lan_host(&[
+            "timeout",
+            "3",
+            "busybox",
+            "wget",
+            "-q",
+            "-O",
+            "/dev/null",
+            &url,
+        ])
     };
     CONVERGE
         .eventually("HTTP from the LAN host before any policy", || async {
