@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     cni::{AttachRequest, CniError, CniResult, ErrorCode, NetworkConfig},
-    desired::{AttachmentKey, ClaimRequest, DesiredInterface, DesiredState},
+    desired::{AttachmentKey, ClaimRequest, DesiredState},
     link::{AttachmentSpec, LinkError, LinkMode, format_mac},
     netns::open_netns,
     phases::{self, timed},
@@ -133,7 +133,7 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
-        match self.set_up(&mut record, &subnets, &claim, config).await {
+        match self.set_up(&mut record, &subnets, config).await {
             Ok(added) => Ok(added),
             Err(failure) => {
                 let (error, interface_made) = match failure {
@@ -176,7 +176,6 @@ impl<S: DesiredState> Inner<S> {
         self: &Arc<Self>,
         record: &mut AttachmentRecord,
         subnets: &[ValidSubnet],
-        claim: &DesiredInterface,
         config: &NetworkConfig,
     ) -> Result<Added, SetUpError> {
         let attachment = spec::attachment_spec(
@@ -237,7 +236,7 @@ impl<S: DesiredState> Inner<S> {
         };
         let ready = async {
             self.desired
-                .activate(&record.key, &record.pod, claim, mac, made.mtu)
+                .activate()
                 .instrument(phases::phase("activate"))
                 .await
                 .map_err(|e| e.to_cni())?;

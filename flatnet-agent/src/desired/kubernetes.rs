@@ -700,19 +700,6 @@ impl DesiredState for Kubernetes {
         Ok(claim)
     }
 
-    /// The operator made the allocation durable; the Active status
-    /// follows the answer ([`DesiredState::report_active`]).
-    async fn activate(
-        &self,
-        _key: &AttachmentKey,
-        _pod: &PodRef,
-        _claim: &DesiredInterface,
-        _mac: MacAddr,
-        _mtu: u32,
-    ) -> Result<(), DesiredStateError> {
-        Ok(())
-    }
-
     async fn report_active(
         &self,
         key: &AttachmentKey,

@@ -257,7 +257,7 @@ pub trait DesiredState: Send + Sync + 'static {
 
     /// Whether [`DesiredState::report_active`] tells anyone: when not, an
     /// attachment owes no report.
-    const REPORTS_ACTIVE: bool;
+    const REPORTS_ACTIVE: bool = false;
 
     /// The subnet(s), address(es) and MAC of an attachment; the same answer
     /// when asked again for the same key.
@@ -266,34 +266,32 @@ pub trait DesiredState: Send + Sync + 'static {
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<DesiredInterface, DesiredStateError>> + Send;
 
-    /// The interface of attachment `key` is up with `mac` and `mtu`: what
-    /// must be recorded before ADD answers (standalone: the allocation is
-    /// in the allocation file; Kubernetes: nothing, see
-    /// [`DesiredState::report_active`]).
-    fn activate(
-        &self,
-        key: &AttachmentKey,
-        pod: &PodRef,
-        claim: &DesiredInterface,
-        mac: MacAddr,
-        mtu: u32,
-    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+    /// The attachment's interface is up: what must be recorded before ADD
+    /// answers (standalone: the allocation is in the allocation file;
+    /// nothing by default, as in Kubernetes, where the operator made the
+    /// allocation durable and [`DesiredState::report_active`] follows).
+    fn activate(&self) -> impl Future<Output = Result<(), DesiredStateError>> + Send {
+        async { Ok(()) }
+    }
 
     /// The interface of attachment `key` of `pod` on `subnets` is up with
     /// `mac` and `mtu`: told, after ADD has answered, to whoever watches
     /// the allocation (Kubernetes: the status `Active` with the MAC, MTU
-    /// and node, and the node label). Nothing the pod needs waits for it;
-    /// the agent repeats it until it goes through or the attachment is
-    /// gone, and after a restart. Telling what is already known asks
-    /// nothing.
+    /// and node, and the node label; nobody by default, with
+    /// [`DesiredState::REPORTS_ACTIVE`] false). Nothing the pod needs
+    /// waits for it; the agent repeats it until it goes through or the
+    /// attachment is gone, and after a restart. Telling what is already
+    /// known asks nothing.
     fn report_active(
         &self,
-        key: &AttachmentKey,
-        pod: &PodRef,
-        subnets: &[NamedSubnet],
-        mac: MacAddr,
-        mtu: u32,
-    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+        _key: &AttachmentKey,
+        _pod: &PodRef,
+        _subnets: &[NamedSubnet],
+        _mac: MacAddr,
+        _mtu: u32,
+    ) -> impl Future<Output = Result<(), DesiredStateError>> + Send {
+        async { Ok(()) }
+    }
 
     /// The `spec.mtu` of every subnet known now, by name (`None`: unset),
     /// for changing the MTU of running pods. Empty while unknown.

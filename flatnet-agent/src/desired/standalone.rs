@@ -33,7 +33,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use crate::{
     atomic_file::{write_atomic, write_atomic_unsynced},
     datapath::Conflict,
-    packet::MacAddr,
     records::AttachmentRecord,
 };
 
@@ -1014,8 +1013,6 @@ fn build_pools(state: &ValidState, file: &AllocationFile) -> BTreeMap<String, Po
 }
 
 impl DesiredState for Standalone {
-    const REPORTS_ACTIVE: bool = false;
-
     fn kind(&self) -> &'static str {
         "standalone"
     }
@@ -1100,28 +1097,9 @@ impl DesiredState for Standalone {
 
     /// The claim's allocation is in the allocation file once this returns
     /// (written while the interface was made, or now).
-    async fn activate(
-        &self,
-        _key: &AttachmentKey,
-        _pod: &PodRef,
-        _claim: &DesiredInterface,
-        _mac: MacAddr,
-        _mtu: u32,
-    ) -> Result<(), DesiredStateError> {
+    async fn activate(&self) -> Result<(), DesiredStateError> {
         let version = self.store.lock().await.version;
         self.flush(version).await
-    }
-
-    /// Nobody watches: the allocation file says it all.
-    async fn report_active(
-        &self,
-        _key: &AttachmentKey,
-        _pod: &PodRef,
-        _subnets: &[NamedSubnet],
-        _mac: MacAddr,
-        _mtu: u32,
-    ) -> Result<(), DesiredStateError> {
-        Ok(())
     }
 
     async fn subnet_mtus(&self) -> BTreeMap<String, Option<u32>> {
@@ -1270,13 +1248,9 @@ networks:
         }
     }
 
-    /// What ADD does before it answers: the claim is in the file after it.
-    async fn activate(store: &Standalone, container: &str, claim: &DesiredInterface) {
-        let key = request("flat", container).key;
-        store
-            .activate(&key, &PodRef::default(), claim, [2, 0, 0, 0, 0, 1], 1500)
-            .await
-            .unwrap();
+    /// What ADD does before it answers: the claims are in the file after it.
+    async fn activate(store: &Standalone) {
+        store.activate().await.unwrap();
     }
 
     #[tokio::test]
@@ -1295,7 +1269,7 @@ networks:
             ]
         );
         // In the file once an activation returns (written meanwhile).
-        activate(&store, "b", &dual).await;
+        activate(&store).await;
         let in_file = std::fs::read_to_string(dir.path().join(ALLOCATION_FILE)).unwrap();
         assert_eq!(in_file.matches("\"address\"").count(), 3, "{in_file}");
         drop(store);
@@ -1332,8 +1306,8 @@ networks:
         store.claim(&request("flat", "a")).await.unwrap();
         drop(store);
         let reopened = Standalone::open(state(), dir.path()).unwrap();
-        let claim = reopened.claim(&request("flat", "b")).await.unwrap();
-        activate(&reopened, "b", &claim).await;
+        reopened.claim(&request("flat", "b")).await.unwrap();
+        activate(&reopened).await;
         // As a write of the first store still queued would do.
         let stale = AllocationFile {
             allocations: Vec::new(),
@@ -1613,8 +1587,8 @@ networks:
         let dir = tempfile::tempdir().unwrap();
         let store = Standalone::open(state(), dir.path()).unwrap();
         // In the file only: its ADD never wrote a record.
-        let orphan = store.claim(&request("flat", "orphan")).await.unwrap();
-        activate(&store, "orphan", &orphan).await;
+        store.claim(&request("flat", "orphan")).await.unwrap();
+        activate(&store).await;
         drop(store);
         let store = Standalone::open(state(), dir.path()).unwrap();
         // Recorded only: the file lost the claim.
@@ -1635,7 +1609,7 @@ networks:
         // The orphan's address is free again; the record's is not.
         let next = store.claim(&request("flat", "next")).await.unwrap();
         assert_eq!(next.addresses, ["192.0.2.2/29".parse::<IpNet>().unwrap()]);
-        activate(&store, "next", &next).await;
+        activate(&store).await;
         drop(store);
         let store = Standalone::open(state(), dir.path()).unwrap();
         assert_eq!(store.allocations().await.len(), 2, "written durably");
