@@ -70,6 +70,27 @@ pub struct Applied {
     pub wire_window: Duration,
 }
 
+#[cfg(test)]
+impl Applied {
+    /// The operator's defaults: no MAC pool or CNI config yet, the
+    /// environment's `arp_notify`, the attachment `rancher-flat-network`.
+    pub(crate) fn defaults() -> Self {
+        Self {
+            mac_pool: MacPoolView::default(),
+            cni: String::new().into(),
+            env: CniSettings {
+                arp_policy: crate::config::ArpPolicy::ArpNotify,
+                proxy_arp: false,
+                mtu: None,
+            },
+            attachment: "rancher-flat-network".into(),
+            cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
+            wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
+        }
+    }
+}
+
 /// The CNI settings in force: each field the FlatNetworkConfig sets wins
 /// over the environment's.
 #[must_use]
@@ -532,19 +553,7 @@ mod tests {
                 .unwrap(),
             );
         }
-        let applied = Applied {
-            mac_pool: MacPoolView::default(),
-            cni: String::new().into(),
-            env: CniSettings {
-                arp_policy: crate::config::ArpPolicy::ArpNotify,
-                proxy_arp: false,
-                mtu: None,
-            },
-            attachment: "rancher-flat-network".into(),
-            cluster_cidrs: Vec::new(),
-            service_cidrs: Vec::new(),
-            wire_window: DEFAULT_WIRE_WINDOW,
-        };
+        let applied = Applied::defaults();
         let nads = Arc::new(nad::Context {
             client: server.client(),
             metrics: Arc::new(Metrics::new()),

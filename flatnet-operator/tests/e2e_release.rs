@@ -22,6 +22,7 @@ use flatnet_k8s::{
     api::{CONFIG_NAME, FlatNetworkConfig, FlatNetworkIP, FlatNetworkSubnet},
     keys::SUBNET_NAMESPACE,
 };
+use flatnet_operator::nad::NetworkAttachmentDefinition;
 use ipnet::IpNet;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment, StatefulSet},
@@ -764,17 +765,7 @@ async fn the_cluster_arp_policy_reaches_the_next_pod() {
     let mut scope = e2e.scope("e2e-arp").await;
     scope.subnet(e2e.subnet_v4("e2e-arp-v4", 90, 99)).await;
     let configs: Api<FlatNetworkConfig> = Api::all(e2e.client.clone());
-    let nads: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        e2e.client.clone(),
-        "e2e-arp",
-        &kube::api::ApiResource {
-            group: "k8s.cni.cncf.io".into(),
-            version: "v1".into(),
-            api_version: "k8s.cni.cncf.io/v1".into(),
-            kind: "NetworkAttachmentDefinition".into(),
-            plural: "network-attachment-definitions".into(),
-        },
-    );
+    let nads: Api<NetworkAttachmentDefinition> = scope.api();
     let deployments: Api<Deployment> = scope.api();
     // The pod of a new Deployment `app`, once the namespace's attachment
     // names `policy`: its flat interface's `arp_notify` sysctl.
@@ -796,7 +787,7 @@ async fn the_cluster_arp_policy_reaches_the_next_pod() {
                     &format!("the attachment of e2e-arp to carry {wanted}"),
                     || async {
                         let nad = nads.get_opt("rancher-flat-network").await.ok()??;
-                        let config = nad.data["spec"]["config"].as_str()?.replace(' ', "");
+                        let config = nad.spec.config.replace(' ', "");
                         config.contains(&wanted).then_some(())
                     },
                 )
@@ -1277,16 +1268,7 @@ async fn nothing_is_left_after_uninstall() {
     }
     // The operator's attachments go with the webhook configuration that owns
     // them, by the garbage collector, a moment after the uninstall.
-    let nads: Api<kube::api::DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource {
-            group: "k8s.cni.cncf.io".into(),
-            version: "v1".into(),
-            api_version: "k8s.cni.cncf.io/v1".into(),
-            kind: "NetworkAttachmentDefinition".into(),
-            plural: "network-attachment-definitions".into(),
-        },
-    );
+    let nads: Api<NetworkAttachmentDefinition> = Api::all(client.clone());
     CONVERGE
         .eventually(
             "the operator's NetworkAttachmentDefinitions to go",

@@ -598,19 +598,7 @@ async fn cluster_configuration() -> BTreeSet<Access> {
     let mut config = FlatNetworkConfig::new(CONFIG_NAME, FlatNetworkConfigSpec::default());
     config.metadata.generation = Some(1);
     server.insert(&config);
-    let applied = crate::cluster_config::Applied {
-        mac_pool: crate::allocation::mac_pool::MacPoolView::default(),
-        cni: String::new().into(),
-        env: crate::config::CniSettings {
-            arp_policy: crate::config::ArpPolicy::ArpNotify,
-            proxy_arp: false,
-            mtu: None,
-        },
-        attachment: "rancher-flat-network".into(),
-        cluster_cidrs: Vec::new(),
-        service_cidrs: Vec::new(),
-        wire_window: flatnet_k8s::ipam::DEFAULT_WIRE_WINDOW,
-    };
+    let applied = crate::cluster_config::Applied::defaults();
     let pool = applied.mac_pool.clone();
     let client = recorded.client();
     running(
