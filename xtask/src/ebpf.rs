@@ -2,6 +2,7 @@
 
 use std::{
     fs,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -29,18 +30,56 @@ pub fn build() -> anyhow::Result<()> {
     build_in(&workspace::root(), "build eBPF object")
 }
 
-/// The object [`build`] makes in the checkout at `checkout`.
+/// The target directory of every eBPF build, whatever the checkout: the
+/// order LLVM writes BTF types in follows the paths of the linker's inputs
+/// (two checkouts with their own target directories built objects whose
+/// BTF differed), so every checkout builds at this one path and copies the
+/// object into its own `target/`.
+const SHARED_TARGET_DIR: &str = "/var/tmp/flatnet-ebpf-target";
+
+/// [`SHARED_TARGET_DIR`], made if missing; fails if another user owns it
+/// (cargo could not write there).
+fn shared_target_dir() -> anyhow::Result<&'static Path> {
+    let dir = Path::new(SHARED_TARGET_DIR);
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let owner = fs::metadata(dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .uid();
+    let me = nix::unistd::geteuid().as_raw();
+    ensure!(
+        owner == me,
+        "{} belongs to user {owner}, not to this user ({me}): the eBPF build writes there; \
+         remove it, or build as user {owner}",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// Where the object is inside a target directory.
+const OBJECT_IN_TARGET: &str = "bpfel-unknown-none/release/flatnet-ebpf";
+
+/// The object [`build`] leaves in the checkout at `checkout`.
 fn object_of(checkout: &Path) -> PathBuf {
-    checkout.join("target/bpfel-unknown-none/release/flatnet-ebpf")
+    checkout.join("target").join(OBJECT_IN_TARGET)
 }
 
 /// [`build`] in the checkout at `checkout`, as step `step`.
 fn build_in(checkout: &Path, step: &str) -> anyhow::Result<()> {
     let toolchain = toolchain()?;
+    let target_dir = shared_target_dir()?;
+    // Held until the object is copied: a build from another checkout
+    // between cargo and the copy would hand this checkout its object.
+    let lock_path = target_dir.join("xtask.lock");
+    let lock_file =
+        fs::File::create(&lock_path).with_context(|| format!("create {}", lock_path.display()))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .with_context(|| format!("lock {}", lock_path.display()))?;
     let mut cargo = workspace::cargo(Some(&toolchain));
     cargo
         .current_dir(checkout.join("flatnet-ebpf"))
         .args(["build", "--release"])
+        .env("CARGO_TARGET_DIR", target_dir)
         // Added to the config file's flags for the target, not instead.
         .env(
             "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
@@ -51,11 +90,25 @@ fn build_in(checkout: &Path, step: &str) -> anyhow::Result<()> {
             "the eBPF build needs `rustup toolchain install {toolchain} --component rust-src` \
              and bpf-linker (`bash .ci/provision` installs both)"
         ))
-    })
+    })?;
+    let built = target_dir.join(OBJECT_IN_TARGET);
+    let object = object_of(checkout);
+    let bytes = fs::read(&built).with_context(|| format!("read {}", built.display()))?;
+    // The same bytes keep their time, so the agent (built from the object) is not rebuilt.
+    if fs::read(&object).is_ok_and(|old| old == bytes) {
+        return Ok(());
+    }
+    fs::create_dir_all(object.parent().expect("the object path has folders"))
+        .with_context(|| format!("create the folder of {}", object.display()))?;
+    // Through a temporary name: the agent's build never reads half an object.
+    let partial = object.with_extension("partial");
+    fs::write(&partial, &bytes).with_context(|| format!("write {}", partial.display()))?;
+    fs::rename(&partial, &object)
+        .with_context(|| format!("rename {} to {}", partial.display(), object.display()))
 }
 
 /// Builds the eBPF object again from a second checkout of `HEAD` in
-/// another folder, with its own target directory, and fails unless it is
+/// another folder, and fails unless it is
 /// byte for byte the object [`build`] made here: a build path that reaches
 /// the object makes the agent's image differ between checkouts. Needs the
 /// object built here from a clean tree (a change not committed is not in
