@@ -962,6 +962,208 @@ async fn a_network_policy_is_enforced_and_the_cluster_setting_turns_it_off() {
     scope.finish().await;
 }
 
+/// Whether the agent's log, since `since`, has a line containing `text`
+/// (its settings line says what it applies, and where each value is from).
+async fn agent_logged(e2e: &E2e, since: Instant, text: &str) -> bool {
+    let agents: Api<Pod> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let by_app = ListParams::default().labels("app.kubernetes.io/component=agent");
+    let Ok(list) = agents.list(&by_app).await else {
+        return false;
+    };
+    let params = kube::api::LogParams {
+        container: Some("agent".into()),
+        // Whole seconds, rounded up: never misses a line written after `since`.
+        since_seconds: Some(i64::try_from(since.elapsed().as_secs()).unwrap_or(i64::MAX) + 1),
+        ..kube::api::LogParams::default()
+    };
+    for pod in list.items {
+        if let Ok(log) = agents.logs(&pod.name_any(), &params).await
+            && log.contains(text)
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// The address of a LAN host's interface that holds `address`, removed
+/// when dropped: a host on the LAN that uses the address without saying
+/// so, until something asks.
+struct SilentLanAddress {
+    netns: String,
+    interface: String,
+    address: String,
+    /// The interface's MAC, as the agent writes MACs.
+    mac: String,
+}
+
+impl SilentLanAddress {
+    /// Adds `address` (/32) to the interface of `netns` that holds `beside`.
+    fn add(netns: &str, beside: IpAddr, address: &str) -> Self {
+        let wanted = format!(" {beside}/");
+        let addresses = host_output("ip", &["-n", netns, "-o", "addr", "show"]);
+        let interface = addresses
+            .lines()
+            .find(|line| line.contains(&wanted))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .unwrap_or_else(|| panic!("no interface of {netns} holds {beside}: {addresses}"))
+            .to_owned();
+        let link = host_output(
+            "ip",
+            &["-n", netns, "-o", "link", "show", "dev", &interface],
+        );
+        let mac = link
+            .split_whitespace()
+            .skip_while(|word| *word != "link/ether")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no MAC in {link}"))
+            .to_owned();
+        let cidr = format!("{address}/32");
+        assert!(
+            in_netns(netns, &["ip", "addr", "add", &cidr, "dev", &interface]),
+            "add {cidr} to the LAN host"
+        );
+        Self {
+            netns: netns.to_owned(),
+            interface,
+            address: cidr,
+            mac,
+        }
+    }
+}
+
+impl Drop for SilentLanAddress {
+    fn drop(&mut self) {
+        in_netns(
+            &self.netns,
+            &["ip", "addr", "del", &self.address, "dev", &self.interface],
+        );
+    }
+}
+
+/// The conflict probe on a real node: a LAN host uses an address without
+/// ever sending from it, so nothing flatnet saw on the wire excludes it.
+/// With the FlatNetworkConfig's `spec.agents.conflictProbe.enabled: false`
+/// a pod asking for that address gets it; unset (the chart's probe, on,
+/// 500 ms), the next pod asking for it is refused: the LAN host answers
+/// the probe, and the pod's Event names the address and the host's MAC.
+#[tokio::test]
+async fn the_conflict_probe_refuses_an_address_a_lan_host_answers_for() {
+    use k8s_openapi::api::core::v1::Event;
+
+    let test = "the_conflict_probe_refuses_an_address_a_lan_host_answers_for";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let mut scope = e2e.scope("e2e-probe").await;
+    scope.subnet(e2e.subnet_v4("e2e-probe-v4", 110, 119)).await;
+    let taken = e2e.lan_v4_host(115);
+    let lan_host = SilentLanAddress::add(&e2e.lan_netns, e2e.lan_v4.addr(), &taken);
+    let configs: Api<FlatNetworkConfig> = Api::all(e2e.client.clone());
+    // Sets `enabled` and waits until the agent logs the probe it applies.
+    let probe = |enabled: Option<bool>, applied: &'static str| {
+        let (configs, e2e) = (&configs, &e2e);
+        async move {
+            let since = Instant::now();
+            configs
+                .patch(
+                    CONFIG_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"spec": {"agents": {"conflictProbe": {"enabled": enabled}}}}),
+                    ),
+                )
+                .await
+                .expect("set spec.agents.conflictProbe.enabled");
+            CONVERGE.holds(|| agent_logged(e2e, since, applied)).await
+        }
+    };
+    let pod_asking_for = |name: &str| {
+        let mut pod = e2e.flat_template(name, "e2e-probe-v4", &taken);
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        pod["metadata"]["name"] = json!(name);
+        pod
+    };
+    let pods: Api<Pod> = scope.api();
+    let records: Api<FlatNetworkIP> = scope.api();
+
+    let off_applied = probe(
+        Some(false),
+        "conflictProbe off (enabled from FlatNetworkConfig)",
+    )
+    .await;
+    scope.create::<Pod>(pod_asking_for("unprobed")).await;
+    let unprobed_got_it = CONVERGE
+        .holds(|| async {
+            let pod = pods.get("unprobed").await.ok();
+            let running = pod
+                .and_then(|p| p.status?.phase)
+                .is_some_and(|phase| phase == "Running");
+            let record = records.get_opt("unprobed").await.ok().flatten();
+            let addr = record.and_then(|r| r.status?.addr);
+            running && addr.is_some_and(|a| a.to_string() == taken)
+        })
+        .await;
+    let _ = pods.delete("unprobed", &DeleteParams::default()).await;
+    CONVERGE
+        .eventually("the unprobed pod and its record to go", || async {
+            let pod_gone = pods.get_opt("unprobed").await.ok()?.is_none();
+            let record_gone = records.get_opt("unprobed").await.ok()?.is_none();
+            (pod_gone && record_gone).then_some(())
+        })
+        .await;
+
+    // Back to the chart's setting; the rest of the test runs under it.
+    let on_applied = probe(None, "conflictProbe on, 500 ms (enabled from environment").await;
+    scope.create::<Pod>(pod_asking_for("probed")).await;
+    let events: Api<Event> = scope.api();
+    let wanted = [
+        format!("address {taken} of pod e2e-probe/probed"),
+        "is already in use on the LAN".to_owned(),
+        format!("by MAC {}", lan_host.mac),
+    ];
+    let messages = || async {
+        let on_the_pod = ListParams::default().fields("involvedObject.name=probed");
+        let list = events.list(&on_the_pod).await.map(|l| l.items);
+        list.unwrap_or_default()
+            .into_iter()
+            .filter_map(|event| event.message)
+            .collect::<Vec<_>>()
+    };
+    let refused = CONVERGE
+        .holds(|| async {
+            messages()
+                .await
+                .iter()
+                .any(|m| wanted.iter().all(|part| m.contains(part.as_str())))
+        })
+        .await;
+    let probed = pods.get("probed").await.expect("read the probed pod");
+    let probed_phase = probed.status.and_then(|s| s.phase);
+    drop(lan_host);
+    assert!(
+        off_applied,
+        "the agent logs conflictProbe off from the FlatNetworkConfig"
+    );
+    assert!(unprobed_got_it, "probe off: the pod runs with {taken}");
+    assert!(
+        on_applied,
+        "the agent logs the chart's probe again once unset"
+    );
+    assert!(
+        refused,
+        "probe on: an Event on the pod says {wanted:?}; its Events: {:?}",
+        messages().await
+    );
+    assert_ne!(
+        probed_phase.as_deref(),
+        Some("Running"),
+        "the refused pod does not run"
+    );
+    scope.finish().await;
+}
+
 /// Restarting the agent (its pod deleted, the DaemonSet starting another)
 /// does not interrupt traffic to a running flat pod.
 #[tokio::test]
