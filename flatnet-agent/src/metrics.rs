@@ -9,7 +9,9 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{mac_conflict::MacConflictCounters, policy_controller::PolicyMetrics};
+use crate::{
+    mac_conflict::MacConflictCounters, policy_controller::PolicyMetrics, probe::run::ProbeMetrics,
+};
 
 /// The agent's metrics and their registry.
 #[derive(Debug)]
@@ -26,6 +28,8 @@ pub struct Metrics {
     pub policy: PolicyMetrics,
     /// Floating-address metrics.
     pub floating: FloatingMetrics,
+    /// Conflict-probe metrics.
+    pub probe: ProbeMetrics,
 }
 
 /// What the floating-address loop did on this node.
@@ -107,6 +111,8 @@ impl Default for Metrics {
         policy.register(&mut registry);
         let floating = FloatingMetrics::default();
         floating.register(&mut registry);
+        let probe = ProbeMetrics::default();
+        probe.register(&mut registry);
         registry.register(
             "cni_phase_seconds",
             "Wall time of each phase of CNI commands (phase total: the whole command in the agent)",
@@ -119,6 +125,7 @@ impl Default for Metrics {
             state_file_rejected,
             policy,
             floating,
+            probe,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::{
     io,
     os::fd::AsRawFd,
     panic::{AssertUnwindSafe, catch_unwind},
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, OnceLock, mpsc},
     thread,
 };
@@ -108,7 +108,7 @@ pub fn as_seen_here(path: &Path) -> std::borrow::Cow<'_, Path> {
 }
 
 /// `/run/<rest>` for a path under `/var/run/`.
-fn run_alias(path: &Path) -> Option<std::path::PathBuf> {
+fn run_alias(path: &Path) -> Option<PathBuf> {
     let rest = path.strip_prefix("/var/run").ok()?;
     (!rest.as_os_str().is_empty()).then(|| Path::new("/run").join(rest))
 }
@@ -147,6 +147,20 @@ where
 {
     let file = open_netns(netns_path)?;
     run_in_open_netns(&file, &netns_path.display().to_string(), work)
+}
+
+/// Runs `work` in the network namespace at `netns_path`, or on the calling
+/// thread, in its namespace, when `None` (the node's namespace when the
+/// agent runs in it).
+pub fn run_in_netns_or_here<T, F>(netns_path: Option<PathBuf>, work: F) -> Result<T, NetnsError>
+where
+    T: Send,
+    F: FnOnce() -> T + Send,
+{
+    match netns_path {
+        Some(path) => run_in_netns(&path, work),
+        None => Ok(work()),
+    }
 }
 
 /// A network namespace held open: the namespace, and the interfaces in it,
@@ -410,7 +424,7 @@ mod tests {
         });
         let (tid, other) = tid_rx.recv().unwrap();
         assert_ne!(other, home);
-        let path = std::path::PathBuf::from(format!("/proc/self/task/{tid}/ns/net"));
+        let path = PathBuf::from(format!("/proc/self/task/{tid}/ns/net"));
         for _ in 0..3 {
             assert_eq!(run_in_netns(&path, current_namespace).unwrap(), other);
             let back = run_in_netns(Path::new("/proc/self/ns/net"), current_namespace).unwrap();

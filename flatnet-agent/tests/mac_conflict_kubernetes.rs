@@ -11,10 +11,7 @@
 
 mod support;
 
-use std::{
-    io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
-};
+use std::net::{IpAddr, Ipv4Addr};
 
 use flatnet_k8s::{
     api::{
@@ -33,8 +30,8 @@ use serde_json::json;
 use support::{
     TestNetns,
     agent::{
-        FlatPodCluster, StandaloneAgent, assert_agent_authorized, macvlan_subnet,
-        serve_with_allocation,
+        FlatPodCluster, StandaloneAgent, assert_agent_authorized, free_local_address, http_get,
+        macvlan_subnet, serve_with_allocation,
     },
     cni::{IFNAME, run_cni},
     lan::{SimulatedLan, send_arp_requests, send_neighbour_advertisements},
@@ -223,28 +220,6 @@ impl Cluster {
         let addr: Ipv4Addr = addr.parse().unwrap();
         send_arp_requests(&self.lan, "lan0", mac, addr, addr);
     }
-}
-
-/// A loopback address with a port nothing listens on now.
-fn free_local_address() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
-/// The body of `GET path` from the HTTP server at `address`.
-fn http_get(address: &str, path: &str) -> String {
-    let mut stream = TcpStream::connect(address).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default()
 }
 
 fn interface_mac(pod: &TestNetns) -> String {

@@ -2,24 +2,32 @@
 //! programs, alongside activate → ready record → tables → policy wait →
 //! answer; a failure undoes what was made ([`Inner::teardown`]).
 
-use std::sync::Arc;
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use flatnet_k8s::validation::ValidSubnet;
 use tracing::Instrument;
 
 use super::{
-    Inner, in_netns, internal, join_ips, key_of, link_error, pod_of, spec, tables::PolicyAttach,
-    task_failed,
+    Inner, internal, join_ips, key_of, link_error, pod_of, spec, tables::PolicyAttach, task_failed,
 };
 use crate::{
     cni::{AttachRequest, CniError, CniResult, ErrorCode, NetworkConfig},
-    desired::{AttachmentKey, ClaimRequest, DesiredState},
-    link::{AttachmentSpec, LinkError, LinkMode, format_mac},
+    datapath::{Conflict, monotonic_ns},
+    desired::{AttachmentKey, ClaimRequest, DesiredState, PodRef},
+    link::{AttachmentSpec, LinkError, LinkMode, format_mac, parse_mac},
     netns::open_netns,
     phases::{self, timed},
-    probe,
+    probe::{
+        ForeignClaim,
+        run::{ProbeContext, ProbePlan, Probing},
+    },
     records::{AttachmentRecord, RecordPhase, UplinkRecord},
 };
+
+/// How recent a claim the wire inventory holds makes an ADD wait the
+/// whole probe window instead of the LAN's reply time: the host that made
+/// it may answer slowly, or be about to come back.
+const SUSPECT_HORIZON: Duration = Duration::from_secs(600);
 
 /// What a successful ADD answers, and what follows the answer.
 pub(super) struct Added {
@@ -191,19 +199,47 @@ impl<S: DesiredState> Inner<S> {
                 e.to_string(),
             ))
         })?;
-        self.probe(&attachment, record)
-            .instrument(phases::phase("probe"))
-            .await
-            .map_err(SetUpError::NothingMade)?;
-
-        let attached = self
-            .config
-            .attachments
-            .attach_valid(&valid)
-            .instrument(phases::phase("link_attach"))
-            .await;
+        // The probe runs while the interface is made; the interface comes
+        // up (and its addresses are announced) only on a clear verdict.
+        let attachments = &self.config.attachments;
+        let mut refused = None;
+        let attached = match self.start_probe(&attachment, record) {
+            Some(probing) => {
+                let pod = record.pod.clone();
+                let uplink = attachment.parent.ifname();
+                let refused = &mut refused;
+                let verdict = async move {
+                    match conflict_verdict(&probing, &pod, &uplink).await {
+                        Ok(()) => true,
+                        Err(error) => {
+                            *refused = Some(error);
+                            false
+                        }
+                    }
+                };
+                attachments
+                    .attach_valid_gated(
+                        &valid,
+                        Box::pin(verdict.instrument(phases::phase("attach.probe_verdict"))),
+                    )
+                    .instrument(phases::phase("link_attach"))
+                    .await
+            }
+            None => {
+                attachments
+                    .attach_valid(&valid)
+                    .instrument(phases::phase("link_attach"))
+                    .await
+            }
+        };
         let made = match attached {
             Ok(made) => made,
+            // Refused by the probe: the attach removed what it made.
+            Err(LinkError::StoppedBeforeUp { .. }) if refused.is_some() => {
+                return Err(SetUpError::NothingMade(
+                    refused.expect("checked by the guard"),
+                ));
+            }
             // The pod's existing interface is not ours: leave it alone.
             Err(error @ LinkError::AlreadyExists { .. }) => {
                 return Err(SetUpError::NothingMade(link_error(&error)));
@@ -270,55 +306,94 @@ impl<S: DesiredState> Inner<S> {
         })
     }
 
-    /// Asks the LAN whether the addresses are in use, from the parent
-    /// interface (skipped while a VLAN interface does not exist yet, or when
-    /// the master is missing: attach reports that).
-    async fn probe(
-        &self,
+    /// Starts the conflict probe of `record`'s addresses out of the
+    /// attachment's uplink, with the subnet's gateway as the reference
+    /// whose answer times the LAN; `None` when the probe is off.
+    fn start_probe(
+        self: &Arc<Self>,
         attachment: &AttachmentSpec,
         record: &AttachmentRecord,
-    ) -> Result<(), CniError> {
-        let wait = self.config.settings.current().probe_wait;
-        if wait.is_zero() {
-            return Ok(());
+    ) -> Option<Probing> {
+        let window = self.config.settings.current().probe_wait;
+        if window.is_zero() {
+            return None;
         }
-        let parent = attachment.parent.ifname();
-        let addrs = record.ips();
-        let host = self.config.attachments.host_netns.clone();
-        let probed = {
-            let parent = parent.clone();
-            tokio::task::spawn_blocking(move || {
-                in_netns(host, || {
-                    if probe::interface_info(&parent).is_err() {
-                        return Ok(None);
-                    }
-                    probe::probe(&parent, &addrs, wait)
-                })
-            })
-            .await
-            .map_err(internal)?
+        let plan = ProbePlan {
+            uplink: attachment.parent.ifname(),
+            addrs: record.ips(),
+            reference: attachment.gateways.first().copied(),
+            window,
         };
-        match probed {
-            Ok(Ok(None)) => Ok(()),
-            Ok(Ok(Some(claim))) => Err(CniError::new(
-                ErrorCode::AddressConflict,
-                format!(
-                    "address {} of {} is already in use on the LAN by MAC {} (answered on {parent}); \
-                     free it on that host or give the pod another address",
-                    claim.addr,
-                    record.pod,
-                    format_mac(claim.mac)
-                ),
-            )),
-            Ok(Err(error)) => {
-                tracing::warn!(%error, %parent, "conflict probe failed; continuing without it");
-                Ok(())
+        let inventory = Arc::clone(self);
+        let late = Arc::clone(self);
+        let key = record.key.clone();
+        let runtime = tokio::runtime::Handle::current();
+        Some(Probing::start(
+            plan,
+            ProbeContext {
+                host: self.config.attachments.host_netns.clone(),
+                reply_times: Arc::clone(&self.reply_times),
+                seen_on_wire: Box::new(move |ifindex, addr| inventory.seen_on_wire(ifindex, addr)),
+                late: Box::new(move |ifindex, claim| {
+                    runtime.spawn(late.raise_late_claim(key, ifindex, claim));
+                }),
+                metrics: self.metrics.probe.clone(),
+            },
+        ))
+    }
+
+    /// Whether the wire inventory saw another host claim `addr` on uplink
+    /// `ifindex` within [`SUSPECT_HORIZON`].
+    fn seen_on_wire(&self, ifindex: u32, addr: IpAddr) -> bool {
+        let mut maps = self.maps.lock().expect("table maps lock poisoned");
+        let seen = maps
+            .wire_claims_mut()
+            .and_then(|wire| wire.seen(ifindex, addr));
+        match seen {
+            Ok(Some(claim)) => claim.age(monotonic_ns()) < SUSPECT_HORIZON,
+            Ok(None) => false,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the wire inventory; the probe waits as the LAN answers");
+                false
+            }
+        }
+    }
+
+    /// An answer to the probe that came after the ADD stopped waiting: once
+    /// the ADD is done (its lock), a conflict of the pod if the address is
+    /// still its own.
+    async fn raise_late_claim(
+        self: Arc<Self>,
+        key: AttachmentKey,
+        ifindex: u32,
+        claim: ForeignClaim,
+    ) {
+        let _guard = self.locks.lock(&key).await;
+        let record = match self.records.load(&key) {
+            Ok(Some(record)) if record.ips().contains(&claim.addr) => record,
+            Ok(_) => {
+                tracing::info!(key = %key, addr = %claim.addr, mac = %format_mac(claim.mac),
+                    "a late answer to the conflict probe, for an address no longer attached");
+                return;
             }
             Err(error) => {
-                tracing::warn!(%error, %parent, "conflict probe failed; continuing without it");
-                Ok(())
+                tracing::warn!(key = %key, %error, "cannot read the record of a late answer to the conflict probe");
+                return;
             }
-        }
+        };
+        let owner_mac = record
+            .mac
+            .as_deref()
+            .and_then(parse_mac)
+            .unwrap_or_default();
+        Arc::clone(&self).on_conflict(Conflict {
+            ifindex,
+            addr: claim.addr,
+            kind: claim.kind,
+            foreign_mac: claim.mac,
+            owner_mac,
+            monotonic_ns: monotonic_ns(),
+        });
     }
 
     /// The uplink of `made` as the tables list it (index and MAC as the
@@ -333,6 +408,27 @@ impl<S: DesiredState> Inner<S> {
             ifindex: made.parent_index,
             owner_mac: format_mac(owner_mac.unwrap_or(made.parent_mac)),
             responder,
+        }
+    }
+}
+
+/// The probe's verdict as ADD answers it: refused when another host
+/// answered; a probe that could not run is logged and does not stop ADD.
+async fn conflict_verdict(probing: &Probing, pod: &PodRef, uplink: &str) -> Result<(), CniError> {
+    match probing.verdict().await {
+        Ok(None) => Ok(()),
+        Ok(Some(claim)) => Err(CniError::new(
+            ErrorCode::AddressConflict,
+            format!(
+                "address {} of {pod} is already in use on the LAN by MAC {} (answered on {uplink}); \
+                 free it on that host or give the pod another address",
+                claim.addr,
+                format_mac(claim.mac)
+            ),
+        )),
+        Err(error) => {
+            tracing::warn!(%error, %uplink, "conflict probe failed; continuing without it");
+            Ok(())
         }
     }
 }

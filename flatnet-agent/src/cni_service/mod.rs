@@ -30,7 +30,6 @@ mod teardown;
 use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,
-    path::PathBuf,
     sync::{Arc, Mutex},
 };
 
@@ -42,7 +41,7 @@ use crate::{
     desired::{self, AttachmentKey, DesiredState, PodRef},
     link::{Attachments, LinkError},
     metrics::Metrics,
-    netns::{is_netns, run_in_netns},
+    netns::is_netns,
     phases,
     policy_controller::PolicyTrigger,
     records::{RecordPhase, Records},
@@ -99,6 +98,9 @@ struct Inner<S> {
     metrics: Arc<Metrics>,
     limiter: conflicts::RateLimiter,
     owners: conflicts::Owners,
+    /// The LAN's reply times per uplink, which size each ADD's wait for
+    /// an answer to its conflict probe.
+    reply_times: Arc<crate::probe::wait::ReplyTimes>,
     /// Told when attachments change, so the policy controller recompiles.
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
     /// Pending moves of policy programs into TCX links, by attachment.
@@ -138,6 +140,7 @@ impl<S: DesiredState> AgentService<S> {
                 metrics,
                 limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
                 owners: conflicts::Owners::default(),
+                reply_times: Arc::default(),
                 policy_trigger: std::sync::OnceLock::new(),
                 upgrades: Mutex::new(HashMap::new()),
                 active_reports: Mutex::new(HashMap::new()),
@@ -474,16 +477,5 @@ impl<S: DesiredState> Inner<S> {
                 }
             });
         }
-    }
-}
-
-/// Runs `work` in the node namespace `host` (the calling thread's when `None`).
-fn in_netns<T: Send>(
-    host: Option<PathBuf>,
-    work: impl FnOnce() -> T + Send,
-) -> Result<T, crate::netns::NetnsError> {
-    match host {
-        Some(path) => run_in_netns(&path, work),
-        None => Ok(work()),
     }
 }

@@ -6,13 +6,13 @@
 
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Duration};
 
-use super::{Inner, in_netns, internal};
+use super::{Inner, internal};
 use crate::{
     cni::CniError,
     datapath::interface_macs,
     desired::{AttachmentKey, DesiredState},
     link::parse_mac,
-    netns::{netns_path_exists, run_in_netns},
+    netns::{netns_path_exists, run_in_netns, run_in_netns_or_here},
     policy_controller::{self, PodTables},
     records::{AttachmentRecord, RecordPhase, UplinkRecord},
 };
@@ -86,7 +86,7 @@ impl<S: DesiredState> Inner<S> {
     /// The MACs of the node namespace's interfaces (blocks: enters it).
     pub(super) fn node_interface_macs(&self) -> Result<BTreeSet<[u8; 6]>, CniError> {
         let host = self.config.attachments.host_netns.clone();
-        in_netns(host, interface_macs)
+        run_in_netns_or_here(host, interface_macs)
             .map_err(internal)?
             .map_err(internal)
     }
@@ -101,7 +101,7 @@ impl<S: DesiredState> Inner<S> {
         }
         let host = self.config.attachments.host_netns.clone();
         let datapath = &mut tables.datapath;
-        in_netns(host, || datapath.attach_uplink(name))
+        run_in_netns_or_here(host, || datapath.attach_uplink(name))
             .map_err(internal)?
             .map_err(internal)?;
         tables.uplinks.insert(name.to_owned());

@@ -70,6 +70,28 @@ impl<'a> WireClaims<'a> {
         })
     }
 
+    /// The claim last seen of `addr` on uplink `ifindex` (untagged, as on
+    /// a master or on a VLAN interface), if the inventory holds one.
+    pub fn seen(
+        &self,
+        ifindex: u32,
+        addr: IpAddr,
+    ) -> Result<Option<WireClaimEntry>, DatapathError> {
+        let key = WireKey::address(ifindex, 0, super::conflicts::key(ifindex, addr).addr);
+        match self.map.get(&key, 0) {
+            Ok(claim) => Ok(Some(WireClaimEntry {
+                ifindex,
+                vlan: 0,
+                addr,
+                mac: claim.mac,
+                kind: WireKind::from_u8(claim.kind),
+                last_seen_ns: claim.last_seen_ns,
+            })),
+            Err(e) if super::is_missing_key(&e) => Ok(None),
+            Err(e) => Err(map_error(MAP_WIRE_CLAIMS)(e)),
+        }
+    }
+
     /// Forgets the claim of `addr` on uplink `ifindex` (untagged, as on a
     /// master or on a VLAN interface) when `mac` made it: at a pod's DEL,
     /// what its own MAC last said of its own address was the pod itself

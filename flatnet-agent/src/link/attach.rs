@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::phases::{phase, timed};
 
 use super::{
-    Attachment, Attachments, LinkError,
+    Attachment, Attachments, BeforeUp, LinkError,
     announce::{announce, enable_kernel_ndisc_notify},
     netlink::{FLATNET_ROUTE_PROTOCOL, Link, Netlink, Route},
     spec::{
@@ -58,6 +58,7 @@ struct Setup<'a> {
 pub(super) async fn attach(
     config: &Attachments,
     valid: &ValidSpec,
+    before_up: Option<BeforeUp<'_>>,
 ) -> Result<Attachment, LinkError> {
     let mut setup = Setup {
         config,
@@ -69,7 +70,7 @@ pub(super) async fn attach(
         vlan_lock: None,
         undo: Vec::new(),
     };
-    match setup.run().await {
+    match setup.run(before_up).await {
         Ok(attachment) => Ok(attachment),
         Err(error) => {
             tracing::warn!(ifname = %valid.spec().ifname, %error, "attach failed, rolling back");
@@ -91,7 +92,7 @@ pub(super) async fn find_master(host: &Netlink, spec: &AttachmentSpec) -> Result
 }
 
 impl Setup<'_> {
-    async fn run(&mut self) -> Result<Attachment, LinkError> {
+    async fn run(&mut self, before_up: Option<BeforeUp<'_>>) -> Result<Attachment, LinkError> {
         let spec = self.valid.spec();
         // Entering the pod's namespace for its socket takes a thread; it
         // goes on while the node's requests find the parent and create
@@ -150,6 +151,13 @@ impl Setup<'_> {
         }
         .instrument(phase("attach.addresses"))
         .await?;
+        if let Some(before_up) = before_up
+            && !before_up.await
+        {
+            return Err(LinkError::StoppedBeforeUp {
+                ifname: spec.ifname.clone(),
+            });
+        }
         let mut up = LinkUnspec::new_with_index(link.index).up().build();
         if spec.proxy_arp {
             // In the same request as "up": no extra round trip, and no

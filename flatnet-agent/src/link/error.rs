@@ -29,6 +29,13 @@ pub enum LinkError {
         /// The subnet naming it.
         subnet: String,
     },
+    /// What had to hold before the interface came up did not (ADD's
+    /// conflict verdict); what the attach made is removed.
+    #[error("the attach of {ifname} was stopped before the interface came up")]
+    StoppedBeforeUp {
+        /// The interface name.
+        ifname: String,
+    },
     /// The pod already has an interface of that name.
     #[error(
         "interface {ifname} already exists in network namespace {netns}; \

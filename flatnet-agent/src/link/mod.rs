@@ -90,6 +90,9 @@ impl Default for Attachments {
     }
 }
 
+/// What must hold before a pod interface comes up ([`Attachments::attach_valid_gated`]).
+pub type BeforeUp<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+
 impl Attachments {
     /// Creates the pod interface described by `spec`: VLAN interface when
     /// needed, the child in the pod namespace, MAC, MTU, addresses, link up,
@@ -101,7 +104,19 @@ impl Attachments {
 
     /// [`Attachments::attach`] for a spec the caller validated already.
     pub async fn attach_valid(&self, valid: &ValidSpec) -> Result<Attachment, LinkError> {
-        attach::attach(self, valid).await
+        attach::attach(self, valid, None).await
+    }
+
+    /// [`Attachments::attach_valid`], awaiting `before_up` once the pod
+    /// interface has its addresses and before it comes up, so before
+    /// anything announces them: `false` stops the attach
+    /// ([`LinkError::StoppedBeforeUp`]), which removes what it made.
+    pub async fn attach_valid_gated(
+        &self,
+        valid: &ValidSpec,
+        before_up: BeforeUp<'_>,
+    ) -> Result<Attachment, LinkError> {
+        attach::attach(self, valid, Some(before_up)).await
     }
 
     /// Verifies that the pod interface matches `spec`; the error lists

@@ -1,14 +1,17 @@
-//! The ADD-time conflict probe: before a pod gets an address, the node asks
-//! the LAN whether anyone already uses it (an ARP probe, RFC 5227, for IPv4;
-//! a duplicate-address-detection neighbour solicitation, RFC 4862, for
-//! IPv6) and listens briefly for an answer from another MAC.
+//! The ADD-time conflict probe: before a pod's interface comes up, the
+//! node asks the LAN whether anyone already uses its addresses (an ARP
+//! probe, RFC 5227, for IPv4; a duplicate-address-detection neighbour
+//! solicitation, RFC 4862, for IPv6) and listens for an answer from
+//! another MAC: the ADD for as long as the LAN takes to answer
+//! ([`wait`]), the probe itself for the whole configured window ([`run`]).
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    time::{Duration, Instant},
-};
+pub mod run;
+pub mod wait;
+
+use std::net::{IpAddr, Ipv4Addr};
 
 use etherparse::{ArpOperation, Icmpv6Type, LinkSlice, NetSlice, SlicedPacket, TransportSlice};
+use flatnet_common::conflict::ClaimKind;
 
 use crate::packet::{
     BROADCAST, FrameError, MacAddr, RawSocket, RawSocketError, Receive, arp_frame, dad_probe_frame,
@@ -21,6 +24,8 @@ pub struct ForeignClaim {
     pub addr: IpAddr,
     /// The MAC that answered.
     pub mac: MacAddr,
+    /// The frame it answered with.
+    pub kind: ClaimKind,
 }
 
 /// The probe could not run.
@@ -40,6 +45,9 @@ pub enum ProbeError {
     /// A probe frame could not be built.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// The uplink's namespace could not be entered.
+    #[error("cannot enter the node's network namespace: {0}")]
+    Namespace(String),
 }
 
 /// The index and MAC of `interface` in the calling thread's namespace.
@@ -55,52 +63,6 @@ pub fn interface_info(interface: &str) -> Result<(u32, MacAddr), ProbeError> {
         .find_map(|ifa| ifa.address?.as_link_addr()?.addr())
         .unwrap_or_default();
     Ok((index, mac))
-}
-
-/// Sends a probe for each of `addrs` out of `interface` (in the calling
-/// thread's namespace), repeats it halfway through `wait`, and returns the
-/// first answer from a MAC other than the interface's own, if any arrives
-/// within `wait`.
-pub fn probe(
-    interface: &str,
-    addrs: &[IpAddr],
-    wait: Duration,
-) -> Result<Option<ForeignClaim>, ProbeError> {
-    let (_, own_mac) = interface_info(interface)?;
-    let socket = probe_socket(interface)?;
-    let frames = addrs
-        .iter()
-        .map(|addr| probe_frame(own_mac, *addr))
-        .collect::<Result<Vec<_>, _>>()?;
-    let started = Instant::now();
-    let mut resent = false;
-    for frame in &frames {
-        socket.send(frame)?;
-    }
-    let mut buffer = [0u8; 2048];
-    loop {
-        let elapsed = started.elapsed();
-        if elapsed >= wait {
-            return Ok(None);
-        }
-        if !resent && elapsed >= wait / 2 {
-            resent = true;
-            for frame in &frames {
-                socket.send(frame)?;
-            }
-        }
-        let slice = if resent { wait } else { wait / 2 };
-        let Some(received) = socket.receive(&mut buffer, slice.saturating_sub(elapsed))? else {
-            continue;
-        };
-        // Copies of our own probes are no answer.
-        if received.outgoing {
-            continue;
-        }
-        if let Some(claim) = parse_answer(&buffer[..received.len], addrs, own_mac) {
-            return Ok(Some(claim));
-        }
-    }
 }
 
 /// The probe frame for `addr`.
@@ -129,22 +91,28 @@ pub fn parse_answer(frame: &[u8], addrs: &[IpAddr], own_mac: MacAddr) -> Option<
     if source == own_mac {
         return None;
     }
-    let claimed: IpAddr = match (&packet.net, &packet.transport) {
+    let (claimed, kind) = match (&packet.net, &packet.transport) {
         (Some(NetSlice::Arp(arp)), _) => {
             let sender: [u8; 4] = arp.sender_protocol_addr().try_into().ok()?;
-            IpAddr::V4(Ipv4Addr::from(sender))
+            let kind = if arp.operation() == ArpOperation::REPLY {
+                ClaimKind::ArpReply
+            } else {
+                ClaimKind::GratuitousArp
+            };
+            (IpAddr::V4(Ipv4Addr::from(sender)), kind)
         }
         (Some(NetSlice::Ipv6(_)), Some(TransportSlice::Icmpv6(icmp)))
             if matches!(icmp.icmp_type(), Icmpv6Type::NeighborAdvertisement(_)) =>
         {
             let target: [u8; 16] = icmp.payload().get(..16)?.try_into().ok()?;
-            IpAddr::V6(target.into())
+            (IpAddr::V6(target.into()), ClaimKind::NeighborAdvertisement)
         }
         _ => return None,
     };
     addrs.contains(&claimed).then_some(ForeignClaim {
         addr: claimed,
         mac: source,
+        kind,
     })
 }
 
@@ -181,7 +149,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             parse_answer(&reply, &[addr], OWN),
-            Some(ForeignClaim { addr, mac: OTHER })
+            Some(ForeignClaim {
+                addr,
+                mac: OTHER,
+                kind: ClaimKind::ArpReply
+            })
         );
         assert_eq!(parse_answer(&reply, &[], OWN), None, "other addresses");
         // Our own probe (sender 0.0.0.0) and frames from our MAC are not claims.
@@ -208,7 +180,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             parse_answer(&advert, &[addr], OWN),
-            Some(ForeignClaim { addr, mac: OTHER })
+            Some(ForeignClaim {
+                addr,
+                mac: OTHER,
+                kind: ClaimKind::NeighborAdvertisement
+            })
         );
         let dad = dad_probe_frame(OTHER, target).unwrap();
         assert_eq!(parse_answer(&dad, &[addr], OWN), None);

@@ -183,7 +183,8 @@ impl RawSocket {
         buffer: &mut [u8],
         wait: Duration,
     ) -> Result<Option<Received>, RawSocketError> {
-        let timeout = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+        // Rounded up: a wait under a millisecond still waits.
+        let timeout = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
         let mut fds = [libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,

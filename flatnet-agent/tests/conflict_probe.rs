@@ -1,0 +1,237 @@
+//! The conflict probe off ADD's critical path, on a simulated LAN with the
+//! real `flatnet-agent run --standalone` and `flatnet-cni`: the first ADD
+//! on an uplink waits the whole configured window and learns the LAN's
+//! reply time from the gateway's answer; the next ADDs wait only as long
+//! as the LAN takes to answer; a host that answers after that is raised as
+//! a conflict of the pod once it is attached.
+
+mod support;
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use etherparse::{ArpOperation, LinkSlice, NetSlice, SlicedPacket};
+use flatnet_agent::{
+    netns::run_in_netns,
+    packet::{RawSocket, Receive, arp_frame},
+};
+use serde_json::{Value, json};
+use support::{
+    TestNetns,
+    agent::{free_local_address, http_get},
+    cni::run_cni,
+    lan::AgentOnLan,
+    privileged, wait_until,
+};
+
+const GATEWAY: &str = "192.0.2.1";
+/// The probe's window: long, so that the ADD answering before the slow
+/// host does is a matter of reply time, not of the machine's load.
+const WINDOW_MS: &str = "3000";
+/// How long the slow host takes to answer: far beyond the LAN's reply
+/// time, well within the window.
+const SLOW_ANSWER: Duration = Duration::from_millis(1000);
+const FOREIGN_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x77];
+
+struct Lan {
+    on_lan: AgentOnLan,
+    admin: String,
+}
+
+impl Lan {
+    fn running_for_test(test: &str) -> Option<Self> {
+        if !privileged(test) {
+            return None;
+        }
+        let admin = free_local_address();
+        let mut on_lan = AgentOnLan::new(
+            "cp",
+            &[&format!("{GATEWAY}/24")],
+            &["--conflict-probe-ms", WINDOW_MS, "--admin-address", &admin],
+        );
+        on_lan.agent.write_state(&format!(
+            r"
+subnets:
+  - name: lan4
+    spec:
+      flatMode: macvlan
+      master: {master}
+      cidr: 192.0.2.0/24
+      gateway: {GATEWAY}
+      ranges: [{{from: 192.0.2.10, to: 192.0.2.20}}]
+networks:
+  - {{name: flat4, subnets: [lan4]}}
+",
+            master = on_lan.master
+        ));
+        on_lan.agent.start(None, |agent| {
+            run_cni(&agent.socket(), "STATUS", "flat4", "", None, json!({})).0
+        });
+        Some(Self { on_lan, admin })
+    }
+
+    fn add(&self, container: &str, pod: &TestNetns) -> Value {
+        let (ok, out) = run_cni(
+            &self.on_lan.agent.socket(),
+            "ADD",
+            "flat4",
+            container,
+            Some(&pod.path()),
+            json!({}),
+        );
+        assert!(ok, "ADD {container}: {out}");
+        out
+    }
+
+    /// The agent's counter `name` (with its labels), 0 while not exposed.
+    fn counted(&self, name: &str) -> u64 {
+        let text = http_get(&self.admin, "/metrics");
+        let prefix = format!("{name} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+
+    fn waits(&self, basis: &str) -> u64 {
+        self.counted(&format!(
+            "flatnet_agent_conflict_probe_waits_total{{basis=\"{basis}\"}}"
+        ))
+    }
+}
+
+fn address_of(result: &Value) -> String {
+    result["ips"][0]["address"].as_str().unwrap().to_owned()
+}
+
+/// A host on the LAN that answers ARP probes for `target` after `delay`,
+/// from [`FOREIGN_MAC`], until dropped.
+struct SlowHost {
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<u32>>,
+}
+
+impl SlowHost {
+    fn answering(lan: &TestNetns, target: Ipv4Addr, delay: Duration) -> Self {
+        let socket = run_in_netns(&lan.path(), || {
+            RawSocket::open_receiving("lan0", Receive::EtherType(0x0806))
+        })
+        .unwrap()
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = thread::spawn(move || {
+            let mut answered = 0;
+            let mut buffer = [0u8; 1500];
+            while !stopped.load(Ordering::Relaxed) {
+                let Some(received) = socket
+                    .receive(&mut buffer, Duration::from_millis(50))
+                    .unwrap()
+                else {
+                    continue;
+                };
+                if received.outgoing {
+                    continue;
+                }
+                let Some(prober) = probe_for(&buffer[..received.len], target) else {
+                    continue;
+                };
+                thread::sleep(delay);
+                let reply = arp_frame(
+                    FOREIGN_MAC,
+                    prober,
+                    ArpOperation::REPLY,
+                    (FOREIGN_MAC, target),
+                    (prober, Ipv4Addr::UNSPECIFIED),
+                )
+                .unwrap();
+                socket.send(&reply).unwrap();
+                answered += 1;
+            }
+            answered
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops answering; how many probes it answered.
+    fn finish(mut self) -> u32 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for SlowHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The sender MAC of `frame` when it is an ARP probe (sender 0.0.0.0) for
+/// `target`.
+fn probe_for(frame: &[u8], target: Ipv4Addr) -> Option<[u8; 6]> {
+    let packet = SlicedPacket::from_ethernet(frame).ok()?;
+    let Some(LinkSlice::Ethernet2(eth)) = &packet.link else {
+        return None;
+    };
+    let Some(NetSlice::Arp(arp)) = &packet.net else {
+        return None;
+    };
+    let probe = arp.operation() == ArpOperation::REQUEST
+        && arp.sender_protocol_addr() == [0, 0, 0, 0]
+        && arp.target_protocol_addr() == target.octets();
+    probe.then(|| eth.source())
+}
+
+#[test]
+fn adds_wait_for_the_lans_reply_time_and_a_late_answer_is_a_conflict() {
+    let Some(lan) =
+        Lan::running_for_test("adds_wait_for_the_lans_reply_time_and_a_late_answer_is_a_conflict")
+    else {
+        return;
+    };
+    // No reply seen on the uplink yet: the whole window; the gateway's
+    // answer to the reference probe is the first sample.
+    let first = TestNetns::new("cpa-");
+    assert_eq!(address_of(&lan.add("c1", &first)), "192.0.2.10/24");
+    assert_eq!(lan.waits("no_reply_time"), 1, "the first ADD");
+    assert_eq!(lan.waits("reply_time"), 0, "the first ADD");
+
+    let second = TestNetns::new("cpb-");
+    assert_eq!(address_of(&lan.add("c2", &second)), "192.0.2.11/24");
+    assert_eq!(
+        lan.waits("reply_time"),
+        1,
+        "the second ADD waits the reply time"
+    );
+    assert_eq!(lan.waits("no_reply_time"), 1);
+
+    // A host answering for the next address, slower than the LAN's reply
+    // time: the ADD has answered by then, and the answer is a conflict.
+    let target: Ipv4Addr = "192.0.2.12".parse().unwrap();
+    let slow = SlowHost::answering(&lan.on_lan.lan, target, SLOW_ANSWER);
+    let conflicts_before = lan.counted("flatnet_agent_ip_conflicts_total");
+    let third = TestNetns::new("cpc-");
+    assert_eq!(address_of(&lan.add("c3", &third)), "192.0.2.12/24");
+    wait_until("the late answer raised as a conflict", || {
+        lan.counted("flatnet_agent_conflict_probe_late_answers_total") == 1
+            && lan.counted("flatnet_agent_ip_conflicts_total") > conflicts_before
+    });
+    let log = std::fs::read_to_string(lan.on_lan.agent.log_file()).unwrap();
+    let foreign = "02:00:5e:00:00:77";
+    assert!(
+        log.lines().any(|l| l.contains("IP conflict")
+            && l.contains(&IpAddr::V4(target).to_string())
+            && l.contains(foreign)),
+        "the agent logs the conflict of 192.0.2.12 with {foreign}"
+    );
+    assert!(slow.finish() >= 1, "the slow host answered the probe");
+}
