@@ -3,7 +3,9 @@
 //! on an uplink waits the whole configured window and learns the LAN's
 //! reply time from the gateway's answer; the next ADDs wait only as long
 //! as the LAN takes to answer; a host that answers after that is raised as
-//! a conflict of the pod once it is attached.
+//! a conflict of the pod once it is attached. The probe itself
+//! ([`Probing`]) on a veth pair: an address the wire inventory saw in use
+//! waits the whole window, so the same slow host is caught in time.
 
 mod support;
 
@@ -21,6 +23,11 @@ use etherparse::{ArpOperation, LinkSlice, NetSlice, SlicedPacket};
 use flatnet_agent::{
     netns::run_in_netns,
     packet::{RawSocket, Receive, arp_frame},
+    probe::{
+        ForeignClaim,
+        run::{ProbeContext, ProbeMetrics, ProbePlan, Probing},
+        wait::ReplyTimes,
+    },
 };
 use serde_json::{Value, json};
 use support::{
@@ -28,7 +35,7 @@ use support::{
     agent::{free_local_address, http_get},
     cni::run_cni,
     lan::AgentOnLan,
-    privileged, wait_until,
+    privileged, veth_pair, wait_until,
 };
 
 const GATEWAY: &str = "192.0.2.1";
@@ -234,4 +241,89 @@ fn adds_wait_for_the_lans_reply_time_and_a_late_answer_is_a_conflict() {
         "the agent logs the conflict of 192.0.2.12 with {foreign}"
     );
     assert!(slow.finish() >= 1, "the slow host answered the probe");
+}
+
+/// Probes 192.0.2.12 out of `uplink0` of a node namespace whose peer is a
+/// LAN namespace with the slow host, a fast reply time already known on
+/// the uplink and the inventory saying `seen_on_wire`: the verdict, and
+/// what reached the late handler.
+async fn probe_with_a_slow_host(
+    seen_on_wire: bool,
+) -> (Option<ForeignClaim>, Option<ForeignClaim>, ProbeMetrics) {
+    let node = TestNetns::new("cpn-");
+    let lan = TestNetns::new("cpl-");
+    veth_pair(&node, "uplink0", &lan, "lan0");
+    node.ip(&["link", "set", "uplink0", "up"]);
+    lan.ip(&["link", "set", "lan0", "up"]);
+    let target: Ipv4Addr = "192.0.2.12".parse().unwrap();
+    let slow = SlowHost::answering(&lan, target, Duration::from_millis(200));
+    let reply_times = Arc::new(ReplyTimes::default());
+    reply_times.record("uplink0", Duration::from_micros(50));
+    let (late_sender, late) = std::sync::mpsc::channel();
+    let metrics = ProbeMetrics::default();
+    let probing = Probing::start(
+        ProbePlan {
+            uplink: "uplink0".into(),
+            addrs: vec![IpAddr::V4(target)],
+            reference: None,
+            window: Duration::from_millis(1500),
+        },
+        ProbeContext {
+            host: Some(node.path()),
+            reply_times,
+            seen_on_wire: Box::new(move |_, addr| seen_on_wire && addr == IpAddr::V4(target)),
+            late: Box::new(move |_, claim| late_sender.send(claim).unwrap()),
+            metrics: metrics.clone(),
+        },
+    );
+    let verdict = probing.verdict().await.unwrap();
+    // The window's end: every answer is in by then.
+    let late = tokio::task::spawn_blocking(move || late.recv_timeout(Duration::from_secs(10)).ok())
+        .await
+        .unwrap();
+    assert!(slow.finish() >= 1, "the slow host answered");
+    (verdict, late, metrics)
+}
+
+#[tokio::test]
+async fn an_address_seen_in_use_waits_the_window_and_a_fresh_one_hears_late() {
+    if !privileged("an_address_seen_in_use_waits_the_window_and_a_fresh_one_hears_late") {
+        return;
+    }
+    let foreign = |claim: Option<ForeignClaim>| claim.map(|c| (c.addr.to_string(), c.mac));
+    let expected = Some(("192.0.2.12".to_owned(), FOREIGN_MAC));
+
+    let (verdict, late, metrics) = probe_with_a_slow_host(true).await;
+    assert_eq!(
+        foreign(verdict),
+        expected,
+        "seen on the wire: the whole window, refused"
+    );
+    assert_eq!(late, None);
+    assert_eq!(
+        metrics
+            .waits
+            .get_or_create(&[("basis", "seen_on_wire")])
+            .get(),
+        1
+    );
+
+    let (verdict, late, metrics) = probe_with_a_slow_host(false).await;
+    assert_eq!(
+        verdict, None,
+        "the reply time: the ADD goes on before the slow host answers"
+    );
+    assert_eq!(
+        foreign(late),
+        expected,
+        "the answer reaches the late handler"
+    );
+    assert_eq!(
+        metrics
+            .waits
+            .get_or_create(&[("basis", "reply_time")])
+            .get(),
+        1
+    );
+    assert_eq!(metrics.late_answers.get(), 1);
 }
