@@ -124,6 +124,14 @@ impl Plugin {
             .env("CNI_CONTAINERID", format!("bench{index:06}"))
             .env("CNI_NETNS", pod)
             .env("CNI_IFNAME", "eth0")
+            // As kubelet passes them, to every plugin.
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{index};\
+                     K8S_POD_UID=uid-{index}"
+                ),
+            )
             .env("CNI_PATH", REFERENCE_DIR)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -203,7 +211,8 @@ pub(super) fn bench_state(extra: &str) -> String {
 }
 
 impl Agent {
-    /// Starts the agent with its files under `dir` and [`bench_state`].
+    /// Starts the standalone agent with its files under `dir`, the state
+    /// file [`bench_state`] and the conflict probe off.
     pub(super) fn start(
         binaries: &ReleaseBinaries,
         dir: &Path,
@@ -212,11 +221,49 @@ impl Agent {
     ) -> anyhow::Result<Self> {
         std::fs::write(dir.join("state.yaml"), bench_state(""))?;
         let arg = |p: &str| dir.join(p).display().to_string();
+        Self::spawn(binaries, dir, node, pin, |command| {
+            command
+                .args(["run", "--standalone"])
+                .args(["--state-file", &arg("state.yaml")])
+                .args(["--state-dir", &arg("state")])
+                // The reference plugin has no conflict probe; see the notes.
+                .args(["--conflict-probe-ms", "0"]);
+        })
+    }
+
+    /// Starts the agent as the chart runs it (Kubernetes mode, every
+    /// setting the chart's default: the conflict probe on, policies
+    /// enforced) against the API server of `kubeconfig`, as node
+    /// `bench-node`.
+    fn start_kubernetes(
+        binaries: &ReleaseBinaries,
+        dir: &Path,
+        node: &Netns,
+        pin: &PinRoot,
+        kubeconfig: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::spawn(binaries, dir, node, pin, |command| {
+            command
+                .arg("run")
+                .env("KUBECONFIG", kubeconfig)
+                .env("NODE_NAME", BENCH_NODE);
+        })
+    }
+
+    /// Starts `flatnet-agent` with `mode`'s arguments (the command first)
+    /// and its files under `dir`, and waits until it answers STATUS.
+    fn spawn(
+        binaries: &ReleaseBinaries,
+        dir: &Path,
+        node: &Netns,
+        pin: &PinRoot,
+        mode: impl FnOnce(&mut Command),
+    ) -> anyhow::Result<Self> {
+        let arg = |p: &str| dir.join(p).display().to_string();
         let admin = free_local_address()?;
-        let child = Command::new(&binaries.agent)
-            .args(["run", "--standalone"])
-            .args(["--state-file", &arg("state.yaml")])
-            .args(["--state-dir", &arg("state")])
+        let mut command = Command::new(&binaries.agent);
+        mode(&mut command);
+        let child = command
             .args(["--record-dir", &arg("records")])
             .args(["--lease-dir", &arg("leases")])
             .args(["--socket", &arg("agent.sock")])
@@ -228,8 +275,6 @@ impl Agent {
             .arg("--host-netns")
             .arg(node.path())
             .args(["--admin-address", &admin.to_string()])
-            // The reference plugin has no conflict probe; see the notes.
-            .args(["--conflict-probe-ms", "0"])
             .stdin(Stdio::null())
             .stderr(std::fs::File::create(dir.join("agent.log"))?)
             .spawn()
@@ -285,6 +330,107 @@ impl Drop for Agent {
     }
 }
 
+/// The node the Kubernetes-mode agent reports as.
+const BENCH_NODE: &str = "bench-node";
+/// The master of the Kubernetes-mode agent, and its LAN peer (the LAN
+/// host, 198.18.0.1, the subnet's gateway, answers the conflict probe's
+/// reference request).
+const KUBERNETES_MASTER: &str = "bench1";
+const KUBERNETES_LAN: &str = "lan1";
+/// Time between the operator's allocation and the ADD: kubelet creates the
+/// pod's sandbox (and calls CNI) well after the pod is scheduled, which is
+/// when the operator allocates; the agent's watch has the allocation and
+/// the pod by then.
+const SETTLE: Duration = Duration::from_millis(50);
+
+/// The operator's in-memory API server with its allocation controllers
+/// (`flatnet-agent/examples/bench_cluster.rs`), driven line by line.
+struct BenchCluster {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    kubeconfig: PathBuf,
+}
+
+impl BenchCluster {
+    /// Builds and starts the example; its subnet is on `master`, pods get
+    /// `first`..=`last`; its files go to `dir`.
+    fn start(master: &str, (first, last): (&str, &str), dir: &Path) -> anyhow::Result<Self> {
+        let mut cargo = crate::workspace::cargo(None);
+        cargo.args([
+            "build",
+            "-q",
+            "-p",
+            "flatnet-agent",
+            "--example",
+            "bench_cluster",
+        ]);
+        crate::workspace::run("build the benchmark's API server", &mut cargo)?;
+        let binary = crate::workspace::root().join("target/debug/examples/bench_cluster");
+        let mut child = Command::new(&binary)
+            .args(["--master", master, "--first", first, "--last", last])
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("bench-cluster.log"))?)
+            .spawn()
+            .with_context(|| format!("start {}", binary.display()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut cluster = Self {
+            child,
+            stdin,
+            stdout,
+            kubeconfig: PathBuf::new(),
+        };
+        let first_line = cluster.line()?;
+        let Some(kubeconfig) = first_line.strip_prefix("kubeconfig ") else {
+            bail!("bench_cluster said {first_line:?}, not its kubeconfig");
+        };
+        cluster.kubeconfig = PathBuf::from(kubeconfig);
+        let ready = cluster.line()?;
+        if ready != "ready" {
+            bail!("bench_cluster said {ready:?}, not ready");
+        }
+        Ok(cluster)
+    }
+
+    fn line(&mut self) -> anyhow::Result<String> {
+        use std::io::BufRead as _;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("bench_cluster exited; see its log");
+        }
+        Ok(line.trim_end().to_owned())
+    }
+
+    /// `create`, `active` or `delete` for pods `range`; waits for `done`.
+    fn command(&mut self, command: &str, range: std::ops::Range<usize>) -> anyhow::Result<()> {
+        writeln!(self.stdin, "{command} {} {}", range.start, range.end)?;
+        self.stdin.flush()?;
+        match self.line()?.as_str() {
+            "done" => Ok(()),
+            other => bail!("bench_cluster {command} {range:?}: {other}"),
+        }
+    }
+}
+
+impl Drop for BenchCluster {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The plugins of a run, in the order of [`plugins`].
+const DEFAULT: usize = 0;
+const PROBE_OFF: usize = 1;
+const REFERENCE: usize = 2;
+
+/// Container and pod indexes of the parallel phase: never the sequential ones.
+const PARALLEL_INDEXES: usize = 10_000;
+
 /// Runs the benchmark and writes its section (`--quick`: checks the
 /// ratios instead).
 pub fn run(args: &CniArgs) -> anyhow::Result<()> {
@@ -307,14 +453,56 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     let machine = machine();
 
     // The LAN namespace lives as long as the run (dropping it deletes it).
-    let (node, _lan) = node_and_lan("fb")?;
+    let (node, lan) = node_and_lan("fb")?;
+    super::sh(
+        "ip",
+        &[
+            "link",
+            "add",
+            KUBERNETES_MASTER,
+            "netns",
+            &node.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            KUBERNETES_LAN,
+            "netns",
+            &lan.name,
+        ],
+    )?;
+    node.ip(&["link", "set", KUBERNETES_MASTER, "up"])?;
+    lan.ip(&[
+        "addr",
+        "add",
+        &format!("198.18.0.1/{PREFIX_LEN}"),
+        "dev",
+        KUBERNETES_LAN,
+    ])?;
+    lan.ip(&["link", "set", KUBERNETES_LAN, "up"])?;
 
     let dir = tempfile_dir("flatnet-bench-cni")?;
-    let pin = PinRoot::new("bench-cni");
-    let agent = Agent::start(&binaries, &dir, &node, &pin)?;
-    let plugins = plugins(&agent, &node);
-    if !plugins[1].binary.exists() {
-        bail!("{} is missing", plugins[1].binary.display());
+    let standalone_dir = dir.join("standalone");
+    let kubernetes_dir = dir.join("kubernetes");
+    std::fs::create_dir_all(&standalone_dir)?;
+    std::fs::create_dir_all(&kubernetes_dir)?;
+    let mut cluster = BenchCluster::start(
+        KUBERNETES_MASTER,
+        ("198.18.16.0", "198.18.23.255"),
+        &kubernetes_dir,
+    )?;
+    let pins = [PinRoot::new("bench-cni-k8s"), PinRoot::new("bench-cni")];
+    let installed = Agent::start_kubernetes(
+        &binaries,
+        &kubernetes_dir,
+        &node,
+        &pins[0],
+        &cluster.kubeconfig,
+    )?;
+    let probe_off = Agent::start(&binaries, &standalone_dir, &node, &pins[1])?;
+    let plugins = plugins(&installed, &probe_off, &node);
+    if !plugins[REFERENCE].binary.exists() {
+        bail!("{} is missing", plugins[REFERENCE].binary.display());
     }
 
     let mut results: Vec<Measured> = plugins.iter().map(|_| Measured::default()).collect();
@@ -332,11 +520,11 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     let mut phases_before = None;
     for i in 0..WARM_UP + iterations {
         if i == WARM_UP {
-            phases_before = Some(phases::scrape(agent.admin)?);
+            phases_before = Some(phases::scrape(installed.admin)?);
         }
-        // Alternate who goes first, so neither always runs right after the other.
-        let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
-        for p in order {
+        // A different plugin goes first each time.
+        for step in 0..plugins.len() {
+            let p = (i + step) % plugins.len();
             let pod = pods(i..i + 1)?;
             let version = plugins[p].exec_config(
                 "VERSION",
@@ -344,8 +532,19 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
                 &pod[0].path(),
                 json!({"cniVersion": "1.0.0"}),
             )?;
+            if p == DEFAULT {
+                cluster.command("create", i..i + 1)?;
+                std::thread::sleep(SETTLE);
+            }
             let add = plugins[p].exec("ADD", i, &pod[0].path())?;
+            if p == DEFAULT {
+                // The Active status follows the answer; a DEL would stop it.
+                cluster.command("active", i..i + 1)?;
+            }
             let del = plugins[p].exec("DEL", i, &pod[0].path())?;
+            if p == DEFAULT {
+                cluster.command("delete", i..i + 1)?;
+            }
             if i >= WARM_UP {
                 results[p].add.push(add);
                 results[p].del.push(del);
@@ -355,17 +554,28 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     }
     let phases = phases::Breakdown::between(
         &phases_before.expect("scraped after the warm-up"),
-        &phases::scrape(agent.admin)?,
+        &phases::scrape(installed.admin)?,
     );
     if !args.quick {
-        for (plugin, measured) in plugins.iter().zip(&mut results) {
+        for (p, (plugin, measured)) in plugins.iter().zip(&mut results).enumerate() {
             let pods = pods(0..args.parallel_adds)?;
             let paths: Vec<PathBuf> = pods.iter().map(Netns::path).collect();
+            let indexes = PARALLEL_INDEXES..PARALLEL_INDEXES + args.parallel_adds;
+            if p == DEFAULT {
+                cluster.command("create", indexes.clone())?;
+                std::thread::sleep(SETTLE);
+            }
             measured.adds_per_second = parallel_rate(plugin, "ADD", &paths, args.parallel)?;
+            if p == DEFAULT {
+                cluster.command("active", indexes.clone())?;
+            }
             measured.dels_per_second = parallel_rate(plugin, "DEL", &paths, args.parallel)?;
+            if p == DEFAULT {
+                cluster.command("delete", indexes)?;
+            }
         }
     }
-    drop(agent);
+    drop((installed, probe_off, cluster));
     let _ = std::fs::remove_dir_all(&dir);
     for m in &mut results {
         m.add.sort();
@@ -373,8 +583,8 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         m.version.sort();
     }
 
-    let ratios = Ratios::of(&results[0], &results[1]);
-    let breakdown = phases.table(&results[0]);
+    let ratios = Ratios::of(&results);
+    let breakdown = phases.table(&results[DEFAULT]);
     if args.quick {
         print!("{}", latency_table(&plugins, &results));
         print!("{breakdown}");
@@ -389,50 +599,73 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let section = format!(
-        "## CNI ADD and DEL: flatnet vs the reference macvlan plugin\n\n\
+        "## CNI ADD and DEL: flatnet as installed vs the reference macvlan plugin\n\n\
          Command: `cargo xtask bench cni` (root; installs Debian's\n\
          `containernetworking-plugins` {} for the reference).\n\
          {}.\n\n\
          Each ADD and DEL is one execution of the plugin binary, timed from spawn\n\
-         to exit as a runtime sees it, with cniVersion 1.0.0, IPv4, a fresh pod\n\
-         namespace per ADD, and the same master for both plugins: a veth in a\n\
-         node namespace whose peer is a LAN namespace. flatnet is\n\
-         `flatnet-agent run --standalone` (allocating from its state file) with\n\
-         the `flatnet-cni` it installed, both the static musl release builds\n\
-         the images carry; the reference is `macvlan` (bridge\n\
-         mode) with `static` IPAM, run inside the node namespace. The two run\n\
-         interleaved in one process: {iterations} sequential ADD+DEL pairs each (after {WARM_UP}\n\
-         unmeasured), then {} ADDs and as many DELs with {} at a time.\n\
-         The agent runs with `--conflict-probe-ms 0`: the reference has no\n\
-         conflict probe, and the probe's default 500 ms of listening for an\n\
-         answer would be added to every flatnet ADD.\n\n{table}\n{ratios}\n\n\
-         ### Where flatnet's ADD and DEL spend their time\n\n\
-         Mean wall time per phase over the sequential pairs, from the agent's\n\
-         `flatnet_agent_cni_phase_seconds` histograms scraped before and after\n\
-         them in the same run. `total` is the agent's handler; nested phases\n\
-         (`attach.*`, `detach.*`) are part of `link_attach` and `link_detach`.\n\
-         VERSION is the plugin binary starting and exiting with no work.\n\n{breakdown}",
+         to exit as a runtime sees it, with cniVersion 1.0.0, IPv4, the\n\
+         `CNI_ARGS` kubelet passes, and a fresh pod namespace per ADD. Three\n\
+         plugins run interleaved in one process, on masters that are veths in\n\
+         one node namespace whose peers are in a LAN namespace:\n\n\
+         - **flatnet as installed** (the headline): `flatnet-agent run` with\n\
+           every setting the chart's default, in Kubernetes mode against the\n\
+           operator's in-memory API server over HTTP with the operator's\n\
+           allocation controllers (`flatnet-agent/examples/bench_cluster.rs`).\n\
+           The conflict probe is on (window 500 ms; the LAN host is the\n\
+           subnet's gateway and answers its reference request), policies are\n\
+           enforced and a MultiNetworkPolicy denying ingress is in force on\n\
+           the pods' namespace, the agent follows the allocations. Before each\n\
+           ADD the Pod exists, bound to the node, the operator has allocated\n\
+           its FlatNetworkIP, and {} ms pass (kubelet calls CNI well after\n\
+           scheduling); after the ADD its Active status is waited for, and\n\
+           after the DEL the Pod is deleted (untimed).\n\
+         - **flatnet standalone, probe off**: `flatnet-agent run --standalone`\n\
+           (allocating from its state file) with `--conflict-probe-ms 0` and\n\
+           no policy.\n\
+         - **the reference**: `macvlan` (bridge mode) with `static` IPAM, run\n\
+           inside the node namespace; it has no conflict check and no policy.\n\n\
+         flatnet runs the static musl release builds the images carry. {iterations}\n\
+         sequential ADD+DEL pairs each (after {WARM_UP} unmeasured), then {} ADDs\n\
+         and as many DELs with {} at a time.\n\n{table}\n{ratios}\n\n\
+         ### Where flatnet's ADD and DEL spend their time, as installed\n\n\
+         Mean wall time per phase over the sequential pairs of the first row,\n\
+         from the agent's `flatnet_agent_cni_phase_seconds` histograms scraped\n\
+         before and after them in the same run. `total` is the agent's handler;\n\
+         nested phases (`attach.*`, `detach.*`) are part of `link_attach` and\n\
+         `link_detach`; `attach.probe_verdict` is what is left of the conflict\n\
+         probe's wait when the interface is ready to come up. VERSION is the\n\
+         plugin binary starting and exiting with no work.\n\n{breakdown}",
         package_version("containernetworking-plugins"),
         machine,
+        SETTLE.as_millis(),
         args.parallel_adds,
         args.parallel,
     );
     report::write_section("cni", &section)
 }
 
-/// flatnet (through the agent) and the reference, on the same master.
-fn plugins(agent: &Agent, node: &Netns) -> [Plugin; 2] {
-    let socket = agent.socket.clone();
-    [
+/// flatnet as installed, flatnet standalone with the probe off, and the
+/// reference, in the order [`DEFAULT`], [`PROBE_OFF`], [`REFERENCE`].
+fn plugins(installed: &Agent, probe_off: &Agent, node: &Netns) -> [Plugin; 3] {
+    let flatnet = |label, agent: &Agent| {
+        let socket = agent.socket.clone();
         Plugin {
-            label: "flatnet (agent + flatnet-cni)",
+            label,
             binary: agent.installed_cni.clone(),
             netns: None,
             config: Box::new(move |_| {
                 json!({"cniVersion": "1.0.0", "name": "flatnet-bench", "type": "flatnet-cni",
                        "agentSocket": socket})
             }),
-        },
+        }
+    };
+    [
+        flatnet(
+            "flatnet as installed (chart defaults: probe on, policy in force, Kubernetes mode)",
+            installed,
+        ),
+        flatnet("flatnet standalone, probe off, no policy", probe_off),
         Plugin {
             label: "reference macvlan + static IPAM",
             binary: Path::new(REFERENCE_DIR).join("macvlan"),
@@ -447,27 +680,43 @@ fn plugins(agent: &Agent, node: &Netns) -> [Plugin; 2] {
     ]
 }
 
-/// flatnet's p50s over the reference's, from one run.
+/// flatnet's p50s over the reference's, from one run: as installed
+/// (the headline) and standalone with the probe off.
 struct Ratios {
-    add: f64,
-    del: f64,
+    installed: (f64, f64),
+    probe_off: (f64, f64),
+    /// ADDs per second over the reference's, in parallel (0 in `--quick`).
+    installed_rate: f64,
+    probe_off_rate: f64,
 }
 
 impl Ratios {
-    fn of(flatnet: &Measured, reference: &Measured) -> Self {
-        let ratio = |a: &[Duration], b: &[Duration]| {
+    fn of(results: &[Measured]) -> Self {
+        let p50 = |a: &[Duration], b: &[Duration]| {
             percentile(a, 0.5).as_secs_f64() / percentile(b, 0.5).as_secs_f64()
         };
+        let reference = &results[REFERENCE];
+        let of = |m: &Measured| (p50(&m.add, &reference.add), p50(&m.del, &reference.del));
+        let rate = |m: &Measured| {
+            if reference.adds_per_second > 0.0 {
+                m.adds_per_second / reference.adds_per_second
+            } else {
+                0.0
+            }
+        };
         Self {
-            add: ratio(&flatnet.add, &reference.add),
-            del: ratio(&flatnet.del, &reference.del),
+            installed: of(&results[DEFAULT]),
+            probe_off: of(&results[PROBE_OFF]),
+            installed_rate: rate(&results[DEFAULT]),
+            probe_off_rate: rate(&results[PROBE_OFF]),
         }
     }
 
-    /// Fails when either p50 is more than [`QUICK_GUARD_RATIO`] times the
-    /// reference's.
+    /// Fails when an ADD or DEL p50 of flatnet as installed is more than
+    /// [`QUICK_GUARD_RATIO`] times the reference's.
     fn guard(&self) -> anyhow::Result<()> {
-        if self.add > QUICK_GUARD_RATIO || self.del > QUICK_GUARD_RATIO {
+        let (add, del) = self.installed;
+        if add > QUICK_GUARD_RATIO || del > QUICK_GUARD_RATIO {
             bail!(
                 "flatnet's CNI latency regressed: {self}; the guard is {QUICK_GUARD_RATIO}x \
                  (run `cargo xtask bench cni` for the phase breakdown)"
@@ -480,10 +729,23 @@ impl Ratios {
 
 impl std::fmt::Display for Ratios {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rate = |r: f64| {
+            if r > 0.0 {
+                format!(", parallel ADD rate {r:.2}x")
+            } else {
+                String::new()
+            }
+        };
         write!(
             f,
-            "flatnet / reference, same run: ADD p50 {:.2}x, DEL p50 {:.2}x",
-            self.add, self.del
+            "flatnet / reference, same run: as installed ADD p50 {:.2}x, DEL p50 {:.2}x{}; \
+             standalone, probe off: ADD p50 {:.2}x, DEL p50 {:.2}x{}",
+            self.installed.0,
+            self.installed.1,
+            rate(self.installed_rate),
+            self.probe_off.0,
+            self.probe_off.1,
+            rate(self.probe_off_rate),
         )
     }
 }
@@ -507,8 +769,7 @@ fn parallel_rate(
                         let Some(pod) = pods.get(i) else {
                             return Ok(());
                         };
-                        // Offset the indexes so they never meet the sequential ones.
-                        plugin.exec(command, 10_000 + i, pod)?;
+                        plugin.exec(command, PARALLEL_INDEXES + i, pod)?;
                     }
                 })
             })
