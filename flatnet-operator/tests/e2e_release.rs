@@ -1227,6 +1227,99 @@ async fn an_agent_restart_under_traffic_drops_nothing() {
     scope.finish().await;
 }
 
+/// Pods started one at a time by `pod_start_with_and_without_a_flat_attachment`.
+const POD_START_PODS: usize = 50;
+
+/// From the create request to the watch showing the pod Ready, seen by
+/// this client, for each of [`POD_START_PODS`] pods with a flat attachment
+/// through Multus and as many without, alternating, one at a time; each
+/// pod is deleted (grace 0) once Ready. Writes a Markdown table to the
+/// file `FLATNET_E2E_POD_START_OUT` names (`cargo xtask bench pod-start`).
+#[tokio::test]
+#[ignore = "the measurement of `cargo xtask bench pod-start`"]
+async fn pod_start_with_and_without_a_flat_attachment() {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    let test = "pod_start_with_and_without_a_flat_attachment";
+    let Some(e2e) = E2e::from_env(test).await else {
+        return;
+    };
+    let out = std::env::var("FLATNET_E2E_POD_START_OUT")
+        .expect("cargo xtask bench pod-start sets FLATNET_E2E_POD_START_OUT");
+    let mut scope = e2e.scope("e2e-pod-start").await;
+    scope
+        .subnet(e2e.subnet_v4("e2e-pod-start-v4", 120, 199))
+        .await;
+    let pods: Api<Pod> = scope.api();
+    let ready = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let mut times: [Vec<Duration>; 2] = Default::default();
+    for i in 0..2 * POD_START_PODS {
+        let flat = i % 2 == 0;
+        let name = format!("start-{i}");
+        let mut pod = if flat {
+            e2e.flat_template("start", "e2e-pod-start-v4", "auto")
+        } else {
+            json!({"metadata": {"labels": {"app": "start"}}, "spec": e2e.pod_spec()})
+        };
+        pod["apiVersion"] = json!("v1");
+        pod["kind"] = json!("Pod");
+        pod["metadata"]["name"] = json!(name);
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        // Watching before the create: the Ready update cannot be missed.
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut updates = watcher(pods.clone(), config).applied_objects().boxed();
+        let started = Instant::now();
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create {name}: {e}"));
+        let took = tokio::time::timeout(CONVERGE.within, async {
+            while let Some(pod) = updates.try_next().await.expect("watch the pod") {
+                if ready(&pod) {
+                    return started.elapsed();
+                }
+            }
+            panic!("the watch of {name} ended")
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{name} not Ready within {:?}", CONVERGE.within));
+        times[usize::from(!flat)].push(took);
+        pods.delete(&name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    }
+    for samples in &mut times {
+        samples.sort();
+    }
+    let at = |samples: &[Duration], p: f64| {
+        let rank = ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+        samples[rank - 1].as_secs_f64() * 1000.0
+    };
+    let [flat, plain] = &times;
+    let table = format!(
+        "| pod | pods | creation to Ready p50 | p99 |\n| --- | ---: | ---: | ---: |\n\
+         | with a flat attachment (Multus, flatnet-cni) | {} | {:.0} ms | {:.0} ms |\n\
+         | without (the primary network only) | {} | {:.0} ms | {:.0} ms |\n\n\
+         The flat attachment adds {:.0} ms at p50 and {:.0} ms at p99.\n",
+        flat.len(),
+        at(flat, 0.5),
+        at(flat, 0.99),
+        plain.len(),
+        at(plain, 0.5),
+        at(plain, 0.99),
+        at(flat, 0.5) - at(plain, 0.5),
+        at(flat, 0.99) - at(plain, 0.99),
+    );
+    print!("{table}");
+    std::fs::write(&out, table).unwrap_or_else(|e| panic!("write {out}: {e}"));
+    scope.finish().await;
+}
+
 /// Two operator replicas (the chart's default): the leader's pod killed,
 /// the other takes the Lease and serves the next pod.
 #[tokio::test]

@@ -59,15 +59,9 @@ pub struct E2eArgs {
 
 /// Runs the tier; counts its suites into `totals`.
 pub fn run(args: &E2eArgs, totals: &mut Totals) -> anyhow::Result<()> {
-    let root = workspace::root();
-    let chart = ChartImages::read(&root)?;
-    let release_dir = if args.skip_release {
-        root.join(format!("target/flatnet-{}", chart.app_version))
-    } else {
-        release::run(&release::ReleaseArgs::default())?
-    };
+    let (release_dir, version) = release_dir(args.skip_release)?;
     let cluster = cluster::up(&cluster::Options::default())?;
-    let outcome = on_cluster(&cluster, &release_dir, &chart.app_version, totals);
+    let outcome = on_cluster(&cluster, &release_dir, &version, totals);
     if args.keep {
         println!(
             "the cluster stays up: KUBECONFIG={} (cargo xtask cluster down removes it)",
@@ -79,11 +73,25 @@ pub fn run(args: &E2eArgs, totals: &mut Totals) -> anyhow::Result<()> {
     outcome
 }
 
-fn on_cluster(
+/// The release in `release_dir` (built by `cargo xtask release`, or by
+/// this when `skip_release` is false), and the chart's version.
+pub fn release_dir(skip_release: bool) -> anyhow::Result<(PathBuf, String)> {
+    let root = workspace::root();
+    let chart = ChartImages::read(&root)?;
+    let dir = if skip_release {
+        root.join(format!("target/flatnet-{}", chart.app_version))
+    } else {
+        release::run(&release::ReleaseArgs::default())?
+    };
+    Ok((dir, chart.app_version))
+}
+
+/// Imports the release's images into the cluster's containerd and installs
+/// its two charts with their default values, as a user does.
+pub fn install(
     cluster: &cluster::Cluster,
     release_dir: &std::path::Path,
     version: &str,
-    totals: &mut Totals,
 ) -> anyhow::Result<()> {
     let chart = ChartImages::read(&workspace::root())?;
     for component in Component::ALL {
@@ -96,7 +104,20 @@ fn on_cluster(
     let crd_chart = release_dir.join(format!("flatnet-crd-{version}.tgz"));
     let chart = release_dir.join(format!("flatnet-{version}.tgz"));
     helm.run(&["install", path(&crd_chart)?, "flatnet-crd", NAMESPACE])?;
-    helm.run(&["install", path(&chart)?, "flatnet", NAMESPACE])?;
+    helm.run(&["install", path(&chart)?, "flatnet", NAMESPACE])
+}
+
+fn on_cluster(
+    cluster: &cluster::Cluster,
+    release_dir: &std::path::Path,
+    version: &str,
+    totals: &mut Totals,
+) -> anyhow::Result<()> {
+    install(cluster, release_dir, version)?;
+    let helm = Helm {
+        kubeconfig: cluster.kubeconfig.clone(),
+    };
+    let chart = release_dir.join(format!("flatnet-{version}.tgz"));
 
     let test_file = |file: &str, filter: &[&str]| {
         let mut cargo = workspace::cargo(None);
@@ -156,7 +177,7 @@ fn on_cluster(
 }
 
 /// What the suites need to know of the cluster.
-fn test_env(cluster: &cluster::Cluster) -> Vec<(&'static str, String)> {
+pub fn test_env(cluster: &cluster::Cluster) -> Vec<(&'static str, String)> {
     let lan = &cluster.lan_hosts[0];
     let prefix = |subnet: &str| {
         subnet

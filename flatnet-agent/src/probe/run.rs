@@ -1,17 +1,21 @@
 //! A conflict probe that outlives the wait of the ADD that started it.
 //!
 //! The ADD waits only as long as its LAN takes to answer
-//! ([`super::wait::ReplyTimes`]), or the whole window when the wire
-//! inventory saw another host use one of the addresses. The probe goes on
+//! ([`super::wait::ReplyTimes`], from the kernel's arrival times of the
+//! gateway's answers, so the agent's own scheduling does not inflate it),
+//! or the whole window when the wire inventory saw another host use one of
+//! the addresses. The probe's thread decides: at the end of the wait it
+//! first reads every frame that reached the node by then, so an answer in
+//! time refuses the pod however late the thread runs. It goes on
 //! listening, and asks again halfway, for the whole configured window; an
-//! answer that comes after the ADD stopped waiting goes to the late
-//! handler, which raises it as a conflict of the pod.
+//! answer that comes after the ADD went on goes to the late handler, which
+//! raises it as a conflict of the pod.
 
 use std::{
     net::IpAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use prometheus_client::{
@@ -20,7 +24,10 @@ use prometheus_client::{
 };
 
 use super::{ForeignClaim, ProbeError, interface_info, parse_answer, probe_frame, probe_socket};
-use crate::probe::wait::ReplyTimes;
+use crate::{
+    packet::{MacAddr, Received},
+    probe::wait::ReplyTimes,
+};
 
 /// What one probe asks, and for how long.
 #[derive(Clone, Debug)]
@@ -108,6 +115,8 @@ impl ProbeMetrics {
 /// A running probe, as the ADD that started it sees it.
 pub struct Probing {
     shared: Arc<Shared>,
+    /// The probe's window: the ADD never waits longer than this.
+    window: Duration,
 }
 
 struct Shared {
@@ -116,10 +125,8 @@ struct Shared {
 }
 
 enum State {
-    /// Finding the uplink and sending the first probes.
-    Starting,
-    /// Probes sent at `sent`; the ADD waits until `sent + wait`.
-    Listening { sent: Instant, wait: Duration },
+    /// The ADD waits: probes being sent, or the wait not over.
+    Waiting,
     /// Answered while the ADD waited.
     Claimed(ForeignClaim),
     /// No uplink to probe from (a VLAN interface made by this ADD), or the
@@ -127,7 +134,8 @@ enum State {
     Clear,
     /// The probe could not run.
     Failed(String),
-    /// The ADD stopped waiting; a later answer goes to the late handler.
+    /// The wait ended without an answer: the ADD goes on, and a later
+    /// answer goes to the late handler.
     Released,
 }
 
@@ -136,7 +144,7 @@ impl Probing {
     #[must_use]
     pub fn start(plan: ProbePlan, context: ProbeContext) -> Self {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::Starting),
+            state: Mutex::new(State::Waiting),
             changed: tokio::sync::Notify::new(),
         });
         let ProbeContext {
@@ -147,6 +155,7 @@ impl Probing {
             metrics,
         } = context;
         let mut late = Some(late);
+        let window = plan.window;
         let thread_shared = Arc::clone(&shared);
         tokio::task::spawn_blocking(move || {
             let listened = crate::netns::run_in_netns_or_here(host, || {
@@ -168,53 +177,52 @@ impl Probing {
                 late(ifindex, claim);
             }
         });
-        Self { shared }
+        Self { shared, window }
     }
 
-    /// Waits for the verdict: `Some` when another host answered before the
-    /// ADD's wait ended (the wait counts from the probes' sending, so work
-    /// done meanwhile is not added to it), `None` when nothing did.
+    /// Waits for the verdict: `Some` when another host's answer reached
+    /// the node before the ADD's wait ended (the wait counts from the
+    /// probes' sending, so work done meanwhile is not added to it), `None`
+    /// when none did.
     ///
     /// # Errors
     /// The probe could not run (the message says why).
     pub async fn verdict(&self) -> Result<Option<ForeignClaim>, String> {
+        // Only a thread that never runs leaves the ADD waiting this long.
+        let limit = tokio::time::Instant::now() + self.window;
         loop {
             let notified = self.shared.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let deadline = {
+            {
                 let mut state = self.shared.state.lock().expect("probe state lock poisoned");
                 match &*state {
                     State::Claimed(claim) => return Ok(Some(*claim)),
                     State::Clear | State::Released => return Ok(None),
                     State::Failed(error) => return Err(error.clone()),
-                    State::Starting => None,
-                    State::Listening { sent, wait } => {
-                        let deadline = *sent + *wait;
-                        if Instant::now() >= deadline {
-                            *state = State::Released;
-                            return Ok(None);
-                        }
-                        Some(deadline)
+                    State::Waiting if tokio::time::Instant::now() >= limit => {
+                        *state = State::Released;
+                        return Err("the probe's thread gave no verdict within its window".into());
                     }
+                    State::Waiting => {}
                 }
-            };
-            match deadline {
-                Some(deadline) => {
-                    tokio::select! {
-                        () = &mut notified => {}
-                        () = tokio::time::sleep_until(deadline.into()) => {}
-                    }
-                }
-                None => notified.await,
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(limit) => {}
             }
         }
     }
 }
 
 impl Shared {
-    fn set(&self, state: State) {
-        *self.state.lock().expect("probe state lock poisoned") = state;
+    /// The wait ended without an answer: the ADD goes on.
+    fn release(&self) {
+        let mut state = self.state.lock().expect("probe state lock poisoned");
+        if matches!(*state, State::Waiting) {
+            *state = State::Released;
+        }
+        drop(state);
         self.changed.notify_waiters();
     }
 
@@ -227,7 +235,7 @@ impl Shared {
         late: &mut Option<Box<dyn FnOnce(u32, ForeignClaim) + Send>>,
     ) -> Option<(u32, ForeignClaim)> {
         let mut state = self.state.lock().expect("probe state lock poisoned");
-        let waited = matches!(*state, State::Starting | State::Listening { .. });
+        let waited = matches!(*state, State::Waiting);
         let late_claim = match outcome {
             Ok(Some((_, claim))) if waited => {
                 *state = State::Claimed(claim);
@@ -257,10 +265,10 @@ impl Shared {
     }
 }
 
-/// Sends the probes (and the reference's), publishes the ADD's wait, and
-/// listens for the window: the first claim on one of the addresses, with
-/// the uplink's index; `None` when nothing claimed them, or when the uplink
-/// does not exist (yet).
+/// Sends the probes (and the reference's), decides the ADD's verdict at
+/// the end of its wait, and listens for the window: the first claim on one
+/// of the addresses, with the uplink's index; `None` when nothing claimed
+/// them, or when the uplink does not exist (yet).
 fn listen(
     plan: &ProbePlan,
     reply_times: &ReplyTimes,
@@ -272,19 +280,21 @@ fn listen(
         return Ok(None);
     };
     let socket = probe_socket(&plan.uplink)?;
+    socket.timestamp_arrivals()?;
     let frames = plan
         .addrs
         .iter()
         .chain(&plan.reference)
         .map(|addr| probe_frame(own_mac, *addr))
         .collect::<Result<Vec<_>, _>>()?;
-    let send_all = || -> Result<Instant, ProbeError> {
+    let send_all = || -> Result<(Instant, SystemTime), ProbeError> {
+        let at = (Instant::now(), SystemTime::now());
         for frame in &frames {
             socket.send(frame)?;
         }
-        Ok(Instant::now())
+        Ok(at)
     };
-    let sent = send_all()?;
+    let (sent, sent_at) = send_all()?;
     let suspect = plan.addrs.iter().any(|addr| seen_on_wire(ifindex, *addr));
     let (wait, basis) = match reply_times.wait(&plan.uplink, plan.window) {
         _ if suspect => (plan.window, WaitBasis::SeenOnWire),
@@ -296,13 +306,24 @@ fn listen(
         .get_or_create(&[("basis", basis.name())])
         .inc();
     tracing::debug!(uplink = %plan.uplink, ?wait, basis = basis.name(), "conflict probe sent");
-    shared.set(State::Listening { sent, wait });
     let reference: Vec<IpAddr> = plan.reference.into_iter().collect();
+    let mut released = false;
     let mut resent = false;
     let mut sampled = false;
     let mut buffer = [0u8; 2048];
     loop {
         let elapsed = sent.elapsed();
+        if !released && elapsed >= wait {
+            // Every frame that reached the node in time is read before the
+            // ADD goes on, however late this thread runs.
+            while let Some(received) = socket.receive(&mut buffer, Duration::ZERO)? {
+                if let Some(claim) = claim_in(&buffer, received, &plan.addrs, own_mac) {
+                    return Ok(Some((ifindex, claim)));
+                }
+            }
+            released = true;
+            shared.release();
+        }
         if elapsed >= plan.window {
             return Ok(None);
         }
@@ -310,24 +331,46 @@ fn listen(
             resent = true;
             send_all()?;
         }
-        let until = if resent { plan.window } else { plan.window / 2 };
-        let Some(received) = socket.receive(&mut buffer, until.saturating_sub(elapsed))? else {
+        let next = [
+            (!released).then_some(wait),
+            (!resent).then_some(plan.window / 2),
+            Some(plan.window),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(plan.window);
+        let Some(received) = socket.receive(&mut buffer, next.saturating_sub(elapsed))? else {
             continue;
         };
-        // Copies of our own probes are no answer.
-        if received.outgoing {
-            continue;
-        }
-        let frame = &buffer[..received.len];
         // Only answers to the first sending: one to the first that came
         // after the second would look faster than it was.
-        if !sampled && !resent && parse_answer(frame, &reference, own_mac).is_some() {
+        if !sampled && !resent && claim_in(&buffer, received, &reference, own_mac).is_some() {
             sampled = true;
-            reply_times.record(&plan.uplink, sent.elapsed());
+            let took = received
+                .arrived
+                .and_then(|arrived| arrived.duration_since(sent_at).ok())
+                .unwrap_or_else(|| sent.elapsed());
+            tracing::debug!(uplink = %plan.uplink, ?took, "the reference answered the conflict probe");
+            reply_times.record(&plan.uplink, took);
             continue;
         }
-        if let Some(claim) = parse_answer(frame, &plan.addrs, own_mac) {
+        if let Some(claim) = claim_in(&buffer, received, &plan.addrs, own_mac) {
             return Ok(Some((ifindex, claim)));
         }
     }
+}
+
+/// The claim on one of `addrs` that `received` (in `buffer`) makes, if it
+/// is an answer (copies of our own frames are none).
+fn claim_in(
+    buffer: &[u8],
+    received: Received,
+    addrs: &[IpAddr],
+    own_mac: MacAddr,
+) -> Option<ForeignClaim> {
+    if received.outgoing {
+        return None;
+    }
+    parse_answer(&buffer[..received.len], addrs, own_mac)
 }

@@ -12,7 +12,7 @@ use std::{
     io,
     mem::size_of,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 /// `ETH_P_ALL`: every protocol.
@@ -72,6 +72,9 @@ pub struct Received {
     pub len: usize,
     /// The interface sent it (a copy of an outgoing frame), rather than received it.
     pub outgoing: bool,
+    /// When the kernel received it (wall clock), on a socket that
+    /// [`RawSocket::timestamp_arrivals`] asked for it.
+    pub arrived: Option<SystemTime>,
 }
 
 /// A raw packet socket bound to one interface of the calling thread's
@@ -204,29 +207,51 @@ impl RawSocket {
         }
         // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
         let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        let mut from_len = socklen::<libc::sockaddr_ll>();
-        // SAFETY: `buffer` and `from` are valid for the lengths given.
-        let len = unsafe {
-            libc::recvfrom(
-                self.fd.as_raw_fd(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len(),
-                libc::MSG_DONTWAIT,
-                (&raw mut from).cast(),
-                &raw mut from_len,
-            )
+        // Room for one timespec control message, aligned as cmsghdr.
+        let mut control = [0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: buffer.as_mut_ptr().cast(),
+            iov_len: buffer.len(),
         };
+        // SAFETY: msghdr is plain old data; zeroed is a valid value.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_name = (&raw mut from).cast();
+        message.msg_namelen = socklen::<libc::sockaddr_ll>();
+        message.msg_iov = &raw mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        // size_t with glibc, socklen_t with musl: 64 fits either.
+        message.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: every pointer in `message` is valid for the length given
+        // with it, for the duration of the call.
+        let len =
+            unsafe { libc::recvmsg(self.fd.as_raw_fd(), &raw mut message, libc::MSG_DONTWAIT) };
         let Ok(len) = usize::try_from(len) else {
             let error = io::Error::last_os_error();
             if error.kind() == io::ErrorKind::WouldBlock {
                 return Ok(None);
             }
-            return Err(self.error("recvfrom", error));
+            return Err(self.error("recvmsg", error));
         };
         Ok(Some(Received {
             len,
             outgoing: from.sll_pkttype == libc::PACKET_OUTGOING,
+            // SAFETY: the kernel filled `message`'s control buffer.
+            arrived: unsafe { arrival_time(&message) },
         }))
+    }
+
+    /// Has the kernel stamp each frame with the time it received it
+    /// ([`Received::arrived`]): the time a frame reached the node, however
+    /// late the reader runs.
+    pub fn timestamp_arrivals(&self) -> Result<(), RawSocketError> {
+        let on: libc::c_int = 1;
+        self.set_option(
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            &on,
+            "SO_TIMESTAMPNS",
+        )
     }
 
     /// The interface this socket is bound to.
@@ -293,6 +318,30 @@ fn link_address(ifindex: i32) -> libc::sockaddr_ll {
     addr.sll_family = libc::AF_PACKET as u16;
     addr.sll_ifindex = ifindex;
     addr
+}
+
+/// The `SCM_TIMESTAMPNS` time in `message`'s control data, if any.
+///
+/// # Safety
+/// `message` is a `msghdr` a successful `recvmsg` filled.
+unsafe fn arrival_time(message: &libc::msghdr) -> Option<SystemTime> {
+    // SAFETY: the caller's; the CMSG_* helpers stay within msg_controllen.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(message);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET
+                && (*header).cmsg_type == libc::SCM_TIMESTAMPNS
+            {
+                let stamp: libc::timespec =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(header).cast());
+                let seconds = u64::try_from(stamp.tv_sec).ok()?;
+                let nanos = u32::try_from(stamp.tv_nsec).ok()?;
+                return UNIX_EPOCH.checked_add(Duration::new(seconds, nanos));
+            }
+            header = libc::CMSG_NXTHDR(message, header);
+        }
+    }
+    None
 }
 
 /// `size_of::<T>()` as a socket length (every type passed is a few bytes).

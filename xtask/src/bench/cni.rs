@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
 
+mod floor;
 mod kubernetes;
 mod phases;
 
@@ -486,6 +487,8 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
     let kubernetes_dir = dir.join("kubernetes");
     std::fs::create_dir_all(&standalone_dir)?;
     std::fs::create_dir_all(&kubernetes_dir)?;
+    let floor_binary = floor::empty_binary(&dir)?;
+    let mut floor_execs = Vec::new();
     let mut cluster = BenchCluster::start(
         KUBERNETES_MASTER,
         ("198.18.16.0", "198.18.23.255"),
@@ -522,6 +525,10 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         if i == WARM_UP {
             phases_before = Some(phases::scrape(installed.admin)?);
         }
+        let floor_exec = floor::exec(&floor_binary)?;
+        if i >= WARM_UP {
+            floor_execs.push(floor_exec);
+        }
         // A different plugin goes first each time.
         for step in 0..plugins.len() {
             let p = (i + step) % plugins.len();
@@ -556,6 +563,7 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         &phases_before.expect("scraped after the warm-up"),
         &phases::scrape(installed.admin)?,
     );
+    let netlink = floor::netlink_round_trips(1000)?;
     if !args.quick {
         for (p, (plugin, measured)) in plugins.iter().zip(&mut results).enumerate() {
             let pods = pods(0..args.parallel_adds)?;
@@ -583,18 +591,31 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         m.version.sort();
     }
 
+    floor_execs.sort();
     let ratios = Ratios::of(&results);
     let breakdown = phases.table(&results[DEFAULT]);
+    let start_floor = percentile(&floor_execs, 0.5);
+    let of_floor = |m: &Measured| percentile(&m.add, 0.5).as_secs_f64() / start_floor.as_secs_f64();
+    let floor = format!(
+        "Floor, same run: a static binary that only starts and exits, p50 {} \
+         (ADD p50 of flatnet as installed: {:.1}x that; standalone, probe off: {:.1}x; \
+         the reference: {:.1}x); one netlink round trip (RTM_GETLINK), p50 {:.0} µs.",
+        ms(start_floor),
+        of_floor(&results[DEFAULT]),
+        of_floor(&results[PROBE_OFF]),
+        of_floor(&results[REFERENCE]),
+        percentile(&netlink, 0.5).as_secs_f64() * 1e6,
+    );
     if args.quick {
         print!("{}", latency_table(&plugins, &results));
         print!("{breakdown}");
-        println!("{ratios}");
+        println!("{ratios}\n{floor}");
         return ratios.guard();
     }
     let table = table(&plugins, &results, args.parallel);
     print!("{table}");
     print!("{breakdown}");
-    println!("{ratios}");
+    println!("{ratios}\n{floor}");
     if args.no_write {
         return Ok(());
     }
@@ -627,7 +648,7 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
            inside the node namespace; it has no conflict check and no policy.\n\n\
          flatnet runs the static musl release builds the images carry. {iterations}\n\
          sequential ADD+DEL pairs each (after {WARM_UP} unmeasured), then {} ADDs\n\
-         and as many DELs with {} at a time.\n\n{table}\n{ratios}\n\n\
+         and as many DELs with {} at a time.\n\n{table}\n{ratios}\n\n{floor}\n\n\
          ### Where flatnet's ADD and DEL spend their time, as installed\n\n\
          Mean wall time per phase over the sequential pairs of the first row,\n\
          from the agent's `flatnet_agent_cni_phase_seconds` histograms scraped\n\

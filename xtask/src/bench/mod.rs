@@ -1,4 +1,4 @@
-//! `cargo xtask bench <cni|throughput|policy|conflicts|hotplug|failover|allocation>`:
+//! `cargo xtask bench <cni|throughput|policy|conflicts|hotplug|failover|allocation|pod-start>`:
 //! on-demand benchmarks (root, except `allocation`). Each writes its
 //! results into its own section of docs/benchmarks.md.
 
@@ -7,6 +7,7 @@ mod cni;
 mod conflicts;
 mod failover;
 mod hotplug;
+mod pod_start;
 mod policy;
 mod program_cost;
 mod report;
@@ -42,6 +43,9 @@ pub enum BenchCommand {
     /// Floating-address failover: from killing the owner to the first TCP
     /// connection through the other node, IPv4 and IPv6.
     Failover,
+    /// Pod start on the real node of `cargo xtask cluster`, with and
+    /// without a flat attachment (the release installed with its defaults).
+    PodStart(pod_start::PodStartArgs),
     /// The allocation controllers at scale against the fake API server:
     /// pods created at once, half replaced; seconds, requests per pod,
     /// peak RSS (no root needed).
@@ -63,6 +67,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Hotplug => hotplug::run(),
         BenchCommand::Failover => failover::run(),
         BenchCommand::Allocation(args) => allocation::run(&args),
+        BenchCommand::PodStart(args) => pod_start::run(&args),
     }
 }
 
