@@ -327,4 +327,3 @@ async fn an_address_seen_in_use_waits_the_window_and_a_fresh_one_hears_late() {
     );
     assert_eq!(metrics.late_answers.get(), 1);
 }
-

@@ -14,7 +14,7 @@ use crate::{
     cni::{AttachRequest, CniError, CniResult, ErrorCode, NetworkConfig},
     datapath::{Conflict, monotonic_ns},
     desired::{AttachmentKey, ClaimRequest, DesiredState, PodRef},
-    link::{AttachmentSpec, LinkError, LinkMode, format_mac, parse_mac},
+    link::{LinkError, LinkMode, format_mac, parse_mac},
     netns::open_netns,
     phases::{self, timed},
     probe::{
@@ -129,6 +129,9 @@ impl<S: DesiredState> Inner<S> {
             }
         };
         record.parent = subnets.first().map(|s| s.parent.clone());
+        // Sent as soon as the addresses are known: the LAN's answers come
+        // while the record is written and the interface made.
+        let probing = self.start_probe(&subnets, &record);
         if let Err(error) = self
             .read_primary_network(&mut record)
             .instrument(phases::phase("primary_network"))
@@ -141,7 +144,7 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
-        match self.set_up(&mut record, &subnets, config).await {
+        match self.set_up(&mut record, &subnets, config, probing).await {
             Ok(added) => Ok(added),
             Err(failure) => {
                 let (error, interface_made) = match failure {
@@ -185,6 +188,7 @@ impl<S: DesiredState> Inner<S> {
         record: &mut AttachmentRecord,
         subnets: &[ValidSubnet],
         config: &NetworkConfig,
+        probing: Option<Probing>,
     ) -> Result<Added, SetUpError> {
         let attachment = spec::attachment_spec(
             record,
@@ -203,7 +207,7 @@ impl<S: DesiredState> Inner<S> {
         // up (and its addresses are announced) only on a clear verdict.
         let attachments = &self.config.attachments;
         let mut refused = None;
-        let attached = match self.start_probe(&attachment, record) {
+        let attached = match probing {
             Some(probing) => {
                 let pod = record.pod.clone();
                 let uplink = attachment.parent.ifname();
@@ -306,22 +310,23 @@ impl<S: DesiredState> Inner<S> {
         })
     }
 
-    /// Starts the conflict probe of `record`'s addresses out of the
-    /// attachment's uplink, with the subnet's gateway as the reference
-    /// whose answer times the LAN; `None` when the probe is off.
+    /// Starts the conflict probe of `record`'s addresses out of its
+    /// subnets' uplink, with a subnet's gateway as the reference whose
+    /// answer times the LAN; `None` when the probe is off.
     fn start_probe(
         self: &Arc<Self>,
-        attachment: &AttachmentSpec,
+        subnets: &[ValidSubnet],
         record: &AttachmentRecord,
     ) -> Option<Probing> {
         let window = self.config.settings.current().probe_wait;
+        let uplink = subnets.first()?.parent.ifname();
         if window.is_zero() {
             return None;
         }
         let plan = ProbePlan {
-            uplink: attachment.parent.ifname(),
+            uplink,
             addrs: record.ips(),
-            reference: attachment.gateways.first().copied(),
+            reference: subnets.iter().find_map(|s| s.gateway),
             window,
         };
         let inventory = Arc::clone(self);

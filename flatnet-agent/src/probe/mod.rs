@@ -31,14 +31,6 @@ pub struct ForeignClaim {
 /// The probe could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    /// The interface does not exist in this network namespace.
-    #[error("interface {interface} not found: {source}")]
-    NoInterface {
-        /// Interface name.
-        interface: String,
-        /// The errno.
-        source: nix::Error,
-    },
     /// The probe socket failed.
     #[error("probe socket: {0}")]
     Socket(#[from] RawSocketError),
@@ -48,21 +40,6 @@ pub enum ProbeError {
     /// The uplink's namespace could not be entered.
     #[error("cannot enter the node's network namespace: {0}")]
     Namespace(String),
-}
-
-/// The index and MAC of `interface` in the calling thread's namespace.
-pub fn interface_info(interface: &str) -> Result<(u32, MacAddr), ProbeError> {
-    let no_interface = |source| ProbeError::NoInterface {
-        interface: interface.to_owned(),
-        source,
-    };
-    let index = nix::net::if_::if_nametoindex(interface).map_err(no_interface)?;
-    let mac = nix::ifaddrs::getifaddrs()
-        .map_err(no_interface)?
-        .filter(|ifa| ifa.interface_name == interface)
-        .find_map(|ifa| ifa.address?.as_link_addr()?.addr())
-        .unwrap_or_default();
-    Ok((index, mac))
 }
 
 /// The probe frame for `addr`.

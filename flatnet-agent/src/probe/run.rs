@@ -23,9 +23,9 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{ForeignClaim, ProbeError, interface_info, parse_answer, probe_frame, probe_socket};
+use super::{ForeignClaim, ProbeError, parse_answer, probe_frame, probe_socket};
 use crate::{
-    packet::{MacAddr, Received},
+    packet::{MacAddr, RawSocketError, Received},
     probe::wait::ReplyTimes,
 };
 
@@ -157,9 +157,11 @@ impl Probing {
         let mut late = Some(late);
         let window = plan.window;
         let thread_shared = Arc::clone(&shared);
+        let started = Instant::now();
         tokio::task::spawn_blocking(move || {
             let listened = crate::netns::run_in_netns_or_here(host, || {
                 listen(
+                    started,
                     &plan,
                     &reply_times,
                     &*seen_on_wire,
@@ -270,16 +272,19 @@ impl Shared {
 /// of the addresses, with the uplink's index; `None` when nothing claimed
 /// them, or when the uplink does not exist (yet).
 fn listen(
+    started: Instant,
     plan: &ProbePlan,
     reply_times: &ReplyTimes,
     seen_on_wire: &dyn Fn(u32, IpAddr) -> bool,
     metrics: &ProbeMetrics,
     shared: &Shared,
 ) -> Result<Option<(u32, ForeignClaim)>, ProbeError> {
-    let Ok((ifindex, own_mac)) = interface_info(&plan.uplink) else {
-        return Ok(None);
+    let socket = match probe_socket(&plan.uplink) {
+        Ok(socket) => socket,
+        Err(RawSocketError::NoInterface { .. }) => return Ok(None),
+        Err(error) => return Err(error.into()),
     };
-    let socket = probe_socket(&plan.uplink)?;
+    let (ifindex, own_mac) = (socket.ifindex(), socket.hardware_address()?);
     socket.timestamp_arrivals()?;
     let frames = plan
         .addrs
@@ -305,7 +310,7 @@ fn listen(
         .waits
         .get_or_create(&[("basis", basis.name())])
         .inc();
-    tracing::debug!(uplink = %plan.uplink, ?wait, basis = basis.name(), "conflict probe sent");
+    tracing::debug!(uplink = %plan.uplink, ?wait, basis = basis.name(), since_start = ?started.elapsed(), "conflict probe sent");
     let reference: Vec<IpAddr> = plan.reference.into_iter().collect();
     let mut released = false;
     let mut resent = false;
@@ -323,6 +328,7 @@ fn listen(
             }
             released = true;
             shared.release();
+            tracing::debug!(uplink = %plan.uplink, since_start = ?started.elapsed(), "no answer to the conflict probe in time; the ADD goes on");
         }
         if elapsed >= plan.window {
             return Ok(None);

@@ -96,14 +96,12 @@ impl RawSocket {
     pub fn open_receiving(interface: &str, receive: Receive) -> Result<Self, RawSocketError> {
         let ifindex = interface_index(interface)?;
         let protocol = receive.protocol();
+        // Protocol 0: no frames until the bind below names the protocol
+        // with the interface. A socket made with its protocol receives
+        // from every interface at once, and its bind then waits for an RCU
+        // grace period (milliseconds) to take that back.
         // SAFETY: plain socket(2) call; the result is checked before use.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                i32::from(protocol),
-            )
-        };
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
             return Err(io_error("socket", interface));
         }
@@ -186,15 +184,21 @@ impl RawSocket {
         buffer: &mut [u8],
         wait: Duration,
     ) -> Result<Option<Received>, RawSocketError> {
-        // Rounded up: a wait under a millisecond still waits.
-        let timeout = i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+        // To the nanosecond (poll(2) counts whole milliseconds): the
+        // conflict probe's waits are a millisecond or two.
+        let timeout = libc::timespec {
+            tv_sec: wait.as_secs().try_into().unwrap_or(i32::MAX.into()),
+            tv_nsec: wait.subsec_nanos().into(),
+        };
         let mut fds = [libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }];
-        // SAFETY: `fds` is a valid array of one pollfd.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout) };
+        // SAFETY: `fds` is a valid array of one pollfd and `timeout` a valid
+        // timespec; no signal mask is given.
+        let ready =
+            unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &raw const timeout, std::ptr::null()) };
         if ready == 0 {
             return Ok(None);
         }
@@ -239,6 +243,29 @@ impl RawSocket {
             // SAFETY: the kernel filled `message`'s control buffer.
             arrived: unsafe { arrival_time(&message) },
         }))
+    }
+
+    /// The index of the interface the socket is bound to.
+    #[must_use]
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex.unsigned_abs()
+    }
+
+    /// The interface's MAC, as the kernel reports it for the socket bound
+    /// to it (one system call, whatever the number of interfaces).
+    pub fn hardware_address(&self) -> Result<[u8; 6], RawSocketError> {
+        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut len = socklen::<libc::sockaddr_ll>();
+        // SAFETY: `addr` is valid for `len` bytes.
+        let named =
+            unsafe { libc::getsockname(self.fd.as_raw_fd(), (&raw mut addr).cast(), &raw mut len) };
+        if named < 0 {
+            return Err(self.last_error("getsockname"));
+        }
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&addr.sll_addr[..6]);
+        Ok(mac)
     }
 
     /// Has the kernel stamp each frame with the time it received it
