@@ -4,6 +4,7 @@
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
+use flatnet_common::{conflict::ClaimKind, wire::WireKind};
 use flatnet_k8s::validation::ValidSubnet;
 use tracing::Instrument;
 
@@ -17,10 +18,7 @@ use crate::{
     link::{LinkError, LinkMode, format_mac, parse_mac},
     netns::open_netns,
     phases::{self, timed},
-    probe::{
-        ForeignClaim,
-        run::{ProbeContext, ProbePlan, Probing},
-    },
+    probe::run::{ProbeContext, ProbePlan, Probing},
     records::{AttachmentRecord, RecordPhase, UplinkRecord},
 };
 
@@ -131,6 +129,7 @@ impl<S: DesiredState> Inner<S> {
         record.parent = subnets.first().map(|s| s.parent.clone());
         // Sent as soon as the addresses are known: the LAN's answers come
         // while the record is written and the interface made.
+        let probe_sent_ns = monotonic_ns();
         let probing = self.start_probe(&subnets, &record);
         if let Err(error) = self
             .read_primary_network(&mut record)
@@ -144,7 +143,11 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
-        match self.set_up(&mut record, &subnets, config, probing).await {
+        let probe_sent_ns = probing.is_some().then_some(probe_sent_ns);
+        match self
+            .set_up(&mut record, &subnets, config, probing, probe_sent_ns)
+            .await
+        {
             Ok(added) => Ok(added),
             Err(failure) => {
                 let (error, interface_made) = match failure {
@@ -189,6 +192,7 @@ impl<S: DesiredState> Inner<S> {
         subnets: &[ValidSubnet],
         config: &NetworkConfig,
         probing: Option<Probing>,
+        probe_sent_ns: Option<u64>,
     ) -> Result<Added, SetUpError> {
         let attachment = spec::attachment_spec(
             record,
@@ -299,6 +303,9 @@ impl<S: DesiredState> Inner<S> {
             .instrument(phases::phase("tables"))
             .await
             .map_err(SetUpError::InterfaceMade)?;
+        if let Some(since_ns) = probe_sent_ns {
+            self.raise_claims_since(record, since_ns);
+        }
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
         self.report_active_later(record);
         self.policy_in_force_for(record)
@@ -330,18 +337,12 @@ impl<S: DesiredState> Inner<S> {
             window,
         };
         let inventory = Arc::clone(self);
-        let late = Arc::clone(self);
-        let key = record.key.clone();
-        let runtime = tokio::runtime::Handle::current();
         Some(Probing::start(
             plan,
             ProbeContext {
                 host: self.config.attachments.host_netns.clone(),
                 reply_times: Arc::clone(&self.reply_times),
                 seen_on_wire: Box::new(move |ifindex, addr| inventory.seen_on_wire(ifindex, addr)),
-                late: Box::new(move |ifindex, claim| {
-                    runtime.spawn(late.raise_late_claim(key, ifindex, claim));
-                }),
                 metrics: self.metrics.probe.clone(),
             },
         ))
@@ -364,41 +365,50 @@ impl<S: DesiredState> Inner<S> {
         }
     }
 
-    /// An answer to the probe that came after the ADD stopped waiting: once
-    /// the ADD is done (its lock), a conflict of the pod if the address is
-    /// still its own.
-    async fn raise_late_claim(
-        self: Arc<Self>,
-        key: AttachmentKey,
-        ifindex: u32,
-        claim: ForeignClaim,
-    ) {
-        let _guard = self.locks.lock(&key).await;
-        let record = match self.records.load(&key) {
-            Ok(Some(record)) if record.ips().contains(&claim.addr) => record,
-            Ok(_) => {
-                tracing::info!(key = %key, addr = %claim.addr, mac = %format_mac(claim.mac),
-                    "a late answer to the conflict probe, for an address no longer attached");
-                return;
-            }
-            Err(error) => {
-                tracing::warn!(key = %key, %error, "cannot read the record of a late answer to the conflict probe");
-                return;
-            }
+    /// Claims of the pod's addresses by other MACs that the wire inventory
+    /// saw since `since_ns` (monotonic): answers to the probe that came
+    /// after its verdict and before the uplink program watched the
+    /// addresses (the tables, just written). Each is raised as a conflict
+    /// of the pod.
+    fn raise_claims_since(self: &Arc<Self>, record: &AttachmentRecord, since_ns: u64) {
+        let Some(uplink) = &record.uplink else {
+            return;
         };
-        let owner_mac = record
-            .mac
-            .as_deref()
-            .and_then(parse_mac)
-            .unwrap_or_default();
-        Arc::clone(&self).on_conflict(Conflict {
-            ifindex,
-            addr: claim.addr,
-            kind: claim.kind,
-            foreign_mac: claim.mac,
-            owner_mac,
-            monotonic_ns: monotonic_ns(),
-        });
+        let own = [record.mac.as_deref(), Some(uplink.owner_mac.as_str())]
+            .map(|mac| mac.and_then(parse_mac));
+        let claims: Vec<_> = {
+            let mut maps = self.maps.lock().expect("table maps lock poisoned");
+            let Ok(wire) = maps.wire_claims_mut() else {
+                return;
+            };
+            record
+                .ips()
+                .into_iter()
+                .filter_map(|addr| wire.seen(uplink.ifindex, addr).ok().flatten())
+                .collect()
+        };
+        for claim in claims {
+            let kind = match claim.kind {
+                Some(WireKind::ArpRequest | WireKind::ArpReply) => ClaimKind::ArpReply,
+                Some(WireKind::GratuitousArp) => ClaimKind::GratuitousArp,
+                Some(WireKind::NeighborSolicitation | WireKind::NeighborAdvertisement) => {
+                    ClaimKind::NeighborAdvertisement
+                }
+                // Probes and DAD only ask; unknown kinds say nothing.
+                _ => continue,
+            };
+            if claim.last_seen_ns < since_ns || own.contains(&Some(claim.mac)) {
+                continue;
+            }
+            Arc::clone(self).on_conflict(Conflict {
+                ifindex: uplink.ifindex,
+                addr: claim.addr,
+                kind,
+                foreign_mac: claim.mac,
+                owner_mac: own[0].or(own[1]).unwrap_or_default(),
+                monotonic_ns: claim.last_seen_ns,
+            });
+        }
     }
 
     /// The uplink of `made` as the tables list it (index and MAC as the

@@ -1,4 +1,4 @@
-//! A conflict probe that outlives the wait of the ADD that started it.
+//! The conflict probe of one ADD, on a thread of its own.
 //!
 //! The ADD waits only as long as its LAN takes to answer
 //! ([`super::wait::ReplyTimes`], from the kernel's arrival times of the
@@ -6,10 +6,11 @@
 //! or the whole window when the wire inventory saw another host use one of
 //! the addresses. The probe's thread decides: at the end of the wait it
 //! first reads every frame that reached the node by then, so an answer in
-//! time refuses the pod however late the thread runs. It goes on
-//! listening, and asks again halfway, for the whole configured window; an
-//! answer that comes after the ADD went on goes to the late handler, which
-//! raises it as a conflict of the pod.
+//! time refuses the pod however late the thread runs; then it closes its
+//! socket (a node starting many pods at once keeps no listener per pod).
+//! Halfway through the window the probes are sent once more; an answer
+//! after the verdict reaches the uplink program, which by then watches the
+//! pod's addresses and reports the conflict.
 
 use std::{
     net::IpAddr,
@@ -55,10 +56,7 @@ pub struct ProbeContext {
     /// uplink (by interface index) lately: the ADD then waits the whole
     /// window.
     pub seen_on_wire: Box<dyn Fn(u32, IpAddr) -> bool + Send + Sync>,
-    /// Called with the uplink's index and the claim when an answer comes
-    /// after the ADD stopped waiting.
-    pub late: Box<dyn FnOnce(u32, ForeignClaim) + Send>,
-    /// Where the waits and late answers are counted.
+    /// Where the waits are counted.
     pub metrics: ProbeMetrics,
 }
 
@@ -91,9 +89,6 @@ impl WaitBasis {
 pub struct ProbeMetrics {
     /// `conflict_probe_waits_total{basis}`: ADD waits by [`WaitBasis`].
     pub waits: Family<[(&'static str, &'static str); 1], Counter>,
-    /// `conflict_probe_late_answers_total`: answers after the ADD's wait,
-    /// raised as conflicts of the pod.
-    pub late_answers: Counter,
 }
 
 impl ProbeMetrics {
@@ -103,11 +98,6 @@ impl ProbeMetrics {
             "conflict_probe_waits",
             "ADDs that waited for an answer to their conflict probe, by what the wait was sized from (reply_time, no_reply_time, seen_on_wire)",
             self.waits.clone(),
-        );
-        registry.register(
-            "conflict_probe_late_answers",
-            "Answers to a conflict probe after its ADD stopped waiting, raised as conflicts of the pod",
-            self.late_answers.clone(),
         );
     }
 }
@@ -122,6 +112,8 @@ pub struct Probing {
 struct Shared {
     state: Mutex<State>,
     changed: tokio::sync::Notify,
+    /// The probe frames, once built: sent again halfway through the window.
+    frames: Mutex<Vec<Vec<u8>>>,
 }
 
 enum State {
@@ -134,8 +126,7 @@ enum State {
     Clear,
     /// The probe could not run.
     Failed(String),
-    /// The wait ended without an answer: the ADD goes on, and a later
-    /// answer goes to the late handler.
+    /// The wait ended without an answer: the ADD goes on.
     Released,
 }
 
@@ -146,20 +137,21 @@ impl Probing {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::Waiting),
             changed: tokio::sync::Notify::new(),
+            frames: Mutex::new(Vec::new()),
         });
         let ProbeContext {
             host,
             reply_times,
             seen_on_wire,
-            late,
             metrics,
         } = context;
-        let mut late = Some(late);
         let window = plan.window;
+        let uplink = plan.uplink.clone();
         let thread_shared = Arc::clone(&shared);
         let started = Instant::now();
+        let thread_host = host.clone();
         tokio::task::spawn_blocking(move || {
-            let listened = crate::netns::run_in_netns_or_here(host, || {
+            let listened = crate::netns::run_in_netns_or_here(thread_host, || {
                 listen(
                     started,
                     &plan,
@@ -173,11 +165,12 @@ impl Probing {
                 Ok(outcome) => outcome,
                 Err(error) => Err(ProbeError::Namespace(error.to_string())),
             };
-            let late_claim = thread_shared.settle(outcome, &mut late);
-            if let (Some((ifindex, claim)), Some(late)) = (late_claim, late) {
-                metrics.late_answers.inc();
-                late(ifindex, claim);
-            }
+            thread_shared.settle(outcome);
+        });
+        let again = Arc::clone(&shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(window / 2).await;
+            again.send_again(host, uplink).await;
         });
         Self { shared, window }
     }
@@ -228,49 +221,50 @@ impl Shared {
         self.changed.notify_waiters();
     }
 
-    /// Ends the probe with `outcome`; returns the claim when it is late
-    /// (the ADD stopped waiting), for the late handler, which it keeps in
-    /// `late` until then.
-    fn settle(
-        &self,
-        outcome: Result<Option<(u32, ForeignClaim)>, ProbeError>,
-        late: &mut Option<Box<dyn FnOnce(u32, ForeignClaim) + Send>>,
-    ) -> Option<(u32, ForeignClaim)> {
+    /// Ends the probe with `outcome`, unless the ADD went on already.
+    fn settle(&self, outcome: Result<Option<ForeignClaim>, ProbeError>) {
         let mut state = self.state.lock().expect("probe state lock poisoned");
-        let waited = matches!(*state, State::Waiting);
-        let late_claim = match outcome {
-            Ok(Some((_, claim))) if waited => {
-                *state = State::Claimed(claim);
-                None
-            }
-            Ok(Some(found)) => Some(found),
-            Ok(None) if waited => {
-                *state = State::Clear;
-                None
-            }
-            Ok(None) => None,
-            Err(error) if waited => {
-                *state = State::Failed(error.to_string());
-                None
-            }
-            Err(error) => {
-                tracing::warn!(%error, "the conflict probe failed after the ADD's wait");
-                None
-            }
-        };
+        if matches!(*state, State::Waiting) {
+            *state = match outcome {
+                Ok(Some(claim)) => State::Claimed(claim),
+                Ok(None) => State::Clear,
+                Err(error) => State::Failed(error.to_string()),
+            };
+        } else if let Err(error) = outcome {
+            tracing::warn!(%error, "the conflict probe failed after the ADD's wait");
+        }
         drop(state);
         self.changed.notify_waiters();
-        if late_claim.is_none() {
-            late.take();
+    }
+
+    /// Sends the probes once more, from `uplink` in `host`, when the ADD
+    /// went on without an answer: a slow host's answer then reaches the
+    /// uplink program, which reports the conflict.
+    async fn send_again(&self, host: Option<std::path::PathBuf>, uplink: String) {
+        if !matches!(
+            *self.state.lock().expect("probe state lock poisoned"),
+            State::Released
+        ) {
+            return;
         }
-        late_claim
+        let frames = std::mem::take(&mut *self.frames.lock().expect("probe frames lock poisoned"));
+        let sent = tokio::task::spawn_blocking(move || {
+            crate::netns::run_in_netns_or_here(host, || {
+                let socket = crate::packet::RawSocket::open(&uplink)?;
+                frames.iter().try_for_each(|frame| socket.send(frame))
+            })
+        })
+        .await;
+        if let Ok(Ok(Err(error))) = sent {
+            tracing::debug!(%error, "cannot send the conflict probe again");
+        }
     }
 }
 
-/// Sends the probes (and the reference's), decides the ADD's verdict at
-/// the end of its wait, and listens for the window: the first claim on one
-/// of the addresses, with the uplink's index; `None` when nothing claimed
-/// them, or when the uplink does not exist (yet).
+/// Sends the probes (and the reference's) and decides the ADD's verdict at
+/// the end of its wait: the first claim on one of the addresses that
+/// reached the node in time; `None` when none did (the ADD then went on),
+/// or when the uplink does not exist (yet).
 fn listen(
     started: Instant,
     plan: &ProbePlan,
@@ -278,7 +272,7 @@ fn listen(
     seen_on_wire: &dyn Fn(u32, IpAddr) -> bool,
     metrics: &ProbeMetrics,
     shared: &Shared,
-) -> Result<Option<(u32, ForeignClaim)>, ProbeError> {
+) -> Result<Option<ForeignClaim>, ProbeError> {
     let socket = match probe_socket(&plan.uplink) {
         Ok(socket) => socket,
         Err(RawSocketError::NoInterface { .. }) => return Ok(None),
@@ -292,14 +286,11 @@ fn listen(
         .chain(&plan.reference)
         .map(|addr| probe_frame(own_mac, *addr))
         .collect::<Result<Vec<_>, _>>()?;
-    let send_all = || -> Result<(Instant, SystemTime), ProbeError> {
-        let at = (Instant::now(), SystemTime::now());
-        for frame in &frames {
-            socket.send(frame)?;
-        }
-        Ok(at)
-    };
-    let (sent, sent_at) = send_all()?;
+    let (sent, sent_at) = (Instant::now(), SystemTime::now());
+    for frame in &frames {
+        socket.send(frame)?;
+    }
+    *shared.frames.lock().expect("probe frames lock poisoned") = frames;
     let suspect = plan.addrs.iter().any(|addr| seen_on_wire(ifindex, *addr));
     let (wait, basis) = match reply_times.wait(&plan.uplink, plan.window) {
         _ if suspect => (plan.window, WaitBasis::SeenOnWire),
@@ -312,46 +303,12 @@ fn listen(
         .inc();
     tracing::debug!(uplink = %plan.uplink, ?wait, basis = basis.name(), since_start = ?started.elapsed(), "conflict probe sent");
     let reference: Vec<IpAddr> = plan.reference.into_iter().collect();
-    let mut released = false;
-    let mut resent = false;
-    let mut sampled = false;
+    let mut sampled = reference.is_empty();
     let mut buffer = [0u8; 2048];
-    loop {
-        let elapsed = sent.elapsed();
-        if !released && elapsed >= wait {
-            // Every frame that reached the node in time is read before the
-            // ADD goes on, however late this thread runs.
-            while let Some(received) = socket.receive(&mut buffer, Duration::ZERO)? {
-                if let Some(claim) = claim_in(&buffer, received, &plan.addrs, own_mac) {
-                    return Ok(Some((ifindex, claim)));
-                }
-            }
-            released = true;
-            shared.release();
-            tracing::debug!(uplink = %plan.uplink, since_start = ?started.elapsed(), "no answer to the conflict probe in time; the ADD goes on");
-        }
-        if elapsed >= plan.window {
-            return Ok(None);
-        }
-        if !resent && elapsed >= plan.window / 2 {
-            resent = true;
-            send_all()?;
-        }
-        let next = [
-            (!released).then_some(wait),
-            (!resent).then_some(plan.window / 2),
-            Some(plan.window),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(plan.window);
-        let Some(received) = socket.receive(&mut buffer, next.saturating_sub(elapsed))? else {
-            continue;
-        };
-        // Only answers to the first sending: one to the first that came
-        // after the second would look faster than it was.
-        if !sampled && !resent && claim_in(&buffer, received, &reference, own_mac).is_some() {
+    // A frame read: the reference's answer is a sample (by its arrival
+    // time, however late it is read), a claim the verdict.
+    let mut read = |buffer: &[u8], received: Received| {
+        if !sampled && claim_in(buffer, received, &reference, own_mac).is_some() {
             sampled = true;
             let took = received
                 .arrived
@@ -359,10 +316,34 @@ fn listen(
                 .unwrap_or_else(|| sent.elapsed());
             tracing::debug!(uplink = %plan.uplink, ?took, "the reference answered the conflict probe");
             reply_times.record(&plan.uplink, took);
-            continue;
+            return None;
         }
-        if let Some(claim) = claim_in(&buffer, received, &plan.addrs, own_mac) {
-            return Ok(Some((ifindex, claim)));
+        claim_in(buffer, received, &plan.addrs, own_mac)
+    };
+    loop {
+        let elapsed = sent.elapsed();
+        if elapsed >= wait {
+            // Every frame that reached the node in time is read before the
+            // ADD goes on, however late this thread runs.
+            while let Some(received) = socket.receive(&mut buffer, Duration::ZERO)? {
+                if let Some(claim) = read(&buffer, received) {
+                    return Ok(Some(claim));
+                }
+            }
+            if !sampled && basis == WaitBasis::ReplyTime {
+                // A reference that answered before and not within this
+                // wait: at least this slow now, so the next waits grow.
+                reply_times.record(&plan.uplink, wait);
+            }
+            shared.release();
+            tracing::debug!(uplink = %plan.uplink, since_start = ?started.elapsed(), "no answer to the conflict probe in time; the ADD goes on");
+            return Ok(None);
+        }
+        let Some(received) = socket.receive(&mut buffer, wait - elapsed)? else {
+            continue;
+        };
+        if let Some(claim) = read(&buffer, received) {
+            return Ok(Some(claim));
         }
     }
 }
