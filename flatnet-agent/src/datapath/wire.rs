@@ -77,7 +77,7 @@ impl<'a> WireClaims<'a> {
         ifindex: u32,
         addr: IpAddr,
     ) -> Result<Option<WireClaimEntry>, DatapathError> {
-        let key = WireKey::address(ifindex, 0, super::conflicts::key(ifindex, addr).addr);
+        let key = untagged_key(ifindex, addr);
         match self.map.get(&key, 0) {
             Ok(claim) => Ok(Some(WireClaimEntry {
                 ifindex,
@@ -104,7 +104,7 @@ impl<'a> WireClaims<'a> {
         addr: IpAddr,
         mac: [u8; 6],
     ) -> Result<bool, DatapathError> {
-        let key = WireKey::address(ifindex, 0, super::conflicts::key(ifindex, addr).addr);
+        let key = untagged_key(ifindex, addr);
         match self.map.get(&key, 0) {
             Ok(claim) if claim.mac == mac => match self.map.remove(&key) {
                 Ok(()) => Ok(true),
@@ -116,4 +116,10 @@ impl<'a> WireClaims<'a> {
             Err(e) => Err(map_error(MAP_WIRE_CLAIMS)(e)),
         }
     }
+}
+
+/// The inventory's key of `addr` on uplink `ifindex`, untagged (as on a
+/// master or on a VLAN interface).
+fn untagged_key(ifindex: u32, addr: IpAddr) -> WireKey {
+    WireKey::address(ifindex, 0, super::conflicts::key(ifindex, addr).addr)
 }

@@ -2,8 +2,8 @@
 //! node asks the LAN whether anyone already uses its addresses (an ARP
 //! probe, RFC 5227, for IPv4; a duplicate-address-detection neighbour
 //! solicitation, RFC 4862, for IPv6) and listens for an answer from
-//! another MAC: the ADD for as long as the LAN takes to answer
-//! ([`wait`]), the probe itself for the whole configured window ([`run`]).
+//! another MAC for as long as the LAN takes to answer ([`wait`]); the
+//! probes are sent again halfway through the configured window ([`run`]).
 
 pub mod run;
 pub mod wait;
@@ -11,7 +11,6 @@ pub mod wait;
 use std::net::{IpAddr, Ipv4Addr};
 
 use etherparse::{ArpOperation, Icmpv6Type, LinkSlice, NetSlice, SlicedPacket, TransportSlice};
-use flatnet_common::conflict::ClaimKind;
 
 use crate::packet::{
     BROADCAST, FrameError, MacAddr, RawSocket, RawSocketError, Receive, arp_frame, dad_probe_frame,
@@ -24,8 +23,6 @@ pub struct ForeignClaim {
     pub addr: IpAddr,
     /// The MAC that answered.
     pub mac: MacAddr,
-    /// The frame it answered with.
-    pub kind: ClaimKind,
 }
 
 /// The probe could not run.
@@ -68,28 +65,22 @@ pub fn parse_answer(frame: &[u8], addrs: &[IpAddr], own_mac: MacAddr) -> Option<
     if source == own_mac {
         return None;
     }
-    let (claimed, kind) = match (&packet.net, &packet.transport) {
+    let claimed: IpAddr = match (&packet.net, &packet.transport) {
         (Some(NetSlice::Arp(arp)), _) => {
             let sender: [u8; 4] = arp.sender_protocol_addr().try_into().ok()?;
-            let kind = if arp.operation() == ArpOperation::REPLY {
-                ClaimKind::ArpReply
-            } else {
-                ClaimKind::GratuitousArp
-            };
-            (IpAddr::V4(Ipv4Addr::from(sender)), kind)
+            IpAddr::V4(Ipv4Addr::from(sender))
         }
         (Some(NetSlice::Ipv6(_)), Some(TransportSlice::Icmpv6(icmp)))
             if matches!(icmp.icmp_type(), Icmpv6Type::NeighborAdvertisement(_)) =>
         {
             let target: [u8; 16] = icmp.payload().get(..16)?.try_into().ok()?;
-            (IpAddr::V6(target.into()), ClaimKind::NeighborAdvertisement)
+            IpAddr::V6(target.into())
         }
         _ => return None,
     };
     addrs.contains(&claimed).then_some(ForeignClaim {
         addr: claimed,
         mac: source,
-        kind,
     })
 }
 
@@ -126,11 +117,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             parse_answer(&reply, &[addr], OWN),
-            Some(ForeignClaim {
-                addr,
-                mac: OTHER,
-                kind: ClaimKind::ArpReply
-            })
+            Some(ForeignClaim { addr, mac: OTHER })
         );
         assert_eq!(parse_answer(&reply, &[], OWN), None, "other addresses");
         // Our own probe (sender 0.0.0.0) and frames from our MAC are not claims.
@@ -157,11 +144,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             parse_answer(&advert, &[addr], OWN),
-            Some(ForeignClaim {
-                addr,
-                mac: OTHER,
-                kind: ClaimKind::NeighborAdvertisement
-            })
+            Some(ForeignClaim { addr, mac: OTHER })
         );
         let dad = dad_probe_frame(OTHER, target).unwrap();
         assert_eq!(parse_answer(&dad, &[addr], OWN), None);
