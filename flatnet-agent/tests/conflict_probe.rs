@@ -12,30 +12,21 @@ mod support;
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
+    sync::Arc,
     time::Duration,
 };
 
-use etherparse::{ArpOperation, LinkSlice, NetSlice, SlicedPacket};
-use flatnet_agent::{
-    netns::run_in_netns,
-    packet::{RawSocket, Receive, arp_frame},
-    probe::{
-        ForeignClaim,
-        run::{ProbeContext, ProbeMetrics, ProbePlan, Probing},
-        wait::ReplyTimes,
-    },
+use flatnet_agent::probe::{
+    ForeignClaim,
+    run::{ProbeContext, ProbeMetrics, ProbePlan, Probing},
+    wait::ReplyTimes,
 };
 use serde_json::{Value, json};
 use support::{
     TestNetns,
-    agent::{free_local_address, http_get},
+    agent::{counted, free_local_address},
     cni::run_cni,
-    lan::AgentOnLan,
+    lan::{AgentOnLan, SlowHost},
     privileged, veth_pair, wait_until,
 };
 
@@ -98,13 +89,8 @@ networks:
         out
     }
 
-    /// The agent's counter `name` (with its labels), 0 while not exposed.
     fn counted(&self, name: &str) -> u64 {
-        let text = http_get(&self.admin, "/metrics");
-        let prefix = format!("{name} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .map_or(0, |n| n.trim().parse().unwrap())
+        counted(&self.admin, name)
     }
 
     fn waits(&self, basis: &str) -> u64 {
@@ -116,87 +102,6 @@ networks:
 
 fn address_of(result: &Value) -> String {
     result["ips"][0]["address"].as_str().unwrap().to_owned()
-}
-
-/// A host on the LAN that answers ARP probes for `target` after `delay`,
-/// from [`FOREIGN_MAC`], until dropped.
-struct SlowHost {
-    stop: Arc<AtomicBool>,
-    thread: Option<thread::JoinHandle<u32>>,
-}
-
-impl SlowHost {
-    fn answering(lan: &TestNetns, target: Ipv4Addr, delay: Duration) -> Self {
-        let socket = run_in_netns(&lan.path(), || {
-            RawSocket::open_receiving("lan0", Receive::EtherType(0x0806))
-        })
-        .unwrap()
-        .unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let thread = thread::spawn(move || {
-            let mut answered = 0;
-            let mut buffer = [0u8; 1500];
-            while !stopped.load(Ordering::Relaxed) {
-                let Some(received) = socket
-                    .receive(&mut buffer, Duration::from_millis(50))
-                    .unwrap()
-                else {
-                    continue;
-                };
-                if received.outgoing {
-                    continue;
-                }
-                let Some(prober) = probe_for(&buffer[..received.len], target) else {
-                    continue;
-                };
-                thread::sleep(delay);
-                let reply = arp_frame(
-                    FOREIGN_MAC,
-                    prober,
-                    ArpOperation::REPLY,
-                    (FOREIGN_MAC, target),
-                    (prober, Ipv4Addr::UNSPECIFIED),
-                )
-                .unwrap();
-                socket.send(&reply).unwrap();
-                answered += 1;
-            }
-            answered
-        });
-        Self {
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stops answering; how many probes it answered.
-    fn finish(mut self) -> u32 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for SlowHost {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// The sender MAC of `frame` when it is an ARP probe (sender 0.0.0.0) for
-/// `target`.
-fn probe_for(frame: &[u8], target: Ipv4Addr) -> Option<[u8; 6]> {
-    let packet = SlicedPacket::from_ethernet(frame).ok()?;
-    let Some(LinkSlice::Ethernet2(eth)) = &packet.link else {
-        return None;
-    };
-    let Some(NetSlice::Arp(arp)) = &packet.net else {
-        return None;
-    };
-    let probe = arp.operation() == ArpOperation::REQUEST
-        && arp.sender_protocol_addr() == [0, 0, 0, 0]
-        && arp.target_protocol_addr() == target.octets();
-    probe.then(|| eth.source())
 }
 
 #[test]
@@ -225,7 +130,7 @@ fn adds_wait_for_the_lans_reply_time_and_a_late_answer_is_a_conflict() {
     // A host answering for the next address, slower than the LAN's reply
     // time: the ADD has answered by then, and the answer is a conflict.
     let target: Ipv4Addr = "192.0.2.12".parse().unwrap();
-    let slow = SlowHost::answering(&lan.on_lan.lan, target, SLOW_ANSWER);
+    let slow = SlowHost::answering(&lan.on_lan.lan, target, SLOW_ANSWER, FOREIGN_MAC);
     let conflicts_before = lan.counted("flatnet_agent_ip_conflicts_total");
     let third = TestNetns::new("cpc-");
     assert_eq!(address_of(&lan.add("c3", &third)), "192.0.2.12/24");
@@ -256,7 +161,7 @@ async fn probe_with_a_slow_host(seen_on_wire: bool) -> (Option<ForeignClaim>, u3
     node.ip(&["link", "set", "uplink0", "up"]);
     lan.ip(&["link", "set", "lan0", "up"]);
     let target: Ipv4Addr = "192.0.2.12".parse().unwrap();
-    let slow = SlowHost::answering(&lan, target, Duration::from_millis(200));
+    let slow = SlowHost::answering(&lan, target, Duration::from_millis(200), FOREIGN_MAC);
     let reply_times = Arc::new(ReplyTimes::default());
     reply_times.record("uplink0", Duration::from_micros(50));
     let metrics = ProbeMetrics::default();

@@ -513,6 +513,12 @@ impl RunArgs {
             let service = service.clone();
             async move { service.watch_conflicts(monitor).await }
         });
+        // Addresses allocated to pods on this node are probed before their
+        // ADD comes (Kubernetes mode), so the ADD finds the verdict made.
+        tokio::spawn({
+            let service = service.clone();
+            async move { service.probe_ahead().await }
+        });
         // What changes at run time reaches running pods: extra interfaces
         // the desired state lists, a subnet's changed spec.mtu, primary MTUs,
         // the node's VLANs and bridges.

@@ -2,30 +2,25 @@
 //! programs, alongside activate → ready record → tables → policy wait →
 //! answer; a failure undoes what was made ([`Inner::teardown`]).
 
-use std::{net::IpAddr, sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use flatnet_common::{conflict::ClaimKind, wire::WireKind};
 use flatnet_k8s::validation::ValidSubnet;
 use tracing::Instrument;
 
 use super::{
-    Inner, internal, join_ips, key_of, link_error, pod_of, spec, tables::PolicyAttach, task_failed,
+    Inner, conflict_check::ConflictCheck, internal, join_ips, key_of, link_error, pod_of, spec,
+    tables::PolicyAttach, task_failed,
 };
 use crate::{
     cni::{AttachRequest, CniError, CniResult, ErrorCode, NetworkConfig},
-    datapath::{Conflict, monotonic_ns},
     desired::{AttachmentKey, ClaimRequest, DesiredState, PodRef},
     link::{LinkError, LinkMode, format_mac, parse_mac},
     netns::open_netns,
+    packet::MacAddr,
     phases::{self, timed},
-    probe::run::{ProbeContext, ProbePlan, Probing},
+    probe::ForeignClaim,
     records::{AttachmentRecord, RecordPhase, UplinkRecord},
 };
-
-/// How recent a claim the wire inventory holds makes an ADD wait the
-/// whole probe window instead of the LAN's reply time: the host that made
-/// it may answer slowly, or be about to come back.
-const SUSPECT_HORIZON: Duration = Duration::from_secs(600);
 
 /// What a successful ADD answers, and what follows the answer.
 pub(super) struct Added {
@@ -129,8 +124,7 @@ impl<S: DesiredState> Inner<S> {
         record.parent = subnets.first().map(|s| s.parent.clone());
         // Sent as soon as the addresses are known: the LAN's answers come
         // while the record is written and the interface made.
-        let probe_sent_ns = monotonic_ns();
-        let probing = self.start_probe(&subnets, &record);
+        let check = self.start_conflict_check(&subnets, &record);
         if let Err(error) = self
             .read_primary_network(&mut record)
             .instrument(phases::phase("primary_network"))
@@ -143,11 +137,7 @@ impl<S: DesiredState> Inner<S> {
             self.release_quietly(&record).await;
             return Err(internal(error));
         }
-        let probe_sent_ns = probing.is_some().then_some(probe_sent_ns);
-        match self
-            .set_up(&mut record, &subnets, config, probing, probe_sent_ns)
-            .await
-        {
+        match self.set_up(&mut record, &subnets, config, check).await {
             Ok(added) => Ok(added),
             Err(failure) => {
                 let (error, interface_made) = match failure {
@@ -191,8 +181,7 @@ impl<S: DesiredState> Inner<S> {
         record: &mut AttachmentRecord,
         subnets: &[ValidSubnet],
         config: &NetworkConfig,
-        probing: Option<Probing>,
-        probe_sent_ns: Option<u64>,
+        check: Option<ConflictCheck>,
     ) -> Result<Added, SetUpError> {
         let attachment = spec::attachment_spec(
             record,
@@ -211,13 +200,16 @@ impl<S: DesiredState> Inner<S> {
         // up (and its addresses are announced) only on a clear verdict.
         let attachments = &self.config.attachments;
         let mut refused = None;
-        let attached = match probing {
-            Some(probing) => {
+        let since_ns = check.as_ref().map(|check| check.since_ns);
+        let attached = match check {
+            Some(check) => {
                 let pod = record.pod.clone();
                 let uplink = attachment.parent.ifname();
+                let own_mac = claim_mac(record);
                 let refused = &mut refused;
                 let verdict = async move {
-                    match conflict_verdict(&probing, &pod, &uplink).await {
+                    let verdict = self.conflict_verdict(&check, own_mac).await;
+                    match refusal(verdict, &pod, &uplink) {
                         Ok(()) => true,
                         Err(error) => {
                             *refused = Some(error);
@@ -303,7 +295,7 @@ impl<S: DesiredState> Inner<S> {
             .instrument(phases::phase("tables"))
             .await
             .map_err(SetUpError::InterfaceMade)?;
-        if let Some(since_ns) = probe_sent_ns {
+        if let Some(since_ns) = since_ns {
             self.raise_claims_since(record, since_ns);
         }
         tracing::info!(key = %record.key, pod = %record.pod, addresses = ?record.ips(), mac = %format_mac(mac), "pod attached");
@@ -315,100 +307,6 @@ impl<S: DesiredState> Inner<S> {
             result: spec::cni_result(&attachment, record.mac.as_deref(), &config.dns),
             upgrade_policy,
         })
-    }
-
-    /// Starts the conflict probe of `record`'s addresses out of its
-    /// subnets' uplink, with a subnet's gateway as the reference whose
-    /// answer times the LAN; `None` when the probe is off.
-    fn start_probe(
-        self: &Arc<Self>,
-        subnets: &[ValidSubnet],
-        record: &AttachmentRecord,
-    ) -> Option<Probing> {
-        let window = self.config.settings.current().probe_wait;
-        let uplink = subnets.first()?.parent.ifname();
-        if window.is_zero() {
-            return None;
-        }
-        let plan = ProbePlan {
-            uplink,
-            addrs: record.ips(),
-            reference: subnets.iter().find_map(|s| s.gateway),
-            window,
-        };
-        let inventory = Arc::clone(self);
-        Some(Probing::start(
-            plan,
-            ProbeContext {
-                host: self.config.attachments.host_netns.clone(),
-                reply_times: Arc::clone(&self.reply_times),
-                seen_on_wire: Box::new(move |ifindex, addr| inventory.seen_on_wire(ifindex, addr)),
-                metrics: self.metrics.probe.clone(),
-            },
-        ))
-    }
-
-    /// Whether the wire inventory saw another host claim `addr` on uplink
-    /// `ifindex` within [`SUSPECT_HORIZON`].
-    fn seen_on_wire(&self, ifindex: u32, addr: IpAddr) -> bool {
-        let mut maps = self.maps.lock().expect("table maps lock poisoned");
-        let seen = maps
-            .wire_claims_mut()
-            .and_then(|wire| wire.seen(ifindex, addr));
-        match seen {
-            Ok(Some(claim)) => claim.age(monotonic_ns()) < SUSPECT_HORIZON,
-            Ok(None) => false,
-            Err(error) => {
-                tracing::debug!(%error, "cannot read the wire inventory; the probe waits as the LAN answers");
-                false
-            }
-        }
-    }
-
-    /// Claims of the pod's addresses by other MACs that the wire inventory
-    /// saw since `since_ns` (monotonic): answers to the probe that came
-    /// after its verdict and before the uplink program watched the
-    /// addresses (the tables, just written). Each is raised as a conflict
-    /// of the pod.
-    fn raise_claims_since(self: &Arc<Self>, record: &AttachmentRecord, since_ns: u64) {
-        let Some(uplink) = &record.uplink else {
-            return;
-        };
-        let own = [record.mac.as_deref(), Some(uplink.owner_mac.as_str())]
-            .map(|mac| mac.and_then(parse_mac));
-        let claims: Vec<_> = {
-            let mut maps = self.maps.lock().expect("table maps lock poisoned");
-            let Ok(wire) = maps.wire_claims_mut() else {
-                return;
-            };
-            record
-                .ips()
-                .into_iter()
-                .filter_map(|addr| wire.seen(uplink.ifindex, addr).ok().flatten())
-                .collect()
-        };
-        for claim in claims {
-            let kind = match claim.kind {
-                Some(WireKind::ArpRequest | WireKind::ArpReply) => ClaimKind::ArpReply,
-                Some(WireKind::GratuitousArp) => ClaimKind::GratuitousArp,
-                Some(WireKind::NeighborSolicitation | WireKind::NeighborAdvertisement) => {
-                    ClaimKind::NeighborAdvertisement
-                }
-                // Probes and DAD only ask; unknown kinds say nothing.
-                _ => continue,
-            };
-            if claim.last_seen_ns < since_ns || own.contains(&Some(claim.mac)) {
-                continue;
-            }
-            Arc::clone(self).on_conflict(Conflict {
-                ifindex: uplink.ifindex,
-                addr: claim.addr,
-                kind,
-                foreign_mac: claim.mac,
-                owner_mac: own[0].or(own[1]).unwrap_or_default(),
-                monotonic_ns: claim.last_seen_ns,
-            });
-        }
     }
 
     /// The uplink of `made` as the tables list it (index and MAC as the
@@ -427,10 +325,20 @@ impl<S: DesiredState> Inner<S> {
     }
 }
 
-/// The probe's verdict as ADD answers it: refused when another host
-/// answered; a probe that could not run is logged and does not stop ADD.
-async fn conflict_verdict(probing: &Probing, pod: &PodRef, uplink: &str) -> Result<(), CniError> {
-    match probing.verdict().await {
+/// The MAC the pod asked for, if any: its own frames claim nothing.
+fn claim_mac(record: &AttachmentRecord) -> Option<MacAddr> {
+    record.requested_mac.as_deref().and_then(parse_mac)
+}
+
+/// The conflict check's verdict as ADD answers it: refused when another
+/// host claims an address; a probe that could not run is logged and does
+/// not stop ADD.
+fn refusal(
+    verdict: Result<Option<ForeignClaim>, String>,
+    pod: &PodRef,
+    uplink: &str,
+) -> Result<(), CniError> {
+    match verdict {
         Ok(None) => Ok(()),
         Ok(Some(claim)) => Err(CniError::new(
             ErrorCode::AddressConflict,

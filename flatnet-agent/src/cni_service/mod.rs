@@ -16,6 +16,7 @@
 mod activation;
 mod activity;
 mod add;
+mod conflict_check;
 mod conflicts;
 mod follow;
 mod hotplug;
@@ -101,6 +102,8 @@ struct Inner<S> {
     /// The LAN's reply times per uplink, which size each ADD's wait for
     /// an answer to its conflict probe.
     reply_times: Arc<crate::probe::wait::ReplyTimes>,
+    /// Conflict probes made ahead of ADDs (Kubernetes mode).
+    ahead: crate::probe::ahead::AheadProbes,
     /// Told when attachments change, so the policy controller recompiles.
     policy_trigger: std::sync::OnceLock<PolicyTrigger>,
     /// Pending moves of policy programs into TCX links, by attachment.
@@ -141,6 +144,7 @@ impl<S: DesiredState> AgentService<S> {
                 limiter: conflicts::RateLimiter::new(conflicts::REPORT_INTERVAL),
                 owners: conflicts::Owners::default(),
                 reply_times: Arc::default(),
+                ahead: crate::probe::ahead::AheadProbes::default(),
                 policy_trigger: std::sync::OnceLock::new(),
                 upgrades: Mutex::new(HashMap::new()),
                 active_reports: Mutex::new(HashMap::new()),

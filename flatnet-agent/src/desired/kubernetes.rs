@@ -21,6 +21,7 @@ use std::{
 
 use futures::StreamExt;
 
+use flatnet_k8s::validation::validate_subnet;
 use flatnet_k8s::{
     api::{
         CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkNodeConfig, FlatNetworkSubnet,
@@ -31,7 +32,7 @@ use flatnet_k8s::{
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
 };
 use ipnet::IpNet;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, Patch, PatchParams},
@@ -47,7 +48,7 @@ use serde_json::json;
 
 use super::{
     AttachmentKey, ClaimRequest, DesiredInterface, DesiredState, DesiredStateError,
-    HotplugAttachment, NamedSubnet, PodRef, PrimaryMtu, status::SubnetCapacity,
+    HotplugAttachment, NamedSubnet, PodRef, PrimaryMtu, UpcomingAddress, status::SubnetCapacity,
 };
 use crate::{
     datapath::Conflict,
@@ -90,6 +91,11 @@ struct Followed {
     ips: Mirror<FlatNetworkIP>,
     subnets: Mirror<FlatNetworkSubnet>,
     node_config: Mirror<FlatNetworkNodeConfig>,
+    /// The pods bound to this node (a `spec.nodeName` field selector, as
+    /// kubelet watches them): whose allocations are upcoming ADDs.
+    pods: Mirror<Pod>,
+    /// Woken by changes of the records and of this node's pods.
+    upcoming: Arc<tokio::sync::Notify>,
 }
 
 /// One kind's copy, fed by a watch in its own task (also the floating
@@ -221,16 +227,28 @@ impl Kubernetes {
     /// memory, and one watch of each kind on the API server. Call inside a
     /// Tokio runtime; later calls do nothing.
     pub fn follow_allocations(&self) {
-        self.followed.get_or_init(|| Followed {
-            ips: Mirror::follow(Api::all(self.client.clone())),
-            subnets: Mirror::follow(Api::namespaced(self.client.clone(), SUBNET_NAMESPACE)),
-            // Only this node's, by its label (RBAC cannot narrow a watch
-            // to one name per node).
-            node_config: Mirror::follow_selected(
-                Api::all(self.client.clone()),
-                watcher::Config::default().labels(&format!("{}={}", label::NODE, self.node)),
-                None,
-            ),
+        self.followed.get_or_init(|| {
+            let upcoming = Arc::new(tokio::sync::Notify::new());
+            Followed {
+                ips: Mirror::follow_notifying(
+                    Api::all(self.client.clone()),
+                    Some(Arc::clone(&upcoming)),
+                ),
+                subnets: Mirror::follow(Api::namespaced(self.client.clone(), SUBNET_NAMESPACE)),
+                pods: Mirror::follow_selected(
+                    Api::all(self.client.clone()),
+                    watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
+                    Some(Arc::clone(&upcoming)),
+                ),
+                upcoming,
+                // Only this node's, by its label (RBAC cannot narrow a watch
+                // to one name per node).
+                node_config: Mirror::follow_selected(
+                    Api::all(self.client.clone()),
+                    watcher::Config::default().labels(&format!("{}={}", label::NODE, self.node)),
+                    None,
+                ),
+            }
         });
     }
 
@@ -1010,6 +1028,47 @@ impl DesiredState for Kubernetes {
             }
         };
         Ok(found.into_iter().map(subnet_capacity).collect())
+    }
+
+    fn upcoming_addresses(&self) -> Option<Vec<UpcomingAddress>> {
+        let followed = self.followed.get()?;
+        let (pods, subnets) = (followed.pods.objects()?, &followed.subnets);
+        let mut upcoming = Vec::new();
+        for pod in pods {
+            // The API server makes every new pod Pending; a pod past that
+            // has had its ADD.
+            let running_or_done = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|phase| phase != "Pending");
+            if pod.metadata.deletion_timestamp.is_some() || running_or_done {
+                continue;
+            }
+            let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+            for record in [name.clone(), secondary_name(&name)] {
+                let Some(ip) = followed.ips.get(&namespace, &record) else {
+                    continue;
+                };
+                let attached = ip.status.as_ref().is_some_and(|s| s.phase == "Active");
+                if attached || !is_allocated(&ip, pod.metadata.uid.as_deref()) {
+                    continue;
+                }
+                let subnet = subnets
+                    .get(SUBNET_NAMESPACE, &ip.spec.subnet)
+                    .and_then(|subnet| validate_subnet(&ip.spec.subnet, &subnet.spec).ok());
+                if let (Some(subnet), Some(addr)) =
+                    (subnet, ip.status.as_ref().and_then(|s| s.addr))
+                {
+                    upcoming.push(UpcomingAddress { subnet, addr });
+                }
+            }
+        }
+        Some(upcoming)
+    }
+
+    fn upcoming_changed(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(Arc::clone(&self.followed.get()?.upcoming))
     }
 
     async fn report_conflict(

@@ -8,7 +8,7 @@ pub mod kubernetes;
 pub mod standalone;
 pub mod status;
 
-use std::{collections::BTreeMap, fmt, future::Future, net::IpAddr, path::PathBuf};
+use std::{collections::BTreeMap, fmt, future::Future, net::IpAddr, path::PathBuf, sync::Arc};
 
 use flatnet_k8s::{
     api::FlatNetworkSubnetSpec,
@@ -376,4 +376,27 @@ pub trait DesiredState: Send + Sync + 'static {
         pod: &PodRef,
         conflict: &Conflict,
     ) -> impl Future<Output = Result<(), DesiredStateError>> + Send;
+
+    /// The addresses allocated to pods bound to this node whose ADD has
+    /// not come yet, for the conflict probe to ask the LAN about ahead of
+    /// it; `None` where they cannot be known ahead (standalone, where the
+    /// ADD allocates). Read from copies kept by watch: asks no one.
+    fn upcoming_addresses(&self) -> Option<Vec<UpcomingAddress>> {
+        None
+    }
+
+    /// Woken when [`DesiredState::upcoming_addresses`] may have changed;
+    /// `None` where it never does.
+    fn upcoming_changed(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
+}
+
+/// An address allocated to a pod bound to this node, before its ADD.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpcomingAddress {
+    /// The subnet it is on: its uplink and gateway.
+    pub subnet: ValidSubnet,
+    /// The address.
+    pub addr: IpAddr,
 }

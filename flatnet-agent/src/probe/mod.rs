@@ -5,6 +5,7 @@
 //! another MAC for as long as the LAN takes to answer ([`wait`]); the
 //! probes are sent again halfway through the configured window ([`run`]).
 
+pub mod ahead;
 pub mod run;
 pub mod wait;
 

@@ -87,8 +87,13 @@ impl WaitBasis {
 /// The probe's counters, registered in the agent's metrics.
 #[derive(Clone, Debug, Default)]
 pub struct ProbeMetrics {
-    /// `conflict_probe_waits_total{basis}`: ADD waits by [`WaitBasis`].
+    /// `conflict_probe_waits_total{basis}`: probes (at ADD or ahead of
+    /// it) by what their wait was sized from ([`WaitBasis`]).
     pub waits: Family<[(&'static str, &'static str); 1], Counter>,
+    /// `conflict_probe_add_verdicts_total{source}`: ADDs by where their
+    /// verdict came from (`ahead`: a probe made before the ADD; `at_add`:
+    /// one the ADD sent).
+    pub add_verdicts: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl ProbeMetrics {
@@ -96,13 +101,20 @@ impl ProbeMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "conflict_probe_waits",
-            "ADDs that waited for an answer to their conflict probe, by what the wait was sized from (reply_time, no_reply_time, seen_on_wire)",
+            "Conflict probes (sent by an ADD or ahead of it) by what their wait for an answer was sized from (reply_time, no_reply_time, seen_on_wire)",
             self.waits.clone(),
+        );
+        registry.register(
+            "conflict_probe_add_verdicts",
+            "ADDs by where their conflict verdict came from (ahead: a probe sent before the ADD, checked against the wire inventory since; at_add: a probe the ADD sent)",
+            self.add_verdicts.clone(),
         );
     }
 }
 
-/// A running probe, as the ADD that started it sees it.
+/// A running probe, as the ADD that started it sees it (or, probed ahead
+/// of the ADD, as everyone who asks sees it).
+#[derive(Clone)]
 pub struct Probing {
     shared: Arc<Shared>,
     /// The probe's window: the ADD never waits longer than this.
@@ -114,6 +126,8 @@ struct Shared {
     changed: tokio::sync::Notify,
     /// The probe frames, once built: sent again halfway through the window.
     frames: Mutex<Vec<Vec<u8>>>,
+    /// The uplink's interface index, once its socket is open.
+    uplink_index: std::sync::OnceLock<u32>,
 }
 
 enum State {
@@ -138,6 +152,7 @@ impl Probing {
             state: Mutex::new(State::Waiting),
             changed: tokio::sync::Notify::new(),
             frames: Mutex::new(Vec::new()),
+            uplink_index: std::sync::OnceLock::new(),
         });
         let ProbeContext {
             host,
@@ -173,6 +188,13 @@ impl Probing {
             again.send_again(host, uplink).await;
         });
         Self { shared, window }
+    }
+
+    /// The index of the uplink probed from; `None` before the probe's
+    /// socket was open, or when there is no such uplink.
+    #[must_use]
+    pub fn uplink_index(&self) -> Option<u32> {
+        self.shared.uplink_index.get().copied()
     }
 
     /// Waits for the verdict: `Some` when another host's answer reached
@@ -261,6 +283,28 @@ impl Shared {
     }
 }
 
+/// Sends the probes of `addrs` out of `uplink` (in `host`) without
+/// listening: their answers reach the uplink program, which reports any as
+/// a conflict of the pod holding the address. Blocks.
+///
+/// # Errors
+/// The uplink's namespace, its socket or a frame failed.
+pub fn send_probes(
+    host: Option<PathBuf>,
+    uplink: &str,
+    addrs: &[IpAddr],
+) -> Result<(), ProbeError> {
+    crate::netns::run_in_netns_or_here(host, || {
+        let socket = crate::packet::RawSocket::open(uplink)?;
+        let own_mac = socket.hardware_address()?;
+        for addr in addrs {
+            socket.send(&probe_frame(own_mac, *addr)?)?;
+        }
+        Ok(())
+    })
+    .map_err(|error| ProbeError::Namespace(error.to_string()))?
+}
+
 /// Sends the probes (and the reference's) and decides the ADD's verdict at
 /// the end of its wait: the first claim on one of the addresses that
 /// reached the node in time; `None` when none did (the ADD then went on),
@@ -279,6 +323,7 @@ fn listen(
         Err(error) => return Err(error.into()),
     };
     let (ifindex, own_mac) = (socket.ifindex(), socket.hardware_address()?);
+    let _ = shared.uplink_index.set(ifindex);
     socket.timestamp_arrivals()?;
     let frames = plan
         .addrs

@@ -493,6 +493,17 @@ pub fn free_local_address() -> String {
     listener.local_addr().unwrap().to_string()
 }
 
+/// The counter `name` (with its labels) of the agent whose admin server
+/// listens on `admin`; 0 while not exposed.
+#[allow(dead_code, reason = "not every test binary reads the agent's metrics")]
+pub fn counted(admin: &str, name: &str) -> u64 {
+    let text = http_get(admin, "/metrics");
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
 /// The body of `GET path` from the HTTP server at `address`.
 pub fn http_get(address: &str, path: &str) -> String {
     let mut stream = TcpStream::connect(address).unwrap();

@@ -2,12 +2,20 @@
 //! a "LAN host" namespace. Both namespaces are removed on drop. With
 //! [`AgentOnLan`], a standalone agent on that node.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::Duration,
+};
 
-use etherparse::ArpOperation;
+use etherparse::{ArpOperation, LinkSlice, NetSlice, SlicedPacket};
 use flatnet_agent::{
     netns::run_in_netns,
-    packet::{BROADCAST, NdpMessage, RawSocket, arp_frame, ipv6_multicast_mac, ndp_frame},
+    packet::{BROADCAST, NdpMessage, RawSocket, Receive, arp_frame, ipv6_multicast_mac, ndp_frame},
 };
 
 use crate::support::{TestNetns, agent::StandaloneAgent, unique_name, veth_pair};
@@ -138,4 +146,89 @@ impl AgentOnLan {
             dir,
         }
     }
+}
+
+/// A host on the LAN that answers ARP probes for `target` after `delay`,
+/// from `mac`, until dropped.
+#[allow(dead_code, reason = "not every test binary plays a slow LAN host")]
+pub struct SlowHost {
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<u32>>,
+}
+
+#[allow(dead_code, reason = "not every test binary plays a slow LAN host")]
+impl SlowHost {
+    /// Answers out of `lan0` in `lan`.
+    pub fn answering(lan: &TestNetns, target: Ipv4Addr, delay: Duration, mac: [u8; 6]) -> Self {
+        let socket = run_in_netns(&lan.path(), || {
+            RawSocket::open_receiving("lan0", Receive::EtherType(0x0806))
+        })
+        .unwrap()
+        .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = thread::spawn(move || {
+            let mut answered = 0;
+            let mut buffer = [0u8; 1500];
+            while !stopped.load(Ordering::Relaxed) {
+                let Some(received) = socket
+                    .receive(&mut buffer, Duration::from_millis(50))
+                    .unwrap()
+                else {
+                    continue;
+                };
+                if received.outgoing {
+                    continue;
+                }
+                let Some(prober) = probe_for(&buffer[..received.len], target) else {
+                    continue;
+                };
+                thread::sleep(delay);
+                let reply = arp_frame(
+                    mac,
+                    prober,
+                    ArpOperation::REPLY,
+                    (mac, target),
+                    (prober, Ipv4Addr::UNSPECIFIED),
+                )
+                .unwrap();
+                socket.send(&reply).unwrap();
+                answered += 1;
+            }
+            answered
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops answering; how many probes it answered.
+    pub fn finish(mut self) -> u32 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for SlowHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The sender MAC of `frame` when it is an ARP probe (sender 0.0.0.0) for
+/// `target`.
+#[allow(dead_code, reason = "not every test binary plays a slow LAN host")]
+fn probe_for(frame: &[u8], target: Ipv4Addr) -> Option<[u8; 6]> {
+    let packet = SlicedPacket::from_ethernet(frame).ok()?;
+    let Some(LinkSlice::Ethernet2(eth)) = &packet.link else {
+        return None;
+    };
+    let Some(NetSlice::Arp(arp)) = &packet.net else {
+        return None;
+    };
+    let probe = arp.operation() == ArpOperation::REQUEST
+        && arp.sender_protocol_addr() == [0, 0, 0, 0]
+        && arp.target_protocol_addr() == target.octets();
+    probe.then(|| eth.source())
 }

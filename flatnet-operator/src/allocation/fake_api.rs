@@ -1,7 +1,8 @@
 //! An in-memory Kubernetes API server for tests and benchmarks.
 //!
 //! It keeps objects as JSON and implements the semantics the controllers
-//! rely on: `GET`, `LIST` (namespace and equality label selectors; in
+//! rely on: `GET`, `LIST` (namespace, equality label selectors and the
+//! field selectors a real server supports, others refused; in
 //! pages with `limit` and `continue`, from a snapshot of the first page's
 //! time, 410 Gone for an unknown token), `POST`
 //! (409 when the name exists; the status is dropped), `PUT` of an object or its `status`
@@ -852,7 +853,10 @@ impl FakeApiServer {
         let since: u64 = query_param(query, "resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| self.lock().version);
-        let selector = label_selector(query);
+        let selector = match Selector::of(query, &target.collection) {
+            Ok(selector) => selector,
+            Err(refused) => return reply(StatusCode::BAD_REQUEST, &refused),
+        };
         let timeout = query_param(query, "timeoutSeconds")
             .and_then(|t| t.parse().ok())
             .map_or(Duration::from_secs(290), Duration::from_secs);
@@ -915,9 +919,7 @@ impl FakeApiServer {
                                         break;
                                     }
                                     let matches = namespace.as_ref().is_none_or(|n| *n == c.namespace)
-                                        && selector.iter().all(|(k, want)| {
-                                            c.object["metadata"]["labels"][k].as_str() == Some(want)
-                                        });
+                                        && selector.matches(&c.object);
                                     if matches {
                                         chunk.extend_from_slice(&line(&json!({"type": c.kind, "object": c.object})));
                                     }
@@ -1014,7 +1016,10 @@ impl FakeApiServer {
                         }
                     },
                     None => {
-                        let selector = label_selector(query);
+                        let selector = match Selector::of(query, &target.collection) {
+                            Ok(selector) => selector,
+                            Err(refused) => return (StatusCode::BAD_REQUEST, refused),
+                        };
                         let items: Vec<Value> = state
                             .objects
                             .iter()
@@ -1023,11 +1028,7 @@ impl FakeApiServer {
                                     && target.namespace.as_ref().is_none_or(|n| n == ns)
                             })
                             .map(|(_, v)| v)
-                            .filter(|v| {
-                                selector.iter().all(|(k, want)| {
-                                    v["metadata"]["labels"][k].as_str() == Some(want)
-                                })
-                            })
+                            .filter(|v| selector.matches(v))
                             .cloned()
                             .collect();
                         (items, state.version.to_string())
@@ -1283,25 +1284,97 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-/// `k=v,k2=v2` from a `labelSelector` query parameter.
-fn label_selector(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter_map(|p| p.strip_prefix("labelSelector="))
-        .flat_map(|s| {
-            let decoded = s
-                .replace("%3D", "=")
+/// What a list or watch selects: equality label selectors
+/// (`labelSelector=k=v,k2=v2`) and field selectors (`fieldSelector=`),
+/// the field labels a real server supports for every kind
+/// (`metadata.name`, `metadata.namespace`) and for pods (`spec.nodeName`,
+/// `status.phase`), `=`/`==` and `!=`.
+#[derive(Clone, Debug, Default)]
+struct Selector {
+    labels: Vec<(String, String)>,
+    /// (JSON pointer, value, equal).
+    fields: Vec<(String, String, bool)>,
+}
+
+impl Selector {
+    /// The selector of `query` for `collection`; a field label the real
+    /// server does not support for the kind is refused as it refuses it
+    /// (400 BadRequest).
+    fn of(query: &str, collection: &str) -> Result<Self, Value> {
+        let decode = |s: &str| {
+            s.replace("%3D", "=")
+                .replace("%3d", "=")
                 .replace("%2C", ",")
-                .replace("%2F", "/");
-            decoded
-                .split(',')
-                .filter_map(|kv| {
-                    let (k, v) = kv.split_once('=')?;
-                    Some((k.to_owned(), v.to_owned()))
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect()
+                .replace("%2c", ",")
+                .replace("%2F", "/")
+                .replace("%2f", "/")
+                .replace("%21", "!")
+        };
+        let labels = query
+            .split('&')
+            .filter_map(|p| p.strip_prefix("labelSelector="))
+            .flat_map(|s| {
+                decode(s)
+                    .split(',')
+                    .filter_map(|kv| {
+                        let (k, v) = kv.split_once('=')?;
+                        Some((k.to_owned(), v.to_owned()))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut fields = Vec::new();
+        for term in query
+            .split('&')
+            .filter_map(|p| p.strip_prefix("fieldSelector="))
+            .flat_map(|s| decode(s).split(',').map(str::to_owned).collect::<Vec<_>>())
+            .filter(|t| !t.is_empty())
+        {
+            let (label, value, equal) = if let Some((l, v)) = term.split_once("!=") {
+                (l, v, false)
+            } else if let Some((l, v)) = term.split_once("==") {
+                (l, v, true)
+            } else if let Some((l, v)) = term.split_once('=') {
+                (l, v, true)
+            } else {
+                return Err(status(
+                    400,
+                    "BadRequest",
+                    &format!("invalid field selector: {term:?}"),
+                ));
+            };
+            let pods = collection == "/v1/pods";
+            let pointer = match label {
+                "metadata.name" => "/metadata/name",
+                "metadata.namespace" => "/metadata/namespace",
+                "spec.nodeName" if pods => "/spec/nodeName",
+                "status.phase" if pods => "/status/phase",
+                _ => {
+                    return Err(status(
+                        400,
+                        "BadRequest",
+                        &format!("field label not supported: {label}"),
+                    ));
+                }
+            };
+            fields.push((pointer.to_owned(), value.to_owned(), equal));
+        }
+        Ok(Self { labels, fields })
+    }
+
+    /// Whether `object` is selected (an absent field reads as empty).
+    fn matches(&self, object: &Value) -> bool {
+        self.labels
+            .iter()
+            .all(|(k, want)| object["metadata"]["labels"][k].as_str() == Some(want))
+            && self.fields.iter().all(|(pointer, want, equal)| {
+                let value = object
+                    .pointer(pointer)
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                (value == want) == *equal
+            })
+    }
 }
 
 fn collection_of<K: Resource<DynamicType = ()>>() -> String {

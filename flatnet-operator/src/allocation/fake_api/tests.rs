@@ -135,3 +135,62 @@ async fn a_config_map_put_without_resource_version_is_written() {
         .unwrap();
     assert_eq!(written.data, map.data);
 }
+
+/// Field selectors select as a real server's do, in lists and watches, and
+/// a field label the kind does not support is refused with 400.
+#[tokio::test]
+async fn field_selectors_select_and_unknown_labels_are_refused() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::{
+        ResourceExt,
+        api::ListParams,
+        runtime::{WatchStreamExt, watcher},
+    };
+    let server = FakeApiServer::new();
+    let pod = |name: &str, node: &str| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"nodeName": node, "containers": []}
+        }))
+        .unwrap()
+    };
+    server.insert(&pod("a", "node-1"));
+    server.insert(&pod("b", "node-2"));
+    let pods: Api<Pod> = Api::all(server.client());
+    let names = |list: kube::core::ObjectList<Pod>| -> Vec<String> {
+        list.items.iter().map(ResourceExt::name_any).collect()
+    };
+    let on_node = ListParams::default().fields("spec.nodeName=node-1");
+    assert_eq!(names(pods.list(&on_node).await.unwrap()), ["a"]);
+    let elsewhere = ListParams::default().fields("spec.nodeName!=node-1,metadata.namespace=ns");
+    assert_eq!(names(pods.list(&elsewhere).await.unwrap()), ["b"]);
+    let unsupported = ListParams::default().fields("spec.hostname=x");
+    match pods.list(&unsupported).await {
+        Err(kube::Error::Api(response)) => {
+            assert_eq!(response.code, 400);
+            assert!(
+                response
+                    .message
+                    .contains("field label not supported: spec.hostname")
+            );
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+    // A watch sees only the selected pods, later ones included.
+    let config = watcher::Config::default().fields("spec.nodeName=node-1");
+    let mut seen = watcher(pods, config).applied_objects().boxed();
+    server.insert(&pod("c", "node-2"));
+    server.insert(&pod("d", "node-1"));
+    let mut names = Vec::new();
+    while names.len() < 2 {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), seen.next())
+            .await
+            .expect("the watch delivers the selected pods")
+            .unwrap()
+            .unwrap();
+        names.push(next.name_any());
+    }
+    assert_eq!(names, ["a", "d"]);
+}
