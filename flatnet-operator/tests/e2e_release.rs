@@ -44,6 +44,8 @@ const CONVERGE: Converge = Converge {
 /// The release's namespace (docs/installation.md).
 const RELEASE_NAMESPACE: &str = "cattle-flat-network";
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+/// The agent's admin port (`/metrics`), the chart's `agent.adminPort`.
+const AGENT_ADMIN_PORT: u16 = 9765;
 const FLAT_ATTACHMENT: &str = r#"[{"name":"rancher-flat-network","interface":"eth1"}]"#;
 
 /// What `cargo xtask e2e` tells the suite about the cluster it made.
@@ -410,6 +412,12 @@ async fn flat_pods_reach_each_other_and_the_lan_over_ipv4_ipv6_and_dual_stack() 
         return;
     };
     let mut scope = e2e.scope("e2e-traffic").await;
+    let ahead = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"ahead\"}";
+    let at_add = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"at_add\"}";
+    let before = (
+        agent_counter(&e2e, ahead).await,
+        agent_counter(&e2e, at_add).await,
+    );
     scope.subnet(e2e.subnet_v4("e2e-traffic-v4", 20, 29)).await;
     scope
         .subnet(e2e.subnet_v6("e2e-traffic-v6", 0x20, 0x29))
@@ -452,6 +460,17 @@ async fn flat_pods_reach_each_other_and_the_lan_over_ipv4_ipv6_and_dual_stack() 
             }
         }
     }
+    // The chart's conflict probe ran for these ADDs, ahead of them: the
+    // agent saw each pod Pending with its address before kubelet's ADD.
+    let (took_ahead, probed_at_add) = (
+        agent_counter(&e2e, ahead).await - before.0,
+        agent_counter(&e2e, at_add).await - before.1,
+    );
+    println!("ADD verdicts of the 6 pods: {took_ahead} probed ahead, {probed_at_add} at ADD");
+    assert!(
+        took_ahead >= 1,
+        "no ADD took a verdict probed ahead ({probed_at_add} probed at ADD)"
+    );
     scope.finish().await;
 }
 
@@ -984,6 +1003,34 @@ async fn agent_logged(e2e: &E2e, since: Instant, text: &str) -> bool {
         }
     }
     false
+}
+
+/// The sum of the agents' counter `series` (name and labels, as
+/// `/metrics` prints it), read through the API server's proxy to each
+/// agent pod's admin port (the chart's `agent.adminPort`).
+async fn agent_counter(e2e: &E2e, series: &str) -> u64 {
+    let agents: Api<Pod> = Api::namespaced(e2e.client.clone(), RELEASE_NAMESPACE);
+    let by_app = ListParams::default().labels("app.kubernetes.io/component=agent");
+    let list = agents.list(&by_app).await.expect("list the agent pods");
+    let mut sum = 0;
+    for pod in list.items {
+        let path = format!(
+            "/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{}:{AGENT_ADMIN_PORT}/proxy/metrics",
+            pod.name_any()
+        );
+        let request = http::Request::get(path).body(Vec::new()).unwrap();
+        let text = e2e
+            .client
+            .request_text(request)
+            .await
+            .expect("the agent's /metrics through the API server");
+        let prefix = format!("{series} ");
+        sum += text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |n| n.trim().parse::<u64>().expect("a counter"));
+    }
+    sum
 }
 
 /// The address of a LAN host's interface that holds `address`, removed
