@@ -220,7 +220,13 @@ impl<S: DesiredState> Inner<S> {
                 attachments
                     .attach_valid_gated(
                         &valid,
-                        Box::pin(verdict.instrument(phases::phase("attach.probe_verdict"))),
+                        // The phase's span is made when the attach awaits
+                        // the verdict, so it times only what is left of it.
+                        Box::pin(async move {
+                            verdict
+                                .instrument(phases::phase("attach.probe_verdict"))
+                                .await
+                        }),
                     )
                     .instrument(phases::phase("link_attach"))
                     .await

@@ -14,6 +14,10 @@ use anyhow::{Context, bail};
 use super::{Measured, ms, percentile};
 
 const METRIC: &str = "flatnet_agent_cni_phase_seconds";
+/// ADDs by where their conflict verdict came from (label `source`).
+const VERDICTS: &str = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"";
+/// The command key the verdict counts are kept under in [`Totals`].
+const VERDICT_KEY: &str = "add_verdict";
 
 /// (command, phase) → (sum of seconds, count).
 pub type Totals = BTreeMap<(String, String), (f64, u64)>;
@@ -42,6 +46,18 @@ pub fn scrape(admin: SocketAddr) -> anyhow::Result<Totals> {
 fn parse(text: &str) -> Totals {
     let mut totals = Totals::new();
     for line in text.lines() {
+        // A counter: kept as a count of its source, with no time.
+        if let Some((source, value)) = line
+            .strip_prefix(VERDICTS)
+            .and_then(|rest| rest.split_once("\"} "))
+        {
+            let count = value.split_whitespace().next().unwrap_or_default();
+            totals.insert(
+                (VERDICT_KEY.to_owned(), source.to_owned()),
+                (0.0, count.parse().unwrap_or(0)),
+            );
+            continue;
+        }
         let Some(rest) = line.strip_prefix(METRIC) else {
             continue;
         };
@@ -94,6 +110,14 @@ impl Breakdown {
             })
             .collect();
         Self { means }
+    }
+
+    /// How many ADDs took their conflict verdict from `source` (`ahead`:
+    /// a probe made before the ADD; `at_add`: one the ADD sent).
+    pub fn verdicts(&self, source: &str) -> u64 {
+        self.means
+            .get(&(VERDICT_KEY.to_owned(), source.to_owned()))
+            .map_or(0, |(_, runs)| *runs)
     }
 
     /// Mean seconds of `phase` of `command`.
@@ -150,6 +174,11 @@ impl Breakdown {
             "| VERSION | flatnet-cni start-up and exit (p50) | {} | |\n",
             ms(percentile(&flatnet.version, 0.5))
         );
+        out += &format!(
+            "\nConflict verdicts of these ADDs: {} probed ahead of the ADD, {} probed by the ADD.\n",
+            self.verdicts("ahead"),
+            self.verdicts("at_add")
+        );
         out
     }
 }
@@ -175,9 +204,15 @@ mod tests {
             flatnet_agent_cni_phase_seconds_sum{command=\"add\",phase=\"claim\"} 0.5\n\
             flatnet_agent_cni_phase_seconds_count{command=\"add\",phase=\"claim\"} 10\n\
             flatnet_agent_cni_phase_seconds_bucket{command=\"add\",phase=\"claim\",le=\"0.1\"} 10\n\
-            flatnet_agent_ip_conflicts_total 0\n";
+            flatnet_agent_ip_conflicts_total 0\n\
+            flatnet_agent_conflict_probe_add_verdicts_total{source=\"ahead\"} 7\n";
         let after = parse(text);
         assert_eq!(after[&("add".into(), "claim".into())], (0.5, 10));
+        let mut earlier = Totals::new();
+        earlier.insert((VERDICT_KEY.into(), "ahead".into()), (0.0, 3));
+        let verdicts = Breakdown::between(&earlier, &after);
+        assert_eq!(verdicts.verdicts("ahead"), 4, "ADDs between the scrapes");
+        assert_eq!(verdicts.verdicts("at_add"), 0);
         let mut before = Totals::new();
         before.insert(("add".into(), "claim".into()), (0.1, 2));
         let breakdown = Breakdown::between(&before, &after);
