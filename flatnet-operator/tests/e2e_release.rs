@@ -46,6 +46,9 @@ const RELEASE_NAMESPACE: &str = "cattle-flat-network";
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 /// The agent's admin port (`/metrics`), the chart's `agent.adminPort`.
 const AGENT_ADMIN_PORT: u16 = 9765;
+/// ADDs whose conflict verdict was probed ahead of them, and by them.
+const AHEAD_VERDICTS: &str = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"ahead\"}";
+const AT_ADD_VERDICTS: &str = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"at_add\"}";
 const FLAT_ATTACHMENT: &str = r#"[{"name":"rancher-flat-network","interface":"eth1"}]"#;
 
 /// What `cargo xtask e2e` tells the suite about the cluster it made.
@@ -412,8 +415,7 @@ async fn flat_pods_reach_each_other_and_the_lan_over_ipv4_ipv6_and_dual_stack() 
         return;
     };
     let mut scope = e2e.scope("e2e-traffic").await;
-    let ahead = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"ahead\"}";
-    let at_add = "flatnet_agent_conflict_probe_add_verdicts_total{source=\"at_add\"}";
+    let (ahead, at_add) = (AHEAD_VERDICTS, AT_ADD_VERDICTS);
     let before = (
         agent_counter(&e2e, ahead).await,
         agent_counter(&e2e, at_add).await,
@@ -1299,6 +1301,11 @@ async fn pod_start_with_and_without_a_flat_attachment() {
         .subnet(e2e.subnet_v4("e2e-pod-start-v4", 120, 199))
         .await;
     let pods: Api<Pod> = scope.api();
+    let verdicts = [AHEAD_VERDICTS, AT_ADD_VERDICTS];
+    let verdicts_before = [
+        agent_counter(&e2e, verdicts[0]).await,
+        agent_counter(&e2e, verdicts[1]).await,
+    ];
     let ready = |pod: &Pod| {
         pod.status
             .as_ref()
@@ -1351,11 +1358,17 @@ async fn pod_start_with_and_without_a_flat_attachment() {
         samples[rank - 1].as_secs_f64() * 1000.0
     };
     let [flat, plain] = &times;
+    let (ahead, at_add) = (
+        agent_counter(&e2e, verdicts[0]).await - verdicts_before[0],
+        agent_counter(&e2e, verdicts[1]).await - verdicts_before[1],
+    );
     let table = format!(
         "| pod | pods | creation to Ready p50 | p99 |\n| --- | ---: | ---: | ---: |\n\
          | with a flat attachment (Multus, flatnet-cni) | {} | {:.0} ms | {:.0} ms |\n\
          | without (the primary network only) | {} | {:.0} ms | {:.0} ms |\n\n\
-         The flat attachment adds {:.0} ms at p50 and {:.0} ms at p99.\n",
+         The flat attachment adds {:.0} ms at p50 and {:.0} ms at p99. \
+         Conflict verdicts of the flat pods' ADDs (the chart's probe): {ahead} \
+         probed ahead of the ADD, {at_add} probed by the ADD.\n",
         flat.len(),
         at(flat, 50),
         at(flat, 99),

@@ -354,9 +354,16 @@ struct BenchCluster {
 }
 
 impl BenchCluster {
-    /// Builds and starts the example; its subnet is on `master`, pods get
-    /// `first`..=`last`; its files go to `dir`.
-    fn start(master: &str, (first, last): (&str, &str), dir: &Path) -> anyhow::Result<Self> {
+    /// Builds and starts the example (`optimized`: a release build, as a
+    /// real API server is; else the debug build the tests share); its
+    /// subnet is on `master`, pods get `first`..=`last`; its files go to
+    /// `dir`.
+    fn start(
+        master: &str,
+        (first, last): (&str, &str),
+        dir: &Path,
+        optimized: bool,
+    ) -> anyhow::Result<Self> {
         let mut cargo = crate::workspace::cargo(None);
         cargo.args([
             "build",
@@ -366,8 +373,15 @@ impl BenchCluster {
             "--example",
             "bench_cluster",
         ]);
+        if optimized {
+            cargo.arg("--release");
+        }
         crate::workspace::run("build the benchmark's API server", &mut cargo)?;
-        let binary = crate::workspace::root().join("target/debug/examples/bench_cluster");
+        let profile = if optimized { "release" } else { "debug" };
+        let binary = crate::workspace::root()
+            .join("target")
+            .join(profile)
+            .join("examples/bench_cluster");
         let mut child = Command::new(&binary)
             .args(["--master", master, "--first", first, "--last", last])
             .arg("--dir")
@@ -493,6 +507,7 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         KUBERNETES_MASTER,
         ("198.18.16.0", "198.18.23.255"),
         &kubernetes_dir,
+        !args.quick,
     )?;
     let pins = [PinRoot::new("bench-cni-k8s"), PinRoot::new("bench-cni")];
     let installed = Agent::start_kubernetes(
@@ -632,7 +647,9 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
          - **flatnet as installed** (the headline): `flatnet-agent run` with\n\
            every setting the chart's default, in Kubernetes mode against the\n\
            operator's in-memory API server over HTTP with the operator's\n\
-           allocation controllers (`flatnet-agent/examples/bench_cluster.rs`).\n\
+           allocation controllers (`flatnet-agent/examples/bench_cluster.rs`,\n\
+           a release build on the same 2 CPUs; a real API server runs on other\n\
+           machines; `--quick` runs its debug build).\n\
            The conflict probe is on (window 500 ms; the LAN host is the\n\
            subnet's gateway and answers its reference request), policies are\n\
            enforced and a MultiNetworkPolicy denying ingress is in force on\n\
