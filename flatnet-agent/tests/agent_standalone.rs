@@ -778,6 +778,58 @@ fn status_reports_ready() {
     let _ = &node.master;
 }
 
+/// The names of the BPF programs process `pid` holds open.
+fn programs_held(pid: u32) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return names;
+    };
+    for fd in fds.flatten() {
+        let is_program = std::fs::read_link(fd.path())
+            .is_ok_and(|target| target.to_string_lossy() == "anon_inode:bpf-prog");
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        let Some(id) = info.lines().find_map(|l| l.strip_prefix("prog_id:")) else {
+            continue;
+        };
+        if !is_program {
+            continue;
+        }
+        let shown = Command::new("bpftool")
+            .args(["-j", "prog", "show", "id", id.trim()])
+            .output()
+            .expect("bpftool");
+        let program: Value = serde_json::from_slice(&shown.stdout).unwrap_or_default();
+        if let Some(name) = program["name"].as_str() {
+            names.insert(name.to_owned());
+        }
+    }
+    names
+}
+
+/// The kernel verifies every program while the agent starts, so that no
+/// pod's ADD waits for the verifier (hundreds of milliseconds a program).
+#[test]
+fn every_program_is_loaded_before_the_first_add() {
+    let Some(mut node) = Node::running_for_test("every_program_is_loaded_before_the_first_add")
+    else {
+        return;
+    };
+    let pid = node.agent.pid().expect("the agent runs");
+    let all: std::collections::BTreeSet<String> = flatnet_agent::datapath::Datapath::PROGRAMS
+        .iter()
+        .map(|name| (*name).to_owned())
+        .collect();
+    wait_until("the agent holds every program, with no ADD yet", || {
+        programs_held(pid) == all
+    });
+    assert_eq!(node.agent.records(), 0, "no ADD came");
+    node.stop();
+}
+
 /// Whether `ip -n <ns> link add ...` works; `false` (with a printed skip or,
 /// where the kernel must have it, a failure) when the link type is unknown.
 fn kernel_has(test: &str, ns: &TestNetns, feature: &str, args: &[&str]) -> bool {

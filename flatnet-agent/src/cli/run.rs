@@ -434,6 +434,7 @@ impl RunArgs {
             "programs are attached through {}",
             datapath.attach_mechanism()
         );
+
         let monitor = datapath
             .conflict_monitor()
             .context("open the conflict monitor")?;
@@ -535,6 +536,10 @@ impl RunArgs {
             }
         });
         tokio::spawn(after_start(service.clone()));
+        tokio::spawn({
+            let service = service.clone();
+            async move { service.verify_programs().await }
+        });
         if let Some(address) = self.admin_address {
             serve_admin(address, metrics, service.clone()).await?;
         }

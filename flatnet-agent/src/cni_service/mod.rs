@@ -180,6 +180,27 @@ impl<S: DesiredState> AgentService<S> {
             .await
     }
 
+    /// Has the kernel verify every program now, one at a time under the
+    /// data-plane lock (an ADD meanwhile waits for one program at most),
+    /// so no pod's ADD waits for the verifier later.
+    pub async fn verify_programs(&self) {
+        for program in Datapath::PROGRAMS {
+            let inner = Arc::clone(&self.inner);
+            let loaded = tokio::task::spawn_blocking(move || {
+                let mut tables = inner.datapath.lock().expect("datapath lock poisoned");
+                tables.datapath.verify_program(program)
+            })
+            .await;
+            match loaded {
+                Ok(Ok(took)) => tracing::info!(program, ?took, "program verified and loaded"),
+                Ok(Err(error)) => {
+                    tracing::warn!(program, %error, "program not loaded; its first attach fails the same way");
+                }
+                Err(error) => tracing::warn!(program, %error, "loading the program failed"),
+            }
+        }
+    }
+
     /// Whether ADD can be served; the reason when not (CNI STATUS, `/readyz`).
     pub fn readiness(&self) -> Result<(), String> {
         self.inner.desired.readiness().map_err(|reason| {

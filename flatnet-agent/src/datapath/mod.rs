@@ -31,13 +31,15 @@ mod wire;
 use std::{
     os::fd::AsFd,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
     MAP_NDP_RESPONDER, MAP_NODE_MACS, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
-    PIN_ROOT, PINNED_MAPS,
+    PIN_ROOT, PINNED_MAPS, PROG_MSS_CLAMP_EGRESS, PROG_MSS_CLAMP_INGRESS, PROG_POLICY_EGRESS,
+    PROG_POLICY_INGRESS, PROG_UPLINK_INGRESS,
 };
 
 pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs, mount_bpffs_on_host};
@@ -238,6 +240,28 @@ impl Datapath {
             mechanism,
             kernel_logs,
         })
+    }
+
+    /// Every classifier the agent attaches.
+    pub const PROGRAMS: [&'static str; 5] = [
+        PROG_UPLINK_INGRESS,
+        PROG_POLICY_INGRESS,
+        PROG_POLICY_EGRESS,
+        PROG_MSS_CLAMP_INGRESS,
+        PROG_MSS_CLAMP_EGRESS,
+    ];
+
+    /// Loads classifier `name` (one of [`Self::PROGRAMS`]) now, so that the
+    /// kernel verifies it before its first attach rather than during it:
+    /// verifying takes up to hundreds of milliseconds, which the first
+    /// pod's ADD would wait for. Answers how long it took (nothing when it
+    /// was loaded already).
+    ///
+    /// # Errors
+    /// The program did not load (its first attach fails the same way).
+    pub fn verify_program(&mut self, name: &'static str) -> Result<Duration, DatapathError> {
+        let started = std::time::Instant::now();
+        tc::loaded_classifier(&mut self.ebpf, name).map(|_| started.elapsed())
     }
 
     /// The pin root this datapath uses.

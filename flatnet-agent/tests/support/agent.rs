@@ -75,6 +75,12 @@ impl StandaloneAgent {
         self
     }
 
+    /// The running agent's process id.
+    #[allow(dead_code, reason = "not every test binary looks into the process")]
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(Child::id)
+    }
+
     /// `path` under the agent's directory.
     pub fn path(&self, path: &str) -> PathBuf {
         self.dir.join(path)
