@@ -27,6 +27,9 @@ use crate::{
 /// may answer slowly, or be about to come back.
 const SUSPECT_HORIZON: Duration = Duration::from_secs(600);
 
+/// How long the loop that probes ahead lets changes gather before a pass.
+const COALESCE: Duration = Duration::from_millis(10);
+
 /// The conflict check of one ADD.
 pub(super) struct ConflictCheck {
     how: How,
@@ -297,7 +300,9 @@ impl<S: DesiredState> AgentService<S> {
                     .insert(&uplink, &addrs, &AheadProbe::new(probing, sent_ns));
             }
             tokio::select! {
-                () = changed.notified() => {}
+                // A burst of changes (pods created together, each record
+                // written several times) makes one pass.
+                () = changed.notified() => tokio::time::sleep(COALESCE).await,
                 () = tokio::time::sleep(FRESH_FOR / 2) => {}
             }
         }

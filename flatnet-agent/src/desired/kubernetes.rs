@@ -21,7 +21,7 @@ use std::{
 
 use futures::StreamExt;
 
-use flatnet_k8s::validation::validate_subnet;
+use flatnet_k8s::validation::{ValidSubnet, validate_subnet};
 use flatnet_k8s::{
     api::{
         CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkNodeConfig, FlatNetworkSubnet,
@@ -1034,6 +1034,8 @@ impl DesiredState for Kubernetes {
         let followed = self.followed.get()?;
         let (pods, subnets) = (followed.pods.objects()?, &followed.subnets);
         let mut upcoming = Vec::new();
+        // Each subnet validated once per call, however many pods use it.
+        let mut valid: BTreeMap<String, Option<ValidSubnet>> = BTreeMap::new();
         for pod in pods {
             // The API server makes every new pod Pending; a pod past that
             // has had its ADD.
@@ -1054,9 +1056,14 @@ impl DesiredState for Kubernetes {
                 if attached || !is_allocated(&ip, pod.metadata.uid.as_deref()) {
                     continue;
                 }
-                let subnet = subnets
-                    .get(SUBNET_NAMESPACE, &ip.spec.subnet)
-                    .and_then(|subnet| validate_subnet(&ip.spec.subnet, &subnet.spec).ok());
+                let subnet = valid
+                    .entry(ip.spec.subnet.clone())
+                    .or_insert_with(|| {
+                        subnets
+                            .get(SUBNET_NAMESPACE, &ip.spec.subnet)
+                            .and_then(|subnet| validate_subnet(&ip.spec.subnet, &subnet.spec).ok())
+                    })
+                    .clone();
                 if let (Some(subnet), Some(addr)) =
                     (subnet, ip.status.as_ref().and_then(|s| s.addr))
                 {

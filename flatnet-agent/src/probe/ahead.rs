@@ -11,7 +11,7 @@
 //! that answers only now is reported as a conflict of the pod.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::IpAddr,
     sync::Mutex,
     time::{Duration, Instant},
@@ -76,8 +76,9 @@ impl AheadProbes {
     /// their pod went), and answers which of `wanted` need a probe: those
     /// without one, or with one no longer fresh.
     pub fn keep_only(&self, wanted: &[(String, IpAddr)]) -> Vec<(String, IpAddr)> {
+        let keep: HashSet<&(String, IpAddr)> = wanted.iter().collect();
         let mut probes = self.lock();
-        probes.retain(|key, _| wanted.contains(key));
+        probes.retain(|key, _| keep.contains(key));
         wanted
             .iter()
             .filter(|key| !probes.get(*key).is_some_and(AheadProbe::is_fresh))

@@ -579,17 +579,26 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         &phases::scrape(installed.admin)?,
     );
     let netlink = floor::netlink_round_trips(1000)?;
+    // The installed row's phases while its ADDs overlap (full run only).
+    let mut parallel_breakdown = None;
     if !args.quick {
         for (p, (plugin, measured)) in plugins.iter().zip(&mut results).enumerate() {
             let pods = pods(0..args.parallel_adds)?;
             let paths: Vec<PathBuf> = pods.iter().map(Netns::path).collect();
             let indexes = PARALLEL_INDEXES..PARALLEL_INDEXES + args.parallel_adds;
-            if p == DEFAULT {
+            let before = if p == DEFAULT {
                 cluster.command("create", indexes.clone())?;
                 std::thread::sleep(SETTLE);
-            }
+                Some(phases::scrape(installed.admin)?)
+            } else {
+                None
+            };
             measured.adds_per_second = parallel_rate(plugin, "ADD", &paths, args.parallel)?;
-            if p == DEFAULT {
+            if let Some(before) = before {
+                parallel_breakdown = Some(
+                    phases::Breakdown::between(&before, &phases::scrape(installed.admin)?)
+                        .table(None),
+                );
                 cluster.command("active", indexes.clone())?;
             }
             measured.dels_per_second = parallel_rate(plugin, "DEL", &paths, args.parallel)?;
@@ -608,7 +617,7 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
 
     floor_execs.sort();
     let ratios = Ratios::of(&results);
-    let breakdown = phases.table(&results[DEFAULT]);
+    let breakdown = phases.table(Some(&results[DEFAULT]));
     let start_floor = percentile(&floor_execs, 0.5);
     let of_floor = |m: &Measured| percentile(&m.add, 0.5).as_secs_f64() / start_floor.as_secs_f64();
     let floor = format!(
@@ -628,8 +637,10 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
         return ratios.guard();
     }
     let table = table(&plugins, &results, args.parallel);
+    let parallel_breakdown = parallel_breakdown.unwrap_or_default();
     print!("{table}");
     print!("{breakdown}");
+    print!("{parallel_breakdown}");
     println!("{ratios}\n{floor}");
     if args.no_write {
         return Ok(());
@@ -673,10 +684,15 @@ pub fn run(args: &CniArgs) -> anyhow::Result<()> {
          nested phases (`attach.*`, `detach.*`) are part of `link_attach` and\n\
          `link_detach`; `attach.probe_verdict` is what is left of the conflict\n\
          probe's wait when the interface is ready to come up. VERSION is the\n\
-         plugin binary starting and exiting with no work.\n\n{breakdown}",
+         plugin binary starting and exiting with no work.\n\n{breakdown}\n\
+         The same, over the {} ADDs of the first row made {} at a time (each\n\
+         phase's wall time includes its waits for the others: the CPUs, the\n\
+         kernel's RTNL lock):\n\n{parallel_breakdown}",
         package_version("containernetworking-plugins"),
         machine,
         SETTLE.as_millis(),
+        args.parallel_adds,
+        args.parallel,
         args.parallel_adds,
         args.parallel,
     );

@@ -129,17 +129,17 @@ impl Breakdown {
 
     /// The table for ADD and DEL: each phase's mean, slowest first, with
     /// the time outside the agent (plugin exec and RPC) from the client's
-    /// mean in `flatnet`.
-    pub fn table(&self, flatnet: &Measured) -> String {
+    /// sequential samples in `client` (none when the commands overlapped:
+    /// then the client's time is not one command's).
+    pub fn table(&self, client: Option<&Measured>) -> String {
         let mut out = String::from(
             "| command | phase | mean | runs per command |\n| --- | --- | ---: | ---: |\n",
         );
-        for (command, client) in [("add", &flatnet.add), ("del", &flatnet.del)] {
+        for command in ["add", "del"] {
             let Some(total) = self.mean(command, "total") else {
                 continue;
             };
             let commands = self.means[&(command.to_owned(), "total".to_owned())].1;
-            let client_mean = mean(client);
             let mut rows: Vec<(&str, f64, u64)> = self
                 .means
                 .iter()
@@ -148,16 +148,24 @@ impl Breakdown {
                 .collect();
             rows.sort_by(|a, b| b.1.total_cmp(&a.1));
             let upper = command.to_uppercase();
-            out += &format!(
-                "| {upper} | whole command as the runtime sees it (client mean) | {} | 1 |\n",
-                ms(client_mean)
-            );
-            // DEL answers before its work ends (see docs/cni.md).
-            let answered = self.mean(command, "until_answer").unwrap_or(total);
-            out += &format!(
-                "| {upper} | plugin exec + RPC (client mean − agent time to the answer) | {} | 1 |\n",
-                ms(client_mean.saturating_sub(secs(answered)))
-            );
+            if let Some(client) = client {
+                let samples = if command == "add" {
+                    &client.add
+                } else {
+                    &client.del
+                };
+                let client_mean = mean(samples);
+                out += &format!(
+                    "| {upper} | whole command as the runtime sees it (client mean) | {} | 1 |\n",
+                    ms(client_mean)
+                );
+                // DEL answers before its work ends (see docs/cni.md).
+                let answered = self.mean(command, "until_answer").unwrap_or(total);
+                out += &format!(
+                    "| {upper} | plugin exec + RPC (client mean − agent time to the answer) | {} | 1 |\n",
+                    ms(client_mean.saturating_sub(secs(answered)))
+                );
+            }
             out += &format!(
                 "| {upper} | total (agent handler, to the end of its work) | {} | 1 |\n",
                 ms(secs(total))
@@ -170,10 +178,12 @@ impl Breakdown {
                 );
             }
         }
-        out += &format!(
-            "| VERSION | flatnet-cni start-up and exit (p50) | {} | |\n",
-            ms(percentile(&flatnet.version, 0.5))
-        );
+        if let Some(client) = client {
+            out += &format!(
+                "| VERSION | flatnet-cni start-up and exit (p50) | {} | |\n",
+                ms(percentile(&client.version, 0.5))
+            );
+        }
         out += &format!(
             "\nConflict verdicts of these ADDs: {} probed ahead of the ADD, {} probed by the ADD.\n",
             self.verdicts("ahead"),
