@@ -810,8 +810,9 @@ fn programs_held(pid: u32) -> std::collections::BTreeSet<String> {
     names
 }
 
-/// The kernel verifies every program while the agent starts, so that no
-/// pod's ADD waits for the verifier (hundreds of milliseconds a program).
+/// The kernel verifies every program an ADD attaches while the agent
+/// starts, so that no pod's ADD waits for the verifier (hundreds of
+/// milliseconds a program).
 #[test]
 fn every_program_is_loaded_before_the_first_add() {
     let Some(mut node) = Node::running_for_test("every_program_is_loaded_before_the_first_add")
@@ -819,7 +820,7 @@ fn every_program_is_loaded_before_the_first_add() {
         return;
     };
     let pid = node.agent.pid().expect("the agent runs");
-    let all: std::collections::BTreeSet<String> = flatnet_agent::datapath::Datapath::PROGRAMS
+    let all: std::collections::BTreeSet<String> = flatnet_agent::datapath::Datapath::ADD_PROGRAMS
         .iter()
         .map(|name| (*name).to_owned())
         .collect();

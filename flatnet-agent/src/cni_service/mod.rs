@@ -180,11 +180,11 @@ impl<S: DesiredState> AgentService<S> {
             .await
     }
 
-    /// Has the kernel verify every program now, one at a time under the
-    /// data-plane lock (an ADD meanwhile waits for one program at most),
-    /// so no pod's ADD waits for the verifier later.
+    /// Has the kernel verify every program an ADD attaches now, one at a
+    /// time under the data-plane lock (an ADD meanwhile waits for one
+    /// program at most), so no pod's ADD waits for the verifier later.
     pub async fn verify_programs(&self) {
-        for program in Datapath::PROGRAMS {
+        for program in Datapath::ADD_PROGRAMS {
             let inner = Arc::clone(&self.inner);
             let loaded = tokio::task::spawn_blocking(move || {
                 let mut tables = inner.datapath.lock().expect("datapath lock poisoned");

@@ -38,8 +38,7 @@ use aya::{Ebpf, EbpfLoader};
 use flatnet_common::pin::{
     MAP_ARP_RESPONDER, MAP_CONFLICT_EVENTS, MAP_FRAME_COUNTERS, MAP_MANAGED_ADDRS,
     MAP_NDP_RESPONDER, MAP_NODE_MACS, MAP_RECENT_CONFLICTS, MAP_RESPONDER_STATS, MAP_WIRE_CLAIMS,
-    PIN_ROOT, PINNED_MAPS, PROG_MSS_CLAMP_EGRESS, PROG_MSS_CLAMP_INGRESS, PROG_POLICY_EGRESS,
-    PROG_POLICY_INGRESS, PROG_UPLINK_INGRESS,
+    PIN_ROOT, PINNED_MAPS, PROG_POLICY_EGRESS, PROG_POLICY_INGRESS, PROG_UPLINK_INGRESS,
 };
 
 pub use bpffs::{BPFFS_MOUNT_POINT, mount_bpffs, mount_bpffs_on_host};
@@ -242,16 +241,12 @@ impl Datapath {
         })
     }
 
-    /// Every classifier the agent attaches.
-    pub const PROGRAMS: [&'static str; 5] = [
-        PROG_UPLINK_INGRESS,
-        PROG_POLICY_INGRESS,
-        PROG_POLICY_EGRESS,
-        PROG_MSS_CLAMP_INGRESS,
-        PROG_MSS_CLAMP_EGRESS,
-    ];
+    /// The classifiers an ADD attaches (the MSS clamping programs are
+    /// attached by the primary-MTU pass, never in an ADD).
+    pub const ADD_PROGRAMS: [&'static str; 3] =
+        [PROG_UPLINK_INGRESS, PROG_POLICY_INGRESS, PROG_POLICY_EGRESS];
 
-    /// Loads classifier `name` (one of [`Self::PROGRAMS`]) now, so that the
+    /// Loads classifier `name` (one of [`Self::ADD_PROGRAMS`]) now, so that the
     /// kernel verifies it before its first attach rather than during it:
     /// verifying takes up to hundreds of milliseconds, which the first
     /// pod's ADD would wait for. Answers how long it took (nothing when it
