@@ -434,7 +434,6 @@ impl RunArgs {
             "programs are attached through {}",
             datapath.attach_mechanism()
         );
-
         let monitor = datapath
             .conflict_monitor()
             .context("open the conflict monitor")?;

@@ -254,16 +254,16 @@ impl<S: DesiredState> Inner<S> {
             .collect();
         let mut plans: BTreeMap<String, ProbePlan> = BTreeMap::new();
         for (uplink, addr) in self.ahead.keep_only(&wanted) {
-            let reference = upcoming
-                .iter()
-                .filter(|u| u.subnet.parent.ifname() == uplink)
-                .find_map(|u| u.subnet.gateway);
             plans
                 .entry(uplink.clone())
                 .or_insert_with(|| ProbePlan {
+                    reference: wanted
+                        .iter()
+                        .zip(&upcoming)
+                        .filter(|((on, _), _)| *on == uplink)
+                        .find_map(|(_, u)| u.subnet.gateway),
                     uplink,
                     addrs: Vec::new(),
-                    reference,
                     window,
                 })
                 .addrs

@@ -21,7 +21,6 @@ use std::{
 
 use futures::StreamExt;
 
-use flatnet_k8s::validation::{ValidSubnet, validate_subnet};
 use flatnet_k8s::{
     api::{
         CONDITION_ATTACHED, FlatNetworkIP, FlatNetworkNodeConfig, FlatNetworkSubnet,
@@ -30,6 +29,7 @@ use flatnet_k8s::{
     events::EventRecorder,
     ipam::Pool,
     keys::{SECONDARY_RECORD_SUFFIX, SUBNET_NAMESPACE, annotation, hotplug_record_name, label},
+    validation::{ValidSubnet, validate_subnet},
 };
 use ipnet::IpNet;
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};

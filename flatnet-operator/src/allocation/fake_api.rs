@@ -777,9 +777,9 @@ impl FakeApiServer {
             let (group, resource) = group_and_resource(&target.collection);
             // A list or watch of one name (a `metadata.name` field
             // selector) is authorized for that name.
-            let selected = query_param(&query, "fieldSelector")
-                .map(|s| s.replace("%3D", "=").replace("%3d", "="))
-                .and_then(|s| s.strip_prefix("metadata.name=").map(str::to_owned));
+            let selected = Selector::of(&query, &target.collection)
+                .ok()
+                .and_then(|selector| selector.exact_name().map(str::to_owned));
             let request = rbac::Attributes {
                 verb,
                 group,
@@ -1360,6 +1360,15 @@ impl Selector {
             fields.push((pointer.to_owned(), value.to_owned(), equal));
         }
         Ok(Self { labels, fields })
+    }
+
+    /// The name an equality `metadata.name` field selector asks for (what
+    /// a real server authorizes a list or watch as).
+    fn exact_name(&self) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(pointer, _, equal)| pointer == "/metadata/name" && *equal)
+            .map(|(_, name, _)| name.as_str())
     }
 
     /// Whether `object` is selected (an absent field reads as empty).
